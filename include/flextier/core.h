@@ -1,0 +1,190 @@
+/*
+ * flextier/core.h - status codes, logging, dtypes, tensor descriptors,
+ * dtype conversion, aligned allocation, a thread pool and checksums.
+ *
+ * Conventions (see docs/ and ../shared/DESIGN.md):
+ *  - Every fallible function returns ft_status; FT_OK (0) is success,
+ *    errors are negative. Outputs are written only on success.
+ *  - On error, a human-readable detail is kept per thread and returned by
+ *    ft_last_error() (e.g. which file and field was bad).
+ *  - Free functions accept NULL.
+ *  - Library code never exits or aborts on bad input.
+ */
+#ifndef FLEXTIER_CORE_H
+#define FLEXTIER_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FT_VERSION_MAJOR 0
+#define FT_VERSION_MINOR 1
+#define FT_VERSION_PATCH 0
+#define FT_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum ft_status {
+    FT_INPROGRESS       = 1,   /* asynchronous operation not finished yet   */
+    FT_OK               = 0,
+    FT_ERR_INVALID_ARG  = -1,  /* caller passed something invalid            */
+    FT_ERR_NOMEM        = -2,  /* allocation failed or a size limit was hit  */
+    FT_ERR_CORRUPT      = -3,  /* encoded data / file failed validation      */
+    FT_ERR_UNSUPPORTED  = -4,  /* valid but not supported (version, dtype)   */
+    FT_ERR_IO           = -5,  /* file system error (errno in the message)   */
+    FT_ERR_NOT_FOUND    = -6,  /* key, file or tensor does not exist         */
+    FT_ERR_NO_SPACE     = -7,  /* capacity exhausted                         */
+    FT_ERR_BUFFER_SMALL = -8,  /* caller's output buffer is too small        */
+    FT_ERR_AUTH         = -9,  /* authentication failed                      */
+    FT_ERR_NET          = -10, /* transport error, peer unreachable or dead  */
+    FT_ERR_TIMEOUT      = -11, /* operation timed out                        */
+    FT_ERR_PROTOCOL     = -12, /* peer violated the wire protocol            */
+    FT_ERR_BUSY         = -13, /* resource in use (e.g. leased)              */
+    FT_ERR_EXISTS       = -14, /* object already exists                      */
+    FT_ERR_CANCELED     = -15, /* operation canceled                         */
+    FT_ERR_INTERNAL     = -16  /* a bug: please report                        */
+} ft_status;
+
+/* Static, never-NULL description of a status ("corrupt data", ...). */
+const char *ft_status_str(ft_status st);
+
+/* Per-thread detail of the last error set by the library; "" if none. */
+const char *ft_last_error(void);
+/* Record a detail message for the calling thread and return st. */
+ft_status ft_set_error(ft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void ft_clear_error(void);
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum ft_log_level {
+    FT_LOG_ERROR = 0, FT_LOG_WARN = 1, FT_LOG_INFO = 2,
+    FT_LOG_DEBUG = 3, FT_LOG_TRACE = 4
+} ft_log_level;
+
+/* The level comes from FLEXTIER_LOG (error|warn|info|debug|trace or 0-4),
+ * default warn. ft_log_set_level overrides it. Thread-safe. */
+void ft_log_set_level(ft_log_level lvl);
+ft_log_level ft_log_get_level(void);
+void ft_log(ft_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define FT_LOG(lvl, ...) \
+    do { if ((lvl) <= ft_log_get_level()) ft_log((lvl), __VA_ARGS__); } while (0)
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum ft_dtype {
+    FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2,
+    FT_I8 = 3, FT_U8 = 4, FT_I32 = 5,
+    /* Packed group-quantized payloads (values only; scales live in the
+     * frame). Bits per element via ft_dtype_bits(). */
+    FT_Q8 = 6, FT_Q4 = 7,
+    FT_DTYPE_COUNT = 8
+} ft_dtype;
+
+const char *ft_dtype_name(ft_dtype dt);          /* "bf16"; "?" if invalid */
+/* Parse "f32|float32|f16|float16|bf16|bfloat16|i8|u8|i32|q8|q4". */
+ft_status ft_dtype_parse(const char *s, ft_dtype *out);
+unsigned ft_dtype_bits(ft_dtype dt);             /* 0 if invalid          */
+int ft_dtype_is_float(ft_dtype dt);              /* f32, f16, bf16        */
+
+/* ---------------------------------------------------------------- tensor */
+
+#define FT_MAX_DIMS 8
+
+/* A contiguous, row-major tensor view. Does not own data. */
+typedef struct ft_tensor {
+    ft_dtype dtype;
+    uint32_t ndim;                 /* 0..FT_MAX_DIMS; 0 = scalar (1 elem) */
+    int64_t  shape[FT_MAX_DIMS];
+    void    *data;
+} ft_tensor;
+
+/* Fill a descriptor; validates ndim, dims >= 0, and that the byte size
+ * fits in int64. */
+ft_status ft_tensor_init(ft_tensor *t, ft_dtype dt, uint32_t ndim,
+                         const int64_t *shape, void *data);
+/* Element count and byte size, overflow-checked (FT_ERR_INVALID_ARG). */
+ft_status ft_shape_numel(uint32_t ndim, const int64_t *shape, uint64_t *out);
+ft_status ft_tensor_numel(const ft_tensor *t, uint64_t *out);
+ft_status ft_tensor_nbytes(const ft_tensor *t, uint64_t *out);
+/* Bytes for n elements of dt (rounds packed types up to whole bytes). */
+uint64_t ft_dtype_nbytes(ft_dtype dt, uint64_t n);
+/* Parse "4096,4096" (or "4096x4096"); "" or "scalar" = 0 dims. */
+ft_status ft_shape_parse(const char *s, uint32_t *ndim, int64_t *shape);
+/* Format "[4096, 4096]" into buf. */
+void ft_shape_format(uint32_t ndim, const int64_t *shape, char *buf, size_t n);
+
+/* ------------------------------------------------------- dtype conversion */
+
+/* Round-to-nearest-even; NaN stays NaN (quiet), Inf stays Inf; f16
+ * overflow goes to Inf, underflow to subnormals/zero. SIMD paths (F16C,
+ * AVX-512 BF16) are chosen at run time; the _ref functions are the plain
+ * scalar definitions they are tested against. */
+void ft_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+void ft_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+void ft_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void ft_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+void ft_f32_to_f16_ref(uint16_t *dst, const float *src, size_t n);
+void ft_f16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
+void ft_f32_to_bf16_ref(uint16_t *dst, const float *src, size_t n);
+void ft_bf16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
+/* Single values (scalar reference semantics). */
+uint16_t ft_f32_to_f16_1(float f);
+float    ft_f16_to_f32_1(uint16_t h);
+uint16_t ft_f32_to_bf16_1(float f);
+float    ft_bf16_to_f32_1(uint16_t h);
+/* Convert n elements between any two of f32/f16/bf16 (same dtype = copy). */
+ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
+                     ft_dtype src_dt, size_t n);
+
+/* CPU features detected at run time (after ft_cpu_init / first use). */
+typedef struct ft_cpu_features {
+    int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vbmi,
+        avx512bf16, avx512fp16;
+} ft_cpu_features;
+const ft_cpu_features *ft_cpu(void);
+/* FLEXTIER_NO_SIMD=1 in the environment forces the scalar paths. */
+int ft_simd_enabled(void);
+
+/* ------------------------------------------------------------ allocation */
+
+/* Aligned allocation (align: power of two >= sizeof(void*)); NULL on
+ * failure or size 0 overflow. Free with ft_free_aligned (NULL ok). */
+void *ft_malloc_aligned(size_t size, size_t align);
+void  ft_free_aligned(void *p);
+
+/* ----------------------------------------------------------- thread pool */
+
+typedef struct ft_pool ft_pool;
+
+/* nthreads == 0: number of online CPUs (or FLEXTIER_THREADS if set).
+ * The calling thread participates, so nthreads == 1 spawns no threads. */
+ft_status ft_pool_create(unsigned nthreads, ft_pool **out);
+void      ft_pool_free(ft_pool *pool);
+unsigned  ft_pool_size(const ft_pool *pool);
+/* Parallel for: calls fn(arg, i, worker) for i in [0, n), worker in
+ * [0, size). Blocks until all are done. Not reentrant: one ft_pool_run at
+ * a time per pool (calls from several threads are serialized).
+ * pool == NULL runs serially on the caller. */
+typedef void (*ft_pool_fn)(void *arg, size_t i, unsigned worker);
+void ft_pool_run(ft_pool *pool, size_t n, ft_pool_fn fn, void *arg);
+unsigned ft_default_threads(void);
+
+/* ------------------------------------------------------------- checksums */
+
+uint64_t ft_xxh3(const void *data, size_t n);
+uint64_t ft_xxh3_seed(const void *data, size_t n, uint64_t seed);
+
+/* ---------------------------------------------------------------- timing */
+
+double ft_now(void);  /* monotonic seconds */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install the Debian packages FlexTier builds and tests with. Idempotent and
+# non-interactive: does nothing when everything is already installed.
+# Usage: scripts/install-deps.sh [--check]   (--check: only report missing)
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  liblz4-dev libzstd-dev libdeflate-dev libxxhash-dev zlib1g-dev zstd lz4
+  libucx-dev ucx-utils
+  libopenblas-dev libjson-c-dev libpcre2-dev
+  iproute2 python3
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "missing packages: ${missing[*]}"
+  exit 1
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

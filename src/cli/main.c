@@ -1,0 +1,45 @@
+/* flextier: one binary, subcommands. */
+#include "cli.h"
+
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"codec", ft_cmd_codec, "encode, decode and inspect tensor frames"},
+    {"bench", ft_cmd_bench, "benchmarks (codec) side by side with reference tools"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: flextier <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-8s %s\n", "version", "print the version");
+    fprintf(f, "\n'flextier <command> --help' describes a command.\n"
+               "Environment: FLEXTIER_LOG=error|warn|info|debug|trace, FLEXTIER_THREADS=N,\n"
+               "FLEXTIER_NO_SIMD=1 (scalar kernels only).\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) { usage(stderr); return FT_EXIT_USAGE; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return FT_EXIT_OK;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("flextier %s\n", FT_VERSION_STRING);
+        return FT_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "flextier: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return FT_EXIT_USAGE;
+}

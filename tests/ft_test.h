@@ -1,0 +1,56 @@
+/* Minimal test harness: TEST(name) { CHECK(...); } and a main that runs
+ * every test, prints per-failure locations and "N passed, N failed". */
+#ifndef FT_TEST_H
+#define FT_TEST_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+
+typedef void (*ft_test_fn)(void);
+struct ft_test_entry { const char *name; ft_test_fn fn; };
+#define FT_MAX_TESTS 256
+static struct ft_test_entry ft_tests[FT_MAX_TESTS];
+static int ft_ntests, ft_cur_failed, ft_checks;
+
+#define TEST(name)                                                        \
+    static void name(void);                                               \
+    __attribute__((constructor)) static void reg_##name(void) {           \
+        if (ft_ntests < FT_MAX_TESTS)                                     \
+            ft_tests[ft_ntests++] = (struct ft_test_entry){#name, name};  \
+    }                                                                     \
+    static void name(void)
+
+#define CHECK(cond) do { ft_checks++; if (!(cond)) { ft_cur_failed++;      \
+    fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECK_MSG(cond, ...) do { ft_checks++; if (!(cond)) { ft_cur_failed++; \
+    fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#define CHECK_OK(expr) do { ft_status st_ = (expr); ft_checks++;           \
+    if (st_ != FT_OK) { ft_cur_failed++; fprintf(stderr,                    \
+    "  FAIL %s:%d: %s -> %s (%s)\n", __FILE__, __LINE__, #expr,              \
+    ft_status_str(st_), ft_last_error()); } } while (0)
+#define REQUIRE(cond) do { CHECK(cond); if (!(cond)) return; } while (0)
+
+/* Deterministic PRNG for tests (splitmix64). */
+static inline uint64_t ft_test_rand(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int main(int argc, char **argv)
+{
+    int passed = 0, failed = 0;
+    for (int i = 0; i < ft_ntests; i++) {
+        if (argc > 1 && !strstr(ft_tests[i].name, argv[1])) continue;
+        ft_cur_failed = 0;
+        ft_tests[i].fn();
+        if (ft_cur_failed) { failed++; printf("FAIL %s\n", ft_tests[i].name); }
+        else { passed++; printf("ok   %s\n", ft_tests[i].name); }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
+#endif
