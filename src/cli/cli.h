@@ -29,6 +29,11 @@ void ft_cli_fmt_bytes(double bytes, char *buf, size_t n);
 /* Parse a non-negative integer option value within [lo, hi]. */
 ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Synthetic Gaussian weights (sigma 0.02, per-row scale) in dt. */
+ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
+/* Median of n doubles (sorts in place). */
+double ft_cli_median(double *v, size_t n);
+
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
 #endif

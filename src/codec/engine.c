@@ -191,8 +191,11 @@ size_t ft_encode_bound(const ft_codec_params *p, ft_dtype dt, uint32_t ndim, con
  * bytes, so it checks both the decoder's output and every payload bit
  * (some bits of a zstd or deflate stream do not change what it decodes
  * to, yet a flipped bit must still be reported). */
-static uint64_t lossless_hash(const void *raw, size_t n, const void *payload, size_t m)
+static uint64_t lossless_hash(const void *raw, size_t n, const void *payload, size_t m,
+                              uint32_t flags)
 {
+    /* A stored payload is the raw bytes: one pass covers both. */
+    if (flags & FT_CHUNK_STORED) return ft_xxh3(raw, n);
     return ft_xxh3_seed(payload, m, ft_xxh3(raw, n));
 }
 
@@ -237,7 +240,7 @@ static void encode_task(void *arg, size_t i, unsigned worker)
             c->flags[i] = FT_CHUNK_STORED;
             st = FT_OK;
         }
-        if (st == FT_OK) c->hash[i] = lossless_hash(src, raw, dst, out);
+        if (st == FT_OK) c->hash[i] = lossless_hash(src, raw, dst, out, c->flags[i]);
     }
     c->enc_size[i] = (uint32_t)out;
     c->status[i] = st;
@@ -332,7 +335,7 @@ ft_status ft_decode_chunk(ft_codec_ctx *c, const ft_frame_info *fi, const ft_chu
         st = ft_entropy_decode(ws, fi->codec, payload, ch->enc_size, target, raw);
     }
     if (st) return st;
-    if (lossless_hash(target, raw, payload, ch->enc_size) != ch->hash)
+    if (lossless_hash(target, raw, payload, ch->enc_size, ch->flags) != ch->hash)
         return ft_set_error(FT_ERR_CORRUPT, "chunk at element %llu: checksum mismatch",
                             (unsigned long long)ch->elem_offset);
     if (target != out) return ft_convert(out, out_dt, target, fi->dtype, (size_t)ch->elem_count);

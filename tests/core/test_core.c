@@ -176,3 +176,20 @@ TEST(aligned_allocation)
     CHECK(ft_malloc_aligned(10, 3) == NULL);
     ft_free_aligned(NULL);
 }
+
+#include <xxhash.h>
+/* The run-time dispatched XXH3 equals libxxhash's on all sizes/seeds. */
+TEST(xxh3_matches_library)
+{
+    uint8_t *buf = malloc(1 << 20);
+    uint64_t s = 99;
+    for (size_t i = 0; i < (1 << 20); i++) buf[i] = (uint8_t)ft_test_rand(&s);
+    int bad = 0;
+    for (size_t n = 0; n < 300; n++) bad += ft_xxh3(buf + n % 7, n) != XXH3_64bits(buf + n % 7, n);
+    for (size_t n = 300; n < (1 << 20); n = n * 3 + 17) {
+        bad += ft_xxh3(buf, n) != XXH3_64bits(buf, n);
+        bad += ft_xxh3_seed(buf, n, n * 77) != XXH3_64bits_withSeed(buf, n, n * 77);
+    }
+    CHECK(bad == 0);
+    free(buf);
+}
