@@ -33,23 +33,42 @@ static ft_cpu_features g_cpu;
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 static int g_simd = 1;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+/* CPUID + XGETBV (the OS must save the AVX / AVX-512 register state). */
 static void cpu_detect(void)
 {
-    __builtin_cpu_init();
-    g_cpu.avx2 = __builtin_cpu_supports("avx2");
-    g_cpu.fma = __builtin_cpu_supports("fma");
-    g_cpu.f16c = __builtin_cpu_supports("f16c");
-    g_cpu.avx512f = __builtin_cpu_supports("avx512f");
-    g_cpu.avx512bw = __builtin_cpu_supports("avx512bw");
-    g_cpu.avx512vl = __builtin_cpu_supports("avx512vl");
-    g_cpu.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
-    g_cpu.avx512bf16 = __builtin_cpu_supports("avx512bf16");
-    g_cpu.avx512fp16 = __builtin_cpu_supports("avx512fp16");
+    memset(&g_cpu, 0, sizeof g_cpu);
     const char *e = getenv("FLEXTIER_NO_SIMD");
     g_simd = !(e && *e && strcmp(e, "0"));
-    if (!g_simd) {
-        memset(&g_cpu, 0, sizeof g_cpu);
-    }
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!g_simd || !__get_cpuid(1, &a, &b, &c, &d)) return;
+    int osxsave = (c >> 27) & 1;
+    uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    int avx_os = (xcr0 & 0x6) == 0x6, avx512_os = (xcr0 & 0xe6) == 0xe6;
+    int avx = avx_os && ((c >> 28) & 1);
+    g_cpu.fma = avx && ((c >> 12) & 1);
+    g_cpu.f16c = avx && ((c >> 29) & 1);
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    g_cpu.avx2 = avx && ((b >> 5) & 1);
+    g_cpu.avx512f = avx512_os && ((b >> 16) & 1);
+    g_cpu.avx512bw = g_cpu.avx512f && ((b >> 30) & 1);
+    g_cpu.avx512vl = g_cpu.avx512f && ((b >> 31) & 1);
+    g_cpu.avx512vbmi = g_cpu.avx512f && ((c >> 1) & 1);
+    g_cpu.avx512fp16 = g_cpu.avx512f && ((d >> 23) & 1);
+    unsigned max7 = a;
+    if (max7 >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
+        g_cpu.avx512bf16 = g_cpu.avx512f && ((a >> 5) & 1);
+#endif
 }
 
 const ft_cpu_features *ft_cpu(void)
