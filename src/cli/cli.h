@@ -29,6 +29,9 @@ void ft_cli_fmt_bytes(double bytes, char *buf, size_t n);
 /* Parse a non-negative integer option value within [lo, hi]. */
 ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Copy tensor NAME out of a .safetensors file or model directory into a
+ * new aligned buffer (free out->data with ft_free_aligned). */
+ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out);
 /* Synthetic Gaussian weights (sigma 0.02, per-row scale) in dt. */
 ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 /* Median of n doubles (sorts in place). */
