@@ -39,4 +39,13 @@ double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
+/* src/cli/cmd_store.c */
+int ft_cmd_serve(int argc, char **argv);
+int ft_cmd_put(int argc, char **argv);
+int ft_cmd_get(int argc, char **argv);
+int ft_cmd_ls(int argc, char **argv);
+int ft_cmd_rm(int argc, char **argv);
+int ft_cmd_stat(int argc, char **argv);
+/* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */
+int ft_bench_transfer(int argc, char **argv);
 #endif
