@@ -1,0 +1,2 @@
+#include "ft_test.h"
+TEST(placeholder){CHECK(1);}
