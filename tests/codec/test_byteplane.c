@@ -214,7 +214,7 @@ TEST(levels)
     ft_codec_ctx *ctx;
     CHECK_OK(ft_codec_ctx_create(2, &ctx));
     static const int zl[] = {-5, 1, 3, 9}, dl[] = {1, 6, 12}, ll[] = {-8, 1};
-    int64_t shape[1] = {200003};
+    int64_t shape[1] = {70001};
     for (int d = 0; d < 3; d++) {
         for (size_t i = 0; i < 4 + 3 + 2; i++) {
             ft_codec_params p;
@@ -397,7 +397,7 @@ TEST(corruption_rejected)
             /* v 0: bf16 weights (coded + raw planes); v 1: f32 with
              * constant planes (upcast bf16) */
             ft_dtype dt = v ? FT_F32 : FT_BF16;
-            int64_t shape[2] = {3, v ? 1000 : 2500};
+            int64_t shape[2] = {3, v ? 500 : 1500};
             uint64_t n = (uint64_t)(shape[0] * shape[1]);
             size_t nb = (size_t)ft_dtype_nbytes(dt, n);
             ft_tensor t;
