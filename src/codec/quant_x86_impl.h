@@ -69,7 +69,19 @@ static TGT AI void QX(st_y2)(ft_dtype dt, int fin, void *out, size_t i, __m512 a
         return;
     }
 #else
-    (void)fin;
+    if (dt == FT_BF16 && fin) {
+        /* Finite y: RNE is (u + 0x7fff + lsb) >> 16, no NaN fix-up. packus
+         * interleaves the two vectors per 128-bit lane; the qword permute
+         * restores element order. */
+        const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+        __m512i ua = _mm512_castps_si512(a), ub = _mm512_castps_si512(b);
+        ua = _mm512_add_epi32(ua, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(ua, 16), one)));
+        ub = _mm512_add_epi32(ub, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(ub, 16), one)));
+        __m512i pk = _mm512_packus_epi32(_mm512_srli_epi32(ua, 16), _mm512_srli_epi32(ub, 16));
+        pk = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), pk);
+        _mm512_storeu_si512((uint16_t *)out + i, pk);
+        return;
+    }
 #endif
     QX(st_y)(dt, out, i, a);
     QX(st_y)(dt, out, i + 16, b);
