@@ -187,7 +187,8 @@ ft_status ft_qparams(float mn, float mx, unsigned bmax, uint16_t *min16, uint16_
      * exact, tested in double where every quantity (fp16 * 8 bits + fp16,
      * compared with an f32) is exact. */
     double B = bmax;
-    double need = ((double)mx - m16) * (1.0 / B);
+    double invb = bmax == 15 ? 1.0 / 15 : bmax == 255 ? 1.0 / 255 : 1.0 / B;   /* no divide */
+    double need = ((double)mx - m16) * invb;
     if (need > 65504.0) return FT_ERR_UNSUPPORTED;
     uint16_t s = f16_trunc(f2u((float)need), &inexact);
     s = (uint16_t)(s + (unsigned)inexact);
@@ -291,17 +292,45 @@ ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
     while (e0 < cnt) {
         uint64_t glen = L->D - g * L->G < L->G ? L->D - g * L->G : L->G;
         if (inner == 1) {
-            const uint8_t *x = s8 + e0 * isz;
-            float mn = INFINITY, mx = -INFINITY;
-            if (K->minmax(idt, x, glen, &mn, &mx))
-                return nonfinite_error(idt, x, glen, off + e0);
-            uint16_t h, s;
-            if (ft_qparams(mn, mx, bmax, &h, &s)) return params_error(mn, mx, bmax, off + e0);
-            put16(hdr + 4 * j, h);
-            put16(hdr + 4 * j + 2, s);
-            float fs = ft_f16_to_f32_1(s);
-            K->enc_bcast(bits, idt, x, glen, ft_f16_to_f32_1(h), fs > 0 ? 1.0f / fs : 0.0f,
-                         packed, e0);
+            /* A run of full groups (or the short last group of a row),
+             * in batches: min/max of all, then the parameters (independent
+             * latency chains that overlap), then the quantization. */
+            uint64_t run = 1;
+            if (glen == L->G) {
+                run = L->D / L->G - g;
+                if (run > (cnt - e0) / glen) run = (cnt - e0) / glen;
+            }
+            enum { NB = 64 };
+            float bmn[NB], bmx[NB], binv[NB];
+            for (uint64_t r0 = 0; r0 < run; r0 += NB) {
+                size_t nb = (size_t)(run - r0 < NB ? run - r0 : NB);
+                uint64_t eb = e0 + r0 * glen;
+                for (size_t b = 0; b < nb; b++) {
+                    const uint8_t *x = s8 + (eb + b * glen) * isz;
+                    bmn[b] = INFINITY;
+                    bmx[b] = -INFINITY;
+                    if (K->minmax(idt, x, glen, &bmn[b], &bmx[b]))
+                        return nonfinite_error(idt, x, glen, off + eb + b * glen);
+                }
+                for (size_t b = 0; b < nb; b++) {
+                    uint16_t h, s;
+                    if (ft_qparams(bmn[b], bmx[b], bmax, &h, &s))
+                        return params_error(bmn[b], bmx[b], bmax, off + eb + b * glen);
+                    put16(hdr + 4 * (j + r0 + b), h);
+                    put16(hdr + 4 * (j + r0 + b) + 2, s);
+                    float fs = h2f(s);
+                    bmn[b] = h2f(h);
+                    binv[b] = fs > 0 ? 1.0f / fs : 0.0f;
+                }
+                for (size_t b = 0; b < nb; b++)
+                    K->enc_bcast(bits, idt, s8 + (eb + b * glen) * isz, glen, bmn[b], binv[b],
+                                 packed, eb + b * glen);
+            }
+            e0 += run * glen;
+            j += run;
+            g += run;
+            if (g == L->ngroups) { g = 0; o++; }
+            continue;
         } else {
             float mn[QBLK], mx[QBLK], inv[QBLK];
             for (uint64_t i0 = 0; i0 < inner; i0 += QBLK) {
@@ -319,8 +348,8 @@ ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
                     uint8_t *hp = hdr + 4 * (j * inner + i0 + i);
                     put16(hp, h);
                     put16(hp + 2, s);
-                    float fs = ft_f16_to_f32_1(s);
-                    mn[i] = ft_f16_to_f32_1(h);
+                    float fs = h2f(s);
+                    mn[i] = h2f(h);
                     inv[i] = fs > 0 ? 1.0f / fs : 0.0f;
                 }
                 for (uint64_t d = 0; d < glen; d++) {
