@@ -471,3 +471,40 @@ TEST(net_connect_refused)
     CHECK(st == FT_ERR_NET || st == FT_ERR_TIMEOUT);
     CHECK(!s && ft_now() - t0 < 10.0);
 }
+
+#include "net/msg.h"
+
+TEST(msg_parse_rules)
+{
+    uint8_t h[FT_MSG_MAX_HDR];
+    ft_msg m;
+    size_t n = ft_msg_encode(h, FT_OP_PUT, 42, 0, "k/1", 3, 1000, 0xabc, 0);
+    CHECK(n == FT_MSG_HDR_SIZE + 3);
+    CHECK_OK(ft_msg_parse(h, n, 1000, 0, 1 << 20, &m));
+    CHECK(m.opcode == FT_OP_PUT && m.req_id == 42 && m.key_len == 3 && !memcmp(m.key, "k/1", 3) &&
+          m.data_len == 1000 && m.aux == 0xabc);
+    CHECK(ft_msg_parse(h, n, 999, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* length mismatch */
+    CHECK(ft_msg_parse(h, n, 1000, 0, 999, &m) == FT_ERR_PROTOCOL);       /* over the limit */
+    CHECK(ft_msg_parse(h, n - 1, 1000, 0, 1 << 20, &m) == FT_ERR_PROTOCOL); /* truncated key */
+    CHECK(ft_msg_parse(h, n, 1000, 1, 1 << 20, &m) == FT_ERR_PROTOCOL);   /* not a reply */
+    h[4] = 2;
+    CHECK(ft_msg_parse(h, n, 1000, 0, 1 << 20, &m) == FT_ERR_UNSUPPORTED); /* version */
+    n = ft_msg_encode(h, FT_OP_GET, 1, 0, NULL, 0, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);      /* GET needs a key */
+    n = ft_msg_encode(h, 99, 1, 0, NULL, 0, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);      /* opcode */
+    n = ft_msg_encode(h, FT_OP_HELLO, 1, 0, NULL, 0, 5000, 0, 0);
+    CHECK(ft_msg_parse(h, n, 5000, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);   /* token too long */
+    n = ft_msg_encode(h, FT_OP_GET | FT_OP_REPLY, 9, FT_ERR_NOT_FOUND, NULL, 0, 0, 0, 0);
+    CHECK_OK(ft_msg_parse(h, n, 0, 1, 0, &m));
+    CHECK(m.status == FT_ERR_NOT_FOUND && m.req_id == 9);
+    uint8_t list[] = {2, 0, 0, 0, 1, 0, 'a', 2, 0, 'b', 'c'};
+    char **keys = NULL;
+    size_t nk = 0;
+    CHECK_OK(ft_msg_list_parse(list, sizeof list, &keys, &nk));
+    CHECK(nk == 2 && !strcmp(keys[0], "a") && !strcmp(keys[1], "bc"));
+    ft_list_free(keys, nk);
+    CHECK(ft_msg_list_parse(list, sizeof list - 1, &keys, &nk) == FT_ERR_PROTOCOL);
+    list[0] = 3;
+    CHECK(ft_msg_list_parse(list, sizeof list, &keys, &nk) == FT_ERR_PROTOCOL);
+}
