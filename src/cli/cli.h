@@ -31,4 +31,9 @@ ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out);
 
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
+/* engine (cmd_run.c) */
+int ft_cmd_run(int argc, char **argv);
+int ft_cmd_gen_model(int argc, char **argv);
+/* `flextier bench run ...`: argv[0] is "run". */
+int ft_bench_run(int argc, char **argv);
 #endif
