@@ -12,11 +12,12 @@
 static const char bench_codec_usage[] =
     "usage: flextier bench codec [FILE | --synthetic gaussian] [--dtype DT] [--shape D0,D1..]\n"
     "                            [--size N] [-c CODEC[,CODEC..]] [-T THREADS[,THREADS..]]\n"
-    "                            [--iters N] [--chunk-size SIZE] [--no-ref] [--json]\n"
+    "                            [--iters N] [--chunk-size SIZE] [--tensor NAME] [--no-ref] [--json]\n"
     "\n"
     "Encodes and decodes one tensor with each codec and prints ratio, encode and\n"
     "decode GB/s (raw tensor bytes per second, median of --iters runs) per thread\n"
-    "count. FILE is raw little-endian data of --dtype (default bf16); without FILE a\n"
+    "count. FILE is raw little-endian data of --dtype (default bf16), or with --tensor\n"
+    "NAME a .safetensors file or model directory holding that tensor; without FILE a\n"
     "synthetic Gaussian weight tensor (sigma 0.02, per-row scale) of --size elements\n"
     "(default 16M) in rows of the last --shape dim (default 4096) is used. q8/q4 decode\n"
     "dequantizes to the tensor's dtype. Unless --no-ref, `zstd -b1` and `lz4 -b1` run on\n"
@@ -149,6 +150,7 @@ int ft_bench_codec(int argc, char **argv)
         {"codec", required_argument, 0, 'c'}, {"threads", required_argument, 0, 'T'},
         {"iters", required_argument, 0, 'i'}, {"chunk-size", required_argument, 0, 'k'},
         {"no-ref", no_argument, 0, 'R'}, {"json", no_argument, 0, 'j'},
+        {"tensor", required_argument, 0, 't'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     ft_dtype dt = FT_BF16;
     uint32_t ndim = 0;
@@ -157,10 +159,11 @@ int ft_bench_codec(int argc, char **argv)
     const char *codecs = NULL, *threads_s = "1";
     long iters = 5;
     int json = 0, ref = 1, have_shape = 0, have_size = 0;
+    const char *tensor = NULL;
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+c:T:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:T:h", opts, NULL)) != -1) {
         switch (c) {
         case 'S':
             if (strcmp(optarg, "gaussian"))
@@ -189,6 +192,7 @@ int ft_bench_codec(int argc, char **argv)
             if (ft_cli_parse_size(optarg, &chunk) || chunk < FT_MIN_CHUNK_SIZE || chunk > FT_MAX_CHUNK_SIZE)
                 return ft_cli_usage_error(bench_codec_usage, "--chunk-size must be within 4K..64M");
             break;
+        case 't': tensor = optarg; break;
         case 'R': ref = 0; break;
         case 'j': json = 1; break;
         case 'h': fputs(bench_codec_usage, stdout); return FT_EXIT_OK;
@@ -206,7 +210,22 @@ int ft_bench_codec(int argc, char **argv)
     int tmpfd = -1;
     row *rows = NULL;
     size_t nrows = 0;
-    if (file) {
+    if (tensor && !file) return ft_cli_usage_error(bench_codec_usage, "--tensor needs FILE");
+    if (tensor) {
+        ft_tensor st_t;
+        ft_status st = ft_cli_load_st_tensor(file, tensor, &st_t);
+        if (st) return ft_cli_fail("read", st);
+        if (ft_dtype_bits(st_t.dtype) < 8) { ft_free_aligned(st_t.data); return ft_cli_fail("read", FT_ERR_UNSUPPORTED); }
+        data = st_t.data;
+        dt = st_t.dtype;
+        ndim = st_t.ndim;
+        memcpy(shape, st_t.shape, sizeof shape);
+        if (ndim == 0) { ndim = 1; shape[0] = 1; }
+        uint64_t nb;
+        ft_tensor_nbytes(&st_t, &nb);
+        raw = (size_t)nb;
+        nelem = raw / (ft_dtype_bits(dt) / 8);
+    } else if (file) {
         ft_status st = ft_cli_read_file(file, &data, &raw);
         if (st) return ft_cli_fail("read", st);
         size_t es = ft_dtype_bits(dt) / 8;

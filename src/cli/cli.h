@@ -29,6 +29,9 @@ void ft_cli_fmt_bytes(double bytes, char *buf, size_t n);
 /* Parse a non-negative integer option value within [lo, hi]. */
 ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Copy tensor NAME out of a .safetensors file or model directory into a
+ * new aligned buffer (free out->data with ft_free_aligned). */
+ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out);
 /* Synthetic Gaussian weights (sigma 0.02, per-row scale) in dt. */
 ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 /* Median of n doubles (sorts in place). */
@@ -36,4 +39,13 @@ double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
+/* src/cli/cmd_store.c */
+int ft_cmd_serve(int argc, char **argv);
+int ft_cmd_put(int argc, char **argv);
+int ft_cmd_get(int argc, char **argv);
+int ft_cmd_ls(int argc, char **argv);
+int ft_cmd_rm(int argc, char **argv);
+int ft_cmd_stat(int argc, char **argv);
+/* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */
+int ft_bench_transfer(int argc, char **argv);
 #endif

@@ -11,6 +11,7 @@ static const struct {
     const char *help;
 } benches[] = {
     {"codec", ft_bench_codec, "codec ratio and speed vs zstd -b1 / lz4 -b1"},
+    {"transfer", ft_bench_transfer, "write_tensor/read_tensor GB/s to a store vs ucx_perftest"},
 };
 
 static void usage(FILE *f)

@@ -8,13 +8,16 @@
 static const char codec_usage[] =
     "usage:\n"
     "  flextier codec encode -c CODEC [-l LEVEL] [--group-size G] [--group-dim D]\n"
-    "                        [--chunk-size SIZE] [-T THREADS] --dtype DT [--shape D0,D1,..] IN OUT\n"
+    "                        [--chunk-size SIZE] [-T THREADS] (--dtype DT [--shape D0,D1,..] | --tensor NAME)\n"
+    "                        IN OUT\n"
     "  flextier codec decode [--dtype f32|bf16|f16] [-T THREADS] IN OUT\n"
     "  flextier codec info [--chunks] [--json] FILE\n"
     "\n"
     "CODEC: raw, lz4, zstd, deflate, byteplane (bp) [-zstd|-lz4|-deflate], q8, q4.\n"
     "IN/OUT may be '-' for stdin/stdout. Raw input is little-endian, row-major;\n"
-    "without --shape it is one-dimensional. Output files are written atomically.\n";
+    "without --shape it is one-dimensional. With --tensor NAME, IN is a .safetensors\n"
+    "file or a model directory and dtype/shape come from it. Output files are\n"
+    "written atomically.\n";
 
 static const struct option enc_opts[] = {
     {"codec", required_argument, 0, 'c'}, {"level", required_argument, 0, 'l'},
@@ -22,6 +25,7 @@ static const struct option enc_opts[] = {
     {"chunk-size", required_argument, 0, 'k'}, {"threads", required_argument, 0, 'T'},
     {"dtype", required_argument, 0, 'd'}, {"shape", required_argument, 0, 's'},
     {"chunks", no_argument, 0, 'C'}, {"json", no_argument, 0, 'j'},
+    {"tensor", required_argument, 0, 't'},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
 
 typedef struct {
@@ -31,6 +35,7 @@ typedef struct {
     ft_dtype dtype;
     uint32_t ndim;
     int64_t shape[FT_MAX_DIMS];
+    const char *tensor;
 } codec_opts;
 
 /* Returns -1 on success (continue), or an exit code. */
@@ -42,7 +47,7 @@ static int parse_opts(int argc, char **argv, codec_opts *o)
     ft_codec_default_params(&o->p);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+c:l:T:h", enc_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:l:T:h", enc_opts, NULL)) != -1) {
         switch (c) {
         case 'c':
             if (ft_codec_parse(optarg, &o->p.codec, &o->p.entropy))
@@ -82,6 +87,7 @@ static int parse_opts(int argc, char **argv, codec_opts *o)
                 return ft_cli_usage_error(codec_usage, "%s", ft_last_error());
             o->have_shape = 1;
             break;
+        case 't': o->tensor = optarg; break;
         case 'C': o->list_chunks = 1; break;
         case 'j': o->json = 1; break;
         case 'h': fputs(codec_usage, stdout); return FT_EXIT_OK;
@@ -99,15 +105,30 @@ static int do_encode(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc >= 0) return rc;
     if (argc - optind != 2) return ft_cli_usage_error(codec_usage, "encode needs IN and OUT");
-    if (!o.have_dtype) return ft_cli_usage_error(codec_usage, "encode needs --dtype");
+    if (!o.have_dtype && !o.tensor) return ft_cli_usage_error(codec_usage, "encode needs --dtype or --tensor");
+    if (o.tensor && (o.have_dtype || o.have_shape))
+        return ft_cli_usage_error(codec_usage, "--tensor takes dtype and shape from the file");
     const char *in = argv[optind], *outp = argv[optind + 1];
     uint8_t *data = NULL, *frame = NULL;
     size_t size = 0, fsize = 0;
     ft_codec_ctx *ctx = NULL;
     ft_tensor t;
     rc = FT_EXIT_ERR;
-    ft_status st = ft_cli_read_file(in, &data, &size);
-    if (st) { ft_cli_fail("read", st); goto out; }
+    ft_status st;
+    if (o.tensor) {
+        if ((st = ft_cli_load_st_tensor(in, o.tensor, &t))) { ft_cli_fail("read", st); goto out; }
+        uint64_t nb;
+        ft_tensor_nbytes(&t, &nb);
+        data = t.data;
+        size = (size_t)nb;
+        o.dtype = t.dtype;
+        o.ndim = t.ndim;
+        memcpy(o.shape, t.shape, sizeof o.shape);
+        o.have_shape = 1;
+    } else if ((st = ft_cli_read_file(in, &data, &size))) {
+        ft_cli_fail("read", st);
+        goto out;
+    }
     if (!o.have_shape) {
         unsigned bytes = ft_dtype_bits(o.dtype) / 8;
         if (bytes == 0 || size % bytes) {

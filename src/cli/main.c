@@ -12,6 +12,12 @@ typedef struct {
 static const command commands[] = {
     {"codec", ft_cmd_codec, "encode, decode and inspect tensor frames"},
     {"bench", ft_cmd_bench, "benchmarks (codec) side by side with reference tools"},
+    {"serve", ft_cmd_serve, "run a memory node (tensor store over UCX)"},
+    {"put", ft_cmd_put, "store a tensor under a key (mem:, file:DIR, ucx://HOST:PORT)"},
+    {"get", ft_cmd_get, "read a tensor back"},
+    {"ls", ft_cmd_ls, "list the keys of a store"},
+    {"rm", ft_cmd_rm, "delete a tensor"},
+    {"stat", ft_cmd_stat, "tensor metadata, or a memory node's statistics"},
 };
 
 static void usage(FILE *f)

@@ -154,3 +154,35 @@ ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out)
     *out = v;
     return FT_OK;
 }
+
+#include "flextier/model.h"
+
+ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out)
+{
+    ft_checkpoint *ck = NULL;
+    ft_status st = ft_checkpoint_open(path, &ck);
+    if (st) return st;
+    ft_tensor v;
+    if ((st = ft_checkpoint_get(ck, name, &v))) {
+        if (st == FT_ERR_NOT_FOUND) {
+            char some[256] = "";
+            size_t off = 0, n = ft_checkpoint_count(ck);
+            for (size_t i = 0; i < n && i < 5 && off < sizeof some; i++)
+                off += (size_t)snprintf(some + off, sizeof some - off, "%s%s", i ? ", " : "", ft_checkpoint_name(ck, i));
+            st = ft_set_error(FT_ERR_NOT_FOUND, "%s: no tensor '%s' (%zu tensors, e.g. %s%s)", path, name, n, some,
+                              n > 5 ? ", ..." : "");
+        }
+        ft_checkpoint_close(ck);
+        return st;
+    }
+    uint64_t nb;
+    ft_tensor_nbytes(&v, &nb);
+    /* Copy: the mapping is read-only and need not be aligned. */
+    void *copy = ft_malloc_aligned(nb ? (size_t)nb : 64, 64);
+    if (!copy) { ft_checkpoint_close(ck); return FT_ERR_NOMEM; }
+    if (nb) memcpy(copy, v.data, (size_t)nb);
+    ft_checkpoint_close(ck);
+    v.data = copy;
+    *out = v;
+    return FT_OK;
+}

@@ -1,12 +1,360 @@
-/* Group quantization: PLACEHOLDER until implemented (returns unsupported). */
+/* Group-wise asymmetric quantization (q8, q4), FlexGen style with a
+ * guaranteed error bound. Layout and bound: docs/codec-quant.md.
+ *
+ * A chunk is a run of whole slabs (o, g) of the [outer, D, inner] view, so
+ * its elements are contiguous. This file walks the slabs, computes the
+ * per-group fp16 parameters and validates; the per-element work is done by
+ * the kernels of quant_kern.h (scalar here, AVX-512 in quant_x86.c). */
 #include "codec_internal.h"
+#include "quant_kern.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Column block for inner > 1: parameters of up to QBLK groups live on the
+ * stack while the rows of a slab are processed. */
+#define QBLK 512
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float ld1(ft_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case FT_F32: return ((const float *)p)[i];
+    case FT_BF16: return ft_bf16_to_f32_1(((const uint16_t *)p)[i]);
+    default: return ft_f16_to_f32_1(((const uint16_t *)p)[i]);
+    }
+}
+
+static inline void st1(ft_dtype dt, void *p, size_t i, float y)
+{
+    switch (dt) {
+    case FT_F32: ((float *)p)[i] = y; break;
+    case FT_BF16: ((uint16_t *)p)[i] = ft_f32_to_bf16_1(y); break;
+    default: ((uint16_t *)p)[i] = ft_f32_to_f16_1(y); break;
+    }
+}
+
+static inline unsigned getq(int bits, const uint8_t *p, uint64_t k)
+{
+    if (bits == 8) return p[k];
+    return (p[k >> 1] >> (4 * (k & 1))) & 15u;
+}
+
+static inline void putq(int bits, uint8_t *p, uint64_t k, unsigned q)
+{
+    if (bits == 8) { p[k] = (uint8_t)q; return; }
+    uint8_t *b = &p[k >> 1];
+    if (k & 1) *b = (uint8_t)((*b & 0x0fu) | (q << 4));
+    else *b = (uint8_t)((*b & 0xf0u) | q);
+}
+
+/* Round half to even for 0 <= t < 2^22, independent of the FPU mode
+ * (the SIMD kernels use explicit RNE conversion). */
+static inline unsigned quant1(float x, float mn, float inv, float bmax)
+{
+    float t = (x - mn) * inv;
+    t = t > 0.0f ? t : 0.0f;
+    t = t < bmax ? t : bmax;
+    float r = (t + 12582912.0f) - 12582912.0f;
+    return (unsigned)r;
+}
+
+void ft_qdec_bcast_ref(int bits, ft_dtype odt, const uint8_t *p, uint64_t k, size_t n,
+                       float mn, float step, void *out)
+{
+    for (size_t i = 0; i < n; i++)
+        st1(odt, out, i, (float)getq(bits, p, k + i) * step + mn);
+}
+
+void ft_qdec_vec_ref(int bits, ft_dtype odt, const uint8_t *p, uint64_t k, size_t n,
+                     const float *mn, const float *step, void *out)
+{
+    for (size_t i = 0; i < n; i++)
+        st1(odt, out, i, (float)getq(bits, p, k + i) * step[i] + mn[i]);
+}
+
+int ft_qminmax_ref(ft_dtype idt, const void *src, size_t n, float *mn, float *mx)
+{
+    float a = *mn, b = *mx;
+    for (size_t i = 0; i < n; i++) {
+        float x = ld1(idt, src, i);
+        if (!isfinite(x)) return 1;
+        a = x < a ? x : a;
+        b = x > b ? x : b;
+    }
+    *mn = a;
+    *mx = b;
+    return 0;
+}
+
+int ft_qminmax_vec_ref(ft_dtype idt, const void *src, size_t n, float *mn, float *mx)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = ld1(idt, src, i);
+        if (!isfinite(x)) return 1;
+        mn[i] = x < mn[i] ? x : mn[i];
+        mx[i] = x > mx[i] ? x : mx[i];
+    }
+    return 0;
+}
+
+void ft_qenc_bcast_ref(int bits, ft_dtype idt, const void *src, size_t n, float mn, float inv,
+                       uint8_t *p, uint64_t k)
+{
+    float bmax = (float)((1u << bits) - 1);
+    for (size_t i = 0; i < n; i++) putq(bits, p, k + i, quant1(ld1(idt, src, i), mn, inv, bmax));
+}
+
+void ft_qenc_vec_ref(int bits, ft_dtype idt, const void *src, size_t n, const float *mn,
+                     const float *inv, uint8_t *p, uint64_t k)
+{
+    float bmax = (float)((1u << bits) - 1);
+    for (size_t i = 0; i < n; i++)
+        putq(bits, p, k + i, quant1(ld1(idt, src, i), mn[i], inv[i], bmax));
+}
+
+static const ft_qkern qkern_ref = {
+    "scalar", ft_qdec_bcast_ref, ft_qdec_vec_ref, ft_qminmax_ref, ft_qminmax_vec_ref,
+    ft_qenc_bcast_ref, ft_qenc_vec_ref};
+
+const ft_qkern *ft_qkern_ref(void) { return &qkern_ref; }
+
+const ft_qkern *ft_qkern_best(void)
+{
+    const ft_qkern *k = ft_qkern_avx512();
+    return k ? k : &qkern_ref;
+}
+
+/* ------------------------------------------------------ group parameters */
+
+static uint16_t h_next_up(uint16_t h)
+{
+    if (h == 0x8000u) return 0x0001u;
+    return (h & 0x8000u) ? (uint16_t)(h - 1) : (uint16_t)(h + 1);
+}
+
+static uint16_t h_next_down(uint16_t h)
+{
+    if (h == 0x0000u) return 0x8001u;
+    return (h & 0x8000u) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+}
+
+ft_status ft_qparams(float mn, float mx, unsigned bmax, uint16_t *min16, uint16_t *step16)
+{
+    if (mn == 0.0f) mn = 0.0f;                   /* -0 and +0 encode alike */
+    if (!(fabsf(mn) <= 65504.0f) || !(mx >= mn)) return FT_ERR_UNSUPPORTED;
+    /* min16: largest fp16 <= mn (|mn| <= 65504, so it is finite). */
+    uint16_t h = ft_f32_to_f16_1(mn);
+    while (ft_f16_to_f32_1(h) > mn) h = h_next_down(h);
+    if (h == 0x8000u) h = 0;
+    double m16 = ft_f16_to_f32_1(h);
+    /* step16: smallest non-negative fp16 with m16 + B*step16 >= mx. Every
+     * quantity below is exact in double (fp16 * 8 bits + fp16, compared
+     * with an f32), so the test is exact. */
+    double need = ((double)mx - m16) / bmax;
+    if (need > 65504.0) return FT_ERR_UNSUPPORTED;
+    uint16_t s = ft_f32_to_f16_1((float)need);
+    if (s & 0x8000u) s = 0;
+    while (s > 0 && m16 + (double)bmax * ft_f16_to_f32_1((uint16_t)(s - 1)) >= (double)mx) s--;
+    while (m16 + (double)bmax * ft_f16_to_f32_1(s) < (double)mx) {
+        s = h_next_up(s);
+        if (s > 0x7bffu) return FT_ERR_UNSUPPORTED;
+    }
+    *min16 = h;
+    *step16 = s;
+    return FT_OK;
+}
+
+/* ------------------------------------------------------------- geometry */
+
+static inline int qbits(const ft_frame_info *fi) { return fi->codec == FT_CODEC_Q8 ? 8 : 4; }
+
+/* Slab index of element e (e at a slab boundary, or numel). */
+static uint64_t slab_of(const ft_layout *L, uint64_t e)
+{
+    uint64_t row = L->D * L->inner;
+    return (e / row) * L->ngroups + (e % row) / (L->G * L->inner);
+}
+
+static size_t packed_bytes(int bits, uint64_t cnt)
+{
+    return (size_t)(bits == 8 ? cnt : (cnt + 1) / 2);
+}
+
 size_t ft_quant_chunk_size(const ft_frame_info *fi, const ft_layout *L, uint64_t off, uint64_t cnt)
-{ (void)fi; (void)L; (void)off; return (size_t)cnt * 2 + 64; }
-ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uint64_t off, uint64_t cnt,
-                                const void *src, void *dst, size_t cap, size_t *out)
-{ (void)fi; (void)L; (void)off; (void)cnt; (void)src; (void)dst; (void)cap; (void)out;
-  return ft_set_error(FT_ERR_UNSUPPORTED, "quantization not implemented yet"); }
-ft_status ft_quant_decode_chunk(const ft_frame_info *fi, const ft_layout *L, uint64_t off, uint64_t cnt,
-                                const void *src, size_t n, ft_dtype out_dt, void *dst)
-{ (void)fi; (void)L; (void)off; (void)cnt; (void)src; (void)n; (void)out_dt; (void)dst;
-  return ft_set_error(FT_ERR_UNSUPPORTED, "quantization not implemented yet"); }
+{
+    if (cnt == 0 || L->D == 0 || L->inner == 0 || L->G == 0) return 0;
+    uint64_t groups = (slab_of(L, off + cnt) - slab_of(L, off)) * L->inner;
+    return (size_t)(4 * groups) + packed_bytes(qbits(fi), cnt);
+}
+
+/* Checks that [off, off+cnt) is a whole number of slabs; sets the first
+ * slab (o, g). */
+static int chunk_geometry(const ft_layout *L, uint64_t off, uint64_t cnt, uint64_t *o, uint64_t *g)
+{
+    if (L->D == 0 || L->inner == 0 || L->G == 0 || off > L->numel || cnt > L->numel - off)
+        return 0;
+    uint64_t row = L->D * L->inner, r = off % row;
+    if (r % (L->G * L->inner)) return 0;
+    *o = off / row;
+    *g = r / (L->G * L->inner);
+    uint64_t e = off + cnt;
+    if (e != L->numel && (e % row) % (L->G * L->inner)) return 0;
+    return 1;
+}
+
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* First non-finite element of a run (for the error message). */
+static size_t find_nonfinite(ft_dtype dt, const void *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(ld1(dt, src, i))) return i;
+    return n;
+}
+
+static ft_status nonfinite_error(ft_dtype dt, const void *src, size_t n, uint64_t base)
+{
+    size_t i = find_nonfinite(dt, src, n);
+    float x = i < n ? ld1(dt, src, i) : 0.0f;
+    return ft_set_error(FT_ERR_INVALID_ARG,
+                        "cannot quantize a non-finite value (%s) at element %llu",
+                        isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf"),
+                        (unsigned long long)(base + i));
+}
+
+static ft_status params_error(float mn, float mx, unsigned bmax, uint64_t elem)
+{
+    return ft_set_error(FT_ERR_UNSUPPORTED,
+                        "group at element %llu: range [%g, %g] cannot be quantized with fp16 "
+                        "parameters (needs |min| <= 65504 and (max - min)/%u <= 65504)",
+                        (unsigned long long)elem, (double)mn, (double)mx, bmax);
+}
+
+ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uint64_t off,
+                                uint64_t cnt, const void *src, void *dst, size_t cap, size_t *out)
+{
+    uint64_t o, g;
+    if (cnt == 0) { *out = 0; return FT_OK; }
+    if (!chunk_geometry(L, off, cnt, &o, &g))
+        return ft_set_error(FT_ERR_INTERNAL, "quant chunk [%llu, +%llu) is not slab-aligned",
+                            (unsigned long long)off, (unsigned long long)cnt);
+    size_t size = ft_quant_chunk_size(fi, L, off, cnt);
+    if (cap < size) return ft_set_error(FT_ERR_BUFFER_SMALL, "quant chunk needs %zu bytes", size);
+    const ft_qkern *K = ft_qkern_best();
+    const int bits = qbits(fi);
+    const unsigned bmax = (1u << bits) - 1;
+    const ft_dtype idt = fi->dtype;
+    const size_t isz = L->esize;
+    const uint64_t inner = L->inner;
+    uint8_t *hdr = dst;
+    uint64_t ngroups_chunk = (slab_of(L, off + cnt) - slab_of(L, off)) * inner;
+    uint8_t *packed = hdr + 4 * ngroups_chunk;
+    if (bits == 4 && (cnt & 1)) packed[cnt / 2] = 0;         /* pad nibble */
+    const uint8_t *s8 = src;
+    uint64_t e0 = 0, j = 0;
+    while (e0 < cnt) {
+        uint64_t glen = L->D - g * L->G < L->G ? L->D - g * L->G : L->G;
+        if (inner == 1) {
+            const uint8_t *x = s8 + e0 * isz;
+            float mn = INFINITY, mx = -INFINITY;
+            if (K->minmax(idt, x, glen, &mn, &mx))
+                return nonfinite_error(idt, x, glen, off + e0);
+            uint16_t h, s;
+            if (ft_qparams(mn, mx, bmax, &h, &s)) return params_error(mn, mx, bmax, off + e0);
+            put16(hdr + 4 * j, h);
+            put16(hdr + 4 * j + 2, s);
+            float fs = ft_f16_to_f32_1(s);
+            K->enc_bcast(bits, idt, x, glen, ft_f16_to_f32_1(h), fs > 0 ? 1.0f / fs : 0.0f,
+                         packed, e0);
+        } else {
+            float mn[QBLK], mx[QBLK], inv[QBLK];
+            for (uint64_t i0 = 0; i0 < inner; i0 += QBLK) {
+                size_t nb = (size_t)(inner - i0 < QBLK ? inner - i0 : QBLK);
+                for (size_t i = 0; i < nb; i++) { mn[i] = INFINITY; mx[i] = -INFINITY; }
+                for (uint64_t d = 0; d < glen; d++) {
+                    const uint8_t *x = s8 + (e0 + d * inner + i0) * isz;
+                    if (K->minmax_vec(idt, x, nb, mn, mx))
+                        return nonfinite_error(idt, x, nb, off + e0 + d * inner + i0);
+                }
+                for (size_t i = 0; i < nb; i++) {
+                    uint16_t h, s;
+                    if (ft_qparams(mn[i], mx[i], bmax, &h, &s))
+                        return params_error(mn[i], mx[i], bmax, off + e0 + i0 + i);
+                    uint8_t *hp = hdr + 4 * (j * inner + i0 + i);
+                    put16(hp, h);
+                    put16(hp + 2, s);
+                    float fs = ft_f16_to_f32_1(s);
+                    mn[i] = ft_f16_to_f32_1(h);
+                    inv[i] = fs > 0 ? 1.0f / fs : 0.0f;
+                }
+                for (uint64_t d = 0; d < glen; d++) {
+                    uint64_t e = e0 + d * inner + i0;
+                    K->enc_vec(bits, idt, s8 + e * isz, nb, mn, inv, packed, e);
+                }
+            }
+        }
+        e0 += glen * inner;
+        j++;
+        if (++g == L->ngroups) { g = 0; o++; }
+    }
+    (void)o;
+    *out = size;
+    return FT_OK;
+}
+
+ft_status ft_quant_decode_chunk(const ft_frame_info *fi, const ft_layout *L, uint64_t off,
+                                uint64_t cnt, const void *src, size_t n, ft_dtype out_dt, void *dst)
+{
+    uint64_t o, g;
+    if (out_dt != FT_F32 && out_dt != FT_BF16 && out_dt != FT_F16)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cannot dequantize to %s", ft_dtype_name(out_dt));
+    if (cnt == 0) return n == 0 ? FT_OK : ft_set_error(FT_ERR_CORRUPT, "empty quant chunk has a payload");
+    if (!chunk_geometry(L, off, cnt, &o, &g))
+        return ft_set_error(FT_ERR_CORRUPT, "quant chunk [%llu, +%llu) is not slab-aligned",
+                            (unsigned long long)off, (unsigned long long)cnt);
+    if (n != ft_quant_chunk_size(fi, L, off, cnt))
+        return ft_set_error(FT_ERR_CORRUPT, "quant chunk at element %llu: %zu payload bytes, "
+                            "expected %zu", (unsigned long long)off, n,
+                            ft_quant_chunk_size(fi, L, off, cnt));
+    const ft_qkern *K = ft_qkern_best();
+    const int bits = qbits(fi);
+    const uint64_t inner = L->inner;
+    const size_t osz = ft_dtype_bits(out_dt) / 8;
+    const uint8_t *hdr = src;
+    uint64_t ngroups_chunk = (slab_of(L, off + cnt) - slab_of(L, off)) * inner;
+    const uint8_t *packed = hdr + 4 * ngroups_chunk;
+    if (bits == 4 && (cnt & 1) && (packed[cnt / 2] >> 4))
+        return ft_set_error(FT_ERR_CORRUPT, "quant chunk at element %llu: pad nibble not zero",
+                            (unsigned long long)off);
+    uint8_t *d8 = dst;
+    uint64_t e0 = 0, j = 0;
+    while (e0 < cnt) {
+        uint64_t glen = L->D - g * L->G < L->G ? L->D - g * L->G : L->G;
+        if (inner == 1) {
+            K->dec_bcast(bits, out_dt, packed, e0, glen, ft_f16_to_f32_1(get16(hdr + 4 * j)),
+                         ft_f16_to_f32_1(get16(hdr + 4 * j + 2)), d8 + e0 * osz);
+        } else {
+            float mn[QBLK], st[QBLK];
+            for (uint64_t i0 = 0; i0 < inner; i0 += QBLK) {
+                size_t nb = (size_t)(inner - i0 < QBLK ? inner - i0 : QBLK);
+                const uint8_t *hp = hdr + 4 * (j * inner + i0);
+                for (size_t i = 0; i < nb; i++) {
+                    mn[i] = ft_f16_to_f32_1(get16(hp + 4 * i));
+                    st[i] = ft_f16_to_f32_1(get16(hp + 4 * i + 2));
+                }
+                for (uint64_t d = 0; d < glen; d++) {
+                    uint64_t e = e0 + d * inner + i0;
+                    K->dec_vec(bits, out_dt, packed, e, nb, mn, st, d8 + e * osz);
+                }
+            }
+        }
+        e0 += glen * inner;
+        j++;
+        if (++g == L->ngroups) { g = 0; o++; }
+    }
+    (void)o;
+    return FT_OK;
+}

@@ -1,0 +1,129 @@
+/*
+ * flextier/offload.h - FlexGen-style offloading policy across N tiers, and
+ * the cost model / planner that chooses one.
+ *
+ * A policy says, for weights, KV cache and activations, what share lives
+ * on each tier (device, host, disk, remote), the GPU batch size and number
+ * of GPU batches (one block = gpu_batch_size * num_gpu_batches sequences),
+ * and the compression of weights and cache. On a CPU-only machine the
+ * compute device is the CPU and "device" memory is a working-set budget in
+ * DRAM: device-tier weights are kept decoded, ready for compute; host-tier
+ * weights are kept encoded in DRAM and decoded on use; disk and remote
+ * tiers are `file:` and `ucx://` stores.
+ *
+ * Everything here is plain data and pure functions: thread-safe.
+ */
+#ifndef FLEXTIER_OFFLOAD_H
+#define FLEXTIER_OFFLOAD_H
+
+#include "flextier/codec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ft_tier {
+    FT_TIER_DEVICE = 0, FT_TIER_HOST = 1, FT_TIER_DISK = 2, FT_TIER_REMOTE = 3,
+    FT_TIER_COUNT = 4
+} ft_tier;
+
+const char *ft_tier_name(ft_tier t);   /* "device", "host", "disk", "remote" */
+
+#define FT_MAX_REMOTES 8
+#define FT_URI_MAX 256
+
+typedef struct ft_policy {
+    /* Percentages per tier, each triple summing to 100. */
+    float w_pct[FT_TIER_COUNT];   /* weights                          */
+    float c_pct[FT_TIER_COUNT];   /* KV cache (split by sequence)     */
+    float a_pct[FT_TIER_COUNT];   /* activations: must be 100 on one tier */
+    uint32_t gpu_batch_size;      /* sequences per GPU batch, >= 1    */
+    uint32_t num_gpu_batches;     /* GPU batches per block, >= 1      */
+    ft_codec_id compress_weights; /* RAW, BYTEPLANE, Q8 or Q4          */
+    ft_codec_id compress_cache;   /* RAW, Q8 or Q4                     */
+    uint32_t n_remotes;           /* remote memory nodes (ucx://HOST:PORT) */
+    char remotes[FT_MAX_REMOTES][FT_URI_MAX];
+    char disk_uri[FT_URI_MAX];    /* file:DIR for the disk tier        */
+} ft_policy;
+
+/* Default: everything on the device, batch 1, no compression. */
+void ft_policy_default(ft_policy *p);
+
+/* Parse a compact policy, space- or semicolon-separated key=value items:
+ *   w=D,H,S,R   c=D,H,S,R   a=D,H,S,R   (percentages; 2 or 3 values are
+ *                                        accepted, the rest default to 0)
+ *   gbs=N  ngb=N  cw=none|bp|q8|q4  cc=none|q8|q4
+ *   remote=ucx://a:7000,ucx://b:7000   disk=file:/path
+ * Items not given keep their current value in *p (so callers can apply CLI
+ * flags on top of a default). FT_ERR_INVALID_ARG with a message naming the
+ * item on any error; *p is unchanged then. */
+ft_status ft_policy_parse(const char *spec, ft_policy *p);
+
+/* Check sums, ranges, and that tiers used have their store (remote needs
+ * remotes, disk needs disk_uri). */
+ft_status ft_policy_validate(const ft_policy *p);
+
+/* "w=0,20,30,50 c=100,0,0,0 a=100,0,0,0 gbs=8 ngb=4 cw=q4 cc=none" */
+void ft_policy_format(const ft_policy *p, char *buf, size_t n);
+
+/* FlexGen's weight placement within one layer: tensor i (bytes[i]) goes to
+ * the tier whose cumulative percentage range holds the midpoint of the
+ * tensor's cumulative byte range, tiers ordered device, host, disk, remote.
+ * out[i] receives the tier. */
+void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tier *out);
+
+/* ---------------------------------------------------------- cost model */
+
+/* What the cost model needs to know about the model, the run and the
+ * machine. Bandwidths in bytes/s, compute in flop/s. */
+typedef struct ft_cost_inputs {
+    /* model */
+    uint32_t n_layers;
+    uint64_t layer_params;         /* parameters per layer (matrices)     */
+    uint32_t weight_bytes_per_param; /* as stored before compression, e.g. 2 (bf16) */
+    uint32_t compute_bytes_per_param; /* as computed with, e.g. 4 (f32 on CPU) */
+    uint64_t kv_bytes_per_token;   /* per layer per sequence, uncompressed (K+V) */
+    uint32_t hidden;
+    /* run */
+    uint32_t prompt_len, gen_len;
+    /* machine */
+    double flops;                  /* sustained GEMM flop/s of the device  */
+    double mem_bw;                 /* device memory bandwidth (weights read per step) */
+    double bw[FT_TIER_COUNT];      /* tier -> device link; bw[DEVICE] unused */
+    uint32_t n_remotes;            /* remote links add up (one per node)  */
+    uint64_t cap[FT_TIER_COUNT];   /* capacity per tier, bytes            */
+    /* codecs: ratio (raw/encoded) and decode speed (raw bytes/s on the
+     * compute device), indexed by ft_codec_id; ratio 0 = not available. */
+    double ratio[FT_CODEC_COUNT];
+    double decode_bw[FT_CODEC_COUNT];
+    /* CPU-only machines: decoding competes with compute for the cores. */
+    int decode_shares_compute;
+} ft_cost_inputs;
+
+typedef struct ft_cost_estimate {
+    double prefill_tps, decode_tps;  /* tokens/s, all sequences            */
+    double t_layer_decode;           /* seconds per layer per decode step  */
+    double t_compute, t_decode, t_link[FT_TIER_COUNT]; /* components of it */
+    uint64_t mem[FT_TIER_COUNT];     /* peak bytes per tier                */
+    int feasible;                    /* fits every capacity                */
+    const char *bottleneck;          /* "compute", "decode", "disk", ...   */
+} ft_cost_estimate;
+
+/* Predict throughput of a policy (FlexGen's per-layer max of compute and
+ * link times, with weights moved once per block and cache per batch). */
+void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
+
+/* Search placements (10% steps), batch configurations with
+ * gbs*ngb <= max_batch (or == max_batch when fixed_batch) and the allowed
+ * weight/cache codecs (bit masks of 1u << ft_codec_id; 0 = RAW only) for
+ * the feasible policy with the highest predicted decode throughput. `base`
+ * provides remotes/disk_uri; tiers without a store are not used.
+ * FT_ERR_NO_SPACE if nothing fits. */
+ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
+                  int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
+                  ft_policy *best, ft_cost_estimate *est);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

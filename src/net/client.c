@@ -1,0 +1,510 @@
+/* ucx://HOST:PORT backend: a client of `flextier serve`.
+ *
+ * One UCP worker and one endpoint (client/server sockaddr mode, error
+ * handling mode PEER) per store, guarded by a mutex: any thread may issue
+ * a request; the thread that waits drives ucp_worker_progress, so requests
+ * from several threads (the async workers) are in flight together. The
+ * request header lives on the waiting thread's stack until its send, its
+ * reply and any rendezvous receive of the reply's data have completed.
+ *
+ * Every wait has a deadline (params.timeout_ms). A peer failure (the
+ * endpoint error callback) or a timeout fails every pending request and
+ * force-closes the endpoint, which completes all outstanding UCX
+ * operations; the next call reconnects. */
+#include "msg.h"
+#include "store/store_internal.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+typedef struct pend {
+    uint64_t     id;
+    int          replied;     /* reply header arrived (or failure)       */
+    int          send_pending;
+    int          recv_pending;
+    ft_status    st;          /* reply status / failure                  */
+    char         detail[128];
+    uint64_t     aux;
+    ft_buf      *rbuf;        /* where reply data goes (NULL: none)       */
+    size_t       rlen;
+    uint8_t      hdr[FT_MSG_MAX_HDR];
+    struct pend *next;
+} pend;
+
+typedef struct ucx_client {
+    ft_store_backend base;
+    char             where[300];
+    struct sockaddr_storage addr;
+    socklen_t        alen;
+    char             token[FT_MSG_MAX_TOKEN];
+    size_t           token_len;
+    int              timeout_ms;
+    pthread_mutex_t  lock;
+    pthread_cond_t   cond;        /* something completed / progress free */
+    int              progressing; /* a thread sleeps in poll(efd)        */
+    ucp_context_h    ctx;
+    ucp_worker_h     w;
+    int              efd;
+    ucp_ep_h         ep;
+    int              dead;        /* ep failed: close it, fail requests   */
+    uint64_t         next_id;
+    pend            *pending;
+} ucx_client;
+
+static ft_status st_from_ucs(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return FT_OK;
+    case UCS_ERR_NO_MEMORY: return FT_ERR_NOMEM;
+    case UCS_ERR_TIMED_OUT: return FT_ERR_TIMEOUT;
+    default: return FT_ERR_NET;
+    }
+}
+
+static void fail_all(ucx_client *c, ft_status st, const char *why)
+{
+    for (pend *p = c->pending; p; p = p->next) {
+        if (!p->replied) {
+            p->replied = 1;
+            p->st = st;
+            snprintf(p->detail, sizeof p->detail, "%s", why);
+        }
+    }
+}
+
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ucx_client *c = arg;
+    if (ep != c->ep) return;
+    FT_LOG(FT_LOG_WARN, "ucx://%s: connection failed: %s", c->where, ucs_status_string(status));
+    c->dead = 1;
+    fail_all(c, FT_ERR_NET, ucs_status_string(status));
+}
+
+static void send_cb(void *req, ucs_status_t status, void *user)
+{
+    pend *p = user;
+    p->send_pending = 0;
+    if (status != UCS_OK && p->st == FT_OK) {
+        p->st = st_from_ucs(status);
+        snprintf(p->detail, sizeof p->detail, "send: %s", ucs_status_string(status));
+        p->replied = 1;
+    }
+    ucp_request_free(req);
+}
+
+static void recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    pend *p = user;
+    (void)length;
+    p->recv_pending = 0;
+    if (status != UCS_OK && p->st == FT_OK) {
+        p->st = st_from_ucs(status);
+        snprintf(p->detail, sizeof p->detail, "receive: %s", ucs_status_string(status));
+    }
+    ucp_request_free(req);
+}
+
+static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *data,
+                             size_t len, const ucp_am_recv_param_t *param)
+{
+    ucx_client *c = arg;
+    ft_msg m;
+    if (ft_msg_parse(header, hlen, len, 1, UINT64_MAX, &m) != FT_OK) {
+        FT_LOG(FT_LOG_WARN, "ucx://%s: malformed reply dropped: %s", c->where, ft_last_error());
+        return UCS_OK;
+    }
+    pend *p = c->pending;
+    while (p && p->id != m.req_id) p = p->next;
+    if (!p || p->replied) return UCS_OK;    /* late reply to a failed request */
+    p->replied = 1;
+    p->st = (ft_status)m.status;
+    p->aux = m.aux;
+    if (m.status != FT_OK) {
+        size_t n = len < sizeof p->detail - 1 ? len : sizeof p->detail - 1;
+        if (n && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            memcpy(p->detail, data, n);     /* error detail text */
+            p->detail[n] = 0;
+        } else {
+            snprintf(p->detail, sizeof p->detail, "server: %s", ft_status_str(p->st));
+        }
+        return UCS_OK;
+    }
+    if (len == 0) return UCS_OK;
+    if (!p->rbuf) {
+        p->st = ft_set_error(FT_ERR_PROTOCOL, "unexpected reply data");
+        snprintf(p->detail, sizeof p->detail, "unexpected reply data");
+        return UCS_OK;
+    }
+    if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
+        p->st = FT_ERR_NOMEM;
+        snprintf(p->detail, sizeof p->detail, "no memory for %zu reply bytes", len);
+        return UCS_OK;
+    }
+    p->rlen = len;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_request_param_t rp;
+        memset(&rp, 0, sizeof rp);
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.recv_am = recv_cb;
+        rp.user_data = p;
+        ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->w, data, p->rbuf->p, len, &rp);
+        if (UCS_PTR_IS_ERR(r)) {
+            p->st = FT_ERR_NET;
+            snprintf(p->detail, sizeof p->detail, "receive: %s",
+                     ucs_status_string(UCS_PTR_STATUS(r)));
+        } else if (r) {
+            p->recv_pending = 1;
+        }
+        return UCS_INPROGRESS;
+    }
+    memcpy(p->rbuf->p, data, len);
+    return UCS_OK;
+}
+
+/* Force-close the endpoint (completes every outstanding operation). */
+static void close_ep_locked(ucx_client *c)
+{
+    if (!c->ep) return;
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof p);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucp_ep_h ep = c->ep;
+    c->ep = NULL;
+    fail_all(c, FT_ERR_NET, "connection closed");
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r && !UCS_PTR_IS_ERR(r)) {
+        double dl = ft_now() + 5.0;
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && ft_now() < dl)
+            ucp_worker_progress(c->w);
+        ucp_request_free(r);
+    }
+    c->dead = 0;
+    pthread_cond_broadcast(&c->cond);
+}
+
+static int pend_done(const pend *p)
+{
+    return p->replied && !p->send_pending && !p->recv_pending;
+}
+
+static ft_status wait_locked(ucx_client *c, pend *p, double deadline)
+{
+    while (!pend_done(p)) {
+        if (c->dead) {
+            close_ep_locked(c);
+            if (pend_done(p)) break;
+        }
+        if (c->progressing) {
+            /* another thread sleeps on the event fd; it wakes within 5 ms */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 5000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+        } else if (ucp_worker_progress(c->w)) {
+            pthread_cond_broadcast(&c->cond);
+            continue;
+        }
+        if (pend_done(p)) break;
+        if (ft_now() > deadline) {
+            if (!p->replied) {
+                /* no answer: drop the connection so UCX releases our
+                 * buffers; the next call reconnects */
+                FT_LOG(FT_LOG_WARN, "ucx://%s: request timed out; reconnecting", c->where);
+                p->replied = 1;
+                p->st = FT_ERR_TIMEOUT;
+                snprintf(p->detail, sizeof p->detail, "no reply within %d ms", c->timeout_ms);
+            }
+            c->dead = 1;
+            continue;
+        }
+        if (c->progressing) continue;
+        if (ucp_worker_arm(c->w) == UCS_ERR_BUSY) continue;
+        c->progressing = 1;
+        pthread_mutex_unlock(&c->lock);
+        struct pollfd pfd = {c->efd, POLLIN, 0};
+        poll(&pfd, 1, 5);
+        pthread_mutex_lock(&c->lock);
+        c->progressing = 0;
+    }
+    return p->st;
+}
+
+/* Send one request and wait for its reply. Lock held, connection up. */
+static ft_status call_locked(ucx_client *c, uint16_t op, const char *key,
+                             const void *data, size_t dlen, uint64_t aux,
+                             ft_buf *rbuf, size_t *rlen)
+{
+    pend p;
+    memset(&p, 0, sizeof p);
+    p.id = ++c->next_id;
+    p.rbuf = rbuf;
+    p.next = c->pending;
+    c->pending = &p;
+    uint32_t klen = key ? (uint32_t)strlen(key) : 0;
+    size_t hlen = ft_msg_encode(p.hdr, op, p.id, 0, key, klen, dlen, aux, 0);
+
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.cb.send = send_cb;
+    rp.user_data = &p;
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_REQUEST, p.hdr, hlen, data, dlen, &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+        p.replied = 1;
+        p.st = FT_ERR_NET;
+        snprintf(p.detail, sizeof p.detail, "send: %s", ucs_status_string(UCS_PTR_STATUS(r)));
+    } else if (r) {
+        p.send_pending = 1;
+    }
+    ft_status st = wait_locked(c, &p, ft_now() + c->timeout_ms / 1000.0);
+    pend **pp = &c->pending;
+    while (*pp != &p) pp = &(*pp)->next;
+    *pp = p.next;
+    if (st != FT_OK)
+        return ft_set_error(st, "ucx://%s: %s", c->where, p.detail[0] ? p.detail : ft_status_str(st));
+    if (rlen) *rlen = p.rlen;
+    return FT_OK;
+}
+
+static ft_status connect_locked(ucx_client *c)
+{
+    ucp_ep_params_t ep;
+    memset(&ep, 0, sizeof ep);
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = (const struct sockaddr *)&c->addr;
+    ep.sockaddr.addrlen = c->alen;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = ep_err_cb;
+    ep.err_handler.arg = c;
+    c->dead = 0;
+    ucs_status_t s = ucp_ep_create(c->w, &ep, &c->ep);
+    if (s != UCS_OK) {
+        c->ep = NULL;
+        return ft_set_error(FT_ERR_NET, "ucx://%s: cannot connect: %s", c->where,
+                            ucs_status_string(s));
+    }
+    ft_status st = call_locked(c, FT_OP_HELLO, NULL, c->token, c->token_len, 0, NULL, NULL);
+    if (st != FT_OK) {
+        char why[300];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        close_ep_locked(c);
+        return ft_set_error(st, "%s", why);
+    }
+    FT_LOG(FT_LOG_INFO, "ucx://%s: connected", c->where);
+    return FT_OK;
+}
+
+static ft_status call(ucx_client *c, uint16_t op, const char *key, const void *data,
+                      size_t dlen, uint64_t aux, ft_buf *rbuf, size_t *rlen)
+{
+    pthread_mutex_lock(&c->lock);
+    ft_status st = FT_OK;
+    if (c->dead) close_ep_locked(c);
+    if (!c->ep) st = connect_locked(c);
+    if (st == FT_OK) st = call_locked(c, op, key, data, dlen, aux, rbuf, rlen);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ------------------------------------------------------------ backend */
+
+static ft_status cl_put(ft_store_backend *b, const char *key, const void *frame, size_t size)
+{
+    return call((ucx_client *)b, FT_OP_PUT, key, frame, size, ft_xxh3(frame, size), NULL, NULL);
+}
+
+static ft_status cl_get(ft_store_backend *b, const char *key, ft_buf *out, size_t *size)
+{
+    size_t n = 0;
+    ft_status st = call((ucx_client *)b, FT_OP_GET, key, NULL, 0, 0, out, &n);
+    if (st == FT_OK) *size = n;
+    return st;
+}
+
+static ft_status cl_del(ft_store_backend *b, const char *key)
+{
+    return call((ucx_client *)b, FT_OP_DEL, key, NULL, 0, 0, NULL, NULL);
+}
+
+static ft_status cl_stat(ft_store_backend *b, const char *key, ft_frame_info *info)
+{
+    ft_buf buf = {0};
+    size_t n = 0;
+    ft_status st = call((ucx_client *)b, FT_OP_STAT, key, NULL, 0, 0, &buf, &n);
+    ft_frame_info fi;
+    if (st == FT_OK) st = ft_frame_parse(buf.p, n, &fi);
+    if (st == FT_OK && fi.header_size != n)
+        st = ft_set_error(FT_ERR_PROTOCOL, "stat reply of %zu bytes", n);
+    ft_buf_free(&buf);
+    if (st == FT_OK) *info = fi;
+    return st;
+}
+
+static ft_status cl_list(ft_store_backend *b, char ***keys, size_t *n)
+{
+    ft_buf buf = {0};
+    size_t len = 0;
+    ft_status st = call((ucx_client *)b, FT_OP_LIST, NULL, NULL, 0, 0, &buf, &len);
+    if (st == FT_OK) st = ft_msg_list_parse(buf.p, len, keys, n);
+    ft_buf_free(&buf);
+    return st;
+}
+
+static ft_status cl_stats(ft_store_backend *b, ft_store_stats *out)
+{
+    ft_buf buf = {0};
+    size_t len = 0;
+    ft_status st = call((ucx_client *)b, FT_OP_STAT, NULL, NULL, 0, 0, &buf, &len);
+    if (st == FT_OK) st = ft_msg_stats_parse(buf.p, len, out);
+    ft_buf_free(&buf);
+    return st;
+}
+
+static void cl_close(ft_store_backend *b)
+{
+    ucx_client *c = (ucx_client *)b;
+    if (c->w) {
+        pthread_mutex_lock(&c->lock);
+        close_ep_locked(c);
+        pthread_mutex_unlock(&c->lock);
+        ucp_worker_destroy(c->w);
+    }
+    if (c->ctx) ucp_cleanup(c->ctx);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+    memset(c->token, 0, sizeof c->token);
+    free(c);
+}
+
+static const ft_store_ops ucx_ops = {cl_put, cl_get, cl_del, cl_stat,
+                                     cl_list, cl_stats, cl_close};
+
+/* "host:port" or "[v6]:port" */
+ft_status ft_net_resolve(const char *hostport, int passive,
+                         struct sockaddr_storage *addr, socklen_t *alen)
+{
+    char host[256];
+    const char *colon, *h = hostport;
+    size_t hl;
+    if (hostport[0] == '[') {
+        const char *e = strchr(hostport, ']');
+        if (!e || e[1] != ':') goto bad;
+        h = hostport + 1;
+        hl = (size_t)(e - h);
+        colon = e + 1;
+    } else {
+        colon = strrchr(hostport, ':');
+        if (!colon) goto bad;
+        hl = (size_t)(colon - hostport);
+    }
+    if (hl == 0 || hl >= sizeof host || !colon[1]) goto bad;
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (passive) hints.ai_flags = AI_PASSIVE;
+    int e = getaddrinfo(host, colon + 1, &hints, &res);
+    if (e != 0 || !res)
+        return ft_set_error(FT_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *alen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return FT_OK;
+bad:
+    return ft_set_error(FT_ERR_INVALID_ARG, "expected HOST:PORT, got '%s'", hostport);
+}
+
+ft_status ft_net_read_token(const char *path, char *buf, size_t cap, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return ft_set_error(FT_ERR_IO, "token file %s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, cap, f);
+    int big = n == cap && fgetc(f) != EOF;
+    fclose(f);
+    if (big) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s over %zu bytes", path, cap - 1);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
+    if (n == 0) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s is empty", path);
+    *len = n;
+    return FT_OK;
+}
+
+ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
+                              ft_store_backend **out)
+{
+    ucx_client *c = calloc(1, sizeof *c);
+    if (!c) return ft_set_error(FT_ERR_NOMEM, "ucx client");
+    c->base.ops = &ucx_ops;
+    c->efd = -1;
+    c->timeout_ms = p->timeout_ms;
+    snprintf(c->where, sizeof c->where, "%s", hostport);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    ft_status st = ft_net_resolve(hostport, 0, &c->addr, &c->alen);
+    const char *tf = p->token_file ? p->token_file : getenv("FLEXTIER_TOKEN_FILE");
+    if (st == FT_OK && tf && *tf)
+        st = ft_net_read_token(tf, c->token, sizeof c->token, &c->token_len);
+    if (st != FT_OK) goto fail;
+
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    if (s == UCS_OK) {
+        ucp_params_t up;
+        memset(&up, 0, sizeof up);
+        up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+        up.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+        up.name = "flextier-client";
+        s = ucp_init(&up, cfg, &c->ctx);
+        ucp_config_release(cfg);
+    }
+    if (s == UCS_OK) {
+        ucp_worker_params_t wp;
+        memset(&wp, 0, sizeof wp);
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SINGLE;   /* serialized by c->lock */
+        s = ucp_worker_create(c->ctx, &wp, &c->w);
+    }
+    if (s == UCS_OK) s = ucp_worker_get_efd(c->w, &c->efd);
+    if (s == UCS_OK) {
+        ucp_am_handler_param_t hp;
+        memset(&hp, 0, sizeof hp);
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id = FT_AM_REPLY;
+        hp.cb = reply_cb;
+        hp.arg = c;
+        s = ucp_worker_set_am_recv_handler(c->w, &hp);
+    }
+    if (s != UCS_OK) {
+        st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s));
+        goto fail;
+    }
+    pthread_mutex_lock(&c->lock);
+    st = connect_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (st != FT_OK) goto fail;
+    *out = &c->base;
+    return FT_OK;
+fail:
+    {
+        char why[300];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        cl_close(&c->base);
+        return ft_set_error(st, "%s", why);
+    }
+}

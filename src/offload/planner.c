@@ -1,0 +1,169 @@
+/* FlexGen-style cost model and a grid-search planner.
+ *
+ * Per layer and decode step, one block (ngb GPU batches of gbs sequences)
+ * is computed while the next layer's weights and the next batch's cache
+ * stream in. The step time of a layer is the maximum of the busy times of
+ * the resources that work in parallel: the compute device (ngb batches of
+ * matrix products and attention, plus decoding of compressed tensors where
+ * the device's cores do it), and every link (host, disk, each remote node)
+ * carrying its share of weights (once per block) and cache (per batch).
+ * FlexGen's LP has the same structure; a 10% grid over placements finds
+ * its optimum within the grid step. */
+#include "flextier/offload.h"
+
+#include <math.h>
+#include <string.h>
+
+static double codec_ratio(const ft_cost_inputs *in, ft_codec_id c)
+{
+    if (c == FT_CODEC_RAW) return 1.0;
+    double r = in->ratio[c];
+    return r > 0 ? r : 1.0;
+}
+
+static double codec_decode_bw(const ft_cost_inputs *in, ft_codec_id c)
+{
+    double d = in->decode_bw[c];
+    return d > 0 ? d : INFINITY;
+}
+
+void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out)
+{
+    memset(out, 0, sizeof *out);
+    const double L = in->n_layers;
+    const double gbs = p->gpu_batch_size, ngb = p->num_gpu_batches, B = gbs * ngb;
+    const double P = (double)in->layer_params;
+    const double W = P * in->weight_bytes_per_param;           /* stored bytes / layer */
+    const double Wc = P * (in->compute_bytes_per_param ? in->compute_bytes_per_param : 4);
+    const double s_avg = in->prompt_len + 0.5 * in->gen_len;
+    const double s_max = (double)in->prompt_len + in->gen_len;
+    const double kv = (double)in->kv_bytes_per_token;
+    const double rw = codec_ratio(in, p->compress_weights), rc = codec_ratio(in, p->compress_cache);
+    const double dw = codec_decode_bw(in, p->compress_weights), dc = codec_decode_bw(in, p->compress_cache);
+    double w[FT_TIER_COUNT], c[FT_TIER_COUNT];
+    for (int t = 0; t < FT_TIER_COUNT; t++) { w[t] = p->w_pct[t] / 100.0; c[t] = p->c_pct[t] / 100.0; }
+
+    /* Compute of one GPU batch of one layer, one decode token: reading the
+     * resident weights (memory bound at small batch) or the flops, plus
+     * attention over the cache. */
+    double t_mm = fmax(Wc / in->mem_bw, 2.0 * P * gbs / in->flops);
+    double t_attn = fmax(gbs * s_avg * kv / in->mem_bw, 4.0 * gbs * s_avg * in->hidden / in->flops);
+    double t_comp = ngb * (t_mm + t_attn);
+    /* Decoding: weights not on the device are decoded once per block, the
+     * off-device cache per batch. RAW weights are converted (decode_bw[RAW]
+     * is the conversion speed, e.g. bf16 -> f32). */
+    double t_dec = W * (1.0 - w[FT_TIER_DEVICE]) / dw
+                 + B * s_avg * kv * (1.0 - c[FT_TIER_DEVICE]) / dc;
+    /* Links: weights once per block, cache read per step (plus the new
+     * token's K/V written back). Remote traffic spreads over the nodes. */
+    double link[FT_TIER_COUNT] = {0};
+    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
+        double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
+        double bytes = W * w[t] / rw + B * (s_avg + 1.0) * kv * c[t] / rc;
+        link[t] = bytes > 0 ? (bw > 0 ? bytes / bw : INFINITY) : 0;
+    }
+    double busy = in->decode_shares_compute ? t_comp + t_dec : fmax(t_comp, t_dec);
+    double T = busy;
+    out->bottleneck = in->decode_shares_compute ? (t_dec > t_comp ? "decode" : "compute")
+                                                : (t_dec > t_comp ? "decode" : "compute");
+    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
+        if (link[t] > T) { T = link[t]; out->bottleneck = ft_tier_name((ft_tier)t); }
+    out->t_layer_decode = T;
+    out->t_compute = t_comp;
+    out->t_decode = t_dec;
+    memcpy(out->t_link, link, sizeof link);
+    out->decode_tps = T > 0 ? B / (L * T) : 0;
+
+    /* Prefill: all prompt tokens of the block per layer, weights once. */
+    double t_pre_comp = ngb * fmax(Wc / in->mem_bw, 2.0 * P * gbs * in->prompt_len / in->flops)
+                      + ngb * 4.0 * gbs * in->prompt_len * in->prompt_len * in->hidden / in->flops;
+    double t_pre = in->decode_shares_compute ? t_pre_comp + W * (1.0 - w[0]) / dw : fmax(t_pre_comp, W * (1.0 - w[0]) / dw);
+    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
+        double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
+        double bytes = W * w[t] / rw + B * in->prompt_len * kv * c[t] / rc;
+        if (bytes > 0) t_pre = fmax(t_pre, bw > 0 ? bytes / bw : INFINITY);
+    }
+    out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre) : 0;
+
+    /* Memory: resident device weights decoded, two layer slots for the
+     * streamed ones (double buffering), the device share of the cache and
+     * the activations; other tiers hold encoded bytes. */
+    double cache_total = L * B * s_max * kv;
+    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * Wc * w[0] + 2.0 * Wc * (1.0 - w[0]) +
+                                          cache_total * c[0] + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
+    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
+        out->mem[t] = (uint64_t)(L * W * w[t] / rw + cache_total * c[t] / rc);
+    out->feasible = 1;
+    for (int t = 0; t < FT_TIER_COUNT; t++)
+        if (out->mem[t] > in->cap[t]) out->feasible = 0;
+}
+
+/* Enumerate percentage vectors over the usable tiers in `step` increments. */
+typedef struct { float v[FT_TIER_COUNT]; } pct;
+
+static size_t enum_pcts(const int *usable, int step, pct *out, size_t cap)
+{
+    size_t n = 0;
+    /* Most on the device first, so that ties keep data close. */
+    for (int a = 100; a >= 0; a -= step)
+        for (int b = 100 - a; b >= 0; b -= step)
+            for (int c = 100 - a - b; c >= 0; c -= step) {
+                int d = 100 - a - b - c;
+                int v[4] = {a, b, c, d};
+                int ok = 1;
+                for (int t = 0; t < FT_TIER_COUNT; t++) if (v[t] && !usable[t]) ok = 0;
+                if (!ok || n == cap) continue;
+                for (int t = 0; t < FT_TIER_COUNT; t++) out[n].v[t] = (float)v[t];
+                n++;
+            }
+    return n;
+}
+
+ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch, int fixed_batch,
+                  unsigned weight_codecs, unsigned cache_codecs, ft_policy *best, ft_cost_estimate *est)
+{
+    if (!in || !base || !best || max_batch < 1 || in->n_layers == 0) return FT_ERR_INVALID_ARG;
+    int usable[FT_TIER_COUNT] = {1, in->cap[FT_TIER_HOST] > 0, base->disk_uri[0] && in->cap[FT_TIER_DISK] > 0,
+                                 base->n_remotes > 0 && in->cap[FT_TIER_REMOTE] > 0};
+    static pct wv[300], cv[300];
+    size_t nw = enum_pcts(usable, 10, wv, 300), nc = enum_pcts(usable, 25, cv, 300);
+    if (!weight_codecs) weight_codecs = 1u << FT_CODEC_RAW;
+    if (!cache_codecs) cache_codecs = 1u << FT_CODEC_RAW;
+    ft_policy cand = *base, top;
+    ft_cost_estimate e, top_e;
+    double best_tps = -1;
+    memset(&top_e, 0, sizeof top_e);
+    for (uint32_t gbs = 1; gbs <= max_batch; gbs *= 2)
+        for (uint32_t ngb = 1; gbs * ngb <= max_batch; ngb *= 2) {
+            if (fixed_batch && gbs * ngb != max_batch) continue;
+            for (int cw = 0; cw < FT_CODEC_COUNT; cw++) {
+                if (!(weight_codecs & (1u << cw))) continue;
+                for (int cc = 0; cc < FT_CODEC_COUNT; cc++) {
+                    if (!(cache_codecs & (1u << cc))) continue;
+                    for (size_t i = 0; i < nw; i++)
+                        for (size_t j = 0; j < nc; j++) {
+                            memcpy(cand.w_pct, wv[i].v, sizeof cand.w_pct);
+                            memcpy(cand.c_pct, cv[j].v, sizeof cand.c_pct);
+                            memset(cand.a_pct, 0, sizeof cand.a_pct);
+                            cand.a_pct[FT_TIER_DEVICE] = 100;
+                            cand.gpu_batch_size = gbs;
+                            cand.num_gpu_batches = ngb;
+                            cand.compress_weights = (ft_codec_id)cw;
+                            cand.compress_cache = (ft_codec_id)cc;
+                            ft_cost_predict(in, &cand, &e);
+                            /* Ties go to the earlier candidate: fewer
+                             * off-device bytes, smaller batch, no codec. */
+                            if (e.feasible && e.decode_tps > best_tps * (1.0 + 1e-9)) {
+                                best_tps = e.decode_tps;
+                                top = cand;
+                                top_e = e;
+                            }
+                        }
+                }
+            }
+        }
+    if (best_tps < 0) return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers");
+    *best = top;
+    if (est) *est = top_e;
+    return FT_OK;
+}

@@ -1,0 +1,49 @@
+/* Internal: the backend interface behind ft_store. Backends move whole
+ * frames; the generic layer (store.c) does the codec work. */
+#ifndef FT_STORE_INTERNAL_H
+#define FT_STORE_INTERNAL_H
+#include "flextier/store.h"
+
+/* A growable, reusable buffer (64-byte aligned). */
+typedef struct ft_buf {
+    uint8_t *p;
+    size_t   cap;
+} ft_buf;
+ft_status ft_buf_reserve(ft_buf *b, size_t n);   /* keeps no contents */
+void      ft_buf_free(ft_buf *b);
+
+typedef struct ft_store_backend ft_store_backend;
+typedef struct ft_store_ops {
+    /* frame already validated by the caller (ft_frame_parse, size match) */
+    ft_status (*put)(ft_store_backend *b, const char *key, const void *frame,
+                     size_t size);
+    /* copy of the frame into out (grown as needed), *size = frame bytes */
+    ft_status (*get)(ft_store_backend *b, const char *key, ft_buf *out,
+                     size_t *size);
+    ft_status (*del)(ft_store_backend *b, const char *key);
+    /* info parsed from the frame header; info->frame_size = stored bytes */
+    ft_status (*stat)(ft_store_backend *b, const char *key, ft_frame_info *info);
+    ft_status (*list)(ft_store_backend *b, char ***keys, size_t *n);
+    ft_status (*stats)(ft_store_backend *b, ft_store_stats *out);
+    void      (*close)(ft_store_backend *b);
+} ft_store_ops;
+
+struct ft_store_backend {
+    const ft_store_ops *ops;
+};
+
+ft_status ft_mem_backend_open(ft_store_backend **out);
+ft_status ft_file_backend_open(const char *dir, ft_store_backend **out);
+/* src/net/client.c */
+ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
+                              ft_store_backend **out);
+
+/* Key escaping for file names: [A-Za-z0-9_-] kept, everything else %XX,
+ * a leading '.' escaped too. FT_ERR_INVALID_ARG if it does not fit. */
+ft_status ft_key_escape(const char *key, char *out, size_t cap);
+ft_status ft_key_unescape(const char *name, size_t len, char *out, size_t cap);
+
+/* A list under construction. */
+typedef struct ft_keylist { char **v; size_t n, cap; } ft_keylist;
+ft_status ft_keylist_add(ft_keylist *l, const char *key, size_t len);
+#endif

@@ -1,0 +1,150 @@
+#include "ft_test.h"
+#include "flextier/offload.h"
+
+#include <math.h>
+
+TEST(parse_and_format)
+{
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,20,30,50 c=0,100 gbs=8 ngb=4 cw=q4 cc=q4 "
+                             "remote=ucx://a:7000,ucx://b:7000 disk=file:/tmp/x", &p));
+    CHECK(p.w_pct[0] == 0 && p.w_pct[3] == 50 && p.c_pct[1] == 100 && p.c_pct[2] == 0);
+    CHECK(p.gpu_batch_size == 8 && p.num_gpu_batches == 4);
+    CHECK(p.compress_weights == FT_CODEC_Q4 && p.compress_cache == FT_CODEC_Q4);
+    CHECK(p.n_remotes == 2 && !strcmp(p.remotes[1], "ucx://b:7000"));
+    CHECK_OK(ft_policy_validate(&p));
+    char buf[256];
+    ft_policy_format(&p, buf, sizeof buf);
+    CHECK(!strcmp(buf, "w=0,20,30,50 c=0,100,0,0 a=100,0,0,0 gbs=8 ngb=4 cw=q4 cc=q4"));
+    ft_policy q;
+    ft_policy_default(&q);
+    CHECK_OK(ft_policy_parse(buf, &q));
+    CHECK(!memcmp(q.w_pct, p.w_pct, sizeof p.w_pct) && q.compress_cache == FT_CODEC_Q4);
+    CHECK_OK(ft_policy_parse("cw=bp", &q));
+    CHECK(q.compress_weights == FT_CODEC_BYTEPLANE);
+}
+
+TEST(parse_errors_leave_policy_unchanged)
+{
+    static const char *bad[] = {"w=50,60", "w=abc", "w=10", "gbs=0", "ngb=x", "cw=zstd",
+                                "cc=bp", "remote=tcp://x:1", "disk=/tmp", "frob=1", "w", "w=1,2,3,4,5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ft_policy p, before;
+        ft_policy_default(&p);
+        before = p;
+        ft_status st = ft_policy_parse(bad[i], &p);
+        if (st == FT_OK) st = ft_policy_validate(&p);
+        CHECK_MSG(st != FT_OK, "'%s' accepted", bad[i]);
+        if (ft_policy_parse(bad[i], &p) != FT_OK) CHECK(!memcmp(&p, &before, sizeof p));
+    }
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,0,0,100", &p));
+    CHECK(ft_policy_validate(&p) == FT_ERR_INVALID_ARG);   /* no remote node */
+    CHECK_OK(ft_policy_parse("a=50,50", &p));
+    CHECK(ft_policy_validate(&p) != FT_OK);
+}
+
+TEST(placement_midpoint_rule)
+{
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=25,25,0,50", &p));
+    uint64_t bytes[4] = {100, 100, 100, 100};
+    ft_tier t[4];
+    ft_policy_place(&p, bytes, 4, t);
+    /* midpoints 12.5, 37.5, 62.5, 87.5 % */
+    CHECK(t[0] == FT_TIER_DEVICE && t[1] == FT_TIER_HOST && t[2] == FT_TIER_REMOTE && t[3] == FT_TIER_REMOTE);
+    uint64_t big[3] = {10, 1000, 10};
+    ft_policy_place(&p, big, 3, t);
+    CHECK(t[0] == FT_TIER_DEVICE && t[1] == FT_TIER_HOST && t[2] == FT_TIER_REMOTE);
+}
+
+static void inputs(ft_cost_inputs *in)
+{
+    memset(in, 0, sizeof *in);
+    in->n_layers = 32;
+    in->layer_params = 200u << 20;
+    in->weight_bytes_per_param = 2;
+    in->compute_bytes_per_param = 4;
+    in->kv_bytes_per_token = 2 * 4096 * 4;
+    in->hidden = 4096;
+    in->prompt_len = 64;
+    in->gen_len = 32;
+    in->flops = 1e12;
+    in->mem_bw = 20e9;
+    in->bw[FT_TIER_HOST] = 20e9;
+    in->bw[FT_TIER_DISK] = 1e9;
+    in->bw[FT_TIER_REMOTE] = 0.125e9;
+    in->n_remotes = 1;
+    for (int t = 0; t < FT_TIER_COUNT; t++) in->cap[t] = UINT64_MAX;
+    in->ratio[FT_CODEC_Q4] = 3.55;
+    in->decode_bw[FT_CODEC_Q4] = 8e9;
+    in->decode_bw[FT_CODEC_RAW] = 10e9;
+}
+
+TEST(cost_model_link_bound_scales_with_ratio)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    ft_policy p;
+    ft_policy_default(&p);
+    p.n_remotes = 1;
+    CHECK_OK(ft_policy_parse("w=0,0,0,100", &p));
+    ft_cost_estimate raw, q4;
+    ft_cost_predict(&in, &p, &raw);
+    p.compress_weights = FT_CODEC_Q4;
+    ft_cost_predict(&in, &p, &q4);
+    CHECK(!strcmp(raw.bottleneck, "remote") && !strcmp(q4.bottleneck, "remote"));
+    CHECK(fabs(q4.decode_tps / raw.decode_tps - 3.55) < 0.05);
+    /* two remote nodes double the link */
+    in.n_remotes = 2;
+    ft_cost_estimate two;
+    ft_cost_predict(&in, &p, &two);
+    CHECK(fabs(two.decode_tps / q4.decode_tps - 2.0) < 0.05);
+    /* all on device: compute bound, faster than any streaming */
+    ft_policy_default(&p);
+    ft_cost_estimate dev;
+    ft_cost_predict(&in, &p, &dev);
+    CHECK(!strcmp(dev.bottleneck, "compute") && dev.decode_tps > two.decode_tps);
+}
+
+TEST(planner_respects_capacity_and_prefers_compression_when_link_bound)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    ft_policy base, best;
+    ft_policy_default(&base);
+    ft_cost_estimate e;
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e));
+    CHECK(best.w_pct[FT_TIER_DEVICE] == 100);                   /* everything fits */
+    /* Device budget: a quarter of the f32 weights; no host/disk tier. */
+    in.cap[FT_TIER_DEVICE] = (uint64_t)in.n_layers * in.layer_params * 4 / 4;
+    in.cap[FT_TIER_HOST] = 0;
+    in.cap[FT_TIER_DISK] = 0;
+    CHECK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e) == FT_ERR_NO_SPACE);  /* no remote given */
+    base.n_remotes = 1;
+    snprintf(base.remotes[0], sizeof base.remotes[0], "ucx://127.0.0.1:7000");
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e));
+    CHECK(e.feasible && e.mem[FT_TIER_DEVICE] <= in.cap[FT_TIER_DEVICE]);
+    CHECK(best.w_pct[FT_TIER_REMOTE] > 0 && best.compress_weights == FT_CODEC_RAW);
+    ft_policy best_q;
+    ft_cost_estimate eq;
+    CHECK_OK(ft_plan(&in, &base, 1, 1, (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4), 0, &best_q, &eq));
+    CHECK(best_q.compress_weights == FT_CODEC_Q4 && eq.decode_tps > 2.5 * e.decode_tps);
+    /* the planner's choice is at least as good as every grid point we try */
+    ft_policy p = base;
+    for (int dev = 0; dev <= 20; dev += 10) {
+        p.w_pct[0] = (float)dev; p.w_pct[1] = 0; p.w_pct[2] = 0; p.w_pct[3] = (float)(100 - dev);
+        p.compress_weights = FT_CODEC_Q4;
+        ft_cost_estimate x;
+        ft_cost_predict(&in, &p, &x);
+        if (x.feasible) CHECK(x.decode_tps <= eq.decode_tps * (1 + 1e-9));
+    }
+    /* bigger batches amortize the streamed weights */
+    ft_policy b8;
+    ft_cost_estimate e8;
+    CHECK_OK(ft_plan(&in, &base, 8, 1, 1u << FT_CODEC_Q4, 0, &b8, &e8));
+    CHECK(b8.gpu_batch_size * b8.num_gpu_batches == 8 && e8.decode_tps > 4 * eq.decode_tps);
+}
