@@ -307,3 +307,40 @@ TEST(speed)
         ft_tokenizer_free(t);
     }
 }
+
+TEST(merges_as_strings)
+{
+    /* older tokenizer.json files store merges as "a b" strings */
+    for (size_t k = 0; k < NKINDS; k++) {
+        json_object *root = json_object_from_file(data_path(kinds[k], "tokenizer.json")), *model, *merges;
+        REQUIRE(root);
+        REQUIRE(json_object_object_get_ex(root, "model", &model));
+        REQUIRE(json_object_object_get_ex(model, "merges", &merges));
+        json_object *nm = json_object_new_array();
+        for (size_t i = 0; i < json_object_array_length(merges); i++) {
+            json_object *m = json_object_array_get_idx(merges, i);
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s %s", json_object_get_string(json_object_array_get_idx(m, 0)),
+                     json_object_get_string(json_object_array_get_idx(m, 1)));
+            json_object_array_add(nm, json_object_new_string(buf));
+        }
+        json_object_object_add(model, "merges", nm);
+        const char *js = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
+        ft_tokenizer *a = NULL, *b = NULL;
+        CHECK_OK(ft_tokenizer_load_memory(js, strlen(js), "strings.json", &a));
+        CHECK_OK(ft_tokenizer_load(data_path(kinds[k], "tokenizer.json"), &b));
+        static const char text[] = "The quick brown fox, it's 12:30! 日本 😀 café   x\n";
+        int32_t *ia = NULL, *ib = NULL;
+        size_t na = 0, nb = 0;
+        if (a && b) {
+            CHECK_OK(ft_tokenizer_encode(a, text, sizeof text - 1, 1, &ia, &na));
+            CHECK_OK(ft_tokenizer_encode(b, text, sizeof text - 1, 1, &ib, &nb));
+            CHECK(na == nb && na > 5 && ia && ib && !memcmp(ia, ib, na * sizeof *ia));
+        }
+        free(ia);
+        free(ib);
+        ft_tokenizer_free(a);
+        ft_tokenizer_free(b);
+        json_object_put(root);
+    }
+}
