@@ -238,6 +238,7 @@ struct ft_tokenizer {
     smap vocab;                  /* model vocab */
     added_tok *added;
     size_t nadded;
+    uint8_t added_first[2][256];  /* [normalized][first byte]: some added token starts so */
     pmap merges;
     int byte_fallback, fuse_unk, ignore_merges;
     int32_t unk_id;
@@ -903,6 +904,7 @@ static ft_status load_model(ft_tokenizer *t, json_object *model, json_object *ad
         at->normalized = jbool(a, "normalized", !at->special);
         if ((st = set_id(t, (int32_t)id, at->s, at->len, fn))) return st;
         t->id_special[id] = (uint8_t)at->special;
+        t->added_first[at->normalized ? 1 : 0][(uint8_t)at->s[0]] = 1;
     }
     return FT_OK;
 }
@@ -1359,8 +1361,10 @@ static void split_added(enc_ctx *c, const char *s, size_t n, int first, int want
 {
     const ft_tokenizer *t = c->t;
     size_t seg = 0, i = 0;
+    const uint8_t *firsts = t->added_first[want_norm ? 1 : 0];
     while (i < n) {
         const added_tok *best = NULL;
+        if (!firsts[(uint8_t)s[i]]) { i++; continue; }   /* byte steps stay on char starts: s[i] lead bytes only match leads */
         for (size_t k = 0; k < t->nadded; k++) {
             const added_tok *a = &t->added[k];
             if (a->normalized != want_norm || a->len > n - i || (best && a->len <= best->len)) continue;
