@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *kinds[] = {"gpt2", "llama3", "llama2", "mistral"};
+static const char *kinds[] = {"gpt2", "llama3", "llama2", "mistral", "unk"};
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 
 static char *data_path(const char *kind, const char *file)
@@ -197,7 +197,8 @@ TEST(invalid_utf8_input)
         char *s;
         size_t sl;
         CHECK_OK(ft_tokenizer_decode(t, b, nb, 1, &s, &sl));
-        CHECK_MSG(sl == sizeof good - 1 && !memcmp(s, good, sl), "%s: round trip '%s'", kinds[k], s);
+        int lossless = strcmp(kinds[k], "unk") != 0;   /* unk maps unknown chars to <unk> */
+        if (lossless) CHECK_MSG(sl == sizeof good - 1 && !memcmp(s, good, sl), "%s: round trip '%s'", kinds[k], s);
         free(s);
         free(a);
         free(b);
@@ -209,7 +210,7 @@ TEST(invalid_utf8_input)
             int ok;
             char *st = stream_decode(t, a, na, 0, 64, &ok);
             CHECK(st && ok);
-            CHECK(st && (!strcmp(st, emoji) || (kinds[k][0] == 'm' && !strcmp(st, emoji))));
+            CHECK(st && (!lossless || !strcmp(st, emoji)));
             free(st);
             if (na > 1) {   /* a prefix ending mid-character: flush gives U+FFFD */
                 CHECK_OK(ft_tokenizer_decode(t, a, 1, 0, &s, &sl));
