@@ -232,7 +232,9 @@ enum { DEC_NONE, DEC_BYTELEVEL, DEC_CHAIN };
 struct ft_tokenizer {
     char *name;
     int32_t nid;                 /* max id + 1 */
-    char **id_str;               /* token string per id (NULL: no token) */
+    char **id_str;               /* token string per id (NULL: no token); borrowed from
+                                    vstr or an added token (added content wins) */
+    char **vstr;                 /* owned model-vocab strings per id (smap keys) */
     uint32_t *id_len;
     uint8_t *id_special;
     smap vocab;                  /* model vocab */
@@ -304,7 +306,8 @@ static void free_norm(norm_op *o, size_t n)
 void ft_tokenizer_free(ft_tokenizer *t)
 {
     if (!t) return;
-    if (t->id_str) for (int32_t i = 0; i < t->nid; i++) free(t->id_str[i]);
+    if (t->vstr) for (int32_t i = 0; i < t->nid; i++) free(t->vstr[i]);
+    free(t->vstr);
     if (t->dec_str) for (int32_t i = 0; i < t->nid; i++) free(t->dec_str[i]);
     free(t->id_str); free(t->id_len); free(t->id_special);
     free(t->dec_str); free(t->dec_len); free(t->dec_byte);
@@ -370,11 +373,13 @@ static int valid_utf8(const char *s, size_t n)
 
 static ft_status set_id(ft_tokenizer *t, int32_t id, const char *s, size_t len, const char *fn)
 {
-    if (t->id_str[id]) free(t->id_str[id]);
-    t->id_str[id] = malloc(len + 1);
-    if (!t->id_str[id]) return ft_set_error(FT_ERR_NOMEM, "out of memory");
-    memcpy(t->id_str[id], s, len);
-    t->id_str[id][len] = 0;
+    /* vocab strings only: the smap keys point at them, so never freed
+     * before the tokenizer (added tokens borrow their own content) */
+    t->vstr[id] = malloc(len + 1);
+    if (!t->vstr[id]) return ft_set_error(FT_ERR_NOMEM, "out of memory");
+    memcpy(t->vstr[id], s, len);
+    t->vstr[id][len] = 0;
+    t->id_str[id] = t->vstr[id];
     t->id_len[id] = (uint32_t)len;
     (void)fn;
     return FT_OK;
@@ -813,9 +818,10 @@ static ft_status load_model(ft_tokenizer *t, json_object *model, json_object *ad
     t->nid = (int32_t)(maxid + 1);
     size_t nid = (size_t)t->nid ? (size_t)t->nid : 1;
     t->id_str = calloc(nid, sizeof *t->id_str);
+    t->vstr = calloc(nid, sizeof *t->vstr);
     t->id_len = calloc(nid, sizeof *t->id_len);
     t->id_special = calloc(nid, 1);
-    if (!t->id_str || !t->id_len || !t->id_special || !smap_init(&t->vocab, (size_t)json_object_object_length(vocab)))
+    if (!t->id_str || !t->vstr || !t->id_len || !t->id_special || !smap_init(&t->vocab, (size_t)json_object_object_length(vocab)))
         return ft_set_error(FT_ERR_NOMEM, "out of memory");
     json_object_object_foreach(vocab, k, v) {
         int64_t id = 0;
@@ -902,7 +908,8 @@ static ft_status load_model(ft_tokenizer *t, json_object *model, json_object *ad
         at->lstrip = jbool(a, "lstrip", 0);
         at->rstrip = jbool(a, "rstrip", 0);
         at->normalized = jbool(a, "normalized", !at->special);
-        if ((st = set_id(t, (int32_t)id, at->s, at->len, fn))) return st;
+        t->id_str[id] = at->s;
+        t->id_len[id] = (uint32_t)at->len;
         t->id_special[id] = (uint8_t)at->special;
         t->added_first[at->normalized ? 1 : 0][(uint8_t)at->s[0]] = 1;
     }
