@@ -116,6 +116,13 @@ typedef struct ft_tokenizer ft_tokenizer;
 
 /* Load tokenizer.json. Errors name the file and the JSON field. */
 ft_status ft_tokenizer_load(const char *tokenizer_json_path, ft_tokenizer **out);
+/* Load the tokenizer of a model directory: dir/tokenizer.json if present;
+ * else GPT-2-style dir/vocab.json + dir/merges.txt (what OPT checkpoints on
+ * the Hub ship), read as byte-level BPE exactly like GPT2Tokenizer, with
+ * BOS prepended when dir/tokenizer_config.json says "add_bos_token": true
+ * (OPT: "</s>"); bos/eos/unk/pad tokens and added_tokens_decoder entries
+ * become special added tokens. FT_ERR_NOT_FOUND if neither exists. */
+ft_status ft_tokenizer_load_dir(const char *model_dir, ft_tokenizer **out);
 void ft_tokenizer_free(ft_tokenizer *t);                       /* NULL ok */
 /* max token id + 1, including added tokens (HF get_vocab_size(True)). */
 size_t ft_tokenizer_vocab_size(const ft_tokenizer *t);

@@ -1627,3 +1627,161 @@ void ft_detok_free(ft_detok *d)
     free(d->outq.p);
     free(d);
 }
+
+/* ------------------------------------------- vocab.json + merges.txt dirs */
+
+static int file_exists(const char *p)
+{
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    fclose(f);
+    return 1;
+}
+
+/* "content" of a token given as a string or an AddedToken object */
+static const char *tok_content(json_object *v)
+{
+    if (!v) return NULL;
+    if (json_object_is_type(v, json_type_string)) return json_object_get_string(v);
+    return jstr(v, "content");
+}
+
+static json_object *added_entry(int64_t id, const char *content, int special)
+{
+    json_object *a = json_object_new_object();
+    json_object_object_add(a, "id", json_object_new_int64(id));
+    json_object_object_add(a, "content", json_object_new_string(content));
+    json_object_object_add(a, "single_word", json_object_new_boolean(0));
+    json_object_object_add(a, "lstrip", json_object_new_boolean(0));
+    json_object_object_add(a, "rstrip", json_object_new_boolean(0));
+    json_object_object_add(a, "normalized", json_object_new_boolean(0));
+    json_object_object_add(a, "special", json_object_new_boolean(special));
+    return a;
+}
+
+/* Build the tokenizer.json equivalent of GPT2Tokenizer's files. */
+static ft_status load_gpt2_files(const char *dir, ft_tokenizer **out)
+{
+    char path[4096];
+    ft_status st = FT_OK;
+    json_object *vocab = NULL, *cfg = NULL, *root = NULL;
+    FILE *mf = NULL;
+    char *line = NULL;
+    size_t lcap = 0;
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    vocab = json_object_from_file(path);
+    if (!vocab || !json_object_is_type(vocab, json_type_object))
+        FAIL(FT_ERR_CORRUPT, "%s: not a JSON object of token -> id", path);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (file_exists(path)) {
+        cfg = json_object_from_file(path);
+        if (!cfg || !json_object_is_type(cfg, json_type_object)) FAIL(FT_ERR_CORRUPT, "%s: bad JSON", path);
+    }
+    root = json_object_new_object();
+    json_object *model = json_object_new_object(), *merges = json_object_new_array();
+    json_object_object_add(root, "model", model);
+    json_object_object_add(model, "type", json_object_new_string("BPE"));
+    json_object_object_add(model, "vocab", json_object_get(vocab));
+    json_object_object_add(model, "merges", merges);
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    if (!(mf = fopen(path, "rb"))) FAIL(errno == ENOENT ? FT_ERR_NOT_FOUND : FT_ERR_IO, "%s: %s", path, strerror(errno));
+    ssize_t r;
+    size_t lineno = 0;
+    while ((r = getline(&line, &lcap, mf)) >= 0) {
+        lineno++;
+        while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
+        if (lineno == 1 && !strncmp(line, "#version", 8)) continue;
+        if (!r) continue;
+        if ((size_t)r != strlen(line) || !valid_utf8(line, (size_t)r))
+            FAIL(FT_ERR_CORRUPT, "%s: line %zu: not UTF-8 text", path, lineno);
+        json_object_array_add(merges, json_object_new_string(line));
+    }
+    json_object *pre = json_object_new_object();
+    json_object_object_add(pre, "type", json_object_new_string("ByteLevel"));
+    json_object_object_add(pre, "add_prefix_space", json_object_new_boolean(0));
+    json_object_object_add(pre, "use_regex", json_object_new_boolean(1));
+    json_object_object_add(root, "pre_tokenizer", pre);
+    json_object *dec = json_object_new_object();
+    json_object_object_add(dec, "type", json_object_new_string("ByteLevel"));
+    json_object_object_add(root, "decoder", dec);
+    /* special tokens: added_tokens_decoder, then bos/eos/unk/pad */
+    json_object *added = json_object_new_array();
+    json_object_object_add(root, "added_tokens", added);
+    json_object *atd;
+    if (cfg && json_object_object_get_ex(cfg, "added_tokens_decoder", &atd) && json_object_is_type(atd, json_type_object)) {
+        json_object_object_foreach(atd, ks, v) {
+            char *end;
+            errno = 0;
+            long long id = strtoll(ks, &end, 10);
+            const char *c = tok_content(v);
+            if (*end || errno || id < 0 || id >= TK_MAX_ID || !c || !*c)
+                FAIL(FT_ERR_CORRUPT, "%s/tokenizer_config.json: added_tokens_decoder['%s'] is invalid", dir, ks);
+            json_object_array_add(added, added_entry(id, c, jbool(v, "special", 1)));
+        }
+    }
+    static const char *const names[] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+    for (int k = 0; k < 4 && cfg; k++) {
+        json_object *v, *idv;
+        const char *c = json_object_object_get_ex(cfg, names[k], &v) ? tok_content(v) : NULL;
+        if (!c || !*c) continue;
+        if (!json_object_object_get_ex(vocab, c, &idv) || !json_object_is_type(idv, json_type_int)) continue;
+        int dup = 0;
+        for (size_t i = 0; i < json_object_array_length(added); i++)
+            dup |= !strcmp(jstr(json_object_array_get_idx(added, i), "content"), c);
+        if (!dup) json_object_array_add(added, added_entry(json_object_get_int64(idv), c, 1));
+    }
+    if (cfg && jbool(cfg, "add_bos_token", 0)) {
+        json_object *v, *idv = NULL;
+        const char *bos = json_object_object_get_ex(cfg, "bos_token", &v) ? tok_content(v) : NULL;
+        int64_t id = -1;
+        if (bos && json_object_object_get_ex(vocab, bos, &idv) && json_object_is_type(idv, json_type_int))
+            id = json_object_get_int64(idv);
+        for (size_t i = 0; bos && id < 0 && i < json_object_array_length(added); i++) {
+            json_object *a = json_object_array_get_idx(added, i), *x;
+            if (!strcmp(jstr(a, "content"), bos) && json_object_object_get_ex(a, "id", &x)) id = json_object_get_int64(x);
+        }
+        if (id < 0) FAIL(FT_ERR_CORRUPT, "%s/tokenizer_config.json: add_bos_token but bos_token is not in the vocab", dir);
+        json_object *pp = json_object_new_object(), *single = json_object_new_array(), *sp = json_object_new_object(),
+                    *spi = json_object_new_object(), *sq = json_object_new_object(), *sqi = json_object_new_object(),
+                    *stoks = json_object_new_object(), *ent = json_object_new_object(), *ids = json_object_new_array();
+        json_object_object_add(pp, "type", json_object_new_string("TemplateProcessing"));
+        json_object_object_add(spi, "id", json_object_new_string(bos));
+        json_object_object_add(sp, "SpecialToken", spi);
+        json_object_object_add(sqi, "id", json_object_new_string("A"));
+        json_object_object_add(sq, "Sequence", sqi);
+        json_object_array_add(single, sp);
+        json_object_array_add(single, sq);
+        json_object_object_add(pp, "single", single);
+        json_object_array_add(ids, json_object_new_int64(id));
+        json_object_object_add(ent, "ids", ids);
+        json_object_object_add(stoks, bos, ent);
+        json_object_object_add(pp, "special_tokens", stoks);
+        json_object_object_add(root, "post_processor", pp);
+    }
+    {
+        const char *js = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        snprintf(path, sizeof path, "%s/vocab.json", dir);
+        st = ft_tokenizer_load_memory(js, strlen(js), path, out);
+    }
+out:
+    free(line);
+    if (mf) fclose(mf);
+    json_object_put(root);
+    json_object_put(vocab);
+    json_object_put(cfg);
+    return st;
+}
+
+ft_status ft_tokenizer_load_dir(const char *dir, ft_tokenizer **out)
+{
+    if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_tokenizer_load_dir: NULL argument");
+    char path[4096];
+    if (strlen(dir) > 4000) return ft_set_error(FT_ERR_INVALID_ARG, "%s: path too long", dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (file_exists(path)) return ft_tokenizer_load(path, out);
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    char p2[4096];
+    snprintf(p2, sizeof p2, "%s/merges.txt", dir);
+    if (file_exists(path) && file_exists(p2)) return load_gpt2_files(dir, out);
+    return ft_set_error(FT_ERR_NOT_FOUND, "%s: no tokenizer.json (or vocab.json + merges.txt)", dir);
+}

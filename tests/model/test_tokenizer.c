@@ -345,3 +345,59 @@ TEST(merges_as_strings)
         json_object_put(root);
     }
 }
+
+TEST(gpt2_vocab_merges_dir)
+{
+    /* OPT checkpoints on the Hub ship vocab.json + merges.txt, not
+     * tokenizer.json: tests/data/tokenizers/gpt2_files holds the gpt2
+     * fixture's model in that form (add_bos_token, bos </s>). Its ids must
+     * match the tokenizer.json references, except for the cases that use
+     * tokens the slow files do not declare as added tokens. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", data_path("gpt2_files", ""));
+    dir[strlen(dir) - 1] = 0;   /* strip trailing '/' */
+    ft_tokenizer *t = NULL;
+    CHECK_OK(ft_tokenizer_load_dir(dir, &t));
+    REQUIRE(t);
+    json_object *root = json_object_from_file(data_path("gpt2", "cases.json")), *cases;
+    REQUIRE(root && json_object_object_get_ex(root, "cases", &cases));
+    static const char *skip[] = {"<s>", "<unk>", "<mask>", "wordy", "[R]", "lazy dog"};
+    size_t compared = 0;
+    for (size_t i = 0; i < json_object_array_length(cases); i++) {
+        json_object *c = json_object_array_get_idx(cases, i), *jt, *ji, *jis, *jd;
+        json_object_object_get_ex(c, "text", &jt);
+        json_object_object_get_ex(c, "ids", &ji);
+        json_object_object_get_ex(c, "ids_special", &jis);
+        json_object_object_get_ex(c, "decoded_special", &jd);
+        const char *text = json_object_get_string(jt);
+        int s = 0;
+        for (size_t k = 0; k < sizeof skip / sizeof *skip; k++) s |= strstr(text, skip[k]) != NULL;
+        if (s) continue;
+        for (int sp = 0; sp < 2; sp++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            CHECK_OK(ft_tokenizer_encode(t, text, strlen(text), sp, &ids, &n));
+            CHECK_MSG(ids && ids_equal(ids, n, sp ? jis : ji), "gpt2_files case %zu sp=%d", i, sp);
+            if (sp && ids) {
+                char *d;
+                size_t dl;
+                CHECK_OK(ft_tokenizer_decode(t, ids, n, 0, &d, &dl));
+                CHECK(!strcmp(d, json_object_get_string(jd)));
+                free(d);
+            }
+            free(ids);
+        }
+        compared++;
+    }
+    CHECK(compared >= 30);
+    CHECK(ft_tokenizer_is_special(t, ft_tokenizer_token_id(t, "</s>")));
+    json_object_put(root);
+    ft_tokenizer_free(t);
+    /* a directory with tokenizer.json uses it; one with nothing fails */
+    snprintf(dir, sizeof dir, "%s", data_path("llama3", ""));
+    CHECK_OK(ft_tokenizer_load_dir(dir, &t));
+    CHECK(t && ft_tokenizer_vocab_size(t) == 775);
+    ft_tokenizer_free(t);
+    t = NULL;
+    CHECK(ft_tokenizer_load_dir("/nonexistent-dir", &t) == FT_ERR_NOT_FOUND && !t);
+}
