@@ -401,3 +401,28 @@ TEST(gpt2_vocab_merges_dir)
     t = NULL;
     CHECK(ft_tokenizer_load_dir("/nonexistent-dir", &t) == FT_ERR_NOT_FOUND && !t);
 }
+
+TEST(long_runs)
+{
+    /* regex alternatives like \s+(?!\S) over huge runs must not hit PCRE2
+     * stack/heap limits */
+    size_t len = 256 << 10;
+    char *big = malloc(len);
+    static const char fill[] = {' ', '\n', '\t', 'a', '1', '!'};
+    for (size_t k = 0; k < NKINDS; k++) {
+        ft_tokenizer *t = NULL;
+        CHECK_OK(ft_tokenizer_load(data_path(kinds[k], "tokenizer.json"), &t));
+        if (!t) continue;
+        for (size_t f = 0; f < sizeof fill; f++) {
+            memset(big, fill[f], len);
+            big[len - 1] = 'x';
+            int32_t *ids = NULL;
+            size_t n = 0;
+            ft_status st = ft_tokenizer_encode(t, big, len, 0, &ids, &n);
+            CHECK_MSG(st == FT_OK && n > 0, "%s fill %d: %s (%s)", kinds[k], fill[f], ft_status_str(st), ft_last_error());
+            free(ids);
+        }
+        ft_tokenizer_free(t);
+    }
+    free(big);
+}
