@@ -132,8 +132,13 @@ static const ft_qkern qkern_ref = {
 
 const ft_qkern *ft_qkern_ref(void) { return &qkern_ref; }
 
+static const ft_qkern *qkern_forced;
+
+void ft_qkern_override(const ft_qkern *k) { qkern_forced = k; }
+
 const ft_qkern *ft_qkern_best(void)
 {
+    if (qkern_forced) return qkern_forced;
     const ft_qkern *k = ft_qkern_avx512();
     return k ? k : &qkern_ref;
 }
