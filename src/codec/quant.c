@@ -140,6 +140,7 @@ const ft_qkern *ft_qkern_best(void)
 {
     if (qkern_forced) return qkern_forced;
     const ft_qkern *k = ft_qkern_avx512();
+    if (!k) k = ft_qkern_avx2();
     return k ? k : &qkern_ref;
 }
 

@@ -52,6 +52,8 @@ const ft_qkern *ft_qkern_ref(void);
 /* AVX-512 kernels, or NULL when not compiled in or the CPU lacks
  * AVX-512F/BW/VL or F16C (or FLEXTIER_NO_SIMD=1). */
 const ft_qkern *ft_qkern_avx512(void);
+/* AVX2 + FMA + F16C kernels, or NULL. */
+const ft_qkern *ft_qkern_avx2(void);
 /* Every table usable on this CPU: i = 0 is the scalar one; NULL past the
  * end (tests compare each against i = 0). */
 const ft_qkern *ft_qkern_list(int i);
