@@ -1,6 +1,8 @@
 /* Codec context and the chunk-parallel encode/decode engine. */
 #include "codec_internal.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -16,7 +18,39 @@ struct ft_codec_ctx {
     ft_status *status;
     uint8_t *scratch;            /* encode staging when dst is small */
     size_t scratch_cap;
+    /* The detail of the first failing chunk: set on a worker thread, it is
+     * re-set on the caller's thread (ft_last_error is per thread). */
+    pthread_mutex_t err_mu;
+    uint64_t err_chunk;
+    char err_msg[512];
 };
+
+static void note_chunk_error(ft_codec_ctx *c, size_t i)
+{
+    pthread_mutex_lock(&c->err_mu);
+    if (i < c->err_chunk) {
+        c->err_chunk = i;
+        snprintf(c->err_msg, sizeof c->err_msg, "%s", ft_last_error());
+    }
+    pthread_mutex_unlock(&c->err_mu);
+}
+
+static void reset_chunk_error(ft_codec_ctx *c)
+{
+    c->err_chunk = UINT64_MAX;
+    c->err_msg[0] = '\0';
+}
+
+/* Return the first failing chunk's status with its message, or FT_OK. */
+static ft_status first_chunk_error(ft_codec_ctx *c, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (c->status[i]) {
+            if (c->err_chunk == i && c->err_msg[0]) return ft_set_error(c->status[i], "%s", c->err_msg);
+            return c->status[i];
+        }
+    return FT_OK;
+}
 
 static const char *codec_names[FT_CODEC_COUNT] = {
     "raw", "lz4", "zstd", "deflate", "byteplane", "q8", "q4"};
@@ -74,6 +108,7 @@ ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out)
     if (!out) return FT_ERR_INVALID_ARG;
     ft_codec_ctx *c = calloc(1, sizeof *c);
     if (!c) return FT_ERR_NOMEM;
+    pthread_mutex_init(&c->err_mu, NULL);
     ft_status st = ft_pool_create(nthreads, &c->pool);
     if (st) { free(c); return st; }
     c->nthreads = ft_pool_size(c->pool);
@@ -92,6 +127,7 @@ void ft_codec_ctx_free(ft_codec_ctx *c)
     free(c->ws);
     free(c->enc_size); free(c->flags); free(c->hash); free(c->slot); free(c->status);
     ft_free_aligned(c->scratch);
+    pthread_mutex_destroy(&c->err_mu);
     free(c);
 }
 
@@ -244,6 +280,7 @@ static void encode_task(void *arg, size_t i, unsigned worker)
     }
     c->enc_size[i] = (uint32_t)out;
     c->status[i] = st;
+    if (st) note_chunk_error(c, i);
 }
 
 ft_status ft_encode(ft_codec_ctx *c, const ft_codec_params *p, const ft_tensor *src,
@@ -270,11 +307,12 @@ ft_status ft_encode(ft_codec_ctx *c, const ft_codec_params *p, const ft_tensor *
         base = c->scratch;
     }
     enc_job job = {c, &fi, &L, src->data, base};
+    reset_chunk_error(c);
     ft_pool_run(c->pool, L.n_chunks, encode_task, &job);
-    /* Compact the payloads (each final offset <= its slot) and check. */
+    if ((st = first_chunk_error(c, L.n_chunks))) return st;
+    /* Compact the payloads (each final offset <= its slot). */
     uint64_t pos = fi.header_size;
     for (uint32_t i = 0; i < L.n_chunks; i++) {
-        if (c->status[i]) return c->status[i];
         if (pos != c->slot[i]) memmove(base + pos, base + c->slot[i], c->enc_size[i]);
         pos += c->enc_size[i];
     }
@@ -371,6 +409,7 @@ static void decode_task(void *arg, size_t i, unsigned worker)
                              worker);
     }
     c->status[i] = st;
+    if (st) note_chunk_error(c, i);
 }
 
 ft_status ft_decode(ft_codec_ctx *c, const void *frame, size_t size, ft_tensor *dst, size_t cap)
@@ -397,9 +436,9 @@ ft_status ft_decode(ft_codec_ctx *c, const void *frame, size_t size, ft_tensor *
         pos += c->enc_size[i];
     }
     dec_job job = {c, &fi, frame, dst->dtype, dst->data};
+    reset_chunk_error(c);
     ft_pool_run(c->pool, fi.n_chunks, decode_task, &job);
-    for (uint32_t i = 0; i < fi.n_chunks; i++)
-        if (c->status[i]) return c->status[i];
+    if ((st = first_chunk_error(c, fi.n_chunks))) return st;
     dst->ndim = fi.ndim;
     memset(dst->shape, 0, sizeof dst->shape);
     if (fi.ndim) memcpy(dst->shape, fi.shape, fi.ndim * sizeof fi.shape[0]);

@@ -246,3 +246,27 @@ TEST(bad_params)
     CHECK(ft_codec_parse("bp-gzip", &c, &e) == FT_ERR_INVALID_ARG);
     CHECK(ft_codec_parse("snappy", &c, &e) == FT_ERR_INVALID_ARG);
 }
+
+/* An error in a worker thread reaches the caller with its message. */
+TEST(worker_error_message_reaches_caller)
+{
+    ft_codec_ctx *ctx;
+    CHECK_OK(ft_codec_ctx_create(3, &ctx));
+    int64_t shape[1] = {300000};
+    float *x = calloc(300000, sizeof(float));
+    x[250000] = NAN;
+    ft_tensor t;
+    ft_tensor_init(&t, FT_F32, 1, shape, x);
+    ft_codec_params p;
+    ft_codec_default_params(&p);
+    p.codec = FT_CODEC_Q4;
+    p.chunk_size = 4096;
+    size_t bound = ft_encode_bound(&p, FT_F32, 1, shape), fs;
+    uint8_t *frame = malloc(bound);
+    ft_clear_error();
+    CHECK(ft_encode(ctx, &p, &t, frame, bound, &fs) == FT_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(ft_last_error(), "250000") != NULL, "message: '%s'", ft_last_error());
+    free(frame);
+    free(x);
+    ft_codec_ctx_free(ctx);
+}
