@@ -180,6 +180,52 @@ static void *client_thread(void *arg)
     return NULL;
 }
 
+/* Frames larger than one read range take the pipelined path (ranges in
+ * flight, chunks decoded as they arrive); overwrites during such reads
+ * restart them, never mix versions. */
+TEST(net_large_pipelined_reads)
+{
+    srv_t srv;
+    const char *args[] = {"--capacity", "512M", NULL};
+    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    ft_store *s = NULL, *s2 = NULL;
+    CHECK_OK(open_client(&srv, NULL, 4, &s));
+    CHECK_OK(open_client(&srv, NULL, 0, &s2));
+    if (s && s2) {
+        const uint64_t n = 5u << 20;   /* 10 MiB of bf16 */
+        int64_t shape[2] = {5 << 10, 1024};
+        void *src = tw_make(FT_BF16, n, 21);
+        float *f32 = ft_malloc_aligned(n * 4, 64);
+        for (size_t ci = 0; ci < sizeof tw_codecs / sizeof tw_codecs[0]; ci++) {
+            ft_codec_id c = tw_codecs[ci];
+            if (!tw_codec_available(c)) continue;
+            ft_codec_params p;
+            ft_codec_default_params(&p);
+            p.codec = c;
+            ft_tensor t, out;
+            ft_tensor_init(&t, FT_BF16, 2, shape, src);
+            CHECK_OK(ft_write_tensor(s, "L", &t, &p));
+            CHECK_OK(ft_read_tensor(s, "L", -1, &out));
+            CHECK(out.dtype == FT_BF16 && out.ndim == 2 && out.shape[0] == shape[0]);
+            if (!ft_codec_is_lossy(c))
+                CHECK_MSG(!memcmp(out.data, src, n * 2), "%s", ft_codec_name(c));
+            ft_free_aligned(out.data);
+            ft_tensor d = {.dtype = FT_F32, .data = f32};
+            CHECK_OK(ft_read_tensor_into(s, "L", &d, n * 4));
+            if (!ft_codec_is_lossy(c))
+                CHECK(f32[n - 7] == tw_get(src, FT_BF16, n - 7) && f32[3] == tw_get(src, FT_BF16, 3));
+            CHECK(ft_read_tensor_into(s, "L", &d, n * 4 - 4) == FT_ERR_BUFFER_SMALL);
+        }
+        ft_free_aligned(src);
+        ft_free_aligned(f32);
+        tw_overwrite_during_read_n(s, s2, "big", 6u << 20, 8);   /* 12 MiB */
+        tw_async(s, "la", 6, 3u << 20);                            /* 6 MiB each */
+    }
+    ft_store_close(s);
+    ft_store_close(s2);
+    CHECK(srv_stop(&srv) == 0);
+}
+
 TEST(net_concurrent_clients)
 {
     srv_t srv;
