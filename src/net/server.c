@@ -29,6 +29,7 @@
 #include "store/store_internal.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -877,7 +878,20 @@ ft_status ft_node_run(const ft_node_params *params)
             st = ft_set_error(FT_ERR_IO, "spill dir %s: %s", p.spill_dir, strerror(errno));
             goto out;
         }
-        close(dfd);
+        /* spill files of an earlier run that died are stale: the pool
+         * they belonged to is gone */
+        DIR *d = fdopendir(dfd);
+        struct dirent *de;
+        unsigned stale = 0;
+        while (d && (de = readdir(d))) {
+            unsigned long long id;
+            char tail[8];
+            if (sscanf(de->d_name, "ftspill-%llu.%7s", &id, tail) == 2 && !strcmp(tail, "bin") &&
+                unlinkat(dfd, de->d_name, 0) == 0)
+                stale++;
+        }
+        if (d) closedir(d); else close(dfd);
+        if (stale) FT_LOG(FT_LOG_INFO, "serve: removed %u stale spill files", stale);
     }
 
     S->cap = (p.capacity + ALIGN - 1) / ALIGN * ALIGN;

@@ -2,6 +2,7 @@
  * 127.0.0.1 with a free port, and the ucx:// client in this process. */
 #include "store/store_common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -325,6 +326,10 @@ TEST(net_spill_and_reload)
 {
     char dir[] = "/tmp/ft_test_spillXXXXXX";
     REQUIRE(mkdtemp(dir));
+    char stale[64];
+    snprintf(stale, sizeof stale, "%s/ftspill-3.bin", dir);   /* left by a crashed node */
+    FILE *sf = fopen(stale, "w");
+    if (sf) { fputs("stale", sf); fclose(sf); }
     srv_t srv;
     const char *args[] = {"--capacity", "1M", "--spill-dir", dir, "--spill-capacity", "8M", NULL};
     REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
@@ -553,4 +558,125 @@ TEST(msg_parse_rules)
     CHECK(ft_msg_list_parse(list, sizeof list - 1, &keys, &nk) == FT_ERR_PROTOCOL);
     list[0] = 3;
     CHECK(ft_msg_list_parse(list, sizeof list, &keys, &nk) == FT_ERR_PROTOCOL);
+}
+
+/* A raw UCP client sends malformed requests: each gets an error reply on
+ * the side that caused it, and the server keeps serving others. */
+#include <ucp/api/ucp.h>
+
+typedef struct { int got; int32_t status; uint64_t id; } raw_reply;
+
+static ucs_status_t raw_reply_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
+                                 const ucp_am_recv_param_t *p)
+{
+    raw_reply *r = arg;
+    (void)d; (void)l; (void)p;
+    if (hl >= FT_MSG_HDR_SIZE) {
+        r->status = (int32_t)ft_get_le32((const uint8_t *)h + 16);
+        r->id = ft_get_le64((const uint8_t *)h + 8);
+    }
+    r->got++;
+    return UCS_OK;
+}
+
+static int raw_send(ucp_worker_h w, ucp_ep_h ep, raw_reply *r, const void *hdr, size_t hlen,
+                    const void *data, size_t dlen)
+{
+    int before = r->got;
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t q = ucp_am_send_nbx(ep, FT_AM_REQUEST, hdr, hlen, data, dlen, &rp);
+    if (UCS_PTR_IS_ERR(q)) return 0;
+    double dl = ft_now() + 5;
+    while (ft_now() < dl && (r->got == before || (q && ucp_request_check_status(q) == UCS_INPROGRESS)))
+        ucp_worker_progress(w);
+    if (q) ucp_request_free(q);
+    return r->got > before;
+}
+
+TEST(net_malformed_messages)
+{
+    srv_t srv;
+    const char *args[] = {"--capacity", "16M", NULL};
+    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    REQUIRE(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucs_status_t s = ucp_init(&up, cfg, &ctx);
+    ucp_config_release(cfg);
+    REQUIRE(s == UCS_OK);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    REQUIRE(ucp_worker_create(ctx, &wp, &w) == UCS_OK);
+    raw_reply r = {0, 0, 0};
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = FT_AM_REPLY, .cb = raw_reply_cb, .arg = &r};
+    CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)srv.port)};
+    sa.sin_addr.s_addr = htonl(0x7f000001);
+    ucp_ep_params_t ep_p;
+    memset(&ep_p, 0, sizeof ep_p);
+    ep_p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep_p.sockaddr.addr = (const struct sockaddr *)&sa;
+    ep_p.sockaddr.addrlen = sizeof sa;
+    ep_p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    REQUIRE(ucp_ep_create(w, &ep_p, &ep) == UCS_OK);
+
+    uint8_t h[FT_MSG_MAX_HDR + 64];
+    /* GET before HELLO: not authenticated */
+    size_t n = ft_msg_encode(h, FT_OP_GET, 11, 0, "k", 1, 0, 0, 0);
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 11 && r.status == FT_ERR_AUTH);
+    /* another protocol version */
+    n = ft_msg_encode(h, FT_OP_HELLO, 12, 0, NULL, 0, 0, 0, 0);
+    h[4] = 9;
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 12 && r.status == FT_ERR_UNSUPPORTED);
+    /* a good HELLO, then garbage */
+    n = ft_msg_encode(h, FT_OP_HELLO, 13, 0, NULL, 0, 0, 0, 0);
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 13 && r.status == FT_OK);
+    n = ft_msg_encode(h, FT_OP_GET, 14, 0, "k", 1, 0, 0, 0);
+    ft_put_le32(h + 20, 300);   /* key_len beyond the limit and the header */
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 14 && r.status == FT_ERR_PROTOCOL);
+    n = ft_msg_encode(h, FT_OP_PUT, 15, 0, "k", 1, 100, 0, 0);   /* header says 100, 10 sent */
+    CHECK(raw_send(w, ep, &r, h, n, "0123456789", 10) && r.id == 15 && r.status == FT_ERR_PROTOCOL);
+    n = ft_msg_encode(h, FT_OP_PUT, 16, 0, "k", 1, 64, 0, 0);    /* not a frame */
+    char junk[64];
+    memset(junk, 'x', sizeof junk);
+    CHECK(raw_send(w, ep, &r, h, n, junk, 64) && r.id == 16 && r.status == FT_ERR_CORRUPT);
+    n = ft_msg_encode(h, FT_OP_GET, 17, 0, "k", 1, 0, 0, 0);      /* nothing was stored */
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 17 && r.status == FT_ERR_NOT_FOUND);
+
+    /* the server still serves a normal client */
+    ft_store *st = NULL;
+    CHECK_OK(open_client(&srv, NULL, 0, &st));
+    if (st) {
+        uint16_t v[256];
+        fill(v, sizeof v, 1);
+        int64_t shape[1] = {256};
+        ft_tensor t, out;
+        ft_tensor_init(&t, FT_BF16, 1, shape, v);
+        CHECK_OK(ft_write_tensor(st, "k", &t, NULL));
+        CHECK_OK(ft_read_tensor(st, "k", -1, &out));
+        CHECK(!memcmp(out.data, v, sizeof v));
+        ft_free_aligned(out.data);
+    }
+    ft_store_close(st);
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t q = ucp_ep_close_nbx(ep, &cp);
+    if (q && !UCS_PTR_IS_ERR(q)) {
+        while (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_worker_progress(w);
+        ucp_request_free(q);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    CHECK(srv_stop(&srv) == 0);
 }
