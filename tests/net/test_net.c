@@ -18,6 +18,26 @@ typedef struct {
     char  uri[64];
 } srv_t;
 
+/* Every server a test starts is killed at exit even if the test bailed
+ * out early (no orphan processes). */
+static pid_t g_pids[64];
+static void kill_leftovers(void)
+{
+    for (int i = 0; i < 64; i++)
+        if (g_pids[i] > 0) {
+            kill(g_pids[i], SIGKILL);
+            waitpid(g_pids[i], NULL, 0);
+            g_pids[i] = 0;
+        }
+}
+static void track(pid_t pid, int add)
+{
+    static int registered;
+    if (!registered) { atexit(kill_leftovers); registered = 1; }
+    for (int i = 0; i < 64; i++)
+        if (add ? g_pids[i] == 0 : g_pids[i] == pid) { g_pids[i] = add ? pid : 0; return; }
+}
+
 /* Start `flextier serve --listen LISTEN args...`; parse the bound port. */
 static int srv_start(srv_t *s, const char *listen, const char *const *args)
 {
@@ -42,6 +62,7 @@ static int srv_start(srv_t *s, const char *listen, const char *const *args)
         _exit(127);
     }
     close(fds[1]);
+    track(pid, 1);
     char buf[256];
     size_t got = 0;
     double dl = ft_now() + 10;
@@ -65,6 +86,7 @@ static int srv_start(srv_t *s, const char *listen, const char *const *args)
     if (!s->port) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        track(pid, 0);
         fprintf(stderr, "server did not start: '%s'\n", buf);
         return -1;
     }
@@ -83,6 +105,7 @@ static int srv_stop(srv_t *s)
     while (ft_now() < dl) {
         pid_t r = waitpid(s->pid, &status, WNOHANG);
         if (r == s->pid) {
+            track(s->pid, 0);
             s->pid = 0;
             return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         }
@@ -90,6 +113,7 @@ static int srv_stop(srv_t *s)
     }
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
+    track(s->pid, 0);
     s->pid = 0;
     return -1;
 }
@@ -127,7 +151,8 @@ TEST(net_roundtrips_list_delete_stat)
     unsetenv("FLEXTIER_TOKEN_FILE");
     srv_t srv;
     const char *args[] = {"--capacity", "256M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL, *s2 = NULL;
     CHECK_OK(open_client(&srv, NULL, 8, &s));
     CHECK_OK(open_client(&srv, NULL, 0, &s2));
@@ -188,7 +213,8 @@ TEST(net_large_pipelined_reads)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "512M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL, *s2 = NULL;
     CHECK_OK(open_client(&srv, NULL, 4, &s));
     CHECK_OK(open_client(&srv, NULL, 0, &s2));
@@ -231,7 +257,8 @@ TEST(net_concurrent_clients)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "128M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     pthread_t th[4];
     cc_arg a[4];
     for (int i = 0; i < 4; i++) {
@@ -264,7 +291,8 @@ TEST(net_auth)
     close(fd2);
     srv_t srv;
     const char *args[] = {"--capacity", "16M", "--token-file", good, NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     unsetenv("FLEXTIER_TOKEN_FILE");
     CHECK(open_client(&srv, NULL, 0, &s) == FT_ERR_AUTH && !s);        /* missing */
@@ -294,7 +322,8 @@ TEST(net_capacity_exhausted)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "1M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     if (s) {
@@ -325,14 +354,16 @@ TEST(net_capacity_exhausted)
 TEST(net_spill_and_reload)
 {
     char dir[] = "/tmp/ft_test_spillXXXXXX";
-    REQUIRE(mkdtemp(dir));
+    char *made = mkdtemp(dir);
+    REQUIRE(made);
     char stale[64];
     snprintf(stale, sizeof stale, "%s/ftspill-3.bin", dir);   /* left by a crashed node */
     FILE *sf = fopen(stale, "w");
     if (sf) { fputs("stale", sf); fclose(sf); }
     srv_t srv;
     const char *args[] = {"--capacity", "1M", "--spill-dir", dir, "--spill-capacity", "8M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     if (s) {
@@ -398,7 +429,8 @@ TEST(net_server_killed_then_restarted)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "256M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     REQUIRE(s);
@@ -416,6 +448,7 @@ TEST(net_server_killed_then_restarted)
     double killed = ft_now();
     kill(srv.pid, SIGKILL);
     waitpid(srv.pid, NULL, 0);
+    track(srv.pid, 0);
     for (int i = 0; i < 150 && a.err == FT_OK; i++) usleep(100000);
     a.stop = 1;
     pthread_join(th, NULL);
@@ -456,7 +489,8 @@ TEST(net_client_killed_mid_write)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "512M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     const size_t n = 64u << 20;
     uint8_t *data = ft_malloc_aligned(n, 64);
     fill(data, n, 11);
@@ -600,19 +634,23 @@ TEST(net_malformed_messages)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "16M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ucp_config_t *cfg;
     ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
-    REQUIRE(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    /* (REQUIRE evaluates its condition twice: call first, then check) */
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    REQUIRE(s == UCS_OK);
     ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
-    ucs_status_t s = ucp_init(&up, cfg, &ctx);
+    s = ucp_init(&up, cfg, &ctx);
     ucp_config_release(cfg);
     REQUIRE(s == UCS_OK);
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
-    REQUIRE(ucp_worker_create(ctx, &wp, &w) == UCS_OK);
+    s = ucp_worker_create(ctx, &wp, &w);
+    REQUIRE(s == UCS_OK);
     raw_reply r = {0, 0, 0};
     ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                                                UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -629,7 +667,8 @@ TEST(net_malformed_messages)
     ep_p.sockaddr.addr = (const struct sockaddr *)&sa;
     ep_p.sockaddr.addrlen = sizeof sa;
     ep_p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    REQUIRE(ucp_ep_create(w, &ep_p, &ep) == UCS_OK);
+    s = ucp_ep_create(w, &ep_p, &ep);
+    REQUIRE(s == UCS_OK);
 
     uint8_t h[FT_MSG_MAX_HDR + 64];
     /* GET before HELLO: not authenticated */
