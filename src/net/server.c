@@ -599,10 +599,10 @@ static void handle_list(server *S, conn *c, const ft_msg *m)
 static int token_ok(server *S, const void *tok, size_t n)
 {
     /* constant time in the token contents (the length is not secret) */
+    if (n == 0 || !tok) return 0;
     unsigned char diff = (unsigned char)(n != S->token_len);
     const unsigned char *a = tok, *b = (const unsigned char *)S->token;
     for (size_t i = 0; i < S->token_len; i++) diff |= (unsigned char)(a[i < n ? i : 0] ^ b[i]);
-    if (n == 0) diff |= 1;
     return diff == 0;
 }
 
