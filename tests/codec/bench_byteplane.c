@@ -1,15 +1,27 @@
 /* Timing harness for the byte-plane codec (not a ctest; run by hand):
  *   bench_byteplane [codec=bp-zstd] [dtype=bf16] [elements=16777216] [reps=5] [level=0]
+ *                   [chunk_size=262144]
  * Synthetic weights: rows of 4096 Gaussian values, sigma 0.02 with a
  * per-row scale 0.02*exp(0.25*N(0,1)), cast to dtype. One thread. Prints
  * the ratio and the median encode/decode speed in GB/s of raw tensor
- * bytes. */
+ * bytes: wall-clock and process CPU time (the latter is robust to other
+ * load on the machine). */
 #include "flextier/codec.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Process CPU seconds: robust to the time-sharing of a loaded machine
+ * (a 1-thread context does all its work on one thread). */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -44,6 +56,7 @@ int main(int argc, char **argv)
     ft_codec_default_params(&p);
     if (ft_codec_parse(cname, &p.codec, &p.entropy)) { fprintf(stderr, "bad codec\n"); return 2; }
     p.level = level;
+    if (argc > 6) p.chunk_size = (uint32_t)strtoul(argv[6], NULL, 0);
     if (reps < 1 || reps > 101) reps = 5;
     size_t es = ft_dtype_bits(dt) / 8, nb = n * es;
     float *f = malloc(n * sizeof(float));
@@ -65,22 +78,28 @@ int main(int argc, char **argv)
     ft_tensor d = {0};
     d.dtype = dt;
     d.data = ft_malloc_aligned(nb + 64, 64);
-    double te[101], td[101];
+    double te[101], td[101], ce[101], cd[101];
     for (int r = 0; r < reps; r++) {
-        double t0 = ft_now();
+        double c0 = cpu_now(), t0 = ft_now();
         if (ft_encode(ctx, &p, &t, frame, bound, &fs)) { fprintf(stderr, "encode: %s\n", ft_last_error()); return 1; }
-        double t1 = ft_now();
+        double t1 = ft_now(), c1 = cpu_now();
         if (ft_decode(ctx, frame, fs, &d, nb)) { fprintf(stderr, "decode: %s\n", ft_last_error()); return 1; }
-        double t2 = ft_now();
+        double t2 = ft_now(), c2 = cpu_now();
+        ce[r] = c1 - c0;
+        cd[r] = c2 - c1;
         te[r] = t1 - t0;
         td[r] = t2 - t1;
     }
     if (memcmp(d.data, t.data, nb)) { fprintf(stderr, "MISMATCH\n"); return 1; }
     qsort(te, (size_t)reps, sizeof te[0], cmpd);
     qsort(td, (size_t)reps, sizeof td[0], cmpd);
-    printf("%-12s %-5s level %3d  %8.2f MB  size %6.2f%%  ratio %.4fx  enc %.3f GB/s  dec %.3f GB/s (median of %d)\n",
-           cname, dname, level, nb / 1e6, 100.0 * fs / nb, (double)nb / fs,
-           nb / te[reps / 2] / 1e9, nb / td[reps / 2] / 1e9, reps);
+    qsort(ce, (size_t)reps, sizeof ce[0], cmpd);
+    qsort(cd, (size_t)reps, sizeof cd[0], cmpd);
+    printf("%-10s %-4s lv %2d chunk %7u %5.1f MB size %6.2f%% ratio %.4fx | wall: enc %.3f dec %.3f GB/s"
+           " | cpu-time: enc %.3f dec %.3f GB/s | medians of %d\n",
+           cname, dname, level, p.chunk_size, nb / 1e6, 100.0 * fs / nb, (double)nb / fs,
+           nb / te[reps / 2] / 1e9, nb / td[reps / 2] / 1e9, nb / ce[reps / 2] / 1e9,
+           nb / cd[reps / 2] / 1e9, reps);
     ft_codec_ctx_free(ctx);
     free(f);
     ft_free_aligned(frame);

@@ -195,8 +195,10 @@ TEST(roundtrips)
                         ft_codec_default_params(&p);
                         p.codec = FT_CODEC_BYTEPLANE;
                         p.entropy = stages[e];
-                        /* small chunks so the odd sizes span several chunks */
-                        p.chunk_size = s == 4 ? 4096 : FT_DEFAULT_CHUNK_SIZE;
+                        /* small chunks so the odd sizes span several
+                         * chunks; 1 MiB chunks: multi-block zstd planes */
+                        p.chunk_size = s == 4 ? 4096 : (s == 5 && th == 3) ? (1u << 20)
+                                                                            : FT_DEFAULT_CHUNK_SIZE;
                         const int64_t *sh = shapes[s] + (3 - ndims[s]);
                         size_t fs;
                         ft_status st = roundtrip(ctx, &p, float_dts[d], ndims[s], sh, kind, &fs);
@@ -206,6 +208,33 @@ TEST(roundtrips)
                     }
         ft_codec_ctx_free(ctx);
     }
+}
+
+/* A byteplane frame decodes to another float dtype (conversion). */
+TEST(decode_converts)
+{
+    ft_codec_ctx *ctx;
+    CHECK_OK(ft_codec_ctx_create(2, &ctx));
+    int64_t shape[2] = {50, 1000};
+    ft_tensor t;
+    ft_tensor_init(&t, FT_BF16, 2, shape, gauss_weights(FT_BF16, 50000, 1000, 8));
+    ft_codec_params p;
+    ft_codec_default_params(&p);
+    p.codec = FT_CODEC_BYTEPLANE;
+    size_t bound = ft_encode_bound(&p, FT_BF16, 2, shape), fs;
+    uint8_t *frame = malloc(bound);
+    CHECK_OK(ft_encode(ctx, &p, &t, frame, bound, &fs));
+    ft_tensor d;
+    CHECK_OK(ft_decode_alloc(ctx, frame, fs, FT_F32, &d));
+    CHECK(d.dtype == FT_F32 && d.ndim == 2 && d.shape[0] == 50 && d.shape[1] == 1000);
+    int bad = 0;
+    for (int i = 0; i < 50000; i++)
+        bad += ((float *)d.data)[i] != ft_bf16_to_f32_1(((uint16_t *)t.data)[i]);
+    CHECK(bad == 0);
+    ft_free_aligned(d.data);
+    free(frame);
+    ft_free_aligned(t.data);
+    ft_codec_ctx_free(ctx);
 }
 
 /* Explicit entropy levels go through the ordinary entropy stage. */
