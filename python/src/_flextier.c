@@ -22,6 +22,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -494,6 +495,7 @@ typedef struct {
     PyObject_HEAD
     ft_store *s;
     Py_ssize_t busy;          /* threads inside a call (GIL released) */
+    int closing;              /* close() in progress: no new calls */
     RequestObject *reqs;      /* live requests (doubly linked) */
 } StoreObject;
 
@@ -609,23 +611,38 @@ static void req_unlink(RequestObject *r)
     r->prev = r->next = NULL;
 }
 
-/* Wait for the C request to finish, free it, keep its outcome, release
- * the Python buffer. GIL held on entry and exit; no other thread may be
- * waiting on it (waiters == 0). */
-static void req_reap(RequestObject *r)
+/* Request lifecycle. All of it runs with the GIL held except the blocking
+ * ft_request_wait calls, which count themselves in r->waiters. A finished
+ * request is finalized (outcome copied, ft_request freed, Python buffer
+ * released) by whoever sees it done while no other thread is inside
+ * ft_request_wait on it; freeing a finished request does not block, so
+ * finalizing is atomic under the GIL. */
+
+/* Wait up to slice_ms (< 0: forever) with the GIL released. */
+static ft_status req_wait_slice(RequestObject *r, int slice_ms)
 {
-    if (!r->req) return;
     ft_request *q = r->req;
     ft_status st;
-    char detail[256];
-    r->req = NULL;
+    r->waiters++;
     Py_BEGIN_ALLOW_THREADS
-    st = ft_request_wait(q, -1);
-    snprintf(detail, sizeof detail, "%s", st < 0 ? ft_last_error() : "");
-    ft_request_free(q);
+    st = ft_request_wait(q, slice_ms);
     Py_END_ALLOW_THREADS
+    r->waiters--;
+    return st;
+}
+
+/* If the request finished and nobody else waits on it: keep its outcome,
+ * free it, release the buffer, unlink it. Returns 1 once finalized. */
+static int req_finalize(RequestObject *r)
+{
+    if (!r->req) return 1;
+    if (r->waiters) return 0;
+    ft_status st = ft_request_test(r->req);
+    if (st == FT_INPROGRESS) return 0;
     r->status = st;
-    memcpy(r->detail, detail, sizeof detail);
+    snprintf(r->detail, sizeof r->detail, "%s", st < 0 ? ft_last_error() : "");
+    ft_request_free(r->req);              /* finished: does not block */
+    r->req = NULL;
     if (r->has_view) {
         PyBuffer_Release(&r->view);
         r->has_view = 0;
@@ -635,6 +652,13 @@ static void req_reap(RequestObject *r)
         r->t.data = NULL;
     }
     req_unlink(r);
+    return 1;
+}
+
+/* Wait for the request and finalize it (close, dealloc). */
+static void req_reap(RequestObject *r)
+{
+    while (!req_finalize(r)) req_wait_slice(r, 100);
 }
 
 static void req_dealloc(RequestObject *r)
@@ -672,28 +696,27 @@ static PyObject *req_wait(RequestObject *r, PyObject *args, PyObject *kw)
         if (timeout < 0) timeout = 0;
     }
     double deadline = timeout >= 0 ? ft_now() + timeout : 0;
+    ft_status st = FT_INPROGRESS;
     while (r->req) {
+        st = ft_request_test(r->req);
+        if (st != FT_INPROGRESS) {
+            if (!req_finalize(r)) {
+                /* Another thread is inside ft_request_wait on it and will
+                 * finalize; report the outcome from here. */
+                r->status = st;
+                snprintf(r->detail, sizeof r->detail, "%s", st < 0 ? ft_last_error() : "");
+            }
+            break;
+        }
         int slice = 100;
         if (timeout >= 0) {
             double left = deadline - ft_now();
-            if (left <= 0) slice = 0;
-            else if (left < 0.1) slice = (int)(left * 1000) + 1;
+            if (left <= 0)
+                return raise_fmt(FT_ERR_TIMEOUT, "request still running after %.3f s", timeout);
+            if (left < 0.1) slice = (int)(left * 1000) + 1;
         }
-        ft_status st;
-        ft_request *q = r->req;
-        r->waiters++;
-        Py_BEGIN_ALLOW_THREADS
-        st = ft_request_wait(q, slice);
-        Py_END_ALLOW_THREADS
-        r->waiters--;
-        if (st != FT_ERR_TIMEOUT || ft_request_test(q) != FT_INPROGRESS) {
-            if (r->req && r->waiters == 0) req_reap(r);
-            else if (r->req) continue;      /* another waiter reaps it */
-            break;
-        }
+        req_wait_slice(r, slice);
         if (PyErr_CheckSignals() < 0) return NULL;
-        if (timeout >= 0 && ft_now() >= deadline)
-            return raise_fmt(FT_ERR_TIMEOUT, "request still running after %.3f s", timeout);
     }
     if (r->status != FT_OK) return raise_ft(r->status, r->detail);
     if (r->alloc && !r->taken) {
@@ -732,8 +755,8 @@ static PyTypeObject RequestType = {
 
 static int store_check(StoreObject *so)
 {
-    if (so->s) return 0;
-    raise_fmt(FT_ERR_INVALID_ARG, "the store is closed");
+    if (so->s && !so->closing) return 0;
+    raise_fmt(FT_ERR_INVALID_ARG, so->s ? "the store is closing" : "the store is closed");
     return -1;
 }
 
@@ -773,28 +796,34 @@ static int store_init(StoreObject *so, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static void store_reap_all(StoreObject *so)
-{
-    while (so->reqs) req_reap(so->reqs);    /* unlinks it */
-}
-
+/* close(): refuse new calls, wait for requests and for calls other
+ * threads are making, then close the C store (which must not race with
+ * any other call on it). Idempotent. */
 static PyObject *store_close(StoreObject *so, PyObject *unused)
 {
     (void)unused;
-    if (!so->s) Py_RETURN_NONE;
-    if (so->busy)
-        return raise_fmt(FT_ERR_BUSY, "cannot close the store: %zd call(s) in progress in "
-                         "other threads", so->busy);
-    for (RequestObject *r = so->reqs; r; r = r->next)
-        if (r->waiters)
-            return raise_fmt(FT_ERR_BUSY, "cannot close the store: another thread is "
-                             "waiting on one of its requests");
-    store_reap_all(so);
+    if (!so->s || so->closing) Py_RETURN_NONE;
+    so->closing = 1;
+    Py_INCREF(so);
+    while (so->reqs || so->busy) {
+        if (so->reqs) {
+            RequestObject *r = so->reqs;
+            Py_INCREF(r);
+            req_reap(r);                  /* unlinks it */
+            Py_DECREF(r);
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            Py_END_ALLOW_THREADS
+        }
+    }
     ft_store *s = so->s;
     so->s = NULL;
     Py_BEGIN_ALLOW_THREADS
     ft_store_close(s);
     Py_END_ALLOW_THREADS
+    Py_DECREF(so);
     Py_RETURN_NONE;
 }
 

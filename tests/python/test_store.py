@@ -251,3 +251,36 @@ def test_torch_state_dict(memory_node):
         for r in [st.read_tensor_async(f"m/{k}", out=new[k]) for k in sd]:
             r.wait()
         assert all(torch.equal(new[k], sd[k]) for k in sd)
+
+
+def test_close_while_other_threads_use_it(tmp_path):
+    """close() from one thread while others call in and wait on requests:
+    no crash, calls either complete or raise InvalidArgumentError."""
+    st = flextier.Store("mem:", queue_depth=2)
+    a = make_array(np.float32, (128, 128))
+    st.write_tensor("a", a)
+    stop = threading.Event()
+    errors = []
+
+    def user():
+        while not stop.is_set():
+            try:
+                r = st.read_tensor_async("a")
+                assert same_bits(r.wait(), a)
+                assert same_bits(st.read_tensor("a"), a)
+            except flextier.InvalidArgumentError:
+                return                        # closed under us: expected
+            except Exception as e:            # pragma: no cover - a failure
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=user) for _ in range(4)]
+    for t in threads:
+        t.start()
+    import time
+    time.sleep(0.2)
+    st.close()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors and st.closed
