@@ -106,6 +106,7 @@ def test_two_threads_overlap():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_fork_after_use():
     """A context (with pool threads) made before fork() must not be reused
     in the child, where its threads do not exist."""
