@@ -76,6 +76,12 @@ ip -n $NS_C addr add $IP_C/24 dev $VC
 for ns in $NS_S $NS_C; do ip -n $ns link set lo up; done
 ip -n $NS_S link set $VS up
 ip -n $NS_C link set $VC up
+# UCX only uses a device whose link is up: wait for carrier on both ends
+for _ in $(seq 50); do
+    [ "$(ip netns exec $NS_S cat /sys/class/net/$VS/operstate)" = up ] &&
+    [ "$(ip netns exec $NS_C cat /sys/class/net/$VC/operstate)" = up ] && break
+    sleep 0.1
+done
 
 export UCX_TLS=tcp
 export FLEXTIER_TIMEOUT_MS=120000

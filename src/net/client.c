@@ -33,8 +33,11 @@ typedef struct pend {
     char         detail[128];
     uint64_t     aux;
     ft_buf      *rbuf;        /* where reply data goes (NULL: none)       */
+    uint8_t     *fixed;       /* or into this fixed buffer ...            */
+    size_t       fixed_cap;   /* ... of this many bytes                   */
     size_t       rlen;
     uint8_t      hdr[FT_MSG_MAX_HDR];
+    uint8_t      body[FT_MSG_RANGE_SIZE];   /* small request payloads     */
     struct pend *next;
 } pend;
 
@@ -138,15 +141,25 @@ static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *d
         return UCS_OK;
     }
     if (len == 0) return UCS_OK;
-    if (!p->rbuf) {
-        p->st = ft_set_error(FT_ERR_PROTOCOL, "unexpected reply data");
+    uint8_t *dst;
+    if (p->fixed) {
+        if (len > p->fixed_cap) {
+            p->st = FT_ERR_PROTOCOL;
+            snprintf(p->detail, sizeof p->detail, "reply of %zu bytes, expected <= %zu", len,
+                     p->fixed_cap);
+            return UCS_OK;
+        }
+        dst = p->fixed;
+    } else if (!p->rbuf) {
+        p->st = FT_ERR_PROTOCOL;
         snprintf(p->detail, sizeof p->detail, "unexpected reply data");
         return UCS_OK;
-    }
-    if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
+    } else if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
         p->st = FT_ERR_NOMEM;
         snprintf(p->detail, sizeof p->detail, "no memory for %zu reply bytes", len);
         return UCS_OK;
+    } else {
+        dst = p->rbuf->p;
     }
     p->rlen = len;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
@@ -155,7 +168,7 @@ static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *d
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         rp.cb.recv_am = recv_cb;
         rp.user_data = p;
-        ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->w, data, p->rbuf->p, len, &rp);
+        ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->w, data, dst, len, &rp);
         if (UCS_PTR_IS_ERR(r)) {
             p->st = FT_ERR_NET;
             snprintf(p->detail, sizeof p->detail, "receive: %s",
@@ -165,7 +178,7 @@ static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *d
         }
         return UCS_INPROGRESS;
     }
-    memcpy(p->rbuf->p, data, len);
+    memcpy(dst, data, len);
     return UCS_OK;
 }
 
@@ -239,6 +252,53 @@ static ft_status wait_locked(ucx_client *c, pend *p, double deadline)
     return p->st;
 }
 
+/* Queue a request (p zeroed by the caller except rbuf/fixed). Lock held,
+ * connection up. The reply completes p; wait with wait_locked, then
+ * unlink_locked. */
+static void submit_locked(ucx_client *c, pend *p, uint16_t op, const char *key,
+                          const void *data, size_t dlen, uint64_t aux)
+{
+    p->id = ++c->next_id;
+    p->next = c->pending;
+    c->pending = p;
+    uint32_t klen = key ? (uint32_t)strlen(key) : 0;
+    size_t hlen = ft_msg_encode(p->hdr, op, p->id, 0, key, klen, dlen, aux, 0);
+    if (!c->ep || c->dead) {
+        p->replied = 1;
+        p->st = FT_ERR_NET;
+        snprintf(p->detail, sizeof p->detail, "not connected");
+        return;
+    }
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.cb.send = send_cb;
+    rp.user_data = p;
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_REQUEST, p->hdr, hlen, data, dlen, &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+        p->replied = 1;
+        p->st = FT_ERR_NET;
+        snprintf(p->detail, sizeof p->detail, "send: %s", ucs_status_string(UCS_PTR_STATUS(r)));
+    } else if (r) {
+        p->send_pending = 1;
+    }
+}
+
+static void unlink_locked(ucx_client *c, pend *p)
+{
+    pend **pp = &c->pending;
+    while (*pp && *pp != p) pp = &(*pp)->next;
+    if (*pp) *pp = p->next;
+}
+
+static ft_status pend_error(ucx_client *c, const pend *p)
+{
+    return ft_set_error(p->st, "ucx://%s: %s", c->where,
+                        p->detail[0] ? p->detail : ft_status_str(p->st));
+}
+
 /* Send one request and wait for its reply. Lock held, connection up. */
 static ft_status call_locked(ucx_client *c, uint16_t op, const char *key,
                              const void *data, size_t dlen, uint64_t aux,
@@ -246,34 +306,11 @@ static ft_status call_locked(ucx_client *c, uint16_t op, const char *key,
 {
     pend p;
     memset(&p, 0, sizeof p);
-    p.id = ++c->next_id;
     p.rbuf = rbuf;
-    p.next = c->pending;
-    c->pending = &p;
-    uint32_t klen = key ? (uint32_t)strlen(key) : 0;
-    size_t hlen = ft_msg_encode(p.hdr, op, p.id, 0, key, klen, dlen, aux, 0);
-
-    ucp_request_param_t rp;
-    memset(&rp, 0, sizeof rp);
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                      UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    rp.cb.send = send_cb;
-    rp.user_data = &p;
-    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_REQUEST, p.hdr, hlen, data, dlen, &rp);
-    if (UCS_PTR_IS_ERR(r)) {
-        p.replied = 1;
-        p.st = FT_ERR_NET;
-        snprintf(p.detail, sizeof p.detail, "send: %s", ucs_status_string(UCS_PTR_STATUS(r)));
-    } else if (r) {
-        p.send_pending = 1;
-    }
+    submit_locked(c, &p, op, key, data, dlen, aux);
     ft_status st = wait_locked(c, &p, ft_now() + c->timeout_ms / 1000.0);
-    pend **pp = &c->pending;
-    while (*pp != &p) pp = &(*pp)->next;
-    *pp = p.next;
-    if (st != FT_OK)
-        return ft_set_error(st, "ucx://%s: %s", c->where, p.detail[0] ? p.detail : ft_status_str(st));
+    unlink_locked(c, &p);
+    if (st != FT_OK) return pend_error(c, &p);
     if (rlen) *rlen = p.rlen;
     return FT_OK;
 }
@@ -374,6 +411,167 @@ static ft_status cl_stats(ft_store_backend *b, ft_store_stats *out)
     return st;
 }
 
+/* ------------------------------------------------------ pipelined read
+ *
+ * A read asks for the first FT_READ_RANGE bytes of the frame (GETR); a
+ * frame that fits is decoded whole. A larger one is fetched in further
+ * ranges, FT_READ_DEPTH in flight, all pinned to the version the first
+ * reply named (a concurrent overwrite makes them fail with FT_ERR_BUSY and
+ * the read starts over), and each chunk is decoded (and its hash checked)
+ * as soon as its bytes have arrived, while later ranges are on the wire. */
+
+#define FT_READ_RANGE (4u << 20)
+#define FT_READ_DEPTH 4
+
+static void range_body(pend *p, uint64_t ver, uint64_t off, uint64_t len)
+{
+    ft_put_le64(p->body, ver);
+    ft_put_le64(p->body + 8, off);
+    ft_put_le64(p->body + 16, len);
+}
+
+static ft_status decode_whole(ft_codec_ctx *cc, const void *frame, size_t n, ft_tensor *dst,
+                              size_t cap, int alloc, int alloc_dtype)
+{
+    if (alloc) return ft_decode_alloc(cc, frame, n, alloc_dtype, dst);
+    return ft_decode(cc, frame, n, dst, cap);
+}
+
+/* Grow b to n bytes keeping its first keep bytes. */
+static ft_status buf_grow_keep(ft_buf *b, size_t n, size_t keep)
+{
+    if (b->cap >= n) return FT_OK;
+    uint8_t *p = ft_malloc_aligned(n, 64);
+    if (!p) return ft_set_error(FT_ERR_NOMEM, "frame buffer of %zu bytes", n);
+    memcpy(p, b->p, keep);
+    ft_free_aligned(b->p);
+    b->p = p;
+    b->cap = n;
+    return FT_OK;
+}
+
+static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_buf *scratch,
+                           ft_tensor *dst, size_t cap, int alloc, int alloc_dtype)
+{
+    ft_status st = ft_buf_reserve(scratch, FT_READ_RANGE);
+    if (st != FT_OK) return st;
+    pend first;
+    memset(&first, 0, sizeof first);
+    first.fixed = scratch->p;
+    first.fixed_cap = FT_READ_RANGE;
+    range_body(&first, 0, 0, FT_READ_RANGE);
+    pthread_mutex_lock(&c->lock);
+    if (c->dead) close_ep_locked(c);
+    if (!c->ep) st = connect_locked(c);
+    if (st == FT_OK) {
+        submit_locked(c, &first, FT_OP_GETR, key, first.body, FT_MSG_RANGE_SIZE, 0);
+        st = wait_locked(c, &first, ft_now() + c->timeout_ms / 1000.0);
+        unlink_locked(c, &first);
+        if (st != FT_OK) st = pend_error(c, &first);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st != FT_OK) return st;
+    const uint64_t ver = first.aux;
+    const size_t got = first.rlen;
+    ft_frame_info fi;
+    st = ft_frame_parse(scratch->p, got, &fi);
+    if (st == FT_ERR_BUFFER_SMALL && got == FT_READ_RANGE) {
+        /* a header larger than the first range: fetch the frame whole */
+        size_t n = 0;
+        st = call(c, FT_OP_GET, key, NULL, 0, 0, scratch, &n);
+        return st == FT_OK ? decode_whole(cc, scratch->p, n, dst, cap, alloc, alloc_dtype) : st;
+    }
+    if (st != FT_OK) return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': %s", c->where, key,
+                                         ft_last_error());
+    if (fi.frame_size <= got) {
+        if (fi.frame_size != got)
+            return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': frame size mismatch", c->where, key);
+        return decode_whole(cc, scratch->p, got, dst, cap, alloc, alloc_dtype);
+    }
+
+    /* pipelined: output first */
+    int od = alloc ? (alloc_dtype < 0 ? (int)fi.dtype : alloc_dtype) : (int)dst->dtype;
+    if (od < 0 || od >= FT_DTYPE_COUNT) return ft_set_error(FT_ERR_INVALID_ARG, "output dtype");
+    size_t need = (size_t)ft_dtype_nbytes((ft_dtype)od, fi.numel);
+    if (!alloc && need > cap)
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "decoded tensor needs %zu bytes, buffer has %zu",
+                            need, cap);
+    if ((st = buf_grow_keep(scratch, (size_t)fi.frame_size, got)) != FT_OK) return st;
+    uint8_t *out = alloc ? ft_malloc_aligned(need ? need : 64, 64) : dst->data;
+    if (!out) return ft_set_error(FT_ERR_NOMEM, "cannot allocate %zu bytes", need);
+
+    pend pr[FT_READ_DEPTH];
+    size_t plen[FT_READ_DEPTH];
+    unsigned head = 0, nfly = 0;
+    uint64_t next_off = got, done_off = got;
+    uint32_t next_chunk = 0;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (st == FT_OK && nfly < FT_READ_DEPTH && next_off < fi.frame_size) {
+            unsigned k = (head + nfly) % FT_READ_DEPTH;
+            uint64_t len = fi.frame_size - next_off;
+            if (len > FT_READ_RANGE) len = FT_READ_RANGE;
+            memset(&pr[k], 0, sizeof pr[k]);
+            pr[k].fixed = scratch->p + next_off;
+            pr[k].fixed_cap = (size_t)len;
+            plen[k] = (size_t)len;
+            range_body(&pr[k], ver, next_off, len);
+            submit_locked(c, &pr[k], FT_OP_GETR, key, pr[k].body, FT_MSG_RANGE_SIZE, 0);
+            next_off += len;
+            nfly++;
+        }
+        /* decode what has arrived while the rest is in flight */
+        pthread_mutex_unlock(&c->lock);
+        while (st == FT_OK && next_chunk < fi.n_chunks) {
+            ft_chunk_info ch;
+            st = ft_frame_chunk(scratch->p, (size_t)fi.frame_size, &fi, next_chunk, &ch);
+            if (st != FT_OK || ch.enc_offset + ch.enc_size > done_off) break;
+            size_t o = (size_t)ft_dtype_nbytes((ft_dtype)od, ch.elem_offset);
+            st = ft_decode_chunk(cc, &fi, &ch, scratch->p + ch.enc_offset, (ft_dtype)od, out + o,
+                                 need - o, 0);
+            next_chunk++;
+        }
+        pthread_mutex_lock(&c->lock);
+        if (nfly == 0) break;
+        pend *p = &pr[head];
+        ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
+        unlink_locked(c, p);
+        if (st == FT_OK) {
+            if (w != FT_OK) st = pend_error(c, p);
+            else if (p->aux != ver) st = ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
+            else if (p->rlen != plen[head])
+                st = ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", p->rlen);
+        }
+        if (st == FT_OK) done_off += plen[head];
+        head = (head + 1) % FT_READ_DEPTH;
+        nfly--;
+        if (st != FT_OK && nfly == 0) break;   /* drained after an error */
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st == FT_OK && (next_chunk != fi.n_chunks || done_off != fi.frame_size))
+        st = ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': chunks do not cover the frame", c->where,
+                          key);
+    if (st != FT_OK) {
+        if (alloc) ft_free_aligned(out);
+        return st;
+    }
+    dst->dtype = (ft_dtype)od;
+    dst->data = out;
+    dst->ndim = fi.ndim;
+    memset(dst->shape, 0, sizeof dst->shape);
+    if (fi.ndim) memcpy(dst->shape, fi.shape, fi.ndim * sizeof fi.shape[0]);
+    return FT_OK;
+}
+
+static ft_status cl_read(ft_store_backend *b, const char *key, ft_codec_ctx *cc, ft_buf *scratch,
+                         ft_tensor *dst, size_t cap, int alloc, int alloc_dtype)
+{
+    ft_status st = FT_ERR_BUSY;
+    for (int attempt = 0; attempt < 4 && st == FT_ERR_BUSY; attempt++)
+        st = read_once((ucx_client *)b, key, cc, scratch, dst, cap, alloc, alloc_dtype);
+    return st;
+}
+
 static void cl_close(ft_store_backend *b)
 {
     ucx_client *c = (ucx_client *)b;
@@ -391,7 +589,7 @@ static void cl_close(ft_store_backend *b)
 }
 
 static const ft_store_ops ucx_ops = {cl_put, cl_get, cl_del, cl_stat,
-                                     cl_list, cl_stats, cl_close};
+                                     cl_list, cl_stats, cl_close, cl_read};
 
 /* "host:port" or "[v6]:port" */
 ft_status ft_net_resolve(const char *hostport, int passive,

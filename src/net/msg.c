@@ -80,13 +80,15 @@ ft_status ft_msg_parse(const void *hdr, size_t hdr_len, size_t data_len,
         if (c < 0x21 || c > 0x7e) return ft_set_error(FT_ERR_PROTOCOL, "key byte %u invalid", i);
     }
     if (!reply) {
-        int need_key = op == FT_OP_PUT || op == FT_OP_GET || op == FT_OP_DEL;
+        int need_key = op == FT_OP_PUT || op == FT_OP_GET || op == FT_OP_DEL || op == FT_OP_GETR;
         int no_key = op == FT_OP_HELLO || op == FT_OP_LIST;
         if (need_key && m.key_len == 0) return ft_set_error(FT_ERR_PROTOCOL, "missing key");
         if (no_key && m.key_len != 0) return ft_set_error(FT_ERR_PROTOCOL, "unexpected key");
         if (op == FT_OP_HELLO && m.data_len > FT_MSG_MAX_TOKEN)
             return ft_set_error(FT_ERR_PROTOCOL, "token longer than %u", FT_MSG_MAX_TOKEN);
-        if (op != FT_OP_HELLO && op != FT_OP_PUT && m.data_len != 0)
+        if (op == FT_OP_GETR && m.data_len != FT_MSG_RANGE_SIZE)
+            return ft_set_error(FT_ERR_PROTOCOL, "GETR needs a %u-byte range", FT_MSG_RANGE_SIZE);
+        if (op != FT_OP_HELLO && op != FT_OP_PUT && op != FT_OP_GETR && m.data_len != 0)
             return ft_set_error(FT_ERR_PROTOCOL, "unexpected payload");
         if (op == FT_OP_PUT && m.data_len < FT_FRAME_FIXED_HEADER)
             return ft_set_error(FT_ERR_PROTOCOL, "PUT payload too small for a frame");

@@ -24,7 +24,8 @@ enum ft_msg_op {
     FT_OP_DEL   = 4,   /* key                                                */
     FT_OP_LIST  = 5,   /* -                                                  */
     FT_OP_STAT  = 6,   /* key (tensor header) or none (server stats)          */
-    FT_OP_MAX   = 6
+    FT_OP_GETR  = 7,   /* key, data: 24-byte range request (ft_msg_range)    */
+    FT_OP_MAX   = 7
 };
 #define FT_OP_REPLY 0x8000u   /* reply opcode = request opcode | FT_OP_REPLY */
 
@@ -53,6 +54,13 @@ size_t ft_msg_encode(void *buf, uint16_t opcode, uint64_t req_id, int32_t status
  * per-opcode rules. FT_ERR_PROTOCOL on any violation. */
 ft_status ft_msg_parse(const void *hdr, size_t hdr_len, size_t data_len,
                        int reply, uint64_t max_data, ft_msg *out);
+
+/* GETR request payload: u64 version (0 = whichever is current), u64
+ * offset, u64 length. The reply carries frame bytes [offset, offset +
+ * min(length, size - offset)) and aux = the version served; a request for
+ * another version than the current one fails with FT_ERR_BUSY. */
+#define FT_MSG_RANGE_SIZE 24u
+#define FT_MSG_MAX_RANGE  (64ull << 20)
 
 /* Server stats: 12 little-endian u64 in ft_store_stats order. */
 #define FT_MSG_STATS_SIZE (12u * 8u)

@@ -29,6 +29,7 @@
 #include "store/store_internal.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -331,12 +332,12 @@ static void reply_sent_cb(void *req, ucs_status_t status, void *user)
 
 /* Send a reply; data stays valid until the send completes (it belongs to
  * the op: a heap buffer or a leased entry). Takes ownership of o. */
-static void send_reply(conn *c, op *o, uint16_t opcode, ft_status st,
-                       const void *data, size_t len)
+static void send_reply_aux(conn *c, op *o, uint16_t opcode, ft_status st,
+                           const void *data, size_t len, uint64_t aux)
 {
     if (c->dead) { op_finish(o, UCS_ERR_CANCELED); return; }
     size_t hlen = ft_msg_encode(o->hdr, (uint16_t)(opcode | FT_OP_REPLY), o->req_id,
-                                (int32_t)st, NULL, 0, len, 0, 0);
+                                (int32_t)st, NULL, 0, len, aux, 0);
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof rp);
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -349,6 +350,12 @@ static void send_reply(conn *c, op *o, uint16_t opcode, ft_status st,
     ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_REPLY, o->hdr, hlen, data, len, &rp);
     if (UCS_PTR_IS_ERR(r)) op_finish(o, UCS_PTR_STATUS(r));
     else if (!r) op_finish(o, UCS_OK);
+}
+
+static void send_reply(conn *c, op *o, uint16_t opcode, ft_status st, const void *data,
+                       size_t len)
+{
+    send_reply_aux(c, o, opcode, st, data, len, 0);
 }
 
 static op *op_new(server *S, conn *c, uint64_t req_id)
@@ -484,13 +491,28 @@ static void handle_put(server *S, conn *c, const ft_msg *m, void *data,
 
 /* ------------------------------------------------------------ other ops */
 
-static void handle_get(server *S, conn *c, const ft_msg *m, int header_only)
+static void handle_get(server *S, conn *c, const ft_msg *m, int header_only,
+                       const uint8_t *range)
 {
     entry **pp = lookup(S, m->key, m->key_len);
     entry *e = *pp;
     if (!e) {
         reply_status(S, c, m->opcode, m->req_id, FT_ERR_NOT_FOUND, "no such tensor");
         return;
+    }
+    uint64_t r_off = 0, r_len = e->size;
+    if (range) {
+        uint64_t ver = ft_get_le64(range), off = ft_get_le64(range + 8), len = ft_get_le64(range + 16);
+        if (ver && ver != e->id) {
+            reply_status(S, c, m->opcode, m->req_id, FT_ERR_BUSY, "tensor was replaced");
+            return;
+        }
+        if (off >= e->size || len == 0 || len > FT_MSG_MAX_RANGE) {
+            reply_status(S, c, m->opcode, m->req_id, FT_ERR_PROTOCOL, "bad range");
+            return;
+        }
+        r_off = off;
+        r_len = e->size - off < len ? e->size - off : len;
     }
     if (!e->resident && !header_only) {
         ft_status st = reload(S, e);
@@ -523,10 +545,11 @@ static void handle_get(server *S, conn *c, const ft_msg *m, int header_only)
     e->leases++;
     o->lease = e;
     if (!header_only) {
-        S->gets++;
-        o->count_out = e->size;
+        if (r_off == 0) S->gets++;
+        o->count_out = r_len;
     }
-    send_reply(c, o, m->opcode, FT_OK, S->pool + e->off, header_only ? e->header_size : e->size);
+    send_reply_aux(c, o, m->opcode, FT_OK, S->pool + e->off + r_off,
+                   header_only ? e->header_size : r_len, e->id);
 }
 
 static void fill_stats(server *S, ft_store_stats *st)
@@ -641,11 +664,18 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
         handle_put(S, c, &m, data, param);
         return UCS_OK;
     case FT_OP_GET:
-        handle_get(S, c, &m, 0);
+        handle_get(S, c, &m, 0, NULL);
+        return UCS_OK;
+    case FT_OP_GETR:
+        if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+            reply_status(S, c, m.opcode, m.req_id, FT_ERR_PROTOCOL, "range must be eager");
+            return UCS_OK;
+        }
+        handle_get(S, c, &m, 0, data);
         return UCS_OK;
     case FT_OP_STAT:
         if (m.key_len) {
-            handle_get(S, c, &m, 1);
+            handle_get(S, c, &m, 1, NULL);
         } else {
             op *o = op_new(S, c, m.req_id);
             if (!o) return UCS_OK;
@@ -848,7 +878,20 @@ ft_status ft_node_run(const ft_node_params *params)
             st = ft_set_error(FT_ERR_IO, "spill dir %s: %s", p.spill_dir, strerror(errno));
             goto out;
         }
-        close(dfd);
+        /* spill files of an earlier run that died are stale: the pool
+         * they belonged to is gone */
+        DIR *d = fdopendir(dfd);
+        struct dirent *de;
+        unsigned stale = 0;
+        while (d && (de = readdir(d))) {
+            unsigned long long id;
+            char tail[8];
+            if (sscanf(de->d_name, "ftspill-%llu.%7s", &id, tail) == 2 && !strcmp(tail, "bin") &&
+                unlinkat(dfd, de->d_name, 0) == 0)
+                stale++;
+        }
+        if (d) closedir(d); else close(dfd);
+        if (stale) FT_LOG(FT_LOG_INFO, "serve: removed %u stale spill files", stale);
     }
 
     S->cap = (p.capacity + ALIGN - 1) / ALIGN * ALIGN;

@@ -259,6 +259,8 @@ static ft_status do_read(ft_store *s, wctx *w, const char *key, ft_tensor *dst,
     ft_status st = ft_key_validate(key);
     if (st != FT_OK) return st;
     if (!dst) return ft_set_error(FT_ERR_INVALID_ARG, "NULL tensor");
+    if (s->be->ops->read)
+        return s->be->ops->read(s->be, key, w->cc, &w->enc, dst, cap, alloc, alloc_dtype);
     size_t fsize = 0;
     st = s->be->ops->get(s->be, key, &w->enc, &fsize);
     if (st != FT_OK) return st;

@@ -26,6 +26,14 @@ typedef struct ft_store_ops {
     ft_status (*list)(ft_store_backend *b, char ***keys, size_t *n);
     ft_status (*stats)(ft_store_backend *b, ft_store_stats *out);
     void      (*close)(ft_store_backend *b);
+    /* Optional (NULL: get + ft_decode): fetch and decode in one go, e.g.
+     * decoding chunks while later parts of the frame are still in flight.
+     * alloc: allocate dst->data in dtype alloc_dtype (< 0: stored dtype);
+     * else decode into dst->data (cap bytes) as dst->dtype. scratch is a
+     * reusable frame buffer. */
+    ft_status (*read)(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
+                      ft_buf *scratch, ft_tensor *dst, size_t cap, int alloc,
+                      int alloc_dtype);
 } ft_store_ops;
 
 struct ft_store_backend {

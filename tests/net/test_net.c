@@ -2,6 +2,7 @@
  * 127.0.0.1 with a free port, and the ucx:// client in this process. */
 #include "store/store_common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,26 @@ typedef struct {
     int   port;
     char  uri[64];
 } srv_t;
+
+/* Every server a test starts is killed at exit even if the test bailed
+ * out early (no orphan processes). */
+static pid_t g_pids[64];
+static void kill_leftovers(void)
+{
+    for (int i = 0; i < 64; i++)
+        if (g_pids[i] > 0) {
+            kill(g_pids[i], SIGKILL);
+            waitpid(g_pids[i], NULL, 0);
+            g_pids[i] = 0;
+        }
+}
+static void track(pid_t pid, int add)
+{
+    static int registered;
+    if (!registered) { atexit(kill_leftovers); registered = 1; }
+    for (int i = 0; i < 64; i++)
+        if (add ? g_pids[i] == 0 : g_pids[i] == pid) { g_pids[i] = add ? pid : 0; return; }
+}
 
 /* Start `flextier serve --listen LISTEN args...`; parse the bound port. */
 static int srv_start(srv_t *s, const char *listen, const char *const *args)
@@ -41,6 +62,7 @@ static int srv_start(srv_t *s, const char *listen, const char *const *args)
         _exit(127);
     }
     close(fds[1]);
+    track(pid, 1);
     char buf[256];
     size_t got = 0;
     double dl = ft_now() + 10;
@@ -64,6 +86,7 @@ static int srv_start(srv_t *s, const char *listen, const char *const *args)
     if (!s->port) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        track(pid, 0);
         fprintf(stderr, "server did not start: '%s'\n", buf);
         return -1;
     }
@@ -82,6 +105,7 @@ static int srv_stop(srv_t *s)
     while (ft_now() < dl) {
         pid_t r = waitpid(s->pid, &status, WNOHANG);
         if (r == s->pid) {
+            track(s->pid, 0);
             s->pid = 0;
             return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         }
@@ -89,6 +113,7 @@ static int srv_stop(srv_t *s)
     }
     kill(s->pid, SIGKILL);
     waitpid(s->pid, NULL, 0);
+    track(s->pid, 0);
     s->pid = 0;
     return -1;
 }
@@ -126,7 +151,8 @@ TEST(net_roundtrips_list_delete_stat)
     unsetenv("FLEXTIER_TOKEN_FILE");
     srv_t srv;
     const char *args[] = {"--capacity", "256M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL, *s2 = NULL;
     CHECK_OK(open_client(&srv, NULL, 8, &s));
     CHECK_OK(open_client(&srv, NULL, 0, &s2));
@@ -180,11 +206,59 @@ static void *client_thread(void *arg)
     return NULL;
 }
 
+/* Frames larger than one read range take the pipelined path (ranges in
+ * flight, chunks decoded as they arrive); overwrites during such reads
+ * restart them, never mix versions. */
+TEST(net_large_pipelined_reads)
+{
+    srv_t srv;
+    const char *args[] = {"--capacity", "512M", NULL};
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
+    ft_store *s = NULL, *s2 = NULL;
+    CHECK_OK(open_client(&srv, NULL, 4, &s));
+    CHECK_OK(open_client(&srv, NULL, 0, &s2));
+    if (s && s2) {
+        const uint64_t n = 5u << 20;   /* 10 MiB of bf16 */
+        int64_t shape[2] = {5 << 10, 1024};
+        void *src = tw_make(FT_BF16, n, 21);
+        float *f32 = ft_malloc_aligned(n * 4, 64);
+        for (size_t ci = 0; ci < sizeof tw_codecs / sizeof tw_codecs[0]; ci++) {
+            ft_codec_id c = tw_codecs[ci];
+            if (!tw_codec_available(c)) continue;
+            ft_codec_params p;
+            ft_codec_default_params(&p);
+            p.codec = c;
+            ft_tensor t, out;
+            ft_tensor_init(&t, FT_BF16, 2, shape, src);
+            CHECK_OK(ft_write_tensor(s, "L", &t, &p));
+            CHECK_OK(ft_read_tensor(s, "L", -1, &out));
+            CHECK(out.dtype == FT_BF16 && out.ndim == 2 && out.shape[0] == shape[0]);
+            if (!ft_codec_is_lossy(c))
+                CHECK_MSG(!memcmp(out.data, src, n * 2), "%s", ft_codec_name(c));
+            ft_free_aligned(out.data);
+            ft_tensor d = {.dtype = FT_F32, .data = f32};
+            CHECK_OK(ft_read_tensor_into(s, "L", &d, n * 4));
+            if (!ft_codec_is_lossy(c))
+                CHECK(f32[n - 7] == tw_get(src, FT_BF16, n - 7) && f32[3] == tw_get(src, FT_BF16, 3));
+            CHECK(ft_read_tensor_into(s, "L", &d, n * 4 - 4) == FT_ERR_BUFFER_SMALL);
+        }
+        ft_free_aligned(src);
+        ft_free_aligned(f32);
+        tw_overwrite_during_read_n(s, s2, "big", 6u << 20, 8);   /* 12 MiB */
+        tw_async(s, "la", 6, 3u << 20);                            /* 6 MiB each */
+    }
+    ft_store_close(s);
+    ft_store_close(s2);
+    CHECK(srv_stop(&srv) == 0);
+}
+
 TEST(net_concurrent_clients)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "128M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     pthread_t th[4];
     cc_arg a[4];
     for (int i = 0; i < 4; i++) {
@@ -217,7 +291,8 @@ TEST(net_auth)
     close(fd2);
     srv_t srv;
     const char *args[] = {"--capacity", "16M", "--token-file", good, NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     unsetenv("FLEXTIER_TOKEN_FILE");
     CHECK(open_client(&srv, NULL, 0, &s) == FT_ERR_AUTH && !s);        /* missing */
@@ -247,7 +322,8 @@ TEST(net_capacity_exhausted)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "1M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     if (s) {
@@ -278,10 +354,16 @@ TEST(net_capacity_exhausted)
 TEST(net_spill_and_reload)
 {
     char dir[] = "/tmp/ft_test_spillXXXXXX";
-    REQUIRE(mkdtemp(dir));
+    char *made = mkdtemp(dir);
+    REQUIRE(made);
+    char stale[64];
+    snprintf(stale, sizeof stale, "%s/ftspill-3.bin", dir);   /* left by a crashed node */
+    FILE *sf = fopen(stale, "w");
+    if (sf) { fputs("stale", sf); fclose(sf); }
     srv_t srv;
     const char *args[] = {"--capacity", "1M", "--spill-dir", dir, "--spill-capacity", "8M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     if (s) {
@@ -347,7 +429,8 @@ TEST(net_server_killed_then_restarted)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "256M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     ft_store *s = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &s));
     REQUIRE(s);
@@ -365,6 +448,7 @@ TEST(net_server_killed_then_restarted)
     double killed = ft_now();
     kill(srv.pid, SIGKILL);
     waitpid(srv.pid, NULL, 0);
+    track(srv.pid, 0);
     for (int i = 0; i < 150 && a.err == FT_OK; i++) usleep(100000);
     a.stop = 1;
     pthread_join(th, NULL);
@@ -405,7 +489,8 @@ TEST(net_client_killed_mid_write)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "512M", NULL};
-    REQUIRE(srv_start(&srv, "127.0.0.1:0", args) == 0);
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
     const size_t n = 64u << 20;
     uint8_t *data = ft_malloc_aligned(n, 64);
     fill(data, n, 11);
@@ -507,4 +592,130 @@ TEST(msg_parse_rules)
     CHECK(ft_msg_list_parse(list, sizeof list - 1, &keys, &nk) == FT_ERR_PROTOCOL);
     list[0] = 3;
     CHECK(ft_msg_list_parse(list, sizeof list, &keys, &nk) == FT_ERR_PROTOCOL);
+}
+
+/* A raw UCP client sends malformed requests: each gets an error reply on
+ * the side that caused it, and the server keeps serving others. */
+#include <ucp/api/ucp.h>
+
+typedef struct { int got; int32_t status; uint64_t id; } raw_reply;
+
+static ucs_status_t raw_reply_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
+                                 const ucp_am_recv_param_t *p)
+{
+    raw_reply *r = arg;
+    (void)d; (void)l; (void)p;
+    if (hl >= FT_MSG_HDR_SIZE) {
+        r->status = (int32_t)ft_get_le32((const uint8_t *)h + 16);
+        r->id = ft_get_le64((const uint8_t *)h + 8);
+    }
+    r->got++;
+    return UCS_OK;
+}
+
+static int raw_send(ucp_worker_h w, ucp_ep_h ep, raw_reply *r, const void *hdr, size_t hlen,
+                    const void *data, size_t dlen)
+{
+    int before = r->got;
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t q = ucp_am_send_nbx(ep, FT_AM_REQUEST, hdr, hlen, data, dlen, &rp);
+    if (UCS_PTR_IS_ERR(q)) return 0;
+    double dl = ft_now() + 5;
+    while (ft_now() < dl && (r->got == before || (q && ucp_request_check_status(q) == UCS_INPROGRESS)))
+        ucp_worker_progress(w);
+    if (q) ucp_request_free(q);
+    return r->got > before;
+}
+
+TEST(net_malformed_messages)
+{
+    srv_t srv;
+    const char *args[] = {"--capacity", "16M", NULL};
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
+    REQUIRE(up_ == 0);
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    /* (REQUIRE evaluates its condition twice: call first, then check) */
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    REQUIRE(s == UCS_OK);
+    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    s = ucp_init(&up, cfg, &ctx);
+    ucp_config_release(cfg);
+    REQUIRE(s == UCS_OK);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    s = ucp_worker_create(ctx, &wp, &w);
+    REQUIRE(s == UCS_OK);
+    raw_reply r = {0, 0, 0};
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = FT_AM_REPLY, .cb = raw_reply_cb, .arg = &r};
+    CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)srv.port)};
+    sa.sin_addr.s_addr = htonl(0x7f000001);
+    ucp_ep_params_t ep_p;
+    memset(&ep_p, 0, sizeof ep_p);
+    ep_p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep_p.sockaddr.addr = (const struct sockaddr *)&sa;
+    ep_p.sockaddr.addrlen = sizeof sa;
+    ep_p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    s = ucp_ep_create(w, &ep_p, &ep);
+    REQUIRE(s == UCS_OK);
+
+    uint8_t h[FT_MSG_MAX_HDR + 64];
+    /* GET before HELLO: not authenticated */
+    size_t n = ft_msg_encode(h, FT_OP_GET, 11, 0, "k", 1, 0, 0, 0);
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 11 && r.status == FT_ERR_AUTH);
+    /* another protocol version */
+    n = ft_msg_encode(h, FT_OP_HELLO, 12, 0, NULL, 0, 0, 0, 0);
+    h[4] = 9;
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 12 && r.status == FT_ERR_UNSUPPORTED);
+    /* a good HELLO, then garbage */
+    n = ft_msg_encode(h, FT_OP_HELLO, 13, 0, NULL, 0, 0, 0, 0);
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 13 && r.status == FT_OK);
+    n = ft_msg_encode(h, FT_OP_GET, 14, 0, "k", 1, 0, 0, 0);
+    ft_put_le32(h + 20, 300);   /* key_len beyond the limit and the header */
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 14 && r.status == FT_ERR_PROTOCOL);
+    n = ft_msg_encode(h, FT_OP_PUT, 15, 0, "k", 1, 100, 0, 0);   /* header says 100, 10 sent */
+    CHECK(raw_send(w, ep, &r, h, n, "0123456789", 10) && r.id == 15 && r.status == FT_ERR_PROTOCOL);
+    n = ft_msg_encode(h, FT_OP_PUT, 16, 0, "k", 1, 64, 0, 0);    /* not a frame */
+    char junk[64];
+    memset(junk, 'x', sizeof junk);
+    CHECK(raw_send(w, ep, &r, h, n, junk, 64) && r.id == 16 && r.status == FT_ERR_CORRUPT);
+    n = ft_msg_encode(h, FT_OP_GET, 17, 0, "k", 1, 0, 0, 0);      /* nothing was stored */
+    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 17 && r.status == FT_ERR_NOT_FOUND);
+
+    /* the server still serves a normal client */
+    ft_store *st = NULL;
+    CHECK_OK(open_client(&srv, NULL, 0, &st));
+    if (st) {
+        uint16_t v[256];
+        fill(v, sizeof v, 1);
+        int64_t shape[1] = {256};
+        ft_tensor t, out;
+        ft_tensor_init(&t, FT_BF16, 1, shape, v);
+        CHECK_OK(ft_write_tensor(st, "k", &t, NULL));
+        CHECK_OK(ft_read_tensor(st, "k", -1, &out));
+        CHECK(!memcmp(out.data, v, sizeof v));
+        ft_free_aligned(out.data);
+    }
+    ft_store_close(st);
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t q = ucp_ep_close_nbx(ep, &cp);
+    if (q && !UCS_PTR_IS_ERR(q)) {
+        while (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_worker_progress(w);
+        ucp_request_free(q);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    CHECK(srv_stop(&srv) == 0);
 }

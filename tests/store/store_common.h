@@ -220,10 +220,10 @@ static void *tw_overwriter(void *arg)
     return NULL;
 }
 
-static void tw_overwrite_during_read(ft_store *s, ft_store *s2, const char *prefix)
+static void tw_overwrite_during_read_n(ft_store *s, ft_store *s2, const char *prefix,
+                                       uint64_t n, int iters)
 {
-    const uint64_t n = 1 << 20;    /* 2 MiB */
-    tw_ow o = {s2, NULL, tw_make(FT_BF16, n, 1), tw_make(FT_BF16, n, 2), n, 20, 0, 0};
+    tw_ow o = {s2, NULL, tw_make(FT_BF16, n, 1), tw_make(FT_BF16, n, 2), n, iters, 0, 0};
     char key[64];
     snprintf(key, sizeof key, "%s/ow", prefix);
     o.key = key;
@@ -235,7 +235,7 @@ static void tw_overwrite_during_read(ft_store *s, ft_store *s2, const char *pref
     pthread_create(&th, NULL, tw_overwriter, &o);
     void *buf = ft_malloc_aligned(n * 2, 64);
     int mixed = 0, reads = 0;
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < iters; i++) {
         ft_tensor d = {.dtype = FT_BF16, .data = buf};
         ft_status st = ft_read_tensor_into(s, key, &d, n * 2);
         CHECK_OK(st);
@@ -245,9 +245,14 @@ static void tw_overwrite_during_read(ft_store *s, ft_store *s2, const char *pref
     }
     pthread_join(th, NULL);
     CHECK(o.bad == 0);
-    CHECK(reads == 20 && mixed == 0);
+    CHECK(reads == iters && mixed == 0);
     ft_free_aligned(buf);
     ft_free_aligned(o.a);
     ft_free_aligned(o.b);
+}
+
+static void tw_overwrite_during_read(ft_store *s, ft_store *s2, const char *prefix)
+{
+    tw_overwrite_during_read_n(s, s2, prefix, 1 << 20, 20);   /* 2 MiB */
 }
 #endif
