@@ -526,20 +526,14 @@ class Request:
     result = wait
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        """The operation's error (None on success), waiting like wait()."""
+        """The operation's error (None on success), waiting like wait();
+        raises RequestTimeoutError if it is still running."""
         try:
             self.wait(timeout)
-        except RequestTimeoutError:
-            if not self.done():
-                raise
-            return self._exc()
-        except Error as e:
-            return e
-        return None
-
-    def _exc(self) -> Optional[BaseException]:
-        try:
-            self._req.wait(0)
+        except RequestTimeoutError as e:
+            if self.done():          # the operation itself timed out
+                return e
+            raise
         except Error as e:
             return e
         return None

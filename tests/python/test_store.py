@@ -284,3 +284,16 @@ def test_close_while_other_threads_use_it(tmp_path):
     for t in threads:
         t.join(30)
     assert not errors and st.closed
+
+
+def test_request_timeout_and_exception():
+    st = flextier.Store("mem:", queue_depth=1)
+    big = make_array(np.float32, (1 << 20,))
+    r = st.write_tensor_async("big", big, codec="zstd", level=19)   # slow on purpose
+    try:
+        r.wait(timeout=0)
+    except flextier.RequestTimeoutError as e:
+        assert isinstance(e, TimeoutError) and not r.done()
+    assert r.exception() is None and r.done()       # waits, then succeeds
+    assert r.result(timeout=0) is None
+    st.close()
