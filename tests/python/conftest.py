@@ -94,6 +94,17 @@ def busy_python(seconds):
         pass
 
 
+def _die_with_parent():
+    """In the child: SIGTERM when the test process dies (Linux), so that a
+    crashed or killed pytest leaves no memory node behind."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 class MemoryNode:
     """A memory node (`python -m flextier serve`) in a child process on a
     free loopback port; stop() terminates it (SIGTERM, then SIGKILL)."""
@@ -108,7 +119,7 @@ class MemoryNode:
             cmd += ["--token-file", str(token_file)]
         env = dict(os.environ, FLEXTIER_LOG=os.environ.get("FLEXTIER_LOG", "error"))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=env, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 30
         line = ""
         while time.monotonic() < deadline and self.proc.poll() is None:
