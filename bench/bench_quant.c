@@ -13,8 +13,22 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* This thread's CPU time: with a 1-thread context all the work runs on the
+ * calling thread, and CPU time is not inflated when other processes
+ * share the cores (wall time is; FT_BENCH_WALL=1 uses it instead). */
+static double now(void)
+{
+    static int wall = -1;
+    if (wall < 0) wall = getenv("FT_BENCH_WALL") && *getenv("FT_BENCH_WALL") == '1';
+    if (wall) return ft_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -55,8 +69,9 @@ int main(int argc, char **argv)
     if (ft_codec_ctx_create(1, &ctx)) return 1;
     ft_tensor t;
     ft_tensor_init(&t, FT_BF16, 2, shape, src);
-    printf("bench_quant %lldx%lld bf16, 1 thread, median of %d runs (x%d each), SIMD %s\n",
-           (long long)shape[0], (long long)shape[1], runs, inner, ft_simd_enabled() ? "on" : "off");
+    printf("bench_quant %lldx%lld bf16, 1 thread, median of %d runs (x%d each), SIMD %s, %s time\n",
+           (long long)shape[0], (long long)shape[1], runs, inner, ft_simd_enabled() ? "on" : "off",
+           getenv("FT_BENCH_WALL") && *getenv("FT_BENCH_WALL") == '1' ? "wall" : "thread CPU");
     printf("%-4s %-9s %8s %12s %14s %14s\n", "codec", "group_dim", "ratio", "quant GB/s",
            "deq->bf16 GB/s", "deq->f32 GB/s");
     for (int c = 0; c < 2; c++)
@@ -69,10 +84,10 @@ int main(int argc, char **argv)
             uint8_t *frame = ft_malloc_aligned(bound, 64);
             double te[101], tb[101], tf[101];
             for (int r = 0; r < runs; r++) {
-                double t0 = ft_now();
+                double t0 = now();
                 ft_status st = FT_OK;
                 for (int m = 0; m < inner && !st; m++) st = ft_encode(ctx, &p, &t, frame, bound, &fs);
-                te[r] = (ft_now() - t0) / inner;
+                te[r] = (now() - t0) / inner;
                 if (st) { fprintf(stderr, "encode: %s\n", ft_last_error()); return 1; }
             }
             for (int o = 0; o < 2; o++)
@@ -80,10 +95,10 @@ int main(int argc, char **argv)
                     ft_tensor d = {0};
                     d.dtype = o ? FT_F32 : FT_BF16;
                     d.data = out;
-                    double t0 = ft_now();
+                    double t0 = now();
                     ft_status st = FT_OK;
                     for (int m = 0; m < inner && !st; m++) st = ft_decode(ctx, frame, fs, &d, n * 4);
-                    (o ? tf : tb)[r] = (ft_now() - t0) / inner;
+                    (o ? tf : tb)[r] = (now() - t0) / inner;
                     if (st) { fprintf(stderr, "decode: %s\n", ft_last_error()); return 1; }
                 }
             printf("%-5s %-9s %7.3fx %12.2f %14.2f %14.2f\n", ft_codec_name(p.codec),

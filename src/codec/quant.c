@@ -4,7 +4,8 @@
  * A chunk is a run of whole slabs (o, g) of the [outer, D, inner] view, so
  * its elements are contiguous. This file walks the slabs, computes the
  * per-group fp16 parameters and validates; the per-element work is done by
- * the kernels of quant_kern.h (scalar here, AVX-512 in quant_x86.c). */
+ * the kernels of quant_kern.h (scalar here; AVX-512 and AVX2 in
+ * quant_x86.c). */
 #include "codec_internal.h"
 #include "quant_kern.h"
 
@@ -49,8 +50,10 @@ static inline void putq(int bits, uint8_t *p, uint64_t k, unsigned q)
     else *b = (uint8_t)((*b & 0xf0u) | q);
 }
 
-/* Round half to even for 0 <= t < 2^22, independent of the FPU mode
- * (the SIMD kernels use explicit RNE conversion). */
+/* Round half to even for 0 <= t < 2^22 (adding 1.5 * 2^23 leaves no
+ * fraction bits). Like all float code here it assumes the default
+ * round-to-nearest mode; the SIMD kernels convert with explicit RNE. A NaN
+ * t clamps to 0 here and in the SIMD kernels (max(NaN, 0) = 0). */
 static inline unsigned quant1(float x, float mn, float inv, float bmax)
 {
     float t = (x - mn) * inv;
@@ -132,9 +135,15 @@ static const ft_qkern qkern_ref = {
 
 const ft_qkern *ft_qkern_ref(void) { return &qkern_ref; }
 
+static const ft_qkern *qkern_forced;
+
+void ft_qkern_override(const ft_qkern *k) { qkern_forced = k; }
+
 const ft_qkern *ft_qkern_best(void)
 {
+    if (qkern_forced) return qkern_forced;
     const ft_qkern *k = ft_qkern_avx512();
+    if (!k) k = ft_qkern_avx2();
     return k ? k : &qkern_ref;
 }
 

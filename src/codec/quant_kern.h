@@ -52,11 +52,17 @@ const ft_qkern *ft_qkern_ref(void);
 /* AVX-512 kernels, or NULL when not compiled in or the CPU lacks
  * AVX-512F/BW/VL or F16C (or FLEXTIER_NO_SIMD=1). */
 const ft_qkern *ft_qkern_avx512(void);
+/* AVX2 + FMA + F16C kernels, or NULL. */
+const ft_qkern *ft_qkern_avx2(void);
 /* Every table usable on this CPU: i = 0 is the scalar one; NULL past the
  * end (tests compare each against i = 0). */
 const ft_qkern *ft_qkern_list(int i);
-/* The table quant.c uses: the best available. */
+/* The table quant.c uses: the best available, or the one set with
+ * ft_qkern_override. */
 const ft_qkern *ft_qkern_best(void);
+/* Tests only (not thread-safe: call while no encode/decode runs): make
+ * quant.c use table k; NULL restores the default. */
+void ft_qkern_override(const ft_qkern *k);
 
 /* Scalar kernels, also used by the SIMD ones for heads and tails. */
 void ft_qdec_bcast_ref(int bits, ft_dtype odt, const uint8_t *packed, uint64_t k, size_t n,

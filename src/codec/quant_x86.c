@@ -32,12 +32,15 @@
 #undef QX
 #undef QX_NEBF16
 
+#include "quant_avx2.h"
+
 #define TABLE(sfx, label)                                                     \
     static const ft_qkern qkern_##sfx = {                                     \
         label, dec_bcast_##sfx, dec_vec_##sfx, dec_groups_##sfx, minmax_##sfx, \
         minmax_vec_##sfx, enc_bcast_##sfx, enc_vec_##sfx};
 TABLE(avx512, "avx512")
 TABLE(avx512bf16, "avx512+bf16")
+TABLE(avx2, "avx2")
 
 static int have_avx512(void)
 {
@@ -51,16 +54,27 @@ const ft_qkern *ft_qkern_avx512(void)
     return ft_cpu()->avx512bf16 ? &qkern_avx512bf16 : &qkern_avx512;
 }
 
+static int have_avx2(void)
+{
+    const ft_cpu_features *c = ft_cpu();
+    return c->avx2 && c->fma && c->f16c;
+}
+
+const ft_qkern *ft_qkern_avx2(void) { return have_avx2() ? &qkern_avx2 : NULL; }
+
 const ft_qkern *ft_qkern_list(int i)
 {
-    if (i == 0) return ft_qkern_ref();
-    if (!have_avx512()) return NULL;
-    if (i == 1) return &qkern_avx512;
-    if (i == 2 && ft_cpu()->avx512bf16) return &qkern_avx512bf16;
-    return NULL;
+    const ft_qkern *all[4];
+    int n = 0;
+    all[n++] = ft_qkern_ref();
+    if (have_avx2()) all[n++] = &qkern_avx2;
+    if (have_avx512()) all[n++] = &qkern_avx512;
+    if (have_avx512() && ft_cpu()->avx512bf16) all[n++] = &qkern_avx512bf16;
+    return i >= 0 && i < n ? all[i] : NULL;
 }
 
 #else
 const ft_qkern *ft_qkern_avx512(void) { return NULL; }
+const ft_qkern *ft_qkern_avx2(void) { return NULL; }
 const ft_qkern *ft_qkern_list(int i) { return i == 0 ? ft_qkern_ref() : NULL; }
 #endif

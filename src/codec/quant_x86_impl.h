@@ -101,6 +101,25 @@ static TGT AI void QX(dec_impl)(int bits, ft_dtype odt, int vec, int fin, const 
     const __m512 bm = _mm512_set1_ps(mn0), bs = _mm512_set1_ps(st0);
 #define MN(o) (vec ? _mm512_loadu_ps(mn + i + (o)) : bm)
 #define ST(o) (vec ? _mm512_loadu_ps(st + i + (o)) : bs)
+    if (bits == 4 && !vec && odt != FT_F32 && n - i >= 64) {
+        /* q4 with one (min, step) has only 16 possible outputs: convert
+         * them once (same arithmetic and rounding as the general path, so
+         * the same bits) and look each nibble up with VPERMW. */
+        const __m512 qv = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 y = _mm512_fmadd_ps(qv, bs, bm);
+        const __m256i t16 = odt == FT_BF16 ? QX(to_bf16)(y)
+            : _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i tbl = _mm512_castsi256_si512(t16);
+        const __m512i m0 = _mm512_set1_epi32(0x0000000f), m1 = _mm512_set1_epi32(0x000f0000);
+        for (; i + 32 <= n; i += 32) {
+            /* byte j -> u32 lane j = (low nibble) | (high nibble << 16):
+             * 16-bit indices of elements 2j, 2j+1 in order. */
+            __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + ((k + i) >> 1))));
+            __m512i t = _mm512_and_si512(_mm512_slli_epi32(x, 12), m1);
+            __m512i idx = _mm512_ternarylogic_epi32(x, m0, t, 0xEA);   /* (x & m0) | t */
+            _mm512_storeu_si512((uint16_t *)out + i, _mm512_permutexvar_epi16(idx, tbl));
+        }
+    }
     if (bits == 4) {
         for (; i + 32 <= n; i += 32) {
             __m512 a, b;

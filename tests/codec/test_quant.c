@@ -456,6 +456,84 @@ TEST(quant_simd_equals_ref)
     printf("  compared %d SIMD kernel tables with the scalar ones\n", n);
 }
 
+/* Whole frames: every kernel table produces the same frame bytes and the
+ * same decoded bytes as the scalar one; streaming ft_decode_chunk equals
+ * ft_decode. */
+TEST(quant_tables_same_frames)
+{
+    ft_codec_ctx *ctx;
+    CHECK_OK(ft_codec_ctx_create(1, &ctx));
+    static const qcase fc[] = {
+        {2, {37, 129}, -1, 64}, {2, {37, 129}, -1, 7}, {2, {37, 129}, 0, 64},
+        {3, {5, 33, 17}, 1, 7}, {3, {3, 70, 600}, 1, 64}, {2, {16, 4096}, -1, 64},
+        {2, {64, 1000}, 0, 64}, {1, {1001}, -1, 1},
+    };
+    static const ft_dtype dts[] = {FT_F32, FT_F16, FT_BF16};
+    for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++)
+        for (int codec = FT_CODEC_Q8; codec <= FT_CODEC_Q4; codec++)
+            for (int a = 0; a < 3; a++) {
+                ft_codec_params p;
+                ft_codec_default_params(&p);
+                p.codec = (ft_codec_id)codec;
+                p.group_size = fc[c].G;
+                p.group_dim = fc[c].gdim;
+                p.chunk_size = 4096 * (1 + (uint32_t)(c % 3));
+                ft_tensor t;
+                ft_tensor_init(&t, dts[a], fc[c].ndim, fc[c].shape, NULL);
+                uint64_t n;
+                ft_tensor_numel(&t, &n);
+                t.data = make_data(dts[a], n, c * 3 + (uint64_t)a);
+                size_t bound = ft_encode_bound(&p, dts[a], fc[c].ndim, fc[c].shape);
+                uint8_t *ref = ft_malloc_aligned(bound, 64), *fr = ft_malloc_aligned(bound, 64);
+                uint8_t *dref = ft_malloc_aligned(n * 4 * 3, 64), *dd = ft_malloc_aligned(n * 4 * 3, 64);
+                size_t fs_ref = 0, fs = 0;
+                memset(dref, 0, n * 4 * 3);
+                memset(dd, 0, n * 4 * 3);
+                for (int ki = 0; ft_qkern_list(ki); ki++) {
+                    ft_qkern_override(ft_qkern_list(ki));
+                    uint8_t *f = ki ? fr : ref, *d = ki ? dd : dref;
+                    size_t *pfs = ki ? &fs : &fs_ref;
+                    CHECK_OK(ft_encode(ctx, &p, &t, f, bound, pfs));
+                    for (int o = 0; o < 3; o++) {
+                        ft_tensor out = {0};
+                        out.dtype = dts[o];
+                        out.data = d + o * n * 4;
+                        CHECK_OK(ft_decode(ctx, f, *pfs, &out, n * 4));
+                    }
+                    if (ki) {
+                        CHECK_MSG(fs == fs_ref && !memcmp(fr, ref, fs), "%s: frame differs (case %zu)",
+                                  ft_qkern_list(ki)->name, c);
+                        CHECK_MSG(!memcmp(dd, dref, n * 4 * 3), "%s: decode differs (case %zu)",
+                                  ft_qkern_list(ki)->name, c);
+                    }
+                }
+                ft_qkern_override(NULL);
+                /* streaming: chunk by chunk into bf16 */
+                ft_frame_info fi;
+                CHECK_OK(ft_frame_parse(ref, fs_ref, &fi));
+                uint16_t *sb = ft_malloc_aligned(n * 2 + 64, 64);
+                for (uint32_t i = 0; i < fi.n_chunks; i++) {
+                    ft_chunk_info ci;
+                    CHECK_OK(ft_frame_chunk(ref, fs_ref, &fi, i, &ci));
+                    CHECK_OK(ft_decode_chunk(ctx, &fi, &ci, ref + ci.enc_offset, FT_BF16,
+                                             sb + ci.elem_offset, ci.elem_count * 2, 0));
+                    /* a chunk descriptor that is not slab-aligned is refused */
+                    ft_chunk_info bad = ci;
+                    bad.elem_offset += 1;
+                    CHECK(ft_decode_chunk(ctx, &fi, &bad, ref + ci.enc_offset, FT_BF16, sb,
+                                          ci.elem_count * 2, 0) != FT_OK);
+                }
+                CHECK(!memcmp(sb, dref + 2 * n * 4, n * 2));
+                ft_free_aligned(sb);
+                ft_free_aligned(ref);
+                ft_free_aligned(fr);
+                ft_free_aligned(dref);
+                ft_free_aligned(dd);
+                ft_free_aligned(t.data);
+            }
+    ft_codec_ctx_free(ctx);
+}
+
 /* The q4 nibble write contract: runs written in any order give the same
  * bytes (used for inner > 1 column blocks). */
 TEST(quant_q4_runs_any_order)

@@ -337,3 +337,36 @@ TEST(every_truncation)
         ft_checkpoint_close(ck);
     }
 }
+
+TEST(python_written_file)
+{
+    /* tests/model/data/py_written.safetensors was written by the Python
+     * `safetensors` package (0.8.0, safetensors.numpy.save_file):
+     *   a = np.arange(6, dtype=float32).reshape(2, 3), b = int8 [1, 2, 3],
+     *   c = float16 [1.5, 2.5], d = float32 zeros (0, 4),
+     *   metadata {"format": "np"}.
+     * (Files from ft_safetensors_write were checked to load with it too.) */
+    char p[1024];
+    const char *root = getenv("FT_TEST_DATA");
+    snprintf(p, sizeof p, "%s/../model/data/py_written.safetensors", root ? root : "tests/data");
+    ft_checkpoint *ck = NULL;
+    CHECK_OK(ft_checkpoint_open(p, &ck));
+    REQUIRE(ck);
+    CHECK(ft_checkpoint_count(ck) == 4);
+    CHECK(!strcmp(ft_checkpoint_metadata(ck, "format"), "np"));
+    ft_tensor t;
+    CHECK_OK(ft_checkpoint_get(ck, "a", &t));
+    CHECK(t.dtype == FT_F32 && t.ndim == 2 && t.shape[0] == 2 && t.shape[1] == 3);
+    float a[6];
+    memcpy(a, t.data, sizeof a);
+    for (int i = 0; i < 6; i++) CHECK(a[i] == (float)i);
+    CHECK_OK(ft_checkpoint_get(ck, "b", &t));
+    CHECK(t.dtype == FT_I8 && t.shape[0] == 3 && ((int8_t *)t.data)[2] == 3);
+    CHECK_OK(ft_checkpoint_get(ck, "c", &t));
+    uint16_t h[2];
+    memcpy(h, t.data, sizeof h);
+    CHECK(t.dtype == FT_F16 && ft_f16_to_f32_1(h[0]) == 1.5f && ft_f16_to_f32_1(h[1]) == 2.5f);
+    CHECK_OK(ft_checkpoint_get(ck, "d", &t));
+    CHECK(t.ndim == 2 && t.shape[0] == 0 && t.shape[1] == 4);
+    ft_checkpoint_close(ck);
+}
