@@ -10,7 +10,7 @@
 #                     [-s SIZE] [-n ITERS] [-d DEPTH] [-j] [--no-limit]
 #
 # Addresses live only inside the namespaces: 10.201.0.1/24 (server, ns
-# ft-lab-srv) and 10.201.0.2/24 (client, ns ft-lab-cli). UCX is pinned to
+# ft-lab-srv-PID) and 10.201.0.2/24 (client, ns ft-lab-cli-PID). UCX is pinned to
 # TCP over the veth (UCX_TLS=tcp, UCX_NET_DEVICES=<veth>), because shared
 # memory would bypass the link. ucx_perftest (ucp_am_bw) runs over the same
 # link in the same run for the side-by-side number.
@@ -44,16 +44,19 @@ FT=$(readlink -f "$BUILD/flextier")
 [ -x "$FT" ] || { echo "netlab.sh: $BUILD/flextier not built" >&2; exit 1; }
 command -v ucx_perftest >/dev/null || echo "netlab.sh: ucx_perftest missing (ucx-utils): no side-by-side number" >&2
 
-NS_S=ft-lab-srv
-NS_C=ft-lab-cli
-VS=ftlab-s
-VC=ftlab-c
+# per-run names, so concurrent runs (CI jobs, other users) do not collide
+NS_S=ft-lab-srv-$$
+NS_C=ft-lab-cli-$$
+VS=fts$$
+VC=ftc$$
 IP_S=10.201.0.1
 IP_C=10.201.0.2
 PORT=13337
 PT_PORT=13338
 SRV_PID=""
 PT_PID=""
+FAILED=0
+LOG=$(mktemp /tmp/ft-netlab-serve.XXXXXX)
 
 cleanup() {
     set +e
@@ -61,6 +64,7 @@ cleanup() {
     [ -n "$PT_PID" ] && kill "$PT_PID" 2>/dev/null && wait "$PT_PID" 2>/dev/null
     ip netns del $NS_S 2>/dev/null
     ip netns del $NS_C 2>/dev/null
+    rm -f "$LOG"
 }
 trap cleanup EXIT INT TERM
 cleanup
@@ -102,14 +106,14 @@ set_rate() {   # tbf on both ends: each direction is limited
 
 start_server() {
     UCX_NET_DEVICES=$VS ip netns exec $NS_S "$FT" serve --listen $IP_S:$PORT --capacity 2G \
-        > /tmp/ft-netlab-serve.log 2>&1 &
+        > $LOG 2>&1 &
     SRV_PID=$!
     for _ in $(seq 50); do
-        grep -q "listening on" /tmp/ft-netlab-serve.log 2>/dev/null && return 0
+        grep -q "listening on" $LOG 2>/dev/null && return 0
         sleep 0.1
     done
     echo "netlab.sh: server did not start:" >&2
-    cat /tmp/ft-netlab-serve.log >&2
+    cat $LOG >&2
     exit 1
 }
 
@@ -131,7 +135,7 @@ for rate in $RATES; do
         command -v ucx_perftest >/dev/null || PT_ARGS=(--no-perftest)
         UCX_NET_DEVICES=$VC ip netns exec $NS_C "$FT" bench transfer ucx://$IP_S:$PORT \
             --size "$SIZE" -c "$codec" --depth "$DEPTH" --iters "$ITERS" $JSON "${PT_ARGS[@]}" || \
-            echo "netlab.sh: bench failed for $rate/$codec" >&2
+            { echo "netlab.sh: bench failed for $rate/$codec" >&2; FAILED=1; }
         if [ -n "$PT_PID" ]; then
             kill "$PT_PID" 2>/dev/null || true
             wait "$PT_PID" 2>/dev/null || true
@@ -139,3 +143,4 @@ for rate in $RATES; do
         fi
     done
 done
+exit $FAILED

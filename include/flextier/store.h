@@ -26,7 +26,8 @@
  *   FT_ERR_AUTH        wrong or missing token
  *   FT_ERR_NET         the peer died or the connection broke; the next
  *                      call reconnects
- *   FT_ERR_TIMEOUT     no answer within params.timeout_ms
+ *   FT_ERR_TIMEOUT     no answer within params.timeout_ms (and nothing
+ *                      moving on the connection for as long)
  *   FT_ERR_PROTOCOL    the peer sent something malformed / other version
  *   FT_ERR_IO          file system error (errno in ft_last_error())
  *
@@ -61,7 +62,10 @@ typedef struct ft_store_params {
     unsigned    codec_threads;/* threads of the synchronous codec context
                                  (0 = ft_default_threads()) */
     int         timeout_ms;   /* per operation, default 30000 (also
-                                 FLEXTIER_TIMEOUT_MS) */
+                                 FLEXTIER_TIMEOUT_MS); an operation whose
+                                 transfer is still progressing is not cut
+                                 off, it times out once it is past this and
+                                 the connection was idle this long */
 } ft_store_params;
 
 void ft_store_default_params(ft_store_params *p);

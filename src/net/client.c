@@ -59,6 +59,7 @@ typedef struct ucx_client {
     int              dead;        /* ep failed: close it, fail requests   */
     uint64_t         next_id;
     pend            *pending;
+    double           last_progress; /* ft_now() when the worker last did work */
 } ucx_client;
 
 static ft_status st_from_ucs(ucs_status_t s)
@@ -224,11 +225,16 @@ static ft_status wait_locked(ucx_client *c, pend *p, double deadline)
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&c->cond, &c->lock, &ts);
         } else if (ucp_worker_progress(c->w)) {
+            c->last_progress = ft_now();
             pthread_cond_broadcast(&c->cond);
             continue;
         }
         if (pend_done(p)) break;
-        if (ft_now() > deadline) {
+        /* time out only when the deadline passed AND the connection has been
+         * idle for a whole timeout: a large transfer on a slow link that is
+         * still moving is not cut off (a dead peer is caught by PEER mode) */
+        double now = ft_now();
+        if (now > deadline && now - c->last_progress > c->timeout_ms / 1000.0) {
             if (!p->replied) {
                 /* no answer: drop the connection so UCX releases our
                  * buffers; the next call reconnects */

@@ -50,6 +50,7 @@ ft_status ft_net_read_token(const char *path, char *buf, size_t cap, size_t *len
 #define BUCKETS 4096u
 #define MAX_PROTO_ERRORS 16u
 #define MAX_PENDING_CONN 64u
+#define MAX_OPS_PER_CONN 1024u   /* bounds per-connection server memory */
 
 typedef struct fblk { uint64_t off, len; struct fblk *next; } fblk;
 
@@ -598,10 +599,10 @@ static void handle_list(server *S, conn *c, const ft_msg *m)
 static int token_ok(server *S, const void *tok, size_t n)
 {
     /* constant time in the token contents (the length is not secret) */
+    if (n == 0 || !tok) return 0;
     unsigned char diff = (unsigned char)(n != S->token_len);
     const unsigned char *a = tok, *b = (const unsigned char *)S->token;
     for (size_t i = 0; i < S->token_len; i++) diff |= (unsigned char)(a[i < n ? i : 0] ^ b[i]);
-    if (n == 0) diff |= 1;
     return diff == 0;
 }
 
@@ -636,6 +637,10 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
                    (unsigned long long)c->id);
             c->dead = 1;
         }
+        return UCS_OK;
+    }
+    if (c->refs >= MAX_OPS_PER_CONN) {
+        reply_status(S, c, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
         return UCS_OK;
     }
     if (m.opcode != FT_OP_HELLO && !c->authed) {
