@@ -3,13 +3,13 @@
 # ./python` (scikit-build-core over the repo's CMake build), then pytest on
 # tests/python. Needs PyPI (scikit-build-core, numpy, ml_dtypes, pytest) and
 # the Debian build dependencies (scripts/install-deps.sh).
-#   PYTHON=python3.12 scripts/test-python.sh      # another interpreter
+#   PYTHON=python3.13 VENV=build-py/venv313 scripts/test-python.sh   # another interpreter
 #   scripts/test-python.sh -k codec -x            # extra args go to pytest
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 py="${PYTHON:-python3}"
-venv="$root/build-py/venv"
+venv="${VENV:-$root/build-py/venv}"
 jobs="${JOBS:-2}"
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -13,13 +13,25 @@ other DLPack producers through ``numpy.from_dlpack``); the GIL is released
 while the C library works, so several Python threads encode and decode in
 parallel. Errors raise :class:`Error` subclasses that carry the C status.
 
+Tensor store (write_tensor/read_tensor over ``mem:``, ``file:DIR`` and
+``ucx://HOST:PORT`` memory nodes)::
+
+    with flextier.Store("ucx://10.0.0.1:13337") as st:
+        st.write_tensor("layer0/wq", w, codec="zstd")
+        w2 = st.read_tensor("layer0/wq")               # or out=buffer
+        req = st.read_tensor_async("layer1/wq", out=buf); req.wait()
+
 Element types: float32, float16, bfloat16 (``ml_dtypes.bfloat16`` or
 ``torch.bfloat16``), int8, uint8, int32. See docs/python.md.
 """
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, Optional, Tuple, Union
+import os
+import signal
+import tempfile
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -30,6 +42,7 @@ LIB_VERSION: str = _C.LIB_VERSION
 
 __all__ = [
     "encode", "decode", "frame_info", "codecs", "dtypes", "Status",
+    "Store", "Request", "serve", "parse_size",
     "Error", "InvalidArgumentError", "OutOfMemoryError", "CorruptError",
     "UnsupportedError", "StorageIOError", "NotFoundError", "NoSpaceError",
     "BufferTooSmallError", "AuthError", "NetworkError", "RequestTimeoutError",
@@ -430,3 +443,305 @@ def frame_info(buf: Any, partial: bool = False) -> Dict[str, Any]:
 def default_threads() -> int:
     """Worker threads a call with ``threads=0`` uses."""
     return _C.default_threads()
+
+
+# ------------------------------------------------------------------ store
+
+
+def _wrap_owned(raw: Tuple[Any, int, Tuple[int, ...]]) -> np.ndarray:
+    """numpy array over a buffer the C library allocated (zero copy: the
+    array's .base owns the memory)."""
+    owner, code, shape = raw
+    dt = _np_dtype(code)
+    arr = np.frombuffer(owner, dtype=dt) if memoryview(owner).nbytes else np.empty(0, dt)
+    return arr.reshape(shape)
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    with memoryview(obj) as m:
+        return m.nbytes
+
+
+def _out_code(target: Any, code: int, dtype: Any) -> int:
+    """dtype code to decode into `target` (as in decode())."""
+    if dtype is None:
+        return code
+    want = _dtype_code(dtype)
+    have = code if code >= 0 else _buffer_dtype_code(target)
+    if have is not None and have != want and have != _DT_U8:
+        raise InvalidArgumentError(Status.INVALID_ARG, f"dtype={_DT_NAMES[want]} does not "
+                                   f"match out's element type {_DT_NAMES[have]}")
+    return want
+
+
+def _check_filled(out: Any, target: Any, code: int, shape: Tuple[int, ...]) -> None:
+    n = 1
+    for d in shape:
+        n *= d
+    need = n * _np_dtype(code).itemsize
+    have = _nbytes(target)
+    if need != have:
+        raise InvalidArgumentError(
+            Status.INVALID_ARG, f"out has {have} bytes but the stored tensor "
+            f"({_DT_NAMES[code]}, shape {shape}) has {need}; its first {need} bytes were written")
+
+
+class Request:
+    """Handle of an asynchronous store operation, like a
+    ``concurrent.futures.Future``: :meth:`wait` / :meth:`result` block
+    (GIL released, interruptible) and return the value (``None`` for a
+    write, the array for a read) or raise the operation's :class:`Error`.
+    Buffers passed in stay referenced until the request finishes; do not
+    modify them meanwhile. Dropping an unfinished request waits for it."""
+
+    def __init__(self, creq: Any, finish: Callable[[Any], Any]) -> None:
+        self._req = creq
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._have = False
+        self._value: Any = None
+
+    def done(self) -> bool:
+        """True once the operation finished (successfully or not)."""
+        return self._have or self._req.done()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait up to ``timeout`` seconds (None: forever); return the
+        result or raise the operation's error; RequestTimeoutError if it
+        is still running."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise RequestTimeoutError(Status.TIMEOUT, "request still running")
+        try:
+            if not self._have:
+                raw = self._req.wait(timeout)
+                self._value = self._finish(raw)
+                self._have = True
+                self._finish = None
+            return self._value
+        finally:
+            self._lock.release()
+
+    result = wait
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """The operation's error (None on success), waiting like wait();
+        raises RequestTimeoutError if it is still running."""
+        try:
+            self.wait(timeout)
+        except RequestTimeoutError as e:
+            if self.done():          # the operation itself timed out
+                return e
+            raise
+        except Error as e:
+            return e
+        return None
+
+
+class Store:
+    """A tensor store: ``mem:`` (this process), ``file:DIR`` (one file per
+    tensor) or ``ucx://HOST:PORT`` (a memory node, ``flextier serve`` or
+    :func:`serve`).
+
+    Tensors are stored as FlexTier frames: :meth:`write_tensor` encodes
+    with the given codec (None = raw), :meth:`read_tensor` decodes; dtype
+    and shape travel with the data. All methods are thread-safe and release
+    the GIL; synchronous calls from several threads are serialized on the
+    store's codec context, so use the ``*_async`` calls (``queue_depth``
+    requests execute at once) for parallel transfers.
+
+    Args:
+        uri: ``mem:``, ``file:DIR`` or ``ucx://HOST:PORT``.
+        token: the memory node's shared secret (or ``token_file``, or the
+            ``FLEXTIER_TOKEN_FILE`` environment variable).
+        queue_depth: async requests executing concurrently (1..64).
+        codec_threads: threads of the synchronous calls' codec (0 = CPUs).
+        timeout_ms: per-operation timeout (0 = library default, 30 s).
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, uri: str, token: Optional[str] = None, *,
+                 token_file: Optional[str] = None, queue_depth: int = 4,
+                 codec_threads: int = 0, timeout_ms: int = 0) -> None:
+        self.uri = uri
+        if token is not None and token_file is not None:
+            raise InvalidArgumentError(Status.INVALID_ARG, "pass token or token_file, not both")
+        if token is None:
+            self._s = _C.Store(uri, token_file, queue_depth, codec_threads, timeout_ms)
+            return
+        # The C API reads the secret from a file once, at open: hand it a
+        # private temporary file (mode 0600) and remove it right after.
+        fd, path = tempfile.mkstemp(prefix="flextier-token-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(token.encode() if isinstance(token, str) else bytes(token))
+            self._s = _C.Store(uri, path, queue_depth, codec_threads, timeout_ms)
+        finally:
+            os.unlink(path)
+
+    # -- context manager
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for outstanding async requests, then close (idempotent).
+        Raises BusyError if another thread is inside a call on this store."""
+        self._s.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._s.closed
+
+    def __repr__(self) -> str:
+        return f"<flextier.Store {self.uri!r}{' closed' if self.closed else ''}>"
+
+    # -- tensors
+
+    def write_tensor(self, key: str, array: Any, codec: Optional[str] = None, level: int = 0,
+                     group_size: int = 64, group_dim: int = -1,
+                     chunk_size: Optional[int] = None) -> None:
+        """Encode ``array`` (as :func:`encode`; codec None = raw) and store
+        it under ``key``, replacing any previous tensor atomically. Keys:
+        1..255 printable ASCII characters without space, ``/`` allowed."""
+        buf, code = _export(array, False, "array")
+        self._s.write(key, buf, code, codec, level, group_size, group_dim,
+                      0 if chunk_size is None else chunk_size)
+
+    def read_tensor(self, key: str, out: Any = None, dtype: Any = None) -> Any:
+        """Read ``key``: into a new NumPy array (over the library's buffer,
+        no copy), or decoded straight into ``out`` (a writable C-contiguous
+        array/tensor/buffer of exactly the tensor's size), which is
+        returned. ``dtype`` converts float tensors (float32/float16/
+        bfloat16). Raises NotFoundError (a KeyError) for a missing key."""
+        if out is None:
+            code = -1 if dtype is None else _dtype_code(dtype)
+            return _wrap_owned(self._s.read(key, code))
+        target, code = _export(out, True, "out")
+        code = _out_code(target, code, dtype)
+        got, shape = self._s.read_into(key, target, code)
+        _check_filled(out, target, got, shape)
+        return out
+
+    def write_tensor_async(self, key: str, array: Any, codec: Optional[str] = None,
+                           level: int = 0, group_size: int = 64, group_dim: int = -1,
+                           chunk_size: Optional[int] = None) -> Request:
+        """Start :meth:`write_tensor`; returns a :class:`Request` whose
+        result is None. ``array`` must not change until it completes."""
+        buf, code = _export(array, False, "array")
+        creq = self._s.write_async(key, buf, code, codec, level, group_size, group_dim,
+                                   0 if chunk_size is None else chunk_size)
+        return Request(creq, lambda raw: None)
+
+    def read_tensor_async(self, key: str, out: Any = None, dtype: Any = None) -> Request:
+        """Start :meth:`read_tensor`; returns a :class:`Request` whose result
+        is the array (``out`` if given). Without ``out`` the tensor comes
+        back in its stored dtype (``dtype=`` needs ``out=``)."""
+        if out is None:
+            if dtype is not None:
+                raise InvalidArgumentError(Status.INVALID_ARG,
+                                           "read_tensor_async: dtype= needs out=")
+            return Request(self._s.read_async(key), _wrap_owned)
+        target, code = _export(out, True, "out")
+        code = _out_code(target, code, dtype)
+        creq = self._s.read_async(key, target, code)
+
+        def finish(_raw: Any) -> Any:
+            got, shape = creq.out_info()
+            _check_filled(out, target, got, shape)
+            return out
+        return Request(creq, finish)
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` (NotFoundError if absent)."""
+        self._s.delete(key)
+
+    def list(self) -> List[str]:
+        """All keys, sorted."""
+        return sorted(self._s.list())
+
+    def stat(self, key: str) -> Dict[str, Any]:
+        """dtype, shape, codec, entropy, level, raw_bytes, stored_bytes."""
+        d = self._s.stat(key)
+        d["dtype"] = _DT_NAMES.get(d["dtype_code"], str(d["dtype_code"]))
+        return d
+
+    def stats(self) -> Dict[str, int]:
+        """Store counters (memory node: capacity, used, tensors,
+        connections, bytes_in/out, spill usage, puts, gets)."""
+        return self._s.stats()
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            self._s.stat(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def put_frame(self, key: str, frame: Any) -> None:
+        """Store an already encoded frame (validated first)."""
+        self._s.put_frame(key, frame)
+
+    def get_frame(self, key: str) -> memoryview:
+        """The stored frame, as a memoryview over a buffer the library
+        allocated (decode it with :func:`decode`)."""
+        return self._s.get_frame(key)
+
+
+# ------------------------------------------------------------ memory node
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(s: Any) -> int:
+    """'256M', '4G', '1048576', 1024 -> bytes (binary units; optional 'iB'/'B')."""
+    if isinstance(s, int):
+        return s
+    t = str(s).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and not t[-1:].isdigit() else ""
+    num = t[: len(t) - len(unit)] if unit else t
+    try:
+        return int(float(num) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise InvalidArgumentError(Status.INVALID_ARG, f"bad size {s!r}") from None
+
+
+def serve(listen: str = "127.0.0.1:13337", capacity: Any = "1G", *,
+          spill_dir: Optional[str] = None, spill_capacity: Any = 0,
+          token_file: Optional[str] = None, max_connections: int = 0,
+          on_ready: Optional[Callable[[str], None]] = None) -> None:
+    """Run a memory node (the same server as ``flextier serve``) in this
+    process until KeyboardInterrupt or SIGTERM. ``listen`` port 0 picks a
+    free port; ``on_ready(bound_address)`` is called once listening.
+    ``python -m flextier serve --capacity 4G`` runs it from a shell."""
+    err: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            _C.node_run(listen, parse_size(capacity), spill_dir, parse_size(spill_capacity),
+                        token_file, max_connections, on_ready)
+        except BaseException as e:  # reported in the calling thread
+            err.append(e)
+
+    th = threading.Thread(target=run, name="flextier-node", daemon=True)
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, lambda *_: _C.node_stop())
+    th.start()
+    try:
+        while th.is_alive():
+            th.join(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _C.node_stop()
+        th.join()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    if err:
+        raise err[0]

@@ -22,11 +22,13 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "flextier/codec.h"
 #include "flextier/core.h"
+#include "flextier/store.h"
 
 /* Callable(status:int, detail:str) -> exception instance, registered by
  * flextier/__init__.py so that the class hierarchy is defined in Python. */
@@ -230,6 +232,47 @@ static int ulong_arg(Py_ssize_t v, Py_ssize_t lo, Py_ssize_t hi, const char *nam
 
 /* ------------------------------------------------------------- encode */
 
+/* Codec params from the Python arguments (raises and returns -1 on error). */
+static int make_params(const char *codec, int level, Py_ssize_t group_size, int group_dim,
+                       Py_ssize_t chunk_size, ft_codec_params *p)
+{
+    if (ulong_arg(group_size, 0, 65536, "group_size") ||
+        ulong_arg(chunk_size, 0, UINT32_MAX, "chunk_size"))
+        return -1;
+    ft_codec_default_params(p);
+    ft_clear_error();
+    ft_status st = ft_codec_parse(codec, &p->codec, &p->entropy);
+    if (st) {
+        raise_last(st);
+        return -1;
+    }
+    p->level = level;
+    p->group_size = (uint32_t)group_size;
+    p->group_dim = group_dim;
+    if (chunk_size) p->chunk_size = (uint32_t)chunk_size;
+    return 0;
+}
+
+/* Describe buffer v (dtype from its format or `want_dt`) as a tensor. */
+static int buffer_tensor(const Py_buffer *v, int want_dt, ft_tensor *t)
+{
+    ft_dtype dt;
+    int64_t shape[FT_MAX_DIMS];
+    if (buffer_dtype(v, want_dt, 0, &dt)) return -1;
+    if (v->ndim > FT_MAX_DIMS) {
+        raise_fmt(FT_ERR_INVALID_ARG, "%d dimensions; FlexTier tensors have at most %d",
+                  v->ndim, FT_MAX_DIMS);
+        return -1;
+    }
+    for (int i = 0; i < v->ndim; i++) shape[i] = (int64_t)v->shape[i];
+    ft_status st = ft_tensor_init(t, dt, (uint32_t)v->ndim, shape, v->buf);
+    if (st) {
+        raise_last(st);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_encode(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
@@ -243,37 +286,17 @@ static PyObject *py_encode(PyObject *self, PyObject *args, PyObject *kw)
                                      &codec, &level, &group_size, &group_dim, &chunk_size,
                                      &threads))
         return NULL;
-    if (ulong_arg(group_size, 0, 65536, "group_size") ||
-        ulong_arg(chunk_size, 0, UINT32_MAX, "chunk_size") ||
-        ulong_arg(threads, 0, MAX_THREADS, "threads"))
-        return NULL;
+    if (ulong_arg(threads, 0, MAX_THREADS, "threads")) return NULL;
 
     ft_codec_params p;
-    ft_codec_default_params(&p);
-    ft_clear_error();
-    ft_status st = ft_codec_parse(codec, &p.codec, &p.entropy);
-    if (st) return raise_last(st);
-    p.level = level;
-    p.group_size = (uint32_t)group_size;
-    p.group_dim = group_dim;
-    if (chunk_size) p.chunk_size = (uint32_t)chunk_size;
+    ft_status st;
+    if (make_params(codec, level, group_size, group_dim, chunk_size, &p)) return NULL;
 
     Py_buffer v;
     if (get_buffer(obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, "data")) return NULL;
     PyObject *out = NULL;
     ft_tensor t;
-    int64_t shape[FT_MAX_DIMS];
-    if (buffer_dtype(&v, want_dt, 0, &t.dtype)) goto done;
-    if (v.ndim > FT_MAX_DIMS) {
-        raise_fmt(FT_ERR_INVALID_ARG, "%d dimensions; FlexTier tensors have at most %d",
-                  v.ndim, FT_MAX_DIMS);
-        goto done;
-    }
-    for (int i = 0; i < v.ndim; i++) shape[i] = (int64_t)v.shape[i];
-    if ((st = ft_tensor_init(&t, t.dtype, (uint32_t)v.ndim, shape, v.buf))) {
-        raise_last(st);
-        goto done;
-    }
+    if (buffer_tensor(&v, want_dt, &t)) goto done;
 
     size_t bound = ft_encode_bound(&p, t.dtype, t.ndim, t.shape);
     size_t n = 0;
@@ -454,6 +477,764 @@ done:
     return d;
 }
 
+/* -------------------------------------------------------------- store */
+
+/*
+ * _Store wraps an ft_store (thread-safe in C). Python-side rules on top:
+ *  - every call marks the store busy while it runs without the GIL, and
+ *    close() refuses (BusyError) while another thread is inside a call,
+ *    since ft_store_close must not race with other calls;
+ *  - async requests hold a reference to their _Store and are kept on a
+ *    list; close() first waits for and frees every request (an
+ *    ft_request must be freed before its store), keeping their outcomes.
+ */
+
+typedef struct RequestObject RequestObject;
+
+typedef struct {
+    PyObject_HEAD
+    ft_store *s;
+    Py_ssize_t busy;          /* threads inside a call (GIL released) */
+    int closing;              /* close() in progress: no new calls */
+    RequestObject *reqs;      /* live requests (doubly linked) */
+} StoreObject;
+
+/* A block from ft_malloc_aligned exporting a writable buffer: the zero-copy
+ * owner behind arrays returned by read_tensor (numpy keeps it as .base). */
+typedef struct {
+    PyObject_HEAD
+    void *p;
+    Py_ssize_t n;
+    Py_ssize_t exports;
+} OwnedBufferObject;
+
+static PyTypeObject OwnedBufferType;
+
+static PyObject *owned_new(void *p, size_t n)
+{
+    OwnedBufferObject *o = PyObject_New(OwnedBufferObject, &OwnedBufferType);
+    if (!o) {
+        ft_free_aligned(p);
+        return NULL;
+    }
+    o->p = p;
+    o->n = (Py_ssize_t)n;
+    o->exports = 0;
+    return (PyObject *)o;
+}
+
+static void owned_dealloc(OwnedBufferObject *o)
+{
+    ft_free_aligned(o->p);
+    PyObject_Free(o);
+}
+
+static int owned_getbuffer(OwnedBufferObject *o, Py_buffer *v, int flags)
+{
+    if (PyBuffer_FillInfo(v, (PyObject *)o, o->p, o->n, 0, flags) < 0) return -1;
+    o->exports++;
+    return 0;
+}
+
+static void owned_releasebuffer(OwnedBufferObject *o, Py_buffer *v)
+{
+    (void)v;
+    o->exports--;
+}
+
+static PyBufferProcs owned_as_buffer = {(getbufferproc)owned_getbuffer,
+                                        (releasebufferproc)owned_releasebuffer};
+
+static PyTypeObject OwnedBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flextier._flextier.OwnedBuffer",
+    .tp_basicsize = sizeof(OwnedBufferObject),
+    .tp_dealloc = (destructor)owned_dealloc,
+    .tp_as_buffer = &owned_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Memory allocated by the C library, exported as a writable buffer.",
+};
+
+/* (owner, dtype_code, shape) for a tensor the library allocated. Takes
+ * ownership of t->data. */
+static PyObject *owned_result(ft_tensor *t)
+{
+    uint64_t nbytes = 0;
+    ft_status st = ft_tensor_nbytes(t, &nbytes);
+    if (st) {
+        ft_free_aligned(t->data);
+        return raise_last(st);
+    }
+    PyObject *owner = owned_new(t->data, (size_t)nbytes);
+    t->data = NULL;
+    if (!owner) return NULL;
+    PyObject *shape = shape_tuple(t->ndim, t->shape);
+    if (!shape) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    return Py_BuildValue("(NiN)", owner, (int)t->dtype, shape);
+}
+
+struct RequestObject {
+    PyObject_HEAD
+    StoreObject *store;       /* strong ref */
+    RequestObject *prev, *next;
+    ft_request *req;          /* NULL once reaped */
+    Py_ssize_t waiters;       /* threads inside ft_request_wait */
+    int is_read, alloc;
+    int has_view;
+    Py_buffer view;           /* write: the source; read: the destination */
+    ft_tensor t;              /* write: source descriptor; read: dst */
+    size_t cap;
+    ft_status status;         /* final status once reaped */
+    char detail[256];
+    int taken;                /* alloc read: the buffer was handed out */
+};
+
+static PyTypeObject RequestType;
+
+static void req_link(StoreObject *so, RequestObject *r)
+{
+    r->prev = NULL;
+    r->next = so->reqs;
+    if (so->reqs) so->reqs->prev = r;
+    so->reqs = r;
+}
+
+static void req_unlink(RequestObject *r)
+{
+    StoreObject *so = r->store;
+    if (r->prev) r->prev->next = r->next;
+    else if (so && so->reqs == r) so->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* Request lifecycle. All of it runs with the GIL held except the blocking
+ * ft_request_wait calls, which count themselves in r->waiters. A finished
+ * request is finalized (outcome copied, ft_request freed, Python buffer
+ * released) by whoever sees it done while no other thread is inside
+ * ft_request_wait on it; freeing a finished request does not block, so
+ * finalizing is atomic under the GIL. */
+
+/* Wait up to slice_ms (< 0: forever) with the GIL released. */
+static ft_status req_wait_slice(RequestObject *r, int slice_ms)
+{
+    ft_request *q = r->req;
+    ft_status st;
+    r->waiters++;
+    Py_BEGIN_ALLOW_THREADS
+    st = ft_request_wait(q, slice_ms);
+    Py_END_ALLOW_THREADS
+    r->waiters--;
+    return st;
+}
+
+/* If the request finished and nobody else waits on it: keep its outcome,
+ * free it, release the buffer, unlink it. Returns 1 once finalized. */
+static int req_finalize(RequestObject *r)
+{
+    if (!r->req) return 1;
+    if (r->waiters) return 0;
+    ft_status st = ft_request_test(r->req);
+    if (st == FT_INPROGRESS) return 0;
+    r->status = st;
+    snprintf(r->detail, sizeof r->detail, "%s", st < 0 ? ft_last_error() : "");
+    ft_request_free(r->req);              /* finished: does not block */
+    r->req = NULL;
+    if (r->has_view) {
+        PyBuffer_Release(&r->view);
+        r->has_view = 0;
+    }
+    if (st != FT_OK && r->alloc && r->t.data) {
+        ft_free_aligned(r->t.data);
+        r->t.data = NULL;
+    }
+    req_unlink(r);
+    return 1;
+}
+
+/* Wait for the request and finalize it (close, dealloc). */
+static void req_reap(RequestObject *r)
+{
+    while (!req_finalize(r)) req_wait_slice(r, 100);
+}
+
+static void req_dealloc(RequestObject *r)
+{
+    req_reap(r);
+    if (r->has_view) PyBuffer_Release(&r->view);
+    if (r->alloc && !r->taken) ft_free_aligned(r->t.data);
+    Py_XDECREF(r->store);
+    PyObject_Free(r);
+}
+
+/* done() -> bool: finished (successfully or not)? Never raises for the
+ * request's own outcome. */
+static PyObject *req_done(RequestObject *r, PyObject *unused)
+{
+    (void)unused;
+    if (!r->req) Py_RETURN_TRUE;
+    ft_status st = ft_request_test(r->req);
+    return PyBool_FromLong(st != FT_INPROGRESS);
+}
+
+/* wait(timeout=None): block (GIL released, interruptible) until the
+ * request finished; raise its error, or RequestTimeoutError if still
+ * running after `timeout` seconds. For an allocating read, returns
+ * (owner, dtype, shape) the first time, else None. */
+static PyObject *req_wait(RequestObject *r, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    PyObject *tobj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:wait", kwlist, &tobj)) return NULL;
+    double timeout = -1;
+    if (tobj != Py_None) {
+        timeout = PyFloat_AsDouble(tobj);
+        if (timeout == -1 && PyErr_Occurred()) return NULL;
+        if (timeout < 0) timeout = 0;
+    }
+    double deadline = timeout >= 0 ? ft_now() + timeout : 0;
+    ft_status st = FT_INPROGRESS;
+    while (r->req) {
+        st = ft_request_test(r->req);
+        if (st != FT_INPROGRESS) {
+            if (!req_finalize(r)) {
+                /* Another thread is inside ft_request_wait on it and will
+                 * finalize; report the outcome from here. */
+                r->status = st;
+                snprintf(r->detail, sizeof r->detail, "%s", st < 0 ? ft_last_error() : "");
+            }
+            break;
+        }
+        int slice = 100;
+        if (timeout >= 0) {
+            double left = deadline - ft_now();
+            if (left <= 0)
+                return raise_fmt(FT_ERR_TIMEOUT, "request still running after %.3f s", timeout);
+            if (left < 0.1) slice = (int)(left * 1000) + 1;
+        }
+        req_wait_slice(r, slice);
+        if (PyErr_CheckSignals() < 0) return NULL;
+    }
+    if (r->status != FT_OK) return raise_ft(r->status, r->detail);
+    if (r->alloc && !r->taken) {
+        r->taken = 1;
+        ft_tensor t = r->t;
+        r->t.data = NULL;
+        return owned_result(&t);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Result shape/dtype of a finished read into out: (dtype, shape). */
+static PyObject *req_out_info(RequestObject *r, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(iN)", (int)r->t.dtype, shape_tuple(r->t.ndim, r->t.shape));
+}
+
+static PyMethodDef req_methods[] = {
+    {"done", (PyCFunction)req_done, METH_NOARGS, "done() -> bool"},
+    {"wait", (PyCFunction)(void (*)(void))req_wait, METH_VARARGS | METH_KEYWORDS,
+     "wait(timeout=None): wait for completion; raise the request's error"},
+    {"out_info", (PyCFunction)req_out_info, METH_NOARGS,
+     "out_info() -> (dtype, shape) of a finished read into out"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flextier._flextier.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_dealloc = (destructor)req_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = req_methods,
+    .tp_doc = "An asynchronous store request (see flextier.Request).",
+};
+
+static int store_check(StoreObject *so)
+{
+    if (so->s && !so->closing) return 0;
+    raise_fmt(FT_ERR_INVALID_ARG, so->s ? "the store is closing" : "the store is closed");
+    return -1;
+}
+
+static int store_init(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"uri", "token_file", "queue_depth", "codec_threads",
+                             "timeout_ms", NULL};
+    const char *uri, *token_file = NULL;
+    Py_ssize_t depth = 4, cthreads = 0, timeout_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|znnn:Store", kwlist, &uri, &token_file, &depth,
+                                     &cthreads, &timeout_ms))
+        return -1;
+    if (so->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Store already open");
+        return -1;
+    }
+    if (ulong_arg(depth, 1, 64, "queue_depth") || ulong_arg(cthreads, 0, MAX_THREADS, "codec_threads") ||
+        ulong_arg(timeout_ms, 0, INT32_MAX, "timeout_ms"))
+        return -1;
+    ft_store_params p;
+    ft_store_default_params(&p);
+    p.token_file = token_file;
+    p.queue_depth = (unsigned)depth;
+    p.codec_threads = (unsigned)cthreads;
+    if (timeout_ms) p.timeout_ms = (int)timeout_ms;
+    ft_status st;
+    ft_store *s = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_store_open(uri, &p, &s);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        raise_last(st);
+        return -1;
+    }
+    so->s = s;
+    return 0;
+}
+
+/* close(): refuse new calls, wait for requests and for calls other
+ * threads are making, then close the C store (which must not race with
+ * any other call on it). Idempotent. */
+static PyObject *store_close(StoreObject *so, PyObject *unused)
+{
+    (void)unused;
+    if (!so->s || so->closing) Py_RETURN_NONE;
+    so->closing = 1;
+    Py_INCREF(so);
+    while (so->reqs || so->busy) {
+        if (so->reqs) {
+            RequestObject *r = so->reqs;
+            Py_INCREF(r);
+            req_reap(r);                  /* unlinks it */
+            Py_DECREF(r);
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    ft_store *s = so->s;
+    so->s = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ft_store_close(s);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(so);
+    Py_RETURN_NONE;
+}
+
+static void store_dealloc(StoreObject *so)
+{
+    /* No live request can exist here: each holds a reference. */
+    if (so->s) {
+        ft_store *s = so->s;
+        so->s = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        ft_store_close(s);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(so)->tp_free((PyObject *)so);
+}
+
+#define STORE_CALL(so, stmt)        \
+    do {                            \
+        (so)->busy++;               \
+        Py_BEGIN_ALLOW_THREADS      \
+        ft_clear_error();           \
+        stmt;                       \
+        Py_END_ALLOW_THREADS        \
+        (so)->busy--;               \
+    } while (0)
+
+/* Shared argument parsing of write / write_async. */
+typedef struct {
+    const char *key;
+    PyObject *data;
+    int dtype, level, group_dim;
+    const char *codec;
+    Py_ssize_t group_size, chunk_size;
+} write_args;
+
+static int parse_write(PyObject *args, PyObject *kw, const char *fmt, write_args *a,
+                       ft_codec_params *p, int *use_p)
+{
+    static char *kwlist[] = {"key", "data", "dtype", "codec", "level", "group_size",
+                             "group_dim", "chunk_size", NULL};
+    a->dtype = -1;
+    a->codec = NULL;
+    a->level = 0;
+    a->group_dim = -1;
+    a->group_size = FT_DEFAULT_GROUP_SIZE;
+    a->chunk_size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a->key, &a->data, &a->dtype,
+                                     &a->codec, &a->level, &a->group_size, &a->group_dim,
+                                     &a->chunk_size))
+        return -1;
+    *use_p = a->codec != NULL;
+    if (*use_p && make_params(a->codec, a->level, a->group_size, a->group_dim, a->chunk_size, p))
+        return -1;
+    return 0;
+}
+
+static PyObject *store_write(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    write_args a;
+    ft_codec_params p;
+    int use_p;
+    if (parse_write(args, kw, "sO|izinin:write", &a, &p, &use_p)) return NULL;
+    if (store_check(so)) return NULL;
+    Py_buffer v;
+    if (get_buffer(a.data, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, "data")) return NULL;
+    ft_tensor t;
+    PyObject *ret = NULL;
+    if (buffer_tensor(&v, a.dtype, &t) == 0) {
+        ft_status st;
+        STORE_CALL(so, st = ft_write_tensor(so->s, a.key, &t, use_p ? &p : NULL));
+        ret = st ? raise_last(st) : new_none();
+    }
+    PyBuffer_Release(&v);
+    return ret;
+}
+
+static PyObject *store_read(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "dtype", NULL};
+    const char *key;
+    int dtype = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|i:read", kwlist, &key, &dtype)) return NULL;
+    if (store_check(so)) return NULL;
+    ft_tensor t;
+    memset(&t, 0, sizeof t);
+    ft_status st;
+    STORE_CALL(so, st = ft_read_tensor(so->s, key, dtype, &t));
+    if (st) return raise_last(st);
+    return owned_result(&t);
+}
+
+/* read_into(key, out, dtype=-1) -> shape: decode into out (at least the
+ * tensor's size; the Python layer checks the exact size). */
+static PyObject *store_read_into(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "out", "dtype", NULL};
+    const char *key;
+    PyObject *oobj;
+    int dtype = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|i:read_into", kwlist, &key, &oobj, &dtype))
+        return NULL;
+    if (store_check(so)) return NULL;
+    Py_buffer o;
+    if (get_buffer(oobj, &o, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE, "out"))
+        return NULL;
+    PyObject *ret = NULL;
+    ft_tensor t;
+    memset(&t, 0, sizeof t);
+    if (buffer_dtype(&o, dtype, 1, &t.dtype) == 0) {
+        t.data = o.buf;
+        ft_status st;
+        if (o.len == 0) {           /* the C API wants a non-NULL buffer */
+            static char dummy[64];
+            t.data = dummy;
+        }
+        STORE_CALL(so, st = ft_read_tensor_into(so->s, key, &t, (size_t)o.len));
+        if (st) raise_last(st);
+        else ret = Py_BuildValue("(iN)", (int)t.dtype, shape_tuple(t.ndim, t.shape));
+    }
+    PyBuffer_Release(&o);
+    return ret;
+}
+
+static RequestObject *req_new(StoreObject *so)
+{
+    RequestObject *r = PyObject_New(RequestObject, &RequestType);
+    if (!r) return NULL;
+    Py_INCREF(so);
+    r->store = so;
+    r->prev = r->next = NULL;
+    r->req = NULL;
+    r->waiters = 0;
+    r->is_read = r->alloc = r->has_view = r->taken = 0;
+    memset(&r->t, 0, sizeof r->t);
+    r->cap = 0;
+    r->status = FT_OK;
+    r->detail[0] = '\0';
+    return r;
+}
+
+static PyObject *req_submitted(RequestObject *r, ft_status st, ft_request *q)
+{
+    if (st) {
+        r->status = st;
+        raise_last(st);
+        Py_DECREF(r);            /* releases the view, frees nothing else */
+        return NULL;
+    }
+    r->req = q;
+    req_link(r->store, r);
+    return (PyObject *)r;
+}
+
+static PyObject *store_write_async(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    write_args a;
+    ft_codec_params p;
+    int use_p;
+    if (parse_write(args, kw, "sO|izinin:write_async", &a, &p, &use_p)) return NULL;
+    if (store_check(so)) return NULL;
+    RequestObject *r = req_new(so);
+    if (!r) return NULL;
+    if (get_buffer(a.data, &r->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, "data")) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->has_view = 1;
+    if (buffer_tensor(&r->view, a.dtype, &r->t)) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    ft_status st;
+    ft_request *q = NULL;
+    STORE_CALL(so, st = ft_write_tensor_async(so->s, a.key, &r->t, use_p ? &p : NULL, &q));
+    return req_submitted(r, st, q);
+}
+
+static PyObject *store_read_async(StoreObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "out", "dtype", NULL};
+    const char *key;
+    PyObject *oobj = Py_None;
+    int dtype = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|Oi:read_async", kwlist, &key, &oobj, &dtype))
+        return NULL;
+    if (store_check(so)) return NULL;
+    RequestObject *r = req_new(so);
+    if (!r) return NULL;
+    r->is_read = 1;
+    if (oobj == Py_None) {
+        r->alloc = 1;               /* the request allocates, stored dtype */
+    } else {
+        if (get_buffer(oobj, &r->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE,
+                       "out")) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        r->has_view = 1;
+        if (buffer_dtype(&r->view, dtype, 1, &r->t.dtype)) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        r->t.data = r->view.buf;
+        r->cap = (size_t)r->view.len;
+        if (r->cap == 0) {
+            static char dummy[64];
+            r->t.data = dummy;
+        }
+    }
+    ft_status st;
+    ft_request *q = NULL;
+    STORE_CALL(so, st = ft_read_tensor_async(so->s, key, &r->t, r->cap, &q));
+    return req_submitted(r, st, q);
+}
+
+static PyObject *store_delete(StoreObject *so, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:delete", &key) || store_check(so)) return NULL;
+    ft_status st;
+    STORE_CALL(so, st = ft_delete_tensor(so->s, key));
+    return st ? raise_last(st) : new_none();
+}
+
+static PyObject *store_stat(StoreObject *so, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:stat", &key) || store_check(so)) return NULL;
+    ft_tensor_stat ts;
+    ft_status st;
+    STORE_CALL(so, st = ft_stat_tensor(so->s, key, &ts));
+    if (st) return raise_last(st);
+    return Py_BuildValue("{s:i,s:N,s:s,s:s,s:i,s:K,s:K}",
+                         "dtype_code", (int)ts.dtype,
+                         "shape", shape_tuple(ts.ndim, ts.shape),
+                         "codec", ft_codec_name(ts.codec),
+                         "entropy", ts.codec == FT_CODEC_BYTEPLANE ? ft_codec_name(ts.entropy) : "",
+                         "level", ts.level,
+                         "raw_bytes", (unsigned long long)ts.raw_bytes,
+                         "stored_bytes", (unsigned long long)ts.stored_bytes);
+}
+
+static PyObject *store_list(StoreObject *so, PyObject *unused)
+{
+    (void)unused;
+    if (store_check(so)) return NULL;
+    char **keys = NULL;
+    size_t n = 0;
+    ft_status st;
+    STORE_CALL(so, st = ft_list_tensors(so->s, &keys, &n));
+    if (st) return raise_last(st);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *k = PyUnicode_DecodeASCII(keys[i], (Py_ssize_t)strlen(keys[i]), "replace");
+        if (!k) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, k);
+    }
+    ft_list_free(keys, n);
+    return l;
+}
+
+static PyObject *store_stats(StoreObject *so, PyObject *unused)
+{
+    (void)unused;
+    if (store_check(so)) return NULL;
+    ft_store_stats x;
+    ft_status st;
+    STORE_CALL(so, st = ft_store_stats_get(so->s, &x));
+    if (st) return raise_last(st);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+                         "capacity", (unsigned long long)x.capacity,
+                         "used", (unsigned long long)x.used,
+                         "tensors", (unsigned long long)x.tensors,
+                         "connections", (unsigned long long)x.connections,
+                         "total_connections", (unsigned long long)x.total_connections,
+                         "bytes_in", (unsigned long long)x.bytes_in,
+                         "bytes_out", (unsigned long long)x.bytes_out,
+                         "spill_capacity", (unsigned long long)x.spill_capacity,
+                         "spill_used", (unsigned long long)x.spill_used,
+                         "spilled_tensors", (unsigned long long)x.spilled_tensors,
+                         "puts", (unsigned long long)x.puts,
+                         "gets", (unsigned long long)x.gets);
+}
+
+static PyObject *store_put_frame(StoreObject *so, PyObject *args)
+{
+    const char *key;
+    Py_buffer f;
+    if (!PyArg_ParseTuple(args, "sy*:put_frame", &key, &f)) return NULL;
+    ft_status st = FT_OK;
+    if (!store_check(so)) STORE_CALL(so, st = ft_store_put_frame(so->s, key, f.buf, (size_t)f.len));
+    PyBuffer_Release(&f);
+    if (PyErr_Occurred()) return NULL;
+    return st ? raise_last(st) : new_none();
+}
+
+static PyObject *store_get_frame(StoreObject *so, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get_frame", &key) || store_check(so)) return NULL;
+    void *p = NULL;
+    size_t n = 0;
+    ft_status st;
+    STORE_CALL(so, st = ft_store_get_frame(so->s, key, &p, &n));
+    if (st) return raise_last(st);
+    PyObject *owner = owned_new(p, n);
+    if (!owner) return NULL;
+    PyObject *mv = PyMemoryView_FromObject(owner);
+    Py_DECREF(owner);
+    return mv;
+}
+
+static PyObject *store_closed(StoreObject *so, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(so->s == NULL);
+}
+
+static PyMethodDef store_methods[] = {
+    {"write", (PyCFunction)(void (*)(void))store_write, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"read", (PyCFunction)(void (*)(void))store_read, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"read_into", (PyCFunction)(void (*)(void))store_read_into, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"write_async", (PyCFunction)(void (*)(void))store_write_async, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"read_async", (PyCFunction)(void (*)(void))store_read_async, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"delete", (PyCFunction)store_delete, METH_VARARGS, NULL},
+    {"stat", (PyCFunction)store_stat, METH_VARARGS, NULL},
+    {"list", (PyCFunction)store_list, METH_NOARGS, NULL},
+    {"stats", (PyCFunction)store_stats, METH_NOARGS, NULL},
+    {"put_frame", (PyCFunction)store_put_frame, METH_VARARGS, NULL},
+    {"get_frame", (PyCFunction)store_get_frame, METH_VARARGS, NULL},
+    {"close", (PyCFunction)store_close, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef store_getset[] = {
+    {"closed", (getter)store_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flextier._flextier.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_dealloc = (destructor)store_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_methods = store_methods,
+    .tp_getset = store_getset,
+    .tp_init = (initproc)store_init,
+    .tp_new = PyType_GenericNew,
+    .tp_doc = "Low-level tensor store (see flextier.Store).",
+};
+
+/* ------------------------------------------------------- memory node */
+
+static volatile int g_node_stop;
+
+static void node_ready(void *arg, const char *bound)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallFunction((PyObject *)arg, "s", bound);
+    if (!r) PyErr_WriteUnraisable((PyObject *)arg);
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+}
+
+/* node_run(listen, capacity, spill_dir=None, spill_capacity=0,
+ * token_file=None, max_connections=0, on_ready=None): run the memory node
+ * on this thread (GIL released) until node_stop(). One per process. */
+static PyObject *py_node_run(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"listen", "capacity", "spill_dir", "spill_capacity", "token_file",
+                             "max_connections", "on_ready", NULL};
+    const char *listen, *spill = NULL, *token = NULL;
+    unsigned long long cap, spill_cap = 0;
+    unsigned int maxc = 0;
+    PyObject *ready = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|zKzIO:node_run", kwlist, &listen, &cap,
+                                     &spill, &spill_cap, &token, &maxc, &ready))
+        return NULL;
+    ft_node_params p;
+    ft_node_default_params(&p);
+    p.listen = listen;
+    p.capacity = cap;
+    p.spill_dir = spill;
+    p.spill_capacity = spill_cap;
+    p.token_file = token;
+    if (maxc) p.max_connections = maxc;
+    g_node_stop = 0;
+    p.stop = &g_node_stop;
+    if (ready != Py_None) {
+        p.on_ready = node_ready;
+        p.arg = ready;
+    }
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_node_run(&p);
+    Py_END_ALLOW_THREADS
+    return st ? raise_last(st) : new_none();
+}
+
+static PyObject *py_node_stop(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    g_node_stop = 1;
+    Py_RETURN_NONE;
+}
+
 /* --------------------------------------------------------------- misc */
 
 static PyObject *py_status_str(PyObject *self, PyObject *arg)
@@ -495,6 +1276,10 @@ static PyMethodDef methods[] = {
      "default_threads() -> int: FLEXTIER_THREADS or the number of online CPUs."},
     {"ctx_threads", py_ctx_threads, METH_NOARGS,
      "ctx_threads() -> int: workers of this thread's cached codec context (0 = none)."},
+    {"node_run", (PyCFunction)(void (*)(void))py_node_run, METH_VARARGS | METH_KEYWORDS,
+     "node_run(listen, capacity, spill_dir=None, spill_capacity=0, token_file=None, "
+     "max_connections=0, on_ready=None): run a memory node until node_stop()."},
+    {"node_stop", py_node_stop, METH_NOARGS, "node_stop(): ask node_run to return."},
     {"_set_error_factory", py_set_error_factory, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -514,8 +1299,21 @@ PyMODINIT_FUNC PyInit__flextier(void)
         pthread_atfork(NULL, NULL, after_fork_child);
         once = 1;
     }
+    if (PyType_Ready(&OwnedBufferType) < 0 || PyType_Ready(&RequestType) < 0 ||
+        PyType_Ready(&StoreType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
+    Py_INCREF(&StoreType);
+    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
+        Py_DECREF(&StoreType);
+        goto fail;
+    }
+    Py_INCREF(&RequestType);
+    if (PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0) {
+        Py_DECREF(&RequestType);
+        goto fail;
+    }
     static const struct { const char *name; long v; } consts[] = {
         {"DT_F32", FT_F32}, {"DT_F16", FT_F16}, {"DT_BF16", FT_BF16}, {"DT_I8", FT_I8},
         {"DT_U8", FT_U8}, {"DT_I32", FT_I32},
@@ -529,7 +1327,7 @@ PyMODINIT_FUNC PyInit__flextier(void)
         {"ERR_INTERNAL", FT_ERR_INTERNAL},
         {"DEFAULT_CHUNK_SIZE", FT_DEFAULT_CHUNK_SIZE}, {"MIN_CHUNK_SIZE", FT_MIN_CHUNK_SIZE},
         {"MAX_CHUNK_SIZE", FT_MAX_CHUNK_SIZE}, {"DEFAULT_GROUP_SIZE", FT_DEFAULT_GROUP_SIZE},
-        {"MAX_DIMS", FT_MAX_DIMS},
+        {"MAX_DIMS", FT_MAX_DIMS}, {"KEY_MAX", FT_KEY_MAX},
     };
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v)) goto fail;

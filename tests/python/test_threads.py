@@ -11,7 +11,7 @@ import pytest
 
 import flextier
 from flextier import _flextier
-from conftest import DTYPES, make_array, same_bits
+from conftest import DTYPES, busy_python, gil_probe, make_array, same_bits
 
 
 def test_concurrent_roundtrips_are_correct():
@@ -67,51 +67,6 @@ def test_contexts_freed_at_thread_exit():
     assert _proc_threads() <= base + 1
 
 
-def _gil_probe(call, attempts=6):
-    """Run call() on this thread while a second Python thread ticks a counter
-    every ~0.5 ms (sleeping in between, so it needs the GIL only to tick).
-
-    The switch interval is raised to 30 s: a thread that holds the GIL is
-    then never forced to give it up, so the ticker can advance while call()
-    runs only if call() itself releases the GIL. The outcome is therefore
-    exact, not a timing threshold: 0 ticks if the GIL is held throughout,
-    > 0 if it is released (given that the ticker gets scheduled at all
-    during call(), hence a few attempts on a loaded machine). Returns the
-    largest tick count seen over the attempts."""
-    state = {"ticks": 0, "stop": False}
-
-    def ticker():
-        while not state["stop"]:
-            time.sleep(0.0005)
-            state["ticks"] += 1
-
-    old = sys.getswitchinterval()
-    th = threading.Thread(target=ticker, daemon=True)
-    th.start()
-    best = 0
-    try:
-        time.sleep(0.01)
-        sys.setswitchinterval(30.0)
-        for _ in range(attempts):
-            c0 = state["ticks"]
-            call()
-            best = max(best, state["ticks"] - c0)
-            time.sleep(0.002)    # let the ticker run between attempts
-            if best > 0:
-                break
-    finally:
-        sys.setswitchinterval(old)
-        state["stop"] = True
-        th.join()
-    return best
-
-
-def _busy_python(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def test_gil_released_during_encode_and_decode():
     a = make_array(np.float32, (8 << 20,), seed=5)          # 32 MiB
     frame = flextier.encode(a, codec="zstd", threads=1)
@@ -122,9 +77,9 @@ def test_gil_released_during_encode_and_decode():
 
     # Control: pure Python code of the same duration holds the GIL, so the
     # probe must see exactly 0 ticks (shows the probe can tell).
-    assert _gil_probe(lambda: _busy_python(dur), attempts=2) == 0
-    assert _gil_probe(lambda: flextier.decode(frame, out=out, threads=1)) > 0
-    assert _gil_probe(lambda: flextier.encode(a, codec="zstd", threads=1)) > 0
+    assert gil_probe(lambda: busy_python(dur), attempts=2) == 0
+    assert gil_probe(lambda: flextier.decode(frame, out=out, threads=1)) > 0
+    assert gil_probe(lambda: flextier.encode(a, codec="zstd", threads=1)) > 0
     assert same_bits(out, a)
 
 
@@ -151,6 +106,7 @@ def test_two_threads_overlap():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_fork_after_use():
     """A context (with pool threads) made before fork() must not be reused
     in the child, where its threads do not exist."""
