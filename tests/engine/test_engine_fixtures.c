@@ -75,7 +75,8 @@ static void check_model(const char *name, float tol)
     const char *data = getenv("FT_TEST_DATA");
     snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
     fixture f;
-    REQUIRE(load_fixture(dir, &f));
+    int loaded = load_fixture(dir, &f);   /* REQUIRE evaluates twice */
+    REQUIRE(loaded);
     ft_model *m = NULL;
     CHECK_OK(ft_model_load(dir, NULL, &m));
     REQUIRE(m);
