@@ -27,7 +27,7 @@ typedef struct {
 
 static int load_fixture(const char *dir, fixture *f)
 {
-    char path[512];
+    char path[640];
     memset(f, 0, sizeof *f);
     snprintf(path, sizeof path, "%s/fixtures.json", dir);
     json_object *root = json_object_from_file(path);
