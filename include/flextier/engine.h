@@ -238,7 +238,10 @@ typedef struct ft_gen_params {
 
 typedef struct ft_gen_stats {
     size_t prefill_tokens, decode_tokens;
-    double prefill_s, decode_s;
+    double prefill_s, decode_s;           /* wall clock                     */
+    double prefill_cpu_s, decode_cpu_s;   /* process CPU time (all threads):
+                                             on a shared machine, tokens per
+                                             CPU-second is the steadier figure */
 } ft_gen_stats;
 
 /* Generate for n prompts as one batch (n <= max_batch; slots 0..n-1 are

@@ -265,9 +265,11 @@ int ft_bench_run(int argc, char **argv)
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen_len\":%ld,"
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
+               "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
                "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f}\n",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
-               pre_tps, dec_tps, e2e, wbytes, kvb, rss);
+               pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss);
     } else {
         char b1[32], b2[32], b3[32];
         ft_cli_fmt_bytes(wbytes, b1, sizeof b1);
@@ -277,7 +279,8 @@ int ft_bench_run(int argc, char **argv)
                dir, cfg->model_type, cfg->n_layers, cfg->hidden, batch, plen, glen, nthreads);
         printf("  load       %8.3f s\n", load_s);
         printf("  prefill    %8.3f s  %10.1f tok/s\n", gs.prefill_s, pre_tps);
-        printf("  decode     %8.3f s  %10.2f tok/s\n", gs.decode_s, dec_tps);
+        printf("  decode     %8.3f s  %10.2f tok/s  (CPU %.3f s: %.2f tok per CPU-s)\n", gs.decode_s,
+               dec_tps, gs.decode_cpu_s, gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0);
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
         printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
                b1, b2, b3, rss / wbytes);

@@ -209,11 +209,12 @@ static void mv_task(void *arg, size_t i, unsigned worker)
     const mv_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
     if (o1 > j->out) o1 = j->out;
+    float (*dot)(const float *, const float *, int) = ft_k_get()->dot;
     for (int o = o0; o < o1; o++) {
         const float *w = j->W + (size_t)o * j->in;
         float bias = j->b ? j->b[o] : 0.0f;
         for (int r = 0; r < j->rows; r++)
-            j->y[(size_t)r * j->out + o] = ft_k_dot(w, j->x + (size_t)r * j->in, j->in) + bias;
+            j->y[(size_t)r * j->out + o] = dot(w, j->x + (size_t)r * j->in, j->in) + bias;
     }
 }
 
@@ -308,17 +309,18 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     const float *K = kv_ptr(c, c->layer, 0, slot) + (size_t)kvh * hd;
     const float *V = kv_ptr(c, c->layer, 1, slot) + (size_t)kvh * hd;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
+    const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
     int r0 = c->row0[j];
     for (size_t i = 0; i < c->ntok[j]; i++) {
         int r = r0 + (int)i;
         int npos = c->row_pos[r] + 1;
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
-        for (int p = 0; p < npos; p++) sc[p] = ft_k_dot(q, K + (size_t)p * c->kvdim, hd) * scale;
-        ft_k_softmax(sc, npos);
+        for (int p = 0; p < npos; p++) sc[p] = kn->dot(q, K + (size_t)p * c->kvdim, hd) * scale;
+        kn->softmax(sc, npos);
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < npos; p++) ft_k_axpy(o, sc[p], V + (size_t)p * c->kvdim, hd);
+        for (int p = 0; p < npos; p++) kn->axpy(o, sc[p], V + (size_t)p * c->kvdim, hd);
     }
 }
 

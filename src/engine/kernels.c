@@ -71,16 +71,7 @@ void ft_k_silu_mul_ref(float *g, const float *u, int n)
 
 /* ------------------------------------------------------------ dispatch */
 
-typedef struct {
-    const char *name;
-    float (*dot)(const float *, const float *, int);
-    void (*axpy)(float *, float, const float *, int);
-    void (*rmsnorm)(float *, const float *, const float *, int, float);
-    void (*layernorm)(float *, const float *, const float *, const float *, int, float);
-    void (*softmax)(float *, int);
-    void (*rope)(float *, int, int, const float *, const float *);
-    void (*silu_mul)(float *, const float *, int);
-} ktable;
+typedef ft_kernels ktable;
 
 static ktable K;
 static pthread_once_t K_once = PTHREAD_ONCE_INIT;
@@ -112,6 +103,7 @@ static inline const ktable *kt(void)
 }
 
 const char *ft_k_impl(void) { return kt()->name; }
+const ft_kernels *ft_k_get(void) { return kt(); }
 float ft_k_dot(const float *a, const float *b, int n) { return kt()->dot(a, b, n); }
 void ft_k_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
 void ft_k_rmsnorm(float *out, const float *x, const float *w, int n, float eps)

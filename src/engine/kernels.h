@@ -28,6 +28,19 @@ void ft_k_rope_ref(float *x, int n_heads, int head_dim, const float *cos, const 
 void ft_k_silu_mul(float *g, const float *u, int n);
 void ft_k_silu_mul_ref(float *g, const float *u, int n);
 
+/* The dispatch table, for hot loops that want to resolve it once. */
+typedef struct ft_kernels {
+    const char *name;
+    float (*dot)(const float *, const float *, int);
+    void (*axpy)(float *, float, const float *, int);
+    void (*rmsnorm)(float *, const float *, const float *, int, float);
+    void (*layernorm)(float *, const float *, const float *, const float *, int, float);
+    void (*softmax)(float *, int);
+    void (*rope)(float *, int, int, const float *, const float *);
+    void (*silu_mul)(float *, const float *, int);
+} ft_kernels;
+const ft_kernels *ft_k_get(void);
+
 /* Which implementation the dispatcher chose: "avx512", "avx2" or "scalar". */
 const char *ft_k_impl(void);
 #endif

@@ -5,6 +5,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 struct ft_sampler {
     int vocab;
@@ -169,15 +177,17 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
         gs.prefill_tokens += prompt_len[j];
     }
     if (p->max_new_tokens == 0) goto finish;
-    double t0 = ft_now();
+    double t0 = ft_now(), c0 = cpu_now();
     if ((st = ft_ctx_forward(c, n, slots, tp, nt, logits, 0))) goto done;
     gs.prefill_s = ft_now() - t0;
+    gs.prefill_cpu_s = cpu_now() - c0;
     size_t nact = 0;
     /* sample from rows in the order of the slots just forwarded */
     size_t nrows = n;
     int *rowseq = act;        /* reused: act[i] = sequence of row i */
     for (size_t j = 0; j < n; j++) rowseq[j] = (int)j;
     t0 = ft_now();
+    c0 = cpu_now();
     for (;;) {
         nact = 0;
         for (size_t r = 0; r < nrows; r++) {
@@ -206,6 +216,7 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
         nrows = nact;
     }
     gs.decode_s = ft_now() - t0;
+    gs.decode_cpu_s = cpu_now() - c0;
 finish:
     if (stats) *stats = gs;
 done:
