@@ -87,6 +87,73 @@ typedef struct { const char *name; ft_tensor tensor; } ft_named_tensor;
 ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
                                size_t n, const char *const *meta_kv);
 
+/* -------------------------------------------------------------- tokenizer */
+
+/* A tokenizer loaded from a Hugging Face tokenizer.json.
+ *
+ * Supported (everything else is rejected at load with FT_ERR_UNSUPPORTED
+ * naming the component, e.g. "model type WordPiece is not supported"):
+ *  - model BPE (merges as "a b" strings or [a, b] pairs; byte_fallback,
+ *    unk_token, fuse_unk, ignore_merges; no dropout / subword prefixes);
+ *  - normalizers Prepend, Replace (string pattern), Sequence, NFC (accepted
+ *    as a no-op: input that is not already NFC is not normalized);
+ *  - pre-tokenizers ByteLevel (GPT-2 regex, byte-to-unicode mapping),
+ *    Split (regex via PCRE2 with UTF + UCP, or string; behaviors Isolated,
+ *    Removed, MergedWithPrevious, MergedWithNext; invert), Metaspace
+ *    (prepend_scheme always / first / never, split), Sequence;
+ *  - post-processors TemplateProcessing (single), RobertaProcessing,
+ *    BertProcessing, ByteLevel, Sequence;
+ *  - decoders ByteLevel, Metaspace, Replace (string), ByteFallback, Fuse,
+ *    Strip (start only), Sequence, none (tokens joined by spaces);
+ *  - added tokens matched (leftmost-longest) before the model splits text,
+ *    honoring special, normalized, lstrip, rstrip and single_word.
+ *
+ * Input text: arbitrary bytes. Invalid UTF-8 is first replaced by U+FFFD
+ * (one per maximal invalid subpart, as Python's errors="replace"), then
+ * tokenized like the Hugging Face library tokenizes that string.
+ * Ids out of range in decode are skipped (as Hugging Face does). */
+typedef struct ft_tokenizer ft_tokenizer;
+
+/* Load tokenizer.json. Errors name the file and the JSON field. */
+ft_status ft_tokenizer_load(const char *tokenizer_json_path, ft_tokenizer **out);
+void ft_tokenizer_free(ft_tokenizer *t);                       /* NULL ok */
+/* max token id + 1, including added tokens (HF get_vocab_size(True)). */
+size_t ft_tokenizer_vocab_size(const ft_tokenizer *t);
+/* Id of a token string (added tokens first, then the model vocab); -1 if
+ * none. For byte-level models the string is in the mapped alphabet
+ * ("Ġthe"). */
+int32_t ft_tokenizer_token_id(const ft_tokenizer *t, const char *token);
+/* The token string of an id (added token content or vocab entry), or NULL
+ * if out of range. Valid until ft_tokenizer_free. */
+const char *ft_tokenizer_token_str(const ft_tokenizer *t, int32_t id);
+/* Whether id is a special added token (skipped by skip_special decode). */
+int ft_tokenizer_is_special(const ft_tokenizer *t, int32_t id);
+
+/* Encode len bytes of text. add_special: as HF's add_special_tokens=True
+ * (the post-processor's template: BOS etc.). *ids is malloc'd (free()), *n
+ * may be 0 (then *ids is still a valid pointer to free). */
+ft_status ft_tokenizer_encode(const ft_tokenizer *t, const char *text, size_t len,
+                              int add_special, int32_t **ids, size_t *n);
+/* Decode to UTF-8 (NUL-terminated, *len excludes the NUL; free()). Same
+ * result as HF's decode(ids, skip_special_tokens=skip_special). */
+ft_status ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n,
+                              int skip_special, char **text, size_t *len);
+
+/* Streaming detokenizer: push ids one at a time; it emits only complete
+ * UTF-8 characters, and the concatenation of everything emitted by push
+ * and flush equals ft_tokenizer_decode of all ids pushed. Bytes that do not
+ * fit in buf (cap) stay queued and come out with the next push or flush
+ * (cap 0 is allowed for push; a cap >= 4 always makes progress). flush emits what is pending (an incomplete character
+ * at the end becomes U+FFFD, as full decode does); it returns
+ * FT_ERR_BUFFER_SMALL when bytes remain queued after filling buf (call it
+ * again). The detokenizer borrows t, which must outlive it. One thread at a
+ * time per detokenizer; after flush it can be reused for a new stream. */
+typedef struct ft_detok ft_detok;
+ft_status ft_detok_create(const ft_tokenizer *t, int skip_special, ft_detok **out);
+ft_status ft_detok_push(ft_detok *d, int32_t id, char *buf, size_t cap, size_t *written);
+ft_status ft_detok_flush(ft_detok *d, char *buf, size_t cap, size_t *written);
+void ft_detok_free(ft_detok *d);                                /* NULL ok */
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,4 +12,9 @@ ft_status ft_checkpoint_open_memory(const void *buf, size_t size, const char *na
 /* Largest JSON header accepted (the Python library's limit). */
 #define FT_ST_MAX_HEADER (100u * 1000u * 1000u)
 
+/* Parse a tokenizer.json held in memory (need not be NUL-terminated). name
+ * is used in error messages. */
+ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *name,
+                                   ft_tokenizer **out);
+
 #endif
