@@ -367,7 +367,7 @@ static ft_status parse_file(ft_checkpoint *ck, uint32_t fidx)
 out:
     free(ranges);
     json_object_put(root);
-    json_tokener_free(tok);
+    if (tok) json_tokener_free(tok);   /* json-c 0.16 crashes on NULL */
     return st;
 }
 
@@ -588,7 +588,7 @@ static ft_status open_index(ft_checkpoint *ck, const char *index_path, const cha
 out:
     free(shards);
     json_object_put(root);
-    json_tokener_free(tok);
+    if (tok) json_tokener_free(tok);   /* json-c 0.16 crashes on NULL */
     free(text);
     return st;
 }

@@ -945,7 +945,7 @@ ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *nam
     if ((st = build_decoder_tables(t))) goto out;
 out:
     json_object_put(root);
-    json_tokener_free(tok);
+    if (tok) json_tokener_free(tok);   /* json-c 0.16 crashes on NULL */
     if (st) { ft_tokenizer_free(t); return st; }
     *out = t;
     return FT_OK;
@@ -1504,7 +1504,7 @@ static void dt_drain_bytes(ft_detok *d, int final)
         else break;
         i += adv;
     }
-    memmove(d->pend.p, d->pend.p + i, d->pend.n - i);
+    if (i && d->pend.n > i) memmove(d->pend.p, d->pend.p + i, d->pend.n - i);
     d->pend.n -= i;
 }
 
@@ -1584,7 +1584,7 @@ static size_t dt_take(ft_detok *d, char *buf, size_t cap)
     if (k < d->outq.n)   /* do not split a character */
         while (k > 0 && ((uint8_t)d->outq.p[k] & 0xC0) == 0x80) k--;
     if (k) memcpy(buf, d->outq.p, k);
-    memmove(d->outq.p, d->outq.p + k, d->outq.n - k);
+    if (k && d->outq.n > k) memmove(d->outq.p, d->outq.p + k, d->outq.n - k);
     d->outq.n -= k;
     return k;
 }
