@@ -196,11 +196,12 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
 
 /* ------------------------------------------------------------- helpers */
 
-/* Small batches (decode): OpenBLAS's sgemv/sgemm are slow for a handful of
- * rows (measured: ~3 GB/s of weights on one core), so stream each weight
- * row once and dot it with every input row (the row stays in L1), split
- * over the pool by output rows. */
-#define SMALL_ROWS 8
+/* Small batches (decode, up to 32 rows): OpenBLAS packs the whole weight
+ * matrix on every sgemm call (sgemm_incopy was 25% of a batch-32 decode
+ * profile) and its sgemv was no faster, so ft_k_matmul_rows streams each
+ * block of 4 weight rows once against all input rows (register-blocked
+ * 4 x 2), split over the pool by output rows. */
+#define SMALL_ROWS 32
 typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk; } mv_job;
 
 static void mv_task(void *arg, size_t i, unsigned worker)
@@ -209,13 +210,8 @@ static void mv_task(void *arg, size_t i, unsigned worker)
     const mv_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
     if (o1 > j->out) o1 = j->out;
-    float (*dot)(const float *, const float *, int) = ft_k_get()->dot;
-    for (int o = o0; o < o1; o++) {
-        const float *w = j->W + (size_t)o * j->in;
-        float bias = j->b ? j->b[o] : 0.0f;
-        for (int r = 0; r < j->rows; r++)
-            j->y[(size_t)r * j->out + o] = dot(w, j->x + (size_t)r * j->in, j->in) + bias;
-    }
+    ft_k_get()->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0,
+                            j->in, j->b ? j->b + o0 : NULL);
 }
 
 /* y[rows, out] = x[rows, in] W[out, in]^T + b */
@@ -226,6 +222,7 @@ static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, int in, co
         int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
         int chunk = (out + tasks - 1) / tasks;
         if (chunk < 16) chunk = 16;
+        chunk = (chunk + 3) & ~3;
         mv_job j = {y, x, W, b, rows, in, out, chunk};
         size_t n = (size_t)((out + chunk - 1) / chunk);
         ft_pool_run(n > 1 ? c->pool : NULL, n, mv_task, &j);

@@ -69,6 +69,17 @@ void ft_k_silu_mul_ref(float *g, const float *u, int n)
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                          int in, const float *b)
+{
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < nout; o++)
+            y[(size_t)r * ldy + o] = ft_k_dot_ref(x + (size_t)r * in, W + (size_t)o * in, in) + (b ? b[o] : 0.0f);
+}
+
+static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                            int in, const float *b);
+
 /* ------------------------------------------------------------ dispatch */
 
 typedef ft_kernels ktable;
@@ -79,19 +90,20 @@ static pthread_once_t K_once = PTHREAD_ONCE_INIT;
 static void k_init(void)
 {
     K = (ktable){"scalar", ft_k_dot_ref, ft_k_axpy_ref, ft_k_rmsnorm_ref, ft_k_layernorm_ref,
-                 ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref};
+                 ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref, ft_k_matmul_rows_ref};
 #if defined(__x86_64__)
     const ft_cpu_features *f = ft_cpu();
     if (!ft_simd_enabled()) return;
     if (f->avx2 && f->fma) {
         K = (ktable){"avx2", ft_k_dot_avx2, ft_k_axpy_avx2, ft_k_rmsnorm_avx2, ft_k_layernorm_avx2,
-                     ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2};
+                     ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2, matmul_rows_dot};
     }
     if (f->avx512f && f->avx2 && f->fma) {
         K.name = "avx512";
         K.dot = ft_k_dot_avx512;
         K.axpy = ft_k_axpy_avx512;
         K.rmsnorm = ft_k_rmsnorm_avx512;
+        K.matmul_rows = ft_k_matmul_rows_avx512;
     }
 #endif
 }
@@ -113,3 +125,15 @@ void ft_k_layernorm(float *out, const float *x, const float *w, const float *b, 
 void ft_k_softmax(float *x, int n) { kt()->softmax(x, n); }
 void ft_k_rope(float *x, int nh, int hd, const float *c, const float *s) { kt()->rope(x, nh, hd, c, s); }
 void ft_k_silu_mul(float *g, const float *u, int n) { kt()->silu_mul(g, u, n); }
+void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *W, int nout, int in,
+                      const float *b)
+{ kt()->matmul_rows(y, ldy, x, rows, W, nout, in, b); }
+
+/* AVX2 tier: row-by-row dots with the dispatched dot kernel. */
+static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                            int in, const float *b)
+{
+    for (int o = 0; o < nout; o++)
+        for (int r = 0; r < rows; r++)
+            y[(size_t)r * ldy + o] = K.dot(x + (size_t)r * in, W + (size_t)o * in, in) + (b ? b[o] : 0.0f);
+}

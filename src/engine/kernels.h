@@ -28,6 +28,14 @@ void ft_k_rope_ref(float *x, int n_heads, int head_dim, const float *cos, const 
 void ft_k_silu_mul(float *g, const float *u, int n);
 void ft_k_silu_mul_ref(float *g, const float *u, int n);
 
+/* y[r*ldy + o] = dot(x[r*in ..], W[o*in ..]) (+ b[o]) for r < rows, o < nout:
+ * a small-batch matrix product against weights in (out, in) layout that
+ * reads each weight row once per block of 4 outputs. */
+void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                      int in, const float *b);
+void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                          int in, const float *b);
+
 /* The dispatch table, for hot loops that want to resolve it once. */
 typedef struct ft_kernels {
     const char *name;
@@ -38,6 +46,7 @@ typedef struct ft_kernels {
     void (*softmax)(float *, int);
     void (*rope)(float *, int, int, const float *, const float *);
     void (*silu_mul)(float *, const float *, int);
+    void (*matmul_rows)(float *, int, const float *, int, const float *, int, int, const float *);
 } ft_kernels;
 const ft_kernels *ft_k_get(void);
 

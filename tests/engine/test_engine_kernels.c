@@ -115,3 +115,25 @@ TEST(rope)
     CHECK(fabsf(v[0] * v[0] + v[2] * v[2] - 10) < 1e-5f);
     CHECK(fabsf(v[1] * v[1] + v[3] * v[3] - 20) < 1e-5f);
 }
+
+TEST(matmul_rows)
+{
+    static float x[9 * 173], W[11 * 173], y1[9 * 16], y2[9 * 16], b[11];
+    static const int ins[] = {1, 15, 16, 17, 64, 173};
+    for (int k = 0; k < 6; k++) {
+        int in = ins[k];
+        for (int rows = 1; rows <= 9; rows += 4) {
+            for (int nout = 1; nout <= 11; nout += 5) {
+                fill(x, rows * in, 1); fill(W, nout * in, 1); fill(b, nout, 1);
+                for (int wb = 0; wb < 2; wb++) {
+                    ft_k_matmul_rows_ref(y1, 16, x, rows, W, nout, in, wb ? b : NULL);
+                    ft_k_matmul_rows(y2, 16, x, rows, W, nout, in, wb ? b : NULL);
+                    int ok = 1;
+                    for (int r = 0; r < rows; r++)
+                        ok &= close_rel(y2 + r * 16, y1 + r * 16, nout, 1e-5f * sqrtf((float)in));
+                    CHECK_MSG(ok, "matmul_rows in=%d rows=%d nout=%d", in, rows, nout);
+                }
+            }
+        }
+    }
+}
