@@ -313,11 +313,8 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         int r = r0 + (int)i;
         int npos = c->row_pos[r] + 1;
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
-        for (int p = 0; p < npos; p++) sc[p] = kn->dot(q, K + (size_t)p * c->kvdim, hd) * scale;
-        kn->softmax(sc, npos);
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < npos; p++) kn->axpy(o, sc[p], V + (size_t)p * c->kvdim, hd);
+        kn->attend(o, q, K, V, c->kvdim, npos, hd, scale, sc);
     }
 }
 

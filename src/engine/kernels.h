@@ -36,6 +36,14 @@ void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *
 void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                           int in, const float *b);
 
+/* One query row of causal attention over npos cached positions:
+ * sc[p] = scale * dot(q, K + p*ld); softmax(sc); out = sum_p sc[p] V[p*ld..].
+ * sc: npos floats of scratch (left holding the probabilities). */
+void ft_k_attend(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                 int hd, float scale, float *sc);
+void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                     int hd, float scale, float *sc);
+
 /* The dispatch table, for hot loops that want to resolve it once. */
 typedef struct ft_kernels {
     const char *name;
@@ -47,6 +55,7 @@ typedef struct ft_kernels {
     void (*rope)(float *, int, int, const float *, const float *);
     void (*silu_mul)(float *, const float *, int);
     void (*matmul_rows)(float *, int, const float *, int, const float *, int, int, const float *);
+    void (*attend)(float *, const float *, const float *, const float *, int, int, int, float, float *);
 } ft_kernels;
 const ft_kernels *ft_k_get(void);
 

@@ -254,6 +254,58 @@ AVX512 void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows,
             y[(size_t)r * ldy + o] = ft_k_dot_avx512(x + (size_t)r * in, W + (size_t)o * in, in)
                                      + (b ? b[o] : 0.0f);
 }
+/* Attention for one query row. Scores: 4 positions per step, so each
+ * horizontal reduction is shared by 4 dot products' worth of loads; the
+ * weighted V sum keeps the output row in registers (hd <= 128) instead of
+ * reloading it per position. */
+AVX512 void ft_k_attend_avx512(float *out, const float *q, const float *K, const float *V, int ld,
+                               int npos, int hd, float scale, float *sc)
+{
+    if (hd > 128) {
+        for (int p = 0; p < npos; p++) sc[p] = ft_k_dot_avx512(q, K + (size_t)p * ld, hd) * scale;
+        ft_k_softmax_avx2(sc, npos);
+        for (int i = 0; i < hd; i++) out[i] = 0;
+        for (int p = 0; p < npos; p++) ft_k_axpy_avx512(out, sc[p], V + (size_t)p * ld, hd);
+        return;
+    }
+    int nch = (hd + 15) / 16;
+    __mmask16 last = (hd % 16) ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
+    __m512 qv[8];
+    for (int c = 0; c < nch; c++) qv[c] = _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, q + c * 16);
+    int p = 0;
+    for (; p + 4 <= npos; p += 4) {
+        const float *k0 = K + (size_t)p * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int c = 0; c < nch; c++) {
+            __mmask16 m = c == nch - 1 ? last : 0xffff;
+            a0 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k0 + c * 16), a0);
+            a1 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k1 + c * 16), a1);
+            a2 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k2 + c * 16), a2);
+            a3 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k3 + c * 16), a3);
+        }
+        sc[p] = _mm512_reduce_add_ps(a0) * scale;
+        sc[p + 1] = _mm512_reduce_add_ps(a1) * scale;
+        sc[p + 2] = _mm512_reduce_add_ps(a2) * scale;
+        sc[p + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; p < npos; p++) {
+        const float *k0 = K + (size_t)p * ld;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int c = 0; c < nch; c++)
+            a0 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, k0 + c * 16), a0);
+        sc[p] = _mm512_reduce_add_ps(a0) * scale;
+    }
+    ft_k_softmax_avx2(sc, npos);
+    __m512 acc[8];
+    for (int c = 0; c < nch; c++) acc[c] = _mm512_setzero_ps();
+    for (p = 0; p < npos; p++) {
+        const float *v = V + (size_t)p * ld;
+        __m512 w = _mm512_set1_ps(sc[p]);
+        for (int c = 0; c < nch; c++)
+            acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, v + c * 16), acc[c]);
+    }
+    for (int c = 0; c < nch; c++) _mm512_mask_storeu_ps(out + c * 16, c == nch - 1 ? last : 0xffff, acc[c]);
+}
 #else
 /* Non-x86: the dispatcher never selects these. */
 float ft_k_dot_avx2(const float *a, const float *b, int n) { return ft_k_dot_ref(a, b, n); }
@@ -270,4 +322,7 @@ void ft_k_rmsnorm_avx512(float *o, const float *x, const float *w, int n, float 
 void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                              int in, const float *b)
 { ft_k_matmul_rows_ref(y, ldy, x, rows, W, nout, in, b); }
+void ft_k_attend_avx512(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                        int hd, float scale, float *sc)
+{ ft_k_attend_ref(out, q, K, V, ld, npos, hd, scale, sc); }
 #endif

@@ -137,3 +137,19 @@ TEST(matmul_rows)
         }
     }
 }
+
+TEST(attend)
+{
+    static float q[200], K[70 * 300], V[70 * 300], o1[200], o2[200], s1[70], s2[70];
+    static const int hds[] = {8, 16, 48, 64, 100, 128, 160};
+    static const int nps[] = {1, 3, 4, 5, 17, 70};
+    for (int a = 0; a < 7; a++)
+        for (int b = 0; b < 6; b++) {
+            int hd = hds[a], np = nps[b], ld = 300;
+            fill(q, hd, 1); fill(K, np * ld, 1); fill(V, np * ld, 1);
+            ft_k_attend_ref(o1, q, K, V, ld, np, hd, 0.3f, s1);
+            ft_k_attend(o2, q, K, V, ld, np, hd, 0.3f, s2);
+            CHECK_MSG(close_rel(o2, o1, hd, 1e-5f), "attend hd=%d npos=%d", hd, np);
+            CHECK_MSG(close_rel(s2, s1, np, 1e-5f), "attend probs hd=%d npos=%d", hd, np);
+        }
+}
