@@ -153,3 +153,37 @@ TEST(attend)
             CHECK_MSG(close_rel(s2, s1, np, 1e-5f), "attend probs hd=%d npos=%d", hd, np);
         }
 }
+
+/* The AVX2 tier directly (the dispatcher picks AVX-512 where it exists). */
+#include "engine/kernels_simd.h"
+TEST(avx2_tier)
+{
+    const ft_cpu_features *f = ft_cpu();
+    if (!(f->avx2 && f->fma)) { printf("  (no AVX2: skipped)\n"); return; }
+    float x[1000], y[1000], w[1000], b[1000], o1[1000], o2[1000];
+    for (int s = 0; s < NS; s++) {
+        int n = sizes[s];
+        fill(x, n, 3); fill(y, n, 1); fill(w, n, 1); fill(b, n, 1);
+        float r = ft_k_dot_ref(x, y, n), v = ft_k_dot_avx2(x, y, n);
+        CHECK_MSG(fabsf(r - v) <= 1e-5f * (1 + fabsf(r)) * sqrtf((float)n), "dot_avx2 n=%d", n);
+        memcpy(o1, y, sizeof(float) * (size_t)n); memcpy(o2, y, sizeof(float) * (size_t)n);
+        ft_k_axpy_ref(o1, 0.5f, x, n); ft_k_axpy_avx2(o2, 0.5f, x, n);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-6f), "axpy_avx2 n=%d", n);
+        ft_k_rmsnorm_ref(o1, x, w, n, 1e-5f); ft_k_rmsnorm_avx2(o2, x, w, n, 1e-5f);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-5f), "rmsnorm_avx2 n=%d", n);
+        ft_k_layernorm_ref(o1, x, w, b, n, 1e-5f); ft_k_layernorm_avx2(o2, x, w, b, n, 1e-5f);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-4f), "layernorm_avx2 n=%d", n);
+        memcpy(o1, x, sizeof(float) * (size_t)n); memcpy(o2, x, sizeof(float) * (size_t)n);
+        ft_k_softmax_ref(o1, n); ft_k_softmax_avx2(o2, n);
+        CHECK_MSG(close_rel(o2, o1, n, 2e-6f), "softmax_avx2 n=%d", n);
+        memcpy(o1, x, sizeof(float) * (size_t)n); memcpy(o2, x, sizeof(float) * (size_t)n);
+        ft_k_silu_mul_ref(o1, y, n); ft_k_silu_mul_avx2(o2, y, n);
+        CHECK_MSG(close_rel(o2, o1, n, 2e-6f), "silu_mul_avx2 n=%d", n);
+    }
+    float c[32], sn[32];
+    for (int i = 0; i < 32; i++) { c[i] = cosf((float)i); sn[i] = sinf((float)i); }
+    fill(x, 4 * 64, 2);
+    memcpy(o1, x, sizeof(float) * 256); memcpy(o2, x, sizeof(float) * 256);
+    ft_k_rope_ref(o1, 4, 64, c, sn); ft_k_rope_avx2(o2, 4, 64, c, sn);
+    CHECK(close_rel(o2, o1, 256, 1e-6f));
+}
