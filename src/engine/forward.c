@@ -74,6 +74,10 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    if (cfg->sliding_window > 0 && p->max_seq > cfg->sliding_window)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
+                            "sliding_window = %d (windowed attention is not implemented)",
+                            p->max_seq, cfg->sliding_window);
     ft_ctx *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
     c->m = m;

@@ -170,6 +170,8 @@ TEST(opt_tiny_postln) { check_model("opt-tiny-postln", 1e-4f); }
 TEST(llama_tiny) { check_model("llama-tiny", 1e-4f); }
 TEST(llama_tiny_tied_rope3) { check_model("llama-tiny-tied-rope3", 1e-4f); }
 TEST(llama_tiny_bf16) { check_model("llama-tiny-bf16", 1e-4f); }
+TEST(mistral_tiny) { check_model("mistral-tiny", 1e-4f); }
+TEST(qwen2_tiny) { check_model("qwen2-tiny", 1e-4f); }
 
 TEST(bad_dirs)
 {
