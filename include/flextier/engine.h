@@ -3,7 +3,8 @@
  * (Hugging Face config.json), weights, a batched layer-major forward pass
  * with a per-sequence KV cache, sampling and batched generation.
  *
- * Architectures: OPT (model_type "opt") and Llama ("llama"). Each is a small
+ * Architectures: OPT (model_type "opt"), Llama ("llama", and "mistral"
+ * within its sliding window) and Qwen2 ("qwen2"). Each is a small
  * table in src/engine/arch_<name>.c (tensor names and feature flags); the
  * forward pass is shared.
  *
@@ -36,7 +37,8 @@ extern "C" {
 
 typedef enum ft_arch_id {
     FT_ARCH_OPT = 1,
-    FT_ARCH_LLAMA = 2
+    FT_ARCH_LLAMA = 2,     /* also model_type "mistral" (same graph)        */
+    FT_ARCH_QWEN2 = 3      /* Llama with q/k/v biases, no o_proj bias       */
 } ft_arch_id;
 
 #define FT_MAX_EOS 8
@@ -68,6 +70,9 @@ typedef struct ft_model_config {
     int rope_llama3;            /* rope_scaling.rope_type == "llama3"      */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_max_pos;
+    int sliding_window;         /* Mistral: attention window (0 = none); a
+                                   context may not exceed it (then the full
+                                   attention computed here is exact)       */
     /* special tokens (-1 = none) */
     int32_t bos_id, pad_id;
     int32_t eos_ids[FT_MAX_EOS];
@@ -238,7 +243,10 @@ typedef struct ft_gen_params {
 
 typedef struct ft_gen_stats {
     size_t prefill_tokens, decode_tokens;
-    double prefill_s, decode_s;
+    double prefill_s, decode_s;           /* wall clock                     */
+    double prefill_cpu_s, decode_cpu_s;   /* process CPU time (all threads):
+                                             on a shared machine, tokens per
+                                             CPU-second is the steadier figure */
 } ft_gen_stats;
 
 /* Generate for n prompts as one batch (n <= max_batch; slots 0..n-1 are

@@ -265,9 +265,11 @@ int ft_bench_run(int argc, char **argv)
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen_len\":%ld,"
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
+               "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
                "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f}\n",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
-               pre_tps, dec_tps, e2e, wbytes, kvb, rss);
+               pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss);
     } else {
         char b1[32], b2[32], b3[32];
         ft_cli_fmt_bytes(wbytes, b1, sizeof b1);
@@ -277,7 +279,8 @@ int ft_bench_run(int argc, char **argv)
                dir, cfg->model_type, cfg->n_layers, cfg->hidden, batch, plen, glen, nthreads);
         printf("  load       %8.3f s\n", load_s);
         printf("  prefill    %8.3f s  %10.1f tok/s\n", gs.prefill_s, pre_tps);
-        printf("  decode     %8.3f s  %10.2f tok/s\n", gs.decode_s, dec_tps);
+        printf("  decode     %8.3f s  %10.2f tok/s  (CPU %.3f s: %.2f tok per CPU-s)\n", gs.decode_s,
+               dec_tps, gs.decode_cpu_s, gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0);
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
         printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
                b1, b2, b3, rss / wbytes);
@@ -286,6 +289,292 @@ int ft_bench_run(int argc, char **argv)
 done:
     free(prompts); free(outs); free(pp); free(op); free(pl); free(no);
     ft_ctx_free(c);
+    ft_model_free(m);
+    return rc;
+}
+/* ------------------------------------------------------------------ run */
+
+static const char RUN_USAGE[] =
+    "usage: flextier run --model DIR (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]\n"
+    "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
+    "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE]\n"
+    "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
+    "tokenizer.json). One --prompt streams its text; a --prompt-file holds one prompt per\n"
+    "line, run as one batch, printed per prompt. Sampling defaults come from the model's\n"
+    "generation_config.json; --temperature 0 is greedy. --dump-logits writes the f32\n"
+    "logits of every prompt position (prompts in order, vocab floats per row).\n"
+    "Prefill and decode tokens/s go to stderr at the end.\n";
+
+typedef struct {
+    const ft_tokenizer *tok;
+    ft_detok **dt;
+    char **text;            /* generated text per sequence */
+    size_t *len, *cap, *shown;
+    const char *stop;
+    int stream;             /* single prompt: print as we go */
+    ft_status err;
+} run_state;
+
+static int text_append(run_state *s, size_t j, const char *b, size_t n)
+{
+    if (s->len[j] + n + 1 > s->cap[j]) {
+        size_t nc = (s->cap[j] + n + 1) * 2;
+        char *t = realloc(s->text[j], nc);
+        if (!t) return -1;
+        s->text[j] = t;
+        s->cap[j] = nc;
+    }
+    memcpy(s->text[j] + s->len[j], b, n);
+    s->len[j] += n;
+    s->text[j][s->len[j]] = 0;
+    return 0;
+}
+
+/* Returns 1 when the stop string appeared (text is cut before it). */
+static int text_check(run_state *s, size_t j, int final)
+{
+    int stopped = 0;
+    if (!s->text[j]) return 0;          /* nothing decoded yet */
+    if (s->stop && *s->stop) {
+        char *p = strstr(s->text[j], s->stop);
+        if (p) {
+            s->len[j] = (size_t)(p - s->text[j]);
+            *p = 0;
+            stopped = 1;
+        }
+    }
+    if (s->stream) {
+        size_t hold = (!stopped && !final && s->stop && *s->stop) ? strlen(s->stop) - 1 : 0;
+        size_t upto = s->len[j] > hold ? s->len[j] - hold : 0;
+        if (upto > s->shown[j]) {
+            fwrite(s->text[j] + s->shown[j], 1, upto - s->shown[j], stdout);
+            fflush(stdout);
+            s->shown[j] = upto;
+        }
+    }
+    return stopped;
+}
+
+static int on_token(void *user, size_t j, int32_t tok)
+{
+    run_state *s = user;
+    char buf[256];
+    size_t w = 0;
+    ft_status st = ft_detok_push(s->dt[j], tok, buf, sizeof buf, &w);
+    if (st) { s->err = st; return 1; }
+    if (w && text_append(s, j, buf, w)) { s->err = FT_ERR_NOMEM; return 1; }
+    return text_check(s, j, 0);
+}
+
+static ft_status split_lines(char *data, size_t size, char ***lines, size_t *n)
+{
+    size_t cnt = 0, cap = 16;
+    char **v = malloc(cap * sizeof *v);
+    if (!v) return FT_ERR_NOMEM;
+    char *p = data, *end = data + size;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        char *e = nl ? nl : end;
+        if (e > p && e[-1] == '\r') e[-1] = 0;
+        *e = 0;
+        if (*p) {
+            if (cnt == cap) {
+                char **nv = realloc(v, 2 * cap * sizeof *v);
+                if (!nv) { free(v); return FT_ERR_NOMEM; }
+                v = nv;
+                cap *= 2;
+            }
+            v[cnt++] = p;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    *lines = v;
+    *n = cnt;
+    return FT_OK;
+}
+
+int ft_cmd_run(int argc, char **argv)
+{
+    const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL;
+    long max_new = 64, top_k = -1, threads = 0, seed = 0;
+    double temp = -1, top_p = -1, rep = -1;
+    int ignore_eos = 0, have_seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (opt_is(a, "-h") || opt_is(a, "--help")) { fputs(RUN_USAGE, stdout); return FT_EXIT_OK; }
+        if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
+        if (i + 1 >= argc) return ft_cli_usage_error(RUN_USAGE, "option %s needs a value", a);
+        const char *v = argv[++i];
+        char *endp = NULL;
+        if (opt_is(a, "--model")) dir = v;
+        else if (opt_is(a, "--prompt")) prompt = v;
+        else if (opt_is(a, "--prompt-file")) pfile = v;
+        else if (opt_is(a, "--stop")) stop = v;
+        else if (opt_is(a, "--dump-logits")) dump = v;
+        else if (opt_is(a, "--max-new-tokens")) {
+            if (ft_cli_parse_int(v, 0, 1 << 20, &max_new)) return ft_cli_usage_error(RUN_USAGE, "bad --max-new-tokens %s", v);
+        } else if (opt_is(a, "--top-k")) {
+            if (ft_cli_parse_int(v, 0, 1 << 22, &top_k)) return ft_cli_usage_error(RUN_USAGE, "bad --top-k %s", v);
+        } else if (opt_is(a, "--threads")) {
+            if (ft_cli_parse_int(v, 1, 1024, &threads)) return ft_cli_usage_error(RUN_USAGE, "bad --threads %s", v);
+        } else if (opt_is(a, "--seed")) {
+            if (ft_cli_parse_int(v, 0, 0x7fffffffL, &seed)) return ft_cli_usage_error(RUN_USAGE, "bad --seed %s", v);
+            have_seed = 1;
+        } else if (opt_is(a, "--temperature") || opt_is(a, "--top-p") || opt_is(a, "--repetition-penalty")) {
+            double d = strtod(v, &endp);
+            if (!*v || *endp || !(d >= 0 && d <= 1e6) || (opt_is(a, "--top-p") && d > 1))
+                return ft_cli_usage_error(RUN_USAGE, "bad value for %s: %s", a, v);
+            if (opt_is(a, "--temperature")) temp = d;
+            else if (opt_is(a, "--top-p")) top_p = d;
+            else rep = d;
+        } else return ft_cli_usage_error(RUN_USAGE, "unknown option %s", a);
+    }
+    if (!dir) return ft_cli_usage_error(RUN_USAGE, "--model is required");
+    if (!prompt == !pfile) return ft_cli_usage_error(RUN_USAGE, "give exactly one of --prompt and --prompt-file");
+
+    int rc = FT_EXIT_ERR;
+    ft_status st;
+    ft_model *m = NULL;
+    ft_tokenizer *tok = NULL;
+    ft_ctx *c = NULL;
+    uint8_t *fdata = NULL;
+    size_t fsize = 0, np = 0;
+    char **lines = NULL;
+    int32_t **ids = NULL, **outs = NULL;
+    size_t *plen = NULL, *nout = NULL;
+    run_state rs = {0};
+    char path[4096];
+
+    if (pfile) {
+        if ((st = ft_cli_read_file(pfile, &fdata, &fsize))) return ft_cli_fail(pfile, st);
+        char *txt = malloc(fsize + 1);
+        if (!txt) { ft_free_aligned(fdata); return ft_cli_fail("run", FT_ERR_NOMEM); }
+        memcpy(txt, fdata, fsize);
+        txt[fsize] = 0;
+        ft_free_aligned(fdata);
+        fdata = (uint8_t *)txt;
+        if ((st = split_lines(txt, fsize, &lines, &np))) { ft_cli_fail("run", st); goto done; }
+        if (!np) { fprintf(stderr, "flextier: run: %s has no prompts\n", pfile); goto done; }
+    } else {
+        lines = malloc(sizeof *lines);
+        if (!lines) { ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
+        lines[0] = (char *)prompt;
+        np = 1;
+    }
+    ft_load_params lp = {load_progress, NULL};
+    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
+    const ft_model_config *cfg = ft_model_get_config(m);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if ((st = ft_tokenizer_load(path, &tok))) { ft_cli_fail(path, st); goto done; }
+
+    ids = calloc(np, sizeof *ids);
+    outs = calloc(np, sizeof *outs);
+    plen = calloc(np, sizeof *plen);
+    nout = calloc(np, sizeof *nout);
+    rs.dt = calloc(np, sizeof *rs.dt);
+    rs.text = calloc(np, sizeof *rs.text);
+    rs.len = calloc(np, sizeof(size_t));
+    rs.cap = calloc(np, sizeof(size_t));
+    rs.shown = calloc(np, sizeof(size_t));
+    if (!ids || !outs || !plen || !nout || !rs.dt || !rs.text || !rs.len || !rs.cap || !rs.shown) {
+        ft_cli_fail("run", FT_ERR_NOMEM);
+        goto done;
+    }
+    size_t maxp = 0, sum = 0;
+    for (size_t j = 0; j < np; j++) {
+        if ((st = ft_tokenizer_encode(tok, lines[j], strlen(lines[j]), 1, &ids[j], &plen[j]))) {
+            ft_cli_fail("encode", st);
+            goto done;
+        }
+        if (plen[j] == 0) {
+            fprintf(stderr, "flextier: run: prompt %zu encodes to no tokens\n", j + 1);
+            goto done;
+        }
+        for (size_t k = 0; k < plen[j]; k++)
+            if (ids[j][k] < 0 || ids[j][k] >= cfg->vocab) {
+                fprintf(stderr, "flextier: run: tokenizer id %d is outside the model's vocab_size %d\n",
+                        (int)ids[j][k], cfg->vocab);
+                goto done;
+            }
+        if (plen[j] > maxp) maxp = plen[j];
+        sum += plen[j];
+        outs[j] = malloc(((size_t)max_new + 1) * sizeof(int32_t));
+        if (!outs[j] || (st = ft_detok_create(tok, 1, &rs.dt[j]))) { ft_cli_fail("run", st ? st : FT_ERR_NOMEM); goto done; }
+    }
+    if (maxp + (size_t)max_new > (size_t)cfg->max_pos) {
+        fprintf(stderr, "flextier: run: prompt of %zu tokens + %ld new tokens exceeds the model's "
+                "context (max_position_embeddings = %d in %s/config.json)\n", maxp, max_new, cfg->max_pos, dir);
+        goto done;
+    }
+    ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
+                        .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
+    if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
+
+    if (dump) {
+        float *lg = malloc(sum * (size_t)cfg->vocab * sizeof(float));
+        int *slots = malloc(np * sizeof(int));
+        if (!lg || !slots) { free(lg); free(slots); ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
+        for (size_t j = 0; j < np; j++) slots[j] = (int)j;
+        st = ft_ctx_forward(c, np, slots, (const int32_t *const *)ids, plen, lg, 1);
+        if (!st) st = ft_cli_write_file(dump, lg, sum * (size_t)cfg->vocab * sizeof(float));
+        free(lg);
+        free(slots);
+        if (st) { ft_cli_fail("dump-logits", st); goto done; }
+    }
+
+    ft_gen_params gp = {.max_new_tokens = (size_t)max_new, .ignore_eos = ignore_eos,
+                        .on_token = on_token, .user = &rs};
+    /* defaults from generation_config.json, then the flags */
+    if (cfg->gen_do_sample) {
+        gp.sampling.temperature = cfg->gen_temperature > 0 ? cfg->gen_temperature : 1.0f;
+        gp.sampling.top_k = cfg->gen_top_k;
+        gp.sampling.top_p = cfg->gen_top_p;
+    }
+    gp.sampling.repetition_penalty = cfg->gen_repetition_penalty;
+    if (temp >= 0) gp.sampling.temperature = (float)temp;
+    if (top_k >= 0) gp.sampling.top_k = (int)top_k;
+    if (top_p >= 0) gp.sampling.top_p = (float)top_p;
+    if (rep >= 0) gp.sampling.repetition_penalty = (float)rep;
+    gp.sampling.seed = have_seed ? (uint64_t)seed : (uint64_t)(ft_now() * 1e6);
+    rs.tok = tok;
+    rs.stop = stop;
+    rs.stream = np == 1;
+    if (rs.stream) { fputs(lines[0], stdout); fflush(stdout); }
+    ft_gen_stats gs;
+    st = ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
+    if (!st && rs.err) st = rs.err;
+    if (st) { if (rs.stream) putchar('\n'); ft_cli_fail("generate", st); goto done; }
+    for (size_t j = 0; j < np; j++) {
+        char buf[256];
+        size_t w = 0;
+        if (!ft_detok_flush(rs.dt[j], buf, sizeof buf, &w) && w) text_append(&rs, j, buf, w);
+        text_check(&rs, j, 1);
+        if (!rs.stream)
+            printf("=== prompt %zu ===\n%s%s\n", j + 1, lines[j], rs.text[j] ? rs.text[j] : "");
+    }
+    if (rs.stream) putchar('\n');
+    fflush(stdout);
+    size_t gen = 0;
+    for (size_t j = 0; j < np; j++) gen += nout[j];
+    fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
+            "(%.1f tok/s); %zu sequences, %zu tokens generated\n",
+            gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
+            gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
+            np, gen);
+    rc = FT_EXIT_OK;
+done:
+    for (size_t j = 0; j < np; j++) {
+        if (ids) free(ids[j]);
+        if (outs) free(outs[j]);
+        if (rs.dt) ft_detok_free(rs.dt[j]);
+        if (rs.text) free(rs.text[j]);
+    }
+    free(ids); free(outs); free(plen); free(nout);
+    free(rs.dt); free(rs.text); free(rs.len); free(rs.cap); free(rs.shown);
+    free(lines);
+    free(fdata);
+    ft_ctx_free(c);
+    ft_tokenizer_free(tok);
     ft_model_free(m);
     return rc;
 }

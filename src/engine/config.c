@@ -310,12 +310,25 @@ ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
     if (!strcmp(mt, "opt")) {
         c.arch = FT_ARCH_OPT;
         st = parse_opt(root, what, &c);
-    } else if (!strcmp(mt, "llama")) {
-        c.arch = FT_ARCH_LLAMA;
+    } else if (!strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2")) {
+        c.arch = !strcmp(mt, "qwen2") ? FT_ARCH_QWEN2 : FT_ARCH_LLAMA;
         st = parse_llama(root, what, &c);
+        if (!st && !strcmp(mt, "mistral")) {
+            int64_t sw;
+            int present;
+            st = get_int(root, "sliding_window", what, 1, LIM_POS, &sw, &present);
+            if (!st && present) c.sliding_window = (int)sw;
+        }
+        if (!st && c.arch == FT_ARCH_QWEN2) {
+            int use_sw;
+            st = opt_bool(root, "use_sliding_window", what, 0, &use_sw);
+            if (!st && use_sw)
+                st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" = true is not "
+                                  "supported for qwen2", what);
+        }
     } else {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported "
-                          "(supported: opt, llama)", what, mt);
+                          "(supported: opt, llama, mistral, qwen2)", what, mt);
     }
     if (st) goto done;
     if ((st = token_ids(root, what, &c))) goto done;

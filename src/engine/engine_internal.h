@@ -43,6 +43,7 @@ typedef struct ft_arch {
 
 extern const ft_arch ft_arch_opt;
 extern const ft_arch ft_arch_llama;
+extern const ft_arch ft_arch_qwen2;
 const ft_arch *ft_arch_get(ft_arch_id id);
 
 /* Shape (2 dims at most) of a slot; returns ndim. */

@@ -74,6 +74,10 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    if (cfg->sliding_window > 0 && p->max_seq > cfg->sliding_window)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
+                            "sliding_window = %d (windowed attention is not implemented)",
+                            p->max_seq, cfg->sliding_window);
     ft_ctx *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
     c->m = m;
@@ -196,11 +200,12 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
 
 /* ------------------------------------------------------------- helpers */
 
-/* Small batches (decode): OpenBLAS's sgemv/sgemm are slow for a handful of
- * rows (measured: ~3 GB/s of weights on one core), so stream each weight
- * row once and dot it with every input row (the row stays in L1), split
- * over the pool by output rows. */
-#define SMALL_ROWS 8
+/* Small batches (decode, up to 32 rows): OpenBLAS packs the whole weight
+ * matrix on every sgemm call (sgemm_incopy was 25% of a batch-32 decode
+ * profile) and its sgemv was no faster, so ft_k_matmul_rows streams each
+ * block of 4 weight rows once against all input rows (register-blocked
+ * 4 x 2), split over the pool by output rows. */
+#define SMALL_ROWS 32
 typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk; } mv_job;
 
 static void mv_task(void *arg, size_t i, unsigned worker)
@@ -209,12 +214,8 @@ static void mv_task(void *arg, size_t i, unsigned worker)
     const mv_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
     if (o1 > j->out) o1 = j->out;
-    for (int o = o0; o < o1; o++) {
-        const float *w = j->W + (size_t)o * j->in;
-        float bias = j->b ? j->b[o] : 0.0f;
-        for (int r = 0; r < j->rows; r++)
-            j->y[(size_t)r * j->out + o] = ft_k_dot(w, j->x + (size_t)r * j->in, j->in) + bias;
-    }
+    ft_k_get()->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0,
+                            j->in, j->b ? j->b + o0 : NULL);
 }
 
 /* y[rows, out] = x[rows, in] W[out, in]^T + b */
@@ -225,6 +226,7 @@ static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, int in, co
         int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
         int chunk = (out + tasks - 1) / tasks;
         if (chunk < 16) chunk = 16;
+        chunk = (chunk + 3) & ~3;
         mv_job j = {y, x, W, b, rows, in, out, chunk};
         size_t n = (size_t)((out + chunk - 1) / chunk);
         ft_pool_run(n > 1 ? c->pool : NULL, n, mv_task, &j);
@@ -308,17 +310,15 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     const float *K = kv_ptr(c, c->layer, 0, slot) + (size_t)kvh * hd;
     const float *V = kv_ptr(c, c->layer, 1, slot) + (size_t)kvh * hd;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
+    const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
     int r0 = c->row0[j];
     for (size_t i = 0; i < c->ntok[j]; i++) {
         int r = r0 + (int)i;
         int npos = c->row_pos[r] + 1;
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
-        for (int p = 0; p < npos; p++) sc[p] = ft_k_dot(q, K + (size_t)p * c->kvdim, hd) * scale;
-        ft_k_softmax(sc, npos);
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int p = 0; p < npos; p++) ft_k_axpy(o, sc[p], V + (size_t)p * c->kvdim, hd);
+        kn->attend(o, q, K, V, c->kvdim, npos, hd, scale, sc);
     }
 }
 

@@ -69,18 +69,33 @@ void ft_k_silu_mul_ref(float *g, const float *u, int n)
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                          int in, const float *b)
+{
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < nout; o++)
+            y[(size_t)r * ldy + o] = ft_k_dot_ref(x + (size_t)r * in, W + (size_t)o * in, in) + (b ? b[o] : 0.0f);
+}
+
+void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                     int hd, float scale, float *sc)
+{
+    for (int p = 0; p < npos; p++) sc[p] = ft_k_dot_ref(q, K + (size_t)p * ld, hd) * scale;
+    ft_k_softmax_ref(sc, npos);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    for (int p = 0; p < npos; p++) ft_k_axpy_ref(out, sc[p], V + (size_t)p * ld, hd);
+}
+
+/* AVX2 tier: composed from the dispatched kernels. */
+static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
+                            int npos, int hd, float scale, float *sc);
+
+static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                            int in, const float *b);
+
 /* ------------------------------------------------------------ dispatch */
 
-typedef struct {
-    const char *name;
-    float (*dot)(const float *, const float *, int);
-    void (*axpy)(float *, float, const float *, int);
-    void (*rmsnorm)(float *, const float *, const float *, int, float);
-    void (*layernorm)(float *, const float *, const float *, const float *, int, float);
-    void (*softmax)(float *, int);
-    void (*rope)(float *, int, int, const float *, const float *);
-    void (*silu_mul)(float *, const float *, int);
-} ktable;
+typedef ft_kernels ktable;
 
 static ktable K;
 static pthread_once_t K_once = PTHREAD_ONCE_INIT;
@@ -88,19 +103,23 @@ static pthread_once_t K_once = PTHREAD_ONCE_INIT;
 static void k_init(void)
 {
     K = (ktable){"scalar", ft_k_dot_ref, ft_k_axpy_ref, ft_k_rmsnorm_ref, ft_k_layernorm_ref,
-                 ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref};
+                 ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref, ft_k_matmul_rows_ref,
+                 ft_k_attend_ref};
 #if defined(__x86_64__)
     const ft_cpu_features *f = ft_cpu();
     if (!ft_simd_enabled()) return;
     if (f->avx2 && f->fma) {
         K = (ktable){"avx2", ft_k_dot_avx2, ft_k_axpy_avx2, ft_k_rmsnorm_avx2, ft_k_layernorm_avx2,
-                     ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2};
+                     ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2, matmul_rows_dot,
+                     attend_composed};
     }
     if (f->avx512f && f->avx2 && f->fma) {
         K.name = "avx512";
         K.dot = ft_k_dot_avx512;
         K.axpy = ft_k_axpy_avx512;
         K.rmsnorm = ft_k_rmsnorm_avx512;
+        K.matmul_rows = ft_k_matmul_rows_avx512;
+        K.attend = ft_k_attend_avx512;
     }
 #endif
 }
@@ -112,6 +131,7 @@ static inline const ktable *kt(void)
 }
 
 const char *ft_k_impl(void) { return kt()->name; }
+const ft_kernels *ft_k_get(void) { return kt(); }
 float ft_k_dot(const float *a, const float *b, int n) { return kt()->dot(a, b, n); }
 void ft_k_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
 void ft_k_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
@@ -121,3 +141,28 @@ void ft_k_layernorm(float *out, const float *x, const float *w, const float *b, 
 void ft_k_softmax(float *x, int n) { kt()->softmax(x, n); }
 void ft_k_rope(float *x, int nh, int hd, const float *c, const float *s) { kt()->rope(x, nh, hd, c, s); }
 void ft_k_silu_mul(float *g, const float *u, int n) { kt()->silu_mul(g, u, n); }
+void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *W, int nout, int in,
+                      const float *b)
+{ kt()->matmul_rows(y, ldy, x, rows, W, nout, in, b); }
+
+void ft_k_attend(float *out, const float *q, const float *kc, const float *vc, int ld, int npos,
+                 int hd, float scale, float *sc)
+{ kt()->attend(out, q, kc, vc, ld, npos, hd, scale, sc); }
+
+static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
+                            int npos, int hd, float scale, float *sc)
+{
+    for (int p = 0; p < npos; p++) sc[p] = K.dot(q, kc + (size_t)p * ld, hd) * scale;
+    K.softmax(sc, npos);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    for (int p = 0; p < npos; p++) K.axpy(out, sc[p], vc + (size_t)p * ld, hd);
+}
+
+/* AVX2 tier: row-by-row dots with the dispatched dot kernel. */
+static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                            int in, const float *b)
+{
+    for (int o = 0; o < nout; o++)
+        for (int r = 0; r < rows; r++)
+            y[(size_t)r * ldy + o] = K.dot(x + (size_t)r * in, W + (size_t)o * in, in) + (b ? b[o] : 0.0f);
+}

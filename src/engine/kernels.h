@@ -28,6 +28,37 @@ void ft_k_rope_ref(float *x, int n_heads, int head_dim, const float *cos, const 
 void ft_k_silu_mul(float *g, const float *u, int n);
 void ft_k_silu_mul_ref(float *g, const float *u, int n);
 
+/* y[r*ldy + o] = dot(x[r*in ..], W[o*in ..]) (+ b[o]) for r < rows, o < nout:
+ * a small-batch matrix product against weights in (out, in) layout that
+ * reads each weight row once per block of 4 outputs. */
+void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                      int in, const float *b);
+void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                          int in, const float *b);
+
+/* One query row of causal attention over npos cached positions:
+ * sc[p] = scale * dot(q, K + p*ld); softmax(sc); out = sum_p sc[p] V[p*ld..].
+ * sc: npos floats of scratch (left holding the probabilities). */
+void ft_k_attend(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                 int hd, float scale, float *sc);
+void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                     int hd, float scale, float *sc);
+
+/* The dispatch table, for hot loops that want to resolve it once. */
+typedef struct ft_kernels {
+    const char *name;
+    float (*dot)(const float *, const float *, int);
+    void (*axpy)(float *, float, const float *, int);
+    void (*rmsnorm)(float *, const float *, const float *, int, float);
+    void (*layernorm)(float *, const float *, const float *, const float *, int, float);
+    void (*softmax)(float *, int);
+    void (*rope)(float *, int, int, const float *, const float *);
+    void (*silu_mul)(float *, const float *, int);
+    void (*matmul_rows)(float *, int, const float *, int, const float *, int, int, const float *);
+    void (*attend)(float *, const float *, const float *, const float *, int, int, int, float, float *);
+} ft_kernels;
+const ft_kernels *ft_k_get(void);
+
 /* Which implementation the dispatcher chose: "avx512", "avx2" or "scalar". */
 const char *ft_k_impl(void);
 #endif

@@ -209,6 +209,103 @@ AVX512 void ft_k_rmsnorm_avx512(float *out, const float *x, const float *w, int 
     }
     for (; i < n; i++) out[i] = (x[i] * r) * (w ? w[i] : 1.0f);
 }
+/* 4 weight rows x 2 input rows per block: 8 accumulators, 6 loads per 8
+ * FMAs; masked tails, so any `in` works. */
+AVX512 void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows, const float *W,
+                                    int nout, int in, const float *b)
+{
+    int o = 0;
+    for (; o + 4 <= nout; o += 4) {
+        const float *w0 = W + (size_t)o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+        int r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            const float *x0 = x + (size_t)r * in, *x1 = x0 + in;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (int i = 0; i < in; i += 16) {
+                __mmask16 m = in - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - i)) - 1);
+                __m512 v0 = _mm512_maskz_loadu_ps(m, x0 + i), v1 = _mm512_maskz_loadu_ps(m, x1 + i);
+                __m512 q = _mm512_maskz_loadu_ps(m, w0 + i);
+                a00 = _mm512_fmadd_ps(v0, q, a00); a10 = _mm512_fmadd_ps(v1, q, a10);
+                q = _mm512_maskz_loadu_ps(m, w1 + i);
+                a01 = _mm512_fmadd_ps(v0, q, a01); a11 = _mm512_fmadd_ps(v1, q, a11);
+                q = _mm512_maskz_loadu_ps(m, w2 + i);
+                a02 = _mm512_fmadd_ps(v0, q, a02); a12 = _mm512_fmadd_ps(v1, q, a12);
+                q = _mm512_maskz_loadu_ps(m, w3 + i);
+                a03 = _mm512_fmadd_ps(v0, q, a03); a13 = _mm512_fmadd_ps(v1, q, a13);
+            }
+            float *y0 = y + (size_t)r * ldy + o, *y1 = y0 + ldy;
+            y0[0] = _mm512_reduce_add_ps(a00) + (b ? b[o] : 0.0f);
+            y0[1] = _mm512_reduce_add_ps(a01) + (b ? b[o + 1] : 0.0f);
+            y0[2] = _mm512_reduce_add_ps(a02) + (b ? b[o + 2] : 0.0f);
+            y0[3] = _mm512_reduce_add_ps(a03) + (b ? b[o + 3] : 0.0f);
+            y1[0] = _mm512_reduce_add_ps(a10) + (b ? b[o] : 0.0f);
+            y1[1] = _mm512_reduce_add_ps(a11) + (b ? b[o + 1] : 0.0f);
+            y1[2] = _mm512_reduce_add_ps(a12) + (b ? b[o + 2] : 0.0f);
+            y1[3] = _mm512_reduce_add_ps(a13) + (b ? b[o + 3] : 0.0f);
+        }
+        for (; r < rows; r++)
+            for (int k = 0; k < 4; k++)
+                y[(size_t)r * ldy + o + k] = ft_k_dot_avx512(x + (size_t)r * in, W + (size_t)(o + k) * in, in)
+                                             + (b ? b[o + k] : 0.0f);
+    }
+    for (; o < nout; o++)
+        for (int r = 0; r < rows; r++)
+            y[(size_t)r * ldy + o] = ft_k_dot_avx512(x + (size_t)r * in, W + (size_t)o * in, in)
+                                     + (b ? b[o] : 0.0f);
+}
+/* Attention for one query row. Scores: 4 positions per step, so each
+ * horizontal reduction is shared by 4 dot products' worth of loads; the
+ * weighted V sum keeps the output row in registers (hd <= 128) instead of
+ * reloading it per position. */
+AVX512 void ft_k_attend_avx512(float *out, const float *q, const float *K, const float *V, int ld,
+                               int npos, int hd, float scale, float *sc)
+{
+    if (hd > 128) {
+        for (int p = 0; p < npos; p++) sc[p] = ft_k_dot_avx512(q, K + (size_t)p * ld, hd) * scale;
+        ft_k_softmax_avx2(sc, npos);
+        for (int i = 0; i < hd; i++) out[i] = 0;
+        for (int p = 0; p < npos; p++) ft_k_axpy_avx512(out, sc[p], V + (size_t)p * ld, hd);
+        return;
+    }
+    int nch = (hd + 15) / 16;
+    __mmask16 last = (hd % 16) ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
+    __m512 qv[8];
+    for (int c = 0; c < nch; c++) qv[c] = _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, q + c * 16);
+    int p = 0;
+    for (; p + 4 <= npos; p += 4) {
+        const float *k0 = K + (size_t)p * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int c = 0; c < nch; c++) {
+            __mmask16 m = c == nch - 1 ? last : 0xffff;
+            a0 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k0 + c * 16), a0);
+            a1 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k1 + c * 16), a1);
+            a2 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k2 + c * 16), a2);
+            a3 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(m, k3 + c * 16), a3);
+        }
+        sc[p] = _mm512_reduce_add_ps(a0) * scale;
+        sc[p + 1] = _mm512_reduce_add_ps(a1) * scale;
+        sc[p + 2] = _mm512_reduce_add_ps(a2) * scale;
+        sc[p + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; p < npos; p++) {
+        const float *k0 = K + (size_t)p * ld;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int c = 0; c < nch; c++)
+            a0 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, k0 + c * 16), a0);
+        sc[p] = _mm512_reduce_add_ps(a0) * scale;
+    }
+    ft_k_softmax_avx2(sc, npos);
+    __m512 acc[8];
+    for (int c = 0; c < nch; c++) acc[c] = _mm512_setzero_ps();
+    for (p = 0; p < npos; p++) {
+        const float *v = V + (size_t)p * ld;
+        __m512 w = _mm512_set1_ps(sc[p]);
+        for (int c = 0; c < nch; c++)
+            acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(c == nch - 1 ? last : 0xffff, v + c * 16), acc[c]);
+    }
+    for (int c = 0; c < nch; c++) _mm512_mask_storeu_ps(out + c * 16, c == nch - 1 ? last : 0xffff, acc[c]);
+}
 #else
 /* Non-x86: the dispatcher never selects these. */
 float ft_k_dot_avx2(const float *a, const float *b, int n) { return ft_k_dot_ref(a, b, n); }
@@ -222,4 +319,10 @@ void ft_k_silu_mul_avx2(float *g, const float *u, int n) { ft_k_silu_mul_ref(g, 
 float ft_k_dot_avx512(const float *a, const float *b, int n) { return ft_k_dot_ref(a, b, n); }
 void ft_k_axpy_avx512(float *y, float a, const float *x, int n) { ft_k_axpy_ref(y, a, x, n); }
 void ft_k_rmsnorm_avx512(float *o, const float *x, const float *w, int n, float e) { ft_k_rmsnorm_ref(o, x, w, n, e); }
+void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+                             int in, const float *b)
+{ ft_k_matmul_rows_ref(y, ldy, x, rows, W, nout, in, b); }
+void ft_k_attend_avx512(float *out, const float *q, const float *K, const float *V, int ld, int npos,
+                        int hd, float scale, float *sc)
+{ ft_k_attend_ref(out, q, K, V, ld, npos, hd, scale, sc); }
 #endif

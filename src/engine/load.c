@@ -4,8 +4,23 @@
 #include "engine_internal.h"
 #include "flextier/model.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* The checkpoint's pages are read once: drop them after conversion so that
+ * peak RSS stays near the f32 weights instead of weights + file. The
+ * mapping stays valid (pages would be re-read from the file). */
+static void drop_pages(const void *p, size_t n)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+}
 
 static ft_status find_tensor(const ft_checkpoint *ck, const ft_arch *a, const char *name,
                              ft_tensor *t, char *used, size_t nused)
@@ -64,7 +79,14 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
         }
         size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
         /* the view may be unaligned: ft_convert/memcpy handle any alignment */
-        if ((st = ft_convert(e->data, FT_F32, t.data, t.dtype, n))) goto fail;
+        /* in 1M-element chunks, dropping the file pages behind us */
+        size_t esz = (size_t)ft_dtype_nbytes(t.dtype, 1);
+        for (size_t k = 0; k < n; k += (1u << 20)) {
+            size_t cnt = n - k < (1u << 20) ? n - k : (1u << 20);
+            const char *srcp = (const char *)t.data + k * esz;
+            if ((st = ft_convert(e->data + k, FT_F32, srcp, t.dtype, cnt))) goto fail;
+            drop_pages(srcp, cnt * esz);
+        }
         done += n * 4;
         if (params && params->progress && ft_now() - last > 0.5) {
             params->progress(params->user, done, total);

@@ -13,6 +13,7 @@ const ft_arch *ft_arch_get(ft_arch_id id)
     switch (id) {
     case FT_ARCH_OPT: return &ft_arch_opt;
     case FT_ARCH_LLAMA: return &ft_arch_llama;
+    case FT_ARCH_QWEN2: return &ft_arch_qwen2;
     }
     return NULL;
 }

@@ -85,6 +85,30 @@ TEST(bad_configs)
            "\"ffn_dim\":8,\"vocab_size\":50}", FT_ERR_CORRUPT, "max_position_embeddings");
 }
 
+TEST(mistral_qwen2)
+{
+    char dir[512];
+    ft_model_config c;
+    snprintf(dir, sizeof dir, "%s/models/mistral-tiny", data_dir());
+    CHECK_OK(ft_model_config_load(dir, &c));
+    CHECK(c.arch == FT_ARCH_LLAMA && c.sliding_window == 64 && !strcmp(c.model_type, "mistral"));
+    snprintf(dir, sizeof dir, "%s/models/qwen2-tiny", data_dir());
+    CHECK_OK(ft_model_config_load(dir, &c));
+    CHECK(c.arch == FT_ARCH_QWEN2 && c.tie_word_embeddings && c.rope_theta == 1e6f);
+    expect("{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+           "\"num_attention_heads\":4,\"intermediate_size\":100,\"vocab_size\":50,"
+           "\"use_sliding_window\":true}", FT_ERR_UNSUPPORTED, "use_sliding_window");
+    /* a context beyond Mistral's window is refused */
+    ft_model *m = NULL;
+    snprintf(dir, sizeof dir, "%s/models/mistral-tiny", data_dir());
+    CHECK_OK(ft_model_load(dir, NULL, &m));
+    ft_ctx_params cp = {.max_batch = 1, .max_seq = 65};
+    ft_ctx *ctx = NULL;
+    CHECK(ft_ctx_create(m, &cp, &ctx) == FT_ERR_INVALID_ARG && ctx == NULL);
+    CHECK(strstr(ft_last_error(), "sliding_window") != NULL);
+    ft_model_free(m);
+}
+
 TEST(load_missing)
 {
     ft_model_config c;

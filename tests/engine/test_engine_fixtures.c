@@ -75,7 +75,8 @@ static void check_model(const char *name, float tol)
     const char *data = getenv("FT_TEST_DATA");
     snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
     fixture f;
-    REQUIRE(load_fixture(dir, &f));
+    int loaded = load_fixture(dir, &f);   /* REQUIRE evaluates twice */
+    REQUIRE(loaded);
     ft_model *m = NULL;
     CHECK_OK(ft_model_load(dir, NULL, &m));
     REQUIRE(m);
@@ -169,6 +170,8 @@ TEST(opt_tiny_postln) { check_model("opt-tiny-postln", 1e-4f); }
 TEST(llama_tiny) { check_model("llama-tiny", 1e-4f); }
 TEST(llama_tiny_tied_rope3) { check_model("llama-tiny-tied-rope3", 1e-4f); }
 TEST(llama_tiny_bf16) { check_model("llama-tiny-bf16", 1e-4f); }
+TEST(mistral_tiny) { check_model("mistral-tiny", 1e-4f); }
+TEST(qwen2_tiny) { check_model("qwen2-tiny", 1e-4f); }
 
 TEST(bad_dirs)
 {
@@ -176,4 +179,98 @@ TEST(bad_dirs)
     CHECK(ft_model_load("/nonexistent-dir", NULL, &m) == FT_ERR_NOT_FOUND);
     CHECK(m == NULL);
     CHECK(strstr(ft_last_error(), "config.json") != NULL);
+}
+
+/* Checkpoint variants written from opt-tiny's tensors: names without the
+ * "model." prefix (as the original facebook/opt checkpoints have) load and
+ * give the same logits; a missing tensor and a wrong shape are errors that
+ * name the tensor. */
+#include "flextier/model.h"
+#include <unistd.h>
+
+static int copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    int ok = a && b;
+    char buf[4096];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, a)) > 0) ok = fwrite(buf, 1, n, b) == n;
+    if (a) fclose(a);
+    if (b) fclose(b);
+    return ok;
+}
+
+static ft_status write_variant(const char *src, const char *dst, int mode)
+{
+    /* mode 0: strip "model." prefix; 1: drop fc1.bias of layer 1; 2: wrong shape */
+    char p1[640], p2[640];
+    snprintf(p1, sizeof p1, "%s/config.json", src);
+    snprintf(p2, sizeof p2, "%s/config.json", dst);
+    if (!copy_file(p1, p2)) return FT_ERR_IO;
+    ft_checkpoint *ck = NULL;
+    ft_status st = ft_checkpoint_open(src, &ck);
+    if (st) return st;
+    size_t n = ft_checkpoint_count(ck), k = 0;
+    ft_named_tensor *t = calloc(n, sizeof *t);
+    char (*names)[128] = calloc(n, sizeof *names);
+    for (size_t i = 0; i < n && !st; i++) {
+        const char *name = ft_checkpoint_name(ck, i);
+        if (mode == 1 && !strcmp(name, "model.decoder.layers.1.fc1.bias")) continue;
+        snprintf(names[k], sizeof names[k], "%s", mode == 0 && !strncmp(name, "model.", 6) ? name + 6 : name);
+        t[k].name = names[k];
+        st = ft_checkpoint_get(ck, name, &t[k].tensor);
+        if (mode == 2 && !strcmp(name, "model.decoder.layers.0.fc2.weight")) t[k].tensor.shape[1] /= 2;
+        k++;
+    }
+    snprintf(p2, sizeof p2, "%s/model.safetensors", dst);
+    if (!st) st = ft_safetensors_write(p2, t, k, NULL);
+    free(t);
+    free(names);
+    ft_checkpoint_close(ck);
+    return st;
+}
+
+TEST(checkpoint_variants)
+{
+    char src[512], dst[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(src, sizeof src, "%s/models/opt-tiny", data ? data : "tests/data");
+    snprintf(dst, sizeof dst, "/tmp/ft_engine_ckvar_%d", (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dst);
+    REQUIRE(system(cmd) == 0);
+
+    ft_model *a = NULL, *b = NULL;
+    CHECK_OK(write_variant(src, dst, 0));
+    CHECK_OK(ft_model_load(src, NULL, &a));
+    CHECK_OK(ft_model_load(dst, NULL, &b));
+    if (a && b) {
+        ft_ctx_params cp = {.max_batch = 1, .max_seq = 8, .threads = 1};
+        ft_ctx *ca = NULL, *cb = NULL;
+        CHECK_OK(ft_ctx_create(a, &cp, &ca));
+        CHECK_OK(ft_ctx_create(b, &cp, &cb));
+        int32_t toks[] = {5, 6, 7, 8};
+        const int32_t *tp[] = {toks};
+        size_t nt[] = {4};
+        int slot[] = {0};
+        float la[320], lb[320];
+        CHECK_OK(ft_ctx_forward(ca, 1, slot, tp, nt, la, 0));
+        CHECK_OK(ft_ctx_forward(cb, 1, slot, tp, nt, lb, 0));
+        CHECK(!memcmp(la, lb, sizeof la));
+        ft_ctx_free(ca);
+        ft_ctx_free(cb);
+    }
+    ft_model_free(a);
+    ft_model_free(b);
+
+    ft_model *m = NULL;
+    CHECK_OK(write_variant(src, dst, 1));
+    CHECK(ft_model_load(dst, NULL, &m) == FT_ERR_NOT_FOUND && m == NULL);
+    CHECK_MSG(strstr(ft_last_error(), "layers.1.fc1.bias") != NULL, "%s", ft_last_error());
+    CHECK_OK(write_variant(src, dst, 2));
+    CHECK(ft_model_load(dst, NULL, &m) == FT_ERR_CORRUPT && m == NULL);
+    CHECK_MSG(strstr(ft_last_error(), "layers.0.fc2.weight") && strstr(ft_last_error(), "shape"), "%s",
+              ft_last_error());
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    CHECK(system(cmd) == 0);
 }

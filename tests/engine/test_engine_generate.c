@@ -195,3 +195,83 @@ TEST(context_limit)
     CHECK(strstr(ft_last_error(), "max_position_embeddings") != NULL);
     ft_model_free(m);
 }
+
+/* More than 32 rows take the sgemm path, fewer the small-batch kernel:
+ * a 2 x 30 token prefill in one call equals the same prompts fed 5 tokens
+ * at a time. */
+TEST(large_prefill_matches_chunked)
+{
+    for (int arch = FT_ARCH_OPT; arch <= FT_ARCH_LLAMA; arch++) {
+        ft_model *m = random_model((ft_arch_id)arch, 21);
+        REQUIRE(m);
+        ft_ctx_params cp = {.max_batch = 2, .max_seq = 40, .threads = 2};
+        ft_ctx *c = NULL;
+        CHECK_OK(ft_ctx_create(m, &cp, &c));
+        REQUIRE(c);
+        int32_t p[2][30];
+        uint64_t s = 5;
+        for (int j = 0; j < 2; j++)
+            for (int i = 0; i < 30; i++) p[j][i] = (int32_t)(ft_test_rand(&s) % 97);
+        int slots[] = {0, 1};
+        const int32_t *tp[] = {p[0], p[1]};
+        size_t nt[] = {30, 30};
+        float a[2 * 97], b[2 * 97];
+        CHECK_OK(ft_ctx_forward(c, 2, slots, tp, nt, a, 0));
+        ft_ctx_reset(c, 0);
+        ft_ctx_reset(c, 1);
+        for (int k = 0; k < 30; k += 5) {
+            const int32_t *cp2[] = {p[0] + k, p[1] + k};
+            size_t n5[] = {5, 5};
+            CHECK_OK(ft_ctx_forward(c, 2, slots, cp2, n5, b, 0));
+        }
+        float md = 0;
+        for (int i = 0; i < 2 * 97; i++) md = fabsf(a[i] - b[i]) > md ? fabsf(a[i] - b[i]) : md;
+        CHECK_MSG(md < 1e-4f, "arch %d: one-shot vs chunked prefill differ by %g", arch, md);
+        ft_ctx_free(c);
+        ft_model_free(m);
+    }
+}
+
+/* The sampler's filters on a known distribution: p = .1 .2 .3 .4. */
+TEST(sampler_filters)
+{
+    ft_sampler *s = NULL;
+    CHECK_OK(ft_sampler_create(4, &s));
+    REQUIRE(s);
+    int counts[4] = {0, 0, 0, 0};
+    uint64_t rng = 99;
+    ft_sampling p = {.temperature = 1.0f, .top_p = 0.65f};
+    for (int i = 0; i < 4000; i++) {
+        float lg[4] = {logf(1), logf(2), logf(3), logf(4)};
+        int32_t t = ft_sampler_sample(s, &p, lg, NULL, 0, &rng);
+        REQUIRE(t >= 0 && t < 4);
+        counts[t]++;
+    }
+    /* top-p 0.65 keeps {.4, .3}: renormalized 4/7 and 3/7 */
+    CHECK(counts[0] == 0 && counts[1] == 0);
+    CHECK_MSG(fabs(counts[3] / 4000.0 - 4.0 / 7) < 0.03, "top-p frequencies %d %d", counts[2], counts[3]);
+    /* no filter: all four, roughly in proportion */
+    memset(counts, 0, sizeof counts);
+    p.top_p = 0;
+    for (int i = 0; i < 4000; i++) {
+        float lg[4] = {logf(1), logf(2), logf(3), logf(4)};
+        counts[ft_sampler_sample(s, &p, lg, NULL, 0, &rng)]++;
+    }
+    for (int k = 0; k < 4; k++) CHECK_MSG(fabs(counts[k] / 4000.0 - (k + 1) / 10.0) < 0.03, "token %d: %d", k, counts[k]);
+    /* top-k 2 then temperature -> only the two largest */
+    p.top_k = 2;
+    p.temperature = 0.5f;
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 2000; i++) {
+        float lg[4] = {logf(1), logf(2), logf(3), logf(4)};
+        counts[ft_sampler_sample(s, &p, lg, NULL, 0, &rng)]++;
+    }
+    CHECK(counts[0] == 0 && counts[1] == 0 && counts[2] > 0 && counts[3] > counts[2]);
+    /* repetition penalty (HF): positive logits divided, negative multiplied */
+    ft_sampling g = {.temperature = 0, .repetition_penalty = 2.0f};
+    float lg[4] = {-1.0f, 3.0f, 2.0f, 0.5f};
+    int32_t hist[] = {1, 1, 0};
+    CHECK(ft_sampler_sample(s, &g, lg, hist, 3, &rng) == 2);
+    CHECK(lg[1] == 1.5f && lg[0] == -2.0f && lg[2] == 2.0f);
+    ft_sampler_free(s);
+}

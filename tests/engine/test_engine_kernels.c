@@ -115,3 +115,75 @@ TEST(rope)
     CHECK(fabsf(v[0] * v[0] + v[2] * v[2] - 10) < 1e-5f);
     CHECK(fabsf(v[1] * v[1] + v[3] * v[3] - 20) < 1e-5f);
 }
+
+TEST(matmul_rows)
+{
+    static float x[9 * 173], W[11 * 173], y1[9 * 16], y2[9 * 16], b[11];
+    static const int ins[] = {1, 15, 16, 17, 64, 173};
+    for (int k = 0; k < 6; k++) {
+        int in = ins[k];
+        for (int rows = 1; rows <= 9; rows += 4) {
+            for (int nout = 1; nout <= 11; nout += 5) {
+                fill(x, rows * in, 1); fill(W, nout * in, 1); fill(b, nout, 1);
+                for (int wb = 0; wb < 2; wb++) {
+                    ft_k_matmul_rows_ref(y1, 16, x, rows, W, nout, in, wb ? b : NULL);
+                    ft_k_matmul_rows(y2, 16, x, rows, W, nout, in, wb ? b : NULL);
+                    int ok = 1;
+                    for (int r = 0; r < rows; r++)
+                        ok &= close_rel(y2 + r * 16, y1 + r * 16, nout, 1e-5f * sqrtf((float)in));
+                    CHECK_MSG(ok, "matmul_rows in=%d rows=%d nout=%d", in, rows, nout);
+                }
+            }
+        }
+    }
+}
+
+TEST(attend)
+{
+    static float q[200], K[70 * 300], V[70 * 300], o1[200], o2[200], s1[70], s2[70];
+    static const int hds[] = {8, 16, 48, 64, 100, 128, 160};
+    static const int nps[] = {1, 3, 4, 5, 17, 70};
+    for (int a = 0; a < 7; a++)
+        for (int b = 0; b < 6; b++) {
+            int hd = hds[a], np = nps[b], ld = 300;
+            fill(q, hd, 1); fill(K, np * ld, 1); fill(V, np * ld, 1);
+            ft_k_attend_ref(o1, q, K, V, ld, np, hd, 0.3f, s1);
+            ft_k_attend(o2, q, K, V, ld, np, hd, 0.3f, s2);
+            CHECK_MSG(close_rel(o2, o1, hd, 1e-5f), "attend hd=%d npos=%d", hd, np);
+            CHECK_MSG(close_rel(s2, s1, np, 1e-5f), "attend probs hd=%d npos=%d", hd, np);
+        }
+}
+
+/* The AVX2 tier directly (the dispatcher picks AVX-512 where it exists). */
+#include "engine/kernels_simd.h"
+TEST(avx2_tier)
+{
+    const ft_cpu_features *f = ft_cpu();
+    if (!(f->avx2 && f->fma)) { printf("  (no AVX2: skipped)\n"); return; }
+    float x[1000], y[1000], w[1000], b[1000], o1[1000], o2[1000];
+    for (int s = 0; s < NS; s++) {
+        int n = sizes[s];
+        fill(x, n, 3); fill(y, n, 1); fill(w, n, 1); fill(b, n, 1);
+        float r = ft_k_dot_ref(x, y, n), v = ft_k_dot_avx2(x, y, n);
+        CHECK_MSG(fabsf(r - v) <= 1e-5f * (1 + fabsf(r)) * sqrtf((float)n), "dot_avx2 n=%d", n);
+        memcpy(o1, y, sizeof(float) * (size_t)n); memcpy(o2, y, sizeof(float) * (size_t)n);
+        ft_k_axpy_ref(o1, 0.5f, x, n); ft_k_axpy_avx2(o2, 0.5f, x, n);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-6f), "axpy_avx2 n=%d", n);
+        ft_k_rmsnorm_ref(o1, x, w, n, 1e-5f); ft_k_rmsnorm_avx2(o2, x, w, n, 1e-5f);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-5f), "rmsnorm_avx2 n=%d", n);
+        ft_k_layernorm_ref(o1, x, w, b, n, 1e-5f); ft_k_layernorm_avx2(o2, x, w, b, n, 1e-5f);
+        CHECK_MSG(close_rel(o2, o1, n, 1e-4f), "layernorm_avx2 n=%d", n);
+        memcpy(o1, x, sizeof(float) * (size_t)n); memcpy(o2, x, sizeof(float) * (size_t)n);
+        ft_k_softmax_ref(o1, n); ft_k_softmax_avx2(o2, n);
+        CHECK_MSG(close_rel(o2, o1, n, 2e-6f), "softmax_avx2 n=%d", n);
+        memcpy(o1, x, sizeof(float) * (size_t)n); memcpy(o2, x, sizeof(float) * (size_t)n);
+        ft_k_silu_mul_ref(o1, y, n); ft_k_silu_mul_avx2(o2, y, n);
+        CHECK_MSG(close_rel(o2, o1, n, 2e-6f), "silu_mul_avx2 n=%d", n);
+    }
+    float c[32], sn[32];
+    for (int i = 0; i < 32; i++) { c[i] = cosf((float)i); sn[i] = sinf((float)i); }
+    fill(x, 4 * 64, 2);
+    memcpy(o1, x, sizeof(float) * 256); memcpy(o2, x, sizeof(float) * 256);
+    ft_k_rope_ref(o1, 4, 64, c, sn); ft_k_rope_avx2(o2, 4, 64, c, sn);
+    CHECK(close_rel(o2, o1, 256, 1e-6f));
+}
