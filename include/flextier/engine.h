@@ -1,0 +1,256 @@
+/*
+ * flextier/engine.h - the CPU inference engine: model configuration
+ * (Hugging Face config.json), weights, a batched layer-major forward pass
+ * with a per-sequence KV cache, sampling and batched generation.
+ *
+ * Architectures: OPT (model_type "opt") and Llama ("llama"). Each is a small
+ * table in src/engine/arch_<name>.c (tensor names and feature flags); the
+ * forward pass is shared.
+ *
+ * Shape of the computation (FlexGen's): every forward call takes a batch of
+ * sequences, each contributing any number of new tokens (prefill: the whole
+ * prompt; decode: one token). All new tokens of all sequences are stacked
+ * into one matrix, so every linear layer is one cblas_sgemm over the whole
+ * batch; attention runs per (sequence, head) on the thread pool. The pass is
+ * layer-major: layer 0 for the whole batch, then layer 1, ... Before each
+ * layer an optional hook runs ("make layer i's weights present"), which is
+ * where the offloading scheduler streams weights from other tiers.
+ *
+ * Weights are f32 in memory (bf16/f16 checkpoints are converted once at
+ * load), in the Hugging Face (out_features, in_features) layout.
+ *
+ * Thread-safety: an ft_model is immutable after load and may be shared by
+ * several contexts; an ft_ctx is used by one thread at a time (it uses its
+ * own thread pool internally).
+ */
+#ifndef FLEXTIER_ENGINE_H
+#define FLEXTIER_ENGINE_H
+
+#include "flextier/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- config */
+
+typedef enum ft_arch_id {
+    FT_ARCH_OPT = 1,
+    FT_ARCH_LLAMA = 2
+} ft_arch_id;
+
+#define FT_MAX_EOS 8
+
+/* Everything the engine reads from config.json (+ generation_config.json).
+ * Fields not used by an architecture are 0. */
+typedef struct ft_model_config {
+    ft_arch_id arch;
+    char model_type[32];        /* as in config.json                       */
+    int hidden;                 /* hidden_size                             */
+    int n_layers;               /* num_hidden_layers                       */
+    int n_heads;                /* num_attention_heads                     */
+    int n_kv_heads;             /* num_key_value_heads (OPT: = n_heads)    */
+    int head_dim;               /* head_dim or hidden / n_heads            */
+    int ffn;                    /* ffn_dim / intermediate_size             */
+    int vocab;                  /* vocab_size                              */
+    int max_pos;                /* max_position_embeddings                 */
+    float norm_eps;             /* rms_norm_eps (Llama), 1e-5 (OPT)        */
+    int tie_word_embeddings;    /* lm_head shares embed_tokens             */
+    /* OPT */
+    int word_embed_proj_dim;    /* == hidden unless project_in/out exist   */
+    int do_layer_norm_before;   /* 1: pre-LN (most OPTs), 0: post-LN (350m) */
+    int enable_bias;            /* linear layers have biases               */
+    int ln_affine;              /* layer_norm_elementwise_affine           */
+    int final_norm;             /* a final layer norm exists               */
+    /* Llama */
+    int attention_bias, mlp_bias;
+    float rope_theta;
+    int rope_llama3;            /* rope_scaling.rope_type == "llama3"      */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_max_pos;
+    /* special tokens (-1 = none) */
+    int32_t bos_id, pad_id;
+    int32_t eos_ids[FT_MAX_EOS];
+    int n_eos;
+    /* generation_config.json defaults (0 = not given) */
+    int gen_do_sample;
+    float gen_temperature, gen_top_p, gen_repetition_penalty;
+    int gen_top_k, gen_max_new_tokens;
+} ft_model_config;
+
+/* Parse a config.json held in memory. `what` names the file in error
+ * messages. FT_ERR_CORRUPT: not JSON, a field of the wrong type or an
+ * absurd value (0 layers, heads not dividing hidden, sizes beyond the
+ * engine's limits); FT_ERR_UNSUPPORTED: an unknown model_type or an
+ * unsupported option (activation other than relu for OPT, an unknown
+ * rope_scaling type). The detail names the file and the field. */
+ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
+                                ft_model_config *out);
+/* Apply a generation_config.json held in memory to *cfg (token ids and
+ * sampling defaults). */
+ft_status ft_model_config_parse_generation(const char *json, size_t len,
+                                           const char *what, ft_model_config *cfg);
+/* Read DIR/config.json and, when present, DIR/generation_config.json. */
+ft_status ft_model_config_load(const char *dir, ft_model_config *out);
+
+/* ----------------------------------------------------------------- model */
+
+/* The weights of one transformer layer: f32 pointers in the Hugging Face
+ * (out, in) layout. NULL where the architecture/config has no such tensor.
+ * Norm 1 is the attention norm (OPT self_attn_layer_norm, Llama
+ * input_layernorm); norm 2 the FFN norm (OPT final_layer_norm, Llama
+ * post_attention_layernorm). FFN: OPT fc1 = up, fc2 = down; Llama
+ * gate/up/down. Each layer's tensors normally live in one buffer the model
+ * owns; an offloading scheduler may point a layer at its own buffer. */
+typedef struct ft_layer_weights {
+    const float *norm1_w, *norm1_b;
+    const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    const float *norm2_w, *norm2_b;
+    const float *w_gate, *b_gate, *w_up, *b_up, *w_down, *b_down;
+} ft_layer_weights;
+
+typedef struct ft_model ft_model;
+
+typedef struct ft_load_params {
+    /* Called now and then during a long load with done/total bytes. */
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *user;
+} ft_load_params;
+
+/* Load a Hugging Face model directory: config (as ft_model_config_load)
+ * and the safetensors checkpoint (single or sharded). Every tensor the
+ * architecture needs must be present with the exact shape; f32/f16/bf16
+ * are accepted and converted to f32. params may be NULL.
+ * Errors name the file and tensor (FT_ERR_NOT_FOUND for a missing tensor,
+ * FT_ERR_CORRUPT for a wrong shape, FT_ERR_UNSUPPORTED for a dtype). */
+ft_status ft_model_load(const char *dir, const ft_load_params *params,
+                        ft_model **out);
+/* A model with every weight zero (tests, gen-model): fill the weights
+ * through ft_model_tensor(). */
+ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
+void ft_model_free(ft_model *m);                 /* NULL ok */
+
+const ft_model_config *ft_model_get_config(const ft_model *m);
+/* Total bytes of f32 weights held. */
+uint64_t ft_model_weight_bytes(const ft_model *m);
+
+/* Enumerate the model's tensors under their Hugging Face names (in
+ * checkpoint order: globals then layers). *view is a writable f32 view of
+ * the model's own storage (a tied lm_head is not listed separately).
+ * FT_ERR_NOT_FOUND when i >= count. */
+size_t ft_model_tensor_count(const ft_model *m);
+ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
+                          ft_tensor *view);
+
+/* Layer i's weights (NULL if out of range): the model's own table entry,
+ * which a scheduler may overwrite (the model never frees what it points
+ * to unless it allocated it). */
+ft_layer_weights *ft_model_layer(ft_model *m, int i);
+/* Bytes of f32 weights in one layer (all layers have the same size). */
+uint64_t ft_model_layer_bytes(const ft_model *m);
+
+/* --------------------------------------------------------------- context */
+
+typedef struct ft_ctx ft_ctx;
+
+typedef struct ft_ctx_params {
+    int max_batch;        /* sequence slots (KV caches)                    */
+    int max_seq;          /* tokens per sequence, prompt + generated       */
+    int max_rows;         /* new tokens per forward call over all
+                             sequences (0: max_batch * max_seq)            */
+    int all_logits;       /* 1: ft_ctx_forward may return logits of every
+                             row (needs max_rows x vocab floats)           */
+    unsigned threads;     /* 0: ft_default_threads()                       */
+} ft_ctx_params;
+
+/* Called before layer `layer` is computed. It may replace *w (e.g. with
+ * weights it just streamed in). Returning an error aborts the forward. */
+typedef ft_status (*ft_layer_hook)(void *user, int layer, ft_layer_weights *w);
+
+/* A context: KV caches for max_batch sequences of max_seq tokens and all
+ * scratch buffers, allocated here once; the forward pass never allocates.
+ * FT_ERR_INVALID_ARG if max_seq exceeds the model's position limit (OPT's
+ * learned positions). */
+ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
+void ft_ctx_free(ft_ctx *c);                     /* NULL ok */
+void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user);
+/* Bytes held by the KV cache and by scratch buffers. */
+uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
+uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
+
+/* Forget a sequence's tokens (its slot becomes empty). */
+void ft_ctx_reset(ft_ctx *c, int slot);
+/* Tokens already in a slot's cache. */
+int ft_ctx_seq_len(const ft_ctx *c, int slot);
+/* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
+ * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim. */
+ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
+                    int *len, int *kv_dim);
+
+/* One batched forward step. For each j < n: append ntok[j] >= 1 tokens
+ * tokens[j][..] to sequence slot slots[j] (slots distinct). logits: NULL,
+ * or room for the logits (vocab floats per row) of the LAST token of each
+ * sequence (n rows) or, with all_rows (needs ctx all_logits), of every new
+ * token in order (sum ntok rows). Errors: FT_ERR_INVALID_ARG (bad slot,
+ * token id >= vocab, total rows > max_rows), FT_ERR_NO_SPACE (a sequence
+ * would exceed max_seq), or the hook's status; on error the caches of the
+ * sequences involved are unchanged. */
+ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
+                         const int32_t *const *tokens, const size_t *ntok,
+                         float *logits, int all_rows);
+
+/* -------------------------------------------------------------- sampling */
+
+typedef struct ft_sampling {
+    float temperature;          /* <= 0: greedy (argmax)                    */
+    int top_k;                  /* 0: off                                   */
+    float top_p;                /* 0 or >= 1: off                           */
+    float repetition_penalty;   /* 1 or 0: off (HF: divide positive logits,
+                                   multiply negative ones, of tokens seen)  */
+    uint64_t seed;
+} ft_sampling;
+
+typedef struct ft_sampler ft_sampler;
+/* Workspace for one vocabulary (allocated once). */
+ft_status ft_sampler_create(int vocab, ft_sampler **out);
+void ft_sampler_free(ft_sampler *s);
+/* Pick a token from logits (modified in place). history: tokens seen so
+ * far (prompt + generated) for the repetition penalty. rng: per-sequence
+ * state (seed it with ft_sampling.seed). Order as in transformers:
+ * repetition penalty, temperature, top-k, top-p, then a draw. */
+int32_t ft_sampler_sample(ft_sampler *s, const ft_sampling *p, float *logits,
+                          const int32_t *history, size_t n_history,
+                          uint64_t *rng);
+
+/* ------------------------------------------------------------ generation */
+
+/* Per new token; return nonzero to stop that sequence (e.g. a stop
+ * string). seq indexes the prompts passed to ft_generate. */
+typedef int (*ft_token_cb)(void *user, size_t seq, int32_t token);
+
+typedef struct ft_gen_params {
+    size_t max_new_tokens;
+    ft_sampling sampling;
+    int ignore_eos;             /* 1: do not stop at the config's EOS ids   */
+    ft_token_cb on_token;       /* may be NULL                              */
+    void *user;
+} ft_gen_params;
+
+typedef struct ft_gen_stats {
+    size_t prefill_tokens, decode_tokens;
+    double prefill_s, decode_s;
+} ft_gen_stats;
+
+/* Generate for n prompts as one batch (n <= max_batch; slots 0..n-1 are
+ * reset first). out[j] receives up to max_new_tokens ids, n_out[j] how
+ * many (an EOS token that stopped a sequence is included). Prefill runs
+ * once over all prompts, then decode steps over the sequences still
+ * active. */
+ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
+                      const size_t *prompt_len, const ft_gen_params *p,
+                      int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,457 @@
+/* The batched, layer-major forward pass.
+ *
+ * All new tokens of all sequences in a call are stacked into one matrix of
+ * `rows` rows, so each linear layer is one sgemm over the batch (prefill:
+ * every prompt token of every sequence; decode: one row per sequence).
+ * Attention is per (sequence, head) on the thread pool, against that
+ * sequence's KV cache. Nothing here allocates: every buffer is sized in
+ * ft_ctx_create. */
+#include "engine_internal.h"
+#include "kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ft_ctx {
+    const ft_model *m;
+    ft_ctx_params p;
+    ft_pool *pool;
+    unsigned threads;
+    int qdim, kvdim, edim;          /* edim = max(hidden, word_embed_proj_dim) */
+    float *kv;                      /* [layer][k|v][slot][max_seq][kvdim] */
+    int *seq_len;
+    float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
+    float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
+    int *row_seq, *row_pos, *row0;
+    uint64_t scratch_bytes;
+    ft_layer_hook hook;
+    void *hook_user;
+    /* per-call state read by pool tasks */
+    int layer;
+    size_t n;
+    const int *slots;
+    const size_t *ntok;
+    int rows;
+    const ft_layer_weights *w;
+};
+
+static float *falloc(ft_ctx *c, size_t n)
+{
+    c->scratch_bytes += n * sizeof(float);
+    float *p = ft_malloc_aligned((n ? n : 1) * sizeof(float), 64);
+    return p;
+}
+
+/* Llama RoPE frequencies, in f32 as transformers computes them. */
+static void rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
+{
+    int dim = cfg->head_dim;
+    for (int i = 0; i < half; i++)
+        inv[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
+    if (!cfg->rope_llama3) return;
+    float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+    float old = (float)cfg->rope_orig_max_pos;
+    float low_wl = old / lo, high_wl = old / hi;
+    for (int i = 0; i < half; i++) {
+        float wl = 2.0f * (float)M_PI / inv[i];
+        float f = wl > low_wl ? inv[i] / factor : inv[i];
+        float smooth = (old / wl - lo) / (hi - lo);
+        float smoothed = (1.0f - smooth) * f / factor + smooth * f;
+        int medium = !(wl < high_wl) && !(wl > low_wl);
+        inv[i] = medium ? smoothed : f;
+    }
+}
+
+ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
+{
+    if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ctx: NULL argument");
+    const ft_model_config *cfg = &m->cfg;
+    if (p->max_batch < 1 || p->max_batch > 65536 || p->max_seq < 1)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: max_batch %d / max_seq %d out of range",
+                            p->max_batch, p->max_seq);
+    if (p->max_seq > cfg->max_pos)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
+                            "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    ft_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
+    c->m = m;
+    c->p = *p;
+    if (c->p.max_rows <= 0) {
+        int64_t r = (int64_t)p->max_batch * p->max_seq;
+        c->p.max_rows = r > (1 << 24) ? (1 << 24) : (int)r;
+    }
+    c->threads = p->threads ? p->threads : ft_default_threads();
+    c->qdim = cfg->n_heads * cfg->head_dim;
+    c->kvdim = cfg->n_kv_heads * cfg->head_dim;
+    c->edim = cfg->hidden > cfg->word_embed_proj_dim ? cfg->hidden : cfg->word_embed_proj_dim;
+    size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
+    size_t kvn = (size_t)cfg->n_layers * 2 * B * S * (size_t)c->kvdim;
+    ft_status st = ft_pool_create(c->threads, &c->pool);
+    if (st) { free(c); return st; }
+    c->kv = ft_malloc_aligned(kvn * sizeof(float), 64);
+    c->seq_len = calloc(B, sizeof(int));
+    size_t selrows = c->p.all_logits ? R : B;
+    c->x = falloc(c, R * (size_t)c->edim);
+    c->xb = falloc(c, R * (size_t)c->edim);
+    c->q = falloc(c, R * (size_t)c->qdim);
+    c->k = falloc(c, R * (size_t)c->kvdim);
+    c->v = falloc(c, R * (size_t)c->kvdim);
+    c->att = falloc(c, R * (size_t)c->qdim);
+    c->h1 = falloc(c, R * (size_t)cfg->ffn);
+    c->h2 = falloc(c, R * (size_t)cfg->ffn);
+    c->sel = falloc(c, selrows * (size_t)c->edim);
+    c->sel2 = falloc(c, selrows * (size_t)c->edim);
+    c->scores = falloc(c, (size_t)c->threads * S);
+    c->row_seq = calloc(R, sizeof(int));
+    c->row_pos = calloc(R, sizeof(int));
+    c->row0 = calloc(B + 1, sizeof(int));
+    if (m->arch->pos == FT_POS_ROPE) {
+        int half = cfg->head_dim / 2;
+        c->rope_cos = falloc(c, S * (size_t)half);
+        c->rope_sin = falloc(c, S * (size_t)half);
+        float inv[LIM_HALF_HEAD];
+        if (c->rope_cos && c->rope_sin) {
+            rope_inv_freq(cfg, inv, half);
+            for (size_t pos = 0; pos < S; pos++)
+                for (int i = 0; i < half; i++) {
+                    float f = (float)pos * inv[i];
+                    c->rope_cos[pos * half + i] = cosf(f);
+                    c->rope_sin[pos * half + i] = sinf(f);
+                }
+        }
+    }
+    if (!c->kv || !c->seq_len || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att ||
+        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
+        !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
+        ft_ctx_free(c);
+        return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
+                            (double)kvn * 4 / 1048576.0, (double)c->scratch_bytes / 1048576.0);
+    }
+    *out = c;
+    return FT_OK;
+}
+
+void ft_ctx_free(ft_ctx *c)
+{
+    if (!c) return;
+    ft_pool_free(c->pool);
+    ft_free_aligned(c->kv);
+    free(c->seq_len);
+    ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
+    ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
+    ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
+    ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
+    ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
+    free(c->row_seq); free(c->row_pos); free(c->row0);
+    free(c);
+}
+
+void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user)
+{
+    if (!c) return;
+    c->hook = hook;
+    c->hook_user = user;
+}
+
+uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
+{
+    if (!c) return 0;
+    return (uint64_t)c->m->cfg.n_layers * 2 * (uint64_t)c->p.max_batch * (uint64_t)c->p.max_seq *
+           (uint64_t)c->kvdim * 4;
+}
+uint64_t ft_ctx_scratch_bytes(const ft_ctx *c) { return c ? c->scratch_bytes : 0; }
+
+const ft_model *ft_ctx_model(const ft_ctx *c) { return c->m; }
+int ft_ctx_max_seq(const ft_ctx *c) { return c->p.max_seq; }
+int ft_ctx_max_batch(const ft_ctx *c) { return c->p.max_batch; }
+
+void ft_ctx_reset(ft_ctx *c, int slot)
+{
+    if (c && slot >= 0 && slot < c->p.max_batch) c->seq_len[slot] = 0;
+}
+
+int ft_ctx_seq_len(const ft_ctx *c, int slot)
+{
+    return (c && slot >= 0 && slot < c->p.max_batch) ? c->seq_len[slot] : 0;
+}
+
+static float *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
+{
+    size_t S = (size_t)c->p.max_seq, B = (size_t)c->p.max_batch;
+    return c->kv + ((((size_t)layer * 2 + (size_t)which) * B + (size_t)slot) * S) * (size_t)c->kvdim;
+}
+
+ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *len, int *kv_dim)
+{
+    if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: layer %d / slot %d out of range", layer, slot);
+    if (k) *k = kv_ptr(c, layer, 0, slot);
+    if (v) *v = kv_ptr(c, layer, 1, slot);
+    if (len) *len = c->seq_len[slot];
+    if (kv_dim) *kv_dim = c->kvdim;
+    return FT_OK;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* y[rows, out] = x[rows, in] W[out, in]^T + b */
+static void linear(float *y, const float *x, int rows, int in, const float *W, int out, const float *b)
+{
+    if (rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
+                    0.0f, y, out);
+    if (b)
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)r * out;
+            for (int o = 0; o < out; o++) yr[o] += b[o];
+        }
+}
+
+/* Row-parallel loops on the pool, in chunks. */
+typedef void (*rows_fn)(ft_ctx *c, int r0, int r1, const void *a);
+typedef struct { ft_ctx *c; rows_fn fn; const void *a; int rows, chunk; } rows_job;
+
+static void rows_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    rows_job *j = arg;
+    int r0 = (int)i * j->chunk, r1 = r0 + j->chunk;
+    if (r1 > j->rows) r1 = j->rows;
+    j->fn(j->c, r0, r1, j->a);
+}
+
+static void par_rows(ft_ctx *c, int rows, rows_fn fn, const void *a)
+{
+    if (rows <= 4 || c->threads == 1) { fn(c, 0, rows, a); return; }
+    int chunk = (rows + (int)c->threads * 4 - 1) / ((int)c->threads * 4);
+    if (chunk < 1) chunk = 1;
+    rows_job j = {c, fn, a, rows, chunk};
+    ft_pool_run(c->pool, (size_t)((rows + chunk - 1) / chunk), rows_task, &j);
+}
+
+typedef struct { float *out; const float *in; const float *w, *b; int dim; } norm_args;
+
+static void norm_rows(ft_ctx *c, int r0, int r1, const void *arg)
+{
+    const norm_args *a = arg;
+    float eps = c->m->cfg.norm_eps;
+    for (int r = r0; r < r1; r++) {
+        float *o = a->out + (size_t)r * a->dim;
+        const float *x = a->in + (size_t)r * a->dim;
+        if (c->m->arch->norm == FT_NORM_RMS) ft_k_rmsnorm(o, x, a->w, a->dim, eps);
+        else ft_k_layernorm(o, x, a->w, a->b, a->dim, eps);
+    }
+}
+
+static void norm(ft_ctx *c, float *out, const float *in, int rows, int dim, const float *w, const float *b)
+{
+    norm_args a = {out, in, w, b, dim};
+    par_rows(c, rows, norm_rows, &a);
+}
+
+static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
+{
+    (void)arg;
+    const ft_model_config *cfg = &c->m->cfg;
+    int half = cfg->head_dim / 2;
+    for (int r = r0; r < r1; r++) {
+        const float *cs = c->rope_cos + (size_t)c->row_pos[r] * half;
+        const float *sn = c->rope_sin + (size_t)c->row_pos[r] * half;
+        ft_k_rope(c->q + (size_t)r * c->qdim, cfg->n_heads, cfg->head_dim, cs, sn);
+        ft_k_rope(c->k + (size_t)r * c->kvdim, cfg->n_kv_heads, cfg->head_dim, cs, sn);
+    }
+}
+
+/* Attention for one (sequence, head): causal over the cache. */
+static void attn_task(void *arg, size_t t, unsigned worker)
+{
+    ft_ctx *c = arg;
+    const ft_model_config *cfg = &c->m->cfg;
+    size_t j = t / (size_t)cfg->n_heads;
+    int h = (int)(t % (size_t)cfg->n_heads);
+    int hd = cfg->head_dim;
+    int kvh = h / (cfg->n_heads / cfg->n_kv_heads);
+    int slot = c->slots[j];
+    const float *K = kv_ptr(c, c->layer, 0, slot) + (size_t)kvh * hd;
+    const float *V = kv_ptr(c, c->layer, 1, slot) + (size_t)kvh * hd;
+    float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
+    float scale = 1.0f / sqrtf((float)hd);
+    int r0 = c->row0[j];
+    for (size_t i = 0; i < c->ntok[j]; i++) {
+        int r = r0 + (int)i;
+        int npos = c->row_pos[r] + 1;
+        const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
+        for (int p = 0; p < npos; p++) sc[p] = ft_k_dot(q, K + (size_t)p * c->kvdim, hd) * scale;
+        ft_k_softmax(sc, npos);
+        float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int p = 0; p < npos; p++) ft_k_axpy(o, sc[p], V + (size_t)p * c->kvdim, hd);
+    }
+}
+
+static void ffn_act_rows(ft_ctx *c, int r0, int r1, const void *arg)
+{
+    (void)arg;
+    int f = c->m->cfg.ffn;
+    if (c->m->arch->ffn == FT_FFN_SWIGLU) {
+        ft_k_silu_mul(c->h1 + (size_t)r0 * f, c->h2 + (size_t)r0 * f, (r1 - r0) * f);
+    } else {
+        float *h = c->h1 + (size_t)r0 * f;
+        for (size_t i = 0, n = (size_t)(r1 - r0) * f; i < n; i++) h[i] = h[i] > 0 ? h[i] : 0;
+    }
+}
+
+static void add_into(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
+{
+    const ft_model_config *cfg = &c->m->cfg;
+    const ft_arch *a = c->m->arch;
+    int rows = c->rows, H = cfg->hidden;
+    int pre = a->norm == FT_NORM_RMS || cfg->do_layer_norm_before;
+    size_t xn = (size_t)rows * H;
+    c->layer = l;
+    c->w = w;
+
+    /* attention block */
+    const float *in = c->x;
+    if (pre) { norm(c, c->xb, c->x, rows, H, w->norm1_w, w->norm1_b); in = c->xb; }
+    linear(c->q, in, rows, H, w->wq, c->qdim, w->bq);
+    linear(c->k, in, rows, H, w->wk, c->kvdim, w->bk);
+    linear(c->v, in, rows, H, w->wv, c->kvdim, w->bv);
+    if (a->pos == FT_POS_ROPE) par_rows(c, rows, rope_rows, NULL);
+    for (size_t j = 0; j < c->n; j++) {          /* append K/V to the caches */
+        int r0 = c->row0[j], pos0 = c->row_pos[r0];
+        size_t bytes = c->ntok[j] * (size_t)c->kvdim * sizeof(float);
+        memcpy(kv_ptr(c, l, 0, c->slots[j]) + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
+        memcpy(kv_ptr(c, l, 1, c->slots[j]) + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
+    }
+    ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
+    linear(c->xb, c->att, rows, c->qdim, w->wo, H, w->bo);
+    add_into(c->x, c->xb, xn);
+    if (!pre) norm(c, c->x, c->x, rows, H, w->norm1_w, w->norm1_b);
+
+    /* feed-forward block */
+    in = c->x;
+    if (pre) { norm(c, c->xb, c->x, rows, H, w->norm2_w, w->norm2_b); in = c->xb; }
+    if (a->ffn == FT_FFN_SWIGLU) {
+        linear(c->h1, in, rows, H, w->w_gate, cfg->ffn, w->b_gate);
+        linear(c->h2, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+    } else {
+        linear(c->h1, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+    }
+    par_rows(c, rows, ffn_act_rows, NULL);
+    linear(c->xb, c->h1, rows, cfg->ffn, w->w_down, H, w->b_down);
+    add_into(c->x, c->xb, xn);
+    if (!pre) norm(c, c->x, c->x, rows, H, w->norm2_w, w->norm2_b);
+    return FT_OK;
+}
+
+ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                         const size_t *ntok, float *logits, int all_rows)
+{
+    if (!c || !slots || !tokens || !ntok || n == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    const ft_model *m = c->m;
+    const ft_model_config *cfg = &m->cfg;
+    if (n > (size_t)c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
+    if (all_rows && !c->p.all_logits)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
+    size_t rows = 0;
+    for (size_t j = 0; j < n; j++) {
+        int s = slots[j];
+        if (s < 0 || s >= c->p.max_batch)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
+        for (size_t i = 0; i < j; i++)
+            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
+        if (ntok[j] == 0 || !tokens[j])
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
+        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
+            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
+                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
+        for (size_t i = 0; i < ntok[j]; i++)
+            if (tokens[j][i] < 0 || tokens[j][i] >= cfg->vocab)
+                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
+                                    (int)tokens[j][i], cfg->vocab);
+        rows += ntok[j];
+        if (rows > (size_t)c->p.max_rows)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
+                                c->p.max_rows);
+    }
+    c->n = n;
+    c->slots = slots;
+    c->ntok = ntok;
+    c->rows = (int)rows;
+    int r = 0;
+    for (size_t j = 0; j < n; j++) {
+        c->row0[j] = r;
+        for (size_t i = 0; i < ntok[j]; i++, r++) {
+            c->row_seq[r] = (int)j;
+            c->row_pos[r] = c->seq_len[slots[j]] + (int)i;
+        }
+    }
+    c->row0[n] = r;
+    openblas_set_num_threads((int)c->threads);
+
+    /* embeddings */
+    int H = cfg->hidden, E = cfg->word_embed_proj_dim;
+    const float *tok = m->g[GW_TOK_EMB];
+    float *emb = m->g[GW_PROJ_IN] ? c->xb : c->x;
+    for (size_t j = 0, rr = 0; j < n; j++)
+        for (size_t i = 0; i < ntok[j]; i++, rr++)
+            memcpy(emb + rr * (size_t)E, tok + (size_t)tokens[j][i] * E, (size_t)E * sizeof(float));
+    if (m->g[GW_PROJ_IN]) linear(c->x, c->xb, (int)rows, E, m->g[GW_PROJ_IN], H, NULL);
+    if (m->arch->pos == FT_POS_LEARNED) {
+        const float *pe = m->g[GW_POS_EMB];
+        for (size_t rr = 0; rr < rows; rr++)
+            add_into(c->x + rr * (size_t)H, pe + (size_t)(c->row_pos[rr] + m->arch->pos_offset) * H, (size_t)H);
+    }
+
+    for (int l = 0; l < cfg->n_layers; l++) {
+        ft_layer_weights *w = &((ft_model *)m)->layers[l];
+        ft_layer_weights local;
+        if (c->hook) {
+            local = *w;
+            ft_status st = c->hook(c->hook_user, l, &local);
+            if (st) return st;
+            w = &local;
+        }
+        ft_status st = layer_forward(c, l, w);
+        if (st) return st;
+    }
+
+    for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
+    if (!logits) return FT_OK;
+
+    /* final norm, project_out, lm_head on the rows that need logits */
+    int nsel;
+    const float *src;
+    if (all_rows) {
+        nsel = (int)rows;
+        src = c->x;
+    } else {
+        nsel = (int)n;
+        for (size_t j = 0; j < n; j++)
+            memcpy(c->sel + j * (size_t)H, c->x + (size_t)(c->row0[j + 1] - 1) * H, (size_t)H * sizeof(float));
+        src = c->sel;
+    }
+    if (m->g[GW_FINAL_NORM_W] || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
+        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W], m->g[GW_FINAL_NORM_B]);
+        src = c->sel2;
+    }
+    if (m->g[GW_PROJ_OUT]) {
+        float *dst = src == c->sel ? c->sel2 : c->sel;
+        linear(dst, src, nsel, H, m->g[GW_PROJ_OUT], E, NULL);
+        src = dst;
+    }
+    linear(logits, src, nsel, E, m->g[GW_LM_HEAD], cfg->vocab, NULL);
+    return FT_OK;
+}

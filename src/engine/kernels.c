@@ -1,0 +1,123 @@
+/* Scalar reference kernels and the run-time dispatch. The SIMD versions
+ * live in kernels_x86.c. */
+#include "kernels.h"
+#include "kernels_simd.h"
+#include "flextier/core.h"
+
+#include <math.h>
+#include <pthread.h>
+
+float ft_k_dot_ref(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void ft_k_axpy_ref(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void ft_k_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps)
+{
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * r) * (w ? w[i] : 1.0f);
+}
+
+void ft_k_layernorm_ref(float *out, const float *x, const float *w, const float *b, int n, float eps)
+{
+    float mean = 0, var = 0;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) { float d = x[i] - mean; var += d * d; }
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int i = 0; i < n; i++) {
+        float y = (x[i] - mean) * r;
+        out[i] = y * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+void ft_k_softmax_ref(float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    float s = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    float inv = 1.0f / s;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ft_k_rope_ref(float *x, int n_heads, int head_dim, const float *c, const float *s)
+{
+    int h = head_dim / 2;
+    for (int hd = 0; hd < n_heads; hd++) {
+        float *v = x + (size_t)hd * head_dim;
+        for (int i = 0; i < h; i++) {
+            float a = v[i], b = v[i + h];
+            v[i] = a * c[i] - b * s[i];
+            v[i + h] = b * c[i] + a * s[i];
+        }
+    }
+}
+
+void ft_k_silu_mul_ref(float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+typedef struct {
+    const char *name;
+    float (*dot)(const float *, const float *, int);
+    void (*axpy)(float *, float, const float *, int);
+    void (*rmsnorm)(float *, const float *, const float *, int, float);
+    void (*layernorm)(float *, const float *, const float *, const float *, int, float);
+    void (*softmax)(float *, int);
+    void (*rope)(float *, int, int, const float *, const float *);
+    void (*silu_mul)(float *, const float *, int);
+} ktable;
+
+static ktable K;
+static pthread_once_t K_once = PTHREAD_ONCE_INIT;
+
+static void k_init(void)
+{
+    K = (ktable){"scalar", ft_k_dot_ref, ft_k_axpy_ref, ft_k_rmsnorm_ref, ft_k_layernorm_ref,
+                 ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref};
+#if defined(__x86_64__)
+    const ft_cpu_features *f = ft_cpu();
+    if (!ft_simd_enabled()) return;
+    if (f->avx2 && f->fma) {
+        K = (ktable){"avx2", ft_k_dot_avx2, ft_k_axpy_avx2, ft_k_rmsnorm_avx2, ft_k_layernorm_avx2,
+                     ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2};
+    }
+    if (f->avx512f && f->avx2 && f->fma) {
+        K.name = "avx512";
+        K.dot = ft_k_dot_avx512;
+        K.axpy = ft_k_axpy_avx512;
+        K.rmsnorm = ft_k_rmsnorm_avx512;
+    }
+#endif
+}
+
+static inline const ktable *kt(void)
+{
+    pthread_once(&K_once, k_init);
+    return &K;
+}
+
+const char *ft_k_impl(void) { return kt()->name; }
+float ft_k_dot(const float *a, const float *b, int n) { return kt()->dot(a, b, n); }
+void ft_k_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
+void ft_k_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{ kt()->rmsnorm(out, x, w, n, eps); }
+void ft_k_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps)
+{ kt()->layernorm(out, x, w, b, n, eps); }
+void ft_k_softmax(float *x, int n) { kt()->softmax(x, n); }
+void ft_k_rope(float *x, int nh, int hd, const float *c, const float *s) { kt()->rope(x, nh, hd, c, s); }
+void ft_k_silu_mul(float *g, const float *u, int n) { kt()->silu_mul(g, u, n); }
