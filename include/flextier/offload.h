@@ -127,3 +127,58 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
 }
 #endif
 #endif
+
+/* ------------------------------------------------------------- scheduler */
+
+#include "flextier/engine.h"
+#include "flextier/store.h"
+
+/* Streams a model's layer weights through the tiers of a policy. Created
+ * over a model loaded with external layers (ft_load_params.external_layers)
+ * and installed as the context's layer hook: before layer i is computed it
+ * waits for layer i's streamed tensors (decoded to f32 into one of two slot
+ * buffers), points the layer at them and starts fetching layer i+1 on an
+ * I/O thread, so transfer and decoding overlap the computation. Device-tier
+ * tensors stay resident. */
+typedef struct ft_offload ft_offload;
+
+typedef struct ft_offload_params {
+    ft_policy policy;
+    uint32_t group_size;     /* q8/q4 weights: default 64                    */
+    int32_t  group_dim;      /* default -1 (the input dim of (out, in) weights) */
+    uint64_t device_budget;  /* bytes of decoded weights + slots allowed;
+                                0 = no limit. FT_ERR_NO_SPACE if exceeded.   */
+    const char *token_file;  /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE)  */
+    /* progress of the first upload: done/total bytes of source tensors */
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *user;
+} ft_offload_params;
+
+void ft_offload_default_params(ft_offload_params *p);
+
+/* Per-tier traffic and timing since creation (or the last reset). */
+typedef struct ft_offload_stats {
+    uint64_t logical_bytes[FT_TIER_COUNT];  /* tensor bytes (source dtype) read */
+    uint64_t wire_bytes[FT_TIER_COUNT];     /* encoded bytes read               */
+    uint64_t uploaded_bytes, reused_bytes;  /* first-use upload vs found in store */
+    uint64_t resident_bytes;                /* device-tier f32 weights          */
+    uint64_t slot_bytes;                    /* the two streaming slot buffers   */
+    double io_busy_s;        /* I/O thread time fetching + decoding          */
+    double wait_s;           /* compute thread time waiting for weights      */
+    uint64_t layers_fetched;
+} ft_offload_stats;
+
+/* model_dir: the checkpoint the model was loaded from (source of the
+ * tensors to upload). Opens the tier stores, places every layer tensor
+ * (FlexGen's midpoint rule), loads device-tier tensors, and uploads the
+ * others to their tiers unless an identical encoding is already there
+ * (keys are content hashes of the source tensor and the codec). */
+ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
+                            ft_offload **out);
+void ft_offload_free(ft_offload *o);
+/* The hook to install with ft_ctx_set_layer_hook(ctx, ft_offload_hook, o). */
+ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
+void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
+void ft_offload_reset_stats(ft_offload *o);
+/* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
+ft_tier ft_offload_tier_of(const ft_offload *o, int slot);

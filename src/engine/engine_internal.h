@@ -57,6 +57,7 @@ typedef struct ft_model_tensor_entry {
     int slot;
     int ndim;
     int64_t shape[2];
+    size_t offset;         /* floats from the start of its buffer (layer block) */
     float *data;
 } ft_model_tensor_entry;
 

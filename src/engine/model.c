@@ -126,6 +126,7 @@ ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
             e->layer = l;
             e->slot = s;
             e->ndim = ft_layer_shape(cfg, s, e->shape);
+            e->offset = off;
             e->data = base + off;
             *ft_layer_slot(&m->layers[l], s) = e->data;
             off += pad16(numel(e->ndim, e->shape));
