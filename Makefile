@@ -1,13 +1,13 @@
 # Thin wrapper over CMake. `make demo` runs the main job, `make test` the
-# whole test suite (release build with -Werror, then ASan+UBSan, then a
-# short libFuzzer run of every fuzz target).
+# whole test suite (release build with -Werror, then ASan+UBSan, the Python
+# binding's pytest suite, then a short libFuzzer run of every fuzz target).
 BUILD     ?= build
 BUILD_SAN ?= build-san
 BUILD_FUZZ ?= build-fuzz
 JOBS      ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps build test test-release test-san test-fuzz demo bench clean
+.PHONY: all deps build test test-release test-san test-fuzz test-python demo bench clean
 
 all: build
 
@@ -18,7 +18,7 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: test-release test-san test-fuzz
+test: test-release test-san test-python test-fuzz
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -35,8 +35,11 @@ test-fuzz: deps
 	@cmake --build $(BUILD_FUZZ) -j $(JOBS)
 	@scripts/run-fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
+test-python: deps
+	@scripts/test-python.sh
+
 demo: build
 	@scripts/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ) build-py python/build

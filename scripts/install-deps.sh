@@ -8,7 +8,7 @@ PKGS=(
   liblz4-dev libzstd-dev libdeflate-dev libxxhash-dev zlib1g-dev zstd lz4
   libucx-dev ucx-utils
   libopenblas-dev libjson-c-dev libpcre2-dev
-  iproute2 python3
+  iproute2 python3 python3-venv
 )
 missing=()
 for p in "${PKGS[@]}"; do

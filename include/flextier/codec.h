@@ -21,9 +21,13 @@
  *              shrink. Lossless.
  *   q8, q4     FlexGen group-wise asymmetric quantization of f32/f16/bf16:
  *              per group of group_size elements along group_dim an fp16
- *              min and scale; q4 packs two values per byte. Lossy:
- *              |x - decode(x)| <= scale/2 + fp16 rounding of min/scale
- *              (see docs/frame-format.md for the precise bound).
+ *              min (rounded down) and step (rounded up), x ~ q*step + min
+ *              with q in 0..2^bits-1; q4 packs two values per byte (4.5
+ *              bits per value with group 64). Lossy: |x - decode(x)| <=
+ *              step/2 plus f32/output-dtype rounding terms (the exact bound
+ *              and layout: docs/codec-quant.md). Encoding a NaN/Inf fails
+ *              with FT_ERR_INVALID_ARG; a group whose min or step does not
+ *              fit fp16 (|min| or step > 65504) with FT_ERR_UNSUPPORTED.
  *
  * Thread-safety: an ft_codec_ctx is used by one thread at a time (it owns
  * the pool and the per-worker workspaces). Frames and params are plain

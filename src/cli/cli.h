@@ -48,4 +48,9 @@ int ft_cmd_rm(int argc, char **argv);
 int ft_cmd_stat(int argc, char **argv);
 /* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */
 int ft_bench_transfer(int argc, char **argv);
+/* engine (cmd_run.c) */
+int ft_cmd_run(int argc, char **argv);
+int ft_cmd_gen_model(int argc, char **argv);
+/* `flextier bench run ...`: argv[0] is "run". */
+int ft_bench_run(int argc, char **argv);
 #endif

@@ -12,6 +12,7 @@ static const struct {
 } benches[] = {
     {"codec", ft_bench_codec, "codec ratio and speed vs zstd -b1 / lz4 -b1"},
     {"transfer", ft_bench_transfer, "write_tensor/read_tensor GB/s to a store vs ucx_perftest"},
+    {"run", ft_bench_run, "prefill/decode tokens/s of a model (FlexGen's benchmark shape)"},
 };
 
 static void usage(FILE *f)

@@ -56,6 +56,11 @@ ft_status ft_entropy_encode(ft_worker_ws *ws, ft_codec_id c, int level,
 ft_status ft_entropy_decode(ft_worker_ws *ws, ft_codec_id c, const void *src,
                             size_t n, void *dst, size_t raw);
 
+/* zstd frame of literal-only blocks (Huffman coding, no match search):
+ * see lossless.c. FT_ERR_BUFFER_SMALL if it does not fit in cap. */
+ft_status ft_zstd_literals_encode(ft_worker_ws *ws, const void *src, size_t n,
+                                  void *dst, size_t cap, size_t *out);
+
 /* Byte-plane codec (byteplane.c). src holds n elements of fi->dtype. */
 size_t ft_bp_bound(const ft_frame_info *fi, size_t raw_bytes);
 ft_status ft_bp_encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,

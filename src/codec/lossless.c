@@ -29,21 +29,50 @@ size_t ft_entropy_bound(ft_codec_id c, size_t n)
 }
 
 /* zstd level mapping: levels >= 1 are zstd's; level 0 = default 1.
- * Negative levels are zstd's fast modes. */
-static ft_status zstd_cctx(ft_worker_ws *ws, int level)
+ * Negative levels are zstd's fast modes. `mode` 0 = ordinary compression
+ * at `level`; mode 1 = literal-only blocks for ft_zstd_literals_encode
+ * (level 1 entropy settings with Huffman literal compression forced on).
+ * ws->zc_level/zc_mode record what zc is set up for, so a worker that
+ * alternates between the two pays a parameter reset only on a switch. */
+static ft_status zstd_cctx(ft_worker_ws *ws, int level, int mode)
 {
     if (!ws->zc) {
         ws->zc = ZSTD_createCCtx();
         if (!ws->zc) return FT_ERR_NOMEM;
         ws->zc_level = INT_MIN;
     }
-    if (ws->zc_level != level) {
+    if (ws->zc_level != level || ws->zc_mode != mode) {
         ZSTD_CCtx_reset(ws->zc, ZSTD_reset_session_and_parameters);
         ZSTD_CCtx_setParameter(ws->zc, ZSTD_c_compressionLevel, level);
         ZSTD_CCtx_setParameter(ws->zc, ZSTD_c_checksumFlag, 0);
         ZSTD_CCtx_setParameter(ws->zc, ZSTD_c_contentSizeFlag, 0);
+        if (mode == 1) {
+            ZSTD_CCtx_setParameter(ws->zc, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+            ZSTD_CCtx_setParameter(ws->zc, ZSTD_c_blockDelimiters, ZSTD_sf_noBlockDelimiters);
+        }
         ws->zc_level = level;
+        ws->zc_mode = mode;
     }
+    return FT_OK;
+}
+
+/* A standard zstd frame whose blocks hold only literals: no match search
+ * at all, so zstd acts as a (4-stream Huffman) order-0 entropy coder.
+ * ZSTD_compressSequences with an empty sequence list treats the whole
+ * input as literals and cuts it into 128 KiB blocks; each block is
+ * Huffman-coded, or stored/RLE when that is smaller. Decoded by any zstd
+ * decoder (ft_entropy_decode). Used by the byte-plane codec for planes
+ * whose redundancy is in their byte histogram (the exponent plane). */
+ft_status ft_zstd_literals_encode(ft_worker_ws *ws, const void *src, size_t n,
+                                  void *dst, size_t cap, size_t *out)
+{
+    ft_status st = zstd_cctx(ws, 1, 1);
+    if (st) return st;
+    ZSTD_Sequence none = {0, 0, 0, 0};
+    size_t r = ZSTD_compressSequences(ws->zc, dst, cap, &none, 0, src, n);
+    if (ZSTD_isError(r))
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "zstd: %s", ZSTD_getErrorName(r));
+    *out = r;
     return FT_OK;
 }
 
@@ -63,7 +92,7 @@ ft_status ft_entropy_encode(ft_worker_ws *ws, ft_codec_id c, int level,
         return FT_OK;
     }
     case FT_CODEC_ZSTD: {
-        ft_status st = zstd_cctx(ws, level ? level : 1);
+        ft_status st = zstd_cctx(ws, level ? level : 1, 0);
         if (st) return st;
         size_t r = ZSTD_compress2(ws->zc, dst, cap, src, n);
         if (ZSTD_isError(r))

@@ -68,10 +68,22 @@ void ft_qdec_bcast_ref(int bits, ft_dtype odt, const uint8_t *p, uint64_t k, siz
 }
 
 void ft_qdec_vec_ref(int bits, ft_dtype odt, const uint8_t *p, uint64_t k, size_t n,
-                     const float *mn, const float *step, void *out)
+                     const float *mn, const float *step, int fin, void *out)
 {
+    (void)fin;
     for (size_t i = 0; i < n; i++)
         st1(odt, out, i, (float)getq(bits, p, k + i) * step[i] + mn[i]);
+}
+
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+void ft_qdec_groups_ref(int bits, ft_dtype odt, const uint8_t *hdr, const uint8_t *p,
+                        uint64_t k, size_t ngroups, size_t g, void *out)
+{
+    size_t os = ft_dtype_bits(odt) / 8;
+    for (size_t j = 0; j < ngroups; j++)
+        ft_qdec_bcast_ref(bits, odt, p, k + j * g, g, ft_f16_to_f32_1(get16(hdr + 4 * j)),
+                          ft_f16_to_f32_1(get16(hdr + 4 * j + 2)), (uint8_t *)out + j * g * os);
 }
 
 int ft_qminmax_ref(ft_dtype idt, const void *src, size_t n, float *mn, float *mx)
@@ -115,8 +127,8 @@ void ft_qenc_vec_ref(int bits, ft_dtype idt, const void *src, size_t n, const fl
 }
 
 static const ft_qkern qkern_ref = {
-    "scalar", ft_qdec_bcast_ref, ft_qdec_vec_ref, ft_qminmax_ref, ft_qminmax_vec_ref,
-    ft_qenc_bcast_ref, ft_qenc_vec_ref};
+    "scalar", ft_qdec_bcast_ref, ft_qdec_vec_ref, ft_qdec_groups_ref, ft_qminmax_ref,
+    ft_qminmax_vec_ref, ft_qenc_bcast_ref, ft_qenc_vec_ref};
 
 const ft_qkern *ft_qkern_ref(void) { return &qkern_ref; }
 
@@ -134,30 +146,54 @@ static uint16_t h_next_up(uint16_t h)
     return (h & 0x8000u) ? (uint16_t)(h - 1) : (uint16_t)(h + 1);
 }
 
-static uint16_t h_next_down(uint16_t h)
+
+/* fp16 -> f32 for finite h: move the bits into place and rebias by 2^112
+ * (exact for normals and subnormals alike). */
+static inline float h2f(uint16_t h)
 {
-    if (h == 0x0000u) return 0x8001u;
-    return (h & 0x8000u) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+    uint32_t u = ((uint32_t)(h & 0x7fffu) << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    f *= 5.192296858534828e+33f;   /* 2^112 */
+    return (h & 0x8000u) ? -f : f;
+}
+
+/* |f| (bits absu, finite, < 65520) truncated to fp16 magnitude bits;
+ * *inexact = whether bits were dropped. */
+static inline uint16_t f16_trunc(uint32_t absu, int *inexact)
+{
+    if (absu >= 0x38800000u) {                   /* fp16 normal range */
+        *inexact = (absu & 0x1fffu) != 0;
+        return (uint16_t)((absu - 0x38000000u) >> 13);
+    }
+    uint32_t e = absu >> 23;
+    if (e < 103) { *inexact = absu != 0; return 0; }   /* below 2^-24 */
+    uint32_t m = (absu & 0x7fffffu) | 0x800000u, sh = 126 - e;   /* 14..23 */
+    *inexact = (m & ((1u << sh) - 1)) != 0;
+    return (uint16_t)(m >> sh);
 }
 
 ft_status ft_qparams(float mn, float mx, unsigned bmax, uint16_t *min16, uint16_t *step16)
 {
-    if (mn == 0.0f) mn = 0.0f;                   /* -0 and +0 encode alike */
     if (!(fabsf(mn) <= 65504.0f) || !(mx >= mn)) return FT_ERR_UNSUPPORTED;
-    /* min16: largest fp16 <= mn (|mn| <= 65504, so it is finite). */
-    uint16_t h = ft_f32_to_f16_1(mn);
-    while (ft_f16_to_f32_1(h) > mn) h = h_next_down(h);
-    if (h == 0x8000u) h = 0;
-    double m16 = ft_f16_to_f32_1(h);
-    /* step16: smallest non-negative fp16 with m16 + B*step16 >= mx. Every
-     * quantity below is exact in double (fp16 * 8 bits + fp16, compared
-     * with an f32), so the test is exact. */
-    double need = ((double)mx - m16) / bmax;
+    /* min16: fp16 rounded toward -inf (directly, no search). */
+    int inexact;
+    uint16_t h = f16_trunc(f2u(mn) & 0x7fffffffu, &inexact);
+    if (mn < 0.0f) h = (uint16_t)(0x8000u | (h + (unsigned)inexact));
+    if (h == 0x8000u) h = 0;                     /* -0 and +0 encode alike */
+    double m16 = h2f(h);
+    /* step16: smallest non-negative fp16 with m16 + B*step16 >= mx. The
+     * estimate (rounded up) is almost always it; the two loops make it
+     * exact, tested in double where every quantity (fp16 * 8 bits + fp16,
+     * compared with an f32) is exact. */
+    double B = bmax;
+    double invb = bmax == 15 ? 1.0 / 15 : bmax == 255 ? 1.0 / 255 : 1.0 / B;   /* no divide */
+    double need = ((double)mx - m16) * invb;
     if (need > 65504.0) return FT_ERR_UNSUPPORTED;
-    uint16_t s = ft_f32_to_f16_1((float)need);
-    if (s & 0x8000u) s = 0;
-    while (s > 0 && m16 + (double)bmax * ft_f16_to_f32_1((uint16_t)(s - 1)) >= (double)mx) s--;
-    while (m16 + (double)bmax * ft_f16_to_f32_1(s) < (double)mx) {
+    uint16_t s = f16_trunc(f2u((float)need), &inexact);
+    s = (uint16_t)(s + (unsigned)inexact);
+    while (s > 0 && m16 + B * h2f((uint16_t)(s - 1)) >= (double)mx) s--;
+    while (m16 + B * h2f(s) < (double)mx) {
         s = h_next_up(s);
         if (s > 0x7bffu) return FT_ERR_UNSUPPORTED;
     }
@@ -205,8 +241,6 @@ static int chunk_geometry(const ft_layout *L, uint64_t off, uint64_t cnt, uint64
 }
 
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
 /* First non-finite element of a run (for the error message). */
 static size_t find_nonfinite(ft_dtype dt, const void *src, size_t n)
 {
@@ -258,17 +292,45 @@ ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
     while (e0 < cnt) {
         uint64_t glen = L->D - g * L->G < L->G ? L->D - g * L->G : L->G;
         if (inner == 1) {
-            const uint8_t *x = s8 + e0 * isz;
-            float mn = INFINITY, mx = -INFINITY;
-            if (K->minmax(idt, x, glen, &mn, &mx))
-                return nonfinite_error(idt, x, glen, off + e0);
-            uint16_t h, s;
-            if (ft_qparams(mn, mx, bmax, &h, &s)) return params_error(mn, mx, bmax, off + e0);
-            put16(hdr + 4 * j, h);
-            put16(hdr + 4 * j + 2, s);
-            float fs = ft_f16_to_f32_1(s);
-            K->enc_bcast(bits, idt, x, glen, ft_f16_to_f32_1(h), fs > 0 ? 1.0f / fs : 0.0f,
-                         packed, e0);
+            /* A run of full groups (or the short last group of a row),
+             * in batches: min/max of all, then the parameters (independent
+             * latency chains that overlap), then the quantization. */
+            uint64_t run = 1;
+            if (glen == L->G) {
+                run = L->D / L->G - g;
+                if (run > (cnt - e0) / glen) run = (cnt - e0) / glen;
+            }
+            enum { NB = 64 };
+            float bmn[NB], bmx[NB], binv[NB];
+            for (uint64_t r0 = 0; r0 < run; r0 += NB) {
+                size_t nb = (size_t)(run - r0 < NB ? run - r0 : NB);
+                uint64_t eb = e0 + r0 * glen;
+                for (size_t b = 0; b < nb; b++) {
+                    const uint8_t *x = s8 + (eb + b * glen) * isz;
+                    bmn[b] = INFINITY;
+                    bmx[b] = -INFINITY;
+                    if (K->minmax(idt, x, glen, &bmn[b], &bmx[b]))
+                        return nonfinite_error(idt, x, glen, off + eb + b * glen);
+                }
+                for (size_t b = 0; b < nb; b++) {
+                    uint16_t h, s;
+                    if (ft_qparams(bmn[b], bmx[b], bmax, &h, &s))
+                        return params_error(bmn[b], bmx[b], bmax, off + eb + b * glen);
+                    put16(hdr + 4 * (j + r0 + b), h);
+                    put16(hdr + 4 * (j + r0 + b) + 2, s);
+                    float fs = h2f(s);
+                    bmn[b] = h2f(h);
+                    binv[b] = fs > 0 ? 1.0f / fs : 0.0f;
+                }
+                for (size_t b = 0; b < nb; b++)
+                    K->enc_bcast(bits, idt, s8 + (eb + b * glen) * isz, glen, bmn[b], binv[b],
+                                 packed, eb + b * glen);
+            }
+            e0 += run * glen;
+            j += run;
+            g += run;
+            if (g == L->ngroups) { g = 0; o++; }
+            continue;
         } else {
             float mn[QBLK], mx[QBLK], inv[QBLK];
             for (uint64_t i0 = 0; i0 < inner; i0 += QBLK) {
@@ -286,8 +348,8 @@ ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
                     uint8_t *hp = hdr + 4 * (j * inner + i0 + i);
                     put16(hp, h);
                     put16(hp + 2, s);
-                    float fs = ft_f16_to_f32_1(s);
-                    mn[i] = ft_f16_to_f32_1(h);
+                    float fs = h2f(s);
+                    mn[i] = h2f(h);
                     inv[i] = fs > 0 ? 1.0f / fs : 0.0f;
                 }
                 for (uint64_t d = 0; d < glen; d++) {
@@ -334,20 +396,34 @@ ft_status ft_quant_decode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
     while (e0 < cnt) {
         uint64_t glen = L->D - g * L->G < L->G ? L->D - g * L->G : L->G;
         if (inner == 1) {
-            K->dec_bcast(bits, out_dt, packed, e0, glen, ft_f16_to_f32_1(get16(hdr + 4 * j)),
-                         ft_f16_to_f32_1(get16(hdr + 4 * j + 2)), d8 + e0 * osz);
+            /* A run of full groups up to the end of the row or chunk. */
+            uint64_t run = 1;
+            if (glen == L->G) {
+                run = L->D / L->G - g;
+                if (run > (cnt - e0) / glen) run = (cnt - e0) / glen;
+            }
+            K->dec_groups(bits, out_dt, hdr + 4 * j, packed, e0, (size_t)run, (size_t)glen,
+                          d8 + e0 * osz);
+            e0 += run * glen;
+            j += run;
+            g += run;
+            if (g == L->ngroups) { g = 0; o++; }
+            continue;
         } else {
             float mn[QBLK], st[QBLK];
             for (uint64_t i0 = 0; i0 < inner; i0 += QBLK) {
                 size_t nb = (size_t)(inner - i0 < QBLK ? inner - i0 : QBLK);
                 const uint8_t *hp = hdr + 4 * (j * inner + i0);
+                int fin = 1;
                 for (size_t i = 0; i < nb; i++) {
-                    mn[i] = ft_f16_to_f32_1(get16(hp + 4 * i));
-                    st[i] = ft_f16_to_f32_1(get16(hp + 4 * i + 2));
+                    uint16_t a = get16(hp + 4 * i), b = get16(hp + 4 * i + 2);
+                    fin &= (a & 0x7c00u) != 0x7c00u && (b & 0x7c00u) != 0x7c00u;
+                    mn[i] = ft_f16_to_f32_1(a);
+                    st[i] = ft_f16_to_f32_1(b);
                 }
                 for (uint64_t d = 0; d < glen; d++) {
                     uint64_t e = e0 + d * inner + i0;
-                    K->dec_vec(bits, out_dt, packed, e, nb, mn, st, d8 + e * osz);
+                    K->dec_vec(bits, out_dt, packed, e, nb, mn, st, fin, d8 + e * osz);
                 }
             }
         }

@@ -26,8 +26,15 @@ typedef struct ft_qkern {
     const char *name;
     void (*dec_bcast)(int bits, ft_dtype odt, const uint8_t *packed, uint64_t k, size_t n,
                       float mn, float step, void *out);
+    /* fin != 0 promises that every mn[i] and step[i] is finite (allows a
+     * faster bf16 conversion); the result is the same either way. */
     void (*dec_vec)(int bits, ft_dtype odt, const uint8_t *packed, uint64_t k, size_t n,
-                    const float *mn, const float *step, void *out);
+                    const float *mn, const float *step, int fin, void *out);
+    /* ngroups consecutive groups of g values each (inner == 1), group j
+     * with fp16 (min, step) at hdr + 4j (little endian) and values
+     * k + j*g ...; out receives ngroups*g values. */
+    void (*dec_groups)(int bits, ft_dtype odt, const uint8_t *hdr, const uint8_t *packed,
+                       uint64_t k, size_t ngroups, size_t g, void *out);
     /* min/max over n elements (reduction into *mn and *mx, which hold the
      * running values on entry). Returns nonzero if any element is NaN or
      * Inf (then *mn and *mx are unspecified). */
@@ -45,6 +52,9 @@ const ft_qkern *ft_qkern_ref(void);
 /* AVX-512 kernels, or NULL when not compiled in or the CPU lacks
  * AVX-512F/BW/VL or F16C (or FLEXTIER_NO_SIMD=1). */
 const ft_qkern *ft_qkern_avx512(void);
+/* Every table usable on this CPU: i = 0 is the scalar one; NULL past the
+ * end (tests compare each against i = 0). */
+const ft_qkern *ft_qkern_list(int i);
 /* The table quant.c uses: the best available. */
 const ft_qkern *ft_qkern_best(void);
 
@@ -52,7 +62,9 @@ const ft_qkern *ft_qkern_best(void);
 void ft_qdec_bcast_ref(int bits, ft_dtype odt, const uint8_t *packed, uint64_t k, size_t n,
                        float mn, float step, void *out);
 void ft_qdec_vec_ref(int bits, ft_dtype odt, const uint8_t *packed, uint64_t k, size_t n,
-                     const float *mn, const float *step, void *out);
+                     const float *mn, const float *step, int fin, void *out);
+void ft_qdec_groups_ref(int bits, ft_dtype odt, const uint8_t *hdr, const uint8_t *packed,
+                        uint64_t k, size_t ngroups, size_t g, void *out);
 int ft_qminmax_ref(ft_dtype idt, const void *src, size_t n, float *mn, float *mx);
 int ft_qminmax_vec_ref(ft_dtype idt, const void *src, size_t n, float *mn, float *mx);
 void ft_qenc_bcast_ref(int bits, ft_dtype idt, const void *src, size_t n, float mn, float inv,

@@ -41,10 +41,14 @@ void ft_clear_error(void) { tls_err[0] = '\0'; }
 
 ft_status ft_set_error(ft_status st, const char *fmt, ...)
 {
+    /* Format into a local buffer first: callers commonly add context to
+     * the previous detail, passing ft_last_error() as an argument. */
+    char buf[sizeof tls_err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_err, sizeof tls_err, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(tls_err, buf, sizeof buf);
     FT_LOG(FT_LOG_DEBUG, "%s: %s", ft_status_str(st), tls_err);
     return st;
 }

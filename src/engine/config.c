@@ -231,6 +231,9 @@ static ft_status parse_rope_scaling(json_object *o, const char *what, ft_model_c
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_scaling.rope_type\" = \"%s\" "
                             "(supported: default, llama3)", what, type);
     c->rope_llama3 = 1;
+    char w2[600];
+    snprintf(w2, sizeof w2, "%s (rope_scaling)", what);
+    what = w2;
     if ((st = opt_num(rs, "factor", what, 1e-3, 1e6, 0, &c->rope_factor)) ||
         (st = opt_num(rs, "low_freq_factor", what, 1e-6, 1e6, 0, &c->rope_low_freq_factor)) ||
         (st = opt_num(rs, "high_freq_factor", what, 1e-6, 1e6, 0, &c->rope_high_freq_factor)) ||

@@ -865,6 +865,10 @@ ft_status ft_node_run(const ft_node_params *params)
     S->free_list->len = S->cap;
     S->free_list->next = NULL;
 
+    /* A restarted node must be able to bind its port again while the old
+     * connections sit in TIME_WAIT (the user's environment still wins). */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+    setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
     ucp_config_t *cfg = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
     if (s == UCS_OK) {

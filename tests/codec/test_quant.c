@@ -351,29 +351,33 @@ TEST(quant_rejects_nonfinite_and_range)
 
 /* ------------------------------------------------ SIMD == scalar reference */
 
-TEST(quant_simd_equals_ref)
+static void compare_kernels(const ft_qkern *S, const ft_qkern *R)
 {
-    const ft_qkern *S = ft_qkern_avx512(), *R = ft_qkern_ref();
-    if (!S) { printf("  (no AVX-512: SIMD comparison skipped)\n"); return; }
     enum { N = 300 };
     uint64_t seed = 7;
-    uint8_t packed[N], pk_s[N], pk_r[N];
+    uint8_t packed[N], pk_s[N], pk_r[N], hdr[4 * N];
     float mn[N], st[N], inv[N], xf[N];
     uint16_t xh[N], xb[N];
     uint8_t out_s[N * 4], out_r[N * 4];
-    for (int it = 0; it < 400; it++) {
+    for (int it = 0; it < 600; it++) {
+        int fin = 1;
         for (int i = 0; i < N; i++) {
             packed[i] = (uint8_t)ft_test_rand(&seed);
-            mn[i] = ft_f16_to_f32_1((uint16_t)ft_test_rand(&seed));      /* any fp16: NaN/Inf too */
-            st[i] = ft_f16_to_f32_1((uint16_t)ft_test_rand(&seed));
+            uint16_t hm = (uint16_t)ft_test_rand(&seed), hs = (uint16_t)ft_test_rand(&seed);
             if (it % 3) {  /* mostly sane parameters */
-                mn[i] = ft_f16_to_f32_1(ft_f32_to_f16_1(((float)(ft_test_rand(&seed) % 2001) - 1000.0f) * 1e-3f));
-                st[i] = ft_f16_to_f32_1(ft_f32_to_f16_1((float)(ft_test_rand(&seed) % 1000) * 1e-4f));
-                if (it % 5 == 0) st[i] = ldexpf(st[i], -20);   /* subnormal outputs */
+                hm = ft_f32_to_f16_1(((float)(ft_test_rand(&seed) % 2001) - 1000.0f) * 1e-3f);
+                hs = ft_f32_to_f16_1((float)(ft_test_rand(&seed) % 1000) * 1e-4f);
+                if (it % 5 == 0) hs = (uint16_t)(ft_test_rand(&seed) % 64);  /* subnormal steps */
+                if (it % 7 == 0) hm = (uint16_t)(ft_test_rand(&seed) % 8 | (i % 2 ? 0x8000 : 0));
             }
+            hdr[4 * i] = (uint8_t)hm; hdr[4 * i + 1] = (uint8_t)(hm >> 8);
+            hdr[4 * i + 2] = (uint8_t)hs; hdr[4 * i + 3] = (uint8_t)(hs >> 8);
+            mn[i] = ft_f16_to_f32_1(hm);
+            st[i] = ft_f16_to_f32_1(hs);
+            fin &= isfinite(mn[i]) && isfinite(st[i]);
             inv[i] = st[i] > 0 && isfinite(st[i]) ? 1.0f / st[i] : 0.0f;
-            if (!isfinite(mn[i])) mn[i] = 0.0f + (float)(i % 3);
-            xf[i] = mn[i] + (float)(ft_test_rand(&seed) % 4000) * 0.01f * (st[i] > 0 && isfinite(st[i]) ? st[i] : 1.0f) - 0.5f * st[i];
+            float m = isfinite(mn[i]) ? mn[i] : (float)(i % 3);
+            xf[i] = m + (float)(ft_test_rand(&seed) % 4000) * 0.01f * (st[i] > 0 && isfinite(st[i]) ? st[i] : 1.0f) - 0.5f * (isfinite(st[i]) ? st[i] : 0.0f);
             if (!isfinite(xf[i])) xf[i] = 0.0f;
             xh[i] = ft_f32_to_f16_1(xf[i]);
             xb[i] = ft_f32_to_bf16_1(xf[i]);
@@ -381,22 +385,27 @@ TEST(quant_simd_equals_ref)
         size_t n = ft_test_rand(&seed) % 200;
         uint64_t k = ft_test_rand(&seed) % 64;
         int bits = it % 2 ? 4 : 8;
-        size_t kb = bits == 4 ? k / 2 : k;
-        (void)kb;
         for (int o = 0; o < 3; o++) {
             ft_dtype odt = o == 0 ? FT_F32 : o == 1 ? FT_BF16 : FT_F16;
-            size_t os = esz(odt);
             memset(out_s, 0xcd, sizeof out_s);
             memset(out_r, 0xcd, sizeof out_r);
             S->dec_bcast(bits, odt, packed, k, n, mn[0], st[0], out_s);
             R->dec_bcast(bits, odt, packed, k, n, mn[0], st[0], out_r);
-            CHECK_MSG(!memcmp(out_s, out_r, sizeof out_s), "dec_bcast q%d %s n=%zu k=%llu", bits,
-                      ft_dtype_name(odt), n, (unsigned long long)k);
-            S->dec_vec(bits, odt, packed, k, n, mn, st, out_s);
-            R->dec_vec(bits, odt, packed, k, n, mn, st, out_r);
-            CHECK_MSG(!memcmp(out_s, out_r, sizeof out_s), "dec_vec q%d %s n=%zu k=%llu", bits,
-                      ft_dtype_name(odt), n, (unsigned long long)k);
-            (void)os;
+            CHECK_MSG(!memcmp(out_s, out_r, sizeof out_s), "%s dec_bcast q%d %s n=%zu k=%llu", S->name,
+                      bits, ft_dtype_name(odt), n, (unsigned long long)k);
+            S->dec_vec(bits, odt, packed, k, n, mn, st, fin, out_s);
+            R->dec_vec(bits, odt, packed, k, n, mn, st, fin, out_r);
+            CHECK_MSG(!memcmp(out_s, out_r, sizeof out_s), "%s dec_vec q%d %s n=%zu k=%llu", S->name,
+                      bits, ft_dtype_name(odt), n, (unsigned long long)k);
+            S->dec_vec(bits, odt, packed, k, n, mn, st, 0, out_s);
+            CHECK(!memcmp(out_s, out_r, sizeof out_s));
+            size_t g = 1 + ft_test_rand(&seed) % (it % 4 ? 70 : 5);
+            if (it % 8 == 0) g = 64;
+            size_t ng = (N - 64) / g < 4 ? (N - 64) / g : 4;   /* k + ng*g <= N values */
+            S->dec_groups(bits, odt, hdr, packed, k, ng, g, out_s);
+            R->dec_groups(bits, odt, hdr, packed, k, ng, g, out_r);
+            CHECK_MSG(!memcmp(out_s, out_r, sizeof out_s), "%s dec_groups q%d %s g=%zu k=%llu",
+                      S->name, bits, ft_dtype_name(odt), g, (unsigned long long)k);
         }
         for (int a = 0; a < 3; a++) {
             ft_dtype idt = a == 0 ? FT_F32 : a == 1 ? FT_BF16 : FT_F16;
@@ -406,20 +415,23 @@ TEST(quant_simd_equals_ref)
             CHECK(r1 == r2 && (r1 || (m1 == m2 && M1 == M2)));
             if (a != 2) CHECK(r1 == 0);   /* f16 may overflow to Inf */
             float vm1[N], vM1[N], vm2[N], vM2[N];
-            for (int i = 0; i < N; i++) { vm1[i] = vm2[i] = mn[i]; vM1[i] = vM2[i] = mn[i] + 1.0f; }
+            for (int i = 0; i < N; i++) { vm1[i] = vm2[i] = xf[N - 1 - i]; vM1[i] = vM2[i] = xf[N - 1 - i] + 1.0f; }
             r1 = S->minmax_vec(idt, x, n, vm1, vM1);
             r2 = R->minmax_vec(idt, x, n, vm2, vM2);
             CHECK(r1 == r2 && (r1 || (!memcmp(vm1, vm2, sizeof vm1) && !memcmp(vM1, vM2, sizeof vM1))));
             memset(pk_s, 0x5a, sizeof pk_s);
             memset(pk_r, 0x5a, sizeof pk_r);
-            S->enc_bcast(bits, idt, x, n, mn[0], inv[0], pk_s, k);
-            R->enc_bcast(bits, idt, x, n, mn[0], inv[0], pk_r, k);
-            CHECK_MSG(!memcmp(pk_s, pk_r, sizeof pk_s), "enc_bcast q%d %s n=%zu k=%llu", bits,
-                      ft_dtype_name(idt), n, (unsigned long long)k);
-            S->enc_vec(bits, idt, x, n, mn, inv, pk_s, k);
-            R->enc_vec(bits, idt, x, n, mn, inv, pk_r, k);
-            CHECK_MSG(!memcmp(pk_s, pk_r, sizeof pk_s), "enc_vec q%d %s n=%zu k=%llu", bits,
-                      ft_dtype_name(idt), n, (unsigned long long)k);
+            float m0 = isfinite(mn[0]) ? mn[0] : 0.0f;
+            S->enc_bcast(bits, idt, x, n, m0, inv[0], pk_s, k);
+            R->enc_bcast(bits, idt, x, n, m0, inv[0], pk_r, k);
+            CHECK_MSG(!memcmp(pk_s, pk_r, sizeof pk_s), "%s enc_bcast q%d %s n=%zu k=%llu", S->name,
+                      bits, ft_dtype_name(idt), n, (unsigned long long)k);
+            if (fin) {
+                S->enc_vec(bits, idt, x, n, mn, inv, pk_s, k);
+                R->enc_vec(bits, idt, x, n, mn, inv, pk_r, k);
+                CHECK_MSG(!memcmp(pk_s, pk_r, sizeof pk_s), "%s enc_vec q%d %s n=%zu k=%llu", S->name,
+                          bits, ft_dtype_name(idt), n, (unsigned long long)k);
+            }
         }
     }
     /* non-finite detection agrees, wherever the bad value is */
@@ -433,6 +445,15 @@ TEST(quant_simd_equals_ref)
         CHECK(S->minmax_vec(FT_F32, x, 40, va, vb) != 0);
         CHECK(R->minmax(FT_F32, x, 40, &a, &b) != 0);
     }
+}
+
+TEST(quant_simd_equals_ref)
+{
+    const ft_qkern *R = ft_qkern_list(0);
+    REQUIRE(R == ft_qkern_ref());
+    int n = 0;
+    for (int i = 1; ft_qkern_list(i); i++, n++) compare_kernels(ft_qkern_list(i), R);
+    printf("  compared %d SIMD kernel tables with the scalar ones\n", n);
 }
 
 /* The q4 nibble write contract: runs written in any order give the same

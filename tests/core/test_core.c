@@ -15,6 +15,9 @@ TEST(status_strings)
     CHECK(strlen(ft_status_str((ft_status)-999)) > 0);
     CHECK(ft_set_error(FT_ERR_IO, "file %s", "x") == FT_ERR_IO);
     CHECK(!strcmp(ft_last_error(), "file x"));
+    /* adding context to the previous detail (aliased argument) */
+    ft_set_error(FT_ERR_IO, "outer: %s", ft_last_error());
+    CHECK(!strcmp(ft_last_error(), "outer: file x"));
 }
 
 TEST(dtype_and_shape)

@@ -1,0 +1,432 @@
+"""FlexTier: compressed tensor frames for NumPy and PyTorch.
+
+A thin binding of the FlexTier C library. The main calls:
+
+    frame = flextier.encode(array, codec="zstd")      # -> bytes
+    array = flextier.decode(frame)                     # -> numpy.ndarray
+    flextier.decode(frame, out=existing)               # zero copy, returns out
+    info  = flextier.frame_info(frame)                 # -> dict
+
+Inputs are read in place through the buffer protocol (NumPy arrays,
+``bytes``, ``memoryview``, PyTorch CPU tensors through ``Tensor.numpy()``,
+other DLPack producers through ``numpy.from_dlpack``); the GIL is released
+while the C library works, so several Python threads encode and decode in
+parallel. Errors raise :class:`Error` subclasses that carry the C status.
+
+Element types: float32, float16, bfloat16 (``ml_dtypes.bfloat16`` or
+``torch.bfloat16``), int8, uint8, int32. See docs/python.md.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _flextier as _C
+
+__version__ = "0.1.0"
+LIB_VERSION: str = _C.LIB_VERSION
+
+__all__ = [
+    "encode", "decode", "frame_info", "codecs", "dtypes", "Status",
+    "Error", "InvalidArgumentError", "OutOfMemoryError", "CorruptError",
+    "UnsupportedError", "StorageIOError", "NotFoundError", "NoSpaceError",
+    "BufferTooSmallError", "AuthError", "NetworkError", "RequestTimeoutError",
+    "ProtocolError", "BusyError", "ExistsError", "CanceledError", "InternalError",
+]
+
+# ------------------------------------------------------------------ status
+
+
+class Status(enum.IntEnum):
+    """The C library's ``ft_status`` codes (include/flextier/core.h)."""
+
+    OK = 0
+    INVALID_ARG = -1
+    NOMEM = -2
+    CORRUPT = -3
+    UNSUPPORTED = -4
+    IO = -5
+    NOT_FOUND = -6
+    NO_SPACE = -7
+    BUFFER_SMALL = -8
+    AUTH = -9
+    NET = -10
+    TIMEOUT = -11
+    PROTOCOL = -12
+    BUSY = -13
+    EXISTS = -14
+    CANCELED = -15
+    INTERNAL = -16
+
+
+class Error(Exception):
+    """Base of every error the FlexTier library reports.
+
+    Attributes:
+        status: the C status code (an ``int``, negative; see :class:`Status`).
+        status_name: ``"FT_ERR_CORRUPT"`` etc.
+        detail: the library's detail message (``ft_last_error()``), which
+            says which field, chunk or argument was wrong; may be empty.
+    """
+
+    status: int
+    detail: str
+
+    def __init__(self, status: int = Status.INTERNAL, detail: str = "") -> None:
+        self.status = int(status)
+        self.detail = detail
+        text = _C.status_str(self.status)
+        msg = f"{detail} ({self.status_name}: {text})" if detail else \
+            f"{text} ({self.status_name})"
+        super().__init__(msg)
+
+    @property
+    def status_name(self) -> str:
+        try:
+            return "FT_" + ("" if self.status == 0 else "ERR_") + Status(self.status).name
+        except ValueError:
+            return f"FT_STATUS_{self.status}"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() its argument
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):  # pickle with status and detail, not the message
+        return (self.__class__, (self.status, self.detail))
+
+
+class InvalidArgumentError(Error, ValueError):
+    """FT_ERR_INVALID_ARG: a bad argument (codec name, out= size, layout)."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """FT_ERR_NOMEM: an allocation failed or a size limit was hit."""
+
+
+class CorruptError(Error, ValueError):
+    """FT_ERR_CORRUPT: a frame or stored object failed validation."""
+
+
+class UnsupportedError(Error, ValueError):
+    """FT_ERR_UNSUPPORTED: valid but not supported (dtype, codec, version)."""
+
+
+class StorageIOError(Error, OSError):
+    """FT_ERR_IO: a file system error (errno text in the detail)."""
+
+
+class NotFoundError(Error, KeyError):
+    """FT_ERR_NOT_FOUND: the key, file or tensor does not exist."""
+
+
+class NoSpaceError(Error):
+    """FT_ERR_NO_SPACE: the store's capacity is exhausted."""
+
+
+class BufferTooSmallError(Error, ValueError):
+    """FT_ERR_BUFFER_SMALL: an output buffer is too small."""
+
+
+class AuthError(Error, PermissionError):
+    """FT_ERR_AUTH: authentication with the memory node failed."""
+
+
+class NetworkError(Error, ConnectionError):
+    """FT_ERR_NET: transport error, peer unreachable or gone."""
+
+
+class RequestTimeoutError(Error, TimeoutError):
+    """FT_ERR_TIMEOUT: the operation timed out."""
+
+
+class ProtocolError(Error):
+    """FT_ERR_PROTOCOL: the peer violated the wire protocol."""
+
+
+class BusyError(Error):
+    """FT_ERR_BUSY: the resource is in use (e.g. leased)."""
+
+
+class ExistsError(Error):
+    """FT_ERR_EXISTS: the object already exists."""
+
+
+class CanceledError(Error):
+    """FT_ERR_CANCELED: the operation was canceled."""
+
+
+class InternalError(Error):
+    """FT_ERR_INTERNAL: a bug in FlexTier; please report it."""
+
+
+_ERROR_CLASSES: Dict[int, type] = {
+    Status.INVALID_ARG: InvalidArgumentError,
+    Status.NOMEM: OutOfMemoryError,
+    Status.CORRUPT: CorruptError,
+    Status.UNSUPPORTED: UnsupportedError,
+    Status.IO: StorageIOError,
+    Status.NOT_FOUND: NotFoundError,
+    Status.NO_SPACE: NoSpaceError,
+    Status.BUFFER_SMALL: BufferTooSmallError,
+    Status.AUTH: AuthError,
+    Status.NET: NetworkError,
+    Status.TIMEOUT: RequestTimeoutError,
+    Status.PROTOCOL: ProtocolError,
+    Status.BUSY: BusyError,
+    Status.EXISTS: ExistsError,
+    Status.CANCELED: CanceledError,
+    Status.INTERNAL: InternalError,
+}
+
+
+def _make_error(status: int, detail: str = "") -> Error:
+    return _ERROR_CLASSES.get(status, Error)(status, detail)
+
+
+_C._set_error_factory(_make_error)
+
+# ------------------------------------------------------------------ dtypes
+
+_DT_F32, _DT_F16, _DT_BF16 = _C.DT_F32, _C.DT_F16, _C.DT_BF16
+_DT_I8, _DT_U8, _DT_I32 = _C.DT_I8, _C.DT_U8, _C.DT_I32
+
+_DT_NAMES = {_DT_F32: "float32", _DT_F16: "float16", _DT_BF16: "bfloat16",
+             _DT_I8: "int8", _DT_U8: "uint8", _DT_I32: "int32"}
+_DT_ALIASES = {
+    "float32": _DT_F32, "f32": _DT_F32, "float": _DT_F32, "f4": _DT_F32,
+    "float16": _DT_F16, "f16": _DT_F16, "half": _DT_F16, "f2": _DT_F16,
+    "bfloat16": _DT_BF16, "bf16": _DT_BF16,
+    "int8": _DT_I8, "i8": _DT_I8, "i1": _DT_I8,
+    "uint8": _DT_U8, "u8": _DT_U8, "u1": _DT_U8,
+    "int32": _DT_I32, "i32": _DT_I32, "i4": _DT_I32, "int": _DT_I32,
+}
+_NP_KIND = {("f", 4): _DT_F32, ("f", 2): _DT_F16, ("i", 1): _DT_I8,
+            ("u", 1): _DT_U8, ("i", 4): _DT_I32}
+
+
+def dtypes() -> Tuple[str, ...]:
+    """Names of the element types FlexTier encodes."""
+    return tuple(_DT_NAMES[c] for c in sorted(_DT_NAMES))
+
+
+def codecs() -> Tuple[str, ...]:
+    """Codec names accepted by :func:`encode` (``byteplane`` also as
+    ``byteplane-lz4`` / ``bp-deflate`` etc. to pick its entropy stage).
+    A codec not built into the C library raises UnsupportedError."""
+    return ("raw", "lz4", "zstd", "deflate", "byteplane", "q8", "q4")
+
+
+def _bfloat16_type():
+    try:
+        import ml_dtypes  # noqa: PLC0415 (optional until a bf16 tensor shows up)
+    except ImportError as e:  # pragma: no cover - ml_dtypes is a dependency
+        raise UnsupportedError(Status.UNSUPPORTED,
+                               "bfloat16 arrays need the ml_dtypes package") from e
+    return ml_dtypes.bfloat16
+
+
+def _np_dtype(code: int) -> np.dtype:
+    if code == _DT_BF16:
+        return np.dtype(_bfloat16_type())
+    return np.dtype(_DT_NAMES[code])
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    mod = type(obj).__module__
+    return (mod == "torch" or mod.startswith("torch.")) and hasattr(obj, "is_contiguous")
+
+
+def _dtype_code(dtype: Any) -> int:
+    """FlexTier dtype code of a NumPy/ml_dtypes/torch dtype or a name."""
+    if isinstance(dtype, str):
+        code = _DT_ALIASES.get(dtype.lower().replace("torch.", ""))
+        if code is None:
+            raise UnsupportedError(Status.UNSUPPORTED, f"unsupported dtype {dtype!r}; "
+                                   f"FlexTier handles {', '.join(dtypes())}")
+        return code
+    if type(dtype).__module__ == "torch":               # torch.dtype
+        return _dtype_code(str(dtype))
+    try:
+        d = np.dtype(dtype)
+    except TypeError as e:
+        raise InvalidArgumentError(Status.INVALID_ARG, f"not a dtype: {dtype!r}") from e
+    if d.name == "bfloat16" and d.itemsize == 2:        # ml_dtypes ('V' kind)
+        return _DT_BF16
+    code = _NP_KIND.get((d.kind, d.itemsize))
+    if code is None or d.byteorder == ">":
+        raise UnsupportedError(Status.UNSUPPORTED, f"unsupported dtype {d.name} ({d.str}); "
+                               f"FlexTier handles {', '.join(dtypes())}")
+    return code
+
+
+def _export(obj: Any, writable: bool, what: str) -> Tuple[Any, int]:
+    """(object exporting a plain C-contiguous buffer, dtype code or -1 to
+    take it from the buffer's format). Never copies."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise InvalidArgumentError(
+                Status.INVALID_ARG, f"{what} is not C-contiguous (strides {obj.strides}); "
+                "pass numpy.ascontiguousarray(...) to copy it explicitly")
+        if writable and not obj.flags.writeable:
+            raise InvalidArgumentError(Status.INVALID_ARG, f"{what} is read-only")
+        d = obj.dtype
+        if d.kind == "V":      # ml_dtypes types do not export a buffer format
+            if d.name == "bfloat16" and d.itemsize == 2:
+                return obj.view(np.uint16), _DT_BF16
+            raise UnsupportedError(Status.UNSUPPORTED, f"unsupported dtype {d.name}; "
+                                   f"FlexTier handles {', '.join(dtypes())}")
+        return obj, -1
+    if _is_torch_tensor(obj):
+        if obj.device.type != "cpu":
+            raise InvalidArgumentError(Status.INVALID_ARG,
+                                       f"{what} is on {obj.device}; FlexTier reads CPU "
+                                       "tensors (use .cpu(), or pinned memory)")
+        if not obj.is_contiguous():
+            raise InvalidArgumentError(Status.INVALID_ARG, f"{what} is not contiguous; "
+                                       "pass tensor.contiguous() to copy it explicitly")
+        t = obj.detach()
+        if str(t.dtype) == "torch.bfloat16":
+            import torch  # noqa: PLC0415 (already imported: obj is a tensor)
+            return t.view(torch.int16).numpy(), _DT_BF16
+        return t.numpy(), -1
+    if hasattr(type(obj), "__dlpack__") and not isinstance(obj, (bytes, bytearray, memoryview)):
+        try:
+            arr = np.from_dlpack(obj)
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise InvalidArgumentError(Status.INVALID_ARG,
+                                       f"{what}: DLPack export failed: {e}") from e
+        return _export(arr, writable, what)
+    return obj, -1       # bytes, bytearray, memoryview, array.array, mmap, ...
+
+
+# ------------------------------------------------------------------ codec
+
+
+def encode(array: Any, codec: str = "zstd", level: int = 0, group_size: int = 64,
+           group_dim: int = -1, chunk_size: Optional[int] = None,
+           threads: int = 0) -> bytes:
+    """Encode a tensor into a self-describing FlexTier frame.
+
+    Args:
+        array: a C-contiguous NumPy array, PyTorch CPU tensor, DLPack
+            producer or any buffer-protocol object with a shape (its format
+            gives the dtype: float32, float16, bfloat16, int8, uint8,
+            int32). Read in place, never copied.
+        codec: ``raw``, ``lz4``, ``zstd``, ``deflate``, ``byteplane``
+            (``byteplane-lz4``, ``bp-deflate``: entropy stage), ``q8``,
+            ``q4`` (lossy, float dtypes only).
+        level: zstd (-100..22) or deflate (0..12) level; 0 = default.
+        group_size, group_dim: q8/q4 quantization groups (FlexGen layout:
+            ``group_size`` elements along ``group_dim`` share a min/scale).
+        chunk_size: raw bytes per independently coded chunk (4 KiB to
+            64 MiB; default 256 KiB).
+        threads: worker threads for this call's chunks; 0 = default
+            (``FLEXTIER_THREADS`` or the number of CPUs).
+
+    Returns:
+        ``bytes`` holding the frame (encoded straight into it, no second
+        copy). The GIL is released while encoding.
+
+    Raises:
+        InvalidArgumentError, UnsupportedError, OutOfMemoryError.
+    """
+    buf, code = _export(array, False, "array")
+    return _C.encode(buf, code, codec, level, group_size, group_dim,
+                     0 if chunk_size is None else chunk_size, threads)
+
+
+def decode(buf: Any, out: Any = None, dtype: Any = None, threads: int = 0) -> Any:
+    """Decode a frame into a new NumPy array or, zero-copy, into ``out``.
+
+    Args:
+        buf: the frame: ``bytes``, ``bytearray``, ``memoryview``, a uint8
+            array, an ``mmap``... (any C-contiguous buffer), read in place.
+        out: optional destination: a writable C-contiguous NumPy array,
+            PyTorch CPU tensor or buffer whose size is exactly the decoded
+            tensor's (any shape). Decoded directly into, then returned. A
+            plain byte buffer (``bytearray``, uint8 array) takes any dtype
+            given with ``dtype=``.
+        dtype: output element type; default the frame's. A float frame
+            (float32/float16/bfloat16, also q8/q4) decodes to any float
+            type, converted on the fly; others only to their own type.
+            With a typed ``out`` it must match ``out``'s dtype.
+        threads: worker threads; 0 = default.
+
+    Returns:
+        ``out`` if given, else a new ``numpy.ndarray`` of the frame's shape
+        (bfloat16 as ``ml_dtypes.bfloat16``). The GIL is released while
+        decoding.
+
+    Raises:
+        CorruptError (bad or truncated frame, checksum mismatch),
+        InvalidArgumentError (wrong ``out`` size/dtype), UnsupportedError.
+    """
+    if out is None:
+        info = _C.frame_info(buf)
+        code = info["dtype_code"] if dtype is None else _dtype_code(dtype)
+        arr = np.empty(info["shape"], dtype=_np_dtype(code))
+        target, _ = _export(arr, True, "out")
+        _C.decode_into(buf, target, code, threads)
+        return arr
+    target, code = _export(out, True, "out")
+    if dtype is not None:
+        want = _dtype_code(dtype)
+        if code < 0:
+            have = _buffer_dtype_code(target)
+            if have is not None and have != want and have != _DT_U8:
+                raise InvalidArgumentError(
+                    Status.INVALID_ARG, f"dtype={_DT_NAMES[want]} does not match out's "
+                    f"element type {_DT_NAMES[have]}")
+        elif code != want:
+            raise InvalidArgumentError(
+                Status.INVALID_ARG, f"dtype={_DT_NAMES[want]} does not match out's element "
+                f"type {_DT_NAMES[code]}")
+        code = want
+    _C.decode_into(buf, target, code, threads)
+    return out
+
+
+def _buffer_dtype_code(obj: Any) -> Optional[int]:
+    """dtype code of a typed buffer (None when untyped/unknown)."""
+    if isinstance(obj, np.ndarray):
+        try:
+            return _dtype_code(obj.dtype)
+        except Error:
+            return None
+    try:
+        with memoryview(obj) as m:
+            fmt = m.format.lstrip("@=<")
+    except TypeError:
+        return None
+    return {"f": _DT_F32, "e": _DT_F16, "b": _DT_I8, "B": _DT_U8, "c": _DT_U8,
+            "i": _DT_I32}.get(fmt)
+
+
+def frame_info(buf: Any, partial: bool = False) -> Dict[str, Any]:
+    """Parse and validate a frame's header and chunk table.
+
+    Args:
+        buf: the frame (any C-contiguous buffer).
+        partial: accept a prefix holding at least the header (streaming);
+            otherwise the whole frame must be present.
+
+    Returns:
+        dict with ``version``, ``codec``, ``entropy`` (byteplane only),
+        ``level``, ``dtype`` (``"float32"``, ``"bfloat16"``...),
+        ``dtype_code``, ``shape`` (tuple), ``chunk_size``, ``group_size``
+        and ``group_dim`` (q8/q4, else None), ``n_chunks``, ``numel``,
+        ``raw_size``, ``frame_size``, ``header_size``, ``checksum``,
+        ``lossy``.
+
+    Raises:
+        CorruptError if it is not a valid frame (or is truncated).
+    """
+    info = _C.frame_info(buf, partial)
+    info["dtype"] = _DT_NAMES[info["dtype_code"]]
+    return info
+
+
+def default_threads() -> int:
+    """Worker threads a call with ``threads=0`` uses."""
+    return _C.default_threads()

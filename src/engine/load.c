@@ -1,0 +1,82 @@
+/* Loading a Hugging Face model directory: config + safetensors checkpoint
+ * (through model.h), every tensor checked for presence and exact shape and
+ * converted once to f32. */
+#include "engine_internal.h"
+#include "flextier/model.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static ft_status find_tensor(const ft_checkpoint *ck, const ft_arch *a, const char *name,
+                             ft_tensor *t, char *used, size_t nused)
+{
+    ft_status st = ft_checkpoint_get(ck, name, t);
+    snprintf(used, nused, "%s", name);
+    if (st != FT_ERR_NOT_FOUND || !a->alt_from) return st;
+    size_t n = strlen(a->alt_from);
+    if (strncmp(name, a->alt_from, n)) return st;
+    char alt[160];
+    snprintf(alt, sizeof alt, "%s%s", a->alt_to, name + n);
+    ft_status st2 = ft_checkpoint_get(ck, alt, t);
+    if (st2 == FT_ERR_NOT_FOUND) {
+        return ft_set_error(FT_ERR_NOT_FOUND, "checkpoint has no tensor \"%s\" (nor \"%s\")", name, alt);
+    }
+    if (!st2) snprintf(used, nused, "%s", alt);
+    return st2;
+}
+
+ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model **out)
+{
+    if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "load: NULL argument");
+    ft_model_config cfg;
+    ft_status st = ft_model_config_load(dir, &cfg);
+    if (st) return st;
+    ft_checkpoint *ck = NULL;
+    ft_model *m = NULL;
+    if ((st = ft_checkpoint_open(dir, &ck))) return st;
+    if ((st = ft_model_create(&cfg, &m))) goto fail;
+    uint64_t done = 0, total = m->weight_bytes;
+    double last = ft_now();
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        ft_model_tensor_entry *e = &m->tensors[i];
+        ft_tensor t;
+        char used[160];
+        if ((st = find_tensor(ck, m->arch, e->name, &t, used, sizeof used))) {
+            if (st == FT_ERR_NOT_FOUND)
+                st = ft_set_error(FT_ERR_NOT_FOUND, "%s: checkpoint has no tensor \"%s\" needed by "
+                                  "this %s config", dir, e->name, cfg.model_type);
+            goto fail;
+        }
+        int ok = (int)t.ndim == e->ndim;
+        for (int d = 0; ok && d < e->ndim; d++) ok = t.shape[d] == e->shape[d];
+        if (!ok) {
+            char got[96], want[96];
+            ft_shape_format(t.ndim, t.shape, got, sizeof got);
+            ft_shape_format((uint32_t)e->ndim, e->shape, want, sizeof want);
+            st = ft_set_error(FT_ERR_CORRUPT, "%s: tensor \"%s\" has shape %s, config implies %s",
+                              dir, used, got, want);
+            goto fail;
+        }
+        if (t.dtype != FT_F32 && t.dtype != FT_F16 && t.dtype != FT_BF16) {
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: tensor \"%s\" has dtype %s (need f32/f16/bf16)",
+                              dir, used, ft_dtype_name(t.dtype));
+            goto fail;
+        }
+        size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
+        /* the view may be unaligned: ft_convert/memcpy handle any alignment */
+        if ((st = ft_convert(e->data, FT_F32, t.data, t.dtype, n))) goto fail;
+        done += n * 4;
+        if (params && params->progress && ft_now() - last > 0.5) {
+            params->progress(params->user, done, total);
+            last = ft_now();
+        }
+    }
+    if (params && params->progress) params->progress(params->user, total, total);
+    ft_checkpoint_close(ck);
+    *out = m;
+    return FT_OK;
+fail:
+    ft_model_free(m);
+    ft_checkpoint_close(ck);
+    return st;
+}

@@ -1,0 +1,90 @@
+/* Timing harness for the byte-plane codec (not a ctest; run by hand):
+ *   bench_byteplane [codec=bp-zstd] [dtype=bf16] [elements=16777216] [reps=5] [level=0]
+ * Synthetic weights: rows of 4096 Gaussian values, sigma 0.02 with a
+ * per-row scale 0.02*exp(0.25*N(0,1)), cast to dtype. One thread. Prints
+ * the ratio and the median encode/decode speed in GB/s of raw tensor
+ * bytes. */
+#include "flextier/codec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double gauss(uint64_t *s)
+{
+    double u1 = ((double)(rnd(s) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rnd(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    const char *cname = argc > 1 ? argv[1] : "bp-zstd";
+    const char *dname = argc > 2 ? argv[2] : "bf16";
+    uint64_t n = argc > 3 ? strtoull(argv[3], NULL, 0) : (16u << 20);
+    int reps = argc > 4 ? atoi(argv[4]) : 5;
+    int level = argc > 5 ? atoi(argv[5]) : 0;
+    ft_dtype dt = !strcmp(dname, "f32") ? FT_F32 : !strcmp(dname, "f16") ? FT_F16 : FT_BF16;
+    ft_codec_params p;
+    ft_codec_default_params(&p);
+    if (ft_codec_parse(cname, &p.codec, &p.entropy)) { fprintf(stderr, "bad codec\n"); return 2; }
+    p.level = level;
+    if (reps < 1 || reps > 101) reps = 5;
+    size_t es = ft_dtype_bits(dt) / 8, nb = n * es;
+    float *f = malloc(n * sizeof(float));
+    uint64_t s = 42;
+    double row = 0.02;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i % 4096 == 0) row = 0.02 * exp(0.25 * gauss(&s));
+        f[i] = (float)(gauss(&s) * row);
+    }
+    ft_tensor t = {0};
+    int64_t shape[2] = {(int64_t)(n / 4096), 4096};
+    if (n % 4096) { shape[0] = (int64_t)n; }
+    ft_tensor_init(&t, dt, n % 4096 ? 1 : 2, shape, ft_malloc_aligned(nb + 64, 64));
+    ft_convert(t.data, dt, f, FT_F32, n);
+    ft_codec_ctx *ctx;
+    ft_codec_ctx_create(1, &ctx);
+    size_t bound = ft_encode_bound(&p, dt, t.ndim, t.shape), fs = 0;
+    uint8_t *frame = ft_malloc_aligned(bound, 64);
+    ft_tensor d = {0};
+    d.dtype = dt;
+    d.data = ft_malloc_aligned(nb + 64, 64);
+    double te[101], td[101];
+    for (int r = 0; r < reps; r++) {
+        double t0 = ft_now();
+        if (ft_encode(ctx, &p, &t, frame, bound, &fs)) { fprintf(stderr, "encode: %s\n", ft_last_error()); return 1; }
+        double t1 = ft_now();
+        if (ft_decode(ctx, frame, fs, &d, nb)) { fprintf(stderr, "decode: %s\n", ft_last_error()); return 1; }
+        double t2 = ft_now();
+        te[r] = t1 - t0;
+        td[r] = t2 - t1;
+    }
+    if (memcmp(d.data, t.data, nb)) { fprintf(stderr, "MISMATCH\n"); return 1; }
+    qsort(te, (size_t)reps, sizeof te[0], cmpd);
+    qsort(td, (size_t)reps, sizeof td[0], cmpd);
+    printf("%-12s %-5s level %3d  %8.2f MB  size %6.2f%%  ratio %.4fx  enc %.3f GB/s  dec %.3f GB/s (median of %d)\n",
+           cname, dname, level, nb / 1e6, 100.0 * fs / nb, (double)nb / fs,
+           nb / te[reps / 2] / 1e9, nb / td[reps / 2] / 1e9, reps);
+    ft_codec_ctx_free(ctx);
+    free(f);
+    ft_free_aligned(frame);
+    ft_free_aligned(d.data);
+    ft_free_aligned(t.data);
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* Generation on an in-memory random model: batching must not change
+ * results, sampling is reproducible by seed, stop conditions and the
+ * per-layer hook work. */
+#include "ft_test.h"
+#include "flextier/engine.h"
+
+#include <math.h>
+
+static ft_model *random_model_eos(ft_arch_id arch, uint64_t seed, int32_t eos)
+{
+    ft_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    c.hidden = 48; c.n_layers = 3; c.n_heads = 6; c.head_dim = 8; c.ffn = 72; c.vocab = 97;
+    c.max_pos = 64; c.norm_eps = 1e-5f; c.word_embed_proj_dim = 48;
+    c.bos_id = 1; c.eos_ids[0] = eos; c.n_eos = 1; c.pad_id = -1;
+    if (arch == FT_ARCH_OPT) {
+        c.n_kv_heads = 6; c.do_layer_norm_before = 1; c.enable_bias = 1; c.ln_affine = 1;
+        c.final_norm = 1; c.tie_word_embeddings = 1;
+    } else {
+        c.n_kv_heads = 2; c.rope_theta = 10000;
+    }
+    ft_model *m = NULL;
+    if (ft_model_create(&c, &m)) return NULL;
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor t;
+        if (ft_model_tensor(m, i, &name, &t)) { ft_model_free(m); return NULL; }
+        uint64_t n;
+        ft_tensor_numel(&t, &n);
+        float *d = t.data;
+        int isnorm = strstr(name, "norm") && strstr(name, "weight");
+        for (uint64_t k = 0; k < n; k++) {
+            float r = (float)(ft_test_rand(&seed) >> 40) / (float)(1 << 24) * 2 - 1;
+            d[k] = isnorm ? 1 + 0.2f * r : 0.3f * r;
+        }
+    }
+    return m;
+}
+
+static ft_model *random_model(ft_arch_id arch, uint64_t seed)
+{
+    return random_model_eos(arch, seed, 2);
+}
+
+static void batch_equals_single(ft_arch_id arch)
+{
+    ft_model *m = random_model(arch, 7);
+    REQUIRE(m);
+    ft_ctx_params cp = {.max_batch = 4, .max_seq = 40, .threads = 2};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    REQUIRE(c);
+    int32_t p0[] = {5, 9, 14, 3, 3, 60}, p1[] = {7}, p2[] = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
+    const int32_t *ps[] = {p0, p1, p2};
+    size_t pl[] = {6, 1, 11};
+    int32_t o[3][16] = {{0}}, s[16] = {0};
+    int32_t *outs[] = {o[0], o[1], o[2]};
+    size_t no[3], ns;
+    ft_gen_params gp = {.max_new_tokens = 12, .ignore_eos = 1};
+    ft_gen_stats st;
+    CHECK_OK(ft_generate(c, 3, ps, pl, &gp, outs, no, &st));
+    CHECK(st.prefill_tokens == 18 && st.decode_tokens == 3 * 11);
+    for (int j = 0; j < 3; j++) {
+        int32_t *so[] = {s};
+        CHECK_OK(ft_generate(c, 1, &ps[j], &pl[j], &gp, so, &ns, NULL));
+        CHECK(ns == 12 && no[j] == 12);
+        CHECK_MSG(!memcmp(s, o[j], sizeof(int32_t) * 12), "arch %d prompt %d: batched != single", arch, j);
+    }
+    /* top_k = 1 sampling equals greedy; same seed reproduces; other seed differs somewhere */
+    gp.sampling.temperature = 0.8f;
+    gp.sampling.top_k = 1;
+    gp.sampling.seed = 3;
+    int32_t t[3][16] = {{0}};
+    int32_t *touts[] = {t[0], t[1], t[2]};
+    CHECK_OK(ft_generate(c, 3, ps, pl, &gp, touts, no, NULL));
+    CHECK(!memcmp(t, o, sizeof t));
+    gp.sampling.top_k = 0;
+    gp.sampling.top_p = 0.95f;
+    gp.sampling.temperature = 1.5f;
+    gp.sampling.repetition_penalty = 1.3f;
+    int32_t a[3][16] = {{0}}, b[3][16] = {{0}};
+    int32_t *aouts[] = {a[0], a[1], a[2]}, *bouts[] = {b[0], b[1], b[2]};
+    CHECK_OK(ft_generate(c, 3, ps, pl, &gp, aouts, no, NULL));
+    CHECK_OK(ft_generate(c, 3, ps, pl, &gp, bouts, no, NULL));
+    CHECK(!memcmp(a, b, sizeof a));
+    gp.sampling.seed = 4;
+    CHECK_OK(ft_generate(c, 3, ps, pl, &gp, bouts, no, NULL));
+    CHECK(memcmp(a, b, sizeof a) != 0);
+    ft_ctx_free(c);
+    ft_model_free(m);
+}
+
+TEST(batch_equals_single_llama) { batch_equals_single(FT_ARCH_LLAMA); }
+TEST(batch_equals_single_opt) { batch_equals_single(FT_ARCH_OPT); }
+
+static int stop_after3(void *u, size_t seq, int32_t tok) { (void)tok; int *cnt = u; return ++cnt[seq] >= 3; }
+
+TEST(stops)
+{
+    ft_model *m = random_model_eos(FT_ARCH_LLAMA, 9, 0);
+    REQUIRE(m);
+    ft_ctx_params cp = {.max_batch = 2, .max_seq = 32, .threads = 1};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    REQUIRE(c);
+    int32_t p[] = {4, 5, 6}, o[2][32];
+    const int32_t *ps[] = {p, p};
+    size_t pl[] = {3, 3}, no[2];
+    int32_t *outs[] = {o[0], o[1]};
+    int cnt[2] = {0, 0};
+    ft_gen_params gp = {.max_new_tokens = 20, .ignore_eos = 1, .on_token = stop_after3, .user = cnt};
+    CHECK_OK(ft_generate(c, 2, ps, pl, &gp, outs, no, NULL));
+    CHECK(no[0] == 3 && no[1] == 3);
+    /* the prompt + new tokens must fit the context */
+    gp.max_new_tokens = 31;
+    gp.on_token = NULL;
+    CHECK(ft_generate(c, 2, ps, pl, &gp, outs, no, NULL) == FT_ERR_NO_SPACE);
+    /* EOS: with the final norm weight zeroed every logit is 0, so greedy
+     * picks token 0, which this model's config names as EOS. */
+    gp.max_new_tokens = 5;
+    gp.ignore_eos = 0;
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name; ft_tensor t;
+        CHECK_OK(ft_model_tensor(m, i, &name, &t));
+        if (!strcmp(name, "model.norm.weight")) memset(t.data, 0, 48 * sizeof(float));
+    }
+    CHECK_OK(ft_generate(c, 2, ps, pl, &gp, outs, no, NULL));
+    CHECK(no[0] == 1 && no[1] == 1 && o[0][0] == 0 && o[1][0] == 0);
+    gp.ignore_eos = 1;
+    CHECK_OK(ft_generate(c, 2, ps, pl, &gp, outs, no, NULL));
+    CHECK(no[0] == 5 && no[1] == 5);
+    ft_ctx_free(c);
+    ft_model_free(m);
+}
+
+typedef struct { int calls[8]; int order_ok; int last; } hook_state;
+static ft_status hook(void *u, int layer, ft_layer_weights *w)
+{
+    hook_state *h = u;
+    if (layer != (h->last + 1) % 3) h->order_ok = 0;
+    h->last = layer;
+    h->calls[layer]++;
+    return w->wq ? FT_OK : FT_ERR_INTERNAL;
+}
+static ft_status failing_hook(void *u, int layer, ft_layer_weights *w)
+{
+    (void)u; (void)w;
+    return layer == 1 ? ft_set_error(FT_ERR_IO, "layer 1 unavailable") : FT_OK;
+}
+
+TEST(layer_hook)
+{
+    ft_model *m = random_model(FT_ARCH_OPT, 11);
+    REQUIRE(m);
+    ft_ctx_params cp = {.max_batch = 2, .max_seq = 16, .threads = 1};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    REQUIRE(c);
+    hook_state h = {.order_ok = 1, .last = 2};
+    ft_ctx_set_layer_hook(c, hook, &h);
+    int slots[] = {0, 1};
+    int32_t a[] = {1, 2, 3}, b[] = {4};
+    const int32_t *tp[] = {a, b};
+    size_t nt[] = {3, 1};
+    float lg[2 * 97];
+    CHECK_OK(ft_ctx_forward(c, 2, slots, tp, nt, lg, 0));
+    CHECK(h.order_ok && h.calls[0] == 1 && h.calls[1] == 1 && h.calls[2] == 1);
+    CHECK(ft_ctx_seq_len(c, 0) == 3 && ft_ctx_seq_len(c, 1) == 1);
+    float *k, *v;
+    int len, kvd;
+    CHECK_OK(ft_ctx_kv(c, 2, 0, &k, &v, &len, &kvd));
+    CHECK(len == 3 && kvd == 48 && k != v);
+    ft_ctx_set_layer_hook(c, failing_hook, NULL);
+    CHECK(ft_ctx_forward(c, 2, slots, tp, nt, lg, 0) == FT_ERR_IO);
+    CHECK(ft_ctx_seq_len(c, 0) == 3);   /* unchanged on error */
+    /* bad input */
+    int32_t bad[] = {97};
+    const int32_t *bp[] = {bad};
+    ft_ctx_set_layer_hook(c, NULL, NULL);
+    CHECK(ft_ctx_forward(c, 1, slots, bp, nt + 1, lg, 0) == FT_ERR_INVALID_ARG);
+    int dup[] = {0, 0};
+    CHECK(ft_ctx_forward(c, 2, dup, tp, nt, lg, 0) == FT_ERR_INVALID_ARG);
+    ft_ctx_free(c);
+    ft_model_free(m);
+}
+
+TEST(context_limit)
+{
+    ft_model *m = random_model(FT_ARCH_OPT, 1);
+    REQUIRE(m);
+    ft_ctx_params cp = {.max_batch = 1, .max_seq = 65};
+    ft_ctx *c = NULL;
+    CHECK(ft_ctx_create(m, &cp, &c) == FT_ERR_INVALID_ARG);
+    CHECK(strstr(ft_last_error(), "max_position_embeddings") != NULL);
+    ft_model_free(m);
+}
