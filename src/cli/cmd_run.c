@@ -228,7 +228,8 @@ int ft_bench_run(int argc, char **argv)
     int32_t **op = NULL;
     size_t *pl = NULL, *no = NULL;
     int rc = FT_EXIT_ERR;
-    ft_load_params lp = {load_progress, NULL};
+    ft_load_params lp = {0};
+    lp.progress = load_progress;
     double t0 = ft_now();
     ft_status st = ft_model_load(dir, &lp, &m);
     if (st) return ft_cli_fail(dir, st);

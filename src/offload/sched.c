@@ -69,17 +69,10 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, ft_stor
     return FT_OK;
 }
 
-/* Checkpoint lookup with the architecture's alternative prefix. */
 static ft_status ck_get(const ft_model *m, const ft_checkpoint *ck, const char *name, ft_tensor *t)
 {
-    ft_status st = ft_checkpoint_get(ck, name, t);
-    const ft_arch *a = m->arch;
-    if (st == FT_ERR_NOT_FOUND && a->alt_from && !strncmp(name, a->alt_from, strlen(a->alt_from))) {
-        char alt[192];
-        snprintf(alt, sizeof alt, "%s%s", a->alt_to, name + strlen(a->alt_from));
-        st = ft_checkpoint_get(ck, alt, t);
-    }
-    return st;
+    char used[160];
+    return ft_model_find_tensor(ck, m->arch, name, t, used, sizeof used);
 }
 
 static ft_codec_params weight_codec(const ft_offload *o, int ndim)

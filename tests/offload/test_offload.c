@@ -220,6 +220,72 @@ TEST(device_budget_enforced)
     CHECK(strstr(ft_last_error(), "budget") != NULL);
 }
 
+
+#include "net/server_util.h"
+
+static void remote_run(int kill_mid_run)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    srv_t a, b;
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    REQUIRE(srv_start(&a, "127.0.0.1:0", args) == 0);
+    if (srv_start(&b, "127.0.0.1:0", args) != 0) { srv_stop(&a); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=25,0,0,75 cw=bp remote=%s,%s", a.uri, b.uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_model_config c = llama_cfg();
+    ft_model *m;
+    CHECK_OK(ft_model_create_ex(&c, 1, &m));
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor v, src;
+        ft_model_tensor(m, i, &name, &v);
+        ft_model_tensor(g_model, i, NULL, &src);
+        if (v.data) {
+            uint64_t nb;
+            ft_tensor_nbytes(&v, &nb);
+            memcpy(v.data, src.data, nb);
+        }
+    }
+    ft_offload *o = NULL;
+    ft_status st = ft_offload_create(m, dir, &p, &o);
+    CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+    if (st == FT_OK) {
+        if (kill_mid_run) {
+            kill(b.pid, SIGKILL);
+            waitpid(b.pid, NULL, 0);
+            b.pid = 0;
+            double t0 = ft_now();
+            float *got = run(m, o, &st);
+            CHECK(st != FT_OK);                     /* an error, never wrong output */
+            CHECK(ft_now() - t0 < 30);
+            printf("  node killed: %s (%s)\n", ft_status_str(st), ft_last_error());
+            free(got);
+        } else {
+            float *got = run(m, o, &st);
+            CHECK_OK(st);
+            size_t bad = 0;
+            for (size_t i = 0; got && i < n_logits(); i++) bad += got[i] != g_ref[i];
+            CHECK_MSG(bad == 0, "%zu logits differ", bad);
+            ft_offload_stats s;
+            ft_offload_get_stats(o, &s);
+            CHECK(s.logical_bytes[FT_TIER_REMOTE] > 0 && s.wire_bytes[FT_TIER_REMOTE] > 0);
+            CHECK(s.wire_bytes[FT_TIER_REMOTE] < s.logical_bytes[FT_TIER_REMOTE]);   /* bp shrinks */
+            free(got);
+        }
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    srv_stop(&a);
+    srv_stop(&b);
+}
+
+TEST(remote_two_nodes_byteplane) { remote_run(0); }
+TEST(remote_node_killed_mid_run) { remote_run(1); }
+
 TEST(cleanup)
 {
     char cmd[600];
