@@ -113,20 +113,17 @@ typedef struct ft_cost_estimate {
  * link times, with weights moved once per block and cache per batch). */
 void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
 
-/* Search placements (10% steps), batch configurations with
- * gbs*ngb <= max_batch (or == max_batch when fixed_batch) and the allowed
- * weight/cache codecs (bit masks of 1u << ft_codec_id; 0 = RAW only) for
- * the feasible policy with the highest predicted decode throughput. `base`
- * provides remotes/disk_uri; tiers without a store are not used.
- * FT_ERR_NO_SPACE if nothing fits. */
+/* Search placements (weights in 10% steps, cache in 25% steps over the
+ * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only),
+ * batch configurations with gbs*ngb <= max_batch (or == max_batch when
+ * fixed_batch) and the allowed weight/cache codecs (bit masks of
+ * 1u << ft_codec_id; 0 = RAW only) for the feasible policy with the
+ * highest predicted decode throughput. `base` provides remotes/disk_uri;
+ * tiers without a store are not used. FT_ERR_NO_SPACE if nothing fits. */
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
                   int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
-                  ft_policy *best, ft_cost_estimate *est);
+                  unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
 
-#ifdef __cplusplus
-}
-#endif
-#endif
 
 /* ------------------------------------------------------------- scheduler */
 
@@ -182,3 +179,8 @@ void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
 void ft_offload_reset_stats(ft_offload *o);
 /* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

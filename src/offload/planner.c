@@ -120,13 +120,17 @@ static size_t enum_pcts(const int *usable, int step, pct *out, size_t cap)
 }
 
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch, int fixed_batch,
-                  unsigned weight_codecs, unsigned cache_codecs, ft_policy *best, ft_cost_estimate *est)
+                  unsigned weight_codecs, unsigned cache_codecs, unsigned cache_tiers, ft_policy *best,
+                  ft_cost_estimate *est)
 {
     if (!in || !base || !best || max_batch < 1 || in->n_layers == 0) return FT_ERR_INVALID_ARG;
     int usable[FT_TIER_COUNT] = {1, in->cap[FT_TIER_HOST] > 0, base->disk_uri[0] && in->cap[FT_TIER_DISK] > 0,
                                  base->n_remotes > 0 && in->cap[FT_TIER_REMOTE] > 0};
     static pct wv[300], cv[300];
-    size_t nw = enum_pcts(usable, 10, wv, 300), nc = enum_pcts(usable, 25, cv, 300);
+    int cache_usable[FT_TIER_COUNT];
+    if (!cache_tiers) cache_tiers = 1u << FT_TIER_DEVICE;
+    for (int t = 0; t < FT_TIER_COUNT; t++) cache_usable[t] = usable[t] && (cache_tiers & (1u << t));
+    size_t nw = enum_pcts(usable, 10, wv, 300), nc = enum_pcts(cache_usable, 25, cv, 300);
     if (!weight_codecs) weight_codecs = 1u << FT_CODEC_RAW;
     if (!cache_codecs) cache_codecs = 1u << FT_CODEC_RAW;
     ft_policy cand = *base, top;
