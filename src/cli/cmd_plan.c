@@ -19,7 +19,7 @@ static const char plan_usage[] =
     "                     [--disk-mem SIZE] [--remote ucx://H:P[,..]] [--remote-mem SIZE]\n"
     "                     [--batch N] [--fixed-batch] [--prompt-len N] [--gen-len N]\n"
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
-    "                     [--threads N] [--json]\n"
+    "                     [--policy SPEC] [--threads N] [--json]\n"
     "\n"
     "Measures compute (GEMM flop/s), memory bandwidth, codec ratio and decode speed\n"
     "(on synthetic weights) and, when a memory node is given, its link; then searches\n"
@@ -27,7 +27,8 @@ static const char plan_usage[] =
     "configurations and weight codecs with the FlexGen-style cost model, and prints\n"
     "the policy with the highest predicted decode throughput. RATE: e.g. 1gbit,\n"
     "125M (bytes/s), 10gbit; a given rate replaces the measurement. The device\n"
-    "memory is the budget for decoded weights, cache and activations.\n";
+    "memory is the budget for decoded weights, cache and activations. With --policy\n"
+    "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n";
 
 /* "1gbit", "10Gbit", "125M" (bytes/s), "1.5G" */
 static ft_status parse_rate(const char *s, double *out)
@@ -241,8 +242,9 @@ int ft_cmd_plan(int argc, char **argv)
         {"fixed-batch", no_argument, 0, 'f'}, {"prompt-len", required_argument, 0, 'p'},
         {"gen-len", required_argument, 0, 'g'}, {"link-bw", required_argument, 0, 'l'},
         {"codecs", required_argument, 0, 'c'}, {"threads", required_argument, 0, 'T'},
-        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *model = NULL, *links = NULL, *codecs = "none,bp,q8,q4";
+        {"json", no_argument, 0, 'j'}, {"policy", required_argument, 0, 'P'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *model = NULL, *links = NULL, *codecs = "none,bp,q8,q4", *given_policy = NULL;
     uint64_t dev = 0, host = UINT64_MAX, disk = UINT64_MAX, remote = UINT64_MAX;
     long batch = 1, plen = 128, glen = 32, threads = 0;
     int fixed = 0, json = 0, have_dev = 0;
@@ -281,6 +283,7 @@ int ft_cmd_plan(int argc, char **argv)
         case 'c': codecs = optarg; break;
         case 'T': st = ft_cli_parse_int(optarg, 0, 1024, &threads); break;
         case 'j': json = 1; break;
+        case 'P': given_policy = optarg; break;
         case 'h': fputs(plan_usage, stdout); return FT_EXIT_OK;
         default: return ft_cli_usage_error(plan_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -331,7 +334,17 @@ int ft_cmd_plan(int argc, char **argv)
     if (!host) in.cap[FT_TIER_HOST] = 0;
     ft_policy best;
     ft_cost_estimate e;
-    if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, 0, 1u << FT_TIER_DEVICE, &best, &e))) return ft_cli_fail("plan", st);
+    if (given_policy) {
+        best = base;
+        best.gpu_batch_size = (uint32_t)batch;
+        best.num_gpu_batches = 1;
+        if ((st = ft_policy_parse(given_policy, &best)) || (st = ft_policy_validate(&best)))
+            return ft_cli_usage_error(plan_usage, "--policy: %s", ft_last_error());
+        ft_cost_predict(&in, &best, &e);
+        if (!e.feasible && !json) fprintf(stderr, "plan: warning: the policy exceeds a tier's memory\n");
+    } else if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, 0, 1u << FT_TIER_DEVICE, &best, &e))) {
+        return ft_cli_fail("plan", st);
+    }
     char pol[256];
     ft_policy_format(&best, pol, sizeof pol);
     if (json) {
