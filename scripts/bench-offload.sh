@@ -55,7 +55,7 @@ row() {   # name policy-text predict-args -- bench command...
     eff=$(echo "$out" | sed -n 's/.*overlap efficiency \([0-9]*\)%.*/\1/p')
     pred=""
     if [ -n "$pargs" ]; then
-        pred=$(eval "$FT plan --model $MODEL --device-mem $DEV --batch $BATCH --prompt-len $PROMPT --gen-len $GEN $pargs --json" 2>/dev/null |
+        pred=$(eval "$FT plan --model $MODEL --device-mem $DEV --threads $THREADS --batch $BATCH --prompt-len $PROMPT --gen-len $GEN $pargs --json" 2>/dev/null |
                python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["decode_tps"])' 2>/dev/null || true)
     fi
     local ratio=""

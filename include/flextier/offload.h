@@ -98,6 +98,13 @@ typedef struct ft_cost_inputs {
     double decode_bw[FT_CODEC_COUNT];
     /* CPU-only machines: decoding competes with compute for the cores. */
     int decode_shares_compute;
+    /* Measured engine times (seconds), when known, replace the analytic
+     * compute term: per layer and fixed per step (embedding, final norm,
+     * LM head), for a decode step at batch measured_batch[k] (k = 0, 1;
+     * linear in between), and per prompt token for prefill. */
+    uint32_t measured_batch[2];
+    double layer_decode_s[2], fixed_decode_s[2];
+    double layer_prefill_s_per_token, fixed_prefill_s_per_token;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {

@@ -166,6 +166,81 @@ static double measure_store_bw(const char *uri)
     return bw;
 }
 
+/* Time the engine itself on 1- and 2-layer copies of the model's config
+ * (weights zero: the arithmetic costs the same): per-layer and fixed
+ * (embedding, head) times of a decode step at batch 1 and `batch`, and of
+ * prefill per prompt token. FlexGen fits its cost model from real runs the
+ * same way. */
+static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
+                                ft_cost_inputs *in)
+{
+    ft_model_config cfg;
+    ft_status st = ft_model_config_load(dir, &cfg);
+    if (st) return st;
+    if (plen > 256) plen = 256;
+    double pre[3] = {0}, dec1[3] = {0}, decb[3] = {0};
+    for (int nl = 1; nl <= 2; nl++) {
+        cfg.n_layers = nl;
+        ft_model *m = NULL;
+        ft_ctx *c = NULL;
+        int32_t *toks = NULL;
+        if ((st = ft_model_create(&cfg, &m))) return st;
+        ft_ctx_params cp = {0};
+        cp.max_batch = (int)batch;
+        cp.max_seq = (int)plen + 16;   /* 5 reps x (batch + single) decode steps */
+        cp.max_rows = (int)(batch * plen);
+        cp.threads = threads;
+        if ((st = ft_ctx_create(m, &cp, &c))) { ft_model_free(m); return st; }
+        toks = calloc((size_t)batch * plen, sizeof *toks);
+        int *slots = calloc(batch, sizeof *slots);
+        const int32_t **tp = calloc(batch, sizeof *tp);
+        size_t *nt = calloc(batch, sizeof *nt);
+        if (!toks || !slots || !tp || !nt) st = FT_ERR_NOMEM;
+        for (uint32_t j = 0; st == FT_OK && j < batch; j++) {
+            slots[j] = (int)j;
+            tp[j] = toks + (size_t)j * plen;
+            nt[j] = plen;
+        }
+        double t0 = ft_now();
+        if (st == FT_OK) st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
+        pre[nl] = ft_now() - t0;
+        double tb[5], t1[5];
+        for (int r = 0; r < 5 && st == FT_OK; r++) {
+            for (uint32_t j = 0; j < batch; j++) nt[j] = 1;
+            t0 = ft_now();
+            st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
+            tb[r] = ft_now() - t0;
+            t0 = ft_now();
+            if (st == FT_OK) st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
+            t1[r] = ft_now() - t0;
+        }
+        if (st == FT_OK) {
+            decb[nl] = ft_cli_median(tb, 5);
+            dec1[nl] = ft_cli_median(t1, 5);
+        }
+        free(toks); free(slots); free(tp); free(nt);
+        ft_ctx_free(c);
+        ft_model_free(m);
+        if (st) return st;
+    }
+    in->measured_batch[0] = 1;
+    in->measured_batch[1] = batch > 1 ? batch : 2;
+    in->layer_decode_s[0] = dec1[2] - dec1[1];
+    in->layer_decode_s[1] = decb[2] - decb[1];
+    in->fixed_decode_s[0] = dec1[1] - in->layer_decode_s[0];
+    in->fixed_decode_s[1] = decb[1] - in->layer_decode_s[1];
+    double ntok = (double)batch * plen;
+    in->layer_prefill_s_per_token = (pre[2] - pre[1]) / ntok;
+    in->fixed_prefill_s_per_token = (pre[1] - (pre[2] - pre[1])) / ntok;
+    for (int k = 0; k < 2; k++) {   /* noise can make a difference negative */
+        if (in->layer_decode_s[k] < 0) in->layer_decode_s[k] = 0;
+        if (in->fixed_decode_s[k] < 0) in->fixed_decode_s[k] = 0;
+    }
+    if (in->layer_prefill_s_per_token < 0) in->layer_prefill_s_per_token = 0;
+    if (in->fixed_prefill_s_per_token < 0) in->fixed_prefill_s_per_token = 0;
+    return FT_OK;
+}
+
 /* Fill the model part of the cost inputs from DIR's config + checkpoint. */
 ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in)
 {
@@ -195,8 +270,9 @@ ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in)
     return FT_OK;
 }
 
-static ft_status measure(ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem, uint32_t plen,
-                         uint32_t glen, const double *given, unsigned codec_mask, int quiet)
+static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
+                         uint32_t batch, uint32_t plen, uint32_t glen, unsigned threads, const double *given,
+                         unsigned codec_mask, int quiet)
 {
     in->prompt_len = plen;
     in->gen_len = glen;
@@ -208,9 +284,15 @@ static ft_status measure(ft_cost_inputs *in, const ft_policy *base, uint64_t dev
     if (!quiet) fprintf(stderr, "plan: measuring compute, memory and codecs...\n");
     in->flops = measure_flops((int)in->hidden, 0);
     in->mem_bw = measure_mem_bw();
+    ft_status st = measure_engine(dir, batch ? batch : 1, plen, threads, in);
+    if (st) return st;
     in->bw[FT_TIER_HOST] = given && given[FT_TIER_HOST] > 0 ? given[FT_TIER_HOST] : in->mem_bw / 2;
     measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
-    in->decode_shares_compute = 1;
+    /* The I/O thread decodes; it has a core of its own unless compute
+     * threads take them all. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned compute = threads ? threads : ft_default_threads();
+    in->decode_shares_compute = ncpu < 1 || (long)compute >= ncpu;
     if (base->disk_uri[0])
         in->bw[FT_TIER_DISK] = given && given[FT_TIER_DISK] > 0 ? given[FT_TIER_DISK] : measure_store_bw(base->disk_uri);
     if (base->n_remotes) {
@@ -225,10 +307,10 @@ static ft_status measure(ft_cost_inputs *in, const ft_policy *base, uint64_t dev
     return FT_OK;
 }
 
-ft_status ft_cli_plan_measure(ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
-                              uint32_t prompt_len, uint32_t gen_len)
+ft_status ft_cli_plan_measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
+                              uint32_t batch, uint32_t prompt_len, uint32_t gen_len, unsigned threads)
 {
-    return measure(in, base, device_mem, prompt_len, gen_len, NULL,
+    return measure(dir, in, base, device_mem, batch, prompt_len, gen_len, threads, NULL,
                    (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q8) | (1u << FT_CODEC_Q4), 0);
 }
 
@@ -329,7 +411,8 @@ int ft_cmd_plan(int argc, char **argv)
     in.cap[FT_TIER_HOST] = host;
     in.cap[FT_TIER_DISK] = disk;
     in.cap[FT_TIER_REMOTE] = remote;
-    if ((st = measure(&in, &base, dev, (uint32_t)plen, (uint32_t)glen, given, wmask, json)))
+    if ((st = measure(model, &in, &base, dev, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, (unsigned)threads,
+                      given, wmask, json)))
         return ft_cli_fail("plan", st);
     if (!host) in.cap[FT_TIER_HOST] = 0;
     ft_policy best;

@@ -243,6 +243,7 @@ int ft_bench_run(int argc, char **argv)
     ft_load_params lp = {0};
     lp.progress = load_progress;
     double t0 = ft_now();
+    off.threads = (unsigned)threads;
     ft_status st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &m);
     if (st) return ft_cli_fail(dir, st);
     double load_s = ft_now() - t0;

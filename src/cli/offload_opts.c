@@ -117,7 +117,9 @@ ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params
         ft_cost_inputs in;
         memset(&in, 0, sizeof in);
         if ((st = ft_cli_cost_model_inputs(dir, &in))) return st;
-        if ((st = ft_cli_plan_measure(&in, &o->p.policy, o->p.device_budget, prompt_len, gen_len))) return st;
+        if ((st = ft_cli_plan_measure(dir, &in, &o->p.policy, o->p.device_budget, batch ? batch : 1, prompt_len,
+                                      gen_len, o->threads)))
+            return st;
         ft_policy best;
         ft_cost_estimate e;
         unsigned codecs = o->codec_given ? 1u << o->p.policy.compress_weights

@@ -6,6 +6,7 @@
 
 typedef struct ft_cli_offload {
     int enabled, auto_policy, have_policy, codec_given, stats;
+    unsigned threads;          /* compute threads of the run (for planning) */
     double predicted_tps;
     ft_offload_params p;
     ft_offload *o;
@@ -27,6 +28,6 @@ void ft_cli_offload_free(ft_cli_offload *o);
 /* cmd_plan.c */
 ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in);
 /* Measure compute, memory, codecs and the policy's links into *in. */
-ft_status ft_cli_plan_measure(ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
-                              uint32_t prompt_len, uint32_t gen_len);
+ft_status ft_cli_plan_measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
+                              uint32_t batch, uint32_t prompt_len, uint32_t gen_len, unsigned threads);
 #endif
