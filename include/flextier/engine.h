@@ -120,6 +120,10 @@ typedef struct ft_load_params {
     /* Called now and then during a long load with done/total bytes. */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *user;
+    /* 1: check the layer tensors (presence, shape, dtype) but do not load
+     * them: no memory is allocated for them and every layer's weights are
+     * NULL until a layer hook (the offloading scheduler) supplies them. */
+    int external_layers;
 } ft_load_params;
 
 /* Load a Hugging Face model directory: config (as ft_model_config_load)
@@ -133,6 +137,8 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params,
 /* A model with every weight zero (tests, gen-model): fill the weights
  * through ft_model_tensor(). */
 ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
+/* As ft_model_create; external_layers as in ft_load_params. */
+ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out);
 void ft_model_free(ft_model *m);                 /* NULL ok */
 
 const ft_model_config *ft_model_get_config(const ft_model *m);

@@ -98,6 +98,13 @@ typedef struct ft_cost_inputs {
     double decode_bw[FT_CODEC_COUNT];
     /* CPU-only machines: decoding competes with compute for the cores. */
     int decode_shares_compute;
+    /* Measured engine times (seconds), when known, replace the analytic
+     * compute term: per layer and fixed per step (embedding, final norm,
+     * LM head), for a decode step at batch measured_batch[k] (k = 0, 1;
+     * linear in between), and per prompt token for prefill. */
+    uint32_t measured_batch[2];
+    double layer_decode_s[2], fixed_decode_s[2];
+    double layer_prefill_s_per_token, fixed_prefill_s_per_token;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -113,15 +120,72 @@ typedef struct ft_cost_estimate {
  * link times, with weights moved once per block and cache per batch). */
 void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
 
-/* Search placements (10% steps), batch configurations with
- * gbs*ngb <= max_batch (or == max_batch when fixed_batch) and the allowed
- * weight/cache codecs (bit masks of 1u << ft_codec_id; 0 = RAW only) for
- * the feasible policy with the highest predicted decode throughput. `base`
- * provides remotes/disk_uri; tiers without a store are not used.
- * FT_ERR_NO_SPACE if nothing fits. */
+/* Search placements (weights in 10% steps, cache in 25% steps over the
+ * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only),
+ * batch configurations with gbs*ngb <= max_batch (or == max_batch when
+ * fixed_batch) and the allowed weight/cache codecs (bit masks of
+ * 1u << ft_codec_id; 0 = RAW only) for the feasible policy with the
+ * highest predicted decode throughput. `base` provides remotes/disk_uri;
+ * tiers without a store are not used. FT_ERR_NO_SPACE if nothing fits. */
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
                   int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
-                  ft_policy *best, ft_cost_estimate *est);
+                  unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
+
+
+/* ------------------------------------------------------------- scheduler */
+
+#include "flextier/engine.h"
+#include "flextier/store.h"
+
+/* Streams a model's layer weights through the tiers of a policy. Created
+ * over a model loaded with external layers (ft_load_params.external_layers)
+ * and installed as the context's layer hook: before layer i is computed it
+ * waits for layer i's streamed tensors (decoded to f32 into one of two slot
+ * buffers), points the layer at them and starts fetching layer i+1 on an
+ * I/O thread, so transfer and decoding overlap the computation. Device-tier
+ * tensors stay resident. */
+typedef struct ft_offload ft_offload;
+
+typedef struct ft_offload_params {
+    ft_policy policy;
+    uint32_t group_size;     /* q8/q4 weights: default 64                    */
+    int32_t  group_dim;      /* default -1 (the input dim of (out, in) weights) */
+    uint64_t device_budget;  /* bytes of decoded weights + slots allowed;
+                                0 = no limit. FT_ERR_NO_SPACE if exceeded.   */
+    const char *token_file;  /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE)  */
+    /* progress of the first upload: done/total bytes of source tensors */
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *user;
+} ft_offload_params;
+
+void ft_offload_default_params(ft_offload_params *p);
+
+/* Per-tier traffic and timing since creation (or the last reset). */
+typedef struct ft_offload_stats {
+    uint64_t logical_bytes[FT_TIER_COUNT];  /* tensor bytes (source dtype) read */
+    uint64_t wire_bytes[FT_TIER_COUNT];     /* encoded bytes read               */
+    uint64_t uploaded_bytes, reused_bytes;  /* first-use upload vs found in store */
+    uint64_t resident_bytes;                /* device-tier f32 weights          */
+    uint64_t slot_bytes;                    /* the two streaming slot buffers   */
+    double io_busy_s;        /* I/O thread time fetching + decoding          */
+    double wait_s;           /* compute thread time waiting for weights      */
+    uint64_t layers_fetched;
+} ft_offload_stats;
+
+/* model_dir: the checkpoint the model was loaded from (source of the
+ * tensors to upload). Opens the tier stores, places every layer tensor
+ * (FlexGen's midpoint rule), loads device-tier tensors, and uploads the
+ * others to their tiers unless an identical encoding is already there
+ * (keys are content hashes of the source tensor and the codec). */
+ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
+                            ft_offload **out);
+void ft_offload_free(ft_offload *o);
+/* The hook to install with ft_ctx_set_layer_hook(ctx, ft_offload_hook, o). */
+ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
+void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
+void ft_offload_reset_stats(ft_offload *o);
+/* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
+ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
 
 #ifdef __cplusplus
 }

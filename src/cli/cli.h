@@ -38,6 +38,7 @@ ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t s
 double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
+int ft_cmd_plan(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
 /* src/cli/cmd_store.c */
 int ft_cmd_serve(int argc, char **argv);

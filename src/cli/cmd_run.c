@@ -1,5 +1,6 @@
 /* flextier run | gen-model | bench run: the inference engine's commands. */
 #include "cli.h"
+#include "offload_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -185,9 +186,10 @@ int ft_cmd_gen_model(int argc, char **argv) { return gen_model(argc, argv); }
 
 static const char BENCH_USAGE[] =
     "usage: flextier bench run --model DIR --batch B --prompt-len P --gen-len G\n"
-    "         [--threads N] [--seed N] [--json]\n"
+    "         [--threads N] [--seed N] [--json] [offloading options]\n"
     "FlexGen's benchmark shape: B random prompts of P tokens, G new tokens each (greedy,\n"
-    "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes.\n";
+    "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes;\n"
+    "with --policy, the offloading metrics too.\n";
 
 static void load_progress(void *user, uint64_t done, uint64_t total)
 {
@@ -202,9 +204,19 @@ int ft_bench_run(int argc, char **argv)
     const char *dir = NULL;
     long batch = 1, plen = 0, glen = 0, threads = 0, seed = 1;
     int json = 0;
+    ft_cli_offload off;
+    ft_cli_offload_init(&off);
+    off.stats = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (opt_is(a, "-h") || opt_is(a, "--help")) { fputs(BENCH_USAGE, stdout); return FT_EXIT_OK; }
+        if (opt_is(a, "-h") || opt_is(a, "--help")) {
+            fputs(BENCH_USAGE, stdout);
+            fputs(ft_cli_offload_usage, stdout);
+            return FT_EXIT_OK;
+        }
+        int r = ft_cli_offload_arg(&off, argc, argv, &i);
+        if (r < 0) return FT_EXIT_USAGE;
+        if (r) continue;
         if (opt_is(a, "--json")) { json = 1; continue; }
         if (i + 1 >= argc) return ft_cli_usage_error(BENCH_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
@@ -228,15 +240,18 @@ int ft_bench_run(int argc, char **argv)
     int32_t **op = NULL;
     size_t *pl = NULL, *no = NULL;
     int rc = FT_EXIT_ERR;
-    ft_load_params lp = {load_progress, NULL};
+    ft_load_params lp = {0};
+    lp.progress = load_progress;
     double t0 = ft_now();
-    ft_status st = ft_model_load(dir, &lp, &m);
+    off.threads = (unsigned)threads;
+    ft_status st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &m);
     if (st) return ft_cli_fail(dir, st);
     double load_s = ft_now() - t0;
     const ft_model_config *cfg = ft_model_get_config(m);
     ft_ctx_params cp = {.max_batch = (int)batch, .max_seq = (int)(plen + glen),
                         .max_rows = (int)(batch * plen), .threads = (unsigned)threads};
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
+    ft_cli_offload_attach(&off, c);
     prompts = malloc((size_t)(batch * plen) * sizeof *prompts);
     outs = malloc((size_t)(batch * glen) * sizeof *outs);
     pp = malloc((size_t)batch * sizeof *pp);
@@ -284,11 +299,13 @@ int ft_bench_run(int argc, char **argv)
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
         printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
                b1, b2, b3, rss / wbytes);
+        ft_cli_offload_report(&off, gs.prefill_s + gs.decode_s, stdout);
     }
     rc = FT_EXIT_OK;
 done:
     free(prompts); free(outs); free(pp); free(op); free(pl); free(no);
     ft_ctx_free(c);
+    ft_cli_offload_free(&off);
     ft_model_free(m);
     return rc;
 }
@@ -297,7 +314,7 @@ done:
 static const char RUN_USAGE[] =
     "usage: flextier run --model DIR (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]\n"
     "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
-    "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE]\n"
+    "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [offloading options]\n"
     "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
     "tokenizer.json). One --prompt streams its text; a --prompt-file holds one prompt per\n"
     "line, run as one batch, printed per prompt. Sampling defaults come from the model's\n"
@@ -399,9 +416,18 @@ int ft_cmd_run(int argc, char **argv)
     long max_new = 64, top_k = -1, threads = 0, seed = 0;
     double temp = -1, top_p = -1, rep = -1;
     int ignore_eos = 0, have_seed = 0;
+    ft_cli_offload off;
+    ft_cli_offload_init(&off);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (opt_is(a, "-h") || opt_is(a, "--help")) { fputs(RUN_USAGE, stdout); return FT_EXIT_OK; }
+        if (opt_is(a, "-h") || opt_is(a, "--help")) {
+            fputs(RUN_USAGE, stdout);
+            fputs(ft_cli_offload_usage, stdout);
+            return FT_EXIT_OK;
+        }
+        int r = ft_cli_offload_arg(&off, argc, argv, &i);
+        if (r < 0) return FT_EXIT_USAGE;
+        if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
         if (i + 1 >= argc) return ft_cli_usage_error(RUN_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
@@ -461,8 +487,17 @@ int ft_cmd_run(int argc, char **argv)
         lines[0] = (char *)prompt;
         np = 1;
     }
-    ft_load_params lp = {load_progress, NULL};
-    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
+    ft_load_params lp = {0};
+    lp.progress = load_progress;
+    off.threads = (unsigned)threads;
+    {
+        size_t longest = 0;   /* prompt length estimate for --policy auto */
+        for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);
+        if ((st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &m))) {
+            ft_cli_fail(dir, st);
+            goto done;
+        }
+    }
     const ft_model_config *cfg = ft_model_get_config(m);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if ((st = ft_tokenizer_load(path, &tok))) { ft_cli_fail(path, st); goto done; }
@@ -509,6 +544,7 @@ int ft_cmd_run(int argc, char **argv)
     ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
                         .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
+    ft_cli_offload_attach(&off, c);
 
     if (dump) {
         float *lg = malloc(sum * (size_t)cfg->vocab * sizeof(float));
@@ -561,6 +597,7 @@ int ft_cmd_run(int argc, char **argv)
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
             np, gen);
+    ft_cli_offload_report(&off, gs.prefill_s + gs.decode_s, stderr);
     rc = FT_EXIT_OK;
 done:
     for (size_t j = 0; j < np; j++) {
@@ -575,6 +612,7 @@ done:
     free(fdata);
     ft_ctx_free(c);
     ft_tokenizer_free(tok);
+    ft_cli_offload_free(&off);
     ft_model_free(m);
     return rc;
 }

@@ -58,6 +58,7 @@ typedef struct ft_model_tensor_entry {
     int slot;
     int ndim;
     int64_t shape[2];
+    size_t offset;         /* floats from the start of its buffer (layer block) */
     float *data;
 } ft_model_tensor_entry;
 
@@ -72,6 +73,12 @@ struct ft_model {
     size_t n_tensors;
     uint64_t weight_bytes;
 };
+
+/* Look a tensor up in a checkpoint by its Hugging Face name, also under
+ * the architecture's alternative prefix; `used` receives the name found. */
+struct ft_checkpoint;
+ft_status ft_model_find_tensor(const struct ft_checkpoint *ck, const ft_arch *a, const char *name,
+                               ft_tensor *t, char *used, size_t nused);
 
 /* ctx accessors for sample.c */
 const ft_model *ft_ctx_model(const ft_ctx *c);

@@ -22,8 +22,8 @@ static void drop_pages(const void *p, size_t n)
     if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
-static ft_status find_tensor(const ft_checkpoint *ck, const ft_arch *a, const char *name,
-                             ft_tensor *t, char *used, size_t nused)
+ft_status ft_model_find_tensor(const ft_checkpoint *ck, const ft_arch *a, const char *name,
+                               ft_tensor *t, char *used, size_t nused)
 {
     ft_status st = ft_checkpoint_get(ck, name, t);
     snprintf(used, nused, "%s", name);
@@ -49,14 +49,15 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
     ft_checkpoint *ck = NULL;
     ft_model *m = NULL;
     if ((st = ft_checkpoint_open(dir, &ck))) return st;
-    if ((st = ft_model_create(&cfg, &m))) goto fail;
+    int external = params && params->external_layers;
+    if ((st = ft_model_create_ex(&cfg, external, &m))) goto fail;
     uint64_t done = 0, total = m->weight_bytes;
     double last = ft_now();
     for (size_t i = 0; i < m->n_tensors; i++) {
         ft_model_tensor_entry *e = &m->tensors[i];
         ft_tensor t;
         char used[160];
-        if ((st = find_tensor(ck, m->arch, e->name, &t, used, sizeof used))) {
+        if ((st = ft_model_find_tensor(ck, m->arch, e->name, &t, used, sizeof used))) {
             if (st == FT_ERR_NOT_FOUND)
                 st = ft_set_error(FT_ERR_NOT_FOUND, "%s: checkpoint has no tensor \"%s\" needed by "
                                   "this %s config", dir, e->name, cfg.model_type);
@@ -78,6 +79,7 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
             goto fail;
         }
         size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
+        if (!e->data) continue;   /* external layer tensor: checked only */
         /* the view may be unaligned: ft_convert/memcpy handle any alignment */
         /* in 1M-element chunks, dropping the file pages behind us */
         size_t esz = (size_t)ft_dtype_nbytes(t.dtype, 1);

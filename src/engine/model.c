@@ -68,6 +68,11 @@ static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
 {
+    return ft_model_create_ex(cfg, 0, out);
+}
+
+ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out)
+{
     if (!cfg || !out) return ft_set_error(FT_ERR_INVALID_ARG, "model: NULL argument");
     const ft_arch *a = ft_arch_get(cfg->arch);
     if (!a) return ft_set_error(FT_ERR_UNSUPPORTED, "model: unknown architecture %d", (int)cfg->arch);
@@ -95,14 +100,14 @@ ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
     m->tensors = calloc(m->n_tensors, sizeof *m->tensors);
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->gbuf = ft_malloc_aligned(gfl * sizeof(float), 64);
-    m->lbuf = ft_malloc_aligned(lfl * (size_t)cfg->n_layers * sizeof(float), 64);
-    if (!m->tensors || !m->layers || !m->gbuf || !m->lbuf) {
+    if (!external_layers) m->lbuf = ft_malloc_aligned(lfl * (size_t)cfg->n_layers * sizeof(float), 64);
+    if (!m->tensors || !m->layers || !m->gbuf || (!m->lbuf && !external_layers)) {
         ft_model_free(m);
         return ft_set_error(FT_ERR_NOMEM, "model: %.1f MiB of weights",
                             (double)(gfl + lfl * (size_t)cfg->n_layers) * 4 / 1048576.0);
     }
     memset(m->gbuf, 0, gfl * sizeof(float));
-    memset(m->lbuf, 0, lfl * (size_t)cfg->n_layers * sizeof(float));
+    if (m->lbuf) memset(m->lbuf, 0, lfl * (size_t)cfg->n_layers * sizeof(float));
     m->weight_bytes = (uint64_t)(gfl + lfl * (size_t)cfg->n_layers) * sizeof(float);
     size_t ti = 0, off = 0;
     for (int s = 0; s < GW_COUNT; s++) {
@@ -118,7 +123,7 @@ ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
     }
     if (!m->g[GW_LM_HEAD]) m->g[GW_LM_HEAD] = m->g[GW_TOK_EMB];   /* tied */
     for (int l = 0; l < cfg->n_layers; l++) {
-        float *base = m->lbuf + (size_t)l * lfl;
+        float *base = m->lbuf ? m->lbuf + (size_t)l * lfl : NULL;
         off = 0;
         for (int s = 0; s < LW_COUNT; s++) {
             if (!a->layer_name(cfg, l, s, name, sizeof name)) continue;
@@ -127,7 +132,8 @@ ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
             e->layer = l;
             e->slot = s;
             e->ndim = ft_layer_shape(cfg, s, e->shape);
-            e->data = base + off;
+            e->offset = off;
+            e->data = base ? base + off : NULL;
             *ft_layer_slot(&m->layers[l], s) = e->data;
             off += pad16(numel(e->ndim, e->shape));
         }

@@ -27,6 +27,15 @@ static double codec_decode_bw(const ft_cost_inputs *in, ft_codec_id c)
     return d > 0 ? d : INFINITY;
 }
 
+/* Linear in the batch between the two measured points (clamped at 0). */
+static double interp(const ft_cost_inputs *in, const double *t, double b)
+{
+    double b0 = in->measured_batch[0], b1 = in->measured_batch[1];
+    if (b1 <= b0) return t[1];
+    double v = t[0] + (t[1] - t[0]) * (b - b0) / (b1 - b0);
+    return v > 0 ? v : 0;
+}
+
 void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out)
 {
     memset(out, 0, sizeof *out);
@@ -48,7 +57,13 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * attention over the cache. */
     double t_mm = fmax(Wc / in->mem_bw, 2.0 * P * gbs / in->flops);
     double t_attn = fmax(gbs * s_avg * kv / in->mem_bw, 4.0 * gbs * s_avg * in->hidden / in->flops);
-    double t_comp = ngb * (t_mm + t_attn);
+    double t_comp = ngb * (t_mm + t_attn), t_fixed = 0;
+    int measured = in->measured_batch[1] > 0;
+    if (measured) {
+        /* The engine computes the whole block as one batch. */
+        t_comp = interp(in, in->layer_decode_s, B);
+        t_fixed = interp(in, in->fixed_decode_s, B);
+    }
     /* Decoding: weights not on the device are decoded once per block, the
      * off-device cache per batch. RAW weights are converted (decode_bw[RAW]
      * is the conversion speed, e.g. bf16 -> f32). */
@@ -72,18 +87,23 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     out->t_compute = t_comp;
     out->t_decode = t_dec;
     memcpy(out->t_link, link, sizeof link);
-    out->decode_tps = T > 0 ? B / (L * T) : 0;
+    out->decode_tps = T > 0 ? B / (L * T + t_fixed) : 0;
 
     /* Prefill: all prompt tokens of the block per layer, weights once. */
     double t_pre_comp = ngb * fmax(Wc / in->mem_bw, 2.0 * P * gbs * in->prompt_len / in->flops)
                       + ngb * 4.0 * gbs * in->prompt_len * in->prompt_len * in->hidden / in->flops;
+    double t_pre_fixed = 0;
+    if (measured) {
+        t_pre_comp = in->layer_prefill_s_per_token * B * in->prompt_len;
+        t_pre_fixed = in->fixed_prefill_s_per_token * B * in->prompt_len;
+    }
     double t_pre = in->decode_shares_compute ? t_pre_comp + W * (1.0 - w[0]) / dw : fmax(t_pre_comp, W * (1.0 - w[0]) / dw);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
         double bytes = W * w[t] / rw + B * in->prompt_len * kv * c[t] / rc;
         if (bytes > 0) t_pre = fmax(t_pre, bw > 0 ? bytes / bw : INFINITY);
     }
-    out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre) : 0;
+    out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre + t_pre_fixed) : 0;
 
     /* Memory: resident device weights decoded, two layer slots for the
      * streamed ones (double buffering), the device share of the cache and
@@ -120,13 +140,17 @@ static size_t enum_pcts(const int *usable, int step, pct *out, size_t cap)
 }
 
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch, int fixed_batch,
-                  unsigned weight_codecs, unsigned cache_codecs, ft_policy *best, ft_cost_estimate *est)
+                  unsigned weight_codecs, unsigned cache_codecs, unsigned cache_tiers, ft_policy *best,
+                  ft_cost_estimate *est)
 {
     if (!in || !base || !best || max_batch < 1 || in->n_layers == 0) return FT_ERR_INVALID_ARG;
     int usable[FT_TIER_COUNT] = {1, in->cap[FT_TIER_HOST] > 0, base->disk_uri[0] && in->cap[FT_TIER_DISK] > 0,
                                  base->n_remotes > 0 && in->cap[FT_TIER_REMOTE] > 0};
     static pct wv[300], cv[300];
-    size_t nw = enum_pcts(usable, 10, wv, 300), nc = enum_pcts(usable, 25, cv, 300);
+    int cache_usable[FT_TIER_COUNT];
+    if (!cache_tiers) cache_tiers = 1u << FT_TIER_DEVICE;
+    for (int t = 0; t < FT_TIER_COUNT; t++) cache_usable[t] = usable[t] && (cache_tiers & (1u << t));
+    size_t nw = enum_pcts(usable, 10, wv, 300), nc = enum_pcts(cache_usable, 25, cv, 300);
     if (!weight_codecs) weight_codecs = 1u << FT_CODEC_RAW;
     if (!cache_codecs) cache_codecs = 1u << FT_CODEC_RAW;
     ft_policy cand = *base, top;

@@ -117,21 +117,21 @@ TEST(planner_respects_capacity_and_prefers_compression_when_link_bound)
     ft_policy base, best;
     ft_policy_default(&base);
     ft_cost_estimate e;
-    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e));
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, 0, &best, &e));
     CHECK(best.w_pct[FT_TIER_DEVICE] == 100);                   /* everything fits */
     /* Device budget: a quarter of the f32 weights; no host/disk tier. */
     in.cap[FT_TIER_DEVICE] = (uint64_t)in.n_layers * in.layer_params * 4 / 4;
     in.cap[FT_TIER_HOST] = 0;
     in.cap[FT_TIER_DISK] = 0;
-    CHECK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e) == FT_ERR_NO_SPACE);  /* no remote given */
+    CHECK(ft_plan(&in, &base, 1, 1, 0, 0, 0, &best, &e) == FT_ERR_NO_SPACE);  /* no remote given */
     base.n_remotes = 1;
     snprintf(base.remotes[0], sizeof base.remotes[0], "ucx://127.0.0.1:7000");
-    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, &best, &e));
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, 0, &best, &e));
     CHECK(e.feasible && e.mem[FT_TIER_DEVICE] <= in.cap[FT_TIER_DEVICE]);
     CHECK(best.w_pct[FT_TIER_REMOTE] > 0 && best.compress_weights == FT_CODEC_RAW);
     ft_policy best_q;
     ft_cost_estimate eq;
-    CHECK_OK(ft_plan(&in, &base, 1, 1, (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4), 0, &best_q, &eq));
+    CHECK_OK(ft_plan(&in, &base, 1, 1, (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4), 0, 0, &best_q, &eq));
     CHECK(best_q.compress_weights == FT_CODEC_Q4 && eq.decode_tps > 2.5 * e.decode_tps);
     /* the planner's choice is at least as good as every grid point we try */
     ft_policy p = base;
@@ -145,6 +145,6 @@ TEST(planner_respects_capacity_and_prefers_compression_when_link_bound)
     /* bigger batches amortize the streamed weights */
     ft_policy b8;
     ft_cost_estimate e8;
-    CHECK_OK(ft_plan(&in, &base, 8, 1, 1u << FT_CODEC_Q4, 0, &b8, &e8));
+    CHECK_OK(ft_plan(&in, &base, 8, 1, 1u << FT_CODEC_Q4, 0, 0, &b8, &e8));
     CHECK(b8.gpu_batch_size * b8.num_gpu_batches == 8 && e8.decode_tps > 4 * eq.decode_tps);
 }

@@ -1,0 +1,33 @@
+/* Internal to the CLI: offloading options (see offload_opts.c). */
+#ifndef FT_CLI_OFFLOAD_OPTS_H
+#define FT_CLI_OFFLOAD_OPTS_H
+#include "flextier/offload.h"
+#include <stdio.h>
+
+typedef struct ft_cli_offload {
+    int enabled, auto_policy, have_policy, codec_given, stats;
+    unsigned threads;          /* compute threads of the run (for planning) */
+    double predicted_tps;
+    ft_offload_params p;
+    ft_offload *o;
+} ft_cli_offload;
+
+extern const char ft_cli_offload_usage[];
+void ft_cli_offload_init(ft_cli_offload *o);
+/* argv[*i] is an offloading option: consume it (and its value) and return
+ * 1; 0 if it is not one; -1 after printing an error. */
+int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i);
+/* Load the model: plainly, or with external layers and the scheduler
+ * (planning the policy first for --policy auto). */
+ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params *lp, uint32_t batch,
+                              uint32_t prompt_len, uint32_t gen_len, ft_model **out);
+void ft_cli_offload_attach(ft_cli_offload *o, ft_ctx *c);
+void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f);
+void ft_cli_offload_free(ft_cli_offload *o);
+
+/* cmd_plan.c */
+ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in);
+/* Measure compute, memory, codecs and the policy's links into *in. */
+ft_status ft_cli_plan_measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
+                              uint32_t batch, uint32_t prompt_len, uint32_t gen_len, unsigned threads);
+#endif

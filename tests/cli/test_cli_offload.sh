@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `flextier run` with offloading: logits through a memory node and the disk
+# tier are byte-identical to the in-memory run (lossless codecs); q4 runs;
+# bad policies are refused. Prints "N passed, N failed".
+set -u
+bin=$1
+work=$(mktemp -d); srv=""
+trap '[ -n "$srv" ] && kill $srv 2>/dev/null; rm -rf "$work"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $1"; }
+bad() { fail=$((fail+1)); echo "FAIL $1"; }
+"$bin" gen-model --arch llama --out "$work/m" --layers 4 >/dev/null 2>&1 || { echo "gen-model failed"; echo "0 passed, 1 failed"; exit 1; }
+"$bin" serve --listen 127.0.0.1:0 --capacity 128M > "$work/srv.log" 2>&1 &
+srv=$!
+for _ in $(seq 100); do grep -q "listening on" "$work/srv.log" && break; sleep 0.1; done
+uri="ucx://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/srv.log" | head -1)"
+run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 8 --temperature 0 --threads 1 "$@"; }
+run --dump-logits "$work/ref.bin" > "$work/ref.txt" 2>/dev/null || bad "in-memory run"
+run --dump-logits "$work/r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp --offload-stats \
+    > "$work/r.txt" 2> "$work/r.err"
+cmp -s "$work/ref.bin" "$work/r.bin" && cmp -s "$work/ref.txt" "$work/r.txt" && ok "remote bp: identical logits and text" \
+    || bad "remote bp differs: $(tail -2 "$work/r.err")"
+grep -q "remote read .* (1\.[3-9][0-9]x)" "$work/r.err" && ok "remote bytes reported with ratio" || bad "stats: $(cat "$work/r.err")"
+run --dump-logits "$work/d.bin" --policy "w=50,0,50,0" --disk-dir "$work/disk" > "$work/d.txt" 2>/dev/null
+cmp -s "$work/ref.bin" "$work/d.bin" && ok "device+disk: identical logits" || bad "device+disk differs"
+run --policy "w=50,0,50,0" --disk-dir "$work/disk" --offload-stats > /dev/null 2> "$work/d2.err"
+grep -q "uploaded 0.0 MiB" "$work/d2.err" && ok "second start reuses the disk tier" || bad "reuse: $(cat "$work/d2.err")"
+run --policy w=0,0,0,100 --remote "$uri" --compress-weights q4 > "$work/q.txt" 2>/dev/null && ok "remote q4 runs" || bad "remote q4"
+run --policy auto --remote "$uri" --device-mem 64M > /dev/null 2> "$work/a.err" && grep -q "planned" "$work/a.err" \
+    && ok "policy auto" || bad "policy auto: $(tail -2 "$work/a.err")"
+run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
+run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"
+run --policy frob=1 > /dev/null 2>&1; [ $? -eq 2 ] && ok "unknown policy item is a usage error" || bad "unknown item"
+run --remote "$uri" > /dev/null 2>&1; [ $? -eq 1 ] && ok "--remote without --policy refused" || bad "remote without policy"
+run --policy w=0,100 --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "budget" "$work/b.err" && ok "device budget enforced" || bad "budget rc=$rc"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,296 @@
+/* The offloading scheduler: a random model streamed through host, disk and
+ * (when a memory node can be started) remote tiers gives logits identical
+ * to the in-memory engine for lossless placements, close ones with q4. */
+#include "ft_test.h"
+#include "flextier/offload.h"
+#include "flextier/model.h"
+#include "engine/engine_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static ft_model_config llama_cfg(void)
+{
+    ft_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = FT_ARCH_LLAMA;
+    snprintf(c.model_type, sizeof c.model_type, "llama");
+    c.hidden = 64; c.n_layers = 4; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 16;
+    c.ffn = 96; c.vocab = 128; c.max_pos = 256; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f;
+    c.word_embed_proj_dim = 64;
+    c.bos_id = 1; c.pad_id = -1; c.eos_ids[0] = 2; c.n_eos = 1;
+    return c;
+}
+
+/* Random bf16-representable weights; the checkpoint holds them as bf16, so
+ * decoding it to f32 reproduces the model's weights exactly. */
+static ft_model *make_model(void)
+{
+    ft_model_config c = llama_cfg();
+    ft_model *m;
+    if (ft_model_create(&c, &m)) return NULL;
+    uint64_t s = 5;
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor v;
+        ft_model_tensor(m, i, &name, &v);
+        uint64_t n;
+        ft_tensor_numel(&v, &n);
+        float *d = v.data;
+        int norm = strstr(name, "norm") != NULL;
+        for (uint64_t k = 0; k < n; k++) {
+            float x = norm ? 1.0f + 0.1f * (float)((int)(ft_test_rand(&s) % 200) - 100) / 100.0f
+                           : 0.08f * ((float)(ft_test_rand(&s) % 20001) / 10000.0f - 1.0f);
+            d[k] = ft_bf16_to_f32_1(ft_f32_to_bf16_1(x));
+        }
+    }
+    return m;
+}
+
+static int write_checkpoint(ft_model *m)
+{
+    size_t n = ft_model_tensor_count(m);
+    ft_named_tensor *t = calloc(n, sizeof *t);
+    void **bufs = calloc(n, sizeof *bufs);
+    for (size_t i = 0; i < n; i++) {
+        ft_tensor v;
+        ft_model_tensor(m, i, &t[i].name, &v);
+        uint64_t ne;
+        ft_tensor_numel(&v, &ne);
+        bufs[i] = malloc(ne * 2);
+        ft_convert(bufs[i], FT_BF16, v.data, FT_F32, ne);
+        t[i].tensor = v;
+        t[i].tensor.dtype = FT_BF16;
+        t[i].tensor.data = bufs[i];
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ft_status st = ft_safetensors_write(path, t, n, NULL);
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    return st == FT_OK;
+}
+
+/* Prefill 3 sequences of different lengths and 3 decode steps; returns the
+ * logits of every step concatenated (caller frees). */
+static float *run(ft_model *m, ft_offload *o, ft_status *out_st)
+{
+    ft_ctx_params cp = {0};
+    cp.max_batch = 3; cp.max_seq = 32; cp.threads = 1;
+    ft_ctx *c;
+    *out_st = ft_ctx_create(m, &cp, &c);
+    if (*out_st) return NULL;
+    if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
+    int vocab = ft_model_get_config(m)->vocab;
+    float *all = calloc((size_t)4 * 3 * vocab, sizeof(float));
+    int32_t p0[5] = {1, 5, 9, 33, 7}, p1[2] = {1, 100}, p2[7] = {1, 3, 3, 3, 60, 61, 62};
+    const int32_t *toks[3] = {p0, p1, p2};
+    size_t ntok[3] = {5, 2, 7};
+    int slots[3] = {0, 1, 2};
+    *out_st = ft_ctx_forward(c, 3, slots, toks, ntok, all, 0);
+    for (int step = 1; step < 4 && *out_st == FT_OK; step++) {
+        /* A fixed token schedule (not argmax), so lossy runs stay
+         * comparable step by step. */
+        int32_t nt[3];
+        for (int j = 0; j < 3; j++) nt[j] = (int32_t)((step * 37 + j * 11 + 3) % vocab);
+        const int32_t *t1[3] = {&nt[0], &nt[1], &nt[2]};
+        size_t one[3] = {1, 1, 1};
+        *out_st = ft_ctx_forward(c, 3, slots, t1, one, all + (size_t)step * 3 * vocab, 0);
+    }
+    ft_ctx_free(c);
+    return all;
+}
+
+static ft_model *g_model;
+static float *g_ref;
+
+static void setup(void)
+{
+    if (g_model) return;
+    snprintf(dir, sizeof dir, "/tmp/ft-offload-test-%d", (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s/disk", dir, dir);
+    if (system(cmd) != 0) return;
+    g_model = make_model();
+    if (!g_model || !write_checkpoint(g_model)) return;
+    ft_status st;
+    g_ref = run(g_model, NULL, &st);
+}
+
+static size_t n_logits(void) { return (size_t)4 * 3 * (size_t)ft_model_get_config(g_model)->vocab; }
+
+static void check_policy(const char *spec, int exact, double tol)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    char full[512];
+    snprintf(full, sizeof full, "%s disk=file:%s/disk", spec, dir);
+    CHECK_OK(ft_policy_parse(full, &p.policy));
+    /* A fresh model object whose own layer weights are zero: every layer
+     * weight the forward uses must come from the scheduler. */
+    ft_model_config c = llama_cfg();
+    ft_model *m;
+    CHECK_OK(ft_model_create(&c, &m));
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor v, src;
+        ft_model_tensor(m, i, &name, &v);
+        ft_model_tensor(g_model, i, NULL, &src);
+        if (!strstr(name, "layers.")) {
+            uint64_t nb;
+            ft_tensor_nbytes(&v, &nb);
+            memcpy(v.data, src.data, nb);
+        }
+    }
+    ft_offload *o;
+    ft_status st = ft_offload_create(m, dir, &p, &o);
+    CHECK_MSG(st == FT_OK, "%s: %s %s", spec, ft_status_str(st), ft_last_error());
+    if (st) { ft_model_free(m); return; }
+    float *got = run(m, o, &st);
+    CHECK_OK(st);
+    size_t n = n_logits(), bad = 0;
+    double maxd = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)g_ref[i]));
+    for (size_t i = 0; got && i < n; i++) {
+        double d = fabs((double)got[i] - (double)g_ref[i]);
+        if (d > maxd) maxd = d;
+        if (exact ? got[i] != g_ref[i] : d > tol * scale) bad++;
+    }
+    CHECK_MSG(bad == 0, "%s: %zu logits differ, max |diff| %g (logit scale %g)", spec, bad, maxd, scale);
+    if (!exact) printf("  %s: max |logit diff| %.4g, %.2f%% of the logit scale %.3g\n", spec, maxd, 100 * maxd / scale, scale);
+    ft_offload_stats s;
+    ft_offload_get_stats(o, &s);
+    uint64_t streamed = 0;
+    for (int t = 1; t < FT_TIER_COUNT; t++) streamed += s.logical_bytes[t];
+    int all_device = p.policy.w_pct[0] == 100;
+    CHECK(all_device ? streamed == 0 : streamed > 0);
+    CHECK(all_device || s.layers_fetched >= 4 * 4);   /* 4 layers x 4 forward calls */
+    free(got);
+    ft_offload_free(o);
+    ft_model_free(m);
+}
+
+TEST(all_device) { check_policy("w=100,0,0,0", 1, 0); }
+TEST(host_tier_lossless) { check_policy("w=0,100,0,0", 1, 0); }
+TEST(host_tier_byteplane) { check_policy("w=0,100,0,0 cw=bp", 1, 0); }
+TEST(disk_tier) { check_policy("w=0,0,100,0", 1, 0); }
+TEST(mixed_tiers) { check_policy("w=40,30,30,0", 1, 0); }
+TEST(host_tier_q8) { check_policy("w=0,100,0,0 cw=q8", 0, 0.03); }
+TEST(host_tier_q4) { check_policy("w=0,100,0,0 cw=q4", 0, 0.3); }
+
+TEST(disk_tier_reused_on_second_start)
+{
+    setup();
+    REQUIRE(g_model);
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    char full[512];
+    snprintf(full, sizeof full, "w=0,0,100,0 disk=file:%s/disk2", dir);
+    CHECK_OK(ft_policy_parse(full, &p.policy));
+    ft_offload *o;
+    CHECK_OK(ft_offload_create(g_model, dir, &p, &o));
+    ft_offload_stats s1, s2;
+    ft_offload_get_stats(o, &s1);
+    ft_offload_free(o);
+    CHECK_OK(ft_offload_create(g_model, dir, &p, &o));
+    ft_offload_get_stats(o, &s2);
+    ft_offload_free(o);
+    CHECK(s1.uploaded_bytes > 0 && s1.reused_bytes == 0);
+    CHECK(s2.uploaded_bytes == 0 && s2.reused_bytes == s1.uploaded_bytes);
+}
+
+TEST(device_budget_enforced)
+{
+    setup();
+    REQUIRE(g_model);
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    CHECK_OK(ft_policy_parse("w=50,50", &p.policy));
+    p.device_budget = 1024;
+    ft_offload *o = NULL;
+    CHECK(ft_offload_create(g_model, dir, &p, &o) == FT_ERR_NO_SPACE);
+    CHECK(o == NULL);
+    CHECK(strstr(ft_last_error(), "budget") != NULL);
+}
+
+
+#include "net/server_util.h"
+
+static void remote_run(int kill_mid_run)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    srv_t a, b;
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    REQUIRE(srv_start(&a, "127.0.0.1:0", args) == 0);
+    if (srv_start(&b, "127.0.0.1:0", args) != 0) { srv_stop(&a); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=25,0,0,75 cw=bp remote=%s,%s", a.uri, b.uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_model_config c = llama_cfg();
+    ft_model *m;
+    CHECK_OK(ft_model_create_ex(&c, 1, &m));
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor v, src;
+        ft_model_tensor(m, i, &name, &v);
+        ft_model_tensor(g_model, i, NULL, &src);
+        if (v.data) {
+            uint64_t nb;
+            ft_tensor_nbytes(&v, &nb);
+            memcpy(v.data, src.data, nb);
+        }
+    }
+    ft_offload *o = NULL;
+    ft_status st = ft_offload_create(m, dir, &p, &o);
+    CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+    if (st == FT_OK) {
+        if (kill_mid_run) {
+            kill(b.pid, SIGKILL);
+            waitpid(b.pid, NULL, 0);
+            b.pid = 0;
+            double t0 = ft_now();
+            float *got = run(m, o, &st);
+            CHECK(st != FT_OK);                     /* an error, never wrong output */
+            CHECK(ft_now() - t0 < 30);
+            printf("  node killed: %s (%s)\n", ft_status_str(st), ft_last_error());
+            free(got);
+        } else {
+            float *got = run(m, o, &st);
+            CHECK_OK(st);
+            size_t bad = 0;
+            for (size_t i = 0; got && i < n_logits(); i++) bad += got[i] != g_ref[i];
+            CHECK_MSG(bad == 0, "%zu logits differ", bad);
+            ft_offload_stats s;
+            ft_offload_get_stats(o, &s);
+            CHECK(s.logical_bytes[FT_TIER_REMOTE] > 0 && s.wire_bytes[FT_TIER_REMOTE] > 0);
+            CHECK(s.wire_bytes[FT_TIER_REMOTE] < s.logical_bytes[FT_TIER_REMOTE]);   /* bp shrinks */
+            free(got);
+        }
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    srv_stop(&a);
+    srv_stop(&b);
+}
+
+TEST(remote_two_nodes_byteplane) { remote_run(0); }
+TEST(remote_node_killed_mid_run) { remote_run(1); }
+
+TEST(cleanup)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+    free(g_ref);
+    ft_model_free(g_model);
+}
