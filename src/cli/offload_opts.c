@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char ft_cli_offload_usage[] =
     "offloading (weights streamed through tiers while computing):\n"
@@ -96,10 +97,12 @@ static void upload_progress(void *user, uint64_t done, uint64_t total)
 {
     double *last = user;
     double now = ft_now();
-    if (done < total && now - *last < 0.5) return;
+    int tty = isatty(2);
+    /* On a terminal redraw a progress line; elsewhere (logs) print once. */
+    if (done < total && (!tty || now - *last < 0.5)) return;
     *last = now;
-    fprintf(stderr, "\rplacing weights in tiers: %3.0f%% (%.1f / %.1f MiB)", total ? 100.0 * (double)done / (double)total : 100.0,
-            (double)done / 1048576.0, (double)total / 1048576.0);
+    fprintf(stderr, "%splacing weights in tiers: %3.0f%% (%.1f / %.1f MiB)", tty ? "\r" : "",
+            total ? 100.0 * (double)done / (double)total : 100.0, (double)done / 1048576.0, (double)total / 1048576.0);
     if (done >= total) fputc('\n', stderr);
 }
 
