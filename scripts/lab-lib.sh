@@ -2,10 +2,11 @@
 # Two network namespaces joined by a veth pair, each direction rate-limited
 # with tc tbf. Addresses exist only inside the namespaces.
 #   lab_up; lab_rate 1gbit; lab_srv CMD... (background); lab_cli CMD...; lab_down
-LAB_NS_S=${LAB_NS_S:-ft-lab-srv}
-LAB_NS_C=${LAB_NS_C:-ft-lab-cli}
-LAB_VS=${LAB_VS:-ftlab-s}
-LAB_VC=${LAB_VC:-ftlab-c}
+# per-run names, so concurrent runs (CI jobs, other users) do not collide
+LAB_NS_S=${LAB_NS_S:-ft-lab-srv-$$}
+LAB_NS_C=${LAB_NS_C:-ft-lab-cli-$$}
+LAB_VS=${LAB_VS:-fts$$}
+LAB_VC=${LAB_VC:-ftc$$}
 LAB_IP_S=10.201.0.1
 LAB_IP_C=10.201.0.2
 

@@ -44,13 +44,8 @@ FT=$(readlink -f "$BUILD/flextier")
 [ -x "$FT" ] || { echo "netlab.sh: $BUILD/flextier not built" >&2; exit 1; }
 command -v ucx_perftest >/dev/null || echo "netlab.sh: ucx_perftest missing (ucx-utils): no side-by-side number" >&2
 
-# per-run names, so concurrent runs (CI jobs, other users) do not collide
-NS_S=ft-lab-srv-$$
-NS_C=ft-lab-cli-$$
-VS=fts$$
-VC=ftc$$
-IP_S=10.201.0.1
-IP_C=10.201.0.2
+. "$(dirname "$0")/lab-lib.sh"
+NS_S=$LAB_NS_S NS_C=$LAB_NS_C VS=$LAB_VS VC=$LAB_VC IP_S=$LAB_IP_S IP_C=$LAB_IP_C
 PORT=13337
 PT_PORT=13338
 SRV_PID=""
@@ -62,47 +57,16 @@ cleanup() {
     set +e
     [ -n "$SRV_PID" ] && kill "$SRV_PID" 2>/dev/null && wait "$SRV_PID" 2>/dev/null
     [ -n "$PT_PID" ] && kill "$PT_PID" 2>/dev/null && wait "$PT_PID" 2>/dev/null
-    ip netns del $NS_S 2>/dev/null
-    ip netns del $NS_C 2>/dev/null
+    lab_down
     rm -f "$LOG"
 }
 trap cleanup EXIT INT TERM
-cleanup
-trap cleanup EXIT INT TERM
-
-ip netns add $NS_S
-ip netns add $NS_C
-ip link add $VS type veth peer name $VC
-ip link set $VS netns $NS_S
-ip link set $VC netns $NS_C
-ip -n $NS_S addr add $IP_S/24 dev $VS
-ip -n $NS_C addr add $IP_C/24 dev $VC
-for ns in $NS_S $NS_C; do ip -n $ns link set lo up; done
-ip -n $NS_S link set $VS up
-ip -n $NS_C link set $VC up
-# UCX only uses a device whose link is up: wait for carrier on both ends
-for _ in $(seq 50); do
-    [ "$(ip netns exec $NS_S cat /sys/class/net/$VS/operstate)" = up ] &&
-    [ "$(ip netns exec $NS_C cat /sys/class/net/$VC/operstate)" = up ] && break
-    sleep 0.1
-done
+lab_up || exit 1
 
 export UCX_TLS=tcp
 export FLEXTIER_TIMEOUT_MS=120000
 
-set_rate() {   # tbf on both ends: each direction is limited
-    local rate=$1
-    for pair in "$NS_S $VS" "$NS_C $VC"; do
-        set -- $pair
-        ip netns exec "$1" tc qdisc del dev "$2" root 2>/dev/null || true
-        if [ "$rate" != unlimited ]; then
-            # burst ~ rate x 1 ms (at least 64 KB), queue ~ 20 ms
-            local bits=${rate%gbit}
-            local burst=$(( bits * 125000 )); [ $burst -lt 65536 ] && burst=65536
-            ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst $burst latency 20ms
-        fi
-    done
-}
+set_rate() { lab_rate "$1"; }
 
 start_server() {
     UCX_NET_DEVICES=$VS ip netns exec $NS_S "$FT" serve --listen $IP_S:$PORT --capacity 2G \
