@@ -47,15 +47,15 @@ wait_listen() {   # log file
     for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
     echo "bench-offload: server did not start" >&2; cat "$1" >&2; return 1
 }
-row() {   # name policy-text predict-args -- bench command...
-    local name=$1 ptext=$2 pargs=$3; shift 4
+row() {   # name policy-text predict-args plan-prefix -- bench command...
+    local name=$1 ptext=$2 pargs=$3 pre=$4; shift 5
     local out; out=$("$@" 2>&1) || { echo "| $name | $ptext | failed: $(echo "$out" | tail -1) | | | |"; return; }
     local dec eff pred
     dec=$(echo "$out" | awk '/^  decode/ {print $4}')
     eff=$(echo "$out" | sed -n 's/.*overlap efficiency \([0-9]*\)%.*/\1/p')
     pred=""
     if [ -n "$pargs" ]; then
-        pred=$(eval "$FT plan --model $MODEL --device-mem $DEV --threads $THREADS --batch $BATCH --prompt-len $PROMPT --gen-len $GEN $pargs --json" 2>/dev/null |
+        pred=$(eval "$pre $FT plan --model $MODEL --device-mem $DEV --threads $THREADS --batch $BATCH --prompt-len $PROMPT --gen-len $GEN $pargs --json" 2>/dev/null |
                python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["decode_tps"])' 2>/dev/null || true)
     fi
     local ratio=""
@@ -67,15 +67,15 @@ echo "model: $(python3 -c "import json;c=json.load(open('$MODEL/config.json'));p
 echo
 echo "| row | placement | decode tok/s | overlap efficiency | predicted tok/s | predicted / measured |"
 echo "|---|---|---|---|---|---|"
-row "(a) in memory" "w=100,0,0,0" "--policy w=100,0,0,0" -- "$FT" "${common[@]}"
+row "(a) in memory" "w=100,0,0,0" "--policy w=100,0,0,0" "" -- "$FT" "${common[@]}"
 mkdir -p "$work/disk"
-row "(b) local SSD" "w=0,0,100,0" "--policy w=0,0,100,0 --disk-dir $work/disk" -- \
+row "(b) local SSD" "w=0,0,100,0" "--policy w=0,0,100,0 --disk-dir $work/disk" "" -- \
     "$FT" "${common[@]}" --policy w=0,0,100,0 --disk-dir "$work/disk" --device-mem $DEV
 "$FT" serve --listen 127.0.0.1:0 --capacity 2G > "$work/lo.log" 2>&1 &
 SRV_PID=$!
 wait_listen "$work/lo.log"
 LO=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/lo.log" | head -1)
-row "(c) memory node, loopback" "w=0,0,0,100" "--policy w=0,0,0,100 --remote ucx://$LO" -- \
+row "(c) memory node, loopback" "w=0,0,0,100" "--policy w=0,0,0,100 --remote ucx://$LO" "" -- \
     "$FT" "${common[@]}" --policy w=0,0,0,100 --remote "ucx://$LO" --device-mem $DEV
 kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; SRV_PID=""
 if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
@@ -86,7 +86,8 @@ if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
     R="ucx://$LAB_IP_S:13400"
     for cw in none q4 bp; do
         case $cw in none) n="(d) memory node, $RATE lab link" ;; q4) n="(e) (d) + q4 weights" ;; bp) n="(f) (d) + byte-plane weights" ;; esac
-        row "$n" "w=0,0,0,100 cw=$cw" "--policy 'w=0,0,0,100 cw=$cw' --remote $R --link-bw remote=$RATE" -- \
+        # the planner measures the link from the client namespace, as the run sees it
+        row "$n" "w=0,0,0,100 cw=$cw" "--policy 'w=0,0,0,100 cw=$cw' --remote $R" lab_cli -- \
             lab_cli "$FT" "${common[@]}" --policy w=0,0,0,100 --remote "$R" --compress-weights $cw --device-mem $DEV
     done
 else

@@ -328,15 +328,21 @@ int ft_bench_codec(int argc, char **argv)
                    i >= nours ? "true" : "false");
         printf("]}\n");
     } else {
-        /* Relative to the reference CLIs: ours / theirs at one thread. */
-        for (size_t i = nours; i < nrows; i++)
-            for (size_t k = 0; k < nours; k++) {
-                const char *ref_codec = strncmp(rows[i].name, "zstd", 4) ? "lz4" : "zstd";
-                if (strcmp(rows[k].name, ref_codec) || rows[k].threads != 1) continue;
-                printf("%s vs %s: ratio %.2fx, encode %.2fx, decode %.2fx\n", rows[k].name, rows[i].name,
-                       rows[k].ratio / rows[i].ratio, rows[k].enc_gbs / rows[i].enc_gbs,
-                       rows[k].dec_gbs / rows[i].dec_gbs);
-            }
+        /* Relative to the reference CLI measured in this run (zstd -b1;
+         * lz4 -b1 for lz4): ours / theirs, one thread each. Absolute GB/s
+         * depend on the machine, these ratios much less. */
+        const row *zref = NULL, *lref = NULL;
+        for (size_t i = nours; i < nrows; i++) {
+            if (!strncmp(rows[i].name, "zstd", 4)) zref = &rows[i];
+            if (!strncmp(rows[i].name, "lz4", 3)) lref = &rows[i];
+        }
+        if (zref || lref) printf("\nrelative to the reference CLI in this run (ours / theirs, 1 thread):\n");
+        for (size_t k = 0; k < nours; k++) {
+            const row *r = !strcmp(rows[k].name, "lz4") ? lref : zref;
+            if (!r || rows[k].threads != 1 || r->ratio <= 0 || r->enc_gbs <= 0 || r->dec_gbs <= 0) continue;
+            printf("  %-12s vs %-16s ratio %5.2fx  encode %5.2fx  decode %5.2fx\n", rows[k].name, r->name,
+                   rows[k].ratio / r->ratio, rows[k].enc_gbs / r->enc_gbs, rows[k].dec_gbs / r->dec_gbs);
+        }
     }
     rc = FT_EXIT_OK;
 out:

@@ -63,7 +63,8 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, ft_stor
     ft_store_params sp;
     ft_store_default_params(&sp);
     sp.token_file = p->token_file;
-    sp.codec_threads = 1;   /* the I/O thread decodes; compute keeps the rest */
+    sp.codec_threads = 1;   /* the store's workers decode; compute keeps the rest */
+    sp.queue_depth = 8;     /* a layer's tensors are read at once */
     ft_status st = ft_store_open(uri, &sp, out);
     if (st) return ft_set_error(st, "offload: cannot open %s: %s", uri, ft_last_error());
     return FT_OK;
@@ -105,25 +106,43 @@ static void make_key(const ft_tensor *src, uint64_t nbytes, const ft_codec_param
 
 /* ------------------------------------------------------------ I/O thread */
 
+/* Fetch every streamed tensor of a layer at once (asynchronous reads, so
+ * the link never idles between tensors and tensors on different memory
+ * nodes move in parallel), decoded to f32 straight into buf. */
 static ft_status fetch_layer(ft_offload *o, int layer, float *buf, uint64_t *logical, uint64_t *wire)
 {
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    ft_request *req[MAX_SLOTS] = {0};
+    ft_tensor dst[MAX_SLOTS];
+    ft_status st = FT_OK;
+    for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present || si->tier == FT_TIER_DEVICE) continue;
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
-        ft_tensor dst = {0};
-        dst.dtype = FT_F32;
-        dst.data = buf + si->offset;
-        ft_status st = ft_read_tensor_into(o->stores[idx], o->keys[idx], &dst, si->numel * sizeof(float));
-        if (st) return ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
-                                    ft_tier_name(si->tier), ft_last_error());
-        uint64_t ne;
-        if (ft_tensor_numel(&dst, &ne) || ne != si->numel)
-            return ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
-        logical[si->tier] += si->src_bytes;
-        wire[si->tier] += o->wire[idx];
+        memset(&dst[s], 0, sizeof dst[s]);
+        dst[s].dtype = FT_F32;
+        dst[s].data = buf + si->offset;
+        st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dst[s], si->numel * sizeof(float), &req[s]);
+        if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
+                                  ft_tier_name(si->tier), ft_last_error());
     }
-    return FT_OK;
+    for (int s = 0; s < MAX_SLOTS; s++) {
+        if (!req[s]) continue;
+        slot_info *si = &o->slot[s];
+        size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+        ft_status r = ft_request_wait(req[s], -1);
+        if (r && st == FT_OK)
+            st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
+                              ft_tier_name(si->tier), ft_last_error());
+        ft_request_free(req[s]);
+        uint64_t ne;
+        if (r == FT_OK && st == FT_OK && (ft_tensor_numel(&dst[s], &ne) || ne != si->numel))
+            st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
+        if (r == FT_OK) {
+            logical[si->tier] += si->src_bytes;
+            wire[si->tier] += o->wire[idx];
+        }
+    }
+    return st;
 }
 
 static void *io_main(void *arg)
