@@ -10,15 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "flextier/core.h"
 
-static uint64_t rng(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static long run_file(const char *path, int mutations)
 {
@@ -44,13 +38,13 @@ static long run_file(const char *path, int mutations)
     for (int m = 0; m < mutations && n > 0; m++) {
         size_t len = (size_t)n;
         memcpy(mut, buf, len);
-        uint64_t r = rng(&seed);
+        uint64_t r = ft_rand_u64(&seed);
         switch (r % 4) {
-        case 0: mut[rng(&seed) % len] ^= (uint8_t)(1u << (rng(&seed) % 8)); break;
-        case 1: len = rng(&seed) % len; break;
-        case 2: mut[rng(&seed) % len] = (uint8_t)rng(&seed); break;
+        case 0: mut[ft_rand_u64(&seed) % len] ^= (uint8_t)(1u << (ft_rand_u64(&seed) % 8)); break;
+        case 1: len = ft_rand_u64(&seed) % len; break;
+        case 2: mut[ft_rand_u64(&seed) % len] = (uint8_t)ft_rand_u64(&seed); break;
         default:
-            for (int k = 0; k < 4; k++) mut[rng(&seed) % len] = (uint8_t)rng(&seed);
+            for (int k = 0; k < 4; k++) mut[ft_rand_u64(&seed) % len] = (uint8_t)ft_rand_u64(&seed);
         }
         uint8_t *e = malloc(len ? len : 1);
         memcpy(e, mut, len);

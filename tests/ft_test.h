@@ -35,13 +35,9 @@ static int ft_ntests, ft_cur_failed, ft_checks;
     if (!ok_) { ft_cur_failed++; fprintf(stderr, "  FAIL %s:%d: %s\n",    \
     __FILE__, __LINE__, #cond); return; } } while (0)
 
-/* Deterministic PRNG for tests (splitmix64). */
-static inline uint64_t ft_test_rand(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+/* Deterministic PRNG for tests (splitmix64, from core.h). */
+#include "flextier/core.h"
+static inline uint64_t ft_test_rand(uint64_t *s) { return ft_rand_u64(s); }
 
 int main(int argc, char **argv)
 {

@@ -180,6 +180,20 @@ unsigned ft_default_threads(void);
 uint64_t ft_xxh3(const void *data, size_t n);
 uint64_t ft_xxh3_seed(const void *data, size_t n, uint64_t seed);
 
+/* -------------------------------------------------------- random numbers */
+
+/* splitmix64: small, fast and deterministic; for synthetic data, tests and
+ * sampling (not for secrets). */
+static inline uint64_t ft_rand_u64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* A standard normal deviate (Box-Muller over ft_rand_u64). */
+double ft_rand_gauss(uint64_t *state);
+
 /* ---------------------------------------------------------------- timing */
 
 double ft_now(void);  /* monotonic seconds */

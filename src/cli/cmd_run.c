@@ -14,21 +14,6 @@
 extern const unsigned char ft_builtin_tok_llama[], ft_builtin_tok_opt[];
 extern const size_t ft_builtin_tok_llama_len, ft_builtin_tok_opt_len;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = ((double)(splitmix(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(splitmix(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 static int opt_is(const char *a, const char *name) { return !strcmp(a, name); }
 
 static double peak_rss_bytes(void)
@@ -141,7 +126,7 @@ static int gen_model(int argc, char **argv)
         int is_norm_w = strstr(name, "norm") && strstr(name, ".weight");
         int is_1d = t.ndim == 1;
         for (uint64_t k = 0; k < ne; k++)
-            d[k] = is_norm_w ? 1.0f : is_1d ? 0.0f : (float)(0.02 * gauss(&rng));
+            d[k] = is_norm_w ? 1.0f : is_1d ? 0.0f : (float)(0.02 * ft_rand_gauss(&rng));
         nt[i].name = name;
         nt[i].tensor = t;
         if (dt != FT_F32) {
@@ -260,7 +245,7 @@ int ft_bench_run(int argc, char **argv)
     no = malloc((size_t)batch * sizeof *no);
     if (!prompts || !outs || !pp || !op || !pl || !no) { ft_cli_fail("bench", FT_ERR_NOMEM); goto done; }
     uint64_t rng = (uint64_t)seed;
-    for (long i = 0; i < batch * plen; i++) prompts[i] = (int32_t)(splitmix(&rng) % (uint64_t)cfg->vocab);
+    for (long i = 0; i < batch * plen; i++) prompts[i] = (int32_t)(ft_rand_u64(&rng) % (uint64_t)cfg->vocab);
     for (long j = 0; j < batch; j++) {
         pp[j] = prompts + j * plen;
         op[j] = outs + j * glen;

@@ -5,21 +5,6 @@
 
 #include <math.h>
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = ((double)(splitmix(s) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-    double u2 = (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out)
 {
     if (!ft_dtype_is_float(dt) || !row) return FT_ERR_INVALID_ARG;
@@ -29,8 +14,8 @@ ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t s
     for (uint64_t i = 0; i < n; i += 1024) {
         size_t m = n - i < 1024 ? (size_t)(n - i) : 1024;
         for (size_t k = 0; k < m; k++) {
-            if ((i + k) % row == 0) sigma = (float)(0.02 * exp(0.25 * gauss(&s)));
-            buf[k] = (float)gauss(&s) * sigma;
+            if ((i + k) % row == 0) sigma = (float)(0.02 * exp(0.25 * ft_rand_gauss(&s)));
+            buf[k] = (float)ft_rand_gauss(&s) * sigma;
         }
         ft_convert((uint8_t *)out + ft_dtype_nbytes(dt, i), dt, buf, FT_F32, m);
     }

@@ -1,6 +1,7 @@
 /* Aligned allocation, checksums, CPU feature detection. */
 #include "flextier/core.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
@@ -21,6 +22,13 @@ void *ft_malloc_aligned(size_t size, size_t align)
 }
 
 void ft_free_aligned(void *p) { free(p); }
+
+double ft_rand_gauss(uint64_t *s)
+{
+    double u1 = ((double)(ft_rand_u64(s) >> 11) + 1.0) / 9007199254740993.0;   /* (0, 1] */
+    double u2 = (double)(ft_rand_u64(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
 
 /* On x86-64 use libxxhash's run-time dispatched entry points (same hash
  * values): Debian builds the plain XXH3 for baseline SSE2, which runs at

@@ -23,21 +23,6 @@ static double cpu_now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = ((double)(rnd(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(rnd(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 static int cmpd(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -63,8 +48,8 @@ int main(int argc, char **argv)
     uint64_t s = 42;
     double row = 0.02;
     for (uint64_t i = 0; i < n; i++) {
-        if (i % 4096 == 0) row = 0.02 * exp(0.25 * gauss(&s));
-        f[i] = (float)(gauss(&s) * row);
+        if (i % 4096 == 0) row = 0.02 * exp(0.25 * ft_rand_gauss(&s));
+        f[i] = (float)(ft_rand_gauss(&s) * row);
     }
     ft_tensor t = {0};
     int64_t shape[2] = {(int64_t)(n / 4096), 4096};
