@@ -29,6 +29,21 @@ void ft_cli_fmt_bytes(double bytes, char *buf, size_t n);
 /* Parse a non-negative integer option value within [lo, hi]. */
 ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out);
 
+/* The options that describe a tensor and its encoding, shared by `codec
+ * encode` and `put` (getopt letters): c CODEC, l LEVEL, g group size,
+ * G group dim, k chunk size, d dtype, s shape. Any pointer may be NULL
+ * when the command has no such option. */
+typedef struct ft_cli_tensor_args {
+    ft_codec_params *cp;
+    ft_dtype *dtype;
+    uint32_t *ndim;
+    int64_t *shape;
+    int *have_codec, *have_dtype, *have_shape;
+} ft_cli_tensor_args;
+/* 1: option c applied; 0: not one of these; -1: bad value (the detail,
+ * naming the option, is in ft_last_error()). */
+int ft_cli_tensor_opt(int c, const char *arg, const ft_cli_tensor_args *a);
+
 /* Copy tensor NAME out of a .safetensors file or model directory into a
  * new aligned buffer (free out->data with ft_free_aligned). */
 ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out);

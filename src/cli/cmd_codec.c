@@ -42,37 +42,15 @@ typedef struct {
 static int parse_opts(int argc, char **argv, codec_opts *o)
 {
     int c;
-    long v;
-    uint64_t sz;
     ft_codec_default_params(&o->p);
     optind = 1;
     opterr = 0;
+    const ft_cli_tensor_args ta = {&o->p, &o->dtype, &o->ndim, o->shape, NULL, &o->have_dtype, &o->have_shape};
     while ((c = getopt_long(argc, argv, "c:l:T:h", enc_opts, NULL)) != -1) {
+        int r = ft_cli_tensor_opt(c, optarg, &ta);
+        if (r < 0) return ft_cli_usage_error(codec_usage, "%s", ft_last_error());
+        if (r) continue;
         switch (c) {
-        case 'c':
-            if (ft_codec_parse(optarg, &o->p.codec, &o->p.entropy))
-                return ft_cli_usage_error(codec_usage, "%s", ft_last_error());
-            break;
-        case 'l':
-            if (ft_cli_parse_int(optarg, -100, 22, &v))
-                return ft_cli_usage_error(codec_usage, "--level: %s", ft_last_error());
-            o->p.level = (int)v;
-            break;
-        case 'g':
-            if (ft_cli_parse_int(optarg, 1, 65536, &v))
-                return ft_cli_usage_error(codec_usage, "--group-size: %s", ft_last_error());
-            o->p.group_size = (uint32_t)v;
-            break;
-        case 'G':
-            if (ft_cli_parse_int(optarg, -FT_MAX_DIMS, FT_MAX_DIMS - 1, &v))
-                return ft_cli_usage_error(codec_usage, "--group-dim: %s", ft_last_error());
-            o->p.group_dim = (int32_t)v;
-            break;
-        case 'k':
-            if (ft_cli_parse_size(optarg, &sz) || sz < FT_MIN_CHUNK_SIZE || sz > FT_MAX_CHUNK_SIZE)
-                return ft_cli_usage_error(codec_usage, "--chunk-size must be within 4K..64M");
-            o->p.chunk_size = (uint32_t)sz;
-            break;
         case 'T':
             if (ft_cli_parse_int(optarg, 0, 1024, &o->threads))
                 return ft_cli_usage_error(codec_usage, "--threads: %s", ft_last_error());

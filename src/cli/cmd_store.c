@@ -61,7 +61,12 @@ static int parse(int argc, char **argv, store_opts *o)
     o->cp.codec = FT_CODEC_RAW;
     optind = 1;
     opterr = 0;
+    const ft_cli_tensor_args ta = {&o->cp, &o->dtype, &o->ndim, o->shape, &o->have_codec, &o->have_dtype,
+                                   &o->have_shape};
     while ((c = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+        int r = ft_cli_tensor_opt(c, optarg, &ta);
+        if (r < 0) return ft_cli_usage_error(store_usage, "%s", ft_last_error());
+        if (r) continue;
         switch (c) {
         case 'L': o->node.listen = optarg; break;
         case 'C':
@@ -81,41 +86,6 @@ static int parse(int argc, char **argv, store_opts *o)
             if (ft_cli_parse_int(optarg, 1, 65536, &v))
                 return ft_cli_usage_error(store_usage, "--max-connections: %s", ft_last_error());
             o->node.max_connections = (unsigned)v;
-            break;
-        case 'c':
-            if (ft_codec_parse(optarg, &o->cp.codec, &o->cp.entropy))
-                return ft_cli_usage_error(store_usage, "%s", ft_last_error());
-            o->have_codec = 1;
-            break;
-        case 'l':
-            if (ft_cli_parse_int(optarg, -100, 22, &v))
-                return ft_cli_usage_error(store_usage, "--level: %s", ft_last_error());
-            o->cp.level = (int)v;
-            break;
-        case 'g':
-            if (ft_cli_parse_int(optarg, 1, 65536, &v))
-                return ft_cli_usage_error(store_usage, "--group-size: %s", ft_last_error());
-            o->cp.group_size = (uint32_t)v;
-            break;
-        case 'G':
-            if (ft_cli_parse_int(optarg, -FT_MAX_DIMS, FT_MAX_DIMS - 1, &v))
-                return ft_cli_usage_error(store_usage, "--group-dim: %s", ft_last_error());
-            o->cp.group_dim = (int32_t)v;
-            break;
-        case 'k':
-            if (ft_cli_parse_size(optarg, &sz) || sz < FT_MIN_CHUNK_SIZE || sz > FT_MAX_CHUNK_SIZE)
-                return ft_cli_usage_error(store_usage, "--chunk-size must be within 4K..64M");
-            o->cp.chunk_size = (uint32_t)sz;
-            break;
-        case 'd':
-            if (ft_dtype_parse(optarg, &o->dtype))
-                return ft_cli_usage_error(store_usage, "%s", ft_last_error());
-            o->have_dtype = 1;
-            break;
-        case 's':
-            if (ft_shape_parse(optarg, &o->ndim, o->shape))
-                return ft_cli_usage_error(store_usage, "--shape: %s", ft_last_error());
-            o->have_shape = 1;
             break;
         case 'j': o->json = 1; break;
         case 'h': fputs(store_usage, stdout); return FT_EXIT_OK;

@@ -144,6 +144,57 @@ void ft_cli_fmt_bytes(double b, char *buf, size_t n)
     snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
+int ft_cli_tensor_opt(int c, const char *arg, const ft_cli_tensor_args *a)
+{
+    long v;
+    uint64_t sz;
+    switch (c) {
+    case 'c':
+        if (!a->cp) return 0;
+        if (ft_codec_parse(arg, &a->cp->codec, &a->cp->entropy)) return -1;
+        if (a->have_codec) *a->have_codec = 1;
+        return 1;
+    case 'l':
+        if (!a->cp) return 0;
+        if (ft_cli_parse_int(arg, -100, 22, &v)) { ft_set_error(FT_ERR_INVALID_ARG, "--level: %s", ft_last_error()); return -1; }
+        a->cp->level = (int)v;
+        return 1;
+    case 'g':
+        if (!a->cp) return 0;
+        if (ft_cli_parse_int(arg, 1, 65536, &v)) { ft_set_error(FT_ERR_INVALID_ARG, "--group-size: %s", ft_last_error()); return -1; }
+        a->cp->group_size = (uint32_t)v;
+        return 1;
+    case 'G':
+        if (!a->cp) return 0;
+        if (ft_cli_parse_int(arg, -FT_MAX_DIMS, FT_MAX_DIMS - 1, &v)) {
+            ft_set_error(FT_ERR_INVALID_ARG, "--group-dim: %s", ft_last_error());
+            return -1;
+        }
+        a->cp->group_dim = (int32_t)v;
+        return 1;
+    case 'k':
+        if (!a->cp) return 0;
+        if (ft_cli_parse_size(arg, &sz) || sz < FT_MIN_CHUNK_SIZE || sz > FT_MAX_CHUNK_SIZE) {
+            ft_set_error(FT_ERR_INVALID_ARG, "--chunk-size must be within 4K..64M");
+            return -1;
+        }
+        a->cp->chunk_size = (uint32_t)sz;
+        return 1;
+    case 'd':
+        if (!a->dtype) return 0;
+        if (ft_dtype_parse(arg, a->dtype)) return -1;
+        if (a->have_dtype) *a->have_dtype = 1;
+        return 1;
+    case 's':
+        if (!a->shape) return 0;
+        if (ft_shape_parse(arg, a->ndim, a->shape)) { ft_set_error(FT_ERR_INVALID_ARG, "--shape: %s", ft_last_error()); return -1; }
+        if (a->have_shape) *a->have_shape = 1;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 ft_status ft_cli_parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
