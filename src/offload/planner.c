@@ -77,12 +77,15 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         double bytes = W * w[t] / rw + B * (s_avg + 1.0) * kv * c[t] / rc;
         link[t] = bytes > 0 ? (bw > 0 ? bytes / bw : INFINITY) : 0;
     }
-    double busy = in->decode_shares_compute ? t_comp + t_dec : fmax(t_comp, t_dec);
+    /* Host and disk "links" are the CPU copying bytes, in the same I/O
+     * workers that then decode them: those add up. A network link moves
+     * data beside the CPU. */
+    double t_io = t_dec + link[FT_TIER_HOST] + link[FT_TIER_DISK];
+    double busy = in->decode_shares_compute ? t_comp + t_io : fmax(t_comp, t_io);
     double T = busy;
-    out->bottleneck = in->decode_shares_compute ? (t_dec > t_comp ? "decode" : "compute")
-                                                : (t_dec > t_comp ? "decode" : "compute");
-    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-        if (link[t] > T) { T = link[t]; out->bottleneck = ft_tier_name((ft_tier)t); }
+    out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
+                                    : "compute";
+    if (link[FT_TIER_REMOTE] > T) { T = link[FT_TIER_REMOTE]; out->bottleneck = "remote"; }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
     out->t_decode = t_dec;
