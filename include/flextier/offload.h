@@ -96,8 +96,9 @@ typedef struct ft_cost_inputs {
      * compute device), indexed by ft_codec_id; ratio 0 = not available. */
     double ratio[FT_CODEC_COUNT];
     double decode_bw[FT_CODEC_COUNT];
-    /* CPU-only machines: decoding competes with compute for the cores. */
-    int decode_shares_compute;
+    /* CPU-only machines: compute and the I/O workers (copying, decoding)
+     * share `cores` cores; compute runs compute_threads of them. 0 = 1. */
+    uint32_t cores, compute_threads;
     /* Measured engine times (seconds), when known, replace the analytic
      * compute term: per layer and fixed per step (embedding, final norm,
      * LM head), for a decode step at batch measured_batch[k] (k = 0, 1;

@@ -288,11 +288,10 @@ static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *b
     if (st) return st;
     in->bw[FT_TIER_HOST] = given && given[FT_TIER_HOST] > 0 ? given[FT_TIER_HOST] : in->mem_bw / 2;
     measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
-    /* The I/O thread decodes; it has a core of its own unless compute
-     * threads take them all. */
+    /* Compute and the I/O workers share the cores. */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned compute = threads ? threads : ft_default_threads();
-    in->decode_shares_compute = ncpu < 1 || (long)compute >= ncpu;
+    in->cores = ncpu > 0 ? (uint32_t)ncpu : 1;
+    in->compute_threads = threads ? threads : ft_default_threads();
     if (base->disk_uri[0])
         in->bw[FT_TIER_DISK] = given && given[FT_TIER_DISK] > 0 ? given[FT_TIER_DISK] : measure_store_bw(base->disk_uri);
     if (base->n_remotes) {

@@ -81,7 +81,13 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * workers that then decode them: those add up. A network link moves
      * data beside the CPU. */
     double t_io = t_dec + link[FT_TIER_HOST] + link[FT_TIER_DISK];
-    double busy = in->decode_shares_compute ? t_comp + t_io : fmax(t_comp, t_io);
+    /* CPU time is shared: compute needs its threads for t_comp; the I/O
+     * workers run on whatever cores are free (all of them while compute
+     * waits), so the step is at least the total core-seconds over the
+     * cores. */
+    double cores = in->cores ? in->cores : 1, cthreads = in->compute_threads ? in->compute_threads : 1;
+    if (cthreads > cores) cthreads = cores;
+    double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io) / cores);
     double T = busy;
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";
@@ -100,7 +106,8 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         t_pre_comp = in->layer_prefill_s_per_token * B * in->prompt_len;
         t_pre_fixed = in->fixed_prefill_s_per_token * B * in->prompt_len;
     }
-    double t_pre = in->decode_shares_compute ? t_pre_comp + W * (1.0 - w[0]) / dw : fmax(t_pre_comp, W * (1.0 - w[0]) / dw);
+    double t_pre_io = W * (1.0 - w[0]) / dw;
+    double t_pre = fmax(fmax(t_pre_comp, t_pre_io / cores), (t_pre_comp * cthreads + t_pre_io) / cores);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
         double bytes = W * w[t] / rw + B * in->prompt_len * kv * c[t] / rc;
