@@ -90,6 +90,20 @@ if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
         row "$n" "w=0,0,0,100 cw=$cw" "--policy 'w=0,0,0,100 cw=$cw' --remote $R" lab_cli -- \
             lab_cli "$FT" "${common[@]}" --policy w=0,0,0,100 --remote "$R" --compress-weights $cw --device-mem $DEV
     done
+    # The planner's own choice under the constraints of rows (d)-(f): a
+    # device budget of two layer slots and ~2 resident layers, no host or
+    # disk tier, this node.
+    SLOTS=$(( 224 * 1024 * 1024 ))   # two streaming slots + about two resident layers
+    choice=$(lab_cli "$FT" plan --model "$MODEL" --device-mem $SLOTS --host-mem 0 --remote "$R" \
+             --batch "$BATCH" --fixed-batch --prompt-len "$PROMPT" --gen-len "$GEN" --threads "$THREADS" \
+             --codecs none,bp,q4 --json 2>/dev/null)
+    cpol=$(echo "$choice" | python3 -c 'import json,sys; print(json.load(sys.stdin)["policy"])' 2>/dev/null || true)
+    if [ -n "$cpol" ]; then
+        cw=$(echo "$cpol" | sed -n 's/.* cw=\([a-z0-9]*\).*/\1/p')
+        wp=$(echo "$cpol" | sed -n 's/^w=\([0-9,]*\) .*/\1/p')
+        row "planner's choice" "w=$wp cw=$cw" "--policy 'w=$wp cw=$cw' --remote $R" lab_cli -- \
+            lab_cli "$FT" "${common[@]}" --policy "w=$wp" --remote "$R" --compress-weights "$cw" --device-mem $SLOTS
+    fi
 else
     echo "| (d)-(f) lab link | | needs root and network namespaces | | | |"
 fi

@@ -76,6 +76,8 @@ void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tie
 
 /* What the cost model needs to know about the model, the run and the
  * machine. Bandwidths in bytes/s, compute in flop/s. */
+#define FT_COST_MAX_TENSORS 32
+
 typedef struct ft_cost_inputs {
     /* model */
     uint32_t n_layers;
@@ -103,6 +105,12 @@ typedef struct ft_cost_inputs {
      * compute term: per layer and fixed per step (embedding, final norm,
      * LM head), for a decode step at batch measured_batch[k] (k = 0, 1;
      * linear in between), and per prompt token for prefill. */
+    /* One layer's tensors (element counts) in placement order, when known
+     * (ft_cost_inputs_from_model): placement is then computed exactly as
+     * the scheduler does it (whole tensors, ft_policy_place) instead of
+     * taking the percentages literally. */
+    uint32_t n_tensors;
+    uint64_t tensor_numel[FT_COST_MAX_TENSORS];
     uint32_t measured_batch[2];
     double layer_decode_s[2], fixed_decode_s[2];
     double layer_prefill_s_per_token, fixed_prefill_s_per_token;
@@ -185,6 +193,11 @@ void ft_offload_free(ft_offload *o);
 ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
 void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
 void ft_offload_reset_stats(ft_offload *o);
+/* Fill the model part of cost inputs from a model (it may have external
+ * layers): layers, parameters per layer, hidden size, KV bytes per token
+ * (f32 cache), one layer's tensors in placement order. */
+ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in);
+
 /* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
 

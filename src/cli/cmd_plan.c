@@ -249,12 +249,9 @@ ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in)
     if (st) return st;
     ft_model *m = NULL;
     if ((st = ft_model_create_ex(&cfg, 1, &m))) return st;
-    in->n_layers = (uint32_t)cfg.n_layers;
-    in->layer_params = ft_model_layer_bytes(m) / 4;
-    in->compute_bytes_per_param = 4;
-    in->hidden = (uint32_t)cfg.hidden;
-    in->kv_bytes_per_token = 2ull * (uint64_t)cfg.n_kv_heads * (uint64_t)cfg.head_dim * 4;
+    st = ft_cost_inputs_from_model(m, in);
     ft_model_free(m);
+    if (st) return st;
     in->weight_bytes_per_param = 2;
     ft_checkpoint *ck = NULL;
     if (ft_checkpoint_open(dir, &ck) == FT_OK) {

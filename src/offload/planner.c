@@ -51,6 +51,16 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     const double dw = codec_decode_bw(in, p->compress_weights), dc = codec_decode_bw(in, p->compress_cache);
     double w[FT_TIER_COUNT], c[FT_TIER_COUNT];
     for (int t = 0; t < FT_TIER_COUNT; t++) { w[t] = p->w_pct[t] / 100.0; c[t] = p->c_pct[t] / 100.0; }
+    if (in->n_tensors && in->n_tensors <= FT_COST_MAX_TENSORS) {
+        /* Whole tensors, placed as the scheduler places them. */
+        uint64_t bytes[FT_COST_MAX_TENSORS];
+        ft_tier tiers[FT_COST_MAX_TENSORS];
+        double total = 0;
+        for (uint32_t i = 0; i < in->n_tensors; i++) { bytes[i] = in->tensor_numel[i]; total += (double)bytes[i]; }
+        ft_policy_place(p, bytes, in->n_tensors, tiers);
+        for (int t = 0; t < FT_TIER_COUNT; t++) w[t] = 0;
+        for (uint32_t i = 0; i < in->n_tensors; i++) w[tiers[i]] += total > 0 ? (double)bytes[i] / total : 0;
+    }
 
     /* Compute of one GPU batch of one layer, one decode token: reading the
      * resident weights (memory bound at small batch) or the flops, plus

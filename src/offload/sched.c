@@ -15,7 +15,9 @@ typedef struct {
     int present;
     ft_tier tier;
     ft_store *store;                  /* per layer: see keys/stores below */
-    size_t offset;                    /* floats into a layer block        */
+    size_t pack;                      /* floats into its packed block: the
+                                         layer's resident block (device
+                                         tier) or a streaming slot (others) */
     size_t numel;
     uint64_t src_bytes;               /* bytes in the checkpoint dtype    */
 } slot_info;
@@ -24,7 +26,7 @@ struct ft_offload {
     ft_model *m;
     int n_layers;
     ft_offload_params p;
-    size_t layer_floats;
+    size_t dev_stride, stream_stride; /* floats of the packed blocks */
     slot_info slot[MAX_SLOTS];
     int n_streamed;                   /* slots not on the device */
     /* stores */
@@ -33,7 +35,7 @@ struct ft_offload {
     char (*keys)[96];
     ft_store **stores;
     uint64_t *wire;                   /* encoded bytes per (layer, slot) */
-    float *resident;                  /* n_layers x layer_floats (device slots only used) */
+    float *resident;                  /* n_layers x dev_stride */
     float *slots[2];                  /* streaming buffers, one layer each */
     int slot_layer[2];                /* layer held by slots[k], -1 none  */
     /* I/O thread */
@@ -120,7 +122,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, float *buf, uint64_t *log
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
         memset(&dst[s], 0, sizeof dst[s]);
         dst[s].dtype = FT_F32;
-        dst[s].data = buf + si->offset;
+        dst[s].data = buf + si->pack;
         st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dst[s], si->numel * sizeof(float), &req[s]);
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
@@ -236,11 +238,11 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         pthread_mutex_unlock(&o->mu);
         base = o->slots[b];
     }
-    float *res = o->resident + (size_t)layer * o->layer_floats;
+    float *res = o->resident + (size_t)layer * o->dev_stride;
     for (int s = 0; s < MAX_SLOTS; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present) continue;
-        *ft_layer_slot(w, s) = (si->tier == FT_TIER_DEVICE ? res : base) + si->offset;
+        *ft_layer_slot(w, s) = (si->tier == FT_TIER_DEVICE ? res : base) + si->pack;
     }
     return FT_OK;
 }
@@ -268,7 +270,6 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->m = m;
     o->p = *p;
     o->n_layers = m->cfg.n_layers;
-    o->layer_floats = m->layer_floats;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
     pthread_mutex_init(&o->mu, NULL);
@@ -291,7 +292,6 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         }
         slot_info *si = &o->slot[e->slot];
         si->present = 1;
-        si->offset = e->offset;
         si->numel = (size_t)(e->ndim == 1 ? e->shape[0] : e->shape[0] * e->shape[1]);
         si->src_bytes = ft_dtype_nbytes(src.dtype, si->numel);
         bytes[n] = si->src_bytes;
@@ -303,12 +303,17 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         o->slot[slot_ids[k]].tier = tiers[k];
         if (tiers[k] != FT_TIER_DEVICE) o->n_streamed++;
     }
-    /* Memory: resident device-tier tensors of every layer + two slots. */
-    size_t dev_floats = 0;
-    for (int s = 0; s < MAX_SLOTS; s++)
-        if (o->slot[s].present && o->slot[s].tier == FT_TIER_DEVICE) dev_floats += o->slot[s].numel;
-    o->st.resident_bytes = (uint64_t)dev_floats * 4 * (uint64_t)o->n_layers;
-    o->st.slot_bytes = o->n_streamed ? 2ull * o->layer_floats * 4 : 0;
+    /* Memory: each layer's device-tier tensors packed in a resident block,
+     * the streamed ones packed in each of two slots (64-byte aligned). */
+    for (int s = 0; s < MAX_SLOTS; s++) {
+        slot_info *si = &o->slot[s];
+        if (!si->present) continue;
+        size_t *stride = si->tier == FT_TIER_DEVICE ? &o->dev_stride : &o->stream_stride;
+        si->pack = *stride;
+        *stride += (si->numel + 15) & ~(size_t)15;
+    }
+    o->st.resident_bytes = (uint64_t)o->dev_stride * 4 * (uint64_t)o->n_layers;
+    o->st.slot_bytes = 2ull * o->stream_stride * 4;
     if (p->device_budget && o->st.resident_bytes + o->st.slot_bytes > p->device_budget) {
         st = ft_set_error(FT_ERR_NO_SPACE,
                           "offload: the policy needs %.1f MiB of device memory for weights "
@@ -318,16 +323,13 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                           (double)p->device_budget / 1048576.0);
         goto fail;
     }
-    /* Resident storage uses full layer blocks only when some slot is on
-     * the device (simple offsets; the unused parts are never touched, so
-     * the OS does not back them). */
-    if (dev_floats) {
-        o->resident = ft_malloc_aligned(o->layer_floats * 4 * (size_t)o->n_layers, 64);
+    if (o->dev_stride) {
+        o->resident = ft_malloc_aligned(o->dev_stride * 4 * (size_t)o->n_layers, 64);
         if (!o->resident) { st = ft_set_error(FT_ERR_NOMEM, "offload: resident weights"); goto fail; }
     }
     if (o->n_streamed) {
         for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->layer_floats * 4, 64);
+            o->slots[k] = ft_malloc_aligned(o->stream_stride * 4, 64);
             if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
         }
         if (p->policy.w_pct[FT_TIER_HOST] > 0 && (st = open_store("mem:", p, &o->host))) goto fail;
@@ -365,7 +367,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         memcpy(tmp, src.data, (size_t)nb);   /* the mapping may be unaligned */
         src.data = tmp;
         if (si->tier == FT_TIER_DEVICE) {
-            float *dst = o->resident + (size_t)e->layer * o->layer_floats + si->offset;
+            float *dst = o->resident + (size_t)e->layer * o->dev_stride + si->pack;
             if ((st = ft_convert(dst, FT_F32, tmp, src.dtype, si->numel))) goto fail;
         } else {
             size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
@@ -456,6 +458,27 @@ void ft_offload_reset_stats(ft_offload *o)
     o->st.resident_bytes = res;
     o->st.slot_bytes = sl;
     pthread_mutex_unlock(&o->mu);
+}
+
+ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
+{
+    if (!m || !in) return FT_ERR_INVALID_ARG;
+    in->n_layers = (uint32_t)m->cfg.n_layers;
+    in->hidden = (uint32_t)m->cfg.hidden;
+    in->kv_bytes_per_token = 2ull * (uint64_t)m->cfg.n_kv_heads * (uint64_t)m->cfg.head_dim * 4;
+    in->compute_bytes_per_param = 4;
+    in->layer_params = 0;
+    in->n_tensors = 0;
+    /* the scheduler's order: layer 0's entries as the model lists them */
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const ft_model_tensor_entry *e = &m->tensors[i];
+        if (e->layer != 0) continue;
+        uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
+        if (in->n_tensors == FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INTERNAL, "too many tensors per layer");
+        in->tensor_numel[in->n_tensors++] = n;
+        in->layer_params += n;
+    }
+    return FT_OK;
 }
 
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot)

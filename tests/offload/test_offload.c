@@ -286,6 +286,38 @@ static void remote_run(int kill_mid_run)
 TEST(remote_two_nodes_byteplane) { remote_run(0); }
 TEST(remote_node_killed_mid_run) { remote_run(1); }
 
+/* The planner's device memory for weights equals what the scheduler
+ * allocates (same whole-tensor placement, packed slots), so a policy the
+ * planner calls feasible fits the budget. */
+TEST(planner_memory_matches_scheduler)
+{
+    setup();
+    REQUIRE(g_model);
+    static const char *specs[] = {"w=40,60", "w=70,30", "w=10,90", "w=50,0,50"};
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        char full[512];
+        snprintf(full, sizeof full, "%s disk=file:%s/disk", specs[k], dir);
+        CHECK_OK(ft_policy_parse(full, &p.policy));
+        ft_offload *o;
+        CHECK_OK(ft_offload_create(g_model, dir, &p, &o));
+        ft_offload_stats s;
+        ft_offload_get_stats(o, &s);
+        ft_offload_free(o);
+        ft_cost_inputs in;
+        memset(&in, 0, sizeof in);
+        CHECK_OK(ft_cost_inputs_from_model(g_model, &in));
+        in.weight_bytes_per_param = 2;
+        in.flops = 1e10; in.mem_bw = 1e10;
+        for (int t = 0; t < FT_TIER_COUNT; t++) { in.bw[t] = 1e9; in.cap[t] = UINT64_MAX; }
+        ft_cost_estimate e;
+        ft_cost_predict(&in, &p.policy, &e);    /* prompt/gen 0: weights only */
+        double sched = (double)(s.resident_bytes + s.slot_bytes), model = (double)e.mem[FT_TIER_DEVICE];
+        CHECK_MSG(fabs(model - sched) <= 0.02 * sched, "%s: planner %.0f vs scheduler %.0f bytes", specs[k], model, sched);
+    }
+}
+
 TEST(cleanup)
 {
     char cmd[600];
