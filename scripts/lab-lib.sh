@@ -11,8 +11,15 @@ LAB_IP_S=10.201.0.1
 LAB_IP_C=10.201.0.2
 
 lab_down() {
-    ip netns del "$LAB_NS_S" 2>/dev/null || true
-    ip netns del "$LAB_NS_C" 2>/dev/null || true
+    # Processes started inside a namespace outlive its deletion: stop them.
+    local ns pids
+    for ns in "$LAB_NS_S" "$LAB_NS_C"; do
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [ -n "$pids" ] && kill $pids 2>/dev/null && sleep 0.2
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+        ip netns del "$ns" 2>/dev/null || true
+    done
 }
 
 lab_up() {

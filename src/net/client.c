@@ -24,6 +24,8 @@
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
+struct rx_token;
+
 typedef struct pend {
     uint64_t     id;
     int          replied;     /* reply header arrived (or failure)       */
@@ -38,8 +40,19 @@ typedef struct pend {
     size_t       rlen;
     uint8_t      hdr[FT_MSG_MAX_HDR];
     uint8_t      body[FT_MSG_RANGE_SIZE];   /* small request payloads     */
+    struct rx_token *rx;      /* the pending rendezvous receive's token   */
     struct pend *next;
 } pend;
+
+/* User data of a rendezvous receive. In UCX 1.13 force-closing the
+ * endpoint of a dead peer does not complete a pending AM rendezvous
+ * receive, so the waiter abandons it instead (the token is marked and the
+ * pend released); if UCX ever calls back, the callback only frees the
+ * token. Accessed under the client lock (callbacks run in progress). */
+typedef struct rx_token {
+    pend *p;
+    int abandoned;
+} rx_token;
 
 typedef struct ucx_client {
     ft_store_backend base;
@@ -106,8 +119,16 @@ static void send_cb(void *req, ucs_status_t status, void *user)
 
 static void recv_cb(void *req, ucs_status_t status, size_t length, void *user)
 {
-    pend *p = user;
+    rx_token *t = user;
     (void)length;
+    if (t->abandoned) {
+        free(t);
+        ucp_request_free(req);
+        return;
+    }
+    pend *p = t->p;
+    free(t);
+    p->rx = NULL;
     p->recv_pending = 0;
     if (status != UCS_OK && p->st == FT_OK) {
         p->st = st_from_ucs(status);
@@ -164,18 +185,30 @@ static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *d
     }
     p->rlen = len;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        rx_token *t = malloc(sizeof *t);
+        if (!t) {
+            p->st = FT_ERR_NOMEM;
+            snprintf(p->detail, sizeof p->detail, "no memory for a receive");
+            return UCS_OK;
+        }
+        t->p = p;
+        t->abandoned = 0;
         ucp_request_param_t rp;
         memset(&rp, 0, sizeof rp);
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         rp.cb.recv_am = recv_cb;
-        rp.user_data = p;
+        rp.user_data = t;
         ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->w, data, dst, len, &rp);
         if (UCS_PTR_IS_ERR(r)) {
+            free(t);
             p->st = FT_ERR_NET;
             snprintf(p->detail, sizeof p->detail, "receive: %s",
                      ucs_status_string(UCS_PTR_STATUS(r)));
         } else if (r) {
+            p->rx = t;
             p->recv_pending = 1;
+        } else {
+            free(t);   /* completed at once: no callback */
         }
         return UCS_INPROGRESS;
     }
@@ -201,6 +234,18 @@ static void close_ep_locked(ucx_client *c)
             ucp_worker_progress(c->w);
         ucp_request_free(r);
     }
+    /* Receives the closed endpoint left pending are abandoned: no data
+     * can arrive for them any more (see rx_token). */
+    for (pend *q = c->pending; q; q = q->next)
+        if (q->recv_pending && q->rx) {
+            q->rx->abandoned = 1;
+            q->rx = NULL;
+            q->recv_pending = 0;
+            if (q->st == FT_OK) {
+                q->st = FT_ERR_NET;
+                snprintf(q->detail, sizeof q->detail, "connection closed during a receive");
+            }
+        }
     c->dead = 0;
     pthread_cond_broadcast(&c->cond);
 }
