@@ -180,6 +180,23 @@ ft_status ft_decode_chunk(ft_codec_ctx *ctx, const ft_frame_info *info,
                           ft_dtype out_dtype, void *out, size_t out_cap,
                           unsigned worker);
 
+/* ------------------------------------------------------ row quantization */
+
+/* The q8/q4 group math without a frame, for data that grows row by row
+ * (the KV cache: each new token's K and V rows are quantized once, as
+ * they are written, and never re-quantized). n contiguous f32 values in
+ * groups of `group` (n % group == 0), groups along the row as FlexGen
+ * groups the cache along head_dim. Layout: the groups' fp16 (min, step)
+ * pairs (4 bytes each, little endian) then the packed codes, exactly as a
+ * frame chunk of one row with group_dim -1 (docs/codec-quant.md), so the
+ * error bound is the frame codec's. bits: 8 or 4. */
+size_t ft_qrow_bytes(int bits, size_t n, uint32_t group);
+/* FT_ERR_INVALID_ARG for bad sizes or a NaN/Inf value, FT_ERR_UNSUPPORTED
+ * for a group whose range does not fit fp16. dst: ft_qrow_bytes bytes. */
+ft_status ft_qrow_encode(int bits, const float *src, size_t n, uint32_t group, void *dst);
+/* Decode what ft_qrow_encode wrote (trusted bytes: no validation). */
+void ft_qrow_decode(int bits, const void *src, size_t n, uint32_t group, float *dst);
+
 #ifdef __cplusplus
 }
 #endif

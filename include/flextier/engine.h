@@ -172,11 +172,38 @@ typedef struct ft_ctx_params {
     int all_logits;       /* 1: ft_ctx_forward may return logits of every
                              row (needs max_rows x vocab floats)           */
     unsigned threads;     /* 0: ft_default_threads()                       */
+    int external_kv;      /* 1: the context holds no KV cache; KV hooks
+                             (ft_ctx_set_kv_hooks) lend each layer's cache
+                             for the sequences of a step (offloading)     */
 } ft_ctx_params;
 
 /* Called before layer `layer` is computed. It may replace *w (e.g. with
  * weights it just streamed in). Returning an error aborts the forward. */
 typedef ft_status (*ft_layer_hook)(void *user, int layer, ft_layer_weights *w);
+
+/* The sequences of one forward call, as the KV hooks see them: sequence
+ * j has past[j] tokens cached in slot slots[j] and appends ntok[j]. */
+typedef struct ft_kv_step {
+    size_t n;
+    const int *slots;
+    const int *past;
+    const size_t *ntok;
+} ft_kv_step;
+
+/* A context created with external_kv calls these around every layer.
+ * load: before layer `layer` is computed (after the layer hook), set k[j]
+ * and v[j] for every sequence j of the step to buffers of max_seq rows of
+ * kv_dim floats whose rows [0, past[j]) hold that layer's cache; the layer
+ * writes its new rows [past[j], past[j] + ntok[j]) into them and reads
+ * rows up to there. store: after the layer, with the same buffers: the
+ * new rows are final (write them back). The buffers must stay valid and
+ * unchanged from load to store. An error aborts the forward (sequence
+ * lengths unchanged; rows at or past `past` may have been written). */
+typedef struct ft_kv_hooks {
+    ft_status (*load)(void *user, int layer, const ft_kv_step *s, float **k, float **v);
+    ft_status (*store)(void *user, int layer, const ft_kv_step *s, float *const *k, float *const *v);
+    void *user;
+} ft_kv_hooks;
 
 /* A context: KV caches for max_batch sequences of max_seq tokens and all
  * scratch buffers, allocated here once; the forward pass never allocates.
@@ -185,7 +212,10 @@ typedef ft_status (*ft_layer_hook)(void *user, int layer, ft_layer_weights *w);
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
 void ft_ctx_free(ft_ctx *c);                     /* NULL ok */
 void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user);
-/* Bytes held by the KV cache and by scratch buffers. */
+/* For a context created with external_kv (copied; NULL clears). A forward
+ * without hooks fails with FT_ERR_INVALID_ARG. */
+void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h);
+/* Bytes held by the KV cache (0 with external_kv) and by scratch buffers. */
 uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
 uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
 
@@ -194,7 +224,8 @@ void ft_ctx_reset(ft_ctx *c, int slot);
 /* Tokens already in a slot's cache. */
 int ft_ctx_seq_len(const ft_ctx *c, int slot);
 /* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
- * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim. */
+ * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim.
+ * FT_ERR_UNSUPPORTED for an external_kv context. */
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
                     int *len, int *kv_dim);
 

@@ -201,6 +201,48 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in);
 /* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
 
+/* ------------------------------------------------------------ KV cache */
+
+/* Offloads a context's KV cache (ft_ctx_params.external_kv) through the
+ * tiers of a policy's c= shares, split by sequence slot (FlexGen's rule
+ * over equal-sized sequences): device-tier slots keep their cache
+ * resident; host-tier slots keep it encoded in DRAM; disk-tier slots in a
+ * file in the policy's disk directory. Rows are stored as f32 (cc=none,
+ * lossless: outputs bit-identical to the in-memory engine) or q8/q4 groups
+ * along head_dim, each token's rows quantized once when written
+ * (ft_qrow_encode). An I/O thread fetches the next layer's cache while a
+ * layer is computed and writes the new rows back behind it. */
+typedef struct ft_kv_offload ft_kv_offload;
+
+typedef struct ft_kv_offload_params {
+    ft_policy policy;         /* c_pct, compress_cache, disk_uri           */
+    uint32_t group_size;      /* q8/q4 values per group along head_dim: 64 */
+    int max_batch, max_seq;   /* the context's                             */
+    uint64_t device_budget;   /* resident cache + staging; 0 = no limit    */
+} ft_kv_offload_params;
+
+typedef struct ft_kv_offload_stats {
+    uint64_t read_logical[FT_TIER_COUNT], read_stored[FT_TIER_COUNT];     /* f32 vs encoded bytes */
+    uint64_t written_logical[FT_TIER_COUNT], written_stored[FT_TIER_COUNT];
+    uint64_t resident_bytes, staging_bytes;   /* device memory              */
+    uint64_t tier_bytes[FT_TIER_COUNT];       /* capacity held per tier      */
+    double io_busy_s, wait_s;                 /* I/O thread busy; compute waited */
+    uint64_t fetches, prefetch_hits;
+} ft_kv_offload_stats;
+
+void ft_kv_offload_default_params(ft_kv_offload_params *p);
+/* FT_ERR_UNSUPPORTED for a cache share on the remote tier; FT_ERR_NO_SPACE
+ * if the device part exceeds device_budget. */
+ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p, ft_kv_offload **out);
+void ft_kv_offload_free(ft_kv_offload *o);
+/* The hooks to install with ft_ctx_set_kv_hooks. */
+void ft_kv_offload_hooks(ft_kv_offload *o, ft_kv_hooks *out);
+/* Wait for every queued fetch and write-back; returns a pending I/O error. */
+ft_status ft_kv_offload_sync(ft_kv_offload *o);
+void ft_kv_offload_get_stats(const ft_kv_offload *o, ft_kv_offload_stats *out);
+void ft_kv_offload_reset_stats(ft_kv_offload *o);
+ft_tier ft_kv_offload_tier_of(const ft_kv_offload *o, int slot);
+
 #ifdef __cplusplus
 }
 #endif

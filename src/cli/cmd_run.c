@@ -235,8 +235,9 @@ int ft_bench_run(int argc, char **argv)
     const ft_model_config *cfg = ft_model_get_config(m);
     ft_ctx_params cp = {.max_batch = (int)batch, .max_seq = (int)(plen + glen),
                         .max_rows = (int)(batch * plen), .threads = (unsigned)threads};
+    ft_cli_offload_ctx_params(&off, &cp);
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-    ft_cli_offload_attach(&off, c);
+    if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
     prompts = malloc((size_t)(batch * plen) * sizeof *prompts);
     outs = malloc((size_t)(batch * glen) * sizeof *outs);
     pp = malloc((size_t)batch * sizeof *pp);
@@ -266,10 +267,15 @@ int ft_bench_run(int argc, char **argv)
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
-               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f}\n",
+               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
                gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss);
+        if (off.enabled) {
+            printf(",\"offload\":");
+            ft_cli_offload_report_json(&off, gs.prefill_s + gs.decode_s, stdout);
+        }
+        printf("}\n");
     } else {
         char b1[32], b2[32], b3[32];
         ft_cli_fmt_bytes(wbytes, b1, sizeof b1);
@@ -528,8 +534,9 @@ int ft_cmd_run(int argc, char **argv)
     }
     ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
                         .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
+    ft_cli_offload_ctx_params(&off, &cp);
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-    ft_cli_offload_attach(&off, c);
+    if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
 
     if (dump) {
         float *lg = malloc(sum * (size_t)cfg->vocab * sizeof(float));

@@ -11,11 +11,13 @@
 
 const char ft_cli_offload_usage[] =
     "offloading (weights streamed through tiers while computing):\n"
-    "  --policy SPEC|auto     e.g. 'w=0,20,30,50' (device,host,disk,remote %%); auto: plan it\n"
+    "  --policy SPEC|auto     e.g. 'w=0,20,30,50 c=0,100' (weights, KV cache: device,host,\n"
+    "                         disk,remote %%); auto: plan it\n"
     "  --remote URI[,URI..]   memory nodes (ucx://HOST:PORT) for the remote tier\n"
     "  --disk-dir DIR         directory for the disk tier\n"
     "  --compress-weights C   none, bp (lossless), q8, q4 (FlexGen group-wise)\n"
-    "  --device-mem SIZE      budget for decoded weights (and, for auto, cache)\n"
+    "  --compress-cache C     none, q8, q4: the offloaded KV cache, per token along head_dim\n"
+    "  --device-mem SIZE      budget for decoded weights and the device share of the cache\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
     "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency\n";
 
@@ -69,11 +71,9 @@ int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i)
     }
     if (!strcmp(a, "--compress-cache")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
-        if (strcmp(v, "none")) {
-            fprintf(stderr, "flextier: --compress-cache: KV cache offloading is not implemented yet "
-                            "(the cache stays on the device, uncompressed)\n");
-            return -1;
-        }
+        snprintf(spec, sizeof spec, "cc=%s", v);
+        if (ft_policy_parse(spec, &o->p.policy)) goto bad;
+        o->cache_codec_given = 1;
         return 1;
     }
     if (!strcmp(a, "--device-mem")) {
@@ -111,8 +111,9 @@ ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params
 {
     if (!o->enabled) {
         /* Tier options without a policy are a mistake worth reporting. */
-        if (o->p.policy.n_remotes || o->p.policy.disk_uri[0] || o->codec_given)
-            return ft_set_error(FT_ERR_INVALID_ARG, "--remote/--disk-dir/--compress-weights need --policy");
+        if (o->p.policy.n_remotes || o->p.policy.disk_uri[0] || o->codec_given || o->cache_codec_given)
+            return ft_set_error(FT_ERR_INVALID_ARG,
+                                "--remote/--disk-dir/--compress-weights/--compress-cache need --policy");
         return ft_model_load(dir, lp, out);
     }
     ft_status st;
@@ -152,37 +153,146 @@ ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params
     return FT_OK;
 }
 
-void ft_cli_offload_attach(ft_cli_offload *o, ft_ctx *c)
+static int cache_offloaded(const ft_cli_offload *o)
+{
+    return o->enabled && o->p.policy.c_pct[FT_TIER_DEVICE] < 100;
+}
+
+void ft_cli_offload_ctx_params(const ft_cli_offload *o, ft_ctx_params *cp)
+{
+    cp->external_kv = cache_offloaded(o);
+}
+
+ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c, const ft_ctx_params *cp)
 {
     if (o->o) {
         ft_ctx_set_layer_hook(c, ft_offload_hook, o->o);
         ft_offload_reset_stats(o->o);
     }
+    if (!cache_offloaded(o)) return FT_OK;
+    ft_kv_offload_params kp;
+    ft_kv_offload_default_params(&kp);
+    kp.policy = o->p.policy;
+    kp.max_batch = cp->max_batch;
+    kp.max_seq = cp->max_seq;
+    if (o->p.device_budget) {   /* what the weights left of the budget */
+        ft_offload_stats s;
+        memset(&s, 0, sizeof s);
+        if (o->o) ft_offload_get_stats(o->o, &s);
+        uint64_t used = s.resident_bytes + s.slot_bytes;
+        kp.device_budget = used < o->p.device_budget ? o->p.device_budget - used : 1;
+    }
+    ft_status st = ft_kv_offload_create(m, &kp, &o->kv);
+    if (st) return st;
+    ft_kv_hooks h;
+    ft_kv_offload_hooks(o->kv, &h);
+    ft_ctx_set_kv_hooks(c, &h);
+    return FT_OK;
 }
+
+/* Everything the reports print. */
+typedef struct {
+    ft_offload_stats w;
+    ft_kv_offload_stats kv;
+    double compute_s, roof_s, eff;
+} report_data;
+
+static void gather(const ft_cli_offload *o, double wall_s, report_data *d)
+{
+    memset(d, 0, sizeof *d);
+    if (o->o) ft_offload_get_stats(o->o, &d->w);
+    if (o->kv) ft_kv_offload_get_stats(o->kv, &d->kv);
+    /* Three resources run side by side: compute (wall time minus the time
+     * it waited on either I/O thread), the weight I/O thread, the cache
+     * I/O thread. The roofline is the busiest one. */
+    d->compute_s = wall_s - d->w.wait_s - d->kv.wait_s;
+    d->roof_s = d->compute_s;
+    if (d->w.io_busy_s > d->roof_s) d->roof_s = d->w.io_busy_s;
+    if (d->kv.io_busy_s > d->roof_s) d->roof_s = d->kv.io_busy_s;
+    d->eff = wall_s > 0 ? d->roof_s / wall_s : 0;
+}
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f)
 {
-    if (!o->o || !o->stats) return;
-    ft_offload_stats s;
-    ft_offload_get_stats(o->o, &s);
-    fprintf(f, "offload: resident %.1f MiB, slots %.1f MiB; first start uploaded %.1f MiB, reused %.1f MiB\n",
-            (double)s.resident_bytes / 1048576.0, (double)s.slot_bytes / 1048576.0,
-            (double)s.uploaded_bytes / 1048576.0, (double)s.reused_bytes / 1048576.0);
-    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-        if (s.logical_bytes[t])
-            fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
-                    (double)s.logical_bytes[t] / 1048576.0, (double)s.wire_bytes[t] / 1048576.0,
-                    s.wire_bytes[t] ? (double)s.logical_bytes[t] / (double)s.wire_bytes[t] : 0.0);
-    double compute = wall_s - s.wait_s;
-    double roof = compute > s.io_busy_s ? compute : s.io_busy_s;
+    if ((!o->o && !o->kv) || !o->stats) return;
+    report_data d;
+    gather(o, wall_s, &d);
+    const ft_offload_stats *s = &d.w;
+    if (o->o) {
+        fprintf(f, "offload: resident %.1f MiB, slots %.1f MiB; first start uploaded %.1f MiB, reused %.1f MiB\n",
+                mib(s->resident_bytes), mib(s->slot_bytes), mib(s->uploaded_bytes), mib(s->reused_bytes));
+        for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
+            if (s->logical_bytes[t])
+                fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
+                        mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
+                        s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+    }
+    if (o->kv) {
+        const ft_kv_offload_stats *k = &d.kv;
+        fprintf(f, "offload: KV cache resident %.1f MiB, staging %.1f MiB, %llu fetches (%llu prefetched), "
+                   "I/O busy %.3f s, compute waited %.3f s\n",
+                mib(k->resident_bytes), mib(k->staging_bytes), (unsigned long long)k->fetches,
+                (unsigned long long)k->prefetch_hits, k->io_busy_s, k->wait_s);
+        for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
+            if (k->tier_bytes[t])
+                fprintf(f, "offload: KV cache %-6s holds %.1f MiB; read %.1f MiB as %.1f MiB, wrote %.1f MiB as "
+                           "%.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t), mib(k->tier_bytes[t]),
+                        mib(k->read_logical[t]), mib(k->read_stored[t]), mib(k->written_logical[t]),
+                        mib(k->written_stored[t]),
+                        k->written_stored[t] ? (double)k->written_logical[t] / (double)k->written_stored[t] : 0.0);
+    }
     fprintf(f, "offload: %llu layer fetches, I/O busy %.3f s, compute waited %.3f s of %.3f s; "
                "overlap efficiency %.0f%% (slowest resource busy %.3f s)\n",
-            (unsigned long long)s.layers_fetched, s.io_busy_s, s.wait_s, wall_s,
-            wall_s > 0 ? 100.0 * roof / wall_s : 0.0, roof);
+            (unsigned long long)s->layers_fetched, s->io_busy_s + d.kv.io_busy_s, s->wait_s + d.kv.wait_s,
+            wall_s, 100.0 * d.eff, d.roof_s);
+}
+
+static void json_tiers(FILE *f, const char *name, const uint64_t *v)
+{
+    fprintf(f, "\"%s\":{", name);
+    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
+        fprintf(f, "%s\"%s\":%llu", t > FT_TIER_HOST ? "," : "", ft_tier_name((ft_tier)t), (unsigned long long)v[t]);
+    fputc('}', f);
+}
+
+void ft_cli_offload_report_json(const ft_cli_offload *o, double wall_s, FILE *f)
+{
+    report_data d;
+    gather(o, wall_s, &d);
+    char pol[256];
+    ft_policy_format(&o->p.policy, pol, sizeof pol);
+    fprintf(f, "{\"policy\":\"%s\",", pol);
+    if (o->predicted_tps > 0) fprintf(f, "\"predicted_tok_s\":%.3f,", o->predicted_tps);
+    fprintf(f, "\"weights\":{\"resident_bytes\":%llu,\"slot_bytes\":%llu,\"uploaded_bytes\":%llu,"
+               "\"reused_bytes\":%llu,\"layer_fetches\":%llu,\"io_busy_s\":%.4f,\"wait_s\":%.4f,",
+            (unsigned long long)d.w.resident_bytes, (unsigned long long)d.w.slot_bytes,
+            (unsigned long long)d.w.uploaded_bytes, (unsigned long long)d.w.reused_bytes,
+            (unsigned long long)d.w.layers_fetched, d.w.io_busy_s, d.w.wait_s);
+    json_tiers(f, "read_logical_bytes", d.w.logical_bytes);
+    fputc(',', f);
+    json_tiers(f, "read_wire_bytes", d.w.wire_bytes);
+    fprintf(f, "},\"kv_cache\":{\"resident_bytes\":%llu,\"staging_bytes\":%llu,\"fetches\":%llu,"
+               "\"prefetch_hits\":%llu,\"io_busy_s\":%.4f,\"wait_s\":%.4f,",
+            (unsigned long long)d.kv.resident_bytes, (unsigned long long)d.kv.staging_bytes,
+            (unsigned long long)d.kv.fetches, (unsigned long long)d.kv.prefetch_hits, d.kv.io_busy_s, d.kv.wait_s);
+    json_tiers(f, "tier_bytes", d.kv.tier_bytes);
+    fputc(',', f);
+    json_tiers(f, "read_logical_bytes", d.kv.read_logical);
+    fputc(',', f);
+    json_tiers(f, "read_stored_bytes", d.kv.read_stored);
+    fputc(',', f);
+    json_tiers(f, "written_logical_bytes", d.kv.written_logical);
+    fputc(',', f);
+    json_tiers(f, "written_stored_bytes", d.kv.written_stored);
+    fprintf(f, "},\"compute_s\":%.4f,\"roofline_s\":%.4f,\"overlap_efficiency\":%.4f}", d.compute_s, d.roof_s, d.eff);
 }
 
 void ft_cli_offload_free(ft_cli_offload *o)
 {
+    ft_kv_offload_free(o->kv);
+    o->kv = NULL;
     ft_offload_free(o->o);
     o->o = NULL;
 }

@@ -5,11 +5,12 @@
 #include <stdio.h>
 
 typedef struct ft_cli_offload {
-    int enabled, auto_policy, have_policy, codec_given, stats;
+    int enabled, auto_policy, have_policy, codec_given, cache_codec_given, stats;
     unsigned threads;          /* compute threads of the run (for planning) */
     double predicted_tps;
     ft_offload_params p;
     ft_offload *o;
+    ft_kv_offload *kv;         /* the KV cache offloaded (c= not all device) */
 } ft_cli_offload;
 
 extern const char ft_cli_offload_usage[];
@@ -21,8 +22,14 @@ int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i);
  * (planning the policy first for --policy auto). */
 ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params *lp, uint32_t batch,
                               uint32_t prompt_len, uint32_t gen_len, ft_model **out);
-void ft_cli_offload_attach(ft_cli_offload *o, ft_ctx *c);
+/* Before ft_ctx_create: an external KV cache when the policy offloads it. */
+void ft_cli_offload_ctx_params(const ft_cli_offload *o, ft_ctx_params *cp);
+/* Install the weight scheduler and the KV cache offloader on a context
+ * created with those parameters. */
+ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c, const ft_ctx_params *cp);
 void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f);
+/* The same metrics as a JSON object (no newline). */
+void ft_cli_offload_report_json(const ft_cli_offload *o, double wall_s, FILE *f);
 void ft_cli_offload_free(ft_cli_offload *o);
 
 /* cmd_plan.c */

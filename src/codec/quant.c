@@ -443,3 +443,41 @@ ft_status ft_quant_decode_chunk(const ft_frame_info *fi, const ft_layout *L, uin
     (void)o;
     return FT_OK;
 }
+
+/* ------------------------------------------------------ row quantization */
+
+size_t ft_qrow_bytes(int bits, size_t n, uint32_t group)
+{
+    if ((bits != 4 && bits != 8) || group == 0 || n % group) return 0;
+    return 4 * (n / group) + packed_bytes(bits, n);
+}
+
+ft_status ft_qrow_encode(int bits, const float *src, size_t n, uint32_t group, void *dst)
+{
+    if (!ft_qrow_bytes(bits, n, group) || !src || !dst)
+        return ft_set_error(FT_ERR_INVALID_ARG, "qrow: %zu values in groups of %u at %d bits", n, group, bits);
+    const ft_qkern *K = ft_qkern_best();
+    const unsigned bmax = (1u << bits) - 1;
+    size_t ng = n / group;
+    uint8_t *hdr = dst, *packed = hdr + 4 * ng;
+    if (bits == 4 && (n & 1)) packed[n / 2] = 0;   /* pad nibble */
+    for (size_t j = 0; j < ng; j++) {
+        const float *x = src + j * group;
+        float mn = INFINITY, mx = -INFINITY;
+        if (K->minmax(FT_F32, x, group, &mn, &mx)) return nonfinite_error(FT_F32, x, group, j * group);
+        uint16_t h, s;
+        if (ft_qparams(mn, mx, bmax, &h, &s)) return params_error(mn, mx, bmax, j * group);
+        put16(hdr + 4 * j, h);
+        put16(hdr + 4 * j + 2, s);
+        float fs = h2f(s);
+        K->enc_bcast(bits, FT_F32, x, group, h2f(h), fs > 0 ? 1.0f / fs : 0.0f, packed, j * group);
+    }
+    return FT_OK;
+}
+
+void ft_qrow_decode(int bits, const void *src, size_t n, uint32_t group, float *dst)
+{
+    size_t ng = n / group;
+    const uint8_t *hdr = src;
+    ft_qkern_best()->dec_groups(bits, FT_F32, hdr, hdr + 4 * ng, 0, ng, group, dst);
+}

@@ -28,6 +28,9 @@ struct ft_ctx {
     uint64_t scratch_bytes;
     ft_layer_hook hook;
     void *hook_user;
+    ft_kv_hooks kvh;
+    float **kk, **vv;               /* per sequence of the call: this layer's K/V */
+    int *past;                      /* per sequence: cached tokens before the call */
     /* per-call state read by pool tasks */
     int layer;
     size_t n;
@@ -91,11 +94,14 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->kvdim = cfg->n_kv_heads * cfg->head_dim;
     c->edim = cfg->hidden > cfg->word_embed_proj_dim ? cfg->hidden : cfg->word_embed_proj_dim;
     size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
-    size_t kvn = (size_t)cfg->n_layers * 2 * B * S * (size_t)c->kvdim;
+    size_t kvn = p->external_kv ? 0 : (size_t)cfg->n_layers * 2 * B * S * (size_t)c->kvdim;
     ft_status st = ft_pool_create(c->threads, &c->pool);
     if (st) { free(c); return st; }
-    c->kv = ft_malloc_aligned(kvn * sizeof(float), 64);
+    c->kv = kvn ? ft_malloc_aligned(kvn * sizeof(float), 64) : NULL;
     c->seq_len = calloc(B, sizeof(int));
+    c->kk = calloc(B, sizeof(float *));
+    c->vv = calloc(B, sizeof(float *));
+    c->past = calloc(B, sizeof(int));
     size_t selrows = c->p.all_logits ? R : B;
     c->x = falloc(c, R * (size_t)c->edim);
     c->xb = falloc(c, R * (size_t)c->edim);
@@ -126,7 +132,8 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
                 }
         }
     }
-    if (!c->kv || !c->seq_len || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att ||
+    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->x || !c->xb ||
+        !c->q || !c->k || !c->v || !c->att ||
         !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
@@ -143,6 +150,7 @@ void ft_ctx_free(ft_ctx *c)
     ft_pool_free(c->pool);
     ft_free_aligned(c->kv);
     free(c->seq_len);
+    free(c->kk); free(c->vv); free(c->past);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
@@ -159,9 +167,16 @@ void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user)
     c->hook_user = user;
 }
 
+void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h)
+{
+    if (!c) return;
+    if (h) c->kvh = *h;
+    else memset(&c->kvh, 0, sizeof c->kvh);
+}
+
 uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
 {
-    if (!c) return 0;
+    if (!c || c->p.external_kv) return 0;
     return (uint64_t)c->m->cfg.n_layers * 2 * (uint64_t)c->p.max_batch * (uint64_t)c->p.max_seq *
            (uint64_t)c->kvdim * 4;
 }
@@ -191,6 +206,8 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
 {
     if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: layer %d / slot %d out of range", layer, slot);
+    if (c->p.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded)");
     if (k) *k = kv_ptr(c, layer, 0, slot);
     if (v) *v = kv_ptr(c, layer, 1, slot);
     if (len) *len = c->seq_len[slot];
@@ -306,9 +323,8 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     int h = (int)(t % (size_t)cfg->n_heads);
     int hd = cfg->head_dim;
     int kvh = h / (cfg->n_heads / cfg->n_kv_heads);
-    int slot = c->slots[j];
-    const float *K = kv_ptr(c, c->layer, 0, slot) + (size_t)kvh * hd;
-    const float *V = kv_ptr(c, c->layer, 1, slot) + (size_t)kvh * hd;
+    const float *K = c->kk[j] + (size_t)kvh * hd;
+    const float *V = c->vv[j] + (size_t)kvh * hd;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
     const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
@@ -359,8 +375,8 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     for (size_t j = 0; j < c->n; j++) {          /* append K/V to the caches */
         int r0 = c->row0[j], pos0 = c->row_pos[r0];
         size_t bytes = c->ntok[j] * (size_t)c->kvdim * sizeof(float);
-        memcpy(kv_ptr(c, l, 0, c->slots[j]) + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
-        memcpy(kv_ptr(c, l, 1, c->slots[j]) + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
+        memcpy(c->kk[j] + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
+        memcpy(c->vv[j] + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
     }
     ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
     linear(c->xb, c->att, rows, c->qdim, w->wo, H, w->bo);
@@ -394,6 +410,8 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
     if (all_rows && !c->p.all_logits)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
+    if (c->p.external_kv && (!c->kvh.load || !c->kvh.store))
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: the context's KV cache is external but no KV hooks are set");
     size_t rows = 0;
     for (size_t j = 0; j < n; j++) {
         int s = slots[j];
@@ -428,6 +446,8 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
         }
     }
     c->row0[n] = r;
+    for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
+    ft_kv_step step = {n, slots, c->past, ntok};
     openblas_set_num_threads((int)c->threads);
 
     /* embeddings */
@@ -453,8 +473,18 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             if (st) return st;
             w = &local;
         }
+        if (c->p.external_kv) {
+            ft_status st = c->kvh.load(c->kvh.user, l, &step, c->kk, c->vv);
+            if (st) return st;
+        } else {
+            for (size_t j = 0; j < n; j++) {
+                c->kk[j] = kv_ptr(c, l, 0, slots[j]);
+                c->vv[j] = kv_ptr(c, l, 1, slots[j]);
+            }
+        }
         ft_status st = layer_forward(c, l, w);
         if (st) return st;
+        if (c->p.external_kv && (st = c->kvh.store(c->kvh.user, l, &step, c->kk, c->vv))) return st;
     }
 
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];

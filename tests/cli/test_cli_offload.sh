@@ -28,6 +28,23 @@ grep -q "uploaded 0.0 MiB" "$work/d2.err" && ok "second start reuses the disk ti
 run --policy w=0,0,0,100 --remote "$uri" --compress-weights q4 > "$work/q.txt" 2>/dev/null && ok "remote q4 runs" || bad "remote q4"
 run --policy auto --remote "$uri" --device-mem 64M > /dev/null 2> "$work/a.err" && grep -q "planned" "$work/a.err" \
     && ok "policy auto" || bad "policy auto: $(tail -2 "$work/a.err")"
+run --dump-logits "$work/k.bin" --policy "w=100,0 c=0,0,100,0" --disk-dir "$work/disk" --offload-stats \
+    > "$work/k.txt" 2> "$work/k.err"
+cmp -s "$work/ref.bin" "$work/k.bin" && cmp -s "$work/ref.txt" "$work/k.txt" \
+    && ok "KV cache on disk: identical logits and text" || bad "KV cache on disk differs: $(tail -3 "$work/k.err")"
+grep -q "KV cache disk .*wrote" "$work/k.err" && ok "KV cache traffic reported per tier" || bad "KV stats: $(cat "$work/k.err")"
+run --policy "w=0,100 c=0,100" --compress-weights q4 --compress-cache q4 --offload-stats > /dev/null 2> "$work/kq.err" \
+    && grep -q "KV cache host .*([5-9]\.[0-9]*x)" "$work/kq.err" && ok "q4 KV cache: over 5x fewer bytes written" \
+    || bad "q4 KV cache: $(tail -4 "$work/kq.err")"
+"$bin" bench run --model "$work/m" --batch 2 --prompt-len 4 --gen-len 4 --threads 1 --json \
+    --policy "w=0,100 c=0,50,50" --disk-dir "$work/disk" --compress-cache q8 > "$work/kj.json" 2>/dev/null
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['offload']; \
+w = o['kv_cache']['written_stored_bytes']; assert w['host'] > 0 and w['disk'] > 0 and 0 < o['overlap_efficiency'] <= 1.0001" "$work/kj.json" \
+    && ok "bench run --json carries the offload metrics" || bad "json: $(cat "$work/kj.json")"
+run --policy "c=0,0,0,100" --remote "$uri" > /dev/null 2> "$work/kr.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "remote memory nodes is not supported" "$work/kr.err" && ok "KV cache on the remote tier refused" \
+    || bad "remote KV rc=$rc $(cat "$work/kr.err")"
+run --compress-cache q4 > /dev/null 2>&1; [ $? -eq 1 ] && ok "--compress-cache without --policy refused" || bad "cc without policy"
 run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
 run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"

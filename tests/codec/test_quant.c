@@ -633,3 +633,50 @@ TEST(quant_hostile_payload)
     CHECK(ft_quant_decode_chunk(&fi, &L, 1, 32, pay, sz, FT_F32, out) == FT_ERR_CORRUPT);
     CHECK(ft_quant_decode_chunk(&fi, &L, 0, 33, pay, sz, FT_I32, out) == FT_ERR_UNSUPPORTED);
 }
+
+/* Row quantization (the KV cache's): the same values as a frame of one row
+ * with the same group, for q8 and q4 and several row lengths. */
+TEST(quant_rows_equal_frames)
+{
+    ft_codec_ctx *cx;
+    REQUIRE(ft_codec_ctx_create(1, &cx) == FT_OK);
+    const size_t lens[] = {64, 128, 1024, 96, 7 * 32};
+    const uint32_t groups[] = {64, 64, 64, 32, 32};
+    for (int b = 0; b < 2; b++) {
+        int bits = b ? 4 : 8;
+        for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
+            size_t n = lens[t];
+            uint32_t g = groups[t];
+            float *x = make_data(FT_F32, n, 77 + t);
+            size_t rb = ft_qrow_bytes(bits, n, g);
+            CHECK(rb == 4 * (n / g) + (bits == 8 ? n : n / 2));
+            uint8_t *row = malloc(rb);
+            float *y = malloc(n * 4), *z = malloc(n * 4);
+            CHECK_OK(ft_qrow_encode(bits, x, n, g, row));
+            ft_qrow_decode(bits, row, n, g, y);
+            ft_codec_params p;
+            ft_codec_default_params(&p);
+            p.codec = bits == 8 ? FT_CODEC_Q8 : FT_CODEC_Q4;
+            p.group_size = g;
+            ft_tensor src = {FT_F32, 2, {1, (int64_t)n}, x};
+            size_t cap = ft_encode_bound(&p, FT_F32, 2, src.shape), fsz;
+            void *fr = malloc(cap);
+            CHECK_OK(ft_encode(cx, &p, &src, fr, cap, &fsz));
+            ft_tensor dst = {FT_F32, 0, {0}, z};
+            CHECK_OK(ft_decode(cx, fr, fsz, &dst, n * 4));
+            CHECK(memcmp(y, z, n * 4) == 0);
+            free(fr); free(row); free(y); free(z);
+            ft_free_aligned(x);
+        }
+    }
+    float bad[64] = {0};
+    uint8_t out[64 * 2];
+    CHECK(ft_qrow_bytes(4, 65, 64) == 0);
+    CHECK(ft_qrow_bytes(5, 64, 64) == 0);
+    CHECK(ft_qrow_encode(4, bad, 65, 64, out) == FT_ERR_INVALID_ARG);
+    bad[3] = NAN;
+    CHECK(ft_qrow_encode(4, bad, 64, 64, out) == FT_ERR_INVALID_ARG);
+    bad[3] = 1e6f;
+    CHECK(ft_qrow_encode(4, bad, 64, 64, out) == FT_ERR_UNSUPPORTED);
+    ft_codec_ctx_free(cx);
+}

@@ -76,18 +76,37 @@ static int write_checkpoint(ft_model *m)
     return st == FT_OK;
 }
 
-/* Prefill 3 sequences of different lengths and 3 decode steps; returns the
- * logits of every step concatenated (caller frees). */
-static float *run(ft_model *m, ft_offload *o, ft_status *out_st)
+/* Prefill 3 sequences of different lengths and 3 decode steps, then a
+ * step over a subset of the sequences in another order, then a new prompt
+ * in a reset slot beside a decode step; returns the logits of every call
+ * concatenated (caller frees). With kvp, the KV cache is offloaded by that
+ * policy (and *kvs receives its stats). */
+#define N_ROWS (4 * 3 + 2 + 2)
+static float *run_kv(ft_model *m, ft_offload *o, const ft_policy *kvp, ft_kv_offload_stats *kvs,
+                     ft_status *out_st)
 {
     ft_ctx_params cp = {0};
     cp.max_batch = 3; cp.max_seq = 32; cp.threads = 1;
+    cp.external_kv = kvp != NULL;
     ft_ctx *c;
+    ft_kv_offload *kv = NULL;
     *out_st = ft_ctx_create(m, &cp, &c);
     if (*out_st) return NULL;
     if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
+    if (kvp) {
+        ft_kv_offload_params kp;
+        ft_kv_offload_default_params(&kp);
+        kp.policy = *kvp;
+        kp.max_batch = cp.max_batch;
+        kp.max_seq = cp.max_seq;
+        kp.group_size = 16;
+        if ((*out_st = ft_kv_offload_create(m, &kp, &kv))) { ft_ctx_free(c); return NULL; }
+        ft_kv_hooks h;
+        ft_kv_offload_hooks(kv, &h);
+        ft_ctx_set_kv_hooks(c, &h);
+    }
     int vocab = ft_model_get_config(m)->vocab;
-    float *all = calloc((size_t)4 * 3 * vocab, sizeof(float));
+    float *all = calloc((size_t)N_ROWS * vocab, sizeof(float));
     int32_t p0[5] = {1, 5, 9, 33, 7}, p1[2] = {1, 100}, p2[7] = {1, 3, 3, 3, 60, 61, 62};
     const int32_t *toks[3] = {p0, p1, p2};
     size_t ntok[3] = {5, 2, 7};
@@ -102,9 +121,33 @@ static float *run(ft_model *m, ft_offload *o, ft_status *out_st)
         size_t one[3] = {1, 1, 1};
         *out_st = ft_ctx_forward(c, 3, slots, t1, one, all + (size_t)step * 3 * vocab, 0);
     }
+    float *next = all + (size_t)12 * vocab;
+    if (*out_st == FT_OK) {   /* a subset, reordered */
+        int32_t a = 17, b = 90;
+        const int32_t *t2[2] = {&a, &b};
+        size_t one[2] = {1, 1};
+        int sl[2] = {2, 0};
+        *out_st = ft_ctx_forward(c, 2, sl, t2, one, next, 0);
+        next += (size_t)2 * vocab;
+    }
+    if (*out_st == FT_OK) {   /* a new prompt in slot 1 beside a decode step */
+        ft_ctx_reset(c, 1);
+        int32_t np[4] = {1, 44, 45, 46}, d = 23;
+        const int32_t *t3[2] = {np, &d};
+        size_t nt3[2] = {4, 1};
+        int sl[2] = {1, 0};
+        *out_st = ft_ctx_forward(c, 2, sl, t3, nt3, next, 0);
+    }
+    if (kv) {
+        if (*out_st == FT_OK) *out_st = ft_kv_offload_sync(kv);
+        if (kvs) ft_kv_offload_get_stats(kv, kvs);
+        ft_kv_offload_free(kv);
+    }
     ft_ctx_free(c);
     return all;
 }
+
+static float *run(ft_model *m, ft_offload *o, ft_status *out_st) { return run_kv(m, o, NULL, NULL, out_st); }
 
 static ft_model *g_model;
 static float *g_ref;
@@ -122,7 +165,7 @@ static void setup(void)
     g_ref = run(g_model, NULL, &st);
 }
 
-static size_t n_logits(void) { return (size_t)4 * 3 * (size_t)ft_model_get_config(g_model)->vocab; }
+static size_t n_logits(void) { return (size_t)N_ROWS * (size_t)ft_model_get_config(g_model)->vocab; }
 
 static void check_policy(const char *spec, int exact, double tol)
 {
@@ -153,8 +196,33 @@ static void check_policy(const char *spec, int exact, double tol)
     ft_status st = ft_offload_create(m, dir, &p, &o);
     CHECK_MSG(st == FT_OK, "%s: %s %s", spec, ft_status_str(st), ft_last_error());
     if (st) { ft_model_free(m); return; }
-    float *got = run(m, o, &st);
-    CHECK_OK(st);
+    /* The KV cache offloaded when the policy says so. */
+    const ft_policy *kvp = p.policy.c_pct[FT_TIER_DEVICE] < 100 ? &p.policy : NULL;
+    ft_kv_offload_stats ks;
+    memset(&ks, 0, sizeof ks);
+    float *got = run_kv(m, o, kvp, &ks, &st);
+    CHECK_MSG(st == FT_OK, "%s: %s %s", spec, ft_status_str(st), ft_last_error());
+    if (kvp) {
+        uint64_t rd = 0, rds = 0, wr = 0, wrs = 0;
+        for (int t = 1; t < FT_TIER_COUNT; t++) {
+            rd += ks.read_logical[t]; rds += ks.read_stored[t];
+            wr += ks.written_logical[t]; wrs += ks.written_stored[t];
+        }
+        /* every token's rows written once per layer: 14 prompt + 9 + 2 + 5 rows
+         * over the streamed slots, at most */
+        uint64_t row = 2ull * 2 * 16 * 4;   /* K+V rows of kv_dim 32, f32 */
+        CHECK(rd > 0 && wr > 0 && wr <= 4ull * (14 + 9 + 2 + 5) * row);
+        double ratio = (double)wr / (double)wrs;
+        int bits = p.policy.compress_cache == FT_CODEC_Q4 ? 4 : p.policy.compress_cache == FT_CODEC_Q8 ? 8 : 32;
+        /* f32 rows: 1x; q8: 4 / (1 + 4/16) = 3.2x; q4: 4 / (0.5 + 4/16) = 5.3x (groups of 16) */
+        double want = bits == 32 ? 1.0 : 32.0 / (bits + 32.0 / 16);
+        CHECK_MSG(fabs(ratio - want) < 1e-9 && fabs((double)rd / (double)rds - want) < 1e-9,
+                  "%s: cache ratio %.3f (want %.3f)", spec, ratio, want);
+        CHECK(ks.prefetch_hits > 0);
+        printf("  %s: cache read %.1f KiB as %.1f KiB, written %.1f KiB; %llu fetches, %llu prefetched\n",
+               spec, rd / 1024.0, rds / 1024.0, wr / 1024.0, (unsigned long long)ks.fetches,
+               (unsigned long long)ks.prefetch_hits);
+    }
     size_t n = n_logits(), bad = 0;
     double maxd = 0, scale = 0;
     for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)g_ref[i]));
@@ -184,6 +252,47 @@ TEST(disk_tier) { check_policy("w=0,0,100,0", 1, 0); }
 TEST(mixed_tiers) { check_policy("w=40,30,30,0", 1, 0); }
 TEST(host_tier_q8) { check_policy("w=0,100,0,0 cw=q8", 0, 0.03); }
 TEST(host_tier_q4) { check_policy("w=0,100,0,0 cw=q4", 0, 0.3); }
+
+TEST(cache_host_lossless) { check_policy("w=100,0 c=0,100,0,0", 1, 0); }
+TEST(cache_disk_lossless) { check_policy("w=100,0 c=0,0,100,0", 1, 0); }
+TEST(cache_split_weights_streamed) { check_policy("w=0,50,50 c=34,33,33", 1, 0); }
+TEST(cache_host_q8) { check_policy("w=100,0 c=0,100 cc=q8", 0, 0.03); }
+TEST(cache_disk_q4_weights_q4) { check_policy("w=0,100 c=0,0,100 cw=q4 cc=q4", 0, 0.3); }
+
+TEST(cache_policy_errors)
+{
+    setup();
+    REQUIRE(g_model);
+    ft_kv_offload_params kp;
+    ft_kv_offload_default_params(&kp);
+    kp.max_batch = 3;
+    kp.max_seq = 32;
+    CHECK_OK(ft_policy_parse("c=0,0,0,100 remote=ucx://127.0.0.1:1", &kp.policy));
+    ft_kv_offload *kv = NULL;
+    CHECK(ft_kv_offload_create(g_model, &kp, &kv) == FT_ERR_UNSUPPORTED && !kv);
+    CHECK(strstr(ft_last_error(), "remote") != NULL);
+    CHECK_OK(ft_policy_parse("c=100,0,0,0", &kp.policy));
+    kp.device_budget = 1000;   /* 4 layers x 3 slots x 2 x 32 x 32 x 4 = 96 KiB resident */
+    CHECK(ft_kv_offload_create(g_model, &kp, &kv) == FT_ERR_NO_SPACE);
+    CHECK(strstr(ft_last_error(), "device memory") != NULL);
+    kp.device_budget = 0;
+    CHECK_OK(ft_policy_parse("c=0,0,100,0 disk=file:/nonexistent/dir", &kp.policy));
+    CHECK(ft_kv_offload_create(g_model, &kp, &kv) == FT_ERR_IO);
+    CHECK(strstr(ft_last_error(), "/nonexistent/dir") != NULL);
+    /* a forward on an external-KV context without hooks is refused */
+    ft_ctx_params cp = {0};
+    cp.max_batch = 1; cp.max_seq = 8; cp.threads = 1; cp.external_kv = 1;
+    ft_ctx *c;
+    CHECK_OK(ft_ctx_create(g_model, &cp, &c));
+    int32_t t = 1;
+    const int32_t *tt = &t;
+    size_t one = 1;
+    int slot = 0;
+    CHECK(ft_ctx_forward(c, 1, &slot, &tt, &one, NULL, 0) == FT_ERR_INVALID_ARG);
+    CHECK(ft_ctx_kv_bytes(c) == 0);
+    CHECK(ft_ctx_kv(c, 0, 0, NULL, NULL, NULL, NULL) == FT_ERR_UNSUPPORTED);
+    ft_ctx_free(c);
+}
 
 TEST(disk_tier_reused_on_second_start)
 {
