@@ -85,6 +85,7 @@ typedef struct ft_cost_inputs {
     uint32_t weight_bytes_per_param; /* as stored before compression, e.g. 2 (bf16) */
     uint32_t compute_bytes_per_param; /* as computed with, e.g. 4 (f32 on CPU) */
     uint64_t kv_bytes_per_token;   /* per layer per sequence, uncompressed (K+V) */
+    uint32_t kv_group;             /* q8/q4 cache group along head_dim (0 = 64) */
     uint32_t hidden;
     /* run */
     uint32_t prompt_len, gen_len;
@@ -130,12 +131,15 @@ typedef struct ft_cost_estimate {
 void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
 
 /* Search placements (weights in 10% steps, cache in 25% steps over the
- * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only),
+ * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only; the
+ * cache offloader supports device, host and disk),
  * batch configurations with gbs*ngb <= max_batch (or == max_batch when
  * fixed_batch) and the allowed weight/cache codecs (bit masks of
  * 1u << ft_codec_id; 0 = RAW only) for the feasible policy with the
  * highest predicted decode throughput. `base` provides remotes/disk_uri;
  * tiers without a store are not used. FT_ERR_NO_SPACE if nothing fits. */
+/* The tiers the KV cache offloader supports, for ft_plan's cache_tiers. */
+#define FT_CACHE_TIERS ((1u << FT_TIER_DEVICE) | (1u << FT_TIER_HOST) | (1u << FT_TIER_DISK))
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
                   int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
                   unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);

@@ -19,12 +19,13 @@ static const char plan_usage[] =
     "                     [--disk-mem SIZE] [--remote ucx://H:P[,..]] [--remote-mem SIZE]\n"
     "                     [--batch N] [--fixed-batch] [--prompt-len N] [--gen-len N]\n"
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
-    "                     [--policy SPEC] [--threads N] [--json]\n"
+    "                     [--cache-codecs none,q8,q4] [--policy SPEC] [--threads N] [--json]\n"
     "\n"
     "Measures compute (GEMM flop/s), memory bandwidth, codec ratio and decode speed\n"
     "(on synthetic weights) and, when a memory node is given, its link; then searches\n"
     "placements of the weights over device/host/disk/remote (10% steps), batch\n"
-    "configurations and weight codecs with the FlexGen-style cost model, and prints\n"
+    "configurations, weight codecs, and KV cache placements (device/host/disk, 25%\n"
+    "steps) and codecs with the FlexGen-style cost model, and prints\n"
     "the policy with the highest predicted decode throughput. RATE: e.g. 1gbit,\n"
     "125M (bytes/s), 10gbit; a given rate replaces the measurement. The device\n"
     "memory is the budget for decoded weights, cache and activations. With --policy\n"
@@ -310,6 +311,25 @@ ft_status ft_cli_plan_measure(const char *dir, ft_cost_inputs *in, const ft_poli
                    (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q8) | (1u << FT_CODEC_Q4), 0);
 }
 
+/* "none,bp,q4" -> a mask of 1u << ft_codec_id; cache lists allow none/q8/q4. */
+static int parse_codec_list(const char *spec, int cache, unsigned *mask)
+{
+    char *list = strdup(spec), *save = NULL;
+    if (!list) return -1;
+    *mask = 0;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        ft_codec_id id, e;
+        if (ft_codec_parse(t, &id, &e) ||
+            (id != FT_CODEC_RAW && id != FT_CODEC_Q8 && id != FT_CODEC_Q4 && (cache || id != FT_CODEC_BYTEPLANE))) {
+            free(list);
+            return -1;
+        }
+        *mask |= 1u << id;
+    }
+    free(list);
+    return *mask ? 0 : -1;
+}
+
 int ft_cmd_plan(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -321,8 +341,9 @@ int ft_cmd_plan(int argc, char **argv)
         {"gen-len", required_argument, 0, 'g'}, {"link-bw", required_argument, 0, 'l'},
         {"codecs", required_argument, 0, 'c'}, {"threads", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"policy", required_argument, 0, 'P'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"cache-codecs", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *model = NULL, *links = NULL, *codecs = "none,bp,q8,q4", *given_policy = NULL;
+    const char *cache_codecs = "none,q8,q4";
     uint64_t dev = 0, host = UINT64_MAX, disk = UINT64_MAX, remote = UINT64_MAX;
     long batch = 1, plen = 128, glen = 32, threads = 0;
     int fixed = 0, json = 0, have_dev = 0;
@@ -359,6 +380,7 @@ int ft_cmd_plan(int argc, char **argv)
         case 'g': st = ft_cli_parse_int(optarg, 1, 1 << 20, &glen); break;
         case 'l': links = optarg; break;
         case 'c': codecs = optarg; break;
+        case 'C': cache_codecs = optarg; break;
         case 'T': st = ft_cli_parse_int(optarg, 0, 1024, &threads); break;
         case 'j': json = 1; break;
         case 'P': given_policy = optarg; break;
@@ -369,20 +391,11 @@ int ft_cmd_plan(int argc, char **argv)
     }
     if (!model || !have_dev) return ft_cli_usage_error(plan_usage, "plan needs --model and --device-mem");
     if (optind != argc) return ft_cli_usage_error(plan_usage, "unexpected argument '%s'", argv[optind]);
-    unsigned wmask = 0;
-    {
-        char *list = strdup(codecs), *save = NULL;
-        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            ft_codec_id id, e;
-            if (ft_codec_parse(t, &id, &e) || (id != FT_CODEC_RAW && id != FT_CODEC_BYTEPLANE &&
-                                               id != FT_CODEC_Q8 && id != FT_CODEC_Q4)) {
-                free(list);
-                return ft_cli_usage_error(plan_usage, "--codecs: '%s' is not none, bp, q8 or q4", t);
-            }
-            wmask |= 1u << id;
-        }
-        free(list);
-    }
+    unsigned wmask = 0, cmask = 0;
+    if (parse_codec_list(codecs, 0, &wmask))
+        return ft_cli_usage_error(plan_usage, "--codecs: '%s': each is none, bp, q8 or q4", codecs);
+    if (parse_codec_list(cache_codecs, 1, &cmask))
+        return ft_cli_usage_error(plan_usage, "--cache-codecs: '%s': each is none, q8 or q4", cache_codecs);
     ft_cost_inputs in;
     memset(&in, 0, sizeof in);
     ft_status st = ft_cli_cost_model_inputs(model, &in);
@@ -408,7 +421,7 @@ int ft_cmd_plan(int argc, char **argv)
     in.cap[FT_TIER_DISK] = disk;
     in.cap[FT_TIER_REMOTE] = remote;
     if ((st = measure(model, &in, &base, dev, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, (unsigned)threads,
-                      given, wmask, json)))
+                      given, wmask | cmask, json)))
         return ft_cli_fail("plan", st);
     if (!host) in.cap[FT_TIER_HOST] = 0;
     ft_policy best;
@@ -421,7 +434,7 @@ int ft_cmd_plan(int argc, char **argv)
             return ft_cli_usage_error(plan_usage, "--policy: %s", ft_last_error());
         ft_cost_predict(&in, &best, &e);
         if (!e.feasible && !json) fprintf(stderr, "plan: warning: the policy exceeds a tier's memory\n");
-    } else if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, 0, 1u << FT_TIER_DEVICE, &best, &e))) {
+    } else if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, cmask, FT_CACHE_TIERS, &best, &e))) {
         return ft_cli_fail("plan", st);
     }
     char pol[256];

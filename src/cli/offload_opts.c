@@ -128,7 +128,9 @@ ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params
         ft_cost_estimate e;
         unsigned codecs = o->codec_given ? 1u << o->p.policy.compress_weights
                                          : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q4);
-        if ((st = ft_plan(&in, &o->p.policy, batch ? batch : 1, 1, codecs, 0, 1u << FT_TIER_DEVICE, &best, &e)))
+        unsigned ccodecs = o->cache_codec_given ? 1u << o->p.policy.compress_cache
+                                                : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4);
+        if ((st = ft_plan(&in, &o->p.policy, batch ? batch : 1, 1, codecs, ccodecs, FT_CACHE_TIERS, &best, &e)))
             return st;
         o->p.policy = best;
         o->predicted_tps = e.decode_tps;

@@ -21,6 +21,16 @@ static double codec_ratio(const ft_cost_inputs *in, ft_codec_id c)
     return r > 0 ? r : 1.0;
 }
 
+/* The KV cache is stored as f32 rows or q8/q4 groups of kv_group values
+ * along head_dim, each with 4 bytes of fp16 min and step (ft_qrow_*). */
+static double cache_ratio(const ft_cost_inputs *in, ft_codec_id c)
+{
+    double g = in->kv_group ? in->kv_group : 64;
+    if (c == FT_CODEC_Q4) return 32.0 / (4.0 + 32.0 / g);
+    if (c == FT_CODEC_Q8) return 32.0 / (8.0 + 32.0 / g);
+    return 1.0;
+}
+
 static double codec_decode_bw(const ft_cost_inputs *in, ft_codec_id c)
 {
     double d = in->decode_bw[c];
@@ -47,7 +57,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     const double s_avg = in->prompt_len + 0.5 * in->gen_len;
     const double s_max = (double)in->prompt_len + in->gen_len;
     const double kv = (double)in->kv_bytes_per_token;
-    const double rw = codec_ratio(in, p->compress_weights), rc = codec_ratio(in, p->compress_cache);
+    const double rw = codec_ratio(in, p->compress_weights), rc = cache_ratio(in, p->compress_cache);
     const double dw = codec_decode_bw(in, p->compress_weights), dc = codec_decode_bw(in, p->compress_cache);
     double w[FT_TIER_COUNT], c[FT_TIER_COUNT];
     for (int t = 0; t < FT_TIER_COUNT; t++) { w[t] = p->w_pct[t] / 100.0; c[t] = p->c_pct[t] / 100.0; }
@@ -129,8 +139,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * streamed ones (double buffering), the device share of the cache and
      * the activations; other tiers hold encoded bytes. */
     double cache_total = L * B * s_max * kv;
-    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * Wc * w[0] + 2.0 * Wc * (1.0 - w[0]) +
-                                          cache_total * c[0] + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
+    /* The off-device cache passes through two staging buffers of one layer
+     * (f32) on the device. */
+    double staging = 2.0 * B * (1.0 - c[0]) * s_max * kv;
+    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * Wc * w[0] + 2.0 * Wc * (1.0 - w[0]) + cache_total * c[0] +
+                                          staging + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
         out->mem[t] = (uint64_t)(L * W * w[t] / rw + cache_total * c[t] / rc);
     out->feasible = 1;
@@ -166,7 +179,7 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
     if (!in || !base || !best || max_batch < 1 || in->n_layers == 0) return FT_ERR_INVALID_ARG;
     int usable[FT_TIER_COUNT] = {1, in->cap[FT_TIER_HOST] > 0, base->disk_uri[0] && in->cap[FT_TIER_DISK] > 0,
                                  base->n_remotes > 0 && in->cap[FT_TIER_REMOTE] > 0};
-    static pct wv[300], cv[300];
+    pct wv[300], cv[300];
     int cache_usable[FT_TIER_COUNT];
     if (!cache_tiers) cache_tiers = 1u << FT_TIER_DEVICE;
     for (int t = 0; t < FT_TIER_COUNT; t++) cache_usable[t] = usable[t] && (cache_tiers & (1u << t));

@@ -425,6 +425,47 @@ TEST(planner_memory_matches_scheduler)
         double sched = (double)(s.resident_bytes + s.slot_bytes), model = (double)e.mem[FT_TIER_DEVICE];
         CHECK_MSG(fabs(model - sched) <= 0.02 * sched, "%s: planner %.0f vs scheduler %.0f bytes", specs[k], model, sched);
     }
+    /* The cache: device share + staging, and the host tier's encoded rows. */
+    static const char *cspecs[] = {"c=100,0 cc=q4", "c=50,50 cc=q4", "c=0,100", "c=25,75 cc=q8"};
+    for (size_t k = 0; k < sizeof cspecs / sizeof cspecs[0]; k++) {
+        ft_kv_offload_params kp;
+        ft_kv_offload_default_params(&kp);
+        CHECK_OK(ft_policy_parse(cspecs[k], &kp.policy));
+        kp.max_batch = 8;
+        kp.max_seq = 40;
+        kp.group_size = 16;
+        ft_kv_offload *kv;
+        CHECK_OK(ft_kv_offload_create(g_model, &kp, &kv));
+        ft_kv_offload_stats ks;
+        ft_kv_offload_get_stats(kv, &ks);
+        ft_kv_offload_free(kv);
+        ft_cost_inputs in;
+        memset(&in, 0, sizeof in);
+        CHECK_OK(ft_cost_inputs_from_model(g_model, &in));
+        in.kv_group = 16;
+        in.prompt_len = 32; in.gen_len = 8;
+        in.flops = 1e10; in.mem_bw = 1e10;
+        for (int t = 0; t < FT_TIER_COUNT; t++) { in.bw[t] = 1e9; in.cap[t] = UINT64_MAX; }
+        ft_policy pol = kp.policy;
+        pol.gpu_batch_size = 8;
+        ft_cost_estimate e0, e;
+        ft_policy p0 = pol;
+        memcpy(p0.c_pct, (float[4]){100, 0, 0, 0}, sizeof p0.c_pct);
+        in.prompt_len = 0; in.gen_len = 0;   /* weights + activations only */
+        ft_cost_predict(&in, &p0, &e0);
+        in.prompt_len = 32; in.gen_len = 8;
+        ft_cost_predict(&in, &p0, &e);
+        uint64_t act = e.mem[FT_TIER_DEVICE] - e0.mem[FT_TIER_DEVICE];   /* all-device cache + activations */
+        ft_cost_predict(&in, &pol, &e);
+        double planned = (double)e.mem[FT_TIER_DEVICE] - (double)e0.mem[FT_TIER_DEVICE]
+                       - ((double)act - 4.0 * 8 * 40 * (double)in.kv_bytes_per_token);   /* minus activations */
+        double real = (double)(ks.resident_bytes + ks.staging_bytes);
+        CHECK_MSG(fabs(planned - real) <= 0.02 * real, "%s: planner %.0f vs offloader %.0f device bytes", cspecs[k],
+                  planned, real);
+        CHECK_MSG(fabs((double)e.mem[FT_TIER_HOST] - (double)ks.tier_bytes[FT_TIER_HOST]) <= 0.02 * (double)ks.tier_bytes[FT_TIER_HOST] + 1,
+                  "%s: planner %llu vs offloader %llu host bytes", cspecs[k], (unsigned long long)e.mem[FT_TIER_HOST],
+                  (unsigned long long)ks.tier_bytes[FT_TIER_HOST]);
+    }
 }
 
 TEST(cleanup)

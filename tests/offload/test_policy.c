@@ -148,3 +148,36 @@ TEST(planner_respects_capacity_and_prefers_compression_when_link_bound)
     CHECK_OK(ft_plan(&in, &base, 8, 1, 1u << FT_CODEC_Q4, 0, 0, &b8, &e8));
     CHECK(b8.gpu_batch_size * b8.num_gpu_batches == 8 && e8.decode_tps > 4 * eq.decode_tps);
 }
+
+/* A cache that does not fit the device goes to the host, compressed when
+ * the host link is the bottleneck; the cache's memory per tier follows the
+ * row format (f32 rows, or q4 groups of 64 with 4 bytes of parameters). */
+TEST(planner_offloads_the_cache_when_it_does_not_fit)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.n_layers = 4;
+    in.layer_params = 8u << 20;
+    in.prompt_len = 1024;
+    in.gen_len = 128;
+    ft_policy base, best;
+    ft_policy_default(&base);
+    ft_cost_estimate e;
+    /* batch 32: cache 4 x 32 x 1152 x 32 KiB = 4.5 GiB f32; weights 128 MiB f32 */
+    double cache = 4.0 * 32 * 1152 * (double)in.kv_bytes_per_token;
+    /* 4 GiB: the device holds part of the cache plus two staging buffers
+     * of one layer (2 x 1.1 GiB when all of it streams) */
+    in.cap[FT_TIER_DEVICE] = 4ull << 30;
+    CHECK(ft_plan(&in, &base, 32, 1, 0, 0, 0, &best, &e) == FT_ERR_NO_SPACE);   /* cache on device only */
+    CHECK_OK(ft_plan(&in, &base, 32, 1, 0, 0, FT_CACHE_TIERS, &best, &e));
+    CHECK(best.c_pct[FT_TIER_DEVICE] < 100 && best.c_pct[FT_TIER_HOST] > 0 && e.feasible);
+    CHECK(e.mem[FT_TIER_DEVICE] <= in.cap[FT_TIER_DEVICE]);
+    CHECK(fabs((double)e.mem[FT_TIER_HOST] - cache * best.c_pct[FT_TIER_HOST] / 100.0) < 1e3);
+    /* with q4 allowed and a slow host link, q4 wins and holds 32/4.5 = 7.1x less */
+    in.bw[FT_TIER_HOST] = 2e9;
+    ft_policy bq;
+    ft_cost_estimate eq;
+    CHECK_OK(ft_plan(&in, &base, 32, 1, 0, (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4), FT_CACHE_TIERS, &bq, &eq));
+    CHECK(bq.compress_cache == FT_CODEC_Q4 && bq.c_pct[FT_TIER_HOST] > 0);
+    CHECK(fabs((double)eq.mem[FT_TIER_HOST] - cache * bq.c_pct[FT_TIER_HOST] / 100.0 / (32.0 / 4.5)) < 1e3);
+}
