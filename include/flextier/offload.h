@@ -132,14 +132,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
 
 /* Search placements (weights in 10% steps, cache in 25% steps over the
  * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only; the
- * cache offloader supports device, host and disk),
+ * cache offloader supports all four: FT_CACHE_TIERS),
  * batch configurations with gbs*ngb <= max_batch (or == max_batch when
  * fixed_batch) and the allowed weight/cache codecs (bit masks of
  * 1u << ft_codec_id; 0 = RAW only) for the feasible policy with the
  * highest predicted decode throughput. `base` provides remotes/disk_uri;
  * tiers without a store are not used. FT_ERR_NO_SPACE if nothing fits. */
 /* The tiers the KV cache offloader supports, for ft_plan's cache_tiers. */
-#define FT_CACHE_TIERS ((1u << FT_TIER_DEVICE) | (1u << FT_TIER_HOST) | (1u << FT_TIER_DISK))
+#define FT_CACHE_TIERS ((1u << FT_TIER_DEVICE) | (1u << FT_TIER_HOST) | (1u << FT_TIER_DISK) | (1u << FT_TIER_REMOTE))
 ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
                   int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
                   unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
@@ -211,7 +211,9 @@ ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
  * tiers of a policy's c= shares, split by sequence slot (FlexGen's rule
  * over equal-sized sequences): device-tier slots keep their cache
  * resident; host-tier slots keep it encoded in DRAM; disk-tier slots in a
- * file in the policy's disk directory. Rows are stored as f32 (cc=none,
+ * file in the policy's disk directory; remote-tier slots on the memory
+ * nodes, in chunks of 16 tokens written once full (the chunk being filled
+ * stays in host memory), deleted when the offloader is freed. Rows are stored as f32 (cc=none,
  * lossless: outputs bit-identical to the in-memory engine) or q8/q4 groups
  * along head_dim, each token's rows quantized once when written
  * (ft_qrow_encode). An I/O thread fetches the next layer's cache while a
@@ -223,6 +225,8 @@ typedef struct ft_kv_offload_params {
     uint32_t group_size;      /* q8/q4 values per group along head_dim: 64 */
     int max_batch, max_seq;   /* the context's                             */
     uint64_t device_budget;   /* resident cache + staging; 0 = no limit    */
+    const char *token_file;   /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE) */
+    uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 16)    */
 } ft_kv_offload_params;
 
 typedef struct ft_kv_offload_stats {
@@ -232,11 +236,12 @@ typedef struct ft_kv_offload_stats {
     uint64_t tier_bytes[FT_TIER_COUNT];       /* capacity held per tier      */
     double io_busy_s, wait_s;                 /* I/O thread busy; compute waited */
     uint64_t fetches, prefetch_hits;
+    uint64_t chunks_put, chunks_read;         /* remote tier                 */
 } ft_kv_offload_stats;
 
 void ft_kv_offload_default_params(ft_kv_offload_params *p);
-/* FT_ERR_UNSUPPORTED for a cache share on the remote tier; FT_ERR_NO_SPACE
- * if the device part exceeds device_budget. */
+/* FT_ERR_NO_SPACE if the device part exceeds device_budget; store errors
+ * opening the disk file or the memory nodes. */
 ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p, ft_kv_offload **out);
 void ft_kv_offload_free(ft_kv_offload *o);
 /* The hooks to install with ft_ctx_set_kv_hooks. */

@@ -177,6 +177,7 @@ ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c,
     kp.policy = o->p.policy;
     kp.max_batch = cp->max_batch;
     kp.max_seq = cp->max_seq;
+    kp.token_file = o->p.token_file;
     if (o->p.device_budget) {   /* what the weights left of the budget */
         ft_offload_stats s;
         memset(&s, 0, sizeof s);

@@ -15,7 +15,12 @@
  * is always queued before the next fetch into it.
  *
  * Host tier: encoded rows in DRAM. Disk tier: one file in the disk
- * directory (deleted on close), rows at fixed offsets, pread/pwrite. */
+ * directory (deleted on close), rows at fixed offsets, pread/pwrite.
+ * Remote tier (memory nodes, the remote slots spread round robin): rows in
+ * chunks of chunk_tokens tokens (default 16) (K and V rows of a chunk in one tensor), put
+ * once when the chunk's last row is written; the rows of the chunk being
+ * filled stay encoded in host memory (the tail), so every row crosses
+ * the link once and a fetch reads whole chunks, all in flight at once. */
 #include "flextier/offload.h"
 #include "engine/engine_internal.h"
 
@@ -25,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { JOB_FETCH = 1, JOB_STORE = 2 };
@@ -54,6 +61,14 @@ struct ft_kv_offload {
     int fd;                       /* disk tier file, -1 none */
     char path[FT_URI_MAX + 64];
     uint8_t *scratch;             /* I/O thread: max_seq * rec */
+    /* remote tier */
+    ft_store *remote[FT_MAX_REMOTES];
+    uint8_t *tail;                /* [layer][remote slot][k|v][o->chunk][rec] */
+    uint8_t *rbuf;                /* I/O thread: chunks in flight, n_remote * max_seq * 2 * rec */
+    int *chunks_put;              /* [layer][remote slot]: highest chunk put + 1 */
+    uint64_t session;             /* key prefix: this offloader's own chunks */
+    int chunk;                    /* tokens per remote chunk */
+    uint64_t io_put, io_read;     /* I/O thread's chunk counts for the current job */
     /* buffer tags (compute thread, under mu): layer and rows per streamed
      * slot that the buffer holds once job tag_job[b] is done */
     int tag_layer[2];
@@ -162,13 +177,154 @@ static ft_status move_rows(ft_kv_offload *o, int wr, int layer, int slot, int wh
     return FT_OK;
 }
 
+/* ---------------------------------------------------------- remote tier */
+
+static size_t chunk_bytes(const ft_kv_offload *o) { return 2 * o->chunk * o->rec; }
+
+static void chunk_key(const ft_kv_offload *o, int layer, int slot, int chunk, char *key, size_t n)
+{
+    snprintf(key, n, "kvc-%016llx-l%d-s%d-c%d", (unsigned long long)o->session, layer, slot, chunk);
+}
+
+static ft_store *slot_node(const ft_kv_offload *o, int slot)
+{
+    return o->remote[(uint32_t)o->tidx[slot] % o->p.policy.n_remotes];
+}
+
+/* Row r (within its chunk: r % o->chunk) of (layer, slot, which) in the tail. */
+static uint8_t *tail_row(const ft_kv_offload *o, int layer, int slot, int which, int r)
+{
+    size_t nr = (size_t)o->n_tier[FT_TIER_REMOTE];
+    return o->tail + ((((size_t)layer * nr + (size_t)o->tidx[slot]) * 2 + (size_t)which) * o->chunk +
+                      (size_t)(r % o->chunk)) * o->rec;
+}
+
+static void decode_into(const ft_kv_offload *o, const uint8_t *src, int rows, float *dst)
+{
+    if (o->bits) decode_rows(o, src, rows, dst);
+    else memcpy(dst, src, (size_t)rows * o->rec);
+}
+
+/* Rows [0, n) of every sequence of a FETCH job on the remote tier: all
+ * whole chunks requested at once, decoded as they arrive; the rest from
+ * the tails. */
+static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
+{
+    size_t nreq = 0, cap = 0;
+    for (int i = 0; i < j->n; i++)
+        if (o->tier[j->slot[i]] == FT_TIER_REMOTE) cap += (size_t)(j->a[i] / o->chunk);
+    ft_request **req = cap ? calloc(cap, sizeof *req) : NULL;
+    ft_tensor *dst = cap ? calloc(cap, sizeof *dst) : NULL;
+    if (cap && (!req || !dst)) { free(req); free(dst); return FT_ERR_NOMEM; }
+    ft_status st = FT_OK;
+    size_t cb = chunk_bytes(o);
+    for (int i = 0; i < j->n && st == FT_OK; i++) {
+        int slot = j->slot[i];
+        if (o->tier[slot] != FT_TIER_REMOTE) continue;
+        for (int c = 0; c < j->a[i] / o->chunk && st == FT_OK; c++) {
+            char key[96];
+            chunk_key(o, j->layer, slot, c, key, sizeof key);
+            dst[nreq].dtype = FT_U8;
+            dst[nreq].data = o->rbuf + nreq * cb;
+            st = ft_read_tensor_async(slot_node(o, slot), key, &dst[nreq], cb, &req[nreq]);
+            if (st) st = ft_set_error(st, "reading %s: %s", key, ft_last_error());
+            else nreq++;
+        }
+    }
+    o->io_read += nreq;
+    size_t k = 0;
+    for (int i = 0; i < j->n; i++) {
+        int slot = j->slot[i], si = o->sidx[slot], n = j->a[i];
+        if (o->tier[slot] != FT_TIER_REMOTE || n <= 0) continue;
+        int full = n / o->chunk;
+        for (int c = 0; c < full && k < nreq; c++, k++) {
+            ft_status r = ft_request_wait(req[k], -1);
+            uint64_t ne = 0;
+            if (r == FT_OK && (ft_tensor_numel(&dst[k], &ne) || ne != cb))
+                r = ft_set_error(FT_ERR_CORRUPT, "a KV cache chunk of layer %d has %llu bytes, not %zu", j->layer,
+                                 (unsigned long long)ne, cb);
+            if (r && st == FT_OK) st = ft_set_error(r, "layer %d, slot %d, chunk %d: %s", j->layer, slot, c, ft_last_error());
+            if (st) continue;
+            const uint8_t *src = o->rbuf + k * cb;
+            for (int w = 0; w < 2; w++)
+                decode_into(o, src + (size_t)w * o->chunk * o->rec, o->chunk,
+                            stage_ptr(o, j->buf, si, w) + (size_t)c * o->chunk * o->row_f32);
+        }
+        if (st) continue;
+        for (int w = 0; w < 2; w++)
+            for (int r = full * o->chunk; r < n; r++)
+                decode_into(o, tail_row(o, j->layer, slot, w, r), 1, stage_ptr(o, j->buf, si, w) + (size_t)r * o->row_f32);
+        rd[FT_TIER_REMOTE] += (uint64_t)n;
+    }
+    for (size_t q = 0; q < nreq; q++) ft_request_free(req[q]);
+    free(req);
+    free(dst);
+    return st;
+}
+
+/* Rows [a, a + n) of one sequence: encoded into the tail; each chunk they
+ * complete is put (all puts in flight at once, waited for here). */
+static ft_status remote_store(ft_kv_offload *o, const kv_job *j, uint64_t *wr)
+{
+    size_t cb = chunk_bytes(o), nreq = 0, cap = 0;
+    for (int i = 0; i < j->n; i++)
+        if (o->tier[j->slot[i]] == FT_TIER_REMOTE) cap += (size_t)(j->b[i] / o->chunk + 1);
+    ft_request **req = cap ? calloc(cap, sizeof *req) : NULL;
+    ft_tensor *src = cap ? calloc(cap, sizeof *src) : NULL;
+    if (cap && (!req || !src)) { free(req); free(src); return FT_ERR_NOMEM; }
+    ft_status st = FT_OK;
+    for (int i = 0; i < j->n && st == FT_OK; i++) {
+        int slot = j->slot[i], si = o->sidx[slot], a = j->a[i], n = j->b[i];
+        if (o->tier[slot] != FT_TIER_REMOTE) continue;
+        for (int r = a; r < a + n && st == FT_OK; r++) {
+            for (int w = 0; w < 2 && st == FT_OK; w++) {
+                const float *f = stage_ptr(o, j->buf, si, w) + (size_t)r * o->row_f32;
+                uint8_t *t = tail_row(o, j->layer, slot, w, r);
+                if (o->bits) st = encode_rows(o, f, 1, t);
+                else memcpy(t, f, o->rec);
+            }
+            if (st || r % o->chunk != o->chunk - 1) continue;
+            /* chunk complete: K rows then V rows, contiguous in the tail */
+            int c = r / o->chunk;
+            uint8_t *buf = o->rbuf + nreq * cb;
+            memcpy(buf, tail_row(o, j->layer, slot, 0, 0), o->chunk * o->rec);
+            memcpy(buf + o->chunk * o->rec, tail_row(o, j->layer, slot, 1, 0), o->chunk * o->rec);
+            char key[96];
+            chunk_key(o, j->layer, slot, c, key, sizeof key);
+            src[nreq].dtype = FT_U8;
+            src[nreq].ndim = 1;
+            src[nreq].shape[0] = (int64_t)cb;
+            src[nreq].data = buf;
+            st = ft_write_tensor_async(slot_node(o, slot), key, &src[nreq], NULL, &req[nreq]);
+            if (st) st = ft_set_error(st, "writing %s: %s", key, ft_last_error());
+            else nreq++;
+            int *cp = &o->chunks_put[(size_t)j->layer * (size_t)o->n_tier[FT_TIER_REMOTE] + (size_t)o->tidx[slot]];
+            if (*cp < c + 1) *cp = c + 1;
+        }
+        wr[FT_TIER_REMOTE] += (uint64_t)n;
+    }
+    o->io_put += nreq;
+    for (size_t q = 0; q < nreq; q++) {
+        ft_status r = ft_request_wait(req[q], -1);
+        if (r && st == FT_OK) st = ft_set_error(r, "writing a KV cache chunk of layer %d: %s", j->layer, ft_last_error());
+        ft_request_free(req[q]);
+    }
+    free(req);
+    free(src);
+    return st;
+}
+
 static ft_status run_job(ft_kv_offload *o, const kv_job *j, uint64_t *rd, uint64_t *wr)
 {
+    if (o->n_tier[FT_TIER_REMOTE]) {
+        ft_status st = j->type == JOB_FETCH ? remote_fetch(o, j, rd) : remote_store(o, j, wr);
+        if (st) return ft_set_error(st, "KV cache on the remote tier: %s", ft_last_error());
+    }
     for (int i = 0; i < j->n; i++) {
         int slot = j->slot[i], si = o->sidx[slot];
         int r0 = j->type == JOB_FETCH ? 0 : j->a[i];
         int n = j->type == JOB_FETCH ? j->a[i] : j->b[i];
-        if (n <= 0) continue;
+        if (n <= 0 || o->tier[slot] == FT_TIER_REMOTE) continue;
         for (int w = 0; w < 2; w++) {
             float *f = stage_ptr(o, j->buf, si, w) + (size_t)r0 * o->row_f32;
             ft_status st = move_rows(o, j->type == JOB_STORE, j->layer, slot, w, r0, n, f);
@@ -205,6 +361,9 @@ static void *io_main(void *arg)
             o->st.written_stored[t] += wr[t] * 2 * o->rec;
         }
         o->st.io_busy_s += dt;
+        o->st.chunks_put += o->io_put;
+        o->st.chunks_read += o->io_read;
+        o->io_put = o->io_read = 0;
         if (j->type == JOB_FETCH) o->st.fetches++;
         if (st && !o->err) {
             o->err = st;
@@ -362,9 +521,6 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     if (st) return st;
     if (p->max_batch < 1 || p->max_seq < 1)
         return ft_set_error(FT_ERR_INVALID_ARG, "KV offload: %d sequences of %d tokens", p->max_batch, p->max_seq);
-    if (pol->c_pct[FT_TIER_REMOTE] > 0)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "KV offload: the cache on remote memory nodes is not supported "
-                            "(cache tiers: device, host, disk)");
     ft_kv_offload *o = calloc(1, sizeof *o);
     if (!o) return FT_ERR_NOMEM;
     o->p = *p;
@@ -372,6 +528,7 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     o->n_layers = m->cfg.n_layers;
     o->kvdim = m->cfg.n_kv_heads * m->cfg.head_dim;
     o->row_f32 = (size_t)o->kvdim;
+    o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 16;
     o->tag_layer[0] = o->tag_layer[1] = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
@@ -415,6 +572,9 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     o->st.staging_bytes = o->n_streamed ? 2ull * (uint64_t)o->n_streamed * row2 : 0;
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
         o->st.tier_bytes[t] = (uint64_t)o->n_layers * (uint64_t)o->n_tier[t] * 2 * (uint64_t)S * o->rec;
+    /* the remote tier holds whole chunks (the tail is host memory) */
+    o->st.tier_bytes[FT_TIER_REMOTE] = (uint64_t)o->n_layers * (uint64_t)o->n_tier[FT_TIER_REMOTE] *
+                                       ((uint64_t)S / o->chunk) * chunk_bytes(o);
     if (p->device_budget && o->st.resident_bytes + o->st.staging_bytes > p->device_budget) {
         st = ft_set_error(FT_ERR_NO_SPACE, "KV offload: the cache policy needs %.1f MiB of device memory "
                           "(%.1f resident + %.1f for two staging buffers), %.1f MiB left in the budget",
@@ -452,6 +612,10 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     if (o->n_tier[FT_TIER_DISK]) {
         const char *dir = pol->disk_uri;
         if (!strncmp(dir, "file:", 5)) dir += 5;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {   /* as the file: store does */
+            st = ft_set_error(FT_ERR_IO, "KV offload: cannot create %s: %s", dir, strerror(errno));
+            goto fail;
+        }
         snprintf(o->path, sizeof o->path, "%s/kv-cache-XXXXXX", dir);
         o->fd = mkstemp(o->path);
         if (o->fd < 0) {
@@ -465,6 +629,26 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
             goto fail;
         }
         if (o->bits && !(o->scratch = malloc(S * o->rec))) { st = FT_ERR_NOMEM; goto fail; }
+    }
+    if (o->n_tier[FT_TIER_REMOTE]) {
+        size_t nr = (size_t)o->n_tier[FT_TIER_REMOTE];
+        o->tail = malloc((size_t)o->n_layers * nr * chunk_bytes(o));
+        o->rbuf = malloc(nr * (S / o->chunk + 1) * chunk_bytes(o));
+        o->chunks_put = calloc((size_t)o->n_layers * nr, sizeof(int));
+        if (!o->tail || !o->rbuf || !o->chunks_put) { st = FT_ERR_NOMEM; goto fail; }
+        uint64_t seed = (uint64_t)(ft_now() * 1e9) ^ ((uint64_t)time(NULL) << 20) ^ ((uint64_t)getpid() << 40) ^
+                        (uint64_t)(uintptr_t)o;
+        o->session = ft_rand_u64(&seed);
+        ft_store_params sp;
+        ft_store_default_params(&sp);
+        sp.token_file = p->token_file;
+        sp.codec_threads = 1;
+        sp.queue_depth = 16;   /* small chunks: many in flight */
+        for (uint32_t r = 0; r < pol->n_remotes && r < (uint32_t)o->n_tier[FT_TIER_REMOTE]; r++)
+            if ((st = ft_store_open(pol->remotes[r], &sp, &o->remote[r]))) {
+                st = ft_set_error(st, "KV offload: cannot open %s: %s", pol->remotes[r], ft_last_error());
+                goto fail;
+            }
     }
     if (o->n_streamed) {
         if (pthread_create(&o->io, NULL, io_main, o)) {
@@ -491,6 +675,21 @@ void ft_kv_offload_free(ft_kv_offload *o)
         pthread_join(o->io, NULL);
     }
     if (o->fd >= 0) close(o->fd);
+    /* the remote chunks are this run's only: delete them (best effort) */
+    for (int l = 0; o->chunks_put && l < o->n_layers; l++)
+        for (int s = 0; s < o->p.max_batch; s++) {
+            if (o->tier[s] != FT_TIER_REMOTE) continue;
+            int n = o->chunks_put[(size_t)l * (size_t)o->n_tier[FT_TIER_REMOTE] + (size_t)o->tidx[s]];
+            for (int c = 0; c < n; c++) {
+                char key[96];
+                chunk_key(o, l, s, c, key, sizeof key);
+                ft_delete_tensor(slot_node(o, s), key);
+            }
+        }
+    for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
+    free(o->tail);
+    free(o->rbuf);
+    free(o->chunks_put);
     for (int i = 0; i < JOBQ; i++) { free(o->q[i].slot); free(o->q[i].a); free(o->q[i].b); }
     for (int b = 0; b < 2; b++) { ft_free_aligned(o->staging[b]); free(o->tag_rows[b]); }
     ft_free_aligned(o->resident);

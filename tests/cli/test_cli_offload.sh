@@ -41,9 +41,10 @@ run --policy "w=0,100 c=0,100" --compress-weights q4 --compress-cache q4 --offlo
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['offload']; \
 w = o['kv_cache']['written_stored_bytes']; assert w['host'] > 0 and w['disk'] > 0 and 0 < o['overlap_efficiency'] <= 1.0001" "$work/kj.json" \
     && ok "bench run --json carries the offload metrics" || bad "json: $(cat "$work/kj.json")"
-run --policy "c=0,0,0,100" --remote "$uri" > /dev/null 2> "$work/kr.err"; rc=$?
-[ $rc -eq 1 ] && grep -q "remote memory nodes is not supported" "$work/kr.err" && ok "KV cache on the remote tier refused" \
-    || bad "remote KV rc=$rc $(cat "$work/kr.err")"
+run --dump-logits "$work/kr.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$uri" --compress-weights bp \
+    --offload-stats > "$work/kr.txt" 2> "$work/kr.err"
+cmp -s "$work/ref.bin" "$work/kr.bin" && grep -q "KV cache remote .*wrote" "$work/kr.err" \
+    && ok "weights and KV cache on a memory node: identical logits" || bad "remote KV: $(tail -3 "$work/kr.err")"
 run --compress-cache q4 > /dev/null 2>&1; [ $? -eq 1 ] && ok "--compress-cache without --policy refused" || bad "cc without policy"
 run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
