@@ -4,19 +4,23 @@
 #   (a) everything in memory            (b) weights on local SSD (file:)
 #   (c) weights on a memory node over loopback
 #   (d) (c) over the 1 Gbit/s lab link  (e) (d) with q4 weights
-#   (f) (d) with byte-plane weights     (g) KV cache offloaded with q4
+#   (f) (d) with byte-plane weights
+#   (g) KV cache offloaded to the lab node, none vs q4 (weights on the
+#       device; a longer prompt, so that the cache is what moves)
 # Each row: decode tok/s, overlap efficiency, and the planner's prediction
 # for that policy (flextier plan --policy), and their ratio.
 #   scripts/bench-offload.sh [-b BUILD] [-m MODEL_DIR] [--batch N] [--gen N] [--rate 1gbit]
+#                            [--cache-prompt N (row g, default 256)]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-BUILD=build; MODEL=""; BATCH=8; PROMPT=32; GEN=8; RATE=1gbit; THREADS=1
+BUILD=build; MODEL=""; BATCH=8; PROMPT=32; GEN=8; RATE=1gbit; THREADS=1; GPROMPT=256
 while [ $# -gt 0 ]; do
     case "$1" in
     -b) BUILD=$2; shift 2 ;;
     -m) MODEL=$2; shift 2 ;;
     --batch) BATCH=$2; shift 2 ;;
     --gen) GEN=$2; shift 2 ;;
+    --cache-prompt) GPROMPT=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "bench-offload.sh: unknown option $1" >&2; exit 2 ;;
@@ -52,7 +56,7 @@ row() {   # name policy-text predict-args plan-prefix -- bench command...
     local out; out=$("$@" 2>&1) || { echo "| $name | $ptext | failed: $(echo "$out" | tail -1) | | | |"; return; }
     local dec eff pred
     dec=$(echo "$out" | awk '/^  decode/ {print $4}')
-    eff=$(echo "$out" | sed -n 's/.*overlap efficiency \([0-9]*\)%.*/\1/p')
+    eff=$(echo "$out" | sed -n 's/.*overlap efficiency \([0-9]*\)%.*/\1/p' | head -1)   # the decode phase's
     pred=""
     if [ -n "$pargs" ]; then
         pred=$(eval "$pre $FT plan --model $MODEL --device-mem $DEV --threads $THREADS --batch $BATCH --prompt-len $PROMPT --gen-len $GEN $pargs --json" 2>/dev/null |
@@ -65,7 +69,7 @@ row() {   # name policy-text predict-args plan-prefix -- bench command...
 
 echo "model: $(python3 -c "import json;c=json.load(open('$MODEL/config.json'));print(c['model_type'], c['num_hidden_layers'],'layers, hidden', c['hidden_size'])"), batch $BATCH, prompt $PROMPT, gen $GEN, $THREADS compute thread(s); $(date -u +%F)"
 echo
-echo "| row | placement | decode tok/s | overlap efficiency | predicted tok/s | predicted / measured |"
+echo "| row | placement | decode tok/s | overlap efficiency (decode) | predicted tok/s | predicted / measured |"
 echo "|---|---|---|---|---|---|"
 row "(a) in memory" "w=100,0,0,0" "--policy w=100,0,0,0" "" -- "$FT" "${common[@]}"
 mkdir -p "$work/disk"
@@ -98,6 +102,14 @@ if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
              --batch "$BATCH" --fixed-batch --prompt-len "$PROMPT" --gen-len "$GEN" --threads "$THREADS" \
              --codecs none,bp,q4 --json 2>/dev/null)
     cpol=$(echo "$choice" | python3 -c 'import json,sys; print(json.load(sys.stdin)["policy"])' 2>/dev/null || true)
+    # (g) the KV cache on the node, weights on the device: at prompt
+    # $GPROMPT the cache of a layer is ~8 MiB of f32 rows per step
+    for cc in none q4; do
+        row "(g) KV cache on the node, cc=$cc, prompt $GPROMPT" "w=100,0 c=0,0,0,100 cc=$cc" \
+            "--policy 'w=100,0 c=0,0,0,100 cc=$cc' --remote $R --prompt-len $GPROMPT" lab_cli -- \
+            lab_cli "$FT" bench run --model "$MODEL" --batch "$BATCH" --prompt-len "$GPROMPT" --gen-len "$GEN" \
+            --threads "$THREADS" --policy "w=100,0 c=0,0,0,100" --compress-cache $cc --remote "$R" --device-mem $DEV
+    done
     if [ -n "$cpol" ]; then
         cw=$(echo "$cpol" | sed -n 's/.* cw=\([a-z0-9]*\).*/\1/p')
         wp=$(echo "$cpol" | sed -n 's/^w=\([0-9,]*\) .*/\1/p')
@@ -107,4 +119,3 @@ if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
 else
     echo "| (d)-(f) lab link | | needs root and network namespaces | | | |"
 fi
-echo "| (g) KV cache offloaded, q4 | c=0,100 cc=q4 | not implemented yet | | | |"

@@ -252,7 +252,8 @@ int ft_bench_run(int argc, char **argv)
         op[j] = outs + j * glen;
         pl[j] = (size_t)plen;
     }
-    ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
+    ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1, .on_token = ft_cli_offload_on_token,
+                        .user = &off};
     ft_gen_stats gs;
     if ((st = ft_generate(c, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
     double pre_tps = gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0;
@@ -273,7 +274,7 @@ int ft_bench_run(int argc, char **argv)
                gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss);
         if (off.enabled) {
             printf(",\"offload\":");
-            ft_cli_offload_report_json(&off, gs.prefill_s + gs.decode_s, stdout);
+            ft_cli_offload_report_json(&off, gs.prefill_s, gs.decode_s, stdout);
         }
         printf("}\n");
     } else {
@@ -290,7 +291,7 @@ int ft_bench_run(int argc, char **argv)
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
         printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
                b1, b2, b3, rss / wbytes);
-        ft_cli_offload_report(&off, gs.prefill_s + gs.decode_s, stdout);
+        ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
     }
     rc = FT_EXIT_OK;
 done:
@@ -321,6 +322,7 @@ typedef struct {
     const char *stop;
     int stream;             /* single prompt: print as we go */
     ft_status err;
+    ft_cli_offload *off;    /* marked when decoding begins */
 } run_state;
 
 static int text_append(run_state *s, size_t j, const char *b, size_t n)
@@ -366,6 +368,7 @@ static int text_check(run_state *s, size_t j, int final)
 static int on_token(void *user, size_t j, int32_t tok)
 {
     run_state *s = user;
+    if (s->off) ft_cli_offload_mark(s->off);
     char buf[256];
     size_t w = 0;
     ft_status st = ft_detok_push(s->dt[j], tok, buf, sizeof buf, &w);
@@ -565,6 +568,7 @@ int ft_cmd_run(int argc, char **argv)
     if (rep >= 0) gp.sampling.repetition_penalty = (float)rep;
     gp.sampling.seed = have_seed ? (uint64_t)seed : (uint64_t)(ft_now() * 1e6);
     rs.tok = tok;
+    rs.off = &off;
     rs.stop = stop;
     rs.stream = np == 1;
     if (rs.stream) { fputs(lines[0], stdout); fflush(stdout); }
@@ -589,7 +593,7 @@ int ft_cmd_run(int argc, char **argv)
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
             np, gen);
-    ft_cli_offload_report(&off, gs.prefill_s + gs.decode_s, stderr);
+    ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stderr);
     rc = FT_EXIT_OK;
 done:
     for (size_t j = 0; j < np; j++) {

@@ -193,35 +193,66 @@ ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c,
     return FT_OK;
 }
 
+void ft_cli_offload_mark(ft_cli_offload *o)
+{
+    if (o->marked) return;
+    if (o->o) ft_offload_get_stats(o->o, &o->mark_w);
+    if (o->kv) ft_kv_offload_get_stats(o->kv, &o->mark_kv);
+    o->marked = 1;
+}
+
+int ft_cli_offload_on_token(void *user, size_t seq, int32_t token)
+{
+    (void)seq;
+    (void)token;
+    ft_cli_offload_mark(user);
+    return 0;
+}
+
+/* Three resources run side by side: compute (wall time minus the time it
+ * waited on either I/O thread), the weight I/O thread and the cache I/O
+ * thread. The roofline is the busiest one; efficiency = roofline / wall. */
+typedef struct { double compute_s, roof_s, eff, wall_s; } phase_eff;
+
+static phase_eff efficiency(double wall_s, double w_io, double w_wait, double kv_io, double kv_wait)
+{
+    phase_eff e = {wall_s - w_wait - kv_wait, 0, 0, wall_s};
+    e.roof_s = e.compute_s;
+    if (w_io > e.roof_s) e.roof_s = w_io;
+    if (kv_io > e.roof_s) e.roof_s = kv_io;
+    e.eff = wall_s > 0 ? e.roof_s / wall_s : 0;
+    return e;
+}
+
 /* Everything the reports print. */
 typedef struct {
     ft_offload_stats w;
     ft_kv_offload_stats kv;
-    double compute_s, roof_s, eff;
+    phase_eff all, prefill, decode;   /* prefill/decode: when marked */
 } report_data;
 
-static void gather(const ft_cli_offload *o, double wall_s, report_data *d)
+static void gather(const ft_cli_offload *o, double prefill_s, double decode_s, report_data *d)
 {
     memset(d, 0, sizeof *d);
     if (o->o) ft_offload_get_stats(o->o, &d->w);
     if (o->kv) ft_kv_offload_get_stats(o->kv, &d->kv);
-    /* Three resources run side by side: compute (wall time minus the time
-     * it waited on either I/O thread), the weight I/O thread, the cache
-     * I/O thread. The roofline is the busiest one. */
-    d->compute_s = wall_s - d->w.wait_s - d->kv.wait_s;
-    d->roof_s = d->compute_s;
-    if (d->w.io_busy_s > d->roof_s) d->roof_s = d->w.io_busy_s;
-    if (d->kv.io_busy_s > d->roof_s) d->roof_s = d->kv.io_busy_s;
-    d->eff = wall_s > 0 ? d->roof_s / wall_s : 0;
+    d->all = efficiency(prefill_s + decode_s, d->w.io_busy_s, d->w.wait_s, d->kv.io_busy_s, d->kv.wait_s);
+    if (o->marked) {
+        const ft_offload_stats *a = &o->mark_w;
+        const ft_kv_offload_stats *b = &o->mark_kv;
+        d->prefill = efficiency(prefill_s, a->io_busy_s, a->wait_s, b->io_busy_s, b->wait_s);
+        d->decode = efficiency(decode_s, d->w.io_busy_s - a->io_busy_s, d->w.wait_s - a->wait_s,
+                               d->kv.io_busy_s - b->io_busy_s, d->kv.wait_s - b->wait_s);
+    }
 }
 
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
-void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f)
+void ft_cli_offload_report(const ft_cli_offload *o, double prefill_s, double decode_s, FILE *f)
 {
     if ((!o->o && !o->kv) || !o->stats) return;
     report_data d;
-    gather(o, wall_s, &d);
+    gather(o, prefill_s, decode_s, &d);
     const ft_offload_stats *s = &d.w;
     if (o->o) {
         fprintf(f, "offload: resident %.1f MiB, slots %.1f MiB; first start uploaded %.1f MiB, reused %.1f MiB\n",
@@ -246,10 +277,17 @@ void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f)
                         mib(k->written_stored[t]),
                         k->written_stored[t] ? (double)k->written_logical[t] / (double)k->written_stored[t] : 0.0);
     }
-    fprintf(f, "offload: %llu layer fetches, I/O busy %.3f s, compute waited %.3f s of %.3f s; "
+    /* The decode phase first: the benchmark tables report decode tok/s. */
+    if (o->marked)
+        fprintf(f, "offload: decode: I/O busy %.3f s, compute waited %.3f s of %.3f s; overlap efficiency %.0f%% "
+                   "(slowest resource busy %.3f s); prefill: %.0f%% of %.3f s\n",
+                d.w.io_busy_s - o->mark_w.io_busy_s + d.kv.io_busy_s - o->mark_kv.io_busy_s,
+                d.w.wait_s - o->mark_w.wait_s + d.kv.wait_s - o->mark_kv.wait_s, decode_s, 100.0 * d.decode.eff,
+                d.decode.roof_s, 100.0 * d.prefill.eff, prefill_s);
+    fprintf(f, "offload: whole run: %llu layer fetches, I/O busy %.3f s, compute waited %.3f s of %.3f s; "
                "overlap efficiency %.0f%% (slowest resource busy %.3f s)\n",
             (unsigned long long)s->layers_fetched, s->io_busy_s + d.kv.io_busy_s, s->wait_s + d.kv.wait_s,
-            wall_s, 100.0 * d.eff, d.roof_s);
+            d.all.wall_s, 100.0 * d.all.eff, d.all.roof_s);
 }
 
 static void json_tiers(FILE *f, const char *name, const uint64_t *v)
@@ -260,10 +298,10 @@ static void json_tiers(FILE *f, const char *name, const uint64_t *v)
     fputc('}', f);
 }
 
-void ft_cli_offload_report_json(const ft_cli_offload *o, double wall_s, FILE *f)
+void ft_cli_offload_report_json(const ft_cli_offload *o, double prefill_s, double decode_s, FILE *f)
 {
     report_data d;
-    gather(o, wall_s, &d);
+    gather(o, prefill_s, decode_s, &d);
     char pol[256];
     ft_policy_format(&o->p.policy, pol, sizeof pol);
     fprintf(f, "{\"policy\":\"%s\",", pol);
@@ -289,7 +327,12 @@ void ft_cli_offload_report_json(const ft_cli_offload *o, double wall_s, FILE *f)
     json_tiers(f, "written_logical_bytes", d.kv.written_logical);
     fputc(',', f);
     json_tiers(f, "written_stored_bytes", d.kv.written_stored);
-    fprintf(f, "},\"compute_s\":%.4f,\"roofline_s\":%.4f,\"overlap_efficiency\":%.4f}", d.compute_s, d.roof_s, d.eff);
+    fprintf(f, "},\"compute_s\":%.4f,\"roofline_s\":%.4f,\"overlap_efficiency\":%.4f", d.all.compute_s,
+            d.all.roof_s, d.all.eff);
+    if (o->marked)
+        fprintf(f, ",\"prefill_overlap_efficiency\":%.4f,\"decode_overlap_efficiency\":%.4f", d.prefill.eff,
+                d.decode.eff);
+    fputc('}', f);
 }
 
 void ft_cli_offload_free(ft_cli_offload *o)

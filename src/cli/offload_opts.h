@@ -11,6 +11,9 @@ typedef struct ft_cli_offload {
     ft_offload_params p;
     ft_offload *o;
     ft_kv_offload *kv;         /* the KV cache offloaded (c= not all device) */
+    int marked;                /* stats snapshot taken when decoding began */
+    ft_offload_stats mark_w;
+    ft_kv_offload_stats mark_kv;
 } ft_cli_offload;
 
 extern const char ft_cli_offload_usage[];
@@ -27,9 +30,14 @@ void ft_cli_offload_ctx_params(const ft_cli_offload *o, ft_ctx_params *cp);
 /* Install the weight scheduler and the KV cache offloader on a context
  * created with those parameters. */
 ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c, const ft_ctx_params *cp);
-void ft_cli_offload_report(const ft_cli_offload *o, double wall_s, FILE *f);
+/* Snapshot the counters when decoding begins (the first on_token call):
+ * the overlap efficiency is then reported per phase. */
+void ft_cli_offload_mark(ft_cli_offload *o);
+/* An ft_token_cb that only marks (user: the ft_cli_offload). */
+int ft_cli_offload_on_token(void *user, size_t seq, int32_t token);
+void ft_cli_offload_report(const ft_cli_offload *o, double prefill_s, double decode_s, FILE *f);
 /* The same metrics as a JSON object (no newline). */
-void ft_cli_offload_report_json(const ft_cli_offload *o, double wall_s, FILE *f);
+void ft_cli_offload_report_json(const ft_cli_offload *o, double prefill_s, double decode_s, FILE *f);
 void ft_cli_offload_free(ft_cli_offload *o);
 
 /* cmd_plan.c */

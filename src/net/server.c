@@ -42,9 +42,8 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
-ft_status ft_net_resolve(const char *hostport, int passive,
-                         struct sockaddr_storage *addr, socklen_t *alen);
-ft_status ft_net_read_token(const char *path, char *buf, size_t cap, size_t *len);
+#include "net.h"
+
 
 #define ALIGN 256u
 #define BUCKETS 4096u
@@ -917,25 +916,7 @@ ft_status ft_node_run(const ft_node_params *params)
      * connections sit in TIME_WAIT (the user's environment still wins). */
     setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
-    ucp_config_t *cfg = NULL;
-    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
-    if (s == UCS_OK) {
-        ucp_params_t up;
-        memset(&up, 0, sizeof up);
-        up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-        up.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-        up.name = "flextier-serve";
-        s = ucp_init(&up, cfg, &S->ctx);
-        ucp_config_release(cfg);
-    }
-    if (s == UCS_OK) {
-        ucp_worker_params_t wp;
-        memset(&wp, 0, sizeof wp);
-        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-        s = ucp_worker_create(S->ctx, &wp, &S->w);
-    }
-    if (s == UCS_OK) s = ucp_worker_get_efd(S->w, &S->efd);
+    ucs_status_t s = ft_net_ucp_open("flextier-serve", &S->ctx, &S->w, &S->efd);
     if (s == UCS_OK) {
         /* register the whole pool once: registration is slow */
         ucp_mem_map_params_t mp;

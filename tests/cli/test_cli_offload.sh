@@ -39,7 +39,7 @@ run --policy "w=0,100 c=0,100" --compress-weights q4 --compress-cache q4 --offlo
 "$bin" bench run --model "$work/m" --batch 2 --prompt-len 4 --gen-len 4 --threads 1 --json \
     --policy "w=0,100 c=0,50,50" --disk-dir "$work/disk" --compress-cache q8 > "$work/kj.json" 2>/dev/null
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['offload']; \
-w = o['kv_cache']['written_stored_bytes']; assert w['host'] > 0 and w['disk'] > 0 and 0 < o['overlap_efficiency'] <= 1.0001" "$work/kj.json" \
+w = o['kv_cache']['written_stored_bytes']; assert w['host'] > 0 and w['disk'] > 0 and 0 < o['overlap_efficiency'] <= 1.0001 and 0 < o['decode_overlap_efficiency'] <= 1.0001" "$work/kj.json" \
     && ok "bench run --json carries the offload metrics" || bad "json: $(cat "$work/kj.json")"
 run --dump-logits "$work/kr.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$uri" --compress-weights bp \
     --offload-stats > "$work/kr.txt" 2> "$work/kr.err"
