@@ -265,6 +265,9 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     if (!m || !model_dir || !p || !out) return FT_ERR_INVALID_ARG;
     ft_status st = ft_policy_validate(&p->policy);
     if (st) return st;
+    if (p->policy.a_pct[FT_TIER_DEVICE] != 100.0f)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "offload: activations must stay on the device (a=100,0,0,0): "
+                            "the engine keeps each step's hidden states in its working set");
     ft_offload *o = calloc(1, sizeof *o);
     if (!o) return FT_ERR_NOMEM;
     o->m = m;
