@@ -94,6 +94,10 @@ typedef struct ft_cost_inputs {
     double mem_bw;                 /* device memory bandwidth (weights read per step) */
     double bw[FT_TIER_COUNT];      /* tier -> device link; bw[DEVICE] unused */
     uint32_t n_remotes;            /* remote links add up (one per node)  */
+    uint32_t remote_local;         /* the nodes run on this machine: their
+                                      transfers are memory copies by the I/O
+                                      workers, added to decoding (not a link
+                                      running beside the CPU)              */
     uint64_t cap[FT_TIER_COUNT];   /* capacity per tier, bytes            */
     /* codecs: ratio (raw/encoded) and decode speed (raw bytes/s on the
      * compute device), indexed by ft_codec_id; ratio 0 = not available. */

@@ -268,6 +268,13 @@ ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in)
     return FT_OK;
 }
 
+/* ucx://127.x.x.x:P, ucx://localhost:P, ucx://[::1]:P: a node on this machine. */
+static int uri_is_loopback(const char *uri)
+{
+    const char *h = strncmp(uri, "ucx://", 6) ? uri : uri + 6;
+    return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
+}
+
 static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
                          uint32_t batch, uint32_t plen, uint32_t glen, unsigned threads, const double *given,
                          unsigned codec_mask, int quiet)
@@ -279,6 +286,9 @@ static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *b
     in->cap[FT_TIER_DISK] = base->disk_uri[0] ? (in->cap[FT_TIER_DISK] ? in->cap[FT_TIER_DISK] : UINT64_MAX) : 0;
     in->cap[FT_TIER_REMOTE] = base->n_remotes ? (in->cap[FT_TIER_REMOTE] ? in->cap[FT_TIER_REMOTE] : UINT64_MAX) : 0;
     in->n_remotes = base->n_remotes;
+    in->remote_local = base->n_remotes > 0;
+    for (uint32_t r = 0; r < base->n_remotes; r++)
+        if (!uri_is_loopback(base->remotes[r])) in->remote_local = 0;
     if (!quiet) fprintf(stderr, "plan: measuring compute, memory and codecs...\n");
     in->flops = measure_flops((int)in->hidden, 0);
     in->mem_bw = measure_mem_bw();

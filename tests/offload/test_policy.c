@@ -181,3 +181,28 @@ TEST(planner_offloads_the_cache_when_it_does_not_fit)
     CHECK(bq.compress_cache == FT_CODEC_Q4 && bq.c_pct[FT_TIER_HOST] > 0);
     CHECK(fabs((double)eq.mem[FT_TIER_HOST] - cache * bq.c_pct[FT_TIER_HOST] / 100.0 / (32.0 / 4.5)) < 1e3);
 }
+
+/* A memory node on this machine: its transfers are CPU copies that add up
+ * with decoding; over a network they overlap (the link runs beside). */
+TEST(cost_model_loopback_node_adds_to_decoding)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.bw[FT_TIER_REMOTE] = 4e9;
+    in.cores = 1;
+    in.compute_threads = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    p.n_remotes = 1;
+    CHECK_OK(ft_policy_parse("w=0,0,0,100", &p));
+    ft_cost_estimate net, local;
+    ft_cost_predict(&in, &p, &net);
+    in.remote_local = 1;
+    ft_cost_predict(&in, &p, &local);
+    double W = (double)in.layer_params * in.weight_bytes_per_param;
+    double t_dec = W / in.decode_bw[FT_CODEC_RAW], t_link = W / in.bw[FT_TIER_REMOTE];
+    /* one core: compute and the I/O worker take turns */
+    CHECK(fabs(net.t_layer_decode - fmax(net.t_compute + t_dec, t_link)) < 1e-6 * net.t_layer_decode);
+    CHECK(fabs(local.t_layer_decode - (local.t_compute + t_dec + t_link)) < 1e-6 * local.t_layer_decode);
+    CHECK(local.decode_tps < net.decode_tps);
+}
