@@ -23,6 +23,7 @@
  * the link once and a fetch reads whole chunks, all in flight at once. */
 #include "flextier/offload.h"
 #include "engine/engine_internal.h"
+#include "offload_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -667,13 +668,7 @@ fail:
 void ft_kv_offload_free(ft_kv_offload *o)
 {
     if (!o) return;
-    if (o->io_started) {
-        pthread_mutex_lock(&o->mu);
-        o->stop = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-        pthread_join(o->io, NULL);
-    }
+    if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
     if (o->fd >= 0) close(o->fd);
     /* the remote chunks are this run's only: delete them (best effort) */
     for (int l = 0; o->chunks_put && l < o->n_layers; l++)

@@ -113,6 +113,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     double cores = in->cores ? in->cores : 1, cthreads = in->compute_threads ? in->compute_threads : 1;
     if (cthreads > cores) cthreads = cores;
     double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io) / cores);
+    /* A local node's transfers and the decoding of what it sends run one
+     * after the other on the client's single UCX worker: they do not
+     * spread over the cores (measured: the loopback row's I/O thread was
+     * busy for link + decode per layer). */
+    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + W * w[FT_TIER_REMOTE] / dw);
     double T = busy;
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";

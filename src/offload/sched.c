@@ -3,6 +3,7 @@
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "engine/engine_internal.h"
+#include "offload_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -422,13 +423,7 @@ fail:
 void ft_offload_free(ft_offload *o)
 {
     if (!o) return;
-    if (o->io_started) {
-        pthread_mutex_lock(&o->mu);
-        o->stop = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-        pthread_join(o->io, NULL);
-    }
+    if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
     ft_store_close(o->host);
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);

@@ -5,6 +5,7 @@
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "engine/engine_internal.h"
+#include "offload_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -87,25 +88,10 @@ static float *run_kv(ft_model *m, ft_offload *o, const ft_policy *kvp, ft_kv_off
 {
     ft_ctx_params cp = {0};
     cp.max_batch = 3; cp.max_seq = 32; cp.threads = 1;
-    cp.external_kv = kvp != NULL;
     ft_ctx *c;
-    ft_kv_offload *kv = NULL;
-    *out_st = ft_ctx_create(m, &cp, &c);
-    if (*out_st) return NULL;
-    if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
-    if (kvp) {
-        ft_kv_offload_params kp;
-        ft_kv_offload_default_params(&kp);
-        kp.policy = *kvp;
-        kp.max_batch = cp.max_batch;
-        kp.max_seq = cp.max_seq;
-        kp.group_size = 16;
-        kp.chunk_tokens = 4;   /* the remote tier puts whole chunks: make several */
-        if ((*out_st = ft_kv_offload_create(m, &kp, &kv))) { ft_ctx_free(c); return NULL; }
-        ft_kv_hooks h;
-        ft_kv_offload_hooks(kv, &h);
-        ft_ctx_set_kv_hooks(c, &h);
-    }
+    ft_kv_offload *kv;
+    /* groups of 16 (head_dim), chunks of 4 tokens: the remote tier puts several */
+    if ((*out_st = offload_ctx(m, cp, o, kvp, 16, 4, &c, &kv))) return NULL;
     int vocab = ft_model_get_config(m)->vocab;
     float *all = calloc((size_t)N_ROWS * vocab, sizeof(float));
     int32_t p0[5] = {1, 5, 9, 33, 7}, p1[2] = {1, 100}, p2[7] = {1, 3, 3, 3, 60, 61, 62};

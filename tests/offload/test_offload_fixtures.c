@@ -12,6 +12,7 @@
  * in-memory run's greedy tokens, so the steps stay comparable. */
 #include "ft_test.h"
 #include "flextier/offload.h"
+#include "offload_util.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -58,24 +59,11 @@ static float *run(ft_model *m, ft_offload *o, const prompts *f, const ft_policy 
     const ft_model_config *cfg = ft_model_get_config(m);
     size_t V = (size_t)cfg->vocab, np = (size_t)f->np, maxp = 0;
     for (int i = 0; i < f->np; i++) maxp = f->plen[i] > maxp ? f->plen[i] : maxp;
-    ft_ctx_params cp = {.max_batch = f->np, .max_seq = (int)maxp + STEPS + 1, .threads = 1,
-                        .external_kv = kvp != NULL};
+    ft_ctx_params cp = {.max_batch = f->np, .max_seq = (int)maxp + STEPS + 1, .threads = 1};
     ft_ctx *c = NULL;
     ft_kv_offload *kv = NULL;
     float *all = calloc((1 + STEPS) * np * V, sizeof(float));
-    if ((*st = ft_ctx_create(m, &cp, &c))) goto out;
-    if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
-    if (kvp) {
-        ft_kv_offload_params kp;
-        ft_kv_offload_default_params(&kp);
-        kp.policy = *kvp;
-        kp.max_batch = cp.max_batch;
-        kp.max_seq = cp.max_seq;
-        if ((*st = ft_kv_offload_create(m, &kp, &kv))) goto out;
-        ft_kv_hooks h;
-        ft_kv_offload_hooks(kv, &h);
-        ft_ctx_set_kv_hooks(c, &h);
-    }
+    if ((*st = offload_ctx(m, cp, o, kvp, 0, 0, &c, &kv))) goto out;
     int slots[MAXP];
     const int32_t *tp[MAXP];
     size_t nt[MAXP];
