@@ -216,7 +216,7 @@ ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
  * over equal-sized sequences): device-tier slots keep their cache
  * resident; host-tier slots keep it encoded in DRAM; disk-tier slots in a
  * file in the policy's disk directory; remote-tier slots on the memory
- * nodes, in chunks of 16 tokens written once full (the chunk being filled
+ * nodes, in chunks of 64 tokens written once full (the chunk being filled
  * stays in host memory), deleted when the offloader is freed. Rows are stored as f32 (cc=none,
  * lossless: outputs bit-identical to the in-memory engine) or q8/q4 groups
  * along head_dim, each token's rows quantized once when written
@@ -230,7 +230,7 @@ typedef struct ft_kv_offload_params {
     int max_batch, max_seq;   /* the context's                             */
     uint64_t device_budget;   /* resident cache + staging; 0 = no limit    */
     const char *token_file;   /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE) */
-    uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 16)    */
+    uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 64)    */
 } ft_kv_offload_params;
 
 typedef struct ft_kv_offload_stats {

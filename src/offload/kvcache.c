@@ -17,7 +17,7 @@
  * Host tier: encoded rows in DRAM. Disk tier: one file in the disk
  * directory (deleted on close), rows at fixed offsets, pread/pwrite.
  * Remote tier (memory nodes, the remote slots spread round robin): rows in
- * chunks of chunk_tokens tokens (default 16) (K and V rows of a chunk in one tensor), put
+ * chunks of chunk_tokens tokens (default 64; K and V rows of a chunk in one tensor), put
  * once when the chunk's last row is written; the rows of the chunk being
  * filled stay encoded in host memory (the tail), so every row crosses
  * the link once and a fetch reads whole chunks, all in flight at once. */
@@ -529,7 +529,7 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     o->n_layers = m->cfg.n_layers;
     o->kvdim = m->cfg.n_kv_heads * m->cfg.head_dim;
     o->row_f32 = (size_t)o->kvdim;
-    o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 16;
+    o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 64;
     o->tag_layer[0] = o->tag_layer[1] = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
