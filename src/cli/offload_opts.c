@@ -274,7 +274,7 @@ void ft_cli_offload_report(const ft_cli_offload *o, double prefill_s, double dec
                 mib(k->resident_bytes), mib(k->staging_bytes), (unsigned long long)k->fetches,
                 (unsigned long long)k->prefetch_hits, k->io_busy_s, k->wait_s);
         for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-            if (k->tier_bytes[t])
+            if (k->tier_bytes[t] || k->written_logical[t])   /* remote: full chunks only */
                 fprintf(f, "offload: KV cache %-6s holds %.1f MiB; read %.1f MiB as %.1f MiB, wrote %.1f MiB as "
                            "%.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t), mib(k->tier_bytes[t]),
                         mib(k->read_logical[t]), mib(k->read_stored[t]), mib(k->written_logical[t]),
