@@ -2,8 +2,10 @@
 # The main job on a built-in default: a small Llama-shaped model (random
 # weights, real Hugging Face file layout, made by `flextier gen-model`) is
 # streamed layer by layer from a memory node (`flextier serve` on a free
-# loopback port), its weights byte-plane compressed on the wire, while the
-# CPU generates; then the same prompt runs all in memory for comparison.
+# loopback port), its weights byte-plane compressed on the wire and its KV
+# cache offloaded to host memory (written back and prefetched layer by
+# layer), while the CPU generates; then the same prompt runs all in memory
+# for comparison.
 #   scripts/demo.sh [BUILD_DIR]       MODEL=DIR to use your own checkpoint
 set -euo pipefail
 build=${1:-build}
@@ -28,14 +30,15 @@ addr=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/serve.log
 echo "   ucx://$addr"
 prompt="Once upon a time"
 echo "== generating with every layer's weights streamed from ucx://$addr (byte-plane, lossless)"
+echo "   and the KV cache offloaded to host memory (f32 rows, lossless)"
 "$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 24 --temperature 0 \
-    --policy w=0,0,0,100 --remote "ucx://$addr" --compress-weights bp --device-mem 64M \
+    --policy "w=0,0,0,100 c=0,100,0,0" --remote "ucx://$addr" --compress-weights bp --device-mem 64M \
     --offload-stats --dump-logits "$work/remote.logits" | tee "$work/remote.txt"
 echo "== the same prompt with all weights in memory"
 "$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 24 --temperature 0 \
     --dump-logits "$work/local.logits" | tee "$work/local.txt"
 if cmp -s "$work/remote.txt" "$work/local.txt" && cmp -s "$work/remote.logits" "$work/local.logits"; then
-    echo "== identical text and prompt logits: streaming compressed weights changed nothing"
+    echo "== identical text and prompt logits: streaming compressed weights and the cache changed nothing"
 else
     echo "== MISMATCH between the streamed and the in-memory run"; exit 1
 fi
