@@ -24,6 +24,7 @@ struct ft_ctx {
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
+    float *xt;                      /* 8..32-row products: x transposed [in][32] */
     int *row_seq, *row_pos, *row0;
     uint64_t scratch_bytes;
     ft_layer_hook hook;
@@ -114,6 +115,11 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->sel = falloc(c, selrows * (size_t)c->edim);
     c->sel2 = falloc(c, selrows * (size_t)c->edim);
     c->scores = falloc(c, (size_t)c->threads * S);
+    {
+        int maxin = c->edim > c->qdim ? c->edim : c->qdim;
+        if (cfg->ffn > maxin) maxin = cfg->ffn;
+        c->xt = falloc(c, (size_t)maxin * 32);
+    }
     c->row_seq = calloc(R, sizeof(int));
     c->row_pos = calloc(R, sizeof(int));
     c->row0 = calloc(B + 1, sizeof(int));
@@ -134,7 +140,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     }
     if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
-        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
+        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->xt || !c->row_seq || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
@@ -155,7 +161,7 @@ void ft_ctx_free(ft_ctx *c)
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
-    ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
+    ft_free_aligned(c->sel2); ft_free_aligned(c->scores); ft_free_aligned(c->xt);
     free(c->row_seq); free(c->row_pos); free(c->row0);
     free(c);
 }
@@ -223,7 +229,13 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
  * block of 4 weight rows once against all input rows (register-blocked
  * 4 x 2), split over the pool by output rows. */
 #define SMALL_ROWS 32
-typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk; } mv_job;
+/* From 8 rows on (AVX-512), x is transposed once per product and
+ * ft_k_matmul_xt computes 12 outputs x 32 rows (or 24 x 16) per block with
+ * vector accumulators along the rows: no horizontal sums, each weight read
+ * once per block and broadcast. Measured on the stories15M-shaped model,
+ * batch 32, 1 thread: matmul_rows gave 7.1x the batch-1 throughput. */
+#define XT_ROWS 8
+typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk, ldx; } mv_job;
 
 static void mv_task(void *arg, size_t i, unsigned worker)
 {
@@ -231,8 +243,13 @@ static void mv_task(void *arg, size_t i, unsigned worker)
     const mv_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
     if (o1 > j->out) o1 = j->out;
-    ft_k_get()->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0,
-                            j->in, j->b ? j->b + o0 : NULL);
+    const ft_kernels *kn = ft_k_get();
+    if (j->ldx)
+        kn->matmul_xt(j->y + o0, j->out, j->x, j->ldx, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
+                      j->b ? j->b + o0 : NULL);
+    else
+        kn->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
+                        j->b ? j->b + o0 : NULL);
 }
 
 /* y[rows, out] = x[rows, in] W[out, in]^T + b */
@@ -240,11 +257,17 @@ static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, int in, co
                        const float *b)
 {
     if (rows <= SMALL_ROWS) {
+        int ldx = 0;
+        if (rows >= XT_ROWS && ft_k_get()->matmul_xt) {
+            ldx = rows <= 16 ? 16 : 32;
+            ft_k_transpose_rows(c->xt, ldx, x, rows, in);
+            x = c->xt;
+        }
         int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
         int chunk = (out + tasks - 1) / tasks;
         if (chunk < 16) chunk = 16;
-        chunk = (chunk + 3) & ~3;
-        mv_job j = {y, x, W, b, rows, in, out, chunk};
+        chunk = ldx ? (chunk + 23) / 24 * 24 : (chunk + 3) & ~3;   /* whole kernel blocks */
+        mv_job j = {y, x, W, b, rows, in, out, chunk, ldx};
         size_t n = (size_t)((out + chunk - 1) / chunk);
         ft_pool_run(n > 1 ? c->pool : NULL, n, mv_task, &j);
         return;

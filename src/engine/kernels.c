@@ -77,6 +77,26 @@ void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const flo
             y[(size_t)r * ldy + o] = ft_k_dot_ref(x + (size_t)r * in, W + (size_t)o * in, in) + (b ? b[o] : 0.0f);
 }
 
+void ft_k_matmul_xt_ref(float *y, int ldy, const float *xt, int ldx, int rows, const float *W, int nout,
+                        int in, const float *b)
+{
+    for (int o = 0; o < nout; o++)
+        for (int r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int i = 0; i < in; i++) acc = fmaf(xt[(size_t)i * ldx + r], W[(size_t)o * in + i], acc);
+            y[(size_t)r * ldy + o] = acc + (b ? b[o] : 0.0f);
+        }
+}
+
+void ft_k_transpose_rows(float *xt, int ldx, const float *x, int rows, int in)
+{
+    for (int i = 0; i < in; i++) {
+        float *t = xt + (size_t)i * ldx;
+        for (int r = 0; r < rows; r++) t[r] = x[(size_t)r * in + i];
+        for (int r = rows; r < ldx; r++) t[r] = 0.0f;
+    }
+}
+
 void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V, int ld, int npos,
                      int hd, float scale, float *sc)
 {
@@ -104,14 +124,14 @@ static void k_init(void)
 {
     K = (ktable){"scalar", ft_k_dot_ref, ft_k_axpy_ref, ft_k_rmsnorm_ref, ft_k_layernorm_ref,
                  ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref, ft_k_matmul_rows_ref,
-                 ft_k_attend_ref};
+                 ft_k_attend_ref, NULL};
 #if defined(__x86_64__)
     const ft_cpu_features *f = ft_cpu();
     if (!ft_simd_enabled()) return;
     if (f->avx2 && f->fma) {
         K = (ktable){"avx2", ft_k_dot_avx2, ft_k_axpy_avx2, ft_k_rmsnorm_avx2, ft_k_layernorm_avx2,
                      ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2, matmul_rows_dot,
-                     attend_composed};
+                     attend_composed, NULL};
     }
     if (f->avx512f && f->avx2 && f->fma) {
         K.name = "avx512";
@@ -120,6 +140,7 @@ static void k_init(void)
         K.rmsnorm = ft_k_rmsnorm_avx512;
         K.matmul_rows = ft_k_matmul_rows_avx512;
         K.attend = ft_k_attend_avx512;
+        K.matmul_xt = ft_k_matmul_xt_avx512;
     }
 #endif
 }

@@ -36,6 +36,18 @@ void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *
 void ft_k_matmul_rows_ref(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                           int in, const float *b);
 
+/* The same product for 8..32 rows with x given transposed, xt[i*ldx + r]
+ * (ldx = 16 or 32, rows <= ldx, 64-byte aligned, rows past `rows` zero):
+ * each output is one sequential fused multiply-add chain over i, the bias
+ * added last, so a row's result does not depend on how many rows there
+ * are, and the SIMD kernel equals the scalar one bit for bit. Outputs are
+ * vectors along the rows, so there are no horizontal sums, and no weight
+ * packing (x, not W, is transposed: it is the small operand). */
+void ft_k_matmul_xt_ref(float *y, int ldy, const float *xt, int ldx, int rows, const float *W, int nout,
+                        int in, const float *b);
+/* x (rows x in, row stride in) -> xt as above. */
+void ft_k_transpose_rows(float *xt, int ldx, const float *x, int rows, int in);
+
 /* One query row of causal attention over npos cached positions:
  * sc[p] = scale * dot(q, K + p*ld); softmax(sc); out = sum_p sc[p] V[p*ld..].
  * sc: npos floats of scratch (left holding the probabilities). */
@@ -56,6 +68,8 @@ typedef struct ft_kernels {
     void (*silu_mul)(float *, const float *, int);
     void (*matmul_rows)(float *, int, const float *, int, const float *, int, int, const float *);
     void (*attend)(float *, const float *, const float *, const float *, int, int, int, float, float *);
+    /* NULL where no SIMD version exists (the engine then uses matmul_rows) */
+    void (*matmul_xt)(float *, int, const float *, int, int, const float *, int, int, const float *);
 } ft_kernels;
 const ft_kernels *ft_k_get(void);
 

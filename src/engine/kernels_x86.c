@@ -254,6 +254,65 @@ AVX512 void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows,
             y[(size_t)r * ldy + o] = ft_k_dot_avx512(x + (size_t)r * in, W + (size_t)o * in, in)
                                      + (b ? b[o] : 0.0f);
 }
+/* 12 outputs x 32 rows (24 accumulators) or 24 outputs x 16 rows per
+ * block; per input i: the x column (1-2 aligned loads) and one broadcast
+ * weight per output, fused into the FMA. A tail block repeats its last
+ * weight row (results not stored). */
+#define XT_FMA2(k) { __m512 wb = _mm512_set1_ps(w##k[i]); a##k##0 = _mm512_fmadd_ps(x0, wb, a##k##0); \
+                     a##k##1 = _mm512_fmadd_ps(x1, wb, a##k##1); }
+#define XT_FMA1(k) { a##k = _mm512_fmadd_ps(x0, _mm512_set1_ps(w##k[i]), a##k); }
+AVX512 void ft_k_matmul_xt_avx512(float *y, int ldy, const float *xt, int ldx, int rows, const float *W,
+                                  int nout, int in, const float *b)
+{
+    float tmp[24 * 32] __attribute__((aligned(64)));
+    const int ob = ldx == 32 ? 12 : 24;
+    for (int o = 0; o < nout; o += ob) {
+        int no = nout - o < ob ? nout - o : ob;
+        const float *w[24];
+        for (int k = 0; k < 24; k++) w[k] = W + (size_t)(o + (k < no ? k : no - 1)) * in;
+        if (ldx == 32) {
+            const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5];
+            const float *w6 = w[6], *w7 = w[7], *w8 = w[8], *w9 = w[9], *w10 = w[10], *w11 = w[11];
+            __m512 z = _mm512_setzero_ps();
+            __m512 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, a40 = z, a41 = z;
+            __m512 a50 = z, a51 = z, a60 = z, a61 = z, a70 = z, a71 = z, a80 = z, a81 = z, a90 = z, a91 = z;
+            __m512 a100 = z, a101 = z, a110 = z, a111 = z;
+            for (int i = 0; i < in; i++) {
+                __m512 x0 = _mm512_load_ps(xt + (size_t)i * 32), x1 = _mm512_load_ps(xt + (size_t)i * 32 + 16);
+                XT_FMA2(0) XT_FMA2(1) XT_FMA2(2) XT_FMA2(3) XT_FMA2(4) XT_FMA2(5)
+                XT_FMA2(6) XT_FMA2(7) XT_FMA2(8) XT_FMA2(9) XT_FMA2(10) XT_FMA2(11)
+            }
+            __m512 acc[24] = {a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51,
+                              a60, a61, a70, a71, a80, a81, a90, a91, a100, a101, a110, a111};
+            for (int k = 0; k < 24; k++) _mm512_store_ps(tmp + k * 16, acc[k]);   /* tmp[out][32 rows] */
+        } else {
+            const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5];
+            const float *w6 = w[6], *w7 = w[7], *w8 = w[8], *w9 = w[9], *w10 = w[10], *w11 = w[11];
+            const float *w12 = w[12], *w13 = w[13], *w14 = w[14], *w15 = w[15], *w16 = w[16], *w17 = w[17];
+            const float *w18 = w[18], *w19 = w[19], *w20 = w[20], *w21 = w[21], *w22 = w[22], *w23 = w[23];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
+            __m512 a16 = a0, a17 = a0, a18 = a0, a19 = a0, a20 = a0, a21 = a0, a22 = a0, a23 = a0;
+            for (int i = 0; i < in; i++) {
+                __m512 x0 = _mm512_load_ps(xt + (size_t)i * 16);
+                XT_FMA1(0) XT_FMA1(1) XT_FMA1(2) XT_FMA1(3) XT_FMA1(4) XT_FMA1(5) XT_FMA1(6) XT_FMA1(7)
+                XT_FMA1(8) XT_FMA1(9) XT_FMA1(10) XT_FMA1(11) XT_FMA1(12) XT_FMA1(13) XT_FMA1(14) XT_FMA1(15)
+                XT_FMA1(16) XT_FMA1(17) XT_FMA1(18) XT_FMA1(19) XT_FMA1(20) XT_FMA1(21) XT_FMA1(22) XT_FMA1(23)
+            }
+            __m512 acc[24] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11,
+                              a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23};
+            for (int k = 0; k < 24; k++) _mm512_store_ps(tmp + k * 16, acc[k]);   /* tmp[out][16 rows] */
+        }
+        for (int k = 0; k < no; k++) {
+            float bk = b ? b[o + k] : 0.0f;
+            const float *t = tmp + (size_t)k * ldx;
+            for (int r = 0; r < rows; r++) y[(size_t)r * ldy + o + k] = t[r] + bk;
+        }
+    }
+}
+#undef XT_FMA1
+#undef XT_FMA2
+
 /* Attention for one query row. Scores: 4 positions per step, so each
  * horizontal reduction is shared by 4 dot products' worth of loads; the
  * weighted V sum keeps the output row in registers (hd <= 128) instead of
@@ -322,6 +381,9 @@ void ft_k_rmsnorm_avx512(float *o, const float *x, const float *w, int n, float 
 void ft_k_matmul_rows_avx512(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                              int in, const float *b)
 { ft_k_matmul_rows_ref(y, ldy, x, rows, W, nout, in, b); }
+void ft_k_matmul_xt_avx512(float *y, int ldy, const float *xt, int ldx, int rows, const float *W, int nout,
+                           int in, const float *b)
+{ ft_k_matmul_xt_ref(y, ldy, xt, ldx, rows, W, nout, in, b); }
 void ft_k_attend_avx512(float *out, const float *q, const float *K, const float *V, int ld, int npos,
                         int hd, float scale, float *sc)
 { ft_k_attend_ref(out, q, K, V, ld, npos, hd, scale, sc); }

@@ -138,6 +138,47 @@ TEST(matmul_rows)
     }
 }
 
+/* x transposed, 8..32 rows: the SIMD kernel equals the scalar twin bit for
+ * bit, both are close to matmul_rows, and a row's result does not depend on
+ * the number of rows. */
+TEST(matmul_xt)
+{
+    static float x[32 * 300], W[29 * 300], xt[300 * 32] __attribute__((aligned(64))), b[29];
+    static float y1[32 * 32], y2[32 * 32], y3[32 * 32];
+    static const int ins[] = {1, 17, 64, 300};
+    const ft_kernels *kn = ft_k_get();
+    for (int k = 0; k < 4; k++) {
+        int in = ins[k];
+        for (int rows = 8; rows <= 32; rows += 3) {
+            for (int nout = 1; nout <= 29; nout += 7) {
+                fill(x, rows * in, 1); fill(W, nout * in, 1); fill(b, nout, 1);
+                int ldx = rows <= 16 ? 16 : 32;
+                ft_k_transpose_rows(xt, ldx, x, rows, in);
+                for (int wb = 0; wb < 2; wb++) {
+                    ft_k_matmul_xt_ref(y1, 32, xt, ldx, rows, W, nout, in, wb ? b : NULL);
+                    ft_k_matmul_rows_ref(y3, 32, x, rows, W, nout, in, wb ? b : NULL);
+                    int same = 1, ok = 1;
+                    if (kn->matmul_xt) {
+                        kn->matmul_xt(y2, 32, xt, ldx, rows, W, nout, in, wb ? b : NULL);
+                        for (int r = 0; r < rows; r++) same &= !memcmp(y1 + r * 32, y2 + r * 32, nout * sizeof(float));
+                    }
+                    for (int r = 0; r < rows; r++) ok &= close_rel(y1 + r * 32, y3 + r * 32, nout, 1e-5f * sqrtf((float)in));
+                    CHECK_MSG(same && ok, "matmul_xt in=%d rows=%d nout=%d bias=%d: simd==ref %d, close %d", in, rows,
+                              nout, wb, same, ok);
+                }
+                /* the first 8 rows alone give the same bits */
+                ft_k_transpose_rows(xt, 16, x, 8, in);
+                ft_k_matmul_xt_ref(y3, 32, xt, 16, 8, W, nout, in, NULL);
+                ft_k_transpose_rows(xt, ldx, x, rows, in);
+                ft_k_matmul_xt_ref(y2, 32, xt, ldx, rows, W, nout, in, NULL);
+                int same8 = 1;
+                for (int r = 0; r < 8; r++) same8 &= !memcmp(y3 + r * 32, y2 + r * 32, nout * sizeof(float));
+                CHECK_MSG(same8, "matmul_xt in=%d rows=%d nout=%d: rows depend on the row count", in, rows, nout);
+            }
+        }
+    }
+}
+
 TEST(attend)
 {
     static float q[200], K[70 * 300], V[70 * 300], o1[200], o2[200], s1[70], s2[70];
