@@ -11,7 +11,7 @@
  *   lz4/zstd/deflate: host ft_decode (hashes checked) into pinned staging;
  *              copy; GPU: convert. */
 #include "cuda_host.h"
-#include "codec/byteplane.h"
+#include "cuda_prep.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -98,151 +98,53 @@ ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src
     return FT_OK;
 }
 
-static ft_status corrupt_chunk(uint32_t c, const char *why)
-{
-    return ft_set_error(FT_ERR_CORRUPT, "frame chunk %u: %s", c, why);
-}
-
 /* q8/q4: checks on the host, then the frame's bytes to the device as they
  * are and the two kernels. */
-static ft_status dec_quant(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
-                           const ft_layout *L, int trusted, ft_dtype out_dt, void *dst, cudaStream_t s,
-                           uint64_t *h2d)
+static ft_status dec_quant(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                           ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
 {
-    const int bits = fi->codec == FT_CODEC_Q8 ? 8 : 4;
-    uint64_t pos = fi->header_size;
-    for (uint32_t c = 0; c < fi->n_chunks; c++) {
-        uint32_t enc, flags;
-        uint64_t hash, off, cnt;
-        ft_frame_entry(frame, fi, c, &enc, &flags, &hash);
-        ft_layout_chunk(L, c, &off, &cnt);
-        if (enc != ft_quant_chunk_size(fi, L, off, cnt))   /* ft_frame_parse checked it too */
-            return corrupt_chunk(c, "payload size does not match its layout");
-        if (!trusted && ft_xxh3(frame + pos, enc) != hash) return corrupt_chunk(c, "checksum mismatch");
-        if (bits == 4 && (cnt & 1) && (frame[pos + enc - 1] >> 4))
-            return corrupt_chunk(c, "q4 pad nibble not zero");
-        pos += enc;
-    }
-    if (pos != fi->frame_size) return ft_set_error(FT_ERR_CORRUPT, "frame: chunk sizes do not add up");
-    if (fi->numel == 0) return FT_OK;
-    ft_status st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)fi->frame_size, s,
-                               "device staging (cudaMalloc)");
-    if (!st) {
-        size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
-        st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)fi->n_chunks * sizeof(uint64_t), s,
-                         "chunk table (cudaMalloc)");
-        w->table_cap = tcap_bytes / sizeof(uint64_t);
-    }
+    ftk_qgeom g;
+    ft_status st = ft_cuda_prep_quant(frame, fi, trusted, &g);
+    if (st || g.numel == 0) return st;
+    if ((st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)fi->frame_size, s, "device staging (cudaMalloc)")))
+        return st;
+    size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
+    st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)fi->n_chunks * sizeof(uint64_t), s,
+                     "chunk table (cudaMalloc)");
+    w->table_cap = tcap_bytes / sizeof(uint64_t);
     if (st) return st;
     FT_CU(cudaMemcpyAsync(w->d_stage, frame, (size_t)fi->frame_size, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (frame)");
     if (h2d) *h2d += fi->frame_size;
-    ftk_qgeom g = {L->numel, L->outer, L->D, L->inner, L->G, L->ngroups, L->slabs_per_chunk,
-                   fi->n_chunks, bits, fi->header_size};
     FT_CU(ftk_q_table(&g, w->d_table, s), "chunk table kernel");
     FT_CU(ftk_q_dequant(&g, w->d_stage, w->d_table, (int)out_dt, dst, s), "dequantize kernel");
     return FT_OK;
 }
 
-static ft_status dec_raw(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
-                         const ft_layout *L, int trusted, ft_dtype out_dt, void *dst, cudaStream_t s,
-                         uint64_t *h2d)
+static ft_status dec_raw(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                         ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
 {
-    uint64_t pos = fi->header_size;
-    for (uint32_t c = 0; c < fi->n_chunks; c++) {
-        uint32_t enc, flags;
-        uint64_t hash, off, cnt;
-        ft_frame_entry(frame, fi, c, &enc, &flags, &hash);
-        ft_layout_chunk(L, c, &off, &cnt);
-        if (!(flags & FT_CHUNK_STORED) || enc != cnt * L->esize) return corrupt_chunk(c, "raw chunk not stored");
-        if (!trusted && ft_xxh3(frame + pos, enc) != hash) return corrupt_chunk(c, "checksum mismatch");
-        pos += enc;
-    }
+    ft_status st = ft_cuda_prep_raw(frame, fi, trusted);
+    if (st) return st;
     return ft_cuda_dec_raw_async(w, frame + fi->header_size, fi->dtype, fi->numel, out_dt, dst, s, h2d);
 }
 
-enum { BP_RAW = 0, BP_ENTROPY = 1, BP_CONST = 2 };
-
-/* One byteplane chunk's planes into planes[k] (n bytes each), validating
- * the payload exactly as ft_bp_decode_chunk does (docs/codec-byteplane.md). */
-static ft_status bp_planes(ft_cuda_dec_ws *w, const ft_frame_info *fi, uint32_t c, const uint8_t *p,
-                           size_t n_in, size_t n, uint8_t *const *planes)
+/* byteplane: the entropy stage on the CPU into the pinned staging, the
+ * planes to the device, regrouped there. */
+static ft_status dec_byteplane(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                               ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
 {
-    unsigned np = ft_bp_nplanes(fi->dtype);
-    if (n_in < 1) return corrupt_chunk(c, "byteplane payload empty");
-    unsigned modes = p[0], ne = 0;
-    if (np < 4 && (modes >> (2 * np))) return corrupt_chunk(c, "byteplane: unused mode bits set");
-    for (unsigned k = 0; k < np; k++) {
-        unsigned m = (modes >> (2 * k)) & 3;
-        if (m == 3) return corrupt_chunk(c, "byteplane: plane mode 3");
-        if (m == BP_ENTROPY) ne++;
-    }
-    size_t pos = 1 + 4 * (size_t)ne;
-    if (n_in < pos) return corrupt_chunk(c, "byteplane: header truncated");
-    const uint8_t *sp[FT_BP_MAX_PLANES];
-    size_t sl[FT_BP_MAX_PLANES];
-    unsigned j = 0;
-    for (unsigned k = 0; k < np; k++) {
-        unsigned m = (modes >> (2 * k)) & 3;
-        size_t len;
-        if (m == BP_RAW) len = n;
-        else if (m == BP_CONST) len = 1;
-        else {
-            const uint8_t *q = p + 1 + 4 * j++;
-            len = (size_t)q[0] | (size_t)q[1] << 8 | (size_t)q[2] << 16 | (size_t)q[3] << 24;
-            if (len == 0 || len >= n) return corrupt_chunk(c, "byteplane: coded plane size out of range");
-        }
-        if (len > n_in - pos) return corrupt_chunk(c, "byteplane: plane overruns the payload");
-        sp[k] = p + pos;
-        sl[k] = len;
-        pos += len;
-    }
-    if (pos != n_in) return corrupt_chunk(c, "byteplane: trailing bytes");
-    for (unsigned k = 0; k < np; k++) {
-        unsigned m = (modes >> (2 * k)) & 3;
-        if (m == BP_RAW) memcpy(planes[k], sp[k], n);
-        else if (m == BP_CONST) memset(planes[k], sp[k][0], n);
-        else {
-            ft_status st = ft_entropy_decode(&w->ws, fi->entropy, sp[k], sl[k], planes[k], n);
-            if (st) return st;
-        }
-    }
-    return FT_OK;
-}
-
-static ft_status dec_byteplane(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
-                               const ft_layout *L, int trusted, ft_dtype out_dt, void *dst, cudaStream_t s,
-                               uint64_t *h2d)
-{
-    unsigned np = ft_bp_nplanes(fi->dtype);
     size_t raw = (size_t)fi->raw_size;
     if (raw == 0) return FT_OK;
+    uint64_t E = 0;
     ft_status st = host_stage(w, raw);
+    if (!st) st = ft_cuda_prep_byteplane(&w->ws, frame, fi, trusted, w->h_stage, &E);
+    if (!st) st = grow_device((void **)&w->d_stage, &w->d_cap, raw, s, "device staging (cudaMalloc)");
     if (st) return st;
-    uint64_t pos = fi->header_size;
-    for (uint32_t c = 0; c < fi->n_chunks; c++) {
-        uint32_t enc, flags;
-        uint64_t hash, off, cnt;
-        ft_frame_entry(frame, fi, c, &enc, &flags, &hash);
-        ft_layout_chunk(L, c, &off, &cnt);
-        uint8_t *base = w->h_stage + off * np;     /* chunk c's planes, back to back */
-        uint8_t *planes[FT_BP_MAX_PLANES];
-        for (unsigned k = 0; k < np; k++) planes[k] = base + (size_t)k * cnt;
-        if (flags & FT_CHUNK_STORED) {
-            if (enc != cnt * L->esize) return corrupt_chunk(c, "stored chunk size");
-            if (!trusted && ft_xxh3(frame + pos, enc) != hash) return corrupt_chunk(c, "checksum mismatch");
-            ft_bp_split(fi->dtype, frame + pos, (size_t)cnt, planes);
-        } else if ((st = bp_planes(w, fi, c, frame + pos, enc, (size_t)cnt, planes))) {
-            return st;
-        }
-        pos += enc;
-    }
-    if ((st = grow_device((void **)&w->d_stage, &w->d_cap, raw, s, "device staging (cudaMalloc)"))) return st;
     FT_CU(cudaMemcpyAsync(w->d_stage, w->h_stage, raw, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (planes)");
     if ((st = host_stage_copied(w, s))) return st;
     if (h2d) *h2d += raw;
-    FT_CU(ftk_bp_merge((int)fi->dtype, w->d_stage, fi->numel, L->elems_per_chunk, (int)out_dt, dst, s),
-          "byte-plane merge kernel");
+    FT_CU(ftk_bp_merge((int)fi->dtype, w->d_stage, fi->numel, E, (int)out_dt, dst, s), "byte-plane merge kernel");
     return FT_OK;
 }
 
@@ -272,16 +174,13 @@ ft_status ft_cuda_dec_frame_async(ft_cuda_dec_ws *w, const uint8_t *frame, const
                             "(float dtypes only)", ft_dtype_name(fi->dtype));
     if (!is_float(out_dt))
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: cannot decode to %s", ft_dtype_name(out_dt));
-    ft_layout L;
-    ft_status st = ft_layout_compute(fi, &L);
-    if (st) return st;
     switch (fi->codec) {
     case FT_CODEC_Q8: case FT_CODEC_Q4:
-        return dec_quant(w, frame, fi, &L, trusted, out_dt, dst, s, h2d);
+        return dec_quant(w, frame, fi, trusted, out_dt, dst, s, h2d);
     case FT_CODEC_RAW:
-        return dec_raw(w, frame, fi, &L, trusted, out_dt, dst, s, h2d);
+        return dec_raw(w, frame, fi, trusted, out_dt, dst, s, h2d);
     case FT_CODEC_BYTEPLANE:
-        return dec_byteplane(w, frame, fi, &L, trusted, out_dt, dst, s, h2d);
+        return dec_byteplane(w, frame, fi, trusted, out_dt, dst, s, h2d);
     case FT_CODEC_LZ4: case FT_CODEC_ZSTD: case FT_CODEC_DEFLATE:
         return dec_cpu(w, frame, fi, out_dt, dst, s, h2d);
     default:

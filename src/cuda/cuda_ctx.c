@@ -22,6 +22,7 @@
  * waits only at the end of the call (logits) or when the decoder's pinned
  * staging is still being copied from (byteplane and CPU-decoded frames). */
 #include "cuda_host.h"
+#include "cuda_prep.h"
 #include "engine/engine_internal.h"
 
 #include <cublas_v2.h>
@@ -410,16 +411,19 @@ static ft_status gemm_input(ft_cuda_ctx *c, const float *x, uint64_t n, const vo
     return FT_OK;
 }
 
-/* y[rows, out] = x[rows, in] W[out, in]^T (+ b): in cuBLAS's column-major
- * terms Y^T (out x rows) = W (as the in x out matrix with lda = in,
- * transposed) times X^T (in x rows, ldb = in). */
+/* y[rows, out] = x[rows, in] W[out, in]^T (+ b), through the column-major
+ * mapping of ft_cuda_gemm_dims_for (cuda_prep.h; checked against cblas by
+ * the host test). */
 static ft_status gemm(ft_cuda_ctx *c, float *y, const void *x, int rows, int in, const void *W, int out,
                       const float *b)
 {
     const float alpha = 1.0f, beta = 0.0f;
     cudaDataType t = c->wdt == FT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    ft_status st = blas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, W, t, in, x,
-                                            t, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+    ft_cuda_gemm_dims d;
+    ft_cuda_gemm_dims_for(rows, in, out, &d);
+    ft_status st = blas_status(cublasGemmEx(c->blas, d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d.m, d.n, d.k, &alpha, W, t,
+                                            d.lda, x, t, d.ldb, &beta, y, CUDA_R_32F, d.ldc, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT),
                                "cublasGemmEx");
     if (st) return st;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "flextier/core.h"
+#include "kern_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,17 +45,7 @@ ft_status ft_cuda_require(int device);
 cudaError_t ftk_convert(void *dst, int dst_dt, const void *src, int src_dt, uint64_t n,
                         cudaStream_t s);
 
-/* Geometry of a q8/q4 frame (docs/codec-quant.md), from the host's
- * ft_layout: the tensor viewed as [outer, D, inner], groups of G along D,
- * slabs (o, g) in chunks of spc slabs. Chunk payloads follow each other
- * from header_size in the frame (ft_frame_parse checks that every chunk
- * has exactly the size its layout gives). */
-typedef struct ftk_qgeom {
-    uint64_t numel, outer, D, inner, G, ngroups, spc;
-    uint32_t n_chunks;
-    int bits;                 /* 8 or 4 */
-    uint64_t header_size;
-} ftk_qgeom;
+/* ftk_qgeom: kern_math.h. */
 
 /* table[c] = byte offset of chunk c's payload in the frame (n_chunks
  * entries), computed on the device from the geometry (one thread). */

@@ -358,10 +358,9 @@ extern "C" cudaError_t ftk_gather_rows(float *dst, const float *src, const int *
 
 /* -------------------------------------------------------------- argmax */
 
-/* (value, index) pairs: a beats b if a.v > b.v, or a.v == b.v and a.i <
- * b.i. NaN never beats anything (comparisons are false); the start
- * (-Inf, INT_MAX) loses to any value >= -Inf, and a row with no such
- * value gives index 0, as the CPU's argmax. */
+/* (value, index) pairs reduced with km_argmax_better: the start
+ * (-Inf, INT_MAX) loses to any value >= -Inf, and a row with no such value
+ * (all NaN) gives index 0, as the CPU's argmax. */
 static __global__ void k_argmax(int32_t *out, const float *logits, int vocab)
 {
     __shared__ float sv[ROW_THREADS];
@@ -371,7 +370,7 @@ static __global__ void k_argmax(int32_t *out, const float *logits, int vocab)
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = x[i];
-        if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+        if (km_argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
     }
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
@@ -380,7 +379,7 @@ static __global__ void k_argmax(int32_t *out, const float *logits, int vocab)
         if ((int)threadIdx.x < stride) {
             float v = sv[threadIdx.x + stride];
             int i = si[threadIdx.x + stride];
-            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && i < si[threadIdx.x])) {
+            if (km_argmax_better(v, i, sv[threadIdx.x], si[threadIdx.x])) {
                 sv[threadIdx.x] = v;
                 si[threadIdx.x] = i;
             }
