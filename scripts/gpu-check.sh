@@ -103,7 +103,14 @@ if [ "${FT_GPU_FORCE_DEPS:-0}" = 1 ] || ! command -v pkg-config > /dev/null || !
         droot="$build/deps-root"
         rm -rf "$droot"
         mkdir -p "$droot"
-        for d in "$root"/.gpu-deps/*.deb; do dpkg -x "$d" "$droot"; done
+        for d in "$root"/.gpu-deps/*.deb; do
+            if command -v dpkg > /dev/null; then
+                dpkg -x "$d" "$droot"
+            else                                    # no dpkg: a .deb is an ar archive
+                m=$(ar t "$d" | grep '^data\.tar')
+                ar p "$d" "$m" | tar -x -C "$droot" $(case "$m" in *.xz) echo -J ;; *.zst) echo --zstd ;; *.gz) echo -z ;; esac)
+            fi
+        done
         lib="$droot/usr/lib/x86_64-linux-gnu"
         export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$droot/usr/share/pkgconfig"
         export PKG_CONFIG_PATH="$PKG_CONFIG_LIBDIR"

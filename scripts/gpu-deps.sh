@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Before a GPU session, on the development machine (Debian): download the
 # packages of the C libraries FlexTier builds against into .gpu-deps/
-# (about 17 MB; ignored by git through .git/info/exclude). The GPU machine's
+# (about 18 MB; ignored by git through .git/info/exclude). The GPU machine's
 # image has CUDA, CMake, ninja and PyTorch but maybe not these libraries, and
 # it cannot download anything: carry the folder there (the device tool's
 # `carry: [".gpu-deps"]`), and scripts/gpu-check.sh unpacks it into its build
@@ -13,7 +13,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="$root/.gpu-deps"
 PKGS=(
   liblz4-dev liblz4-1 libzstd-dev libzstd1 libdeflate-dev libdeflate0 libxxhash-dev libxxhash0
-  libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5
+  libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
   libjson-c-dev libjson-c5
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libucx-dev libucx0 libibverbs1 ibverbs-providers librdmacm1 libnuma1
