@@ -111,6 +111,10 @@ void ft_cli_cuda_report(const ft_cli_cuda *g, FILE *f)
                 (double)ft_cuda_host_weights_bytes(g->hw) / 1048576.0, (double)s.h2d_weight_bytes / 1048576.0,
                 (unsigned long long)s.layers_streamed);
     fprintf(f, ", KV cache %.1f MiB\n", (double)s.kv_bytes / 1048576.0);
+    if (g->stream && s.forward_s > 0)
+        fprintf(f, "  streaming  compute waited %.3f s for weights in %.3f s of forward calls (%.0f%% of the time "
+                "copies were hidden behind compute)\n", s.stall_s, s.forward_s,
+                100.0 * (1.0 - (s.stall_s < s.forward_s ? s.stall_s / s.forward_s : 1.0)));
 }
 
 void ft_cli_cuda_report_json(const ft_cli_cuda *g, FILE *f)
@@ -118,10 +122,11 @@ void ft_cli_cuda_report_json(const ft_cli_cuda *g, FILE *f)
     ft_cuda_stats s;
     ft_cuda_ctx_get_stats(g->c, &s);
     fprintf(f, ",\"gpu\":\"%s\",\"weights\":\"%s\",\"device_weight_bytes\":%llu,\"host_weight_bytes\":%llu,"
-            "\"h2d_weight_bytes\":%llu,\"layers_streamed\":%llu,\"device_kv_bytes\":%llu",
+            "\"h2d_weight_bytes\":%llu,\"layers_streamed\":%llu,\"device_kv_bytes\":%llu,"
+            "\"stall_s\":%.4f,\"forward_s\":%.4f",
             g->info.name, placement(g), (unsigned long long)(s.weight_bytes + s.slot_bytes),
             (unsigned long long)ft_cuda_host_weights_bytes(g->hw), (unsigned long long)s.h2d_weight_bytes,
-            (unsigned long long)s.layers_streamed, (unsigned long long)s.kv_bytes);
+            (unsigned long long)s.layers_streamed, (unsigned long long)s.kv_bytes, s.stall_s, s.forward_s);
 }
 
 void ft_cli_cuda_free(ft_cli_cuda *g)

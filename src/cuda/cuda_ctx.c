@@ -58,6 +58,8 @@ struct ft_cuda_ctx {
     int64_t lshape[LW_COUNT][2];
     ft_cuda_dec_ws dec;
     cudaEvent_t ev_loaded[2], ev_free[2];
+    cudaEvent_t *stall0, *stall1;  /* per layer, on the compute stream around its
+                                      wait for the layer's weights (timing) */
     /* KV cache and per-slot lengths */
     float *kv;
     int *seq_len;
@@ -72,7 +74,7 @@ struct ft_cuda_ctx {
     int *h_row_slot, *h_row_pos, *h_sel;
     uint64_t weight_bytes, kv_bytes, scratch_bytes;
     uint64_t h2d_weight_bytes, layers_streamed;
-    double hook_s;
+    double hook_s, stall_s, forward_s;
 };
 
 static ft_status blas_status(cublasStatus_t s, const char *what)
@@ -181,6 +183,15 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         if ((st = ft_cuda_status(cudaEventCreateWithFlags(&c->ev_loaded[i], cudaEventDisableTiming), "cudaEventCreate")) ||
             (st = ft_cuda_status(cudaEventCreateWithFlags(&c->ev_free[i], cudaEventDisableTiming), "cudaEventCreate")))
             goto fail;
+    if (p->stream_weights) {
+        c->stall0 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        c->stall1 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        if (!c->stall0 || !c->stall1) { st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation"); goto fail; }
+        for (int l = 0; l < cfg->n_layers; l++)
+            if ((st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall0[l], cudaEventDefault), "cudaEventCreate")) ||
+                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall1[l], cudaEventDefault), "cudaEventCreate")))
+                goto fail;
+    }
     if ((st = blas_status(cublasCreate(&c->blas), "cublasCreate")) ||
         (st = blas_status(cublasSetStream(c->blas, c->cs), "cublasSetStream")) ||
         (st = blas_status(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")) ||
@@ -341,6 +352,12 @@ void ft_cuda_ctx_free(ft_cuda_ctx *c)
         if (c->ev_loaded[i]) (void)cudaEventDestroy(c->ev_loaded[i]);
         if (c->ev_free[i]) (void)cudaEventDestroy(c->ev_free[i]);
     }
+    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+        if (c->stall0 && c->stall0[l]) (void)cudaEventDestroy(c->stall0[l]);
+        if (c->stall1 && c->stall1[l]) (void)cudaEventDestroy(c->stall1[l]);
+    }
+    free(c->stall0);
+    free(c->stall1);
     if (c->cs) (void)cudaStreamDestroy(c->cs);
     if (c->ls) (void)cudaStreamDestroy(c->ls);
     free(c->seq_len);
@@ -390,6 +407,8 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out)
     out->h2d_weight_bytes = c->h2d_weight_bytes;
     out->layers_streamed = c->layers_streamed;
     out->hook_s = c->hook_s;
+    out->stall_s = c->stall_s;
+    out->forward_s = c->forward_s;
 }
 
 /* ------------------------------------------------------------ the pass */
@@ -623,7 +642,9 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
         dev_layer w;
         if (c->p.stream_weights) {
             if (l + 1 < cfg->n_layers) TRY(load_layer(c, l + 1));
+            FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
             FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
+            FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
             layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, &w);
         } else {
             layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, &w);
@@ -670,12 +691,19 @@ static void drain(ft_cuda_ctx *c)
     (void)cudaGetLastError();
 }
 
-static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t *ntok)
+static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t *ntok, double t0)
 {
     ft_status st = ft_cuda_status(cudaStreamSynchronize(c->cs), "forward (cudaStreamSynchronize)");
     if (!st) st = ft_cuda_status(cudaStreamSynchronize(c->ls), "forward (weight loads)");
     if (st) { drain(c); return st; }
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
+    /* how long the compute stream waited for each layer's weights */
+    for (int l = 0; c->p.stream_weights && l < c->m->cfg.n_layers; l++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->stall0[l], c->stall1[l]) == cudaSuccess) c->stall_s += ms * 1e-3;
+        else (void)cudaGetLastError();
+    }
+    c->forward_s += ft_now() - t0;
     return FT_OK;
 }
 
@@ -686,6 +714,7 @@ ft_status ft_cuda_ctx_forward(ft_cuda_ctx *c, size_t n, const int *slots, const 
     ft_status st = check_call(c, n, slots, tokens, ntok, all_rows, &rows);
     if (st) return st;
     FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
+    double t0 = ft_now();
     int nsel = 0;
     st = run(c, n, slots, tokens, ntok, (int)rows, logits ? (all_rows ? 2 : 1) : 0, &nsel);
     if (!st && logits && nsel)
@@ -693,7 +722,7 @@ ft_status ft_cuda_ctx_forward(ft_cuda_ctx *c, size_t n, const int *slots, const 
                                             cudaMemcpyDeviceToHost, c->cs),
                             "cudaMemcpyAsync (logits)");
     if (st) { drain(c); return st; }
-    return finish(c, n, slots, ntok);
+    return finish(c, n, slots, ntok, t0);
 }
 
 ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
@@ -704,6 +733,7 @@ ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
     if (st) return st;
     if (!next) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL output");
     FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
+    double t0 = ft_now();
     int nsel = 0;
     st = run(c, n, slots, tokens, ntok, (int)rows, 1, &nsel);
     if (!st) st = ft_cuda_status(ftk_argmax(c->d_next, c->logits, nsel, c->V, c->cs), "argmax kernel");
@@ -712,7 +742,7 @@ ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
                                             cudaMemcpyDeviceToHost, c->cs),
                             "cudaMemcpyAsync (tokens)");
     if (st) { drain(c); return st; }
-    if ((st = finish(c, n, slots, ntok))) return st;
+    if ((st = finish(c, n, slots, ntok, t0))) return st;
     memcpy(next, c->h_next, n * sizeof(int32_t));
     return FT_OK;
 }

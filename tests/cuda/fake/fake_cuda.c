@@ -232,6 +232,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     return cudaSuccess;
 }
 
+/* No clock in the emulation: elapsed times are 0. Both events must be
+ * complete, as CUDA requires (cudaErrorNotReady otherwise). */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    if (!a->stream || !b->stream) return cudaErrorInvalidResourceHandle;
+    if (a->stream->done < a->seq || b->stream->done < b->seq) return cudaErrorNotReady;
+    *ms = 0.0f;
+    return cudaSuccess;
+}
+
 typedef struct { struct CUstream_st *st; uint64_t seq; } wait_args;
 
 static void wait_op(void *a)
