@@ -9,8 +9,9 @@
 #   4. benchmark: the built-in Llama scaled to ~1.1B parameters with random
 #      bf16 weights (flextier gen-model), prefill and decode tok/s at batch 1
 #      and 64, side by side with Hugging Face transformers (PyTorch) on the
-#      same GPU and weights (scripts/bench/hf_generate.py; without torch or
-#      transformers that row says why and the rest still runs), and the
+#      same GPU and weights (scripts/bench/hf_generate.py; torch and
+#      transformers are pip-installed if missing, and without them, e.g. with
+#      no network, that row says why and the rest still runs), and the
 #      offload rows: weights in pinned host memory streamed over PCIe, raw
 #      bf16 vs q4.
 # Everything lands in $OUT (or ./gpu-out), at most 8 files: summary.md (the
@@ -211,6 +212,11 @@ if [ $bench = 1 ]; then
                  > '$work/ft_resident_b$b.json'"
         done
         if [ "$fake" != 1 ] && [ "${SKIP_HF:-0}" != 1 ]; then
+            if ! timeout 60 python3 -c 'import torch, transformers' > /dev/null 2>&1; then
+                # usually there already; without a network this fails fast
+                step "pip install torch transformers" 90 "$out/hf.log" python3 -m pip install -q --retries 0 \
+                    --timeout 5 torch transformers
+            fi
             step "transformers batch 1,$BIG" 300 "$out/hf.log" env PYTHONUNBUFFERED=1 python3 \
                 "$root/scripts/bench/hf_generate.py" --model "$model" --batch "1,$BIG" --prompt-len $P --gen-len $G \
                 --json "$work/hf.json"
