@@ -85,8 +85,9 @@ ft_status ft_cuda_convert(void *dst, ft_dtype dst_dt, const void *src, ft_dtype 
  *              checked), copied, converted on the GPU.
  * The header (and its hash) is validated on the host with ft_frame_parse.
  * Chunk hashes: checked on the host for q8/q4 and raw (they cover the
- * payload) and for lz4/zstd/deflate; NOT for byteplane (its hash covers
- * the raw bytes, which only ever exist on the GPU).
+ * payload), for lz4/zstd/deflate and for stored byteplane chunks; NOT for
+ * coded byteplane chunks (their hash covers the raw bytes, which only ever
+ * exist on the GPU).
  * A decoder owns a CUDA stream, device staging and pinned staging that
  * grow to the largest frame seen, and a codec context for the CPU stages. */
 typedef struct ft_cuda_decoder ft_cuda_decoder;
