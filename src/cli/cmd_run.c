@@ -1,6 +1,7 @@
 /* flextier run | gen-model | bench run: the inference engine's commands. */
 #include "cli.h"
 #include "offload_opts.h"
+#include "cuda_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -171,7 +172,7 @@ int ft_cmd_gen_model(int argc, char **argv) { return gen_model(argc, argv); }
 
 static const char BENCH_USAGE[] =
     "usage: flextier bench run --model DIR --batch B --prompt-len P --gen-len G\n"
-    "         [--threads N] [--seed N] [--json] [offloading options]\n"
+    "         [--threads N] [--seed N] [--json] [--device cpu|cuda] [offloading options]\n"
     "FlexGen's benchmark shape: B random prompts of P tokens, G new tokens each (greedy,\n"
     "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes;\n"
     "with --policy, the offloading metrics too.\n";
@@ -192,14 +193,17 @@ int ft_bench_run(int argc, char **argv)
     ft_cli_offload off;
     ft_cli_offload_init(&off);
     off.stats = 1;
+    ft_cli_cuda gpu = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(BENCH_USAGE, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_offload_arg(&off, argc, argv, &i);
+        if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--json")) { json = 1; continue; }
@@ -229,15 +233,28 @@ int ft_bench_run(int argc, char **argv)
     lp.progress = load_progress;
     double t0 = ft_now();
     off.threads = (unsigned)threads;
-    ft_status st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &m);
+    ft_status st;
+    if (gpu.on) {
+        if ((st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("bench", st);
+        st = ft_model_load(dir, &lp, &m);
+    } else {
+        st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &m);
+    }
     if (st) return ft_cli_fail(dir, st);
     double load_s = ft_now() - t0;
     const ft_model_config *cfg = ft_model_get_config(m);
     ft_ctx_params cp = {.max_batch = (int)batch, .max_seq = (int)(plen + glen),
                         .max_rows = (int)(batch * plen), .threads = (unsigned)threads};
-    ft_cli_offload_ctx_params(&off, &cp);
-    if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-    if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
+    if (gpu.on) {
+        if ((st = ft_cli_cuda_create(&gpu, m, cp.max_batch, cp.max_seq, cp.max_rows, 0, cp.threads))) {
+            ft_cli_fail("CUDA context", st);
+            goto done;
+        }
+    } else {
+        ft_cli_offload_ctx_params(&off, &cp);
+        if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
+        if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
+    }
     prompts = malloc((size_t)(batch * plen) * sizeof *prompts);
     outs = malloc((size_t)(batch * glen) * sizeof *outs);
     pp = malloc((size_t)batch * sizeof *pp);
@@ -255,23 +272,27 @@ int ft_bench_run(int argc, char **argv)
     ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1, .on_token = ft_cli_offload_on_token,
                         .user = &off};
     ft_gen_stats gs;
-    if ((st = ft_generate(c, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
+    st = gpu.on ? ft_cuda_generate(gpu.c, (size_t)batch, pp, pl, &gp, op, no, &gs)
+                : ft_generate(c, (size_t)batch, pp, pl, &gp, op, no, &gs);
+    if (st) { ft_cli_fail("generate", st); goto done; }
     double pre_tps = gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0;
     double dec_tps = gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0;
     double gen_total = (double)(batch * glen);
     double e2e = gen_total / (gs.prefill_s + gs.decode_s);
     double rss = peak_rss_bytes(), wbytes = (double)ft_model_weight_bytes(m);
-    double kvb = (double)ft_ctx_kv_bytes(c);
+    double kvb = gpu.on ? 0 : (double)ft_ctx_kv_bytes(c);
     unsigned nthreads = threads ? (unsigned)threads : ft_default_threads();
     if (json) {
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen_len\":%ld,"
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
-               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f",
+               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
-               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss);
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss,
+               gpu.on ? "cuda" : "cpu");
+        if (gpu.on) ft_cli_cuda_report_json(&gpu, stdout);
         if (off.enabled) {
             printf(",\"offload\":");
             ft_cli_offload_report_json(&off, gs.prefill_s, gs.decode_s, stdout);
@@ -289,14 +310,19 @@ int ft_bench_run(int argc, char **argv)
         printf("  decode     %8.3f s  %10.2f tok/s  (CPU %.3f s: %.2f tok per CPU-s)\n", gs.decode_s,
                dec_tps, gs.decode_cpu_s, gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0);
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
-        printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
-               b1, b2, b3, rss / wbytes);
-        ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
+        if (gpu.on) {
+            ft_cli_cuda_report(&gpu, stdout);
+        } else {
+            printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
+                   b1, b2, b3, rss / wbytes);
+            ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
+        }
     }
     rc = FT_EXIT_OK;
 done:
     free(prompts); free(outs); free(pp); free(op); free(pl); free(no);
     ft_ctx_free(c);
+    ft_cli_cuda_free(&gpu);
     ft_cli_offload_free(&off);
     ft_model_free(m);
     return rc;
@@ -306,7 +332,8 @@ done:
 static const char RUN_USAGE[] =
     "usage: flextier run --model DIR (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]\n"
     "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
-    "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [offloading options]\n"
+    "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [--device cpu|cuda]\n"
+    "         [offloading options]\n"
     "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
     "tokenizer.json). One --prompt streams its text; a --prompt-file holds one prompt per\n"
     "line, run as one batch, printed per prompt. Sampling defaults come from the model's\n"
@@ -412,14 +439,17 @@ int ft_cmd_run(int argc, char **argv)
     int ignore_eos = 0, have_seed = 0;
     ft_cli_offload off;
     ft_cli_offload_init(&off);
+    ft_cli_cuda gpu = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(RUN_USAGE, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_offload_arg(&off, argc, argv, &i);
+        if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
@@ -465,6 +495,7 @@ int ft_cmd_run(int argc, char **argv)
     run_state rs = {0};
     char path[4096];
 
+    if (gpu.on && (st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("run", st);
     if (pfile) {
         if ((st = ft_cli_read_file(pfile, &fdata, &fsize))) return ft_cli_fail(pfile, st);
         char *txt = malloc(fsize + 1);
@@ -487,7 +518,9 @@ int ft_cmd_run(int argc, char **argv)
     {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);
-        if ((st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &m))) {
+        st = gpu.on ? ft_model_load(dir, &lp, &m)
+                    : ft_cli_offload_load(&off, dir, &lp, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &m);
+        if (st) {
             ft_cli_fail(dir, st);
             goto done;
         }
@@ -537,16 +570,24 @@ int ft_cmd_run(int argc, char **argv)
     }
     ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
                         .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
-    ft_cli_offload_ctx_params(&off, &cp);
-    if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-    if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
+    if (gpu.on) {
+        if ((st = ft_cli_cuda_create(&gpu, m, cp.max_batch, cp.max_seq, cp.max_rows, cp.all_logits, cp.threads))) {
+            ft_cli_fail("CUDA context", st);
+            goto done;
+        }
+    } else {
+        ft_cli_offload_ctx_params(&off, &cp);
+        if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
+        if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
+    }
 
     if (dump) {
         float *lg = malloc(sum * (size_t)cfg->vocab * sizeof(float));
         int *slots = malloc(np * sizeof(int));
         if (!lg || !slots) { free(lg); free(slots); ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
         for (size_t j = 0; j < np; j++) slots[j] = (int)j;
-        st = ft_ctx_forward(c, np, slots, (const int32_t *const *)ids, plen, lg, 1);
+        st = gpu.on ? ft_cuda_ctx_forward(gpu.c, np, slots, (const int32_t *const *)ids, plen, lg, 1)
+                    : ft_ctx_forward(c, np, slots, (const int32_t *const *)ids, plen, lg, 1);
         if (!st) st = ft_cli_write_file(dump, lg, sum * (size_t)cfg->vocab * sizeof(float));
         free(lg);
         free(slots);
@@ -573,7 +614,8 @@ int ft_cmd_run(int argc, char **argv)
     rs.stream = np == 1;
     if (rs.stream) { fputs(lines[0], stdout); fflush(stdout); }
     ft_gen_stats gs;
-    st = ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
+    st = gpu.on ? ft_cuda_generate(gpu.c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs)
+                : ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
     if (!st && rs.err) st = rs.err;
     if (st) { if (rs.stream) putchar('\n'); ft_cli_fail("generate", st); goto done; }
     for (size_t j = 0; j < np; j++) {
@@ -593,7 +635,8 @@ int ft_cmd_run(int argc, char **argv)
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
             np, gen);
-    ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stderr);
+    if (gpu.on) ft_cli_cuda_report(&gpu, stderr);
+    else ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stderr);
     rc = FT_EXIT_OK;
 done:
     for (size_t j = 0; j < np; j++) {
@@ -607,6 +650,7 @@ done:
     free(lines);
     free(fdata);
     ft_ctx_free(c);
+    ft_cli_cuda_free(&gpu);
     ft_tokenizer_free(tok);
     ft_cli_offload_free(&off);
     ft_model_free(m);

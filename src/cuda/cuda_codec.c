@@ -1,0 +1,252 @@
+/* Frames into device memory: the host validates and runs the CPU stages,
+ * the GPU expands (docs/cuda.md, "The codec on the GPU").
+ *
+ *   q8/q4      host: header (ft_frame_parse), chunk hashes unless trusted,
+ *              q4 pad nibbles; copy the whole frame as is; GPU: chunk
+ *              table, then dequantize every element into the output dtype.
+ *   raw        host: hashes unless trusted; copy the payload; GPU: convert.
+ *   byteplane  host: per chunk, validate the payload header and decode each
+ *              plane's entropy stage into pinned staging (stored chunks are
+ *              split into planes); copy the planes; GPU: regroup + convert.
+ *   lz4/zstd/deflate: host ft_decode (hashes checked) into pinned staging;
+ *              copy; GPU: convert. */
+#include "cuda_host.h"
+#include "cuda_prep.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ft_status ft_cuda_dec_ws_init(ft_cuda_dec_ws *w)
+{
+    memset(w, 0, sizeof *w);
+    FT_CU(cudaEventCreateWithFlags(&w->h_done, cudaEventDisableTiming), "cudaEventCreate");
+    return FT_OK;
+}
+
+void ft_cuda_dec_ws_release(ft_cuda_dec_ws *w)
+{
+    if (!w) return;
+    if (w->h_used) (void)cudaEventSynchronize(w->h_done);
+    if (w->h_done) (void)cudaEventDestroy(w->h_done);
+    if (w->d_stage) (void)cudaFree(w->d_stage);
+    if (w->d_table) (void)cudaFree(w->d_table);
+    if (w->h_stage) (void)cudaFreeHost(w->h_stage);
+    ft_codec_ctx_free(w->cpu);
+    ft_ws_release(&w->ws);
+    memset(w, 0, sizeof *w);
+}
+
+/* Grow a device buffer used by work on `s` (synchronized first: the old
+ * buffer may still be read). 25% headroom avoids regrowing by a byte. */
+static ft_status grow_device(void **p, size_t *cap, size_t need, cudaStream_t s, const char *what)
+{
+    if (*cap >= need) return FT_OK;
+    FT_CU(cudaStreamSynchronize(s), what);
+    if (*p) (void)cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t n = need + need / 4 + 4096;
+    FT_CU(cudaMalloc(p, n), what);
+    *cap = n;
+    return FT_OK;
+}
+
+/* The pinned staging, free to write (the previous copy out of it done)
+ * and at least `need` bytes. */
+static ft_status host_stage(ft_cuda_dec_ws *w, size_t need)
+{
+    if (w->h_used) {
+        FT_CU(cudaEventSynchronize(w->h_done), "pinned staging (cudaEventSynchronize)");
+        w->h_used = 0;
+    }
+    if (w->h_cap >= need) return FT_OK;
+    if (w->h_stage) (void)cudaFreeHost(w->h_stage);
+    w->h_stage = NULL;
+    w->h_cap = 0;
+    size_t n = need + need / 4 + 4096;
+    FT_CU(cudaHostAlloc((void **)&w->h_stage, n, cudaHostAllocDefault), "pinned staging (cudaHostAlloc)");
+    w->h_cap = n;
+    return FT_OK;
+}
+
+static ft_status host_stage_copied(ft_cuda_dec_ws *w, cudaStream_t s)
+{
+    FT_CU(cudaEventRecord(w->h_done, s), "cudaEventRecord");
+    w->h_used = 1;
+    return FT_OK;
+}
+
+static int is_float(ft_dtype d) { return d == FT_F32 || d == FT_F16 || d == FT_BF16; }
+
+ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src_dt, uint64_t n,
+                                ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    if (!is_float(src_dt) || !is_float(out_dt))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: cannot convert %s to %s", ft_dtype_name(src_dt),
+                            ft_dtype_name(out_dt));
+    size_t bytes = (size_t)ft_dtype_nbytes(src_dt, n);
+    if (!bytes) return FT_OK;
+    if (h2d) *h2d += bytes;
+    if (src_dt == out_dt) {
+        FT_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (weights)");
+        return FT_OK;
+    }
+    ft_status st = grow_device((void **)&w->d_stage, &w->d_cap, bytes, s, "device staging (cudaMalloc)");
+    if (st) return st;
+    FT_CU(cudaMemcpyAsync(w->d_stage, src, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (staging)");
+    FT_CU(ftk_convert(dst, (int)out_dt, w->d_stage, (int)src_dt, n, s), "convert kernel");
+    return FT_OK;
+}
+
+/* q8/q4: checks on the host, then the frame's bytes to the device as they
+ * are and the two kernels. */
+static ft_status dec_quant(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                           ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    ftk_qgeom g;
+    ft_status st = ft_cuda_prep_quant(frame, fi, trusted, &g);
+    if (st || g.numel == 0) return st;
+    if ((st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)fi->frame_size, s, "device staging (cudaMalloc)")))
+        return st;
+    size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
+    st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)fi->n_chunks * sizeof(uint64_t), s,
+                     "chunk table (cudaMalloc)");
+    w->table_cap = tcap_bytes / sizeof(uint64_t);
+    if (st) return st;
+    FT_CU(cudaMemcpyAsync(w->d_stage, frame, (size_t)fi->frame_size, cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync (frame)");
+    if (h2d) *h2d += fi->frame_size;
+    FT_CU(ftk_q_table(&g, w->d_table, s), "chunk table kernel");
+    FT_CU(ftk_q_dequant(&g, w->d_stage, w->d_table, (int)out_dt, dst, s), "dequantize kernel");
+    return FT_OK;
+}
+
+static ft_status dec_raw(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                         ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    ft_status st = ft_cuda_prep_raw(frame, fi, trusted);
+    if (st) return st;
+    return ft_cuda_dec_raw_async(w, frame + fi->header_size, fi->dtype, fi->numel, out_dt, dst, s, h2d);
+}
+
+/* byteplane: the entropy stage on the CPU into the pinned staging, the
+ * planes to the device, regrouped there. */
+static ft_status dec_byteplane(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
+                               ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    size_t raw = (size_t)fi->raw_size;
+    if (raw == 0) return FT_OK;
+    uint64_t E = 0;
+    ft_status st = host_stage(w, raw);
+    if (!st) st = ft_cuda_prep_byteplane(&w->ws, frame, fi, trusted, w->h_stage, &E);
+    if (!st) st = grow_device((void **)&w->d_stage, &w->d_cap, raw, s, "device staging (cudaMalloc)");
+    if (st) return st;
+    FT_CU(cudaMemcpyAsync(w->d_stage, w->h_stage, raw, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (planes)");
+    if ((st = host_stage_copied(w, s))) return st;
+    if (h2d) *h2d += raw;
+    FT_CU(ftk_bp_merge((int)fi->dtype, w->d_stage, fi->numel, E, (int)out_dt, dst, s), "byte-plane merge kernel");
+    return FT_OK;
+}
+
+/* lz4/zstd/deflate: all on the CPU (ft_decode checks every hash), the
+ * values copied and converted on the GPU. */
+static ft_status dec_cpu(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
+                         ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    size_t raw = (size_t)fi->raw_size;
+    ft_status st;
+    if (!w->cpu && (st = ft_codec_ctx_create(0, &w->cpu))) return st;
+    if ((st = host_stage(w, raw))) return st;
+    ft_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = fi->dtype;
+    t.data = w->h_stage;
+    if ((st = ft_decode(w->cpu, frame, (size_t)fi->frame_size, &t, w->h_cap))) return st;
+    if ((st = ft_cuda_dec_raw_async(w, w->h_stage, fi->dtype, fi->numel, out_dt, dst, s, h2d))) return st;
+    return host_stage_copied(w, s);
+}
+
+ft_status ft_cuda_dec_frame_async(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
+                                  int trusted, ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d)
+{
+    if (!is_float(fi->dtype))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: frames of %s cannot be decoded on the GPU "
+                            "(float dtypes only)", ft_dtype_name(fi->dtype));
+    if (!is_float(out_dt))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: cannot decode to %s", ft_dtype_name(out_dt));
+    switch (fi->codec) {
+    case FT_CODEC_Q8: case FT_CODEC_Q4:
+        return dec_quant(w, frame, fi, trusted, out_dt, dst, s, h2d);
+    case FT_CODEC_RAW:
+        return dec_raw(w, frame, fi, trusted, out_dt, dst, s, h2d);
+    case FT_CODEC_BYTEPLANE:
+        return dec_byteplane(w, frame, fi, trusted, out_dt, dst, s, h2d);
+    case FT_CODEC_LZ4: case FT_CODEC_ZSTD: case FT_CODEC_DEFLATE:
+        return dec_cpu(w, frame, fi, out_dt, dst, s, h2d);
+    default:
+        return ft_set_error(FT_ERR_CORRUPT, "frame: unknown codec %d", (int)fi->codec);
+    }
+}
+
+/* ------------------------------------------------------------ public API */
+
+struct ft_cuda_decoder {
+    int device;
+    cudaStream_t s;
+    ft_cuda_dec_ws w;
+};
+
+ft_status ft_cuda_decoder_create(int device, ft_cuda_decoder **out)
+{
+    if (!out) return ft_set_error(FT_ERR_INVALID_ARG, "cuda decoder: NULL argument");
+    ft_status st = ft_cuda_require(device);
+    if (st) return st;
+    ft_cuda_decoder *d = calloc(1, sizeof *d);
+    if (!d) return ft_set_error(FT_ERR_NOMEM, "cuda decoder: allocation");
+    d->device = device;
+    if ((st = ft_cuda_dec_ws_init(&d->w)) ||
+        (st = ft_cuda_status(cudaStreamCreateWithFlags(&d->s, cudaStreamNonBlocking), "cudaStreamCreate"))) {
+        ft_cuda_decoder_free(d);
+        return st;
+    }
+    *out = d;
+    return FT_OK;
+}
+
+void ft_cuda_decoder_free(ft_cuda_decoder *d)
+{
+    if (!d) return;
+    (void)cudaSetDevice(d->device);
+    if (d->s) (void)cudaStreamSynchronize(d->s);
+    ft_cuda_dec_ws_release(&d->w);
+    if (d->s) (void)cudaStreamDestroy(d->s);
+    free(d);
+}
+
+ft_status ft_cuda_decode_frame(ft_cuda_decoder *d, const void *frame, size_t size, ft_dtype out_dtype,
+                               void *dst, size_t cap, ft_frame_info *info)
+{
+    if (!d || !frame) return ft_set_error(FT_ERR_INVALID_ARG, "cuda decode: NULL argument");
+    ft_frame_info fi;
+    ft_status st = ft_frame_parse(frame, size, &fi);
+    if (st == FT_ERR_BUFFER_SMALL) return ft_set_error(FT_ERR_CORRUPT, "truncated frame header");
+    if (st) return st;
+    if (fi.frame_size > size)
+        return ft_set_error(FT_ERR_CORRUPT, "truncated frame: %zu of %llu bytes", size,
+                            (unsigned long long)fi.frame_size);
+    if (!is_float(out_dtype))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: cannot decode to %s", ft_dtype_name(out_dtype));
+    uint64_t need = ft_dtype_nbytes(out_dtype, fi.numel);
+    if (need > cap)
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "decoded tensor needs %llu bytes, buffer has %zu",
+                            (unsigned long long)need, cap);
+    if (need && !dst) return ft_set_error(FT_ERR_INVALID_ARG, "cuda decode: NULL destination");
+    FT_CU(cudaSetDevice(d->device), "cudaSetDevice");
+    st = ft_cuda_dec_frame_async(&d->w, frame, &fi, 0, out_dtype, dst, d->s, NULL);
+    /* Wait for whatever was enqueued, also after an error. */
+    ft_status st2 = ft_cuda_status(cudaStreamSynchronize(d->s), "frame decode (cudaStreamSynchronize)");
+    if (st) return st;
+    if (st2) return st2;
+    if (info) *info = fi;
+    return FT_OK;
+}

@@ -1,0 +1,867 @@
+/* The CUDA compute context: ft_ctx's forward pass (src/engine/forward.c)
+ * on one GPU.
+ *
+ * Same shape as the CPU engine: all new tokens of all sequences of a call
+ * are stacked into one `rows x hidden` matrix, every linear layer is one
+ * cuBLAS GEMM over it (bf16 weights x bf16 activations, f32 accumulation
+ * and output; or all f32), attention runs per (row, head) against that
+ * row's sequence's cache, and the pass is layer-major. Activations stay in
+ * f32 in device memory; only GEMM inputs are rounded to bf16.
+ *
+ * Streams: compute (`cs`, cuBLAS runs on it) and load (`ls`). With
+ * streamed weights the layers live in two device slots; layer i+1's
+ * copy and GPU decode are enqueued on `ls` before layer i's compute is
+ * enqueued on `cs`:
+ *
+ *   ls: wait ev_free[(i+1)%2]; copy + decode layer i+1; record ev_loaded[(i+1)%2]
+ *   cs: wait ev_loaded[i%2]; compute layer i; record ev_free[i%2]
+ *
+ * so the copy of layer i+1 overlaps the compute of layer i, and a slot is
+ * rewritten only after the layer that used it has finished (FlexGen's
+ * double buffering, one layer ahead). The host runs ahead of the GPU; it
+ * waits only at the end of the call (logits) or when the decoder's pinned
+ * staging is still being copied from (byteplane and CPU-decoded frames). */
+#include "cuda_host.h"
+#include "cuda_prep.h"
+#include "engine/engine_internal.h"
+
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ALIGN 256u
+#define UPLOAD_CHUNK ((uint64_t)16 << 20)         /* f32 values per upload step */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+
+struct ft_cuda_ctx {
+    const ft_model *m;
+    ft_cuda_ctx_params p;
+    int H, E, F, V, qdim, kvdim, edim, hd;
+    ft_dtype wdt;                  /* matrices: FT_BF16 or FT_F32 */
+    cudaStream_t cs, ls;
+    cublasHandle_t blas;
+    void *blas_ws;
+    /* model-wide tensors (device); lm_head may alias tok_emb */
+    void *g[GW_COUNT];
+    ft_dtype gdt[GW_COUNT];
+    void *gbuf;
+    /* layer tensors: resident: n_layers blocks; streamed: 2 slots */
+    uint8_t *lbuf;
+    size_t lbytes;                 /* bytes of one block */
+    size_t loff[LW_COUNT];         /* SIZE_MAX: the architecture has no such tensor */
+    ft_dtype ldt[LW_COUNT];
+    uint64_t lnumel[LW_COUNT];
+    int lndim[LW_COUNT];
+    int64_t lshape[LW_COUNT][2];
+    ft_cuda_dec_ws dec;
+    cudaEvent_t ev_loaded[2], ev_free[2];
+    cudaEvent_t *stall0, *stall1;  /* per layer, on the compute stream around its
+                                      wait for the layer's weights (timing) */
+    /* KV cache and per-slot lengths */
+    float *kv;
+    int *seq_len;
+    /* activations */
+    float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *logits;
+    void *xin;                     /* GEMM input in bf16 */
+    float *rope_cos, *rope_sin;
+    int32_t *d_tokens, *d_next;
+    int *d_row_slot, *d_row_pos, *d_sel;
+    /* pinned host mirrors of the per-call arrays */
+    int32_t *h_tokens, *h_next;
+    int *h_row_slot, *h_row_pos, *h_sel;
+    uint64_t weight_bytes, kv_bytes, scratch_bytes;
+    uint64_t h2d_weight_bytes, layers_streamed;
+    double hook_s, stall_s, forward_s;
+};
+
+static ft_status blas_status(cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return FT_OK;
+    return ft_set_error(s == CUBLAS_STATUS_ALLOC_FAILED ? FT_ERR_NOMEM : FT_ERR_INTERNAL, "%s: %s: %s",
+                        what, cublasGetStatusName(s), cublasGetStatusString(s));
+}
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* cudaMalloc that records what it allocated. */
+static ft_status dalloc(ft_cuda_ctx *c, void **p, size_t bytes, uint64_t *acct, const char *what)
+{
+    FT_CU(cudaMalloc(p, bytes ? bytes : 1), what);
+    if (acct) *acct += bytes;
+    return FT_OK;
+}
+
+/* Llama RoPE frequencies, in f32 as transformers computes them: the same
+ * arithmetic as forward.c's rope_inv_freq, so the tables are identical. */
+static void rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
+{
+    int dim = cfg->head_dim;
+    for (int i = 0; i < half; i++)
+        inv[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
+    if (!cfg->rope_llama3) return;
+    float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+    float old = (float)cfg->rope_orig_max_pos;
+    float low_wl = old / lo, high_wl = old / hi;
+    for (int i = 0; i < half; i++) {
+        float wl = 2.0f * (float)M_PI / inv[i];
+        float f = wl > low_wl ? inv[i] / factor : inv[i];
+        float smooth = (old / wl - lo) / (hi - lo);
+        float smoothed = (1.0f - smooth) * f / factor + smooth * f;
+        int medium = !(wl < high_wl) && !(wl > low_wl);
+        inv[i] = medium ? smoothed : f;
+    }
+}
+
+/* Upload n f32 values from the model (pageable host memory) to dst as dt,
+ * in steps through the decoder's device staging. */
+static ft_status upload_f32(ft_cuda_ctx *c, void *dst, ft_dtype dt, const float *src, uint64_t n)
+{
+    size_t es = ft_dtype_bits(dt) / 8;
+    for (uint64_t i = 0; i < n; i += UPLOAD_CHUNK) {
+        uint64_t k = n - i < UPLOAD_CHUNK ? n - i : UPLOAD_CHUNK;
+        ft_status st = ft_cuda_dec_raw_async(&c->dec, src + i, FT_F32, k, dt, (uint8_t *)dst + i * es,
+                                             c->cs, NULL);
+        if (st) return st;
+    }
+    return FT_OK;
+}
+
+static uint64_t numel2(int ndim, const int64_t *s) { return ndim == 1 ? (uint64_t)s[0] : (uint64_t)(s[0] * s[1]); }
+
+ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_cuda_ctx **out)
+{
+    if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: NULL argument");
+    const ft_model_config *cfg = &m->cfg;
+    if (p->max_batch < 1 || p->max_batch > 65536 || p->max_seq < 1)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: max_batch %d / max_seq %d out of range",
+                            p->max_batch, p->max_seq);
+    if (p->max_seq > cfg->max_pos)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
+                            "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    if (cfg->sliding_window > 0 && p->max_seq > cfg->sliding_window)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
+                            "sliding_window = %d (windowed attention is not implemented)",
+                            p->max_seq, cfg->sliding_window);
+    if (p->stream_weights && !p->hook)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
+    if (!p->stream_weights && !m->lbuf)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: the model's layers are not loaded "
+                            "(external layers need stream_weights and a weight hook)");
+    ft_status st = ft_cuda_require(p->device);
+    if (st) return st;
+
+    ft_cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation");
+    c->m = m;
+    c->p = *p;
+    if (c->p.max_rows <= 0) {
+        int64_t r = (int64_t)p->max_batch * p->max_seq;
+        c->p.max_rows = r > (1 << 24) ? (1 << 24) : (int)r;
+    }
+    c->H = cfg->hidden;
+    c->E = cfg->word_embed_proj_dim;
+    c->F = cfg->ffn;
+    c->V = cfg->vocab;
+    c->hd = cfg->head_dim;
+    c->qdim = cfg->n_heads * cfg->head_dim;
+    c->kvdim = cfg->n_kv_heads * cfg->head_dim;
+    c->edim = c->H > c->E ? c->H : c->E;
+    c->wdt = p->f32_weights ? FT_F32 : FT_BF16;
+    const size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
+    const size_t selrows = p->all_logits ? R : B;
+    const ft_arch *a = m->arch;
+    char name[128];
+
+    if ((st = ft_cuda_dec_ws_init(&c->dec))) goto fail;
+    if ((st = ft_cuda_status(cudaStreamCreateWithFlags(&c->cs, cudaStreamNonBlocking), "cudaStreamCreate")) ||
+        (st = ft_cuda_status(cudaStreamCreateWithFlags(&c->ls, cudaStreamNonBlocking), "cudaStreamCreate")))
+        goto fail;
+    for (int i = 0; i < 2; i++)
+        if ((st = ft_cuda_status(cudaEventCreateWithFlags(&c->ev_loaded[i], cudaEventDisableTiming), "cudaEventCreate")) ||
+            (st = ft_cuda_status(cudaEventCreateWithFlags(&c->ev_free[i], cudaEventDisableTiming), "cudaEventCreate")))
+            goto fail;
+    if (p->stream_weights) {
+        c->stall0 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        c->stall1 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        if (!c->stall0 || !c->stall1) { st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation"); goto fail; }
+        for (int l = 0; l < cfg->n_layers; l++)
+            if ((st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall0[l], cudaEventDefault), "cudaEventCreate")) ||
+                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall1[l], cudaEventDefault), "cudaEventCreate")))
+                goto fail;
+    }
+    if ((st = blas_status(cublasCreate(&c->blas), "cublasCreate")) ||
+        (st = blas_status(cublasSetStream(c->blas, c->cs), "cublasSetStream")) ||
+        (st = blas_status(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode")) ||
+        (st = dalloc(c, &c->blas_ws, BLAS_WORKSPACE, &c->scratch_bytes, "cuBLAS workspace (cudaMalloc)")) ||
+        (st = blas_status(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE), "cublasSetWorkspace")))
+        goto fail;
+
+    /* model-wide tensors: matrices in the weight dtype, vectors in f32 */
+    {
+        size_t off[GW_COUNT], total = 0;
+        for (int s = 0; s < GW_COUNT; s++) {
+            off[s] = SIZE_MAX;
+            if (!m->g[s] || (s == GW_LM_HEAD && m->g[s] == m->g[GW_TOK_EMB])) continue;
+            int64_t shp[2];
+            int nd = ft_global_shape(cfg, a, s, shp);
+            c->gdt[s] = nd == 2 ? c->wdt : FT_F32;
+            off[s] = total;
+            total += align_up((size_t)ft_dtype_nbytes(c->gdt[s], numel2(nd, shp)));
+        }
+        if ((st = dalloc(c, &c->gbuf, total, &c->weight_bytes, "model-wide weights (cudaMalloc)"))) goto fail;
+        for (int s = 0; s < GW_COUNT; s++) {
+            if (off[s] == SIZE_MAX) continue;
+            int64_t shp[2];
+            int nd = ft_global_shape(cfg, a, s, shp);
+            c->g[s] = (uint8_t *)c->gbuf + off[s];
+            if ((st = upload_f32(c, c->g[s], c->gdt[s], m->g[s], numel2(nd, shp)))) goto fail;
+        }
+        if (m->g[GW_LM_HEAD] && m->g[GW_LM_HEAD] == m->g[GW_TOK_EMB]) {
+            c->g[GW_LM_HEAD] = c->g[GW_TOK_EMB];
+            c->gdt[GW_LM_HEAD] = c->gdt[GW_TOK_EMB];
+        }
+    }
+
+    /* layer block layout */
+    c->lbytes = 0;
+    for (int s = 0; s < LW_COUNT; s++) {
+        c->loff[s] = SIZE_MAX;
+        if (!a->layer_name(cfg, 0, s, name, sizeof name)) continue;
+        c->lndim[s] = ft_layer_shape(cfg, s, c->lshape[s]);
+        c->lnumel[s] = numel2(c->lndim[s], c->lshape[s]);
+        c->ldt[s] = c->lndim[s] == 2 ? c->wdt : FT_F32;
+        c->loff[s] = c->lbytes;
+        c->lbytes += align_up((size_t)ft_dtype_nbytes(c->ldt[s], c->lnumel[s]));
+    }
+    {
+        size_t blocks = p->stream_weights ? 2 : (size_t)cfg->n_layers;
+        if ((st = dalloc(c, (void **)&c->lbuf, c->lbytes * blocks, &c->weight_bytes, "layer weights (cudaMalloc)")))
+            goto fail;
+        if (!p->stream_weights)
+            for (int l = 0; l < cfg->n_layers; l++)
+                for (int s = 0; s < LW_COUNT; s++) {
+                    if (c->loff[s] == SIZE_MAX) continue;
+                    const float *src = *ft_layer_slot(&m->layers[l], s);
+                    if (!src) {
+                        st = ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d tensor %d is not loaded", l, s);
+                        goto fail;
+                    }
+                    if ((st = upload_f32(c, c->lbuf + (size_t)l * c->lbytes + c->loff[s], c->ldt[s], src,
+                                         c->lnumel[s])))
+                        goto fail;
+                }
+    }
+    /* The upload staging is not needed any more: start streaming with an
+     * empty decoder (it grows to the largest frame). */
+    if ((st = ft_cuda_status(cudaStreamSynchronize(c->cs), "weight upload"))) goto fail;
+    ft_cuda_dec_ws_release(&c->dec);
+    if ((st = ft_cuda_dec_ws_init(&c->dec))) goto fail;
+
+    /* KV cache */
+    c->kv_bytes = (uint64_t)cfg->n_layers * 2 * B * S * (uint64_t)c->kvdim * sizeof(float);
+    if ((st = dalloc(c, (void **)&c->kv, (size_t)c->kv_bytes, NULL, "KV cache (cudaMalloc)"))) goto fail;
+    c->seq_len = calloc(B, sizeof(int));
+    if (!c->seq_len) { st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation"); goto fail; }
+
+    /* activations */
+    {
+        size_t gin = (size_t)c->edim;
+        if ((size_t)c->qdim > gin) gin = (size_t)c->qdim;
+        if ((size_t)c->F > gin) gin = (size_t)c->F;
+        struct { void **p; size_t bytes; } bufs[] = {
+            {(void **)&c->x, R * c->edim * 4}, {(void **)&c->xb, R * c->edim * 4},
+            {(void **)&c->q, R * c->qdim * 4}, {(void **)&c->k, R * c->kvdim * 4},
+            {(void **)&c->v, R * c->kvdim * 4}, {(void **)&c->att, R * c->qdim * 4},
+            {(void **)&c->h1, R * c->F * 4}, {(void **)&c->h2, R * c->F * 4},
+            {(void **)&c->sel, selrows * c->edim * 4}, {(void **)&c->sel2, selrows * c->edim * 4},
+            {(void **)&c->logits, selrows * c->V * 4}, {&c->xin, R * gin * 2},
+            {(void **)&c->d_tokens, R * 4}, {(void **)&c->d_row_slot, R * 4},
+            {(void **)&c->d_row_pos, R * 4}, {(void **)&c->d_sel, B * 4}, {(void **)&c->d_next, B * 4},
+        };
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if ((st = dalloc(c, bufs[i].p, bufs[i].bytes, &c->scratch_bytes, "activations (cudaMalloc)"))) goto fail;
+        struct { void **p; size_t bytes; } hbufs[] = {
+            {(void **)&c->h_tokens, R * 4}, {(void **)&c->h_row_slot, R * 4},
+            {(void **)&c->h_row_pos, R * 4}, {(void **)&c->h_sel, B * 4}, {(void **)&c->h_next, B * 4},
+        };
+        for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
+            if ((st = ft_cuda_status(cudaHostAlloc(hbufs[i].p, hbufs[i].bytes, cudaHostAllocDefault),
+                                     "cudaHostAlloc (per-call arrays)")))
+                goto fail;
+    }
+    if (a->pos == FT_POS_ROPE) {
+        int half = cfg->head_dim / 2;
+        float inv[LIM_HALF_HEAD];
+        float *hc = malloc(S * (size_t)half * sizeof(float)), *hs = malloc(S * (size_t)half * sizeof(float));
+        if (!hc || !hs) {
+            free(hc);
+            free(hs);
+            st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: RoPE tables");
+            goto fail;
+        }
+        rope_inv_freq(cfg, inv, half);
+        for (size_t pos = 0; pos < S; pos++)
+            for (int i = 0; i < half; i++) {
+                float f = (float)pos * inv[i];
+                hc[pos * half + i] = cosf(f);
+                hs[pos * half + i] = sinf(f);
+            }
+        size_t tb = S * (size_t)half * sizeof(float);
+        st = dalloc(c, (void **)&c->rope_cos, tb, &c->scratch_bytes, "RoPE tables (cudaMalloc)");
+        if (!st) st = dalloc(c, (void **)&c->rope_sin, tb, &c->scratch_bytes, "RoPE tables (cudaMalloc)");
+        if (!st) st = ft_cuda_copy_to_device(c->rope_cos, hc, tb);
+        if (!st) st = ft_cuda_copy_to_device(c->rope_sin, hs, tb);
+        free(hc);
+        free(hs);
+        if (st) goto fail;
+    }
+    *out = c;
+    return FT_OK;
+fail:
+    if (st == FT_ERR_NOMEM) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        st = ft_set_error(FT_ERR_NOMEM, "%s (weights %.1f MiB, KV cache %.1f MiB, activations %.1f MiB)",
+                          why, (double)c->weight_bytes / 1048576.0, (double)c->kv_bytes / 1048576.0,
+                          (double)c->scratch_bytes / 1048576.0);
+    }
+    ft_cuda_ctx_free(c);
+    return st;
+}
+
+void ft_cuda_ctx_free(ft_cuda_ctx *c)
+{
+    if (!c) return;
+    (void)cudaSetDevice(c->p.device);
+    if (c->ls) (void)cudaStreamSynchronize(c->ls);
+    if (c->cs) (void)cudaStreamSynchronize(c->cs);
+    ft_cuda_dec_ws_release(&c->dec);
+    if (c->blas) cublasDestroy(c->blas);
+    void *dev[] = {c->blas_ws, c->gbuf, c->lbuf, c->kv, c->x, c->xb, c->q, c->k, c->v, c->att, c->h1, c->h2,
+                   c->sel, c->sel2, c->logits, c->xin, c->rope_cos, c->rope_sin, c->d_tokens, c->d_next,
+                   c->d_row_slot, c->d_row_pos, c->d_sel};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) (void)cudaFree(dev[i]);
+    void *host[] = {c->h_tokens, c->h_next, c->h_row_slot, c->h_row_pos, c->h_sel};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        if (host[i]) (void)cudaFreeHost(host[i]);
+    for (int i = 0; i < 2; i++) {
+        if (c->ev_loaded[i]) (void)cudaEventDestroy(c->ev_loaded[i]);
+        if (c->ev_free[i]) (void)cudaEventDestroy(c->ev_free[i]);
+    }
+    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+        if (c->stall0 && c->stall0[l]) (void)cudaEventDestroy(c->stall0[l]);
+        if (c->stall1 && c->stall1[l]) (void)cudaEventDestroy(c->stall1[l]);
+    }
+    free(c->stall0);
+    free(c->stall1);
+    if (c->cs) (void)cudaStreamDestroy(c->cs);
+    if (c->ls) (void)cudaStreamDestroy(c->ls);
+    free(c->seq_len);
+    free(c);
+}
+
+void ft_cuda_ctx_reset(ft_cuda_ctx *c, int slot)
+{
+    if (c && slot >= 0 && slot < c->p.max_batch) c->seq_len[slot] = 0;
+}
+
+int ft_cuda_ctx_seq_len(const ft_cuda_ctx *c, int slot)
+{
+    return (c && slot >= 0 && slot < c->p.max_batch) ? c->seq_len[slot] : 0;
+}
+
+/* [layer][k|v][slot][max_seq][kvdim] */
+static float *kv_layer(const ft_cuda_ctx *c, int layer, int which)
+{
+    size_t S = (size_t)c->p.max_seq, B = (size_t)c->p.max_batch;
+    return c->kv + (((size_t)layer * 2 + (size_t)which) * B) * S * (size_t)c->kvdim;
+}
+
+ft_status ft_cuda_ctx_kv(ft_cuda_ctx *c, int layer, int slot, float *k, float *v, int *len, int *kv_dim)
+{
+    if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d / slot %d out of range", layer, slot);
+    FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
+    size_t bytes = (size_t)c->seq_len[slot] * (size_t)c->kvdim * sizeof(float);
+    size_t off = (size_t)slot * (size_t)c->p.max_seq * (size_t)c->kvdim;
+    if (k && bytes) FT_CU(cudaMemcpy(k, kv_layer(c, layer, 0) + off, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (KV)");
+    if (v && bytes) FT_CU(cudaMemcpy(v, kv_layer(c, layer, 1) + off, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (KV)");
+    if (len) *len = c->seq_len[slot];
+    if (kv_dim) *kv_dim = c->kvdim;
+    return FT_OK;
+}
+
+void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!c) return;
+    out->weight_bytes = c->p.stream_weights ? c->weight_bytes - 2 * (uint64_t)c->lbytes : c->weight_bytes;
+    out->slot_bytes = c->p.stream_weights ? 2 * (uint64_t)c->lbytes : 0;
+    out->kv_bytes = c->kv_bytes;
+    out->scratch_bytes = c->scratch_bytes;
+    out->h2d_weight_bytes = c->h2d_weight_bytes;
+    out->layers_streamed = c->layers_streamed;
+    out->hook_s = c->hook_s;
+    out->stall_s = c->stall_s;
+    out->forward_s = c->forward_s;
+}
+
+/* ------------------------------------------------------------ the pass */
+
+/* Device pointers of one layer's tensors (NULL where absent). */
+typedef struct { const void *t[LW_COUNT]; } dev_layer;
+
+static void layer_ptrs(const ft_cuda_ctx *c, const uint8_t *block, dev_layer *w)
+{
+    for (int s = 0; s < LW_COUNT; s++) w->t[s] = c->loff[s] == SIZE_MAX ? NULL : block + c->loff[s];
+}
+
+/* The GEMM input: x itself (f32 weights) or x rounded to bf16 in xin. */
+static ft_status gemm_input(ft_cuda_ctx *c, const float *x, uint64_t n, const void **out)
+{
+    if (c->wdt == FT_F32) { *out = x; return FT_OK; }
+    FT_CU(ftk_convert(c->xin, FT_BF16, x, FT_F32, n, c->cs), "convert kernel (GEMM input)");
+    *out = c->xin;
+    return FT_OK;
+}
+
+/* y[rows, out] = x[rows, in] W[out, in]^T (+ b), through the column-major
+ * mapping of ft_cuda_gemm_dims_for (cuda_prep.h; checked against cblas by
+ * the host test). */
+static ft_status gemm(ft_cuda_ctx *c, float *y, const void *x, int rows, int in, const void *W, int out,
+                      const float *b)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType t = c->wdt == FT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    ft_cuda_gemm_dims d;
+    ft_cuda_gemm_dims_for(rows, in, out, &d);
+    ft_status st = blas_status(cublasGemmEx(c->blas, d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d.m, d.n, d.k, &alpha, W, t,
+                                            d.lda, x, t, d.ldb, &beta, y, CUDA_R_32F, d.ldc, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                               "cublasGemmEx");
+    if (st) return st;
+    if (b) FT_CU(ftk_add_bias(y, b, rows, out, c->cs), "bias kernel");
+    return FT_OK;
+}
+
+static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, const void *w, const void *b)
+{
+    const ft_model_config *cfg = &c->m->cfg;
+    if (c->m->arch->norm == FT_NORM_RMS)
+        FT_CU(ftk_rmsnorm(out, in, w, rows, c->H, cfg->norm_eps, c->cs), "RMSNorm kernel");
+    else
+        FT_CU(ftk_layernorm(out, in, w, b, rows, c->H, cfg->norm_eps, c->cs), "LayerNorm kernel");
+    return FT_OK;
+}
+
+#define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
+
+static ft_status layer_forward(ft_cuda_ctx *c, int l, const dev_layer *w, int rows)
+{
+    const ft_model_config *cfg = &c->m->cfg;
+    const ft_arch *a = c->m->arch;
+    const int H = c->H, F = c->F;
+    const int pre = a->norm == FT_NORM_RMS || cfg->do_layer_norm_before;
+    const uint64_t xn = (uint64_t)rows * H;
+    float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
+    const void *gin;
+
+    /* attention block */
+    const float *in = c->x;
+    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B])); in = c->xb; }
+    TRY(gemm_input(c, in, xn, &gin));
+    TRY(gemm(c, c->q, gin, rows, H, w->t[LW_Q], c->qdim, w->t[LW_QB]));
+    TRY(gemm(c, c->k, gin, rows, H, w->t[LW_K], c->kvdim, w->t[LW_KB]));
+    TRY(gemm(c, c->v, gin, rows, H, w->t[LW_V], c->kvdim, w->t[LW_VB]));
+    if (a->pos == FT_POS_ROPE) {
+        FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+              "RoPE kernel");
+        FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+              "RoPE kernel");
+    }
+    FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
+          "KV append kernel");
+    FT_CU(ftk_attention(c->att, c->q, kc, vc, c->d_row_slot, c->d_row_pos, rows, cfg->n_heads, cfg->n_kv_heads,
+                        c->hd, c->p.max_seq, 1.0f / sqrtf((float)c->hd), c->cs),
+          "attention kernel");
+    TRY(gemm_input(c, c->att, (uint64_t)rows * c->qdim, &gin));
+    TRY(gemm(c, c->xb, gin, rows, c->qdim, w->t[LW_O], H, w->t[LW_OB]));
+    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
+    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B]));
+
+    /* feed-forward block */
+    in = c->x;
+    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B])); in = c->xb; }
+    TRY(gemm_input(c, in, xn, &gin));
+    if (a->ffn == FT_FFN_SWIGLU) {
+        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_GATE], F, w->t[LW_GATE_B]));
+        TRY(gemm(c, c->h2, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
+        FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * F, c->cs), "SiLU kernel");
+    } else {
+        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
+        FT_CU(ftk_relu(c->h1, (uint64_t)rows * F, c->cs), "ReLU kernel");
+    }
+    TRY(gemm_input(c, c->h1, (uint64_t)rows * F, &gin));
+    TRY(gemm(c, c->xb, gin, rows, F, w->t[LW_DOWN], H, w->t[LW_DOWN_B]));
+    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
+    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B]));
+    return FT_OK;
+}
+
+/* Enqueue layer `l`'s weights into slot l % 2 on the load stream. */
+static ft_status load_layer(ft_cuda_ctx *c, int l)
+{
+    const int slot = l & 1;
+    ft_cuda_wsrc src[FT_CUDA_LAYER_TENSORS];
+    memset(src, 0, sizeof src);
+    double t0 = ft_now();
+    ft_status st = c->p.hook(c->p.hook_user, l, src);
+    if (st) return st;
+    FT_CU(cudaStreamWaitEvent(c->ls, c->ev_free[slot], 0), "cudaStreamWaitEvent");
+    uint8_t *block = c->lbuf + (size_t)slot * c->lbytes;
+    for (int s = 0; s < LW_COUNT; s++) {
+        const ft_cuda_wsrc *w = &src[s];
+        if (c->loff[s] == SIZE_MAX) {
+            if (w->kind != FT_CUDA_WSRC_ABSENT)
+                return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d does not exist in "
+                                    "this model", l, s);
+            continue;
+        }
+        void *dst = block + c->loff[s];
+        if (w->kind == FT_CUDA_WSRC_RAW) {
+            if (!w->data || w->bytes != ft_dtype_nbytes(w->dtype, c->lnumel[s]) || !ft_dtype_is_float(w->dtype))
+                return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d: %zu bytes of %s, "
+                                    "expected %llu values", l, s, w->bytes, ft_dtype_name(w->dtype),
+                                    (unsigned long long)c->lnumel[s]);
+            st = ft_cuda_dec_raw_async(&c->dec, w->data, w->dtype, c->lnumel[s], c->ldt[s], dst, c->ls,
+                                       &c->h2d_weight_bytes);
+        } else if (w->kind == FT_CUDA_WSRC_FRAME) {
+            ft_frame_info fi;
+            if (!w->data) return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d: NULL", l, s);
+            st = ft_frame_parse(w->data, w->bytes, &fi);
+            if (st == FT_ERR_BUFFER_SMALL || (!st && fi.frame_size > w->bytes))
+                st = ft_set_error(FT_ERR_CORRUPT, "weight hook: layer %d tensor %d: truncated frame", l, s);
+            if (st) return st;
+            int same = (int)fi.ndim == c->lndim[s];
+            for (int d = 0; same && d < c->lndim[s]; d++) same = fi.shape[d] == c->lshape[s][d];
+            if (!same)
+                return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d: frame shape does "
+                                    "not match the model", l, s);
+            st = ft_cuda_dec_frame_async(&c->dec, w->data, &fi, w->trusted, c->ldt[s], dst, c->ls,
+                                         &c->h2d_weight_bytes);
+        } else {
+            return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d missing", l, s);
+        }
+        if (st) return st;
+    }
+    FT_CU(cudaEventRecord(c->ev_loaded[slot], c->ls), "cudaEventRecord");
+    c->layers_streamed++;
+    c->hook_s += ft_now() - t0;
+    return FT_OK;
+}
+
+/* Validation as ft_ctx_forward. */
+static ft_status check_call(const ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                            const size_t *ntok, int all_rows, size_t *rows_out)
+{
+    if (!c || !slots || !tokens || !ntok || n == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    if (n > (size_t)c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
+    if (all_rows && !c->p.all_logits)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
+    size_t rows = 0;
+    for (size_t j = 0; j < n; j++) {
+        int s = slots[j];
+        if (s < 0 || s >= c->p.max_batch)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
+        for (size_t i = 0; i < j; i++)
+            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
+        if (ntok[j] == 0 || !tokens[j])
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
+        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
+            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
+                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
+        for (size_t i = 0; i < ntok[j]; i++)
+            if (tokens[j][i] < 0 || tokens[j][i] >= c->V)
+                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
+                                    (int)tokens[j][i], c->V);
+        rows += ntok[j];
+        if (rows > (size_t)c->p.max_rows)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
+                                c->p.max_rows);
+    }
+    *rows_out = rows;
+    return FT_OK;
+}
+
+/* Everything up to the last layer, enqueued; then the rows that want
+ * logits through the final norm, project_out and the LM head into
+ * c->logits (nsel rows). want: 0 none, 1 last row per sequence, 2 all. */
+static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                     const size_t *ntok, int rows, int want, int *nsel_out)
+{
+    const ft_model *m = c->m;
+    const ft_model_config *cfg = &m->cfg;
+    const int H = c->H, E = c->E;
+    int r = 0;
+    for (size_t j = 0; j < n; j++) {
+        for (size_t i = 0; i < ntok[j]; i++, r++) {
+            c->h_tokens[r] = tokens[j][i];
+            c->h_row_slot[r] = slots[j];
+            c->h_row_pos[r] = c->seq_len[slots[j]] + (int)i;
+        }
+        c->h_sel[j] = r - 1;                      /* last row of sequence j */
+    }
+    FT_CU(cudaMemcpyAsync(c->d_tokens, c->h_tokens, (size_t)rows * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
+    FT_CU(cudaMemcpyAsync(c->d_row_slot, c->h_row_slot, (size_t)rows * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
+    FT_CU(cudaMemcpyAsync(c->d_row_pos, c->h_row_pos, (size_t)rows * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
+    FT_CU(cudaMemcpyAsync(c->d_sel, c->h_sel, n * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
+
+    /* embeddings (+ project_in, + learned positions) */
+    float *emb = c->g[GW_PROJ_IN] ? c->xb : c->x;
+    FT_CU(ftk_embed(emb, c->g[GW_TOK_EMB], (int)c->gdt[GW_TOK_EMB], c->d_tokens, rows, E, c->cs), "embedding kernel");
+    if (c->g[GW_PROJ_IN]) {
+        const void *gin;
+        TRY(gemm_input(c, c->xb, (uint64_t)rows * E, &gin));
+        TRY(gemm(c, c->x, gin, rows, E, c->g[GW_PROJ_IN], H, NULL));
+    }
+    if (m->arch->pos == FT_POS_LEARNED)
+        FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, m->arch->pos_offset, rows,
+                          H, c->cs),
+              "position kernel");
+
+    if (c->p.stream_weights) TRY(load_layer(c, 0));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        dev_layer w;
+        if (c->p.stream_weights) {
+            if (l + 1 < cfg->n_layers) TRY(load_layer(c, l + 1));
+            FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
+            FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
+            FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
+            layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, &w);
+        } else {
+            layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, &w);
+        }
+        TRY(layer_forward(c, l, &w, rows));
+        if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
+    }
+    if (!want) { *nsel_out = 0; return FT_OK; }
+
+    /* final norm, project_out, lm_head on the rows that need logits */
+    int nsel;
+    const float *src;
+    if (want == 2) {
+        nsel = rows;
+        src = c->x;
+    } else {
+        nsel = (int)n;
+        FT_CU(ftk_gather_rows(c->sel, c->x, c->d_sel, nsel, H, c->cs), "gather kernel");
+        src = c->sel;
+    }
+    if (m->g[GW_FINAL_NORM_W] || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
+        TRY(norm(c, c->sel2, src, nsel, c->g[GW_FINAL_NORM_W], c->g[GW_FINAL_NORM_B]));
+        src = c->sel2;
+    }
+    const void *gin;
+    if (c->g[GW_PROJ_OUT]) {
+        float *dst = src == c->sel ? c->sel2 : c->sel;
+        TRY(gemm_input(c, src, (uint64_t)nsel * H, &gin));
+        TRY(gemm(c, dst, gin, nsel, H, c->g[GW_PROJ_OUT], E, NULL));
+        src = dst;
+    }
+    TRY(gemm_input(c, src, (uint64_t)nsel * E, &gin));
+    TRY(gemm(c, c->logits, gin, nsel, E, c->g[GW_LM_HEAD], c->V, NULL));
+    *nsel_out = nsel;
+    return FT_OK;
+}
+
+/* After an error: let enqueued work finish (it may read the hook's host
+ * memory) before returning to the caller. */
+static void drain(ft_cuda_ctx *c)
+{
+    (void)cudaStreamSynchronize(c->ls);
+    (void)cudaStreamSynchronize(c->cs);
+    (void)cudaGetLastError();
+}
+
+static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t *ntok, double t0)
+{
+    ft_status st = ft_cuda_status(cudaStreamSynchronize(c->cs), "forward (cudaStreamSynchronize)");
+    if (!st) st = ft_cuda_status(cudaStreamSynchronize(c->ls), "forward (weight loads)");
+    if (st) { drain(c); return st; }
+    for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
+    /* how long the compute stream waited for each layer's weights */
+    for (int l = 0; c->p.stream_weights && l < c->m->cfg.n_layers; l++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->stall0[l], c->stall1[l]) == cudaSuccess) c->stall_s += ms * 1e-3;
+        else (void)cudaGetLastError();
+    }
+    c->forward_s += ft_now() - t0;
+    return FT_OK;
+}
+
+ft_status ft_cuda_ctx_forward(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                              const size_t *ntok, float *logits, int all_rows)
+{
+    size_t rows;
+    ft_status st = check_call(c, n, slots, tokens, ntok, all_rows, &rows);
+    if (st) return st;
+    FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
+    double t0 = ft_now();
+    int nsel = 0;
+    st = run(c, n, slots, tokens, ntok, (int)rows, logits ? (all_rows ? 2 : 1) : 0, &nsel);
+    if (!st && logits && nsel)
+        st = ft_cuda_status(cudaMemcpyAsync(logits, c->logits, (size_t)nsel * (size_t)c->V * sizeof(float),
+                                            cudaMemcpyDeviceToHost, c->cs),
+                            "cudaMemcpyAsync (logits)");
+    if (st) { drain(c); return st; }
+    return finish(c, n, slots, ntok, t0);
+}
+
+ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                                     const size_t *ntok, int32_t *next)
+{
+    size_t rows;
+    ft_status st = check_call(c, n, slots, tokens, ntok, 0, &rows);
+    if (st) return st;
+    if (!next) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL output");
+    FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
+    double t0 = ft_now();
+    int nsel = 0;
+    st = run(c, n, slots, tokens, ntok, (int)rows, 1, &nsel);
+    if (!st) st = ft_cuda_status(ftk_argmax(c->d_next, c->logits, nsel, c->V, c->cs), "argmax kernel");
+    if (!st)
+        st = ft_cuda_status(cudaMemcpyAsync(c->h_next, c->d_next, (size_t)nsel * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, c->cs),
+                            "cudaMemcpyAsync (tokens)");
+    if (st) { drain(c); return st; }
+    if ((st = finish(c, n, slots, ntok, t0))) return st;
+    memcpy(next, c->h_next, n * sizeof(int32_t));
+    return FT_OK;
+}
+
+/* ------------------------------------------------------------ generate */
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int is_eos(const ft_model_config *cfg, int32_t t)
+{
+    for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos_ids[i] == t) return 1;
+    return 0;
+}
+
+/* ft_generate (src/engine/sample.c) with the forward on the GPU. */
+ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
+                           const ft_gen_params *p, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
+{
+    if (!c || !prompts || !prompt_len || !p || !out || !n_out || n == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or empty batch");
+    const ft_model_config *cfg = &c->m->cfg;
+    int max_seq = c->p.max_seq;
+    if (n > (size_t)c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %zu prompts > max_batch %d", n, c->p.max_batch);
+    size_t maxlen = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (prompt_len[j] == 0) return ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is empty", j);
+        if (prompt_len[j] + (p->max_new_tokens ? p->max_new_tokens - 1 : 0) > (size_t)max_seq)
+            return ft_set_error(FT_ERR_NO_SPACE, "generate: prompt %zu has %zu tokens; with %zu new "
+                                "tokens it exceeds the context of %d", j, prompt_len[j], p->max_new_tokens,
+                                max_seq);
+        if (prompt_len[j] > maxlen) maxlen = prompt_len[j];
+    }
+    const int greedy = !(p->sampling.temperature > 0) &&
+                       !(p->sampling.repetition_penalty > 0 && p->sampling.repetition_penalty != 1.0f);
+    size_t hist_cap = maxlen + p->max_new_tokens + 1;
+    float *logits = greedy ? NULL : malloc(n * (size_t)cfg->vocab * sizeof(float));
+    int32_t *hist = malloc(n * hist_cap * sizeof(int32_t));
+    int32_t *next = malloc(n * sizeof(int32_t));
+    int *slots = malloc(n * sizeof(int));
+    int *rowseq = malloc(n * sizeof(int));
+    size_t *hlen = calloc(n, sizeof(size_t));
+    const int32_t **tp = malloc(n * sizeof *tp);
+    size_t *nt = malloc(n * sizeof *nt);
+    uint64_t *rng = malloc(n * sizeof *rng);
+    ft_sampler *smp = NULL;
+    ft_status st = greedy ? FT_OK : ft_sampler_create(cfg->vocab, &smp);
+    if (!st && ((!greedy && !logits) || !hist || !next || !slots || !rowseq || !hlen || !tp || !nt || !rng))
+        st = ft_set_error(FT_ERR_NOMEM, "generate: buffers");
+    if (st) goto done;
+    ft_gen_stats gs;
+    memset(&gs, 0, sizeof gs);
+    for (size_t j = 0; j < n; j++) {
+        ft_cuda_ctx_reset(c, (int)j);
+        slots[j] = (int)j;
+        rowseq[j] = (int)j;
+        tp[j] = prompts[j];
+        nt[j] = prompt_len[j];
+        memcpy(hist + j * hist_cap, prompts[j], prompt_len[j] * sizeof(int32_t));
+        hlen[j] = prompt_len[j];
+        n_out[j] = 0;
+        rng[j] = p->sampling.seed ^ (0x9e3779b97f4a7c15ull * (j + 1));
+        gs.prefill_tokens += prompt_len[j];
+    }
+    if (p->max_new_tokens == 0) goto finish_stats;
+    double t0 = ft_now(), c0 = cpu_now();
+    st = greedy ? ft_cuda_ctx_forward_greedy(c, n, slots, tp, nt, next)
+                : ft_cuda_ctx_forward(c, n, slots, tp, nt, logits, 0);
+    if (st) goto done;
+    gs.prefill_s = ft_now() - t0;
+    gs.prefill_cpu_s = cpu_now() - c0;
+    size_t nrows = n;
+    t0 = ft_now();
+    c0 = cpu_now();
+    for (;;) {
+        size_t nact = 0;
+        for (size_t r = 0; r < nrows; r++) {
+            int j = rowseq[r];
+            int32_t tok;
+            if (greedy) {
+                tok = next[r];
+            } else {
+                ft_sampling sp = p->sampling;
+                tok = ft_sampler_sample(smp, &sp, logits + r * (size_t)cfg->vocab, hist + (size_t)j * hist_cap,
+                                        hlen[j], &rng[j]);
+            }
+            out[j][n_out[j]++] = tok;
+            hist[(size_t)j * hist_cap + hlen[j]++] = tok;
+            int stop = (!p->ignore_eos && is_eos(cfg, tok)) || n_out[j] >= p->max_new_tokens;
+            if (p->on_token && p->on_token(p->user, (size_t)j, tok)) stop = 1;
+            if (!stop) {
+                slots[nact] = j;
+                rowseq[nact] = j;
+                nact++;
+            }
+        }
+        if (!nact) break;
+        for (size_t i = 0; i < nact; i++) {
+            int j = slots[i];
+            tp[i] = hist + (size_t)j * hist_cap + hlen[j] - 1;
+            nt[i] = 1;
+        }
+        st = greedy ? ft_cuda_ctx_forward_greedy(c, nact, slots, tp, nt, next)
+                    : ft_cuda_ctx_forward(c, nact, slots, tp, nt, logits, 0);
+        if (st) goto done;
+        gs.decode_tokens += nact;
+        nrows = nact;
+    }
+    gs.decode_s = ft_now() - t0;
+    gs.decode_cpu_s = cpu_now() - c0;
+finish_stats:
+    if (stats) *stats = gs;
+done:
+    ft_sampler_free(smp);
+    free(logits); free(hist); free(next); free(slots); free(rowseq); free(hlen); free(tp); free(nt); free(rng);
+    return st;
+}

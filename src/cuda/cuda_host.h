@@ -1,0 +1,47 @@
+/* Internal to the CUDA backend's host code (C only): the frame decoder's
+ * asynchronous core, shared by ft_cuda_decode_frame and the weight
+ * streaming of cuda_ctx.c. */
+#ifndef FT_CUDA_HOST_H
+#define FT_CUDA_HOST_H
+
+#include "cuda_internal.h"
+#include "codec/codec_internal.h"
+#include "flextier/cuda.h"
+
+/* Staging that grows to the largest input seen. Device staging is only
+ * touched by work on one stream (the caller's `s`); before it grows, that
+ * stream is synchronized. The pinned host staging receives what the CPU
+ * decodes (byte planes, lz4/zstd/deflate output); the host waits for the
+ * event `h_done` (the last copy out of it) before writing it again. */
+typedef struct ft_cuda_dec_ws {
+    uint8_t *d_stage;
+    size_t d_cap;
+    uint64_t *d_table;
+    size_t table_cap;          /* entries */
+    uint8_t *h_stage;
+    size_t h_cap;
+    cudaEvent_t h_done;
+    int h_used;                /* h_done has been recorded */
+    ft_codec_ctx *cpu;         /* lz4/zstd/deflate frames (created on first use) */
+    ft_worker_ws ws;           /* entropy stage of byte planes */
+} ft_cuda_dec_ws;
+
+ft_status ft_cuda_dec_ws_init(ft_cuda_dec_ws *w);
+void ft_cuda_dec_ws_release(ft_cuda_dec_ws *w);
+
+/* Enqueue on `s` the decode of a parsed frame (fi from ft_frame_parse of
+ * frame[0..fi->frame_size)) into dst (device, room for fi->numel values of
+ * out_dt). Host-side work (validation, hashes unless trusted, CPU stages)
+ * happens before this returns; the frame's host memory must stay valid
+ * until the work on `s` completes. *h2d (may be NULL) += bytes copied to
+ * the device. */
+ft_status ft_cuda_dec_frame_async(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi,
+                                  int trusted, ft_dtype out_dt, void *dst, cudaStream_t s,
+                                  uint64_t *h2d);
+/* Enqueue on `s`: n raw values of src_dt (host memory) into dst (device)
+ * as out_dt (copied directly when the dtypes match, else through the
+ * device staging and the convert kernel). */
+ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src_dt, uint64_t n,
+                                ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d);
+
+#endif

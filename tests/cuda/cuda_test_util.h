@@ -1,0 +1,139 @@
+/* Helpers shared by the CUDA tests: test data, frames, the case matrices
+ * of the codec tests, and (cuda_test_require) the skip when no CUDA
+ * device can be used: exit code 77, which ctest reports as skipped
+ * (SKIP_RETURN_CODE 77 in tests/cuda/CMakeLists.txt). */
+#ifndef FT_CUDA_TEST_UTIL_H
+#define FT_CUDA_TEST_UTIL_H
+#include "ft_test.h"
+#include "flextier/codec.h"
+#include "flextier/cuda.h"
+
+#include <math.h>
+
+/* Exit 77 (skipped) with the reason when there is no usable device. Call
+ * from a constructor so that it runs before any test. */
+static inline void cuda_test_require(void)
+{
+    char why[512];
+    if (ft_cuda_available(why, sizeof why) != FT_OK) {
+        printf("SKIP: %s\n", why);
+        fflush(stdout);
+        exit(77);
+    }
+    ft_cuda_device_info info;
+    if (ft_cuda_device_info_get(0, &info) == FT_OK)
+        printf("device 0: %s, compute capability %d.%d, %d SMs, %.1f GiB, runtime %d, driver %d\n", info.name,
+               info.cc_major, info.cc_minor, info.sm_count, (double)info.total_mem / 1073741824.0,
+               info.runtime_version, info.driver_version);
+}
+
+#define CUDA_TEST_REQUIRE_DEVICE                                                \
+    __attribute__((constructor)) static void cuda_test_require_ctor(void) { cuda_test_require(); }
+
+static inline void ut_stf(ft_dtype dt, void *p, size_t i, float v)
+{
+    if (dt == FT_F32) ((float *)p)[i] = v;
+    else if (dt == FT_BF16) ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v);
+    else ((uint16_t *)p)[i] = ft_f32_to_f16_1(v);
+}
+
+static inline float ut_uniform(uint64_t *s) { return (float)(ft_test_rand(s) >> 40) / (float)(1 << 24) * 2.0f - 1.0f; }
+
+/* Values with a spread of magnitudes (as tests/codec/test_quant.c):
+ * per-run scale, outliers, exact zeros and negative zeros, constant runs.
+ * n elements of dt in a new aligned buffer (free with ft_free_aligned). */
+static inline void *ut_make_data(ft_dtype dt, uint64_t n, uint64_t seed)
+{
+    uint8_t *p = ft_malloc_aligned(n * 4 + 64, 64);
+    uint64_t s = seed;
+    float scale = 1.0f, c = 0.0f;
+    int mode = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i % 97 == 0) {
+            scale = ldexpf(1.0f, (int)(ft_test_rand(&s) % 16) - 10);
+            mode = (int)(ft_test_rand(&s) % 8);
+            c = (float)((int)(ft_test_rand(&s) % 200) - 100) * 0.37f;
+        }
+        float v = ut_uniform(&s) * scale;
+        uint64_t r = ft_test_rand(&s) % 64;
+        if (r == 0) v *= 50.0f;
+        else if (r == 1) v = 0.0f;
+        else if (r == 2) v = -0.0f;
+        if (mode == 0) v = c;
+        else if (mode == 1) v += c;
+        ut_stf(dt, p, i, v);
+    }
+    return p;
+}
+
+/* Byte-plane test data: kind 0 weight-like (Gaussian, compressible
+ * exponent), 1 random bit patterns (stored chunks, NaN payloads), 2 f32
+ * copies of bf16 values (constant low planes), 3 all zero. */
+static inline void *ut_make_bp_data(ft_dtype dt, uint64_t n, int kind, uint64_t seed)
+{
+    uint8_t *p = ft_malloc_aligned(n * 4 + 64, 64);
+    uint64_t s = seed;
+    for (uint64_t i = 0; i < n; i++) {
+        if (kind == 1) {
+            uint64_t r = ft_test_rand(&s);
+            if (dt == FT_F32) memcpy((uint8_t *)p + 4 * i, &r, 4);
+            else memcpy((uint8_t *)p + 2 * i, &r, 2);
+            continue;
+        }
+        float v = kind == 3 ? 0.0f : (float)(0.02 * ft_rand_gauss(&s));
+        if (kind == 2) v = ft_bf16_to_f32_1(ft_f32_to_bf16_1(v));
+        ut_stf(dt, p, i, v);
+    }
+    return p;
+}
+
+/* Encode t with p (chunk size `chunk`); returns the frame (free with
+ * ft_free_aligned) and its size, or NULL. */
+static inline uint8_t *ut_encode(ft_codec_ctx *cc, ft_codec_id codec, ft_codec_id entropy, uint32_t G, int32_t gdim,
+                                 uint32_t chunk, const ft_tensor *t, size_t *fs)
+{
+    ft_codec_params p;
+    ft_codec_default_params(&p);
+    p.codec = codec;
+    if (entropy) p.entropy = entropy;
+    if (G) p.group_size = G;
+    p.group_dim = gdim;
+    if (chunk) p.chunk_size = chunk;
+    size_t bound = ft_encode_bound(&p, t->dtype, t->ndim, t->shape);
+    if (!bound) return NULL;
+    uint8_t *f = ft_malloc_aligned(bound + 64, 64);
+    if (ft_encode(cc, &p, t, f, bound, fs) != FT_OK) {
+        fprintf(stderr, "  encode failed: %s\n", ft_last_error());
+        ft_free_aligned(f);
+        return NULL;
+    }
+    return f;
+}
+
+typedef struct {
+    uint32_t ndim;
+    int64_t shape[4];
+    int32_t gdim;
+    uint32_t G;
+} ut_qcase;
+
+/* group_dim first / middle / last, G in {1, 3, 7, 64, 128, > D}, short
+ * last groups, odd element counts (q4 pad nibble), a scalar, an empty
+ * tensor, and sizes spanning several 4 KiB chunks. */
+static const ut_qcase ut_qcases[] = {
+    {2, {37, 70}, -1, 64},   {2, {64, 130}, 0, 7},    {3, {5, 9, 33}, 1, 4},  {1, {1000}, 0, 128},
+    {0, {0}, 0, 64},         {2, {0, 16}, -1, 64},    {2, {16, 16}, -1, 1},   {2, {300, 257}, -1, 64},
+    {4, {3, 4, 5, 7}, 2, 3}, {2, {33, 2}, 0, 300},    {2, {1, 33}, -1, 64},   {2, {129, 64}, 0, 64},
+};
+#define UT_NQCASES (sizeof ut_qcases / sizeof ut_qcases[0])
+
+static inline int ut_same_bits(const void *a, const void *b, size_t n, const char *what)
+{
+    if (!memcmp(a, b, n)) return 1;
+    const uint8_t *x = a, *y = b;
+    size_t i = 0;
+    while (x[i] == y[i]) i++;
+    fprintf(stderr, "  %s: first difference at byte %zu of %zu (%02x vs %02x)\n", what, i, n, x[i], y[i]);
+    return 0;
+}
+#endif
