@@ -58,8 +58,12 @@ static int utf8_check(const uint8_t *s, size_t n, size_t *adv)
     return 1;
 }
 
-static uint32_t utf8_decode1(const uint8_t *s, size_t *len)
+/* One code point from the n >= 1 bytes at s; a truncated or malformed
+ * sequence is one byte decoding to U+FFFD (never reads past s + n). */
+static uint32_t utf8_decode1(const uint8_t *s, size_t n, size_t *len)
 {
+    size_t k;
+    if (utf8_check(s, n, &k) != 1) { *len = 1; return 0xFFFD; }
     uint8_t c = s[0];
     if (c < 0x80) { *len = 1; return c; }
     if (c < 0xE0) { *len = 2; return ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F); }
@@ -652,14 +656,14 @@ static ft_status load_decoder(ft_tokenizer *t, json_object *n, const char *fn, s
         if (!c || !json_object_object_get_ex(n, "start", &s) || !json_object_object_get_ex(n, "stop", &e))
             return ft_set_error(FT_ERR_CORRUPT, "%s: decoder Strip: missing fields", fn);
         size_t cl;
-        if (!*c || !valid_utf8(c, strlen(c)) || (utf8_decode1((const uint8_t *)c, &cl), cl != strlen(c)))
+        if (!*c || !valid_utf8(c, strlen(c)) || (utf8_decode1((const uint8_t *)c, strlen(c), &cl), cl != strlen(c)))
             return ft_set_error(FT_ERR_CORRUPT, "%s: decoder Strip: content must be one character", fn);
         if (json_object_get_int64(e) != 0)
             return ft_set_error(FT_ERR_UNSUPPORTED, "%s: decoder Strip: stop > 0 is not supported", fn);
         int64_t sv = json_object_get_int64(s);
         if (sv < 0 || sv > 1000) return ft_set_error(FT_ERR_CORRUPT, "%s: decoder Strip: bad start", fn);
         t->dec_strip_start = (int)sv;
-        t->dec_strip_char = utf8_decode1((const uint8_t *)c, &cl);
+        t->dec_strip_char = utf8_decode1((const uint8_t *)c, strlen(c), &cl);
         return FT_OK;
     }
     if (!strcmp(type, "Replace") || !strcmp(type, "Metaspace")) {
@@ -729,7 +733,7 @@ static ft_status build_decoder_tables(ft_tokenizer *t)
             int ok = 1;
             while (i < n) {
                 size_t l;
-                uint32_t cp = utf8_decode1((const uint8_t *)s + i, &l);
+                uint32_t cp = utf8_decode1((const uint8_t *)s + i, n - i, &l);
                 int by = bytelevel_rev(cp);
                 if (by < 0) { ok = 0; break; }
                 uint8_t c = (uint8_t)by;
@@ -1337,7 +1341,7 @@ static int is_ws(const char *s, size_t n, size_t *l)
     size_t k;
     if (utf8_check((const uint8_t *)s, n, &k) != 1) { *l = 1; return 0; }
     *l = k;
-    uint32_t cp = utf8_decode1((const uint8_t *)s, &k);
+    uint32_t cp = utf8_decode1((const uint8_t *)s, n, &k);
     return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
            cp == 0x3000;
@@ -1481,7 +1485,7 @@ static void dt_emit(ft_detok *d, const char *s, size_t n)
     size_t i = 0;
     while (d->strip_left > 0 && i < n) {
         size_t l;
-        uint32_t cp = utf8_decode1((const uint8_t *)s + i, &l);
+        uint32_t cp = utf8_decode1((const uint8_t *)s + i, n - i, &l);
         if (cp != t->dec_strip_char) { d->strip_left = 0; break; }
         d->strip_left--;
         i += l;
