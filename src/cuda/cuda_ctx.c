@@ -94,27 +94,6 @@ static ft_status dalloc(ft_cuda_ctx *c, void **p, size_t bytes, uint64_t *acct, 
     return FT_OK;
 }
 
-/* Llama RoPE frequencies, in f32 as transformers computes them: the same
- * arithmetic as forward.c's rope_inv_freq, so the tables are identical. */
-static void rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
-{
-    int dim = cfg->head_dim;
-    for (int i = 0; i < half; i++)
-        inv[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
-    if (!cfg->rope_llama3) return;
-    float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
-    float old = (float)cfg->rope_orig_max_pos;
-    float low_wl = old / lo, high_wl = old / hi;
-    for (int i = 0; i < half; i++) {
-        float wl = 2.0f * (float)M_PI / inv[i];
-        float f = wl > low_wl ? inv[i] / factor : inv[i];
-        float smooth = (old / wl - lo) / (hi - lo);
-        float smoothed = (1.0f - smooth) * f / factor + smooth * f;
-        int medium = !(wl < high_wl) && !(wl > low_wl);
-        inv[i] = medium ? smoothed : f;
-    }
-}
-
 /* Upload n f32 values from the model (pageable host memory) to dst as dt,
  * in steps through the decoder's device staging. */
 static ft_status upload_f32(ft_cuda_ctx *c, void *dst, ft_dtype dt, const float *src, uint64_t n)
@@ -302,7 +281,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: RoPE tables");
             goto fail;
         }
-        rope_inv_freq(cfg, inv, half);
+        ft_rope_inv_freq(cfg, inv, half);
         for (size_t pos = 0; pos < S; pos++)
             for (int i = 0; i < half; i++) {
                 float f = (float)pos * inv[i];

@@ -85,4 +85,9 @@ const ft_model *ft_ctx_model(const ft_ctx *c);
 int ft_ctx_max_seq(const ft_ctx *c);
 int ft_ctx_max_batch(const ft_ctx *c);
 
+/* RoPE inverse frequencies (head_dim/2 of them), with llama3 scaling, in
+ * f32 exactly as transformers computes them (forward.c; the CUDA backend
+ * builds its tables from the same function). */
+void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half);
+
 #endif

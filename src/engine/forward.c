@@ -49,7 +49,7 @@ static float *falloc(ft_ctx *c, size_t n)
 }
 
 /* Llama RoPE frequencies, in f32 as transformers computes them. */
-static void rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
+void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
 {
     int dim = cfg->head_dim;
     for (int i = 0; i < half; i++)
@@ -129,7 +129,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->rope_sin = falloc(c, S * (size_t)half);
         float inv[LIM_HALF_HEAD];
         if (c->rope_cos && c->rope_sin) {
-            rope_inv_freq(cfg, inv, half);
+            ft_rope_inv_freq(cfg, inv, half);
             for (size_t pos = 0; pos < S; pos++)
                 for (int i = 0; i < half; i++) {
                     float f = (float)pos * inv[i];
