@@ -98,6 +98,39 @@ ft_status ft_model_config_parse_generation(const char *json, size_t len,
 /* Read DIR/config.json and, when present, DIR/generation_config.json. */
 ft_status ft_model_config_load(const char *dir, ft_model_config *out);
 
+/* -------------------------------------------------- weights as stored */
+
+/* The formats the engine computes on directly (no f32 copy). */
+typedef enum ft_wfmt {
+    FT_WF_F32 = 0,   /* exact reference path                              */
+    FT_WF_BF16 = 1,
+    FT_WF_F16 = 2,
+    FT_WF_Q8 = 3,    /* FlexGen group quantization, 8 bits (codec q8)     */
+    FT_WF_Q4 = 4     /* 4 bits, two per byte (codec q4)                   */
+} ft_wfmt;
+
+const char *ft_wfmt_name(ft_wfmt f);   /* "f32", "bf16", ...; "?" if invalid */
+
+/* A weight matrix of `rows` x `cols` (Hugging Face (out, in) layout) as it
+ * is stored. F32/BF16/F16: `data` holds rows x cols elements, row-major,
+ * row stride cols. Q8/Q4: the matrix is group-quantized along each row in
+ * groups of `group` consecutive values (cols % group == 0), in the frame
+ * chunk layout of the q8/q4 codecs (docs/codec-quant.md, group_dim = last):
+ * chunk c holds rows [c * rows_per_chunk, min(rows, (c+1) * rows_per_chunk))
+ * and its payload `chunk[c]` is, for its n_rows x (cols / group) groups in
+ * row-major order, the f16 (min, step) pairs of every group (4 bytes each),
+ * then the values (q8: one byte each; q4: two per byte, the even element
+ * in the low nibble). A value q decodes to q * step + min. So a verified
+ * q8/q4 frame whose chunks hold whole rows is computed on in place. */
+typedef struct ft_wmat {
+    ft_wfmt fmt;
+    int rows, cols;
+    const void *data;                 /* F32 / BF16 / F16                  */
+    int group;                        /* Q8 / Q4                           */
+    int rows_per_chunk;               /* Q8 / Q4: >= 1                      */
+    const uint8_t *const *chunk;      /* Q8 / Q4: ceil(rows / rows_per_chunk) */
+} ft_wmat;
+
 /* ----------------------------------------------------------------- model */
 
 /* The weights of one transformer layer: f32 pointers in the Hugging Face

@@ -171,3 +171,15 @@ ft_status ft_model_tensor(ft_model *m, size_t i, const char **name, ft_tensor *v
     if (view) return ft_tensor_init(view, FT_F32, (uint32_t)e->ndim, e->shape, e->data);
     return FT_OK;
 }
+
+const char *ft_wfmt_name(ft_wfmt f)
+{
+    switch (f) {
+    case FT_WF_F32: return "f32";
+    case FT_WF_BF16: return "bf16";
+    case FT_WF_F16: return "f16";
+    case FT_WF_Q8: return "q8";
+    case FT_WF_Q4: return "q4";
+    }
+    return "?";
+}
