@@ -161,6 +161,14 @@ ft_status ft_write_tensor_async(ft_store *s, const char *key,
 ft_status ft_read_tensor_async(ft_store *s, const char *key, ft_tensor *dst,
                                size_t cap, ft_request **req);
 
+/* Read the stored frame itself (no decoding) into the caller's buffer of
+ * cap bytes; *size receives the frame's bytes when the request completes.
+ * FT_ERR_BUFFER_SMALL if the frame does not fit. The memory node and the
+ * file tier check the frame before serving it; a caller computing on the
+ * payload in place verifies its chunk checksums (ft_frame_verify). */
+ft_status ft_read_frame_async(ft_store *s, const char *key, void *buf,
+                              size_t cap, size_t *size, ft_request **req);
+
 /* FT_INPROGRESS while running, else the final status. */
 ft_status ft_request_test(ft_request *r);
 /* Wait up to timeout_ms (< 0: forever); FT_ERR_TIMEOUT if still running

@@ -198,6 +198,7 @@ int ft_bench_run(int argc, char **argv)
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(BENCH_USAGE, stdout);
+            fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
@@ -229,11 +230,13 @@ int ft_bench_run(int argc, char **argv)
     int32_t **op = NULL;
     size_t *pl = NULL, *no = NULL;
     int rc = FT_EXIT_ERR;
-    ft_load_params lp = {0};
+    ft_load_params lp;
+    ft_load_params_default(&lp);
     lp.progress = load_progress;
     double t0 = ft_now();
     off.threads = (unsigned)threads;
-    ft_status st;
+    ft_status st = ft_cli_engine_formats(&off, gpu.on, &lp);
+    if (st) return ft_cli_usage_error(BENCH_USAGE, "%s", ft_last_error());
     if (gpu.on) {
         if ((st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("bench", st);
         st = ft_model_load(dir, &lp, &m);
@@ -287,10 +290,12 @@ int ft_bench_run(int argc, char **argv)
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
-               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
+               "\"weight_bytes\":%.0f,\"weights_format\":\"%s\",\"kv_bytes\":%.0f,\"kv_dtype\":\"%s\","
+               "\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
-               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss,
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes,
+               ft_wfmt_name(ft_model_weights_format(m)), kvb, ft_dtype_name(cp.kv_dtype), rss,
                gpu.on ? "cuda" : "cpu");
         if (gpu.on) ft_cli_cuda_report_json(&gpu, stdout);
         if (off.enabled) {
@@ -313,8 +318,9 @@ int ft_bench_run(int argc, char **argv)
         if (gpu.on) {
             ft_cli_cuda_report(&gpu, stdout);
         } else {
-            printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
-                   b1, b2, b3, rss / wbytes);
+            printf("  memory     weights %s (%s), KV cache %s (%s), peak RSS %s (%.2fx weights + KV cache)\n",
+                   b1, ft_wfmt_name(ft_model_weights_format(m)), b2, ft_dtype_name(cp.kv_dtype), b3,
+                   rss / (wbytes + kvb));
             ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
         }
     }
@@ -444,6 +450,7 @@ int ft_cmd_run(int argc, char **argv)
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(RUN_USAGE, stdout);
+            fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
@@ -512,9 +519,15 @@ int ft_cmd_run(int argc, char **argv)
         lines[0] = (char *)prompt;
         np = 1;
     }
-    ft_load_params lp = {0};
+    ft_load_params lp;
+    ft_load_params_default(&lp);
     lp.progress = load_progress;
     off.threads = (unsigned)threads;
+    if ((st = ft_cli_engine_formats(&off, gpu.on, &lp))) {
+        ft_cli_usage_error(RUN_USAGE, "%s", ft_last_error());
+        rc = FT_EXIT_USAGE;
+        goto done;
+    }
     {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);

@@ -20,7 +20,8 @@ struct ft_ctx {
     ft_pool *pool;
     unsigned threads;
     int qdim, kvdim, edim;          /* edim = max(hidden, word_embed_proj_dim) */
-    float *kv;                      /* [layer][k|v][slot][max_seq][kvdim] */
+    uint8_t *kv;                    /* [layer][k|v][slot][max_seq][kvdim] of kv_dtype */
+    size_t kv_esize;                /* bytes per cached element (4 or 2) */
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
@@ -30,7 +31,10 @@ struct ft_ctx {
     ft_layer_hook hook;
     void *hook_user;
     ft_kv_hooks kvh;
-    float **kk, **vv;               /* per sequence of the call: this layer's K/V */
+    float **kk, **vv;               /* external KV: per sequence, the hooks' f32 K/V */
+    const void **ck, **cv;          /* per sequence of the call: this layer's K/V (kv_dtype) */
+    float *wrow;                    /* per worker: one weight row in f32 (generic products) */
+    int maxin;
     int *past;                      /* per sequence: cached tokens before the call */
     /* per-call state read by pool tasks */
     int layer;
@@ -82,6 +86,12 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
                             "sliding_window = %d (windowed attention is not implemented)",
                             p->max_seq, cfg->sliding_window);
+    if (p->kv_dtype != FT_F32 && p->kv_dtype != FT_BF16 && p->kv_dtype != FT_F16)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: KV cache dtype %s (f32, bf16 or f16)",
+                            ft_dtype_name(p->kv_dtype));
+    if (p->external_kv && p->kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: an external (offloaded) KV cache exchanges f32 rows; "
+                            "kv_dtype must be f32");
     ft_ctx *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
     c->m = m;
@@ -98,11 +108,14 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     size_t kvn = p->external_kv ? 0 : (size_t)cfg->n_layers * 2 * B * S * (size_t)c->kvdim;
     ft_status st = ft_pool_create(c->threads, &c->pool);
     if (st) { free(c); return st; }
-    c->kv = kvn ? ft_malloc_aligned(kvn * sizeof(float), 64) : NULL;
+    c->kv_esize = (size_t)ft_dtype_nbytes(p->kv_dtype, 1);
+    c->kv = kvn ? ft_malloc_aligned(kvn * c->kv_esize, 64) : NULL;
     c->seq_len = calloc(B, sizeof(int));
     c->kk = calloc(B, sizeof(float *));
     c->vv = calloc(B, sizeof(float *));
     c->past = calloc(B, sizeof(int));
+    c->ck = calloc(B, sizeof(void *));
+    c->cv = calloc(B, sizeof(void *));
     size_t selrows = c->p.all_logits ? R : B;
     c->x = falloc(c, R * (size_t)c->edim);
     c->xb = falloc(c, R * (size_t)c->edim);
@@ -119,6 +132,8 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         int maxin = c->edim > c->qdim ? c->edim : c->qdim;
         if (cfg->ffn > maxin) maxin = cfg->ffn;
         c->xt = falloc(c, (size_t)maxin * 32);
+        c->maxin = maxin;
+        c->wrow = falloc(c, (size_t)maxin * c->threads);
     }
     c->row_seq = calloc(R, sizeof(int));
     c->row_pos = calloc(R, sizeof(int));
@@ -138,13 +153,14 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
                 }
         }
     }
-    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->x || !c->xb ||
+    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wrow ||
+        !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
         !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->xt || !c->row_seq || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
-                            (double)kvn * 4 / 1048576.0, (double)c->scratch_bytes / 1048576.0);
+                            (double)kvn * (double)c->kv_esize / 1048576.0, (double)c->scratch_bytes / 1048576.0);
     }
     *out = c;
     return FT_OK;
@@ -156,7 +172,8 @@ void ft_ctx_free(ft_ctx *c)
     ft_pool_free(c->pool);
     ft_free_aligned(c->kv);
     free(c->seq_len);
-    free(c->kk); free(c->vv); free(c->past);
+    free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
+    ft_free_aligned(c->wrow);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
@@ -184,7 +201,7 @@ uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
 {
     if (!c || c->p.external_kv) return 0;
     return (uint64_t)c->m->cfg.n_layers * 2 * (uint64_t)c->p.max_batch * (uint64_t)c->p.max_seq *
-           (uint64_t)c->kvdim * 4;
+           (uint64_t)c->kvdim * c->kv_esize;
 }
 uint64_t ft_ctx_scratch_bytes(const ft_ctx *c) { return c ? c->scratch_bytes : 0; }
 
@@ -202,10 +219,10 @@ int ft_ctx_seq_len(const ft_ctx *c, int slot)
     return (c && slot >= 0 && slot < c->p.max_batch) ? c->seq_len[slot] : 0;
 }
 
-static float *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
+static void *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
 {
     size_t S = (size_t)c->p.max_seq, B = (size_t)c->p.max_batch;
-    return c->kv + ((((size_t)layer * 2 + (size_t)which) * B + (size_t)slot) * S) * (size_t)c->kvdim;
+    return c->kv + ((((size_t)layer * 2 + (size_t)which) * B + (size_t)slot) * S) * (size_t)c->kvdim * c->kv_esize;
 }
 
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *len, int *kv_dim)
@@ -214,6 +231,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: layer %d / slot %d out of range", layer, slot);
     if (c->p.external_kv)
         return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded)");
+    if (c->p.kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is %s (ft_ctx_kv gives f32 caches)",
+                            ft_dtype_name(c->p.kv_dtype));
     if (k) *k = kv_ptr(c, layer, 0, slot);
     if (v) *v = kv_ptr(c, layer, 1, slot);
     if (len) *len = c->seq_len[slot];
@@ -252,10 +272,38 @@ static void mv_task(void *arg, size_t i, unsigned worker)
                         j->b ? j->b + o0 : NULL);
 }
 
-/* y[rows, out] = x[rows, in] W[out, in]^T + b */
-static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, int in, const float *W, int out,
-                       const float *b)
+/* Generic product on a stored format, one weight row at a time converted
+ * to f32 (the reference path until the stored-format kernels land). */
+typedef struct { ft_ctx *c; float *y; const float *x; const ft_wmat *W; const float *b; int rows, chunk; } gv_job;
+
+static void gv_task(void *arg, size_t i, unsigned worker)
 {
+    const gv_job *j = arg;
+    const ft_wmat *W = j->W;
+    int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
+    if (o1 > W->rows) o1 = W->rows;
+    float *wr = j->c->wrow + (size_t)worker * (size_t)j->c->maxin;
+    for (int o = o0; o < o1; o++) {
+        ft_wmat_row_f32(W, o, wr);
+        for (int r = 0; r < j->rows; r++)
+            j->y[(size_t)r * W->rows + o] = ft_k_dot(j->x + (size_t)r * W->cols, wr, W->cols) + (j->b ? j->b[o] : 0.0f);
+    }
+}
+
+/* y[rows, out] = x[rows, in] W[out, in]^T + b, with in = W->cols, out = W->rows */
+static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, const ft_wmat *Wm, const float *b)
+{
+    int in = Wm->cols, out = Wm->rows;
+    if (Wm->fmt != FT_WF_F32) {
+        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
+        int chunk = (out + tasks - 1) / tasks;
+        if (chunk < 16) chunk = 16;
+        gv_job j = {c, y, x, Wm, b, rows, chunk};
+        size_t n = (size_t)((out + chunk - 1) / chunk);
+        ft_pool_run(n > 1 ? c->pool : NULL, n, gv_task, &j);
+        return;
+    }
+    const float *W = Wm->data;
     if (rows <= SMALL_ROWS) {
         int ldx = 0;
         if (rows >= XT_ROWS && ft_k_get()->matmul_xt) {
@@ -337,6 +385,25 @@ static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
     }
 }
 
+/* One query row over a bf16/f16 cache (reference path until the
+ * stored-format kernels land): keys and values converted per position. */
+static void attend_half(float *out, const float *q, const uint16_t *K, const uint16_t *V, int ld, int npos,
+                        int hd, float scale, float *sc, ft_dtype dt, float *tmp)
+{
+    for (int p = 0; p < npos; p++) {
+        if (dt == FT_BF16) ft_bf16_to_f32(tmp, K + (size_t)p * ld, (size_t)hd);
+        else ft_f16_to_f32(tmp, K + (size_t)p * ld, (size_t)hd);
+        sc[p] = scale * ft_k_dot(q, tmp, hd);
+    }
+    ft_k_softmax(sc, npos);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    for (int p = 0; p < npos; p++) {
+        if (dt == FT_BF16) ft_bf16_to_f32(tmp, V + (size_t)p * ld, (size_t)hd);
+        else ft_f16_to_f32(tmp, V + (size_t)p * ld, (size_t)hd);
+        ft_k_axpy(out, sc[p], tmp, hd);
+    }
+}
+
 /* Attention for one (sequence, head): causal over the cache. */
 static void attn_task(void *arg, size_t t, unsigned worker)
 {
@@ -346,8 +413,9 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     int h = (int)(t % (size_t)cfg->n_heads);
     int hd = cfg->head_dim;
     int kvh = h / (cfg->n_heads / cfg->n_kv_heads);
-    const float *K = c->kk[j] + (size_t)kvh * hd;
-    const float *V = c->vv[j] + (size_t)kvh * hd;
+    size_t koff = (size_t)kvh * hd * c->kv_esize;
+    const void *K = (const uint8_t *)c->ck[j] + koff;
+    const void *V = (const uint8_t *)c->cv[j] + koff;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
     const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
@@ -357,7 +425,11 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         int npos = c->row_pos[r] + 1;
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        kn->attend(o, q, K, V, c->kvdim, npos, hd, scale, sc);
+        if (c->p.kv_dtype == FT_F32)
+            kn->attend(o, q, K, V, c->kvdim, npos, hd, scale, sc);
+        else
+            attend_half(o, q, K, V, c->kvdim, npos, hd, scale, sc, c->p.kv_dtype,
+                        c->wrow + (size_t)worker * (size_t)c->maxin);
     }
 }
 
@@ -391,18 +463,19 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     /* attention block */
     const float *in = c->x;
     if (pre) { norm(c, c->xb, c->x, rows, H, w->norm1_w, w->norm1_b); in = c->xb; }
-    linear(c->q, in, rows, H, w->wq, c->qdim, w->bq);
-    linear(c->k, in, rows, H, w->wk, c->kvdim, w->bk);
-    linear(c->v, in, rows, H, w->wv, c->kvdim, w->bv);
+    linear(c->q, in, rows, &w->wq, w->bq);
+    linear(c->k, in, rows, &w->wk, w->bk);
+    linear(c->v, in, rows, &w->wv, w->bv);
     if (a->pos == FT_POS_ROPE) par_rows(c, rows, rope_rows, NULL);
     for (size_t j = 0; j < c->n; j++) {          /* append K/V to the caches */
         int r0 = c->row0[j], pos0 = c->row_pos[r0];
-        size_t bytes = c->ntok[j] * (size_t)c->kvdim * sizeof(float);
-        memcpy(c->kk[j] + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
-        memcpy(c->vv[j] + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
+        size_t n = c->ntok[j] * (size_t)c->kvdim, at = (size_t)pos0 * c->kvdim * c->kv_esize;
+        /* f32 -> f32 is a copy; to bf16/f16 each value is rounded once here */
+        ft_convert((uint8_t *)c->ck[j] + at, c->p.kv_dtype, c->k + (size_t)r0 * c->kvdim, FT_F32, n);
+        ft_convert((uint8_t *)c->cv[j] + at, c->p.kv_dtype, c->v + (size_t)r0 * c->kvdim, FT_F32, n);
     }
     ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
-    linear(c->xb, c->att, rows, c->qdim, w->wo, H, w->bo);
+    linear(c->xb, c->att, rows, &w->wo, w->bo);
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm1_w, w->norm1_b);
 
@@ -410,13 +483,13 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     in = c->x;
     if (pre) { norm(c, c->xb, c->x, rows, H, w->norm2_w, w->norm2_b); in = c->xb; }
     if (a->ffn == FT_FFN_SWIGLU) {
-        linear(c->h1, in, rows, H, w->w_gate, cfg->ffn, w->b_gate);
-        linear(c->h2, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+        linear(c->h1, in, rows, &w->w_gate, w->b_gate);
+        linear(c->h2, in, rows, &w->w_up, w->b_up);
     } else {
-        linear(c->h1, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+        linear(c->h1, in, rows, &w->w_up, w->b_up);
     }
     par_rows(c, rows, ffn_act_rows, NULL);
-    linear(c->xb, c->h1, rows, cfg->ffn, w->w_down, H, w->b_down);
+    linear(c->xb, c->h1, rows, &w->w_down, w->b_down);
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm2_w, w->norm2_b);
     return FT_OK;
@@ -475,34 +548,38 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
 
     /* embeddings */
     int H = cfg->hidden, E = cfg->word_embed_proj_dim;
-    const float *tok = m->g[GW_TOK_EMB];
-    float *emb = m->g[GW_PROJ_IN] ? c->xb : c->x;
+    int has_proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
+    float *emb = has_proj_in ? c->xb : c->x;
     for (size_t j = 0, rr = 0; j < n; j++)
         for (size_t i = 0; i < ntok[j]; i++, rr++)
-            memcpy(emb + rr * (size_t)E, tok + (size_t)tokens[j][i] * E, (size_t)E * sizeof(float));
-    if (m->g[GW_PROJ_IN]) linear(c->x, c->xb, (int)rows, E, m->g[GW_PROJ_IN], H, NULL);
+            ft_wmat_row_f32(&m->g[GW_TOK_EMB], tokens[j][i], emb + rr * (size_t)E);
+    if (has_proj_in) linear(c->x, c->xb, (int)rows, &m->g[GW_PROJ_IN], NULL);
     if (m->arch->pos == FT_POS_LEARNED) {
-        const float *pe = m->g[GW_POS_EMB];
-        for (size_t rr = 0; rr < rows; rr++)
-            add_into(c->x + rr * (size_t)H, pe + (size_t)(c->row_pos[rr] + m->arch->pos_offset) * H, (size_t)H);
+        float *pe = c->sel2;   /* free until the logits */
+        for (size_t rr = 0; rr < rows; rr++) {
+            ft_wmat_row_f32(&m->g[GW_POS_EMB], c->row_pos[rr] + m->arch->pos_offset, pe);
+            add_into(c->x + rr * (size_t)H, pe, (size_t)H);
+        }
     }
 
     for (int l = 0; l < cfg->n_layers; l++) {
-        ft_layer_weights *w = &((ft_model *)m)->layers[l];
-        ft_layer_weights local;
+        ft_layer_weights local = m->layers[l];
+        ft_layer_weights *w = &local;
         if (c->hook) {
-            local = *w;
             ft_status st = c->hook(c->hook_user, l, &local);
             if (st) return st;
-            w = &local;
         }
         if (c->p.external_kv) {
             ft_status st = c->kvh.load(c->kvh.user, l, &step, c->kk, c->vv);
             if (st) return st;
+            for (size_t j = 0; j < n; j++) {
+                c->ck[j] = c->kk[j];
+                c->cv[j] = c->vv[j];
+            }
         } else {
             for (size_t j = 0; j < n; j++) {
-                c->kk[j] = kv_ptr(c, l, 0, slots[j]);
-                c->vv[j] = kv_ptr(c, l, 1, slots[j]);
+                c->ck[j] = kv_ptr(c, l, 0, slots[j]);
+                c->cv[j] = kv_ptr(c, l, 1, slots[j]);
             }
         }
         ft_status st = layer_forward(c, l, w);
@@ -525,15 +602,15 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             memcpy(c->sel + j * (size_t)H, c->x + (size_t)(c->row0[j + 1] - 1) * H, (size_t)H * sizeof(float));
         src = c->sel;
     }
-    if (m->g[GW_FINAL_NORM_W] || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
-        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W], m->g[GW_FINAL_NORM_B]);
+    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
+        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W].data, m->g[GW_FINAL_NORM_B].data);
         src = c->sel2;
     }
-    if (m->g[GW_PROJ_OUT]) {
+    if (ft_wmat_present(&m->g[GW_PROJ_OUT])) {
         float *dst = src == c->sel ? c->sel2 : c->sel;
-        linear(dst, src, nsel, H, m->g[GW_PROJ_OUT], E, NULL);
+        linear(dst, src, nsel, &m->g[GW_PROJ_OUT], NULL);
         src = dst;
     }
-    linear(logits, src, nsel, E, m->g[GW_LM_HEAD], cfg->vocab, NULL);
+    linear(logits, src, nsel, &m->g[GW_LM_HEAD], NULL);
     return FT_OK;
 }

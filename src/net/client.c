@@ -178,8 +178,8 @@ static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *d
         snprintf(p->detail, sizeof p->detail, "unexpected reply data");
         return UCS_OK;
     } else if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
-        p->st = FT_ERR_NOMEM;
-        snprintf(p->detail, sizeof p->detail, "no memory for %zu reply bytes", len);
+        p->st = p->rbuf->fixed ? FT_ERR_BUFFER_SMALL : FT_ERR_NOMEM;
+        snprintf(p->detail, sizeof p->detail, "no room for %zu reply bytes", len);
         return UCS_OK;
     } else {
         dst = p->rbuf->p;

@@ -8,6 +8,8 @@
 typedef struct ft_buf {
     uint8_t *p;
     size_t   cap;
+    int      fixed;   /* the caller's memory: never reallocated or freed;
+                         reserving more than cap is FT_ERR_BUFFER_SMALL */
 } ft_buf;
 ft_status ft_buf_reserve(ft_buf *b, size_t n);   /* keeps no contents */
 void      ft_buf_free(ft_buf *b);

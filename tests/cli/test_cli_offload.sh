@@ -14,7 +14,8 @@ bad() { fail=$((fail+1)); echo "FAIL $1"; }
 srv=$!
 for _ in $(seq 100); do grep -q "listening on" "$work/srv.log" && break; sleep 0.1; done
 uri="ucx://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/srv.log" | head -1)"
-run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 8 --temperature 0 --threads 1 "$@"; }
+# --kv-dtype f32: the in-memory cache as exact as an offloaded (f32-row) one
+run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 8 --temperature 0 --threads 1 --kv-dtype f32 "$@"; }
 run --dump-logits "$work/ref.bin" > "$work/ref.txt" 2>/dev/null || bad "in-memory run"
 run --dump-logits "$work/r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp --offload-stats \
     > "$work/r.txt" 2> "$work/r.err"
@@ -51,7 +52,7 @@ run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"
 run --policy frob=1 > /dev/null 2>&1; [ $? -eq 2 ] && ok "unknown policy item is a usage error" || bad "unknown item"
 run --remote "$uri" > /dev/null 2>&1; [ $? -eq 1 ] && ok "--remote without --policy refused" || bad "remote without policy"
-run --policy w=0,100 --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
+run --policy w=0,0,100 --disk-dir "$work/disk" --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "budget" "$work/b.err" && ok "device budget enforced" || bad "budget rc=$rc"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
