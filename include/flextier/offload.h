@@ -94,7 +94,7 @@ typedef struct ft_cost_inputs {
     uint32_t n_layers;
     uint64_t layer_params;         /* parameters per layer (matrices)     */
     ft_wfmt weights_fmt;           /* what none/bp policies compute on (the
-                                      model's format: f32, bf16 or f16)    */
+                                      model's format)                      */
     uint64_t kv_bytes_per_token;   /* per layer per sequence, uncompressed (K+V) */
     uint32_t kv_group;             /* q8/q4 cache group along head_dim (0 = 64) */
     uint32_t hidden;

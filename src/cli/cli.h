@@ -54,6 +54,7 @@ double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_plan(int argc, char **argv);
+int ft_cmd_perplexity(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
 /* src/cli/cmd_store.c */
 int ft_cmd_serve(int argc, char **argv);

@@ -56,6 +56,12 @@ int ft_slot_is_matrix(int slot);
 ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot);        /* NULL: vector slot */
 const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slot */
 
+/* A tensor of an f32 model as a plain pointer (NULL if absent). */
+static inline const float *ft_layer_f32(ft_layer_weights *w, int slot)
+{
+    return ft_slot_is_matrix(slot) ? (const float *)ft_layer_mat(w, slot)->data : *ft_layer_vec(w, slot);
+}
+
 typedef struct ft_model_tensor_entry {
     char name[128];
     int layer;             /* -1 for globals */

@@ -42,9 +42,13 @@ static double codec_decode_bw(const ft_cost_inputs *in, ft_codec_id c)
 /* Bytes per parameter as computed on, when no per-tensor sizes are given. */
 static double bytes_per_param(const ft_cost_inputs *in, ft_codec_id c)
 {
-    if (c == FT_CODEC_Q8) return 1.0 + 4.0 / 64;
-    if (c == FT_CODEC_Q4) return 0.5 + 4.0 / 64;
-    return in->weights_fmt == FT_WF_BF16 || in->weights_fmt == FT_WF_F16 ? 2.0 : 4.0;
+    ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
+    switch (f) {
+    case FT_WF_Q8: return 1.0 + 4.0 / 64;
+    case FT_WF_Q4: return 0.5 + 4.0 / 64;
+    case FT_WF_BF16: case FT_WF_F16: return 2.0;
+    default: return 4.0;
+    }
 }
 
 /* Linear in the batch between the two measured points (clamped at 0). */

@@ -774,7 +774,7 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
     in->hidden = (uint32_t)m->cfg.hidden;
     in->kv_bytes_per_token = 2ull * (uint64_t)m->cfg.n_kv_heads * (uint64_t)m->cfg.head_dim * 4;
     in->kv_group = (uint32_t)m->cfg.head_dim % FT_DEFAULT_GROUP_SIZE ? (uint32_t)m->cfg.head_dim : FT_DEFAULT_GROUP_SIZE;
-    in->weights_fmt = is_q(m->wfmt) ? FT_WF_BF16 : m->wfmt;
+    in->weights_fmt = m->wfmt;
     in->layer_params = 0;
     in->n_tensors = 0;
     /* the scheduler's order: layer 0's entries as the model lists them */

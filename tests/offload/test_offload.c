@@ -417,7 +417,8 @@ TEST(planner_memory_matches_scheduler)
 {
     setup();
     REQUIRE(g_model);
-    static const char *specs[] = {"w=40,60", "w=70,30", "w=10,90", "w=50,0,50"};
+    static const char *specs[] = {"w=40,60", "w=70,30", "w=10,90", "w=50,0,50", "w=40,60 cw=q4",
+                                  "w=20,0,80 cw=q4", "w=30,0,70 cw=q8", "w=30,70 cw=bp", "w=0,100 cw=bp"};
     for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
         ft_offload_params p;
         ft_offload_default_params(&p);
