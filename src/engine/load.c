@@ -1,6 +1,7 @@
 /* Loading a Hugging Face model directory: config + safetensors checkpoint
  * (through model.h), every tensor checked for presence and exact shape and
- * converted once to f32. */
+ * stored once in the format it is computed in (f32/bf16/f16, or q8/q4
+ * quantized here), the checkpoint's pages dropped behind. */
 #include "engine_internal.h"
 #include "flextier/model.h"
 
@@ -121,17 +122,20 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
             /* quantized whole (one layer matrix): from an aligned copy, as
              * the mapping may be unaligned for the dtype */
             if (!cc && (st = ft_codec_ctx_create(0, &cc))) goto fail;
-            if (tmp_cap < n * esz) {
-                ft_free_aligned(tmp);
-                tmp_cap = 0;
-                if (!(tmp = ft_malloc_aligned(n * esz, 64))) { st = ft_set_error(FT_ERR_NOMEM, "load: %s", used); goto fail; }
-                tmp_cap = n * esz;
-            }
-            memcpy(tmp, t.data, n * esz);
-            drop_pages(t.data, n * esz);
             ft_tensor q = t;
-            q.data = tmp;
-            if ((st = ft_model_store(m, e, &q, cc))) goto fail;
+            if ((uintptr_t)t.data % esz) {   /* misaligned for its dtype: copy */
+                if (tmp_cap < n * esz) {
+                    ft_free_aligned(tmp);
+                    tmp_cap = 0;
+                    if (!(tmp = ft_malloc_aligned(n * esz, 64))) { st = ft_set_error(FT_ERR_NOMEM, "load: %s", used); goto fail; }
+                    tmp_cap = n * esz;
+                }
+                memcpy(tmp, t.data, n * esz);
+                q.data = tmp;
+            }
+            st = ft_model_store(m, e, &q, cc);
+            drop_pages(t.data, n * esz);
+            if (st) goto fail;
         } else {
             /* in 1M-element chunks, dropping the file pages behind us; the
              * view may be unaligned: ft_convert/memcpy handle any alignment */
