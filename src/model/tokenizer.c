@@ -419,7 +419,7 @@ static ft_status compile_regex(const char *pat, size_t len, int literal, pcre2_c
 {
     int err;
     PCRE2_SIZE off;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);   /* UCP is invalid with LITERAL */
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &off, NULL);
     if (!re) {
         char msg[160];
@@ -1015,7 +1015,7 @@ static void normalize(const ft_tokenizer *t, const char *s, size_t n, sbuf *o, s
 /* HF matches added tokens with normalized: true against the normalized
  * text, with their content normalized by the same normalizer
  * (AddedVocabulary::refresh_added_tokens); the others against the raw
- * text as they are. */
+ * text as they are. Runs before the decoder tables are built. */
 static ft_status added_match_strings(ft_tokenizer *t)
 {
     sbuf o = {0}, tmp = {0};
@@ -1032,6 +1032,12 @@ static ft_status added_match_strings(ft_tokenizer *t)
             memcpy(a->m, o.p ? o.p : "", o.n);
             a->m[o.n] = 0;
             a->mlen = o.n;
+            /* tokenizers >= 0.21 also decode such a token as its normalized
+             * content, and skip_special_tokens then no longer recognizes it
+             * as special unless normalization left it unchanged */
+            t->id_str[a->id] = a->m;
+            t->id_len[a->id] = (uint32_t)a->mlen;
+            if (a->mlen != a->len || memcmp(a->m, a->s, a->len)) t->id_special[a->id] = 0;
         }
         if (a->mlen) t->added_first[a->normalized ? 1 : 0][(uint8_t)a->m[0]] = 1;
     }
@@ -1090,8 +1096,8 @@ ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *nam
     if (json_object_object_get_ex(root, "post_processor", &x) && (st = load_postproc(t, x, fn, &have))) goto out;
     cap = 0;
     if (json_object_object_get_ex(root, "decoder", &x) && (st = load_decoder(t, x, fn, &cap))) goto out;
-    if ((st = build_decoder_tables(t))) goto out;
     if ((st = added_match_strings(t))) goto out;
+    if ((st = build_decoder_tables(t))) goto out;
 out:
     json_object_put(root);
     if (tok) json_tokener_free(tok);   /* json-c 0.16 crashes on NULL */
