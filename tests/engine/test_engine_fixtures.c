@@ -1,7 +1,13 @@
 /* The engine against transformers: per-position logits and greedy
  * continuations recorded by scripts/fixtures/gen_model_fixtures.py for tiny
- * random OPT and Llama checkpoints (tests/data/models/). All prompts run as
- * one batch of mixed lengths.
+ * random OPT, Llama, Mistral and Qwen2 checkpoints saved by transformers
+ * 4.46 (tests/data/models/) and by transformers 5 (tests/data/models-tf5/,
+ * the rope_parameters / layer_types config layout). Every directory of
+ * both sets is checked, loaded strictly (every config key known). All
+ * prompts run as one batch of mixed lengths. Fixtures whose prompts are
+ * text (fixtures.json "texts") also check that the model directory's
+ * tokenizer (ft_tokenizer_load_dir: tokenizer.json or vocab.json +
+ * merges.txt) gives transformers' ids.
  *
  * Tolerances: 1e-4 absolute on logits for every model. The bf16 checkpoint
  * is compared with transformers computing in f32 on the same bf16-rounded
@@ -9,7 +15,9 @@
  * bound applies; greedy tokens must be identical. */
 #include "ft_test.h"
 #include "flextier/engine.h"
+#include "flextier/model.h"
 
+#include <dirent.h>
 #include <json-c/json.h>
 #include <math.h>
 
@@ -17,6 +25,8 @@
 
 typedef struct {
     int np;
+    int ntexts, add_special;
+    char texts[MAXP][256];
     int32_t prompt[MAXP][64];
     size_t plen[MAXP];
     int32_t greedy[MAXP][32];
@@ -45,6 +55,13 @@ static int load_fixture(const char *dir, fixture *f)
         f->glen[i] = json_object_array_length(g);
         for (size_t k = 0; k < f->glen[i]; k++) f->greedy[i][k] = json_object_get_int(json_object_array_get_idx(g, k));
     }
+    json_object *tx, *as;
+    if (json_object_object_get_ex(root, "texts", &tx)) {
+        f->ntexts = (int)json_object_array_length(tx);
+        for (int i = 0; i < f->ntexts && i < MAXP; i++)
+            snprintf(f->texts[i], sizeof f->texts[i], "%s", json_object_get_string(json_object_array_get_idx(tx, i)));
+        f->add_special = json_object_object_get_ex(root, "add_special_tokens", &as) && json_object_get_boolean(as);
+    }
     json_object_put(root);
     snprintf(path, sizeof path, "%s/logits.bin", dir);
     FILE *fp = fopen(path, "rb");
@@ -69,27 +86,45 @@ static float max_abs_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void check_model(const char *name, float tol)
+static float check_model_dir(const char *set, const char *name, float tol)
 {
     char dir[512];
     const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
+    snprintf(dir, sizeof dir, "%s/%s/%s", data ? data : "tests/data", set, name);
     fixture f;
     int loaded = load_fixture(dir, &f);   /* REQUIRE evaluates twice */
-    REQUIRE(loaded);
+    CHECK_MSG(loaded, "%s: fixture files", dir);
+    if (!loaded) return INFINITY;
+    /* text prompts: the directory's tokenizer gives transformers' ids */
+    if (f.ntexts) {
+        ft_tokenizer *tk = NULL;
+        CHECK_OK(ft_tokenizer_load_dir(dir, &tk));
+        for (int i = 0; tk && i < f.ntexts; i++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            CHECK_OK(ft_tokenizer_encode(tk, f.texts[i], strlen(f.texts[i]), f.add_special, &ids, &n));
+            CHECK_MSG(ids && n == f.plen[i] && !memcmp(ids, f.prompt[i], n * sizeof *ids),
+                      "%s/%s: text %d '%s' tokenizes differently (%zu ids, transformers %zu)", set, name, i,
+                      f.texts[i], n, f.plen[i]);
+            free(ids);
+        }
+        ft_tokenizer_free(tk);
+    }
     ft_model *m = NULL;
-    CHECK_OK(ft_model_load(dir, NULL, &m));
-    REQUIRE(m);
+    ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    if (!m) { free(f.logits); return INFINITY; }
     const ft_model_config *cfg = ft_model_get_config(m);
     int V = cfg->vocab;
     size_t rows = 0;
     for (int i = 0; i < f.np; i++) rows += f.plen[i];
-    REQUIRE(rows * (size_t)V == f.nlogits);
+    CHECK_MSG(rows * (size_t)V == f.nlogits, "%s/%s: logits.bin size", set, name);
+    if (rows * (size_t)V != f.nlogits) { free(f.logits); ft_model_free(m); return INFINITY; }
 
     ft_ctx_params cp = {.max_batch = f.np, .max_seq = 64, .max_rows = (int)rows, .all_logits = 1, .threads = 2};
     ft_ctx *c = NULL;
     CHECK_OK(ft_ctx_create(m, &cp, &c));
-    REQUIRE(c);
+    if (!c) { free(f.logits); ft_model_free(m); return INFINITY; }
     float *lg = malloc(rows * (size_t)V * sizeof(float));
     int slots[MAXP];
     const int32_t *tp[MAXP];
@@ -99,8 +134,7 @@ static void check_model(const char *name, float tol)
     /* 1. whole batch, mixed lengths, logits of every position */
     CHECK_OK(ft_ctx_forward(c, (size_t)f.np, slots, tp, nt, lg, 1));
     float d = max_abs_diff(lg, f.logits, rows * (size_t)V);
-    CHECK_MSG(d <= tol, "%s: prefill logits max |diff| = %g > %g", name, d, tol);
-    printf("  %s: prefill max |logit diff| = %.3g\n", name, d);
+    CHECK_MSG(d <= tol, "%s/%s: prefill logits max |diff| = %g > %g", set, name, d, tol);
 
     /* 2. greedy decode of the batch, one row per sequence per step */
     int32_t cur[MAXP], gen[MAXP][32];
@@ -128,7 +162,7 @@ static void check_model(const char *name, float tol)
     }
     for (int i = 0; i < f.np; i++)
         CHECK_MSG(!memcmp(gen[i], f.greedy[i], steps * sizeof(int32_t)),
-                  "%s: greedy continuation of prompt %d differs", name, i);
+                  "%s/%s: greedy continuation of prompt %d differs", set, name, i);
 
     /* 3. the cache continues correctly: prompts fed in two chunks, in a
      * different slot order, give the same last-position logits */
@@ -156,22 +190,44 @@ static void check_model(const char *name, float tol)
         size_t off = 0;
         for (int q = 0; q <= i; q++) off += f.plen[q];
         float dd = max_abs_diff(lg + (size_t)k * V, f.logits + (off - 1) * (size_t)V, (size_t)V);
-        CHECK_MSG(dd <= tol, "%s: chunked prefill, prompt %d: max |diff| %g", name, i, dd);
+        CHECK_MSG(dd <= tol, "%s/%s: chunked prefill, prompt %d: max |diff| %g", set, name, i, dd);
+        if (dd > d) d = dd;
     }
     free(lg);
     free(f.logits);
     ft_ctx_free(c);
     ft_model_free(m);
+    return d;
 }
 
-TEST(opt_tiny) { check_model("opt-tiny", 1e-4f); }
-TEST(opt_tiny_proj) { check_model("opt-tiny-proj", 1e-4f); }
-TEST(opt_tiny_postln) { check_model("opt-tiny-postln", 1e-4f); }
-TEST(llama_tiny) { check_model("llama-tiny", 1e-4f); }
-TEST(llama_tiny_tied_rope3) { check_model("llama-tiny-tied-rope3", 1e-4f); }
-TEST(llama_tiny_bf16) { check_model("llama-tiny-bf16", 1e-4f); }
-TEST(mistral_tiny) { check_model("mistral-tiny", 1e-4f); }
-TEST(qwen2_tiny) { check_model("qwen2-tiny", 1e-4f); }
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Every fixture directory of a set; returns how many were checked. */
+static int check_set(const char *set)
+{
+    char path[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(path, sizeof path, "%s/%s", data ? data : "tests/data", set);
+    DIR *dp = opendir(path);
+    CHECK_MSG(dp != NULL, "%s: cannot open", path);
+    if (!dp) return 0;
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) && n < 64)
+        if (e->d_name[0] != '.') names[n++] = strdup(e->d_name);
+    closedir(dp);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n; i++) {
+        float d = check_model_dir(set, names[i], 1e-4f);
+        printf("  %-14s %-24s max |logit diff| = %.3g\n", set, names[i], d);
+        free(names[i]);
+    }
+    return n;
+}
+
+TEST(transformers_4_46) { CHECK(check_set("models") >= 15); }
+TEST(transformers_5) { CHECK(check_set("models-tf5") >= 16); }
 
 TEST(bad_dirs)
 {
