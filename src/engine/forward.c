@@ -442,9 +442,14 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         int s = attn_start(W, pos);
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        if (!ring) {
-            kn->attend(o, q, K + (size_t)s * c->kvdim, V + (size_t)s * c->kvdim, c->kvdim, pos - s + 1, hd,
-                       scale, sc);
+        if (!ring && !W) {
+            kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
+            continue;
+        }
+        if (!ring) {   /* full rows (external_kv, or a window >= the context): masked to the window;
+                          attend_segs, so that the sums are the ring's bit for bit */
+            ft_attn_seg one = {K + (size_t)s * c->kvdim, V + (size_t)s * c->kvdim, pos - s + 1};
+            kn->attend_segs(o, q, &one, 1, c->kvdim, hd, scale, sc);
             continue;
         }
         /* ring: positions [s, pos0) from the ring (it may wrap), [max(s, pos0), pos] from this call's rows */
