@@ -282,6 +282,10 @@ typedef struct ft_kv_hooks {
 
 /* A context: KV caches for max_batch sequences of max_seq tokens and all
  * scratch buffers, allocated here once; the forward pass never allocates.
+ * A sliding-window layer whose window W is shorter than max_seq keeps a
+ * ring of W rows per sequence instead of max_seq (position p in row
+ * p % W); with external_kv every layer has full rows and attention is
+ * masked to the window.
  * FT_ERR_INVALID_ARG if max_seq exceeds the model's position limit (OPT's
  * learned positions). */
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
@@ -300,7 +304,8 @@ void ft_ctx_reset(ft_ctx *c, int slot);
 int ft_ctx_seq_len(const ft_ctx *c, int slot);
 /* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
  * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim.
- * FT_ERR_UNSUPPORTED for an external_kv context. */
+ * FT_ERR_UNSUPPORTED for an external_kv context and for a layer that keeps
+ * a ring of its sliding window. */
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
                     int *len, int *kv_dim);
 
@@ -311,7 +316,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
  * token in order (sum ntok rows). Errors: FT_ERR_INVALID_ARG (bad slot,
  * token id >= vocab, total rows > max_rows), FT_ERR_NO_SPACE (a sequence
  * would exceed max_seq), or the hook's status; on error the caches of the
- * sequences involved are unchanged. */
+ * sequences involved are unchanged, except after a failure past a layer
+ * that keeps a sliding-window ring: its overwritten rows are gone, so the
+ * sequences of the call are reset (ft_ctx_seq_len 0). */
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
                          const int32_t *const *tokens, const size_t *ntok,
                          float *logits, int all_rows);
