@@ -330,3 +330,82 @@ TEST(checkpoint_variants)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
     CHECK(system(cmd) == 0);
 }
+
+/* The demo model (demo/kjv-llama, trained by scripts/demo/train_demo_model.py)
+ * against transformers (scripts/demo/reference_demo_model.py): the prompt's
+ * ids through the model directory's tokenizer, the last position's logits
+ * within 1e-4, and the greedy continuation and its text identical. */
+TEST(demo_model)
+{
+    const char *dirs = getenv("FT_DEMO_MODEL");
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s", dirs ? dirs : "demo/kjv-llama");
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_object *root = json_object_from_file(path);
+    CHECK_MSG(root != NULL, "%s: missing", path);
+    if (!root) return;
+    json_object *jp, *jids, *jl, *jg, *jt;
+    REQUIRE(json_object_object_get_ex(root, "prompt", &jp) && json_object_object_get_ex(root, "ids", &jids) &&
+            json_object_object_get_ex(root, "last_logits", &jl) && json_object_object_get_ex(root, "greedy", &jg) &&
+            json_object_object_get_ex(root, "greedy_text", &jt));
+    ft_tokenizer *tk = NULL;
+    CHECK_OK(ft_tokenizer_load_dir(dir, &tk));
+    ft_model *m = NULL;
+    ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    if (!tk || !m) { ft_tokenizer_free(tk); ft_model_free(m); json_object_put(root); return; }
+    const char *prompt = json_object_get_string(jp);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(ft_tokenizer_encode(tk, prompt, strlen(prompt), 1, &ids, &n));
+    size_t nref = json_object_array_length(jids);
+    int same = ids && n == nref;
+    for (size_t i = 0; same && i < n; i++) same = ids[i] == json_object_get_int(json_object_array_get_idx(jids, i));
+    CHECK_MSG(same, "demo prompt tokenizes differently");
+    int V = ft_model_get_config(m)->vocab;
+    REQUIRE((int)json_object_array_length(jl) == V);
+    size_t steps = json_object_array_length(jg);
+    ft_ctx_params cp = {.max_batch = 1, .max_seq = (int)(n + steps + 1), .threads = 2};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t gen[64];
+    int slot = 0;
+    if (c && same && lg && steps <= 64) {
+        const int32_t *tp[] = {ids};
+        size_t nt[] = {n};
+        CHECK_OK(ft_ctx_forward(c, 1, &slot, tp, nt, lg, 0));
+        float d = 0;
+        for (int v = 0; v < V; v++) {
+            float e = fabsf(lg[v] - (float)json_object_get_double(json_object_array_get_idx(jl, (size_t)v)));
+            if (!(e <= d)) d = e;
+        }
+        /* the reference is rounded to 1e-6 in the JSON */
+        CHECK_MSG(d <= 1e-4f, "demo model: last-position logits max |diff| %g", d);
+        printf("  demo/kjv-llama: max |logit diff| = %.3g\n", d);
+        for (size_t s = 0; s < steps; s++) {
+            int32_t best = 0;
+            for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+            gen[s] = best;
+            if (s + 1 == steps) break;
+            const int32_t *t1[] = {&gen[s]};
+            size_t one = 1;
+            CHECK_OK(ft_ctx_forward(c, 1, &slot, t1, &one, lg, 0));
+        }
+        int gsame = 1;
+        for (size_t s = 0; s < steps; s++) gsame &= gen[s] == json_object_get_int(json_object_array_get_idx(jg, s));
+        CHECK_MSG(gsame, "demo model: greedy continuation differs");
+        char *txt = NULL;
+        size_t tl = 0;
+        CHECK_OK(ft_tokenizer_decode(tk, gen, steps, 0, &txt, &tl));
+        CHECK_MSG(txt && !strcmp(txt, json_object_get_string(jt)), "demo model: text '%s' != '%s'", txt ? txt : "",
+                  json_object_get_string(jt));
+        free(txt);
+    }
+    free(lg);
+    free(ids);
+    ft_ctx_free(c);
+    ft_model_free(m);
+    ft_tokenizer_free(tk);
+    json_object_put(root);
+}
