@@ -8,6 +8,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    ft_log_set_level(FT_LOG_ERROR);   /* unknown-key warnings would flood the run */
     ft_model_config c;
     if (ft_model_config_parse((const char *)data, size, "fuzz.json", &c) != FT_OK) {
         /* generation config on its own, applied to a valid base */
