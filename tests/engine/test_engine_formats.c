@@ -1,11 +1,13 @@
 /* The engine computing on weights as stored (bf16, f16, q8, q4) and on a
  * bf16/f16 KV cache, against the exact f32 engine on every fixture model
- * (tests/data/models/, the transformers checkpoints of
- * test_engine_fixtures.c).
+ * (every directory of tests/data/models/, the transformers checkpoints
+ * of test_engine_fixtures.c, sliding-window ones included).
  *
  * Measure: relative RMS of the logits, rms(got - f32) / rms(f32), over
- * every position of the three prompts (one batch of mixed lengths), and
- * the greedy continuation (10 tokens per prompt). Bounds (about twice the
+ * every position of the three prompts (one batch of mixed lengths) and 9
+ * decode steps fed the f32 run's greedy tokens (so that the cache, rings
+ * of windowed layers included, is read back); and the greedy
+ * continuation (10 tokens per prompt). Bounds (about twice the
  * largest value measured over the fixtures, which have random weights of
  * std 0.15, larger than trained models'):
  *   bf16 / f16 weights (f32 activations in decode, exact products):
@@ -22,9 +24,27 @@
 
 #include <math.h>
 
-static const char *const models[] = {"opt-tiny", "opt-tiny-proj", "opt-tiny-postln", "llama-tiny",
-                                     "llama-tiny-tied-rope3", "llama-tiny-bf16", "mistral-tiny", "qwen2-tiny"};
-#define NMODELS (sizeof models / sizeof models[0])
+#include <dirent.h>
+
+/* Every fixture model directory (sorted), sliding-window ones included. */
+static char models[32][256];
+static size_t n_models;
+
+static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
+
+static void list_models(void)
+{
+    if (n_models) return;
+    char dir[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models", data ? data : "tests/data");
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n_models < 32)
+        if (e->d_name[0] != '.') snprintf(models[n_models++], sizeof models[0], "%s", e->d_name);
+    if (d) closedir(d);
+    qsort(models, n_models, sizeof models[0], cmp_name);
+}
 
 /* Fixed prompts (token ids below every fixture's vocab of >= 256). */
 static const int32_t P0[] = {1, 15, 27, 99, 4, 200, 13};
@@ -35,12 +55,15 @@ static const size_t plens[3] = {7, 3, 12};
 #define GEN 10
 
 typedef struct {
-    float *logits;      /* every prompt position */
+    float *logits;      /* every prompt position, then each decode step's 3 rows */
     size_t n;
     int32_t greedy[3][GEN];
 } result;
 
-static int run(const char *name, int weights, ft_dtype kv, result *r, ft_wfmt *fmt_out)
+/* forced: the tokens fed at decode steps (teacher forcing with another
+ * run's greedy tokens, so that every step's logits compare); NULL: the
+ * run's own greedy tokens. */
+static int run(const char *name, int weights, ft_dtype kv, int32_t (*forced)[GEN], result *r, ft_wfmt *fmt_out)
 {
     char dir[512];
     const char *data = getenv("FT_TEST_DATA");
@@ -53,15 +76,18 @@ static int run(const char *name, int weights, ft_dtype kv, result *r, ft_wfmt *f
     if (fmt_out) *fmt_out = ft_model_weights_format(m);
     int V = ft_model_get_config(m)->vocab;
     size_t rows = plens[0] + plens[1] + plens[2];
+    int32_t pr[3][12];
+    for (int i = 0; i < 3; i++)
+        for (size_t k = 0; k < plens[i]; k++) pr[i][k] = prompts[i][k] % V;
     ft_ctx_params cp = {.max_batch = 3, .max_seq = 32, .max_rows = (int)rows, .all_logits = 1, .threads = 2,
                         .kv_dtype = kv};
     ft_ctx *c = NULL;
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_model_free(m); return 0; }
-    r->n = rows * (size_t)V;
+    r->n = (rows + 3 * (GEN - 1)) * (size_t)V;
     r->logits = malloc(r->n * sizeof(float));
     float *lg = malloc(rows * (size_t)V * sizeof(float));
     int slots[3] = {0, 1, 2};
-    const int32_t *tp[3] = {prompts[0], prompts[1], prompts[2]};
+    const int32_t *tp[3] = {pr[0], pr[1], pr[2]};
     size_t nt[3] = {plens[0], plens[1], plens[2]};
     st = ft_ctx_forward(c, 3, slots, tp, nt, r->logits, 1);
     int32_t cur[3];
@@ -74,8 +100,13 @@ static int run(const char *name, int weights, ft_dtype kv, result *r, ft_wfmt *f
         cur[i] = r->greedy[i][0] = best;
     }
     for (int s = 1; s < GEN && !st; s++) {
-        for (int i = 0; i < 3; i++) { tp[i] = &cur[i]; nt[i] = 1; }
+        for (int i = 0; i < 3; i++) {
+            if (forced) cur[i] = forced[i][s - 1];
+            tp[i] = &cur[i];
+            nt[i] = 1;
+        }
         st = ft_ctx_forward(c, 3, slots, tp, nt, lg, 0);
+        if (!st) memcpy(r->logits + (rows + 3 * (size_t)(s - 1)) * (size_t)V, lg, 3 * (size_t)V * sizeof(float));
         for (int i = 0; i < 3 && !st; i++) {
             const float *row = lg + (size_t)i * V;
             int32_t best = 0;
@@ -104,12 +135,14 @@ static double rel_rms(const float *a, const float *ref, size_t n)
 static void check_format(int weights, ft_dtype kv, double bound, int greedy_same)
 {
     double worst = 0;
-    for (size_t k = 0; k < NMODELS; k++) {
+    list_models();
+    REQUIRE(n_models >= 8);
+    for (size_t k = 0; k < n_models; k++) {
         result ref, got;
-        int ok_ref = run(models[k], FT_WF_F32, FT_F32, &ref, NULL);
+        int ok_ref = run(models[k], FT_WF_F32, FT_F32, NULL, &ref, NULL);
         REQUIRE(ok_ref);
         ft_wfmt f = FT_WF_F32;
-        int ok = run(models[k], weights, kv, &got, &f);
+        int ok = run(models[k], weights, kv, ref.greedy, &got, &f);
         CHECK_MSG(ok, "%s", models[k]);
         if (!ok) { free(ref.logits); continue; }
         double e = rel_rms(got.logits, ref.logits, ref.n);
@@ -117,8 +150,13 @@ static void check_format(int weights, ft_dtype kv, double bound, int greedy_same
         printf("  %-22s weights %-4s kv %-4s: logits relative RMS %.2e\n", models[k], ft_wfmt_name(f),
                ft_dtype_name(kv), e);
         CHECK_MSG(e <= bound, "%s: relative RMS %g > %g", models[k], e, bound);
-        if (greedy_same)
-            CHECK_MSG(!memcmp(got.greedy, ref.greedy, sizeof ref.greedy), "%s: greedy tokens differ", models[k]);
+        if (greedy_same) {
+            result own;
+            if (run(models[k], weights, kv, NULL, &own, NULL)) {
+                CHECK_MSG(!memcmp(own.greedy, ref.greedy, sizeof ref.greedy), "%s: greedy tokens differ", models[k]);
+                free(own.logits);
+            }
+        }
         free(ref.logits);
         free(got.logits);
     }
@@ -138,10 +176,10 @@ TEST(kv_f16) { check_format(FT_WF_F32, FT_F16, 0.002, 0); }
 TEST(bf16_checkpoint_as_stored)
 {
     result ref, got;
-    int ok_ref = run("llama-tiny-bf16", FT_WF_F32, FT_F32, &ref, NULL);
+    int ok_ref = run("llama-tiny-bf16", FT_WF_F32, FT_F32, NULL, &ref, NULL);
     REQUIRE(ok_ref);
     ft_wfmt f = FT_WF_F32;
-    int ok = run("llama-tiny-bf16", FT_WEIGHTS_AS_STORED, FT_BF16, &got, &f);
+    int ok = run("llama-tiny-bf16", FT_WEIGHTS_AS_STORED, FT_BF16, NULL, &got, &f);
     REQUIRE(ok);
     CHECK(f == FT_WF_BF16);
     double e = rel_rms(got.logits, ref.logits, ref.n);
