@@ -8,6 +8,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    ft_log_set_level(FT_LOG_ERROR);   /* unknown-key warnings would flood the run */
     ft_model_config c;
     if (ft_model_config_parse((const char *)data, size, "fuzz.json", &c) != FT_OK) {
         /* generation config on its own, applied to a valid base */
@@ -27,5 +28,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < c.n_eos; i++)
         if (c.eos_ids[i] < 0 || c.eos_ids[i] >= c.vocab) abort();
     if (c.arch == FT_ARCH_LLAMA && c.head_dim % 2) abort();
+    if (c.rope_type < FT_ROPE_DEFAULT || c.rope_type > FT_ROPE_YARN) abort();
+    if (c.rope_type != FT_ROPE_DEFAULT && c.rope_type != FT_ROPE_DYNAMIC && c.arch != FT_ARCH_OPT &&
+        !(c.rope_factor > 0))
+        abort();
+    if (c.sliding_window < 0 || c.sliding_window > c.max_pos) abort();
+    for (int l = 0; l < c.n_layers; l++) {
+        int w = ft_model_config_layer_window(&c, l);
+        if (w && w != c.sliding_window) abort();
+    }
     return 0;
 }

@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
-# The main job on a built-in default: a small Llama-shaped model (random
-# weights, real Hugging Face file layout, made by `flextier gen-model`) is
+# The main job on a built-in default: demo/kjv-llama, a small Llama trained
+# on the King James Bible (scripts/demo/train_demo_model.py; committed), is
 # streamed layer by layer from a memory node (`flextier serve` on a free
 # loopback port), its weights byte-plane compressed on the wire and its KV
 # cache offloaded to host memory (written back and prefetched layer by
-# layer), while the CPU generates; then the same prompt runs all in memory
-# for comparison.
-#   scripts/demo.sh [BUILD_DIR]       MODEL=DIR to use your own checkpoint
+# layer), while the CPU writes its text; then the same prompt runs all in
+# memory for comparison.
+#   scripts/demo.sh [BUILD_DIR]       MODEL=DIR to use your own checkpoint,
+#                                     PROMPT=TEXT to change the prompt
 set -euo pipefail
 build=${1:-build}
 bin="$build/flextier"
-model=${MODEL:-models/demo-llama}
+model=${MODEL:-demo/kjv-llama}
 work=$(mktemp -d)
 srv=""
 cleanup() { [ -n "$srv" ] && kill "$srv" 2>/dev/null && wait "$srv" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT INT TERM
 
 if [ ! -f "$model/config.json" ]; then
-    echo "== generating the built-in model in $model (random weights, HF layout)"
-    mkdir -p "$(dirname "$model")"
-    "$bin" gen-model --arch llama --out "$model" --hidden 512 --layers 8 --heads 8 --kv-heads 4 --ffn 1408
+    echo "demo: $model/config.json not found (MODEL=DIR names a Hugging Face model directory)"; exit 1
 fi
 echo "== starting a memory node on loopback"
 "$bin" serve --listen 127.0.0.1:0 --capacity 512M > "$work/serve.log" 2>&1 &
@@ -28,14 +27,16 @@ for _ in $(seq 100); do grep -q "listening on" "$work/serve.log" && break; sleep
 addr=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/serve.log" | head -1)
 [ -n "$addr" ] || { echo "demo: the memory node did not start:"; cat "$work/serve.log"; exit 1; }
 echo "   ucx://$addr"
-prompt="Once upon a time"
+prompt=${PROMPT:-"And God said unto Moses,"}
+# sampling with a fixed seed: the streamed and the in-memory run draw the same tokens
+sampling=(--temperature 0.7 --top-k 40 --repetition-penalty 1.1 --seed 7)
 echo "== generating with every layer's weights streamed from ucx://$addr (byte-plane, lossless)"
 echo "   and the KV cache offloaded to host memory (f32 rows, lossless)"
-"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 24 --temperature 0 \
+"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 80 "${sampling[@]}" \
     --policy "w=0,0,0,100 c=0,100,0,0" --remote "ucx://$addr" --compress-weights bp --device-mem 64M \
     --offload-stats --dump-logits "$work/remote.logits" | tee "$work/remote.txt"
 echo "== the same prompt with all weights in memory"
-"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 24 --temperature 0 \
+"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 80 "${sampling[@]}" \
     --dump-logits "$work/local.logits" | tee "$work/local.txt"
 if cmp -s "$work/remote.txt" "$work/local.txt" && cmp -s "$work/remote.logits" "$work/local.logits"; then
     echo "== identical text and prompt logits: streaming compressed weights and the cache changed nothing"
@@ -44,4 +45,4 @@ else
 fi
 echo "== memory node statistics"
 "$bin" stat "ucx://$addr"
-echo "(random weights: the text is gibberish; any Hugging Face OPT/Llama directory works: MODEL=dir make demo)"
+echo "(any Hugging Face OPT, Llama, Mistral or Qwen2 directory works: MODEL=dir make demo)"

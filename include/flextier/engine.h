@@ -4,7 +4,7 @@
  * with a per-sequence KV cache, sampling and batched generation.
  *
  * Architectures: OPT (model_type "opt"), Llama ("llama", and "mistral"
- * within its sliding window) and Qwen2 ("qwen2"). Each is a small
+ * with its sliding window) and Qwen2 ("qwen2", sliding windows included). Each is a small
  * table in src/engine/arch_<name>.c (tensor names and feature flags); the
  * forward pass is shared.
  *
@@ -42,6 +42,20 @@ typedef enum ft_arch_id {
 } ft_arch_id;
 
 #define FT_MAX_EOS 8
+#define FT_MAX_LAYERS 1024
+
+/* RoPE variants (rope_type in transformers); anything else is refused. */
+typedef enum ft_rope_type {
+    FT_ROPE_DEFAULT = 0,
+    FT_ROPE_LINEAR = 1,    /* positions divided by factor                   */
+    FT_ROPE_DYNAMIC = 2,   /* NTK: equals default up to max_position_embeddings,
+                              which bounds every context here              */
+    FT_ROPE_LLAMA3 = 3,
+    FT_ROPE_YARN = 4
+} ft_rope_type;
+
+/* Parsing flags. */
+#define FT_CONFIG_STRICT 1  /* an unknown key is an error, not a warning     */
 
 /* Everything the engine reads from config.json (+ generation_config.json).
  * Fields not used by an architecture are 0. */
@@ -64,15 +78,23 @@ typedef struct ft_model_config {
     int enable_bias;            /* linear layers have biases               */
     int ln_affine;              /* layer_norm_elementwise_affine           */
     int final_norm;             /* a final layer norm exists               */
-    /* Llama */
+    /* Llama: RoPE, from rope_parameters (transformers 5) or the top-level
+     * rope_theta + rope_scaling (4.x); contradictory layouts are refused */
     int attention_bias, mlp_bias;
     float rope_theta;
-    int rope_llama3;            /* rope_scaling.rope_type == "llama3"      */
-    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    int rope_orig_max_pos;
-    int sliding_window;         /* Mistral: attention window (0 = none); a
-                                   context may not exceed it (then the full
-                                   attention computed here is exact)       */
+    int rope_type;              /* ft_rope_type                            */
+    float rope_factor;          /* linear, dynamic, llama3, yarn           */
+    float rope_low_freq_factor, rope_high_freq_factor;   /* llama3        */
+    int rope_orig_max_pos;      /* llama3, yarn: original_max_position_embeddings */
+    float rope_beta_fast, rope_beta_slow;                /* yarn          */
+    int rope_truncate;          /* yarn: floor/ceil the correction range   */
+    float rope_attention_factor;   /* yarn: cos/sin are scaled by it; else 1 */
+    /* Sliding-window attention (Mistral sliding_window; Qwen2
+     * use_sliding_window + max_window_layers or layer_types): a layer with
+     * layer_sliding[l] set attends to the last sliding_window positions
+     * (itself included). 0 = no window anywhere. */
+    int sliding_window;
+    unsigned char layer_sliding[FT_MAX_LAYERS];
     /* special tokens (-1 = none) */
     int32_t bos_id, pad_id;
     int32_t eos_ids[FT_MAX_EOS];
@@ -86,17 +108,35 @@ typedef struct ft_model_config {
 /* Parse a config.json held in memory. `what` names the file in error
  * messages. FT_ERR_CORRUPT: not JSON, a field of the wrong type or an
  * absurd value (0 layers, heads not dividing hidden, sizes beyond the
- * engine's limits); FT_ERR_UNSUPPORTED: an unknown model_type or an
- * unsupported option (activation other than relu for OPT, an unknown
- * rope_scaling type). The detail names the file and the field. */
+ * engine's limits), contradictory layouts (rope_theta / rope_scaling at the
+ * top level and in rope_parameters with different values);
+ * FT_ERR_UNSUPPORTED: an unknown model_type or an option that changes the
+ * math and is not implemented (activation other than relu for OPT, a
+ * rope_type other than default/linear/dynamic/llama3/yarn,
+ * partial_rotary_factor != 1, quantization_config, ...). The detail names
+ * the file and the field.
+ *
+ * Every key is accounted for: implemented, on an explicit list of keys
+ * that do not change the forward pass (bookkeeping, training-only dropout,
+ * legacy generation defaults), or unknown. An unknown key is logged as a
+ * warning naming it, or with FT_CONFIG_STRICT (flags) refused with
+ * FT_ERR_UNSUPPORTED. The environment variable FLEXTIER_STRICT=1 makes
+ * every parse strict (the test suite sets it). */
 ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
                                 ft_model_config *out);
+ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *what,
+                                   unsigned flags, ft_model_config *out);
 /* Apply a generation_config.json held in memory to *cfg (token ids and
- * sampling defaults). */
+ * sampling defaults); keys checked as above. */
 ft_status ft_model_config_parse_generation(const char *json, size_t len,
                                            const char *what, ft_model_config *cfg);
+ft_status ft_model_config_parse_generation_ex(const char *json, size_t len, const char *what,
+                                              unsigned flags, ft_model_config *cfg);
 /* Read DIR/config.json and, when present, DIR/generation_config.json. */
 ft_status ft_model_config_load(const char *dir, ft_model_config *out);
+ft_status ft_model_config_load_ex(const char *dir, unsigned flags, ft_model_config *out);
+/* Attention window of layer l: sliding_window, or 0 (full attention). */
+int ft_model_config_layer_window(const ft_model_config *cfg, int layer);
 
 /* -------------------------------------------------- weights as stored */
 
@@ -157,6 +197,8 @@ typedef struct ft_load_params {
      * them: no memory is allocated for them and every layer's weights are
      * NULL until a layer hook (the offloading scheduler) supplies them. */
     int external_layers;
+    /* FT_CONFIG_STRICT: unknown config keys are errors (ft_model_config_parse) */
+    unsigned config_flags;
 } ft_load_params;
 
 /* Load a Hugging Face model directory: config (as ft_model_config_load)
@@ -240,6 +282,10 @@ typedef struct ft_kv_hooks {
 
 /* A context: KV caches for max_batch sequences of max_seq tokens and all
  * scratch buffers, allocated here once; the forward pass never allocates.
+ * A sliding-window layer whose window W is shorter than max_seq keeps a
+ * ring of W rows per sequence instead of max_seq (position p in row
+ * p % W); with external_kv every layer has full rows and attention is
+ * masked to the window.
  * FT_ERR_INVALID_ARG if max_seq exceeds the model's position limit (OPT's
  * learned positions). */
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
@@ -258,7 +304,8 @@ void ft_ctx_reset(ft_ctx *c, int slot);
 int ft_ctx_seq_len(const ft_ctx *c, int slot);
 /* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
  * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim.
- * FT_ERR_UNSUPPORTED for an external_kv context. */
+ * FT_ERR_UNSUPPORTED for an external_kv context and for a layer that keeps
+ * a ring of its sliding window. */
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
                     int *len, int *kv_dim);
 
@@ -269,7 +316,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
  * token in order (sum ntok rows). Errors: FT_ERR_INVALID_ARG (bad slot,
  * token id >= vocab, total rows > max_rows), FT_ERR_NO_SPACE (a sequence
  * would exceed max_seq), or the hook's status; on error the caches of the
- * sequences involved are unchanged. */
+ * sequences involved are unchanged, except after a failure past a layer
+ * that keeps a sliding-window ring: its overwritten rows are gone, so the
+ * sequences of the call are reset (ft_ctx_seq_len 0). */
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
                          const int32_t *const *tokens, const size_t *ntok,
                          float *logits, int all_rows);

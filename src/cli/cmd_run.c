@@ -333,13 +333,16 @@ static const char RUN_USAGE[] =
     "usage: flextier run --model DIR (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]\n"
     "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
     "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [--device cpu|cuda]\n"
-    "         [offloading options]\n"
+    "         [--strict] [offloading options]\n"
     "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
-    "tokenizer.json). One --prompt streams its text; a --prompt-file holds one prompt per\n"
+    "tokenizer.json or vocab.json + merges.txt). One --prompt streams its text; a --prompt-file\n"
+    "holds one prompt per\n"
     "line, run as one batch, printed per prompt. Sampling defaults come from the model's\n"
     "generation_config.json; --temperature 0 is greedy. --dump-logits writes the f32\n"
     "logits of every prompt position (prompts in order, vocab floats per row).\n"
-    "Prefill and decode tokens/s go to stderr at the end.\n";
+    "Prefill and decode tokens/s go to stderr at the end. --strict: a config.json /\n"
+    "generation_config.json key or tokenizer field flextier does not know is an error\n"
+    "(default: a warning naming it).\n";
 
 typedef struct {
     const ft_tokenizer *tok;
@@ -436,7 +439,7 @@ int ft_cmd_run(int argc, char **argv)
     const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL;
     long max_new = 64, top_k = -1, threads = 0, seed = 0;
     double temp = -1, top_p = -1, rep = -1;
-    int ignore_eos = 0, have_seed = 0;
+    int ignore_eos = 0, have_seed = 0, strict = 0;
     ft_cli_offload off;
     ft_cli_offload_init(&off);
     ft_cli_cuda gpu = {0};
@@ -453,6 +456,7 @@ int ft_cmd_run(int argc, char **argv)
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
+        if (opt_is(a, "--strict")) { strict = 1; continue; }
         if (i + 1 >= argc) return ft_cli_usage_error(RUN_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
         char *endp = NULL;
@@ -493,7 +497,6 @@ int ft_cmd_run(int argc, char **argv)
     int32_t **ids = NULL, **outs = NULL;
     size_t *plen = NULL, *nout = NULL;
     run_state rs = {0};
-    char path[4096];
 
     if (gpu.on && (st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("run", st);
     if (pfile) {
@@ -514,6 +517,10 @@ int ft_cmd_run(int argc, char **argv)
     }
     ft_load_params lp = {0};
     lp.progress = load_progress;
+    if (strict) {   /* config keys and tokenizer fields flextier does not know are errors */
+        lp.config_flags = FT_CONFIG_STRICT;
+        setenv("FLEXTIER_STRICT", "1", 1);
+    }
     off.threads = (unsigned)threads;
     {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
@@ -526,8 +533,8 @@ int ft_cmd_run(int argc, char **argv)
         }
     }
     const ft_model_config *cfg = ft_model_get_config(m);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if ((st = ft_tokenizer_load(path, &tok))) { ft_cli_fail(path, st); goto done; }
+    /* tokenizer.json, or vocab.json + merges.txt (GPT-2 / OPT on the Hub) */
+    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail("tokenizer", st); goto done; }
 
     ids = calloc(np, sizeof *ids);
     outs = calloc(np, sizeof *outs);

@@ -120,10 +120,10 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
-    if (cfg->sliding_window > 0 && p->max_seq > cfg->sliding_window)
+    if (ft_config_min_window(cfg) > 0 && p->max_seq > ft_config_min_window(cfg))
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
-                            "sliding_window = %d (windowed attention is not implemented)",
-                            p->max_seq, cfg->sliding_window);
+                            "sliding_window = %d (windowed attention is not implemented on CUDA; "
+                            "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
     if (p->stream_weights && !p->hook)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
     if (!p->stream_weights && !m->lbuf)
@@ -273,7 +273,6 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     }
     if (a->pos == FT_POS_ROPE) {
         int half = cfg->head_dim / 2;
-        float inv[LIM_HALF_HEAD];
         float *hc = malloc(S * (size_t)half * sizeof(float)), *hs = malloc(S * (size_t)half * sizeof(float));
         if (!hc || !hs) {
             free(hc);
@@ -281,13 +280,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: RoPE tables");
             goto fail;
         }
-        ft_rope_inv_freq(cfg, inv, half);
-        for (size_t pos = 0; pos < S; pos++)
-            for (int i = 0; i < half; i++) {
-                float f = (float)pos * inv[i];
-                hc[pos * half + i] = cosf(f);
-                hs[pos * half + i] = sinf(f);
-            }
+        ft_rope_tables(cfg, S, hc, hs);
         size_t tb = S * (size_t)half * sizeof(float);
         st = dalloc(c, (void **)&c->rope_cos, tb, &c->scratch_bytes, "RoPE tables (cudaMalloc)");
         if (!st) st = dalloc(c, (void **)&c->rope_sin, tb, &c->scratch_bytes, "RoPE tables (cudaMalloc)");

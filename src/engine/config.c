@@ -214,54 +214,371 @@ static ft_status parse_opt(json_object *o, const char *what, ft_model_config *c)
     return FT_OK;
 }
 
-static ft_status parse_rope_scaling(json_object *o, const char *what, ft_model_config *c)
+/* ------------------------------------------------------- key accounting */
+
+/* Keys any architecture may carry that do not change the forward pass:
+ * bookkeeping, training-only settings (dropout is off at inference), and
+ * legacy generation defaults, which flextier takes from
+ * generation_config.json and the command line only. */
+static const char *const HARMLESS[] = {
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+    "_commit_hash", "_attn_implementation_autoset", "use_cache", "initializer_range", "init_std",
+    "attention_dropout", "dropout", "activation_dropout", "hidden_dropout", "layerdrop",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_return_dict",
+    "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
+    "chunk_size_feed_forward", "pruned_heads", "problem_type", "id2label", "label2id", "num_labels",
+    "finetuning_task", "task_specific_params", "tokenizer_class", "prefix", "use_bfloat16",
+    "tf_legacy_loss", "cross_attention_hidden_size", "pretraining_tp",
+    /* legacy generation defaults */
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", NULL};
+
+static const char *const KEYS_OPT[] = {
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim", "vocab_size",
+    "max_position_embeddings", "word_embed_proj_dim", "do_layer_norm_before", "enable_bias",
+    "layer_norm_elementwise_affine", "tie_word_embeddings", "activation_function",
+    "_remove_final_layer_norm", NULL};
+
+static const char *const KEYS_LLAMA[] = {
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "hidden_act", "head_dim", "partial_rotary_factor", "original_max_position_embeddings", NULL};
+
+/* Mistral and Qwen2 add only these to Llama's. */
+static const char *const KEYS_MISTRAL[] = {"sliding_window", "layer_types", NULL};
+static const char *const KEYS_QWEN2[] = {"sliding_window", "use_sliding_window", "max_window_layers",
+                                         "layer_types", NULL};
+
+/* Keys of rope_scaling / rope_parameters, by rope type. */
+static const char *const ROPE_COMMON[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor", NULL};
+static const char *const ROPE_FACTOR[] = {"factor", NULL};
+static const char *const ROPE_LLAMA3[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                          "original_max_position_embeddings", NULL};
+static const char *const ROPE_YARN[] = {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale",
+                                        "mscale_all_dim", "original_max_position_embeddings", "truncate",
+                                        NULL};
+
+static int in_list(const char *const *l, const char *k)
 {
-    json_object *rs;
-    if (!json_object_object_get_ex(o, "rope_scaling", &rs) || !rs) return FT_OK;
-    if (!json_object_is_type(rs, json_type_object))
-        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling\" must be an object or null", what);
-    const char *type;
-    ft_status st = opt_str(rs, "rope_type", what, &type);
-    if (st) return st;
-    if (!type && (st = opt_str(rs, "type", what, &type))) return st;
-    if (!type)
-        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling.rope_type\" missing", what);
-    if (!strcmp(type, "default")) return FT_OK;
-    if (strcmp(type, "llama3"))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_scaling.rope_type\" = \"%s\" "
-                            "(supported: default, llama3)", what, type);
-    c->rope_llama3 = 1;
-    char w2[600];
-    snprintf(w2, sizeof w2, "%s (rope_scaling)", what);
-    what = w2;
-    if ((st = opt_num(rs, "factor", what, 1e-3, 1e6, 0, &c->rope_factor)) ||
-        (st = opt_num(rs, "low_freq_factor", what, 1e-6, 1e6, 0, &c->rope_low_freq_factor)) ||
-        (st = opt_num(rs, "high_freq_factor", what, 1e-6, 1e6, 0, &c->rope_high_freq_factor)) ||
-        (st = req_int(rs, "original_max_position_embeddings", what, 1, LIM_POS,
-                      &c->rope_orig_max_pos)))
-        return st;
-    if (c->rope_factor == 0 || c->rope_low_freq_factor == 0 || c->rope_high_freq_factor == 0)
-        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling\" needs factor, "
-                            "low_freq_factor and high_freq_factor", what);
-    if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
-        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling.high_freq_factor\" must "
-                            "exceed low_freq_factor", what);
+    for (; l && *l; l++)
+        if (!strcmp(*l, k)) return 1;
+    return 0;
+}
+
+static int strict_env(void)
+{
+    const char *e = getenv("FLEXTIER_STRICT");
+    return e && *e && strcmp(e, "0");
+}
+
+/* Every key of o must be in one of the lists; an unknown one is a
+ * warning, or an error when strict. `field` prefixes nested keys. */
+static ft_status check_keys(json_object *o, const char *what, const char *field, unsigned flags,
+                            const char *const *a, const char *const *b, const char *const *c)
+{
+    int strict = (flags & FT_CONFIG_STRICT) || strict_env();
+    json_object_object_foreach(o, key, val) {
+        (void)val;
+        if (in_list(a, key) || in_list(b, key) || in_list(c, key)) continue;
+        if (strict)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"%s%s%.64s\" is not known to flextier "
+                                "(strict: it may change the model's math)", what, field ? field : "",
+                                field ? "." : "", key);
+        FT_LOG(FT_LOG_WARN, "%s: field \"%s%s%.64s\" is not known to flextier and is ignored; "
+               "if it changes the model's math the output is wrong (--strict refuses it)",
+               what, field ? field : "", field ? "." : "", key);
+    }
     return FT_OK;
 }
 
-static ft_status parse_llama(json_object *o, const char *what, ft_model_config *c)
+/* ------------------------------------------------------------------ RoPE */
+
+static int jnum(json_object *o, const char *key, double *out)
+{
+    json_object *v;
+    if (!o || !json_object_object_get_ex(o, key, &v) || !v) return 0;
+    if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int)) return -1;
+    *out = json_object_get_double(v);
+    return 1;
+}
+
+/* The same key in the 4.x and the 5.x layout must agree. */
+static ft_status same_value(json_object *a, json_object *b, const char *key, const char *what,
+                            const char *fa, const char *fb)
+{
+    json_object *va, *vb;
+    if (!a || !b || !json_object_object_get_ex(a, key, &va) || !json_object_object_get_ex(b, key, &vb) ||
+        !va || !vb)
+        return FT_OK;
+    int eq;
+    if ((json_object_is_type(va, json_type_double) || json_object_is_type(va, json_type_int)) &&
+        (json_object_is_type(vb, json_type_double) || json_object_is_type(vb, json_type_int)))
+        eq = json_object_get_double(va) == json_object_get_double(vb);
+    else
+        eq = json_object_equal(va, vb);
+    if (!eq)
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s%s\" = %.40s contradicts \"%s.%s\" = %.40s "
+                            "(both config layouts given with different values)", what, fa, key,
+                            json_object_to_json_string(va), fb, key, json_object_to_json_string(vb));
+    return FT_OK;
+}
+
+static ft_status rope_num(json_object *rp, const char *field, const char *key, const char *what,
+                          double lo, double hi, int required, double dflt, double *out)
+{
+    double d;
+    int r = jnum(rp, key, &d);
+    if (r < 0) return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.%s\" must be a number", what, field, key);
+    if (!r) {
+        if (required) return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.%s\" missing", what, field, key);
+        *out = dflt;
+        return FT_OK;
+    }
+    if (!(d >= lo && d <= hi))
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.%s\" = %g out of range [%g, %g]", what, field,
+                            key, d, lo, hi);
+    *out = d;
+    return FT_OK;
+}
+
+static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+/* RoPE from either layout: transformers 5 writes rope_parameters (with
+ * rope_theta inside), 4.x the top-level rope_theta and rope_scaling.
+ * Semantics are transformers 5's (modeling_rope_utils.py), which agree
+ * with 4.46 wherever 4.46 reads the field. */
+static ft_status parse_rope(json_object *o, const char *what, unsigned flags, ft_model_config *c)
+{
+    json_object *rs = NULL, *rp = NULL;
+    ft_status st;
+    if (json_object_object_get_ex(o, "rope_scaling", &rs) && rs && !json_object_is_type(rs, json_type_object))
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling\" must be an object or null", what);
+    if (json_object_object_get_ex(o, "rope_parameters", &rp) && rp && !json_object_is_type(rp, json_type_object))
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_parameters\" must be an object or null", what);
+    if (rp) {
+        json_object *x;
+        if ((json_object_object_get_ex(rp, "full_attention", &x) && json_object_is_type(x, json_type_object)) ||
+            (json_object_object_get_ex(rp, "sliding_attention", &x) && json_object_is_type(x, json_type_object)))
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_parameters\" is given per layer type "
+                                "(not supported for %s)", what, c->model_type);
+        /* contradictions between the layouts */
+        json_object *top = o;
+        if ((st = same_value(top, rp, "rope_theta", what, "", "rope_parameters"))) return st;
+        if ((st = same_value(top, rp, "partial_rotary_factor", what, "", "rope_parameters"))) return st;
+        if (rs) {
+            const char *ta = NULL, *tb = NULL;
+            json_object *v;
+            if (json_object_object_get_ex(rs, "rope_type", &v) || json_object_object_get_ex(rs, "type", &v))
+                ta = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+            if (json_object_object_get_ex(rp, "rope_type", &v) || json_object_object_get_ex(rp, "type", &v))
+                tb = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+            if (strcmp(ta ? ta : "default", tb ? tb : "default"))
+                return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling.rope_type\" = \"%.32s\" contradicts "
+                                    "\"rope_parameters.rope_type\" = \"%.32s\"", what, ta ? ta : "default",
+                                    tb ? tb : "default");
+            json_object_object_foreach(rs, k, val) {
+                (void)val;
+                if (!strcmp(k, "rope_type") || !strcmp(k, "type")) continue;
+                if ((st = same_value(rs, rp, k, what, "rope_scaling.", "rope_parameters"))) return st;
+            }
+        }
+    }
+    json_object *src = rp ? rp : rs;   /* the scaling parameters */
+    const char *field = rp ? "rope_parameters" : "rope_scaling";
+    /* theta */
+    double theta = 10000.0, d;
+    int r = jnum(o, "rope_theta", &d);
+    if (r < 0) return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_theta\" must be a number", what);
+    if (r) theta = d;
+    if (rp && (r = jnum(rp, "rope_theta", &d)) != 0) {
+        if (r < 0) return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_parameters.rope_theta\" must be a number", what);
+        theta = d;
+    }
+    if (!(theta > 1 && theta <= 1e12))
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s\" = %g out of range (1, 1e12]", what,
+                            rp ? "rope_parameters.rope_theta" : "rope_theta", theta);
+    c->rope_theta = (float)theta;
+    /* partial rotary embeddings change which dimensions rotate */
+    double prf = 1.0;
+    if ((r = jnum(o, "partial_rotary_factor", &d)) != 0) prf = r < 0 ? -1 : d;
+    if (src && (r = jnum(src, "partial_rotary_factor", &d)) != 0) prf = r < 0 ? -1 : d;
+    if (prf != 1.0)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"partial_rotary_factor\" = %g (only 1 is "
+                            "supported)", what, prf);
+    c->rope_type = FT_ROPE_DEFAULT;
+    c->rope_attention_factor = 1.0f;
+    if (!src) return FT_OK;
+    const char *type = NULL;
+    if ((st = opt_str(src, "rope_type", what, &type))) return st;
+    if (!type && (st = opt_str(src, "type", what, &type))) return st;
+    if (!type) {
+        if (!rp) return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_scaling.rope_type\" missing", what);
+        type = "default";
+    }
+    const char *const *keys;
+    if (!strcmp(type, "default")) { c->rope_type = FT_ROPE_DEFAULT; keys = NULL; }
+    else if (!strcmp(type, "linear")) { c->rope_type = FT_ROPE_LINEAR; keys = ROPE_FACTOR; }
+    else if (!strcmp(type, "dynamic")) { c->rope_type = FT_ROPE_DYNAMIC; keys = ROPE_FACTOR; }
+    else if (!strcmp(type, "llama3")) { c->rope_type = FT_ROPE_LLAMA3; keys = ROPE_LLAMA3; }
+    else if (!strcmp(type, "yarn")) { c->rope_type = FT_ROPE_YARN; keys = ROPE_YARN; }
+    else
+        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"%s.rope_type\" = \"%.64s\" (supported: default, "
+                            "linear, dynamic, llama3, yarn)", what, field, type);
+    if ((st = check_keys(src, what, field, flags, ROPE_COMMON, keys, NULL))) return st;
+    if (c->rope_type == FT_ROPE_DEFAULT) return FT_OK;
+    /* original_max_position_embeddings: a top-level value wins in
+     * transformers 5; it must not contradict the one in the rope object */
+    double orig = c->max_pos;
+    int have_orig = 0;
+    if ((r = jnum(o, "original_max_position_embeddings", &d)) != 0) {
+        if (r < 0 || d != floor(d) || d < 1 || d > LIM_POS)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"original_max_position_embeddings\" must be an "
+                                "integer in [1, %d]", what, LIM_POS);
+        orig = d;
+        have_orig = 1;
+    }
+    double od;
+    if ((r = jnum(src, "original_max_position_embeddings", &od)) != 0) {
+        if (r < 0 || od != floor(od) || od < 1 || od > LIM_POS)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.original_max_position_embeddings\" must be an "
+                                "integer in [1, %d]", what, field, LIM_POS);
+        if (have_orig && od != orig)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"original_max_position_embeddings\" = %g "
+                                "contradicts \"%s.original_max_position_embeddings\" = %g", what, orig, field, od);
+        orig = od;
+        have_orig = 1;
+    }
+    double factor = 0;
+    int need_factor = c->rope_type != FT_ROPE_YARN;
+    if ((st = rope_num(src, field, "factor", what, 1e-3, 1e6, need_factor, 0, &factor))) return st;
+    if (c->rope_type == FT_ROPE_LINEAR || c->rope_type == FT_ROPE_DYNAMIC) {
+        c->rope_factor = (float)factor;
+        return FT_OK;
+    }
+    c->rope_orig_max_pos = (int)orig;
+    if (c->rope_type == FT_ROPE_LLAMA3) {
+        double lo, hi;
+        if ((st = rope_num(src, field, "low_freq_factor", what, 1e-6, 1e6, 1, 0, &lo)) ||
+            (st = rope_num(src, field, "high_freq_factor", what, 1e-6, 1e6, 1, 0, &hi)))
+            return st;
+        if (!(hi > lo))
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.high_freq_factor\" must exceed "
+                                "low_freq_factor", what, field);
+        c->rope_factor = (float)factor;
+        c->rope_low_freq_factor = (float)lo;
+        c->rope_high_freq_factor = (float)hi;
+        return FT_OK;
+    }
+    /* yarn */
+    if (factor == 0) {
+        if (!have_orig)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s.factor\" missing (and no "
+                                "original_max_position_embeddings to derive it from)", what, field);
+        factor = (double)c->max_pos / orig;
+    }
+    double af, ms, msa, bf, bs;
+    int has_af = jnum(src, "attention_factor", &af);
+    if ((st = rope_num(src, field, "attention_factor", what, 1e-6, 1e6, 0, 0, &af)) ||
+        (st = rope_num(src, field, "mscale", what, 0, 1e6, 0, 0, &ms)) ||
+        (st = rope_num(src, field, "mscale_all_dim", what, 0, 1e6, 0, 0, &msa)) ||
+        (st = rope_num(src, field, "beta_fast", what, 0, 1e6, 0, 0, &bf)) ||
+        (st = rope_num(src, field, "beta_slow", what, 0, 1e6, 0, 0, &bs)) ||
+        (st = opt_bool(src, "truncate", what, 1, &c->rope_truncate)))
+        return st;
+    if (!has_af) af = (ms != 0 && msa != 0) ? yarn_mscale(factor, ms) / yarn_mscale(factor, msa)
+                                            : yarn_mscale(factor, 1);
+    c->rope_factor = (float)factor;
+    c->rope_attention_factor = (float)af;
+    c->rope_beta_fast = (float)(bf != 0 ? bf : 32);   /* `or 32`: 0 means the default too */
+    c->rope_beta_slow = (float)(bs != 0 ? bs : 1);
+    return FT_OK;
+}
+
+/* ------------------------------------------------------- sliding windows */
+
+/* Mistral: sliding_window (int or null) on every layer. Qwen2: only with
+ * use_sliding_window, on the layers layer_types marks "sliding_attention"
+ * (transformers 5 saves it) or else on layers >= max_window_layers. */
+static ft_status parse_windows(json_object *o, const char *what, ft_model_config *c)
+{
+    ft_status st;
+    int64_t sw = 0;
+    int present = 0, use = 1;
+    int qwen = c->arch == FT_ARCH_QWEN2;
+    json_object *swv;
+    if ((st = get_int(o, "sliding_window", what, 1, LIM_POS, &sw, &present))) return st;
+    if (!json_object_object_get_ex(o, "sliding_window", &swv)) { sw = 4096; present = 1; }  /* class default */
+    if (qwen && (st = opt_bool(o, "use_sliding_window", what, 0, &use))) return st;
+    int W = present && use ? (int)sw : 0;
+    int mwl = 0;
+    if (qwen && (st = opt_int(o, "max_window_layers", what, 0, LIM_LAYERS, 28, &mwl))) return st;
+    json_object *lt;
+    int have_lt = json_object_object_get_ex(o, "layer_types", &lt) && lt;
+    if (have_lt) {
+        if (!json_object_is_type(lt, json_type_array) || (int)json_object_array_length(lt) != c->n_layers)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"layer_types\" must list %d layer types", what,
+                                c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            json_object *e = json_object_array_get_idx(lt, (size_t)l);
+            const char *s = e && json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "";
+            int sl;
+            if (!strcmp(s, "sliding_attention")) sl = 1;
+            else if (!strcmp(s, "full_attention")) sl = 0;
+            else
+                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%d] = \"%.32s\" (supported: "
+                                    "full_attention, sliding_attention)", what, l, s);
+            if (sl && !W)
+                return ft_set_error(FT_ERR_CORRUPT, "%s: field \"layer_types\"[%d] is sliding_attention but "
+                                    "no sliding window is in effect", what, l);
+            /* Mistral's modeling code ignores layer_types: a window is on every layer */
+            if (!qwen && sl != (W != 0))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%d] = \"%s\": mistral "
+                                    "applies sliding_window to every layer", what, l, s);
+            c->layer_sliding[l] = (unsigned char)sl;
+        }
+    } else if (W) {
+        for (int l = qwen ? mwl : 0; l < c->n_layers; l++) c->layer_sliding[l] = 1;
+    }
+    if (W > c->max_pos)
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"sliding_window\" = %d exceeds "
+                            "max_position_embeddings = %d (a window larger than the context)", what, W,
+                            c->max_pos);
+    c->sliding_window = W;
+    for (int l = 0; W && l < c->n_layers; l++)
+        if (c->layer_sliding[l]) return FT_OK;
+    c->sliding_window = 0;   /* no layer uses it */
+    return FT_OK;
+}
+
+int ft_model_config_layer_window(const ft_model_config *cfg, int layer)
+{
+    if (!cfg || layer < 0 || layer >= cfg->n_layers || layer >= FT_MAX_LAYERS) return 0;
+    return cfg->layer_sliding[layer] ? cfg->sliding_window : 0;
+}
+
+static ft_status parse_llama(json_object *o, const char *what, unsigned flags, ft_model_config *c)
 {
     ft_status st;
     const char *act;
+    /* the class defaults of transformers' configs where a key is absent */
+    int mistral = !strcmp(c->model_type, "mistral"), qwen = c->arch == FT_ARCH_QWEN2;
+    int dflt_kv = mistral ? 8 : qwen ? 32 : 0;
+    int dflt_pos = mistral ? 4096 * 32 : qwen ? 32768 : 2048;
     if ((st = req_int(o, "hidden_size", what, 1, LIM_HIDDEN, &c->hidden)) ||
         (st = req_int(o, "num_hidden_layers", what, 1, LIM_LAYERS, &c->n_layers)) ||
         (st = req_int(o, "num_attention_heads", what, 1, LIM_HEADS, &c->n_heads)) ||
-        (st = opt_int(o, "num_key_value_heads", what, 1, LIM_HEADS, c->n_heads, &c->n_kv_heads)) ||
+        (st = opt_int(o, "num_key_value_heads", what, 1, LIM_HEADS, dflt_kv ? dflt_kv : c->n_heads,
+                      &c->n_kv_heads)) ||
         (st = req_int(o, "intermediate_size", what, 1, LIM_FFN, &c->ffn)) ||
         (st = req_int(o, "vocab_size", what, 1, LIM_VOCAB, &c->vocab)) ||
-        (st = opt_int(o, "max_position_embeddings", what, 1, LIM_POS, 2048, &c->max_pos)) ||
+        (st = opt_int(o, "max_position_embeddings", what, 1, LIM_POS, dflt_pos, &c->max_pos)) ||
         (st = opt_num(o, "rms_norm_eps", what, 0, 1, 1e-6, &c->norm_eps)) ||
-        (st = opt_num(o, "rope_theta", what, 1, 1e12, 10000.0, &c->rope_theta)) ||
         (st = opt_bool(o, "tie_word_embeddings", what, 0, &c->tie_word_embeddings)) ||
         (st = opt_bool(o, "attention_bias", what, 0, &c->attention_bias)) ||
         (st = opt_bool(o, "mlp_bias", what, 0, &c->mlp_bias)) ||
@@ -289,11 +606,17 @@ static ft_status parse_llama(json_object *o, const char *what, ft_model_config *
         return ft_set_error(FT_ERR_CORRUPT, "%s: head_dim x num_attention_heads too large", what);
     c->word_embed_proj_dim = c->hidden;
     c->bos_id = 1; c->eos_ids[0] = 2; c->n_eos = 1;   /* Llama 2's defaults */
-    return parse_rope_scaling(o, what, c);
+    return parse_rope(o, what, flags, c);
 }
 
 ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
                                 ft_model_config *out)
+{
+    return ft_model_config_parse_ex(json, len, what, 0, out);
+}
+
+ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *what,
+                                   unsigned flags, ft_model_config *out)
 {
     if (!json || !out) return ft_set_error(FT_ERR_INVALID_ARG, "config: NULL argument");
     if (!what) what = "config.json";
@@ -303,29 +626,27 @@ ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
     ft_model_config c;
     memset(&c, 0, sizeof c);
     c.bos_id = c.pad_id = -1;
+    c.rope_attention_factor = 1.0f;
     const char *mt;
+    json_object *qc;
     if ((st = opt_str(root, "model_type", what, &mt))) goto done;
     if (!mt) { st = ft_set_error(FT_ERR_CORRUPT, "%s: missing field \"model_type\"", what); goto done; }
     snprintf(c.model_type, sizeof c.model_type, "%s", mt);
+    if (json_object_object_get_ex(root, "quantization_config", &qc) && qc) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"quantization_config\": quantized checkpoints "
+                          "(GPTQ, AWQ, bitsandbytes, ...) are not supported", what);
+        goto done;
+    }
     if (!strcmp(mt, "opt")) {
         c.arch = FT_ARCH_OPT;
         st = parse_opt(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_OPT, NULL);
     } else if (!strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2")) {
         c.arch = !strcmp(mt, "qwen2") ? FT_ARCH_QWEN2 : FT_ARCH_LLAMA;
-        st = parse_llama(root, what, &c);
-        if (!st && !strcmp(mt, "mistral")) {
-            int64_t sw;
-            int present;
-            st = get_int(root, "sliding_window", what, 1, LIM_POS, &sw, &present);
-            if (!st && present) c.sliding_window = (int)sw;
-        }
-        if (!st && c.arch == FT_ARCH_QWEN2) {
-            int use_sw;
-            st = opt_bool(root, "use_sliding_window", what, 0, &use_sw);
-            if (!st && use_sw)
-                st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" = true is not "
-                                  "supported for qwen2", what);
-        }
+        const char *const *extra = !strcmp(mt, "mistral") ? KEYS_MISTRAL : c.arch == FT_ARCH_QWEN2 ? KEYS_QWEN2 : NULL;
+        st = parse_llama(root, what, flags, &c);
+        if (!st && extra) st = parse_windows(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, extra);
     } else {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported "
                           "(supported: opt, llama, mistral, qwen2)", what, mt);
@@ -358,8 +679,23 @@ done:
     return st;
 }
 
+/* generation_config.json: what ft_generate / `flextier run` read, and
+ * keys that do not change what is generated (bookkeeping; max_length,
+ * since flextier's budget is --max-new-tokens). */
+static const char *const GEN_KEYS[] = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p",
+    "repetition_penalty", "top_k", "max_new_tokens", "transformers_version", "_from_model_config",
+    "use_cache", "max_length", "output_attentions", "output_hidden_states", "output_scores",
+    "return_dict_in_generate", NULL};
+
 ft_status ft_model_config_parse_generation(const char *json, size_t len,
                                            const char *what, ft_model_config *cfg)
+{
+    return ft_model_config_parse_generation_ex(json, len, what, 0, cfg);
+}
+
+ft_status ft_model_config_parse_generation_ex(const char *json, size_t len, const char *what,
+                                              unsigned flags, ft_model_config *cfg)
 {
     if (!json || !cfg) return ft_set_error(FT_ERR_INVALID_ARG, "generation config: NULL argument");
     if (!what) what = "generation_config.json";
@@ -373,7 +709,8 @@ ft_status ft_model_config_parse_generation(const char *json, size_t len,
         (st = opt_num(root, "top_p", what, 0, 1, 0, &c.gen_top_p)) ||
         (st = opt_num(root, "repetition_penalty", what, 0, 1e6, 0, &c.gen_repetition_penalty)) ||
         (st = opt_int(root, "top_k", what, 0, LIM_VOCAB, 0, &c.gen_top_k)) ||
-        (st = opt_int(root, "max_new_tokens", what, 0, LIM_POS, 0, &c.gen_max_new_tokens)))
+        (st = opt_int(root, "max_new_tokens", what, 0, LIM_POS, 0, &c.gen_max_new_tokens)) ||
+        (st = check_keys(root, what, NULL, flags, GEN_KEYS, NULL, NULL)))
         goto done;
     for (int i = 0; i < c.n_eos; i++)
         if (c.eos_ids[i] >= c.vocab) {
@@ -421,6 +758,11 @@ static ft_status read_small_file(const char *path, char **buf, size_t *len)
 
 ft_status ft_model_config_load(const char *dir, ft_model_config *out)
 {
+    return ft_model_config_load_ex(dir, 0, out);
+}
+
+ft_status ft_model_config_load_ex(const char *dir, unsigned flags, ft_model_config *out)
+{
     if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "config: NULL argument");
     char path[4096];
     char *buf = NULL;
@@ -430,7 +772,7 @@ ft_status ft_model_config_load(const char *dir, ft_model_config *out)
         return ft_set_error(FT_ERR_INVALID_ARG, "config: path too long");
     ft_status st = read_small_file(path, &buf, &len);
     if (st) return st;
-    st = ft_model_config_parse(buf, len, path, &c);
+    st = ft_model_config_parse_ex(buf, len, path, flags, &c);
     free(buf);
     if (st) return st;
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
@@ -440,7 +782,7 @@ ft_status ft_model_config_load(const char *dir, ft_model_config *out)
     } else if (st) {
         return st;
     } else {
-        st = ft_model_config_parse_generation(buf, len, path, &c);
+        st = ft_model_config_parse_generation_ex(buf, len, path, flags, &c);
         free(buf);
         if (st) return st;
     }

@@ -89,5 +89,10 @@ int ft_ctx_max_batch(const ft_ctx *c);
  * f32 exactly as transformers computes them (forward.c; the CUDA backend
  * builds its tables from the same function). */
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half);
+/* cos/sin tables [npos][head_dim/2] from those frequencies, times yarn's
+ * attention factor (the CPU and CUDA contexts both build theirs here). */
+void ft_rope_tables(const ft_model_config *cfg, size_t npos, float *cos, float *sin);
+/* The smallest attention window of any layer (0: none). */
+int ft_config_min_window(const ft_model_config *cfg);
 
 #endif

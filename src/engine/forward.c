@@ -20,7 +20,12 @@ struct ft_ctx {
     ft_pool *pool;
     unsigned threads;
     int qdim, kvdim, edim;          /* edim = max(hidden, word_embed_proj_dim) */
-    float *kv;                      /* [layer][k|v][slot][max_seq][kvdim] */
+    float *kv;                      /* per layer at kv_off[l]: [k|v][slot][kv_rows[l]][kvdim] */
+    size_t *kv_off;                 /* per layer: offset of its block in kv (floats) */
+    int *kv_rows;                   /* per layer: rows per slot, max_seq or its window (ring) */
+    int *win;                       /* per layer: attention window, 0 = full */
+    size_t kv_floats;
+    int ring_dirty;                 /* a ring was advanced in the current forward */
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
@@ -48,24 +53,95 @@ static float *falloc(ft_ctx *c, size_t n)
     return p;
 }
 
-/* Llama RoPE frequencies, in f32 as transformers computes them. */
+/* RoPE inverse frequencies, in f32 as transformers computes them
+ * (modeling_rope_utils.py: every tensor op in f32, the scalars of the
+ * yarn correction range in double as Python computes them). */
 void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half)
 {
     int dim = cfg->head_dim;
     for (int i = 0; i < half; i++)
         inv[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
-    if (!cfg->rope_llama3) return;
-    float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
-    float old = (float)cfg->rope_orig_max_pos;
-    float low_wl = old / lo, high_wl = old / hi;
-    for (int i = 0; i < half; i++) {
-        float wl = 2.0f * (float)M_PI / inv[i];
-        float f = wl > low_wl ? inv[i] / factor : inv[i];
-        float smooth = (old / wl - lo) / (hi - lo);
-        float smoothed = (1.0f - smooth) * f / factor + smooth * f;
-        int medium = !(wl < high_wl) && !(wl > low_wl);
-        inv[i] = medium ? smoothed : f;
+    switch (cfg->rope_type) {
+    case FT_ROPE_LINEAR:
+        for (int i = 0; i < half; i++) inv[i] = inv[i] / cfg->rope_factor;
+        return;
+    case FT_ROPE_DYNAMIC:
+        /* base * (factor * seq_len / max_pos - (factor - 1)) ** (dim / (dim - 2))
+         * with seq_len = max(positions + 1, max_pos): the base is unchanged
+         * while contexts stay within max_position_embeddings, as they do here */
+        return;
+    case FT_ROPE_LLAMA3: {
+        float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+        float old = (float)cfg->rope_orig_max_pos;
+        float low_wl = old / lo, high_wl = old / hi;
+        for (int i = 0; i < half; i++) {
+            float wl = 2.0f * (float)M_PI / inv[i];
+            float f = wl > low_wl ? inv[i] / factor : inv[i];
+            float smooth = (old / wl - lo) / (hi - lo);
+            float smoothed = (1.0f - smooth) * f / factor + smooth * f;
+            int medium = !(wl < high_wl) && !(wl > low_wl);
+            inv[i] = medium ? smoothed : f;
+        }
+        return;
     }
+    case FT_ROPE_YARN: {
+        double base = cfg->rope_theta, orig = cfg->rope_orig_max_pos;
+        /* find_correction_dim / find_correction_range */
+        double lo = (dim * log(orig / (cfg->rope_beta_fast * 2 * M_PI))) / (2 * log(base));
+        double hi = (dim * log(orig / (cfg->rope_beta_slow * 2 * M_PI))) / (2 * log(base));
+        if (cfg->rope_truncate) { lo = floor(lo); hi = ceil(hi); }
+        if (lo < 0) lo = 0;
+        if (hi > dim - 1) hi = dim - 1;
+        if (lo == hi) hi += 0.001;
+        float factor = cfg->rope_factor;
+        for (int i = 0; i < half; i++) {
+            float pf = powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
+            float extra = 1.0f / pf, interp = 1.0f / (factor * pf);
+            float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float ef = 1.0f - ramp;
+            inv[i] = interp * (1.0f - ef) + extra * ef;
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* cos/sin tables [npos][head_dim/2], scaled by yarn's attention factor as
+ * transformers scales them (1 for the other types). */
+void ft_rope_tables(const ft_model_config *cfg, size_t npos, float *cs, float *sn)
+{
+    int half = cfg->head_dim / 2;
+    float inv[LIM_HALF_HEAD], af = cfg->rope_attention_factor;
+    ft_rope_inv_freq(cfg, inv, half);
+    for (size_t pos = 0; pos < npos; pos++)
+        for (int i = 0; i < half; i++) {
+            float f = (float)pos * inv[i];
+            cs[pos * half + i] = cosf(f) * af;
+            sn[pos * half + i] = sinf(f) * af;
+        }
+}
+
+/* Sliding windows. A layer whose window W is shorter than the context
+ * keeps, in a context that holds its own KV cache, a ring of W rows per
+ * sequence: position p lives in row p % W. Attention of a row at position
+ * p covers positions [attn_start, p]: the part before the call's first new
+ * position from the ring, the rest from this call's K/V rows; the ring is
+ * written after attention. With external_kv (the offloader) the layer
+ * keeps full rows and attention is only masked to the window. */
+static int attn_start(int window, int pos) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+static int ring_row(int rows, int pos) { return pos % rows; }
+
+int ft_config_min_window(const ft_model_config *cfg)
+{
+    int w = 0;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        int x = ft_model_config_layer_window(cfg, l);
+        if (x && (!w || x < w)) w = x;
+    }
+    return w;
 }
 
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
@@ -78,10 +154,6 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
-    if (cfg->sliding_window > 0 && p->max_seq > cfg->sliding_window)
-        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
-                            "sliding_window = %d (windowed attention is not implemented)",
-                            p->max_seq, cfg->sliding_window);
     ft_ctx *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
     c->m = m;
@@ -95,9 +167,23 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->kvdim = cfg->n_kv_heads * cfg->head_dim;
     c->edim = cfg->hidden > cfg->word_embed_proj_dim ? cfg->hidden : cfg->word_embed_proj_dim;
     size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
-    size_t kvn = p->external_kv ? 0 : (size_t)cfg->n_layers * 2 * B * S * (size_t)c->kvdim;
+    c->kv_off = calloc((size_t)cfg->n_layers, sizeof *c->kv_off);
+    c->kv_rows = calloc((size_t)cfg->n_layers, sizeof *c->kv_rows);
+    c->win = calloc((size_t)cfg->n_layers, sizeof *c->win);
+    if (!c->kv_off || !c->kv_rows || !c->win) {
+        free(c->kv_off); free(c->kv_rows); free(c->win); free(c);
+        return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
+    }
+    size_t kvn = 0;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        c->win[l] = ft_model_config_layer_window(cfg, l);
+        c->kv_rows[l] = c->win[l] && c->win[l] < p->max_seq && !p->external_kv ? c->win[l] : p->max_seq;
+        c->kv_off[l] = kvn;
+        if (!p->external_kv) kvn += 2 * B * (size_t)c->kv_rows[l] * (size_t)c->kvdim;
+    }
+    c->kv_floats = kvn;
     ft_status st = ft_pool_create(c->threads, &c->pool);
-    if (st) { free(c); return st; }
+    if (st) { free(c->kv_off); free(c->kv_rows); free(c->win); free(c); return st; }
     c->kv = kvn ? ft_malloc_aligned(kvn * sizeof(float), 64) : NULL;
     c->seq_len = calloc(B, sizeof(int));
     c->kk = calloc(B, sizeof(float *));
@@ -127,16 +213,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         int half = cfg->head_dim / 2;
         c->rope_cos = falloc(c, S * (size_t)half);
         c->rope_sin = falloc(c, S * (size_t)half);
-        float inv[LIM_HALF_HEAD];
-        if (c->rope_cos && c->rope_sin) {
-            ft_rope_inv_freq(cfg, inv, half);
-            for (size_t pos = 0; pos < S; pos++)
-                for (int i = 0; i < half; i++) {
-                    float f = (float)pos * inv[i];
-                    c->rope_cos[pos * half + i] = cosf(f);
-                    c->rope_sin[pos * half + i] = sinf(f);
-                }
-        }
+        if (c->rope_cos && c->rope_sin) ft_rope_tables(cfg, S, c->rope_cos, c->rope_sin);
     }
     if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
@@ -155,6 +232,7 @@ void ft_ctx_free(ft_ctx *c)
     if (!c) return;
     ft_pool_free(c->pool);
     ft_free_aligned(c->kv);
+    free(c->kv_off); free(c->kv_rows); free(c->win);
     free(c->seq_len);
     free(c->kk); free(c->vv); free(c->past);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
@@ -183,8 +261,7 @@ void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h)
 uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
 {
     if (!c || c->p.external_kv) return 0;
-    return (uint64_t)c->m->cfg.n_layers * 2 * (uint64_t)c->p.max_batch * (uint64_t)c->p.max_seq *
-           (uint64_t)c->kvdim * 4;
+    return (uint64_t)c->kv_floats * 4;
 }
 uint64_t ft_ctx_scratch_bytes(const ft_ctx *c) { return c ? c->scratch_bytes : 0; }
 
@@ -204,9 +281,12 @@ int ft_ctx_seq_len(const ft_ctx *c, int slot)
 
 static float *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
 {
-    size_t S = (size_t)c->p.max_seq, B = (size_t)c->p.max_batch;
-    return c->kv + ((((size_t)layer * 2 + (size_t)which) * B + (size_t)slot) * S) * (size_t)c->kvdim;
+    size_t S = (size_t)c->kv_rows[layer], B = (size_t)c->p.max_batch;
+    return c->kv + c->kv_off[layer] + (((size_t)which * B + (size_t)slot) * S) * (size_t)c->kvdim;
 }
+
+/* A layer whose cache here is a ring of its window's rows. */
+static int is_ring(const ft_ctx *c, int layer) { return c->kv_rows[layer] < c->p.max_seq; }
 
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *len, int *kv_dim)
 {
@@ -214,6 +294,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: layer %d / slot %d out of range", layer, slot);
     if (c->p.external_kv)
         return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded)");
+    if (is_ring(c, layer))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: layer %d keeps a ring of its sliding window's %d "
+                            "rows, not every position", layer, c->kv_rows[layer]);
     if (k) *k = kv_ptr(c, layer, 0, slot);
     if (v) *v = kv_ptr(c, layer, 1, slot);
     if (len) *len = c->seq_len[slot];
@@ -337,7 +420,8 @@ static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
     }
 }
 
-/* Attention for one (sequence, head): causal over the cache. */
+/* Attention for one (sequence, head): causal over the cache, within the
+ * layer's window. */
 static void attn_task(void *arg, size_t t, unsigned worker)
 {
     ft_ctx *c = arg;
@@ -351,14 +435,54 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
     const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
-    int r0 = c->row0[j];
+    int r0 = c->row0[j], W = c->win[c->layer], R = c->kv_rows[c->layer], ring = is_ring(c, c->layer);
+    int pos0 = c->past[j];
     for (size_t i = 0; i < c->ntok[j]; i++) {
-        int r = r0 + (int)i;
-        int npos = c->row_pos[r] + 1;
+        int r = r0 + (int)i, pos = c->row_pos[r];
+        int s = attn_start(W, pos);
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        kn->attend(o, q, K, V, c->kvdim, npos, hd, scale, sc);
+        if (!ring && !W) {
+            kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
+            continue;
+        }
+        if (!ring) {   /* full rows (external_kv, or a window >= the context): masked to the window;
+                          attend_segs, so that the sums are the ring's bit for bit */
+            ft_attn_seg one = {K + (size_t)s * c->kvdim, V + (size_t)s * c->kvdim, pos - s + 1};
+            kn->attend_segs(o, q, &one, 1, c->kvdim, hd, scale, sc);
+            continue;
+        }
+        /* ring: positions [s, pos0) from the ring (it may wrap), [max(s, pos0), pos] from this call's rows */
+        ft_attn_seg seg[3];
+        int nseg = 0;
+        if (s < pos0) {
+            int a = ring_row(R, s), n = pos0 - s;
+            int n1 = a + n <= R ? n : R - a;
+            seg[nseg++] = (ft_attn_seg){K + (size_t)a * c->kvdim, V + (size_t)a * c->kvdim, n1};
+            if (n1 < n) seg[nseg++] = (ft_attn_seg){K, V, n - n1};
+        }
+        int cs = s > pos0 ? s : pos0;
+        size_t cr = (size_t)(r0 + (cs - pos0)) * c->kvdim + (size_t)kvh * hd;
+        seg[nseg++] = (ft_attn_seg){c->k + cr, c->v + cr, pos - cs + 1};
+        kn->attend_segs(o, q, seg, nseg, c->kvdim, hd, scale, sc);
     }
+}
+
+/* After a ring layer's attention: its new rows (the last R of them) go
+ * into the ring. */
+static void ring_write(ft_ctx *c, int l)
+{
+    int R = c->kv_rows[l];
+    size_t row = (size_t)c->kvdim * sizeof(float);
+    for (size_t j = 0; j < c->n; j++) {
+        int n = (int)c->ntok[j], r0 = c->row0[j], pos0 = c->past[j];
+        for (int i = n > R ? n - R : 0; i < n; i++) {
+            size_t dst = (size_t)ring_row(R, pos0 + i) * c->kvdim, src = (size_t)(r0 + i) * c->kvdim;
+            memcpy(c->kk[j] + dst, c->k + src, row);
+            memcpy(c->vv[j] + dst, c->v + src, row);
+        }
+    }
+    c->ring_dirty = 1;
 }
 
 static void ffn_act_rows(ft_ctx *c, int r0, int r1, const void *arg)
@@ -395,13 +519,15 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     linear(c->k, in, rows, H, w->wk, c->kvdim, w->bk);
     linear(c->v, in, rows, H, w->wv, c->kvdim, w->bv);
     if (a->pos == FT_POS_ROPE) par_rows(c, rows, rope_rows, NULL);
-    for (size_t j = 0; j < c->n; j++) {          /* append K/V to the caches */
+    int ring = is_ring(c, l);
+    for (size_t j = 0; j < c->n && !ring; j++) {  /* append K/V to the caches */
         int r0 = c->row0[j], pos0 = c->row_pos[r0];
         size_t bytes = c->ntok[j] * (size_t)c->kvdim * sizeof(float);
         memcpy(c->kk[j] + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
         memcpy(c->vv[j] + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
     }
     ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
+    if (ring) ring_write(c, l);
     linear(c->xb, c->att, rows, c->qdim, w->wo, H, w->bo);
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm1_w, w->norm1_b);
@@ -420,6 +546,15 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm2_w, w->norm2_b);
     return FT_OK;
+}
+
+/* An error after a ring layer advanced: its overwritten rows are gone, so
+ * the sequences of the call are reset rather than left inconsistent. */
+static ft_status fail_reset(ft_ctx *c, ft_status st)
+{
+    if (c->ring_dirty)
+        for (size_t j = 0; j < c->n; j++) c->seq_len[c->slots[j]] = 0;
+    return st;
 }
 
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
@@ -487,13 +622,14 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             add_into(c->x + rr * (size_t)H, pe + (size_t)(c->row_pos[rr] + m->arch->pos_offset) * H, (size_t)H);
     }
 
+    c->ring_dirty = 0;
     for (int l = 0; l < cfg->n_layers; l++) {
         ft_layer_weights *w = &((ft_model *)m)->layers[l];
         ft_layer_weights local;
         if (c->hook) {
             local = *w;
             ft_status st = c->hook(c->hook_user, l, &local);
-            if (st) return st;
+            if (st) return fail_reset(c, st);
             w = &local;
         }
         if (c->p.external_kv) {
@@ -506,7 +642,7 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             }
         }
         ft_status st = layer_forward(c, l, w);
-        if (st) return st;
+        if (st) return fail_reset(c, st);
         if (c->p.external_kv && (st = c->kvh.store(c->kvh.user, l, &step, c->kk, c->vv))) return st;
     }
 

@@ -106,6 +106,23 @@ void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V,
     for (int p = 0; p < npos; p++) ft_k_axpy_ref(out, sc[p], V + (size_t)p * ld, hd);
 }
 
+void ft_k_attend_segs_ref(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld, int hd,
+                          float scale, float *sc)
+{
+    int np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) sc[np++] = ft_k_dot_ref(q, seg[s].k + (size_t)p * ld, hd) * scale;
+    ft_k_softmax_ref(sc, np);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) ft_k_axpy_ref(out, sc[np++], seg[s].v + (size_t)p * ld, hd);
+}
+
+/* SIMD tiers: composed from the dispatched dot/softmax/axpy. */
+static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+                                 int hd, float scale, float *sc);
+
 /* AVX2 tier: composed from the dispatched kernels. */
 static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
                             int npos, int hd, float scale, float *sc);
@@ -124,14 +141,14 @@ static void k_init(void)
 {
     K = (ktable){"scalar", ft_k_dot_ref, ft_k_axpy_ref, ft_k_rmsnorm_ref, ft_k_layernorm_ref,
                  ft_k_softmax_ref, ft_k_rope_ref, ft_k_silu_mul_ref, ft_k_matmul_rows_ref,
-                 ft_k_attend_ref, NULL};
+                 ft_k_attend_ref, ft_k_attend_segs_ref, NULL};
 #if defined(__x86_64__)
     const ft_cpu_features *f = ft_cpu();
     if (!ft_simd_enabled()) return;
     if (f->avx2 && f->fma) {
         K = (ktable){"avx2", ft_k_dot_avx2, ft_k_axpy_avx2, ft_k_rmsnorm_avx2, ft_k_layernorm_avx2,
                      ft_k_softmax_avx2, ft_k_rope_avx2, ft_k_silu_mul_avx2, matmul_rows_dot,
-                     attend_composed, NULL};
+                     attend_composed, attend_segs_composed, NULL};
     }
     if (f->avx512f && f->avx2 && f->fma) {
         K.name = "avx512";
@@ -165,6 +182,23 @@ void ft_k_silu_mul(float *g, const float *u, int n) { kt()->silu_mul(g, u, n); }
 void ft_k_matmul_rows(float *y, int ldy, const float *x, int rows, const float *W, int nout, int in,
                       const float *b)
 { kt()->matmul_rows(y, ldy, x, rows, W, nout, in, b); }
+
+void ft_k_attend_segs(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld, int hd,
+                      float scale, float *sc)
+{ kt()->attend_segs(out, q, seg, nseg, ld, hd, scale, sc); }
+
+static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+                                 int hd, float scale, float *sc)
+{
+    int np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) sc[np++] = K.dot(q, seg[s].k + (size_t)p * ld, hd) * scale;
+    K.softmax(sc, np);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) K.axpy(out, sc[np++], seg[s].v + (size_t)p * ld, hd);
+}
 
 void ft_k_attend(float *out, const float *q, const float *kc, const float *vc, int ld, int npos,
                  int hd, float scale, float *sc)

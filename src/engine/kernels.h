@@ -56,6 +56,16 @@ void ft_k_attend(float *out, const float *q, const float *K, const float *V, int
 void ft_k_attend_ref(float *out, const float *q, const float *K, const float *V, int ld, int npos,
                      int hd, float scale, float *sc);
 
+/* The same over a query's positions split into segments (a sliding
+ * window whose ring buffer wraps, then the rows of the current call): one
+ * softmax over all sum(n) positions, segment order = position order. All
+ * segments share the row stride ld. sc: sum(n) floats of scratch. */
+typedef struct ft_attn_seg { const float *k, *v; int n; } ft_attn_seg;
+void ft_k_attend_segs(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld, int hd,
+                      float scale, float *sc);
+void ft_k_attend_segs_ref(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld, int hd,
+                          float scale, float *sc);
+
 /* The dispatch table, for hot loops that want to resolve it once. */
 typedef struct ft_kernels {
     const char *name;
@@ -68,6 +78,7 @@ typedef struct ft_kernels {
     void (*silu_mul)(float *, const float *, int);
     void (*matmul_rows)(float *, int, const float *, int, const float *, int, int, const float *);
     void (*attend)(float *, const float *, const float *, const float *, int, int, int, float, float *);
+    void (*attend_segs)(float *, const float *, const ft_attn_seg *, int, int, int, float, float *);
     /* NULL where no SIMD version exists (the engine then uses matmul_rows) */
     void (*matmul_xt)(float *, int, const float *, int, int, const float *, int, int, const float *);
 } ft_kernels;

@@ -44,7 +44,7 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
 {
     if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "load: NULL argument");
     ft_model_config cfg;
-    ft_status st = ft_model_config_load(dir, &cfg);
+    ft_status st = ft_model_config_load_ex(dir, params ? params->config_flags : 0, &cfg);
     if (st) return st;
     ft_checkpoint *ck = NULL;
     ft_model *m = NULL;

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #define TK_JSON_DEPTH 64
 #define TK_MAX_ID (16 * 1024 * 1024)
@@ -211,11 +212,11 @@ static void pmap_put(pmap *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
 
 /* ------------------------------------------------------------ structure */
 
-enum { NORM_PREPEND, NORM_REPLACE, NORM_NOOP };
+enum { NORM_PREPEND, NORM_REPLACE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
 typedef struct { int kind; char *a; size_t alen; char *b; size_t blen; } norm_op;
 
 enum { PRE_BYTELEVEL, PRE_SPLIT, PRE_METASPACE };
-enum { BEH_ISOLATED, BEH_REMOVED, BEH_MERGED_PREV, BEH_MERGED_NEXT };
+enum { BEH_ISOLATED, BEH_REMOVED, BEH_MERGED_PREV, BEH_MERGED_NEXT, BEH_CONTIGUOUS };
 enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
 typedef struct {
     int kind;
@@ -228,6 +229,7 @@ typedef struct {
 
 typedef struct {
     char *s; size_t len; int32_t id;
+    char *m; size_t mlen;                /* what is matched: s, or s normalized (normalized: true) */
     int special, single_word, lstrip, rstrip, normalized;
 } added_tok;
 
@@ -316,7 +318,10 @@ void ft_tokenizer_free(ft_tokenizer *t)
     free(t->id_str); free(t->id_len); free(t->id_special);
     free(t->dec_str); free(t->dec_len); free(t->dec_byte);
     free(t->vocab.s);
-    for (size_t i = 0; i < t->nadded; i++) free(t->added[i].s);
+    for (size_t i = 0; i < t->nadded; i++) {
+        if (t->added[i].m != t->added[i].s) free(t->added[i].m);
+        free(t->added[i].s);
+    }
     free(t->added);
     free(t->merges.s);
     free_norm(t->norm, t->nnorm);
@@ -365,6 +370,26 @@ static char *jdup(json_object *v, size_t *len)
     return s;
 }
 
+/* Every field of a component must be one the loader implements: an
+ * unknown one is a warning naming it, an error with FLEXTIER_STRICT=1
+ * (`flextier run --strict`, the test suite). */
+static ft_status check_fields(json_object *n, const char *fn, const char *what, const char *const *keys)
+{
+    const char *e = getenv("FLEXTIER_STRICT");
+    int strict = e && *e && strcmp(e, "0");
+    json_object_object_foreach(n, k, v) {
+        (void)v;
+        int ok = !strcmp(k, "type");
+        for (const char *const *p = keys; !ok && p && *p; p++) ok = !strcmp(*p, k);
+        if (ok) continue;
+        if (strict)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: %s: field '%.64s' is not known to flextier (strict)",
+                                fn, what, k);
+        FT_LOG(FT_LOG_WARN, "%s: %s: field '%.64s' is not known to flextier and is ignored", fn, what, k);
+    }
+    return FT_OK;
+}
+
 static int valid_utf8(const char *s, size_t n)
 {
     size_t i = 0, adv;
@@ -394,7 +419,7 @@ static ft_status compile_regex(const char *pat, size_t len, int literal, pcre2_c
 {
     int err;
     PCRE2_SIZE off;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);   /* UCP is invalid with LITERAL */
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &off, NULL);
     if (!re) {
         char msg[160];
@@ -428,7 +453,7 @@ static ft_status load_normalizer(ft_tokenizer *t, json_object *n, const char *fn
         if (!nn) return ft_set_error(FT_ERR_NOMEM, "out of memory");
         t->norm = nn;
     }
-    norm_op *o = &t->norm[t->nnorm];
+    norm_op *o = &t->norm[t->nnorm++];   /* counted now: freed on any error below */
     memset(o, 0, sizeof *o);
     if (!strcmp(type, "Prepend")) {
         json_object *v;
@@ -436,6 +461,9 @@ static ft_status load_normalizer(ft_tokenizer *t, json_object *n, const char *fn
             return ft_set_error(FT_ERR_CORRUPT, "%s: normalizer Prepend: missing 'prepend'", fn);
         o->kind = NORM_PREPEND;
         if (!(o->a = jdup(v, &o->alen))) return ft_set_error(FT_ERR_NOMEM, "out of memory");
+        static const char *const k[] = {"prepend", NULL};
+        ft_status st = check_fields(n, fn, "normalizer Prepend", k);
+        if (st) return st;
     } else if (!strcmp(type, "Replace")) {
         json_object *p, *c, *ps;
         if (!json_object_object_get_ex(n, "pattern", &p) || !json_object_object_get_ex(n, "content", &c) ||
@@ -447,14 +475,30 @@ static ft_status load_normalizer(ft_tokenizer *t, json_object *n, const char *fn
         o->kind = NORM_REPLACE;
         if (!(o->a = jdup(ps, &o->alen)) || !(o->b = jdup(c, &o->blen)))
             return ft_set_error(FT_ERR_NOMEM, "out of memory");
-    } else if (!strcmp(type, "NFC")) {
-        o->kind = NORM_NOOP;
-        FT_LOG(FT_LOG_WARN, "%s: NFC normalizer treated as identity (input assumed NFC)", fn);
+        static const char *const k[] = {"pattern", "content", NULL};
+        ft_status st = check_fields(n, fn, "normalizer Replace", k);
+        if (st) return st;
+    } else if (!strcmp(type, "NFC") || !strcmp(type, "NFD") || !strcmp(type, "NFKC") || !strcmp(type, "NFKD")) {
+        /* Unicode normalization forms by libutf8proc, as HF's unicode-normalization */
+        o->kind = !strcmp(type, "NFC") ? NORM_NFC : !strcmp(type, "NFD") ? NORM_NFD
+                  : !strcmp(type, "NFKC") ? NORM_NFKC : NORM_NFKD;
+        ft_status st = check_fields(n, fn, "normalizer", NULL);
+        if (st) return st;
     } else {
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: normalizer type %s is not supported", fn, type);
     }
-    t->nnorm++;
     return FT_OK;
+}
+
+/* SplitDelimiterBehavior by name, -1 if unknown */
+static int behavior_of(const char *b)
+{
+    if (!strcmp(b, "Isolated")) return BEH_ISOLATED;
+    if (!strcmp(b, "Removed")) return BEH_REMOVED;
+    if (!strcmp(b, "MergedWithPrevious")) return BEH_MERGED_PREV;
+    if (!strcmp(b, "MergedWithNext")) return BEH_MERGED_NEXT;
+    if (!strcmp(b, "Contiguous")) return BEH_CONTIGUOUS;
+    return -1;
 }
 
 static ft_status add_pre(ft_tokenizer *t, size_t *cap, pre_op **o)
@@ -486,6 +530,8 @@ static ft_status load_pretok(ft_tokenizer *t, json_object *n, const char *fn, si
         return FT_OK;
     }
     if (!strcmp(type, "ByteLevel")) {
+        static const char *const k[] = {"add_prefix_space", "trim_offsets", "use_regex", NULL};
+        if ((st = check_fields(n, fn, "pre_tokenizer ByteLevel", k))) return st;
         if ((st = add_pre(t, cap, &o))) return st;
         o->kind = PRE_BYTELEVEL;
         o->add_prefix_space = jbool(n, "add_prefix_space", 1);
@@ -503,12 +549,10 @@ static ft_status load_pretok(ft_tokenizer *t, json_object *n, const char *fn, si
         if (json_object_object_get_ex(p, "Regex", &v) && json_object_is_type(v, json_type_string)) literal = 0;
         else if (json_object_object_get_ex(p, "String", &v) && json_object_is_type(v, json_type_string)) literal = 1;
         else return ft_set_error(FT_ERR_CORRUPT, "%s: pre_tokenizer Split: pattern is neither Regex nor String", fn);
-        int b;
-        if (!strcmp(beh, "Isolated")) b = BEH_ISOLATED;
-        else if (!strcmp(beh, "Removed")) b = BEH_REMOVED;
-        else if (!strcmp(beh, "MergedWithPrevious")) b = BEH_MERGED_PREV;
-        else if (!strcmp(beh, "MergedWithNext")) b = BEH_MERGED_NEXT;
-        else return ft_set_error(FT_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported", fn, beh);
+        int b = behavior_of(beh);
+        if (b < 0) return ft_set_error(FT_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported", fn, beh);
+        static const char *const k[] = {"pattern", "behavior", "invert", NULL};
+        if ((st = check_fields(n, fn, "pre_tokenizer Split", k))) return st;
         if (!json_object_get_string_len(v))
             return ft_set_error(FT_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: empty pattern", fn);
         if ((st = add_pre(t, cap, &o))) return st;
@@ -523,6 +567,8 @@ static ft_status load_pretok(ft_tokenizer *t, json_object *n, const char *fn, si
         const char *ps = jstr(n, "prepend_scheme");
         if (!r || !*r || strlen(r) > 4 || !valid_utf8(r, strlen(r)))
             return ft_set_error(FT_ERR_CORRUPT, "%s: pre_tokenizer Metaspace: bad 'replacement'", fn);
+        static const char *const k[] = {"replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep", NULL};
+        if ((st = check_fields(n, fn, "pre_tokenizer Metaspace", k))) return st;
         if ((st = add_pre(t, cap, &o))) return st;
         o->kind = PRE_METASPACE;
         o->repl_len = strlen(r);
@@ -537,6 +583,30 @@ static ft_status load_pretok(ft_tokenizer *t, json_object *n, const char *fn, si
         }
         o->split = jbool(n, "split", 1);
         return FT_OK;
+    }
+    if (!strcmp(type, "Digits")) {
+        /* HF: split on char::is_numeric (\p{N}), each digit alone or runs of them */
+        static const char *const k[] = {"individual_digits", NULL};
+        if ((st = check_fields(n, fn, "pre_tokenizer Digits", k))) return st;
+        int ind = jbool(n, "individual_digits", 0);
+        if ((st = add_pre(t, cap, &o))) return st;
+        o->kind = PRE_SPLIT;
+        o->behavior = ind ? BEH_ISOLATED : BEH_CONTIGUOUS;
+        return compile_regex("\\p{N}", 5, 0, &o->re, fn, "pre_tokenizer Digits");
+    }
+    if (!strcmp(type, "Punctuation")) {
+        /* HF: char::is_ascii_punctuation or a Unicode P* category */
+        static const char *const k[] = {"behavior", NULL};
+        if ((st = check_fields(n, fn, "pre_tokenizer Punctuation", k))) return st;
+        const char *beh = jstr(n, "behavior");
+        int b = beh ? behavior_of(beh) : BEH_ISOLATED;
+        if (b < 0)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: pre_tokenizer Punctuation: behavior %s is not supported", fn, beh);
+        if ((st = add_pre(t, cap, &o))) return st;
+        o->kind = PRE_SPLIT;
+        o->behavior = b;
+        static const char PUNCT[] = "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]";
+        return compile_regex(PUNCT, sizeof PUNCT - 1, 0, &o->re, fn, "pre_tokenizer Punctuation");
     }
     return ft_set_error(FT_ERR_UNSUPPORTED, "%s: pre_tokenizer type %s is not supported", fn, type);
 }
@@ -576,9 +646,14 @@ static ft_status load_postproc(ft_tokenizer *t, json_object *n, const char *fn, 
             if ((st = load_postproc(t, json_object_array_get_idx(arr, i), fn, have))) return st;
         return FT_OK;
     }
-    if (!strcmp(type, "ByteLevel")) return FT_OK;   /* offsets only */
+    if (!strcmp(type, "ByteLevel")) {   /* offsets only */
+        static const char *const k[] = {"add_prefix_space", "trim_offsets", "use_regex", NULL};
+        return check_fields(n, fn, "post_processor ByteLevel", k);
+    }
     if (*have) return ft_set_error(FT_ERR_UNSUPPORTED, "%s: post_processor: more than one template", fn);
     if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
+        static const char *const rk[] = {"sep", "cls", "trim_offsets", "add_prefix_space", NULL};
+        if ((st = check_fields(n, fn, "post_processor", rk))) return st;
         json_object *cls, *sep;
         int32_t c = -1, s = -1;
         if (json_object_object_get_ex(n, "cls", &cls)) c = pp_token_id(t, cls);
@@ -589,6 +664,8 @@ static ft_status load_postproc(ft_tokenizer *t, json_object *n, const char *fn, 
         return FT_OK;
     }
     if (!strcmp(type, "TemplateProcessing")) {
+        static const char *const tk[] = {"single", "pair", "special_tokens", NULL};
+        if ((st = check_fields(n, fn, "post_processor TemplateProcessing", tk))) return st;
         json_object *single, *specials;
         if (!json_object_object_get_ex(n, "single", &single) || !json_object_is_type(single, json_type_array) ||
             !json_object_object_get_ex(n, "special_tokens", &specials) || !json_object_is_type(specials, json_type_object))
@@ -640,6 +717,8 @@ static ft_status load_decoder(ft_tokenizer *t, json_object *n, const char *fn, s
         return FT_OK;
     }
     if (!strcmp(type, "ByteLevel")) {
+        static const char *const k[] = {"add_prefix_space", "trim_offsets", "use_regex", NULL};
+        if ((st = check_fields(n, fn, "decoder ByteLevel", k))) return st;
         if (t->dec_mode == DEC_CHAIN)
             return ft_set_error(FT_ERR_UNSUPPORTED, "%s: decoder ByteLevel combined with other decoders", fn);
         t->dec_mode = DEC_BYTELEVEL;
@@ -648,9 +727,11 @@ static ft_status load_decoder(ft_tokenizer *t, json_object *n, const char *fn, s
     if (t->dec_mode == DEC_BYTELEVEL)
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: decoder %s combined with ByteLevel", fn, type);
     t->dec_mode = DEC_CHAIN;
-    if (!strcmp(type, "Fuse")) return FT_OK;   /* all chains end fused */
-    if (!strcmp(type, "ByteFallback")) { t->dec_bytefallback = 1; return FT_OK; }
+    if (!strcmp(type, "Fuse")) return check_fields(n, fn, "decoder Fuse", NULL);   /* all chains end fused */
+    if (!strcmp(type, "ByteFallback")) { t->dec_bytefallback = 1; return check_fields(n, fn, "decoder ByteFallback", NULL); }
     if (!strcmp(type, "Strip")) {
+        static const char *const k[] = {"content", "start", "stop", NULL};
+        if ((st = check_fields(n, fn, "decoder Strip", k))) return st;
         const char *c = jstr(n, "content");
         json_object *s, *e;
         if (!c || !json_object_object_get_ex(n, "start", &s) || !json_object_object_get_ex(n, "stop", &e))
@@ -667,6 +748,11 @@ static ft_status load_decoder(ft_tokenizer *t, json_object *n, const char *fn, s
         return FT_OK;
     }
     if (!strcmp(type, "Replace") || !strcmp(type, "Metaspace")) {
+        static const char *const kr[] = {"pattern", "content", NULL};
+        static const char *const km[] = {"replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep", NULL};
+        if ((st = check_fields(n, fn, !strcmp(type, "Replace") ? "decoder Replace" : "decoder Metaspace",
+                               !strcmp(type, "Replace") ? kr : km)))
+            return st;
         if (t->ndec_repl == *cap) {
             *cap = *cap ? *cap * 2 : 4;
             norm_op *nn = realloc(t->dec_repl, *cap * sizeof *nn);
@@ -800,6 +886,9 @@ static ft_status load_model(ft_tokenizer *t, json_object *model, json_object *ad
         (json_object_is_type(dr, json_type_double) || json_object_is_type(dr, json_type_int)) &&
         json_object_get_double(dr) > 0)
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: model: BPE dropout is not supported", fn);
+    static const char *const mk[] = {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                                     "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges", NULL};
+    if ((st = check_fields(model, fn, "model", mk))) return st;
     t->byte_fallback = jbool(model, "byte_fallback", 0);
     t->fuse_unk = jbool(model, "fuse_unk", 0);
     t->ignore_merges = jbool(model, "ignore_merges", 0);
@@ -915,9 +1004,46 @@ static ft_status load_model(ft_tokenizer *t, json_object *model, json_object *ad
         t->id_str[id] = at->s;
         t->id_len[id] = (uint32_t)at->len;
         t->id_special[id] = (uint8_t)at->special;
-        t->added_first[at->normalized ? 1 : 0][(uint8_t)at->s[0]] = 1;
+        at->m = at->s;
+        at->mlen = at->len;
     }
     return FT_OK;
+}
+
+static void normalize(const ft_tokenizer *t, const char *s, size_t n, sbuf *o, sbuf *tmp);
+
+/* HF matches added tokens with normalized: true against the normalized
+ * text, with their content normalized by the same normalizer
+ * (AddedVocabulary::refresh_added_tokens); the others against the raw
+ * text as they are. Runs before the decoder tables are built. */
+static ft_status added_match_strings(ft_tokenizer *t)
+{
+    sbuf o = {0}, tmp = {0};
+    ft_status st = FT_OK;
+    for (size_t i = 0; i < t->nadded && !st; i++) {
+        added_tok *a = &t->added[i];
+        if (a->normalized && t->nnorm) {
+            normalize(t, a->s, a->len, &o, &tmp);
+            if (o.oom || tmp.oom || !(a->m = malloc(o.n + 1))) {
+                a->m = a->s;
+                st = ft_set_error(FT_ERR_NOMEM, "out of memory");
+                break;
+            }
+            memcpy(a->m, o.p ? o.p : "", o.n);
+            a->m[o.n] = 0;
+            a->mlen = o.n;
+            /* tokenizers >= 0.21 also decode such a token as its normalized
+             * content, and skip_special_tokens then no longer recognizes it
+             * as special unless normalization left it unchanged */
+            t->id_str[a->id] = a->m;
+            t->id_len[a->id] = (uint32_t)a->mlen;
+            if (a->mlen != a->len || memcmp(a->m, a->s, a->len)) t->id_special[a->id] = 0;
+        }
+        if (a->mlen) t->added_first[a->normalized ? 1 : 0][(uint8_t)a->m[0]] = 1;
+    }
+    free(o.p);
+    free(tmp.p);
+    return st;
 }
 
 ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *name, ft_tokenizer **out)
@@ -945,6 +1071,21 @@ ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *nam
     if (json_object_object_get_ex(root, "added_tokens", &added) && added &&
         !json_object_is_type(added, json_type_array))
         FAIL(FT_ERR_CORRUPT, "%s: 'added_tokens' is not an array", fn);
+    static const char *const top[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
+                                      "pre_tokenizer", "model", "post_processor", "decoder", NULL};
+    if ((st = check_fields(root, fn, "tokenizer", top))) goto out;
+    /* encode() truncates and pads a single sequence too (post_process) */
+    if (json_object_object_get_ex(root, "truncation", &x) && x)
+        FAIL(FT_ERR_UNSUPPORTED, "%s: 'truncation' is set (truncating encodings is not supported; set it to null)", fn);
+    if (json_object_object_get_ex(root, "padding", &x) && x) {
+        json_object *ps, *pm;
+        int longest = json_object_object_get_ex(x, "strategy", &ps) && json_object_is_type(ps, json_type_string) &&
+                      !strcmp(json_object_get_string(ps), "BatchLongest");
+        int multiple = json_object_object_get_ex(x, "pad_to_multiple_of", &pm) && pm;
+        if (!longest || multiple)
+            FAIL(FT_ERR_UNSUPPORTED, "%s: 'padding' pads single sequences (only BatchLongest without "
+                 "pad_to_multiple_of is supported; set it to null)", fn);
+    }
     if ((st = load_model(t, model, added, fn))) goto out;
     bytelevel_table(t);
     size_t cap = 0;
@@ -955,6 +1096,7 @@ ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *nam
     if (json_object_object_get_ex(root, "post_processor", &x) && (st = load_postproc(t, x, fn, &have))) goto out;
     cap = 0;
     if (json_object_object_get_ex(root, "decoder", &x) && (st = load_decoder(t, x, fn, &cap))) goto out;
+    if ((st = added_match_strings(t))) goto out;
     if ((st = build_decoder_tables(t))) goto out;
 out:
     json_object_put(root);
@@ -1175,70 +1317,96 @@ static void bpe_piece(enc_ctx *c, const char *s, size_t n, ivec *out)
     for (int32_t i = ns ? 0 : -1; i >= 0; i = c->snext[i]) iv_push(out, c->sid[i]);
 }
 
-/* All matches of re in s[0..n): calls back with [ms, me). */
+/* Split s[0..n) (at offset `base` of its buffer) on the matches of re, as
+ * HF's NormalizedString::split does: the text becomes alternating gap and
+ * match pieces (Regex::find_matches), `invert` swaps which are matches,
+ * and the behavior folds them (Isolated, Removed, MergedWithPrevious,
+ * MergedWithNext, Contiguous: the same folds as tokenizers'
+ * SplitDelimiterBehavior). Empty matches are skipped. */
 static int regex_split(enc_ctx *c, pcre2_code *re, const char *s, size_t n, size_t base, int first, int behavior,
                        int invert, pvec *out)
 {
+    pvec seg = {0};        /* pieces; .first holds is_match */
     size_t pos = 0, last = 0;
-    /* pieces as (start, end, is_match) then combined per behavior */
-    size_t pending_off = 0, pending_len = 0;   /* for MergedWithNext */
-    int have_pending = 0;
-    for (;;) {
-        int rc = pos <= n ? pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL) : PCRE2_ERROR_NOMATCH;
+    while (pos <= n) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT)
             rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
-        size_t ms = n, me = n;
-        if (rc >= 0) {
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
-            ms = ov[0];
-            me = ov[1];
-        } else if (rc != PCRE2_ERROR_NOMATCH) {
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
             c->err = ft_set_error(FT_ERR_INTERNAL, "regex match failed (%d)", rc);
+            free(seg.p);
             return 0;
         }
-        if (rc >= 0 && me == ms) {   /* empty match: step one char and keep searching */
-            if (ms >= n) { rc = PCRE2_ERROR_NOMATCH; ms = me = n; }
-            else {
-                size_t l;
-                if (utf8_check((const uint8_t *)s + ms, n - ms, &l) != 1) l = 1;
-                pos = ms + l;
-                continue;
-            }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) {   /* empty match: step one char and keep searching */
+            if (ms >= n) break;
+            size_t l;
+            if (utf8_check((const uint8_t *)s + ms, n - ms, &l) != 1) l = 1;
+            pos = ms + l;
+            continue;
         }
-        /* segments: gap [last, ms) and match [ms, me) */
-        for (int part = 0; part < 2; part++) {
-            size_t a = part ? ms : last, b = part ? me : ms;
-            if (b <= a) continue;
-            int is_match = part == 1;
-            if (invert) is_match = !is_match;
-            int f = first && base + a == base && a == 0;
-            switch (behavior) {
-            case BEH_ISOLATED: pv_push(out, base + a, b - a, f); break;
-            case BEH_REMOVED: if (!is_match) pv_push(out, base + a, b - a, f); break;
-            case BEH_MERGED_PREV:
-                if (is_match && out->n && have_pending) out->p[out->n - 1].len += b - a;
-                else pv_push(out, base + a, b - a, f);
-                have_pending = 1;
-                break;
-            case BEH_MERGED_NEXT:
-                if (is_match) {
-                    if (have_pending) pending_len += b - a;
-                    else { pending_off = base + a; pending_len = b - a; have_pending = 1; }
-                } else {
-                    if (have_pending) { pv_push(out, pending_off, pending_len + (b - a), pending_off == base && first); have_pending = 0; }
-                    else pv_push(out, base + a, b - a, f);
-                }
-                break;
-            }
-        }
-        if (rc < 0) break;
+        pv_push(&seg, last, ms - last, invert);
+        pv_push(&seg, ms, me - ms, !invert);
         last = pos = me;
     }
-    if (behavior == BEH_MERGED_NEXT && have_pending) pv_push(out, pending_off, pending_len, pending_off == base && first);
-    return 1;
+    pv_push(&seg, last, n - last, invert);
+    if (seg.oom) { c->oom = 1; free(seg.p); return 0; }
+    /* fold into acc (offsets relative to s) */
+    pvec acc = {0};
+    int prev = 0;
+    if (behavior == BEH_MERGED_NEXT) {
+        for (size_t k = seg.n; k-- > 0;) {
+            piece p = seg.p[k];
+            if (p.first && !prev && acc.n) {
+                acc.p[acc.n - 1].len += p.len;
+                acc.p[acc.n - 1].off = p.off;
+            } else {
+                pv_push(&acc, p.off, p.len, 0);
+            }
+            prev = p.first;
+        }
+        for (size_t a = 0, b = acc.n ? acc.n - 1 : 0; a < b; a++, b--) {
+            piece x = acc.p[a]; acc.p[a] = acc.p[b]; acc.p[b] = x;
+        }
+    } else {
+        for (size_t k = 0; k < seg.n; k++) {
+            piece p = seg.p[k];
+            int merge = 0;
+            if (behavior == BEH_REMOVED && p.first) continue;
+            if (behavior == BEH_MERGED_PREV) merge = p.first && !prev;
+            else if (behavior == BEH_CONTIGUOUS) merge = p.first == prev;
+            if (merge && acc.n) acc.p[acc.n - 1].len += p.len;
+            else pv_push(&acc, p.off, p.len, 0);
+            prev = p.first;
+        }
+    }
+    for (size_t k = 0; k < acc.n; k++) pv_push(out, base + acc.p[k].off, acc.p[k].len, first && acc.p[k].off == 0);
+    if (acc.oom) c->oom = 1;
+    free(seg.p);
+    free(acc.p);
+    return !c->oom;
 }
 
-/* Normalize s into o (NUL-free operations on valid UTF-8). */
+/* One Unicode normalization form of valid UTF-8 s into o (libutf8proc). */
+static void unicode_normalize(int kind, const char *s, size_t n, sbuf *o)
+{
+    int opt = UTF8PROC_STABLE | (kind == NORM_NFC || kind == NORM_NFKC ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
+              (kind == NORM_NFKC || kind == NORM_NFKD ? UTF8PROC_COMPAT : 0);
+    utf8proc_uint8_t *dst = NULL;
+    o->n = 0;
+    if (!n) { sb_put(o, "", 0); return; }
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
+    if (r < 0) {   /* only UTF8PROC_ERROR_NOMEM is possible on sanitized input */
+        o->oom = 1;
+        return;
+    }
+    sb_put(o, dst, (size_t)r);
+    free(dst);
+}
+
+/* Normalize s into o (operations on valid UTF-8). */
 static void normalize(const ft_tokenizer *t, const char *s, size_t n, sbuf *o, sbuf *tmp)
 {
     o->n = 0;
@@ -1254,7 +1422,7 @@ static void normalize(const ft_tokenizer *t, const char *s, size_t n, sbuf *o, s
             tmp->n = 0;
             replace_all(tmp, o->p ? o->p : "", o->n, op->a, op->alen, op->b, op->blen);
         } else {
-            continue;
+            unicode_normalize(op->kind, o->p ? o->p : "", o->n, tmp);
         }
         sbuf x = *o; *o = *tmp; *tmp = x;
     }
@@ -1378,9 +1546,9 @@ static void split_added(enc_ctx *c, const char *s, size_t n, int first, int want
         if (!firsts[(uint8_t)s[i]]) { i++; continue; }   /* byte steps stay on char starts: s[i] lead bytes only match leads */
         for (size_t k = 0; k < t->nadded; k++) {
             const added_tok *a = &t->added[k];
-            if (a->normalized != want_norm || a->len > n - i || (best && a->len <= best->len)) continue;
-            if (memcmp(s + i, a->s, a->len)) continue;
-            if (a->single_word && (is_word_byte_at_end(s, i) || is_word_byte_at_start(s + i + a->len, n - i - a->len)))
+            if (a->normalized != want_norm || !a->mlen || a->mlen > n - i || (best && a->mlen <= best->mlen)) continue;
+            if (memcmp(s + i, a->m, a->mlen)) continue;
+            if (a->single_word && (is_word_byte_at_end(s, i) || is_word_byte_at_start(s + i + a->mlen, n - i - a->mlen)))
                 continue;
             best = a;
         }
@@ -1390,7 +1558,7 @@ static void split_added(enc_ctx *c, const char *s, size_t n, int first, int want
             i += l;
             continue;
         }
-        size_t ms = i, me = i + best->len;
+        size_t ms = i, me = i + best->mlen;
         if (best->lstrip) {
             while (ms > seg) {
                 size_t k = ms - 1, l;

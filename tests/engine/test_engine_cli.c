@@ -146,3 +146,58 @@ TEST(gen_model_and_run)
     CHECK(sh("%s run --model %s --prompt x --max-new-tokens 5000 2>/dev/null", bin(), dir) == 1);
     sh("rm -rf %s", tmpdir);
 }
+
+/* A copy of a fixture directory with one file edited by sed; run on it
+ * must fail with exit 1 and ONE line on stderr naming `file` and `field`. */
+static void bad_model(const char *set, const char *name, const char *file, const char *sed, const char *flags,
+                      const char *field)
+{
+    const char *data = getenv("FT_TEST_DATA");
+    char d[512], err[600];
+    snprintf(d, sizeof d, "%s/bad-%s", tmpdir, name);
+    snprintf(err, sizeof err, "%s/bad-%s.err", tmpdir, name);
+    CHECK(sh("rm -rf %s && cp -r %s/%s/%s %s && sed -i %s %s/%s", d, data ? data : "tests/data", set, name, d, sed, d,
+             file) == 0);
+    int rc = sh("%s run --model %s --prompt 'Hello' --max-new-tokens 2 %s > /dev/null 2> %s", bin(), d, flags, err);
+    size_t n = 0;
+    char *e = slurp(err, &n);
+    CHECK_MSG(rc == 1, "%s (%s): exit %d", name, sed, rc);
+    int lines = 0;
+    for (size_t i = 0; e && i < n; i++) lines += e[i] == '\n';
+    CHECK_MSG(e && lines == 1 && strstr(e, file) && strstr(e, field), "%s (%s): stderr '%s' should be one line "
+              "naming %s and %s", name, sed, e ? e : "", file, field);
+    free(e);
+}
+
+TEST(refuse_never_guess)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_engine_cli_bad_%d", (int)getpid());
+    CHECK(sh("rm -rf %s && mkdir -p %s", tmpdir, tmpdir) == 0);
+    /* an unknown rope type */
+    bad_model("models", "llama-rope-linear", "config.json", "'s/\"rope_type\": \"linear\"/\"rope_type\": \"longrope\"/'",
+              "", "rope_scaling.rope_type");
+    /* both layouts, contradicting */
+    bad_model("models-tf5", "llama-tiny", "config.json", "'1a \"rope_theta\": 500000.0,'", "", "rope_theta");
+    /* a window larger than the context */
+    bad_model("models", "mistral-sw", "config.json", "'s/\"sliding_window\": 5/\"sliding_window\": 100000/'", "",
+              "sliding_window");
+    /* a tokenizer component flextier does not implement */
+    bad_model("models", "qwen2-nfc", "tokenizer.json", "'s/\"type\": \"NFC\"/\"type\": \"Lowercase\"/'", "",
+              "normalizer");
+    /* an unknown config key: a warning, an error with --strict */
+    bad_model("models", "llama-tiny", "config.json", "'1a \"use_qk_norm\": true,'", "--strict", "use_qk_norm");
+    char d[512];
+    snprintf(d, sizeof d, "%s/bad-llama-tiny", tmpdir);
+    CHECK(sh("env -u FLEXTIER_STRICT %s run --model %s --prompt Hello --max-new-tokens 2 > /dev/null 2> %s/warn.txt",
+             bin(), d, tmpdir) == 0);
+    char w[600];
+    snprintf(w, sizeof w, "%s/warn.txt", tmpdir);
+    char *e = slurp(w, NULL);
+    CHECK(e && strstr(e, "use_qk_norm") && strstr(e, "warn"));
+    free(e);
+    /* Hub-style OPT files (vocab.json + merges.txt) run from the command line */
+    const char *data = getenv("FT_TEST_DATA");
+    CHECK(sh("%s run --model %s/models/opt-tiny-hubtok --prompt 'Hello world!' --max-new-tokens 3 --temperature 0 "
+             "--strict > /dev/null 2>&1", bin(), data ? data : "tests/data") == 0);
+    sh("rm -rf %s", tmpdir);
+}

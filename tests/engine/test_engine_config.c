@@ -2,6 +2,8 @@
 #include "ft_test.h"
 #include "flextier/engine.h"
 
+#include <math.h>
+
 static const char *data_dir(void) { const char *d = getenv("FT_TEST_DATA"); return d ? d : "tests/data"; }
 
 TEST(fixture_configs)
@@ -20,7 +22,7 @@ TEST(fixture_configs)
     snprintf(dir, sizeof dir, "%s/models/llama-tiny-tied-rope3", data_dir());
     CHECK_OK(ft_model_config_load(dir, &c));
     CHECK(c.arch == FT_ARCH_LLAMA && c.n_kv_heads == 2 && c.ffn == 172 && c.head_dim == 16);
-    CHECK(c.rope_llama3 && c.rope_factor == 8.0f && c.rope_orig_max_pos == 64);
+    CHECK(c.rope_type == FT_ROPE_LLAMA3 && c.rope_factor == 8.0f && c.rope_orig_max_pos == 64);
     CHECK(c.rope_theta == 500000.0f && c.tie_word_embeddings == 1 && c.norm_eps == 1e-5f);
 }
 
@@ -37,7 +39,7 @@ TEST(llama_fields)
     ft_model_config c;
     CHECK_OK(parse("{" LLAMA ",\"eos_token_id\":[3,7],\"num_key_value_heads\":1}", &c));
     CHECK(c.n_eos == 2 && c.eos_ids[1] == 7 && c.n_kv_heads == 1 && c.head_dim == 16);
-    CHECK(c.max_pos == 2048 && c.rope_theta == 10000.0f && !c.rope_llama3);
+    CHECK(c.max_pos == 2048 && c.rope_theta == 10000.0f && c.rope_type == FT_ROPE_DEFAULT);
     CHECK_OK(parse("{" LLAMA ",\"head_dim\":32}", &c));
     CHECK(c.head_dim == 32);
     CHECK_OK(parse("{" LLAMA ",\"rope_scaling\":null,\"bos_token_id\":null}", &c));
@@ -74,7 +76,10 @@ TEST(bad_configs)
     expect("{" LLAMA ",\"hidden_size\":\"64\"}", FT_ERR_CORRUPT, "hidden_size");
     expect("{" LLAMA ",\"hidden_size\":99999999}", FT_ERR_CORRUPT, "hidden_size");
     expect("{" LLAMA ",\"eos_token_id\":77}", FT_ERR_CORRUPT, "eos_token_id");
-    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2}}", FT_ERR_UNSUPPORTED, "yarn");
+    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":2}}", FT_ERR_UNSUPPORTED,
+           "longrope");
+    expect("{" LLAMA ",\"rope_parameters\":{\"rope_type\":\"su\",\"rope_theta\":10000}}", FT_ERR_UNSUPPORTED,
+           "rope_parameters.rope_type");
     expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}", FT_ERR_CORRUPT, "rope_scaling");
     expect("{" LLAMA ",\"hidden_act\":\"gelu\"}", FT_ERR_UNSUPPORTED, "hidden_act");
     expect("{" LLAMA "} x", FT_ERR_CORRUPT, "trailing");
@@ -95,18 +100,115 @@ TEST(mistral_qwen2)
     snprintf(dir, sizeof dir, "%s/models/qwen2-tiny", data_dir());
     CHECK_OK(ft_model_config_load(dir, &c));
     CHECK(c.arch == FT_ARCH_QWEN2 && c.tie_word_embeddings && c.rope_theta == 1e6f);
-    expect("{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,"
-           "\"num_attention_heads\":4,\"intermediate_size\":100,\"vocab_size\":50,"
-           "\"use_sliding_window\":true}", FT_ERR_UNSUPPORTED, "use_sliding_window");
-    /* a context beyond Mistral's window is refused */
-    ft_model *m = NULL;
-    snprintf(dir, sizeof dir, "%s/models/mistral-tiny", data_dir());
-    CHECK_OK(ft_model_load(dir, NULL, &m));
-    ft_ctx_params cp = {.max_batch = 1, .max_seq = 65};
-    ft_ctx *ctx = NULL;
-    CHECK(ft_ctx_create(m, &cp, &ctx) == FT_ERR_INVALID_ARG && ctx == NULL);
-    CHECK(strstr(ft_last_error(), "sliding_window") != NULL);
-    ft_model_free(m);
+    for (int l = 0; l < 2; l++) CHECK(ft_model_config_layer_window(&c, l) == 0);
+}
+
+#define QWEN "\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+             "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":100,\"vocab_size\":50"
+
+TEST(sliding_windows)
+{
+    ft_model_config c;
+    /* Qwen2: layers >= max_window_layers, only with use_sliding_window */
+    CHECK_OK(parse("{" QWEN ",\"use_sliding_window\":true,\"sliding_window\":8,\"max_window_layers\":2}", &c));
+    CHECK(ft_model_config_layer_window(&c, 1) == 0 && ft_model_config_layer_window(&c, 2) == 8 &&
+          ft_model_config_layer_window(&c, 3) == 8);
+    CHECK_OK(parse("{" QWEN ",\"use_sliding_window\":false,\"sliding_window\":8,\"max_window_layers\":0}", &c));
+    CHECK(c.sliding_window == 0 && ft_model_config_layer_window(&c, 3) == 0);
+    /* transformers 5's layer_types wins over max_window_layers */
+    CHECK_OK(parse("{" QWEN ",\"use_sliding_window\":true,\"sliding_window\":8,\"max_window_layers\":0,"
+                   "\"layer_types\":[\"full_attention\",\"sliding_attention\",\"full_attention\","
+                   "\"sliding_attention\"]}", &c));
+    CHECK(ft_model_config_layer_window(&c, 0) == 0 && ft_model_config_layer_window(&c, 1) == 8 &&
+          ft_model_config_layer_window(&c, 2) == 0);
+    /* class defaults where keys are absent (transformers' MistralConfig / Qwen2Config) */
+    CHECK_OK(parse("{\"model_type\":\"mistral\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                   "\"num_attention_heads\":8,\"intermediate_size\":100,\"vocab_size\":50}", &c));
+    CHECK(c.sliding_window == 4096 && c.n_kv_heads == 8 && c.max_pos == 131072);
+    CHECK_OK(parse("{\"model_type\":\"mistral\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+                   "\"num_attention_heads\":8,\"intermediate_size\":100,\"vocab_size\":50,\"sliding_window\":null}", &c));
+    CHECK(c.sliding_window == 0);
+    expect("{" QWEN ",\"use_sliding_window\":true,\"sliding_window\":8,\"layer_types\":[\"full_attention\"]}",
+           FT_ERR_CORRUPT, "layer_types");
+    expect("{" QWEN ",\"use_sliding_window\":true,\"sliding_window\":8,\"layer_types\":[\"full_attention\","
+           "\"chunked_attention\",\"full_attention\",\"full_attention\"]}", FT_ERR_UNSUPPORTED, "chunked_attention");
+    expect("{" QWEN ",\"layer_types\":[\"full_attention\",\"sliding_attention\",\"full_attention\","
+           "\"full_attention\"]}", FT_ERR_CORRUPT, "layer_types");
+    /* a window larger than the context */
+    expect("{" QWEN ",\"use_sliding_window\":true,\"sliding_window\":4096,\"max_position_embeddings\":1024}",
+           FT_ERR_CORRUPT, "sliding_window");
+}
+
+TEST(rope_layouts)
+{
+    ft_model_config a, b;
+    /* 4.x top level and 5.x rope_parameters describe the same RoPE */
+    CHECK_OK(parse("{" LLAMA ",\"rope_theta\":500000,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,"
+                   "\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":64}}", &a));
+    CHECK_OK(parse("{" LLAMA ",\"rope_parameters\":{\"rope_theta\":500000,\"rope_type\":\"llama3\",\"factor\":8,"
+                   "\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":64}}", &b));
+    CHECK(a.rope_type == FT_ROPE_LLAMA3 && b.rope_type == FT_ROPE_LLAMA3 && a.rope_theta == 500000.0f &&
+          b.rope_theta == 500000.0f && a.rope_factor == b.rope_factor && a.rope_orig_max_pos == 64 &&
+          b.rope_orig_max_pos == 64 && b.rope_high_freq_factor == 4.0f);
+    CHECK_OK(parse("{" LLAMA ",\"rope_parameters\":{\"rope_theta\":1000000,\"rope_type\":\"default\"}}", &b));
+    CHECK(b.rope_theta == 1e6f && b.rope_type == FT_ROPE_DEFAULT);
+    CHECK_OK(parse("{" LLAMA ",\"rope_parameters\":{\"rope_theta\":10000,\"rope_type\":\"linear\",\"factor\":2}}", &b));
+    CHECK(b.rope_type == FT_ROPE_LINEAR && b.rope_factor == 2.0f);
+    CHECK_OK(parse("{" LLAMA ",\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":2}}", &b));
+    CHECK(b.rope_type == FT_ROPE_DYNAMIC && b.rope_factor == 2.0f);
+    /* yarn: attention factor 0.1 ln(factor) + 1, beta defaults 32 / 1 */
+    CHECK_OK(parse("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}", &b));
+    CHECK(b.rope_type == FT_ROPE_YARN && b.rope_beta_fast == 32.0f && b.rope_beta_slow == 1.0f && b.rope_truncate);
+    CHECK(fabsf(b.rope_attention_factor - (float)(0.1 * log(4.0) + 1.0)) < 1e-7f);
+    CHECK_OK(parse("{" LLAMA ",\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000,"
+                   "\"original_max_position_embeddings\":512,\"mscale\":1,\"mscale_all_dim\":1,\"truncate\":false}}", &b));
+    CHECK(b.rope_factor == 4.0f && b.rope_attention_factor == 1.0f && !b.rope_truncate && b.rope_orig_max_pos == 512);
+    /* both layouts, agreeing: fine; contradicting: refused */
+    CHECK_OK(parse("{" LLAMA ",\"rope_theta\":10000,\"rope_parameters\":{\"rope_theta\":10000,\"rope_type\":\"default\"}}", &b));
+    expect("{" LLAMA ",\"rope_theta\":10000,\"rope_parameters\":{\"rope_theta\":500000,\"rope_type\":\"default\"}}",
+           FT_ERR_CORRUPT, "rope_theta");
+    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2},"
+           "\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":4,\"rope_theta\":10000}}", FT_ERR_CORRUPT, "factor");
+    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2},"
+           "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000}}", FT_ERR_CORRUPT, "rope_type");
+    expect("{" LLAMA ",\"original_max_position_embeddings\":64,\"rope_scaling\":{\"rope_type\":\"llama3\","
+           "\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":32}}",
+           FT_ERR_CORRUPT, "original_max_position_embeddings");
+    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"linear\"}}", FT_ERR_CORRUPT, "factor");
+    expect("{" LLAMA ",\"partial_rotary_factor\":0.5}", FT_ERR_UNSUPPORTED, "partial_rotary_factor");
+    expect("{" LLAMA ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"default\"}}}", FT_ERR_UNSUPPORTED,
+           "rope_parameters");
+}
+
+TEST(unknown_keys)
+{
+    ft_model_config c;
+    const char *js = "{" LLAMA ",\"use_qk_norm\":true}";
+    unsetenv("FLEXTIER_STRICT");
+    CHECK_OK(ft_model_config_parse_ex(js, strlen(js), "test.json", 0, &c));   /* a warning */
+    CHECK(ft_model_config_parse_ex(js, strlen(js), "test.json", FT_CONFIG_STRICT, &c) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "use_qk_norm") && strstr(ft_last_error(), "test.json"));
+    setenv("FLEXTIER_STRICT", "1", 1);
+    CHECK(parse(js, &c) == FT_ERR_UNSUPPORTED);
+    /* keys inside the rope object too */
+    expect("{" LLAMA ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2,\"bogus\":1}}", FT_ERR_UNSUPPORTED,
+           "rope_scaling.bogus");
+    /* known harmless keys pass in strict mode */
+    CHECK_OK(parse("{" LLAMA ",\"architectures\":[\"LlamaForCausalLM\"],\"pretraining_tp\":1,\"dtype\":\"bfloat16\","
+                   "\"attention_dropout\":0.0,\"use_cache\":true,\"transformers_version\":\"5.24.0\"}", &c));
+    expect("{" LLAMA ",\"quantization_config\":{\"quant_method\":\"gptq\"}}", FT_ERR_UNSUPPORTED,
+           "quantization_config");
+    const char *g = "{\"min_p\":0.1}";
+    CHECK(ft_model_config_parse_generation(g, strlen(g), "gen.json", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "min_p") && strstr(ft_last_error(), "gen.json"));
+    /* every fixture config is fully accounted for */
+    char dir[600];
+    static const char *const names[] = {"opt-tiny", "opt-tiny-proj", "llama-tiny", "llama-tiny-tied-rope3",
+                                        "mistral-tiny", "qwen2-tiny"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/models/%s", data_dir(), names[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+    }
 }
 
 TEST(load_missing)

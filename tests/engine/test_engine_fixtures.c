@@ -1,7 +1,13 @@
 /* The engine against transformers: per-position logits and greedy
  * continuations recorded by scripts/fixtures/gen_model_fixtures.py for tiny
- * random OPT and Llama checkpoints (tests/data/models/). All prompts run as
- * one batch of mixed lengths.
+ * random OPT, Llama, Mistral and Qwen2 checkpoints saved by transformers
+ * 4.46 (tests/data/models/) and by transformers 5 (tests/data/models-tf5/,
+ * the rope_parameters / layer_types config layout). Every directory of
+ * both sets is checked, loaded strictly (every config key known). All
+ * prompts run as one batch of mixed lengths. Fixtures whose prompts are
+ * text (fixtures.json "texts") also check that the model directory's
+ * tokenizer (ft_tokenizer_load_dir: tokenizer.json or vocab.json +
+ * merges.txt) gives transformers' ids.
  *
  * Tolerances: 1e-4 absolute on logits for every model. The bf16 checkpoint
  * is compared with transformers computing in f32 on the same bf16-rounded
@@ -9,7 +15,9 @@
  * bound applies; greedy tokens must be identical. */
 #include "ft_test.h"
 #include "flextier/engine.h"
+#include "flextier/model.h"
 
+#include <dirent.h>
 #include <json-c/json.h>
 #include <math.h>
 
@@ -17,6 +25,8 @@
 
 typedef struct {
     int np;
+    int ntexts, add_special;
+    char texts[MAXP][256];
     int32_t prompt[MAXP][64];
     size_t plen[MAXP];
     int32_t greedy[MAXP][32];
@@ -45,6 +55,13 @@ static int load_fixture(const char *dir, fixture *f)
         f->glen[i] = json_object_array_length(g);
         for (size_t k = 0; k < f->glen[i]; k++) f->greedy[i][k] = json_object_get_int(json_object_array_get_idx(g, k));
     }
+    json_object *tx, *as;
+    if (json_object_object_get_ex(root, "texts", &tx)) {
+        f->ntexts = (int)json_object_array_length(tx);
+        for (int i = 0; i < f->ntexts && i < MAXP; i++)
+            snprintf(f->texts[i], sizeof f->texts[i], "%s", json_object_get_string(json_object_array_get_idx(tx, i)));
+        f->add_special = json_object_object_get_ex(root, "add_special_tokens", &as) && json_object_get_boolean(as);
+    }
     json_object_put(root);
     snprintf(path, sizeof path, "%s/logits.bin", dir);
     FILE *fp = fopen(path, "rb");
@@ -69,27 +86,45 @@ static float max_abs_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void check_model(const char *name, float tol)
+static float check_model_dir(const char *set, const char *name, float tol)
 {
     char dir[512];
     const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
+    snprintf(dir, sizeof dir, "%s/%s/%s", data ? data : "tests/data", set, name);
     fixture f;
     int loaded = load_fixture(dir, &f);   /* REQUIRE evaluates twice */
-    REQUIRE(loaded);
+    CHECK_MSG(loaded, "%s: fixture files", dir);
+    if (!loaded) return INFINITY;
+    /* text prompts: the directory's tokenizer gives transformers' ids */
+    if (f.ntexts) {
+        ft_tokenizer *tk = NULL;
+        CHECK_OK(ft_tokenizer_load_dir(dir, &tk));
+        for (int i = 0; tk && i < f.ntexts; i++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            CHECK_OK(ft_tokenizer_encode(tk, f.texts[i], strlen(f.texts[i]), f.add_special, &ids, &n));
+            CHECK_MSG(ids && n == f.plen[i] && !memcmp(ids, f.prompt[i], n * sizeof *ids),
+                      "%s/%s: text %d '%s' tokenizes differently (%zu ids, transformers %zu)", set, name, i,
+                      f.texts[i], n, f.plen[i]);
+            free(ids);
+        }
+        ft_tokenizer_free(tk);
+    }
     ft_model *m = NULL;
-    CHECK_OK(ft_model_load(dir, NULL, &m));
-    REQUIRE(m);
+    ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    if (!m) { free(f.logits); return INFINITY; }
     const ft_model_config *cfg = ft_model_get_config(m);
     int V = cfg->vocab;
     size_t rows = 0;
     for (int i = 0; i < f.np; i++) rows += f.plen[i];
-    REQUIRE(rows * (size_t)V == f.nlogits);
+    CHECK_MSG(rows * (size_t)V == f.nlogits, "%s/%s: logits.bin size", set, name);
+    if (rows * (size_t)V != f.nlogits) { free(f.logits); ft_model_free(m); return INFINITY; }
 
     ft_ctx_params cp = {.max_batch = f.np, .max_seq = 64, .max_rows = (int)rows, .all_logits = 1, .threads = 2};
     ft_ctx *c = NULL;
     CHECK_OK(ft_ctx_create(m, &cp, &c));
-    REQUIRE(c);
+    if (!c) { free(f.logits); ft_model_free(m); return INFINITY; }
     float *lg = malloc(rows * (size_t)V * sizeof(float));
     int slots[MAXP];
     const int32_t *tp[MAXP];
@@ -99,8 +134,7 @@ static void check_model(const char *name, float tol)
     /* 1. whole batch, mixed lengths, logits of every position */
     CHECK_OK(ft_ctx_forward(c, (size_t)f.np, slots, tp, nt, lg, 1));
     float d = max_abs_diff(lg, f.logits, rows * (size_t)V);
-    CHECK_MSG(d <= tol, "%s: prefill logits max |diff| = %g > %g", name, d, tol);
-    printf("  %s: prefill max |logit diff| = %.3g\n", name, d);
+    CHECK_MSG(d <= tol, "%s/%s: prefill logits max |diff| = %g > %g", set, name, d, tol);
 
     /* 2. greedy decode of the batch, one row per sequence per step */
     int32_t cur[MAXP], gen[MAXP][32];
@@ -128,7 +162,7 @@ static void check_model(const char *name, float tol)
     }
     for (int i = 0; i < f.np; i++)
         CHECK_MSG(!memcmp(gen[i], f.greedy[i], steps * sizeof(int32_t)),
-                  "%s: greedy continuation of prompt %d differs", name, i);
+                  "%s/%s: greedy continuation of prompt %d differs", set, name, i);
 
     /* 3. the cache continues correctly: prompts fed in two chunks, in a
      * different slot order, give the same last-position logits */
@@ -156,22 +190,44 @@ static void check_model(const char *name, float tol)
         size_t off = 0;
         for (int q = 0; q <= i; q++) off += f.plen[q];
         float dd = max_abs_diff(lg + (size_t)k * V, f.logits + (off - 1) * (size_t)V, (size_t)V);
-        CHECK_MSG(dd <= tol, "%s: chunked prefill, prompt %d: max |diff| %g", name, i, dd);
+        CHECK_MSG(dd <= tol, "%s/%s: chunked prefill, prompt %d: max |diff| %g", set, name, i, dd);
+        if (dd > d) d = dd;
     }
     free(lg);
     free(f.logits);
     ft_ctx_free(c);
     ft_model_free(m);
+    return d;
 }
 
-TEST(opt_tiny) { check_model("opt-tiny", 1e-4f); }
-TEST(opt_tiny_proj) { check_model("opt-tiny-proj", 1e-4f); }
-TEST(opt_tiny_postln) { check_model("opt-tiny-postln", 1e-4f); }
-TEST(llama_tiny) { check_model("llama-tiny", 1e-4f); }
-TEST(llama_tiny_tied_rope3) { check_model("llama-tiny-tied-rope3", 1e-4f); }
-TEST(llama_tiny_bf16) { check_model("llama-tiny-bf16", 1e-4f); }
-TEST(mistral_tiny) { check_model("mistral-tiny", 1e-4f); }
-TEST(qwen2_tiny) { check_model("qwen2-tiny", 1e-4f); }
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Every fixture directory of a set; returns how many were checked. */
+static int check_set(const char *set)
+{
+    char path[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(path, sizeof path, "%s/%s", data ? data : "tests/data", set);
+    DIR *dp = opendir(path);
+    CHECK_MSG(dp != NULL, "%s: cannot open", path);
+    if (!dp) return 0;
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) && n < 64)
+        if (e->d_name[0] != '.') names[n++] = strdup(e->d_name);
+    closedir(dp);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n; i++) {
+        float d = check_model_dir(set, names[i], 1e-4f);
+        printf("  %-14s %-24s max |logit diff| = %.3g\n", set, names[i], d);
+        free(names[i]);
+    }
+    return n;
+}
+
+TEST(transformers_4_46) { CHECK(check_set("models") >= 15); }
+TEST(transformers_5) { CHECK(check_set("models-tf5") >= 16); }
 
 TEST(bad_dirs)
 {
@@ -273,4 +329,83 @@ TEST(checkpoint_variants)
               ft_last_error());
     snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
     CHECK(system(cmd) == 0);
+}
+
+/* The demo model (demo/kjv-llama, trained by scripts/demo/train_demo_model.py)
+ * against transformers (scripts/demo/reference_demo_model.py): the prompt's
+ * ids through the model directory's tokenizer, the last position's logits
+ * within 1e-4, and the greedy continuation and its text identical. */
+TEST(demo_model)
+{
+    const char *dirs = getenv("FT_DEMO_MODEL");
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s", dirs ? dirs : "demo/kjv-llama");
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_object *root = json_object_from_file(path);
+    CHECK_MSG(root != NULL, "%s: missing", path);
+    if (!root) return;
+    json_object *jp, *jids, *jl, *jg, *jt;
+    REQUIRE(json_object_object_get_ex(root, "prompt", &jp) && json_object_object_get_ex(root, "ids", &jids) &&
+            json_object_object_get_ex(root, "last_logits", &jl) && json_object_object_get_ex(root, "greedy", &jg) &&
+            json_object_object_get_ex(root, "greedy_text", &jt));
+    ft_tokenizer *tk = NULL;
+    CHECK_OK(ft_tokenizer_load_dir(dir, &tk));
+    ft_model *m = NULL;
+    ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    if (!tk || !m) { ft_tokenizer_free(tk); ft_model_free(m); json_object_put(root); return; }
+    const char *prompt = json_object_get_string(jp);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(ft_tokenizer_encode(tk, prompt, strlen(prompt), 1, &ids, &n));
+    size_t nref = json_object_array_length(jids);
+    int same = ids && n == nref;
+    for (size_t i = 0; same && i < n; i++) same = ids[i] == json_object_get_int(json_object_array_get_idx(jids, i));
+    CHECK_MSG(same, "demo prompt tokenizes differently");
+    int V = ft_model_get_config(m)->vocab;
+    REQUIRE((int)json_object_array_length(jl) == V);
+    size_t steps = json_object_array_length(jg);
+    ft_ctx_params cp = {.max_batch = 1, .max_seq = (int)(n + steps + 1), .threads = 2};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t gen[64];
+    int slot = 0;
+    if (c && same && lg && steps <= 64) {
+        const int32_t *tp[] = {ids};
+        size_t nt[] = {n};
+        CHECK_OK(ft_ctx_forward(c, 1, &slot, tp, nt, lg, 0));
+        float d = 0;
+        for (int v = 0; v < V; v++) {
+            float e = fabsf(lg[v] - (float)json_object_get_double(json_object_array_get_idx(jl, (size_t)v)));
+            if (!(e <= d)) d = e;
+        }
+        /* the reference is rounded to 1e-6 in the JSON */
+        CHECK_MSG(d <= 1e-4f, "demo model: last-position logits max |diff| %g", d);
+        printf("  demo/kjv-llama: max |logit diff| = %.3g\n", d);
+        for (size_t s = 0; s < steps; s++) {
+            int32_t best = 0;
+            for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+            gen[s] = best;
+            if (s + 1 == steps) break;
+            const int32_t *t1[] = {&gen[s]};
+            size_t one = 1;
+            CHECK_OK(ft_ctx_forward(c, 1, &slot, t1, &one, lg, 0));
+        }
+        int gsame = 1;
+        for (size_t s = 0; s < steps; s++) gsame &= gen[s] == json_object_get_int(json_object_array_get_idx(jg, s));
+        CHECK_MSG(gsame, "demo model: greedy continuation differs");
+        char *txt = NULL;
+        size_t tl = 0;
+        CHECK_OK(ft_tokenizer_decode(tk, gen, steps, 0, &txt, &tl));
+        CHECK_MSG(txt && !strcmp(txt, json_object_get_string(jt)), "demo model: text '%s' != '%s'", txt ? txt : "",
+                  json_object_get_string(jt));
+        free(txt);
+    }
+    free(lg);
+    free(ids);
+    ft_ctx_free(c);
+    ft_model_free(m);
+    ft_tokenizer_free(tk);
+    json_object_put(root);
 }

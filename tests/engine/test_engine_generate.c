@@ -185,6 +185,58 @@ TEST(layer_hook)
     ft_model_free(m);
 }
 
+/* Sliding-window layers keep a ring of the window's rows: the cache is
+ * that much smaller, ft_ctx_kv refuses such a layer, a failure after a
+ * ring advanced resets the sequences of the call (their overwritten rows
+ * are gone), and the sequence then runs again from scratch to the same
+ * logits. */
+TEST(sliding_window_ring)
+{
+    char dir[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models/mistral-sw", data ? data : "tests/data");
+    ft_model *m = NULL;
+    CHECK_OK(ft_model_load(dir, NULL, &m));
+    REQUIRE(m);
+    const ft_model_config *cfg = ft_model_get_config(m);
+    REQUIRE(cfg->sliding_window == 5 && cfg->n_layers == 2);
+    ft_ctx_params cp = {.max_batch = 2, .max_seq = 40, .threads = 1};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    REQUIRE(c);
+    int kvdim = cfg->n_kv_heads * cfg->head_dim;
+    CHECK(ft_ctx_kv_bytes(c) == (uint64_t)cfg->n_layers * 2 * 2 * 5 * (uint64_t)kvdim * 4);
+    CHECK(ft_ctx_kv(c, 0, 0, NULL, NULL, NULL, NULL) == FT_ERR_UNSUPPORTED);
+    int32_t toks[30];
+    for (int i = 0; i < 30; i++) toks[i] = 3 + (i * 37) % 300;
+    int slot = 0;
+    const int32_t *tp[] = {toks};
+    size_t nt[] = {30};
+    float ref[320], got[320];
+    CHECK_OK(ft_ctx_forward(c, 1, &slot, tp, nt, ref, 0));
+    /* the same 30 tokens 7 + 1 + 1 + 21 at a time: the ring wraps across calls */
+    ft_ctx_reset(c, 0);
+    size_t parts[] = {7, 1, 1, 21};
+    for (int k = 0, off = 0; k < 4; off += (int)parts[k], k++) {
+        const int32_t *pp[] = {toks + off};
+        CHECK_OK(ft_ctx_forward(c, 1, &slot, pp, &parts[k], got, 0));
+    }
+    float d = 0;
+    for (int v = 0; v < 320; v++) d = fmaxf(d, fabsf(got[v] - ref[v]));
+    CHECK_MSG(d < 1e-5f, "chunked ring logits differ by %g", d);
+    /* layer 1 fails after layer 0's ring advanced: the sequence is reset */
+    ft_ctx_set_layer_hook(c, failing_hook, NULL);
+    size_t one = 1;
+    const int32_t *p1[] = {toks};
+    CHECK(ft_ctx_forward(c, 1, &slot, p1, &one, got, 0) == FT_ERR_IO);
+    CHECK(ft_ctx_seq_len(c, 0) == 0);
+    ft_ctx_set_layer_hook(c, NULL, NULL);
+    CHECK_OK(ft_ctx_forward(c, 1, &slot, tp, nt, got, 0));
+    CHECK(!memcmp(got, ref, sizeof ref));
+    ft_ctx_free(c);
+    ft_model_free(m);
+}
+
 TEST(context_limit)
 {
     ft_model *m = random_model(FT_ARCH_OPT, 1);

@@ -195,6 +195,32 @@ TEST(attend)
         }
 }
 
+/* Segmented attention (sliding-window rings): split anywhere, it equals
+ * attention over the contiguous positions; dispatched == _ref. */
+TEST(attend_segs)
+{
+    static float q[128], K[70 * 130], V[70 * 130], o1[128], o2[128], o3[128], s1[70], s2[70], s3[70];
+    static const int hds[] = {8, 64, 100, 128};
+    static const int nps[] = {1, 2, 5, 17, 70};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 5; b++) {
+            int hd = hds[a], np = nps[b], ld = 130;
+            fill(q, hd, 1); fill(K, np * ld, 1); fill(V, np * ld, 1);
+            ft_k_attend_ref(o1, q, K, V, ld, np, hd, 0.3f, s1);
+            for (int cut1 = 0; cut1 <= np; cut1 += (np > 6 ? 5 : 1))
+                for (int cut2 = cut1; cut2 <= np; cut2 += (np > 6 ? 7 : 1)) {
+                    ft_attn_seg seg[3] = {{K, V, cut1},
+                                          {K + (size_t)cut1 * ld, V + (size_t)cut1 * ld, cut2 - cut1},
+                                          {K + (size_t)cut2 * ld, V + (size_t)cut2 * ld, np - cut2}};
+                    ft_k_attend_segs_ref(o2, q, seg, 3, ld, hd, 0.3f, s2);
+                    ft_k_attend_segs(o3, q, seg, 3, ld, hd, 0.3f, s3);
+                    CHECK_MSG(!memcmp(o2, o1, hd * sizeof(float)), "attend_segs_ref hd=%d np=%d cuts %d %d", hd,
+                              np, cut1, cut2);
+                    CHECK_MSG(close_rel(o3, o1, hd, 1e-5f), "attend_segs hd=%d np=%d cuts %d %d", hd, np, cut1, cut2);
+                }
+        }
+}
+
 /* The AVX2 tier directly (the dispatcher picks AVX-512 where it exists). */
 #include "engine/kernels_simd.h"
 TEST(avx2_tier)

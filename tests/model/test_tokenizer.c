@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *kinds[] = {"gpt2", "llama3", "llama2", "mistral", "unk"};
+static const char *kinds[] = {"gpt2", "llama3", "llama2", "mistral", "unk", "nfc", "nfkc", "nfd",
+                              "digits", "punct", "punct_prev", "added_norm"};
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 
 static char *data_path(const char *kind, const char *file)

@@ -1,6 +1,6 @@
 /* Offloading on every fixture model (tests/data/models: OPT pre/post-LN and
- * project_in/out, Llama with GQA, tied embeddings, llama3 RoPE, bf16,
- * Mistral, Qwen2): the fixture prompts as one batch, prefill then greedy
+ * project_in/out, Llama with GQA, tied embeddings, llama3 and yarn RoPE,
+ * bf16, Mistral, Qwen2, sliding windows): the fixture prompts as one batch, prefill then greedy
  * decoding, with weights and KV cache streamed through host and disk.
  *
  * Lossless placements (f32 cache rows, byte-plane weights) must give
@@ -164,3 +164,8 @@ TEST(qwen2_tiny) { check_model("qwen2-tiny"); }
 TEST(opt_tiny) { check_model("opt-tiny"); }
 TEST(opt_tiny_postln) { check_model("opt-tiny-postln"); }
 TEST(opt_tiny_proj) { check_model("opt-tiny-proj"); }
+/* sliding windows shorter than the prompts: the offloaded cache keeps full
+ * rows and masks attention to the window, the in-memory one keeps a ring */
+TEST(mistral_sw) { check_model("mistral-sw"); }
+TEST(qwen2_sw) { check_model("qwen2-sw"); }
+TEST(llama_rope_yarn) { check_model("llama-rope-yarn"); }
