@@ -173,23 +173,45 @@ void ft_request_free(ft_request *r);
 /* ------------------------------------------------------------ memory node */
 
 /* `flextier serve`: the memory node (src/net/server.c, docs/protocol.md).
- * One registered pool of `capacity` bytes holds the frames; with a spill
- * directory, least-recently-used tensors move to files there when the
- * pool is full (and come back on GET). Single-threaded event loop. */
+ * One pool of `capacity` bytes holds the frames; with a spill directory,
+ * least-recently-used tensors move to files there when the pool is full
+ * (and come back on GET). Single-threaded event loop. The node is
+ * volatile: a restart loses every tensor (spill files are a cache of the
+ * pool, removed at start and at exit). Clients connect over TCP to
+ * `listen`, authenticate (mutual HMAC challenge-response over the token),
+ * then move data over that connection or over UCX (shared memory, RDMA;
+ * TCP only with trusted_network). */
 typedef struct ft_node_params {
     const char *listen;          /* "HOST:PORT" (default "127.0.0.1:13337";
                                     port 0 = any free port)               */
-    uint64_t    capacity;        /* pool bytes (required, > 0)           */
-    const char *spill_dir;       /* NULL: no spill tier                  */
+    uint64_t    capacity;        /* pool bytes (required, > 0; above the
+                                    machine's memory only with overcommit) */
+    const char *spill_dir;       /* NULL: no spill tier. Must be a directory
+                                    of this user with mode 0700           */
     uint64_t    spill_capacity;  /* bytes of spill files allowed          */
-    const char *token_file;      /* NULL: no authentication              */
-    unsigned    max_connections; /* default 256                          */
+    const char *token_file;      /* NULL: no authentication (then listen
+                                    must be a loopback address, unless
+                                    insecure). Mode 0600, >= 16 bytes      */
+    unsigned    max_connections; /* authenticated connections, default 256 */
     /* Polled about every 100 ms; the loop exits cleanly once it is set
      * (e.g. from a SIGTERM handler). */
     volatile int *stop;
     /* Called once listening, with the bound "HOST:PORT". */
     void (*on_ready)(void *arg, const char *bound);
     void *arg;
+    /* --- trust boundary (docs/protocol.md, "Trust model") --- */
+    int         insecure;        /* allow a non-loopback listen address
+                                    without a token                        */
+    int         trusted_network; /* let UCX use its TCP transport (it
+                                    trusts every peer that can reach it)  */
+    int         overcommit;      /* allow capacity above physical memory,
+                                    spill capacity above the file system  */
+    unsigned    max_unauth;      /* connections still authenticating at
+                                    once (default 64)                      */
+    int         auth_timeout_ms; /* handshake deadline (default 5000)     */
+    int         lease_timeout_ms;/* a reply the client does not take in
+                                    this long (plus 1 s per 50 MB) closes
+                                    its connection (default 30000)         */
 } ft_node_params;
 
 void ft_node_default_params(ft_node_params *p);

@@ -14,7 +14,9 @@
 static const char store_usage[] =
     "usage:\n"
     "  flextier serve [--listen HOST:PORT] --capacity SIZE [--spill-dir DIR --spill-capacity SIZE]\n"
-    "                 [--token-file FILE] [--max-connections N]\n"
+    "                 [--token-file FILE] [--max-connections N] [--max-unauth N]\n"
+    "                 [--auth-timeout SECONDS] [--lease-timeout SECONDS]\n"
+    "                 [--trusted-network] [--insecure] [--overcommit]\n"
     "  flextier put URI KEY FILE --dtype DT [--shape D0,D1,..] [-c CODEC] [-l LEVEL]\n"
     "               [--group-size G] [--group-dim D] [--chunk-size SIZE]\n"
     "  flextier get URI KEY OUT [--dtype f32|bf16|f16]\n"
@@ -23,7 +25,10 @@ static const char store_usage[] =
     "  flextier stat URI [KEY]\n"
     "\n"
     "URI: mem: | file:DIR | ucx://HOST:PORT. serve listens on 127.0.0.1:13337 by default\n"
-    "(port 0 = any free port; the bound address is printed on stdout).\n"
+    "(port 0 = any free port; the bound address is printed on stdout). Without --token-file\n"
+    "it listens only on a loopback address (--insecure: anywhere). --trusted-network lets\n"
+    "UCX carry data over TCP, which trusts every peer that can reach it (docs/protocol.md).\n"
+    "The token file must be private to its owner (chmod 600) and hold >= 16 bytes.\n"
     "Client commands accept --token-file FILE (or FLEXTIER_TOKEN_FILE in the environment);\n"
     "a token is never taken from the command line. FILE/OUT may be '-' (stdin/stdout);\n"
     "they hold raw little-endian row-major tensor bytes.\n";
@@ -32,6 +37,9 @@ static const struct option opts[] = {
     {"listen", required_argument, 0, 'L'}, {"capacity", required_argument, 0, 'C'},
     {"spill-dir", required_argument, 0, 'S'}, {"spill-capacity", required_argument, 0, 'P'},
     {"token-file", required_argument, 0, 't'}, {"max-connections", required_argument, 0, 'M'},
+    {"max-unauth", required_argument, 0, 'U'}, {"auth-timeout", required_argument, 0, 'A'},
+    {"lease-timeout", required_argument, 0, 'T'}, {"trusted-network", no_argument, 0, 'R'},
+    {"insecure", no_argument, 0, 'I'}, {"overcommit", no_argument, 0, 'O'},
     {"codec", required_argument, 0, 'c'}, {"level", required_argument, 0, 'l'},
     {"group-size", required_argument, 0, 'g'}, {"group-dim", required_argument, 0, 'G'},
     {"chunk-size", required_argument, 0, 'k'}, {"dtype", required_argument, 0, 'd'},
@@ -87,6 +95,25 @@ static int parse(int argc, char **argv, store_opts *o)
                 return ft_cli_usage_error(store_usage, "--max-connections: %s", ft_last_error());
             o->node.max_connections = (unsigned)v;
             break;
+        case 'U':
+            if (ft_cli_parse_int(optarg, 1, 65536, &v))
+                return ft_cli_usage_error(store_usage, "--max-unauth: %s", ft_last_error());
+            o->node.max_unauth = (unsigned)v;
+            break;
+        case 'A':
+        case 'T': {
+            char *end;
+            double secs = strtod(optarg, &end);
+            if (end == optarg || *end || !(secs >= 0.05 && secs <= 86400))
+                return ft_cli_usage_error(store_usage, "--%s: seconds within 0.05..86400, got '%s'",
+                                          c == 'A' ? "auth-timeout" : "lease-timeout", optarg);
+            if (c == 'A') o->node.auth_timeout_ms = (int)(secs * 1000);
+            else o->node.lease_timeout_ms = (int)(secs * 1000);
+            break;
+        }
+        case 'R': o->node.trusted_network = 1; break;
+        case 'I': o->node.insecure = 1; break;
+        case 'O': o->node.overcommit = 1; break;
         case 'j': o->json = 1; break;
         case 'h': fputs(store_usage, stdout); return FT_EXIT_OK;
         default:
@@ -143,6 +170,10 @@ int ft_cmd_serve(int argc, char **argv)
     o.node.stop = &g_stop;
     o.node.on_ready = on_ready;
     ft_status st = ft_node_run(&o.node);
+    if (st == FT_ERR_INVALID_ARG) {   /* the configuration: a usage error */
+        ft_cli_fail("serve", st);
+        return FT_EXIT_USAGE;
+    }
     if (st != FT_OK) return ft_cli_fail("serve", st);
     return FT_EXIT_OK;
 }
