@@ -1709,9 +1709,14 @@ static ft_status open_spill_dir(server *S)
 {
     const char *dir = S->p.spill_dir;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0)
-        return ft_set_error(FT_ERR_IO, "spill dir %s: %s%s", dir, strerror(errno),
-                            errno == ELOOP ? " (a symbolic link)" : "");
+    if (dfd < 0) {
+        int e = errno;
+        struct stat lb;
+        if (lstat(dir, &lb) == 0 && S_ISLNK(lb.st_mode))
+            return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s is a symbolic link: name the "
+                                "directory itself", dir);
+        return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s: %s", dir, strerror(e));
+    }
     S->spill_dfd = dfd;
     struct stat sb;
     if (fstat(dfd, &sb) != 0) return ft_set_error(FT_ERR_IO, "spill dir %s: %s", dir, strerror(errno));
@@ -1729,7 +1734,7 @@ static ft_status open_spill_dir(server *S)
     int err = errno;
     if (fd >= 0) close(fd);
     if (fd >= 0) unlinkat(dfd, probe, 0);
-    if (!ok) return ft_set_error(FT_ERR_IO, "spill dir %s is not writable: %s", dir, strerror(err));
+    if (!ok) return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s is not writable: %s", dir, strerror(err));
     struct statvfs vs;
     if (fstatvfs(dfd, &vs) == 0) {
         uint64_t fs = (uint64_t)vs.f_blocks * vs.f_frsize;
