@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (m.opcode == FT_OP_AUTH && m.data_len != 0 && m.data_len != FT_MSG_PROOF) abort();
             if (m.opcode == FT_OP_GETR && m.data_len != FT_MSG_RANGE_SIZE) abort();
             if (m.opcode == FT_OP_UCXB && (m.data_len == 0 || m.data_len > FT_MSG_MAX_ADDR)) abort();
-            if (m.opcode == FT_OP_PUTD && m.arg + m.data_len > (1ull << 40)) abort();
+            if (m.opcode == FT_OP_PUTD && (m.data_len == 0 || m.arg + m.data_len > (1ull << 40))) abort();
             if ((m.opcode == FT_OP_PUTB || m.opcode == FT_OP_PUTD || m.opcode == FT_OP_PUTC ||
                  m.opcode == FT_OP_PUTDV) != (m.xid != 0))
                 abort();

@@ -219,7 +219,7 @@ static uint8_t *reply_begin(pend *p, const ft_msg *m, size_t len)
 static void reply_detail(pend *p, const void *text, size_t n)
 {
     if (n > sizeof p->detail - 1) n = sizeof p->detail - 1;
-    memcpy(p->detail, text, n);
+    if (n) memcpy(p->detail, text, n);
     p->detail[n] = 0;
     for (size_t i = 0; i < n; i++)   /* text from the peer: printable only */
         if ((unsigned char)p->detail[i] < 0x20 || (unsigned char)p->detail[i] > 0x7e) p->detail[i] = '?';

@@ -97,7 +97,7 @@ static ft_status check_request(const ft_msg *m, uint64_t max_data)
                                 (unsigned long long)n, (unsigned long long)m->arg);
         break;
     case FT_OP_PUTDV:
-        if (n != FT_MSG_REF_SIZE || m->arg > max_data)
+        if (n != FT_MSG_REF_SIZE)
             return ft_set_error(FT_ERR_PROTOCOL, "PUTDV of %llu bytes at %llu", (unsigned long long)n,
                                 (unsigned long long)m->arg);
         break;
@@ -117,14 +117,18 @@ static ft_status check_request(const ft_msg *m, uint64_t max_data)
                                 (unsigned long long)m->arg);
         break;
     case FT_OP_PUTD:
-        if (n == 0 || n > max_data || m->arg > max_data - n)
-            return ft_set_error(FT_ERR_PROTOCOL, "PUTD of %llu bytes at %llu", (unsigned long long)n,
-                                (unsigned long long)m->arg);
+        if (n == 0) return ft_set_error(FT_ERR_PROTOCOL, "empty PUTD");
+        if (n > max_data || m->arg > max_data - n)   /* well formed, only too large */
+            return ft_set_error(FT_ERR_NO_SPACE, "PUTD of %llu bytes at %llu beyond the node's "
+                                "capacity", (unsigned long long)n, (unsigned long long)m->arg);
         break;
     case FT_OP_PUTC:
-        if (n < FT_FRAME_FIXED_HEADER || n > max_data || m->arg < n || m->arg > max_data)
+        if (n < FT_FRAME_FIXED_HEADER || m->arg < n)
             return ft_set_error(FT_ERR_PROTOCOL, "PUTC header of %llu bytes, frame %llu",
                                 (unsigned long long)n, (unsigned long long)m->arg);
+        if (m->arg > max_data)
+            return ft_set_error(FT_ERR_NO_SPACE, "frame of %llu bytes above the node's capacity",
+                                (unsigned long long)m->arg);
         break;
     default:
         if (n) return ft_set_error(FT_ERR_PROTOCOL, "unexpected payload");

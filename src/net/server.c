@@ -1215,7 +1215,7 @@ static int preauth(server *S, conn *c, const ft_msg *m, const uint8_t *payload)
         conn_close(S, c, "out of memory");
         return 0;
     }
-    memcpy(o->heap, r.payload, r.len);
+    if (r.len) memcpy(o->heap, r.payload, r.len);
     if (offer) memcpy((uint8_t *)o->heap + r.len, S->waddr, S->waddr_len);
     c->authed = 1;
     c->session = session;

@@ -399,7 +399,7 @@ TEST(attack_large_messages_before_auth)
     int closed = 0;
     const uint16_t ops[4] = {FT_OP_HELLO, FT_OP_PUT, FT_OP_AUTH, FT_OP_UCXB};
     for (int i = 0; i < 8; i++) {
-        char src[16];
+        char src[32];
         snprintf(src, sizeof src, "127.0.1.%d", i + 1);   /* no back-off in the way */
         int fd = raw_connect(srv.port, src);
         if (fd < 0) continue;

@@ -524,7 +524,9 @@ TEST(msg_parse_rules)
     n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, 0, 0);
     CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* no transfer id */
     n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, (1 << 20) - 50, 9);
-    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* beyond the pool */
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_NO_SPACE);     /* beyond the pool */
+    n = enc(h, FT_OP_PUTD, 1, 0, NULL, 0, 0, 64, 9);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* empty */
     n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, 4096, 9);
     CHECK_OK(ft_msg_parse(h, n, 0, 1 << 20, &m));
     n = enc(h, FT_OP_GET, 1, 0, "k", 0, 0, 0, 5);
