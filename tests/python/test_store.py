@@ -189,10 +189,11 @@ def test_frames_and_stats(memory_node):
 
 def test_auth(tmp_path):
     tf = tmp_path / "token"
-    tf.write_text("s3cret-token")
+    tf.write_text("s3cret-token-0123456789")
+    tf.chmod(0o600)   # the node refuses a token file others can read
     node = MemoryNode(capacity="16M", token_file=tf)
     try:
-        with flextier.Store(node.uri, token="s3cret-token") as st:
+        with flextier.Store(node.uri, token="s3cret-token-0123456789") as st:
             st.write_tensor("a", np.arange(10, dtype=np.int32))
         with flextier.Store(node.uri, token_file=str(tf)) as st:
             assert st.read_tensor("a").tolist() == list(range(10))
