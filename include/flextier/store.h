@@ -4,8 +4,12 @@
  * A store is opened from a URI:
  *   mem:                this process's memory (a hash table of frames)
  *   file:DIR            one file per tensor in DIR (local SSD tier)
- *   ucx://HOST:PORT     a memory node (`flextier serve`) reached over UCX
- *                       (RDMA, TCP or shared memory, chosen by UCX)
+ *   ucx://HOST:PORT     a memory node (`flextier serve`): a TCP connection
+ *                       that authenticates (mutual HMAC challenge), then
+ *                       data over it, over shared memory (same host and
+ *                       user), or over UCX (RDMA; TCP only on a network the
+ *                       node's operator named trusted). FLEXTIER_TRANSPORT=
+ *                       auto|tcp|cma|ucx forces one (docs/protocol.md)
  *
  * Every tensor is stored as a self-describing frame (flextier/codec.h):
  * the writer encodes with the caller's codec params (NULL = raw), the
@@ -20,10 +24,13 @@
  * Outcomes (beyond FT_ERR_INVALID_ARG for bad arguments):
  *   FT_ERR_NOT_FOUND   no tensor under that key
  *   FT_ERR_CORRUPT     the stored frame failed validation (file: never
- *                      serves a corrupt file; the memory node checks an
- *                      XXH3 of every frame before it becomes visible)
+ *                      serves a corrupt file; the memory node validates a
+ *                      frame's header, which carries every chunk's XXH3,
+ *                      before it becomes visible, and every reader checks
+ *                      every chunk against it)
  *   FT_ERR_NO_SPACE    the memory node's pool (and spill tier) is full
- *   FT_ERR_AUTH        wrong or missing token
+ *   FT_ERR_AUTH        wrong or missing token, or a node that cannot prove
+ *                      it knows the token
  *   FT_ERR_NET         the peer died or the connection broke; the next
  *                      call reconnects
  *   FT_ERR_TIMEOUT     no answer within params.timeout_ms (and nothing
@@ -54,9 +61,10 @@ extern "C" {
 typedef struct ft_store ft_store;
 
 typedef struct ft_store_params {
-    const char *token_file;   /* ucx://: file holding the shared secret;
-                                 NULL: FLEXTIER_TOKEN_FILE from the
-                                 environment, or no token */
+    const char *token_file;   /* ucx://: file holding the shared secret
+                                 (private to its owner: no group/other
+                                 permission bits); NULL: FLEXTIER_TOKEN_FILE
+                                 from the environment, or no token */
     unsigned    queue_depth;  /* async requests executed concurrently
                                  (worker threads), 1..64, default 4 */
     unsigned    codec_threads;/* threads of the synchronous codec context
