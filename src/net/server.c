@@ -655,15 +655,11 @@ static void xput_drop(server *S, conn *c, xput *x)
     free(x);
 }
 
-/* Make a committed entry of the frame in [off, off + size) of the pool. */
-static void commit_entry(server *S, const char *key, uint64_t off, uint64_t size, uint64_t alloc,
-                         uint64_t header_size)
+/* Make e (zeroed, allocated by the caller so that committing cannot fail)
+ * the entry of the frame in [off, off + size) of the pool. */
+static void commit_entry(server *S, entry *e, const char *key, uint64_t off, uint64_t size,
+                         uint64_t alloc, uint64_t header_size)
 {
-    entry *e = calloc(1, sizeof *e);
-    if (!e) {   /* caller checked: never here without memory */
-        pool_free(S, off, alloc);
-        return;
-    }
     size_t kl = strlen(key);
     memcpy(e->key, key, kl + 1);
     e->id = ++S->next_entry_id;
@@ -706,16 +702,15 @@ static void xput_commit(server *S, conn *c, xput *x)
                                                                     : "pipelined write failed");
     }
     uint64_t need = (x->frame_size + ALIGN - 1) / ALIGN * ALIGN;
-    void *probe = st == FT_OK ? malloc(sizeof(entry)) : NULL;   /* commit cannot fail later */
-    if (st == FT_OK && !probe) {
+    entry *e = st == FT_OK ? calloc(1, sizeof *e) : NULL;
+    if (st == FT_OK && !e) {
         st = FT_ERR_NOMEM;
         snprintf(detail, sizeof detail, "out of memory");
     }
-    free(probe);
     if (st == FT_OK) {
         /* give back what the reservation held beyond the frame */
         if (need < x->alloc) pool_free(S, x->off + need, x->alloc - need);
-        commit_entry(S, x->key, x->off, x->frame_size, need, fi.header_size);
+        commit_entry(S, e, x->key, x->off, x->frame_size, need, fi.header_size);
         x->alloc = 0;   /* the block belongs to the entry now */
     } else {
         FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s': %s", (unsigned long long)c->id, x->key,
@@ -836,14 +831,13 @@ static void rx_complete(op *o, ucs_status_t status)
             st = FT_ERR_CORRUPT;
             snprintf(detail, sizeof detail, "frame rejected: %s", ft_last_error());
         }
-        void *probe = st == FT_OK ? malloc(sizeof(entry)) : NULL;
-        if (st == FT_OK && !probe) {
+        entry *e = st == FT_OK ? calloc(1, sizeof *e) : NULL;
+        if (st == FT_OK && !e) {
             st = FT_ERR_NOMEM;
             snprintf(detail, sizeof detail, "out of memory");
         }
-        free(probe);
         if (st == FT_OK) {
-            commit_entry(S, o->key, o->off, o->size, o->alloc, fi.header_size);
+            commit_entry(S, e, o->key, o->off, o->size, o->alloc, fi.header_size);
         } else {
             FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s': %s", (unsigned long long)c->id, o->key,
                    detail);
@@ -1559,7 +1553,6 @@ static void reap_conns(server *S)
             ucp_request_free(c->close_req);
             c->close_req = NULL;
         }
-        if (c->dead && getenv("FT_DBG_REAP")) FT_LOG(FT_LOG_WARN, "reap conn %llu refs %u close_req %p xputs %u", (unsigned long long)c->id, c->refs, (void*)c->close_req, c->nxputs);
         if (c->dead && !c->close_req && c->refs == 0) {
             FT_LOG(FT_LOG_DEBUG, "serve: conn %llu freed", (unsigned long long)c->id);
             *pp = c->next;
@@ -1959,7 +1952,6 @@ ft_status ft_node_run(const ft_node_params *params)
         pfd[n].fd = accepting ? S->lfd : -1;
         pfd[n].events = POLLIN;
         pfd[n++].revents = 0;
-        size_t eidx = n;
         if (S->w) {
             pfd[n].fd = S->efd;
             pfd[n].events = POLLIN;
@@ -1981,13 +1973,14 @@ ft_status ft_node_run(const ft_node_params *params)
             if (!c->dead && (pfd[i].revents & (POLLIN | POLLERR | POLLHUP))) tcp_read(S, c);
         }
         if (pfd[lidx].revents & POLLIN) accept_conns(S);
-        (void)eidx;
     }
     free(pfd);
     free(pconn);
-    FT_LOG(FT_LOG_INFO, "serve: shutting down (%llu tensors, %llu bytes in, %llu bytes out)",
+    FT_LOG(FT_LOG_INFO, "serve: shutting down (%llu tensors, %llu bytes in, %llu bytes out; "
+           "%llu connections refused during back-off, %llu UCX messages without a session dropped)",
            (unsigned long long)S->tensors, (unsigned long long)S->bytes_in,
-           (unsigned long long)S->bytes_out);
+           (unsigned long long)S->bytes_out, (unsigned long long)S->refused,
+           (unsigned long long)S->dropped_am);
 out:
     cleanup(S);
     return st;
