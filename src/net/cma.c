@@ -120,7 +120,7 @@ ft_status ft_cma_verify(pid_t pid, uint64_t inode, uint64_t addr, const uint8_t 
         st = ft_set_error(FT_ERR_AUTH, "process %d does not hold this connection", (int)pid);
     if (st == FT_OK) {
         uint8_t got[FT_CMA_COOKIE];
-        st = ft_cma_read(pid, got, addr, sizeof got);
+        st = ft_cma_read(NULL, pid, got, addr, sizeof got);
         if (st == FT_OK && memcmp(got, cookie, sizeof got))
             st = ft_set_error(FT_ERR_AUTH, "process %d: probe does not match", (int)pid);
     }
@@ -159,14 +159,67 @@ static ft_status cma_io(pid_t pid, int write, void *local, uint64_t addr, size_t
     return FT_OK;
 }
 
-ft_status ft_cma_read(pid_t pid, void *local, uint64_t addr, size_t n)
+/* Large copies are split over the pool's threads: one core's copy does not
+ * fill the memory bandwidth, and the client's core mostly waits for it. */
+#define CMA_PART (1u << 20)
+
+typedef struct {
+    pid_t pid;
+    int write;
+    uint8_t *local;
+    uint64_t addr;
+    size_t n, part;
+    ft_status st[64];
+    char why[256];
+    pthread_mutex_t mu;
+} cma_job;
+
+static void cma_task(void *arg, size_t i, unsigned worker)
 {
-    return cma_io(pid, 0, local, addr, n);
+    cma_job *j = arg;
+    (void)worker;
+    size_t off = i * j->part, len = j->n - off < j->part ? j->n - off : j->part;
+    ft_status st = cma_io(j->pid, j->write, j->local + off, j->addr + off, len);
+    j->st[i] = st;
+    if (st != FT_OK) {
+        pthread_mutex_lock(&j->mu);
+        snprintf(j->why, sizeof j->why, "%s", ft_last_error());
+        pthread_mutex_unlock(&j->mu);
+    }
 }
 
-ft_status ft_cma_write(pid_t pid, const void *local, uint64_t addr, size_t n)
+static ft_status cma_copy(ft_pool *pool, pid_t pid, int write, void *local, uint64_t addr, size_t n)
 {
-    return cma_io(pid, 1, (void *)local, addr, n);
+    unsigned th = ft_pool_size(pool);
+    if (!pool || th < 2 || n < 2 * CMA_PART) return cma_io(pid, write, local, addr, n);
+    cma_job j;
+    memset(&j, 0, sizeof j);
+    j.pid = pid;
+    j.write = write;
+    j.local = local;
+    j.addr = addr;
+    j.n = n;
+    size_t parts = th * 2;   /* a few per thread: uneven progress balances */
+    if (parts > 64) parts = 64;
+    j.part = (n + parts - 1) / parts;
+    if (j.part < CMA_PART) j.part = CMA_PART;
+    parts = (n + j.part - 1) / j.part;
+    pthread_mutex_init(&j.mu, NULL);
+    ft_pool_run(pool, parts, cma_task, &j);
+    pthread_mutex_destroy(&j.mu);
+    for (size_t i = 0; i < parts; i++)
+        if (j.st[i] != FT_OK) return ft_set_error(j.st[i], "%s", j.why);
+    return FT_OK;
+}
+
+ft_status ft_cma_read(ft_pool *pool, pid_t pid, void *local, uint64_t addr, size_t n)
+{
+    return cma_copy(pool, pid, 0, local, addr, n);
+}
+
+ft_status ft_cma_write(ft_pool *pool, pid_t pid, const void *local, uint64_t addr, size_t n)
+{
+    return cma_copy(pool, pid, 1, (void *)local, addr, n);
 }
 
 ft_status ft_cma_allow(pid_t node_pid)

@@ -40,9 +40,10 @@ ft_status ft_cma_verify(pid_t pid, uint64_t inode, uint64_t addr, const uint8_t 
 int ft_cma_alive(int pidfd);
 
 /* Copy n bytes: from the process's addr into local (read), or from local
- * to the process's addr (write). FT_ERR_NET with errno's text on failure. */
-ft_status ft_cma_read(pid_t pid, void *local, uint64_t addr, size_t n);
-ft_status ft_cma_write(pid_t pid, const void *local, uint64_t addr, size_t n);
+ * to the process's addr (write); large copies in parts on pool's threads
+ * (NULL: this thread). FT_ERR_NET with errno's text on failure. */
+ft_status ft_cma_read(ft_pool *pool, pid_t pid, void *local, uint64_t addr, size_t n);
+ft_status ft_cma_write(ft_pool *pool, pid_t pid, const void *local, uint64_t addr, size_t n);
 
 /* Client side: let process node_pid read and write this process's memory
  * where Yama restricts ptrace (ptrace_scope 1: PR_SET_PTRACER; one node

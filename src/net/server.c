@@ -211,6 +211,7 @@ struct server {
     size_t         token_len;
     int            has_token;
     double         lease_s, auth_s;
+    ft_pool       *copiers;               /* shared-memory copies (cma.c) */
 };
 
 /* ------------------------------------------------------------ allocator */
@@ -917,7 +918,7 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
         if (r_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
                                            (unsigned long long)r_len, (unsigned long long)cap);
         else if (!ft_cma_alive(c->pidfd)) st = ft_set_error(FT_ERR_NET, "client process exited");
-        else st = ft_cma_write(c->cma_pid, S->pool + e->off + r_off, addr, (size_t)r_len);
+        else st = ft_cma_write(S->copiers, c->cma_pid, S->pool + e->off + r_off, addr, (size_t)r_len);
         if (st != FT_OK) {
             FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                    ft_last_error());
@@ -1058,7 +1059,7 @@ static void handle_putdv(server *S, conn *c, const ft_msg *m, const uint8_t *ref
     } else if (!ft_cma_alive(c->pidfd)) {
         st = x->fail = ft_set_error(FT_ERR_NET, "client process exited");
     } else {
-        st = ft_cma_read(c->cma_pid, S->pool + x->off + x->pos, addr, (size_t)len);
+        st = ft_cma_read(S->copiers, c->cma_pid, S->pool + x->off + x->pos, addr, (size_t)len);
         x->pos += len;
         if (st != FT_OK) {
             x->fail = st;
@@ -1692,6 +1693,7 @@ static void cleanup(server *S)
     if (S->w) ucp_worker_destroy(S->w);
     if (S->ctx) ucp_cleanup(S->ctx);
     free(S->addrs);
+    ft_pool_free(S->copiers);
     memset(S->token, 0, sizeof S->token);
     free(S);
 }
@@ -1905,6 +1907,9 @@ ft_status ft_node_run(const ft_node_params *params)
     S->free_list->len = S->cap;
     S->free_list->next = NULL;
     if ((st = open_listener(S, &addr, alen, bound, sizeof bound)) != FT_OK) goto out;
+    /* threads for the shared-memory path's copies (FLEXTIER_THREADS) */
+    if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
+        S->copiers = NULL;
     open_ucx(S, &addr);
     FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s%s", bound,
            (unsigned long long)S->cap, p.spill_dir ? ", spill to " : "",
