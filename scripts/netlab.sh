@@ -62,7 +62,7 @@ TOKEN=$(mktemp /tmp/ft-netlab-token.XXXXXX)
 cleanup() {
     set +e
     [ -n "$SRV_PID" ] && kill "$SRV_PID" 2>/dev/null && wait "$SRV_PID" 2>/dev/null
-    [ -n "$PT_PID" ] && kill "$PT_PID" 2>/dev/null && wait "$PT_PID" 2>/dev/null
+    stop_perftest_server
     lab_down
     rm -f "$LOG" "$TOKEN"
 }
@@ -90,11 +90,24 @@ start_server() {   # extra serve options...
     exit 1
 }
 
+# A ucx_perftest server serves one test and exits; bench transfer runs one
+# before and one after its own phases: keep restarting it.
 start_perftest_server() {
     command -v ucx_perftest >/dev/null || return 0
-    UCX_NET_DEVICES=$VS ip netns exec $NS_S ucx_perftest -p $PT_PORT >/dev/null 2>&1 &
+    ip netns exec $NS_S env UCX_NET_DEVICES=$VS UCX_TLS=$UCX_TLS \
+        sh -c "while :; do ucx_perftest -p $PT_PORT >/dev/null 2>&1; sleep 0.1; done" &
     PT_PID=$!
     sleep 0.3
+}
+
+stop_perftest_server() {   # the keeper first, so that it does not start another
+    [ -n "$PT_PID" ] || return 0
+    local kids
+    kids=$(pgrep -P "$PT_PID" 2>/dev/null || true)
+    kill "$PT_PID" 2>/dev/null || true
+    wait "$PT_PID" 2>/dev/null || true
+    [ -n "$kids" ] && kill $kids 2>/dev/null
+    PT_PID=""
 }
 
 echo "# netlab: server $IP_S:$PORT in $NS_S, client in $NS_C, UCX_TLS=$UCX_TLS, size $SIZE, depth $DEPTH, iters $ITERS"
@@ -114,11 +127,7 @@ for tr in $TRANSPORTS; do
             UCX_NET_DEVICES=$VC ip netns exec $NS_C "$FT" bench transfer ucx://$IP_S:$PORT \
                 --size "$SIZE" -c "$codec" --depth "$DEPTH" --iters "$ITERS" $JSON "${PT_ARGS[@]}" || \
                 { echo "netlab.sh: bench failed for $tr/$rate/$codec" >&2; FAILED=1; }
-            if [ -n "$PT_PID" ]; then
-                kill "$PT_PID" 2>/dev/null || true
-                wait "$PT_PID" 2>/dev/null || true
-                PT_PID=""
-            fi
+            stop_perftest_server
         done
     done
     kill "$SRV_PID" 2>/dev/null || true
