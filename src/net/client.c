@@ -39,7 +39,14 @@
 #include <ucp/api/ucp.h>
 
 #define FT_READ_FIRST (4u << 20)   /* first range of a read              */
+#define FT_READ_FIRST_CMA (256u << 10) /* ... on the shared-memory path,
+                                      where a round trip costs ~50 us: the
+                                      rest lands in the output directly  */
 #define FT_READ_RANGE (4u << 20)   /* later ranges                        */
+#define FT_READ_RANGE_CMA (16u << 20) /* ... on the shared-memory path: they
+                                      land in the output, nothing buffers
+                                      them, and the node's copy of a larger
+                                      range runs faster                   */
 #define FT_READ_DEPTH 4            /* ranges in flight                    */
 
 struct rx_token;
@@ -1155,7 +1162,8 @@ static ft_status cl_write(ft_store_backend *b, const char *key, ft_codec_ctx *cc
 
 /* ------------------------------------------------------ pipelined read
  *
- * A read asks for the first FT_READ_FIRST bytes of the frame (GETR); a
+ * A read asks for the first FT_READ_FIRST bytes of the frame (GETR; on the
+ * shared-memory path FT_READ_FIRST_CMA); a
  * frame that fits is decoded whole. A larger one is fetched in further
  * ranges, FT_READ_DEPTH in flight, all pinned to the version the first
  * reply named (a concurrent overwrite makes them fail with FT_ERR_BUSY and
@@ -1225,12 +1233,18 @@ static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_
     if (st != FT_OK) return st;
     pend first;
     memset(&first, 0, sizeof first);
-    first.fixed = scratch->p;
-    first.fixed_cap = FT_READ_FIRST;
+    size_t first_len = FT_READ_FIRST;
+    uint64_t range = FT_READ_RANGE;
     pthread_mutex_lock(&c->lock);
     st = ensure_locked(c);
     if (st == FT_OK) {
-        submit_range(c, &first, key, 0, 0, FT_READ_FIRST);
+        if (c->cma) {
+            first_len = FT_READ_FIRST_CMA;
+            range = FT_READ_RANGE_CMA;
+        }
+        first.fixed = scratch->p;
+        first.fixed_cap = first_len;
+        submit_range(c, &first, key, 0, 0, first_len);
         st = wait_locked(c, &first, ft_now() + c->timeout_ms / 1000.0);
         unlink_locked(c, &first);
         if (st != FT_OK) st = pend_error(c, &first);
@@ -1241,7 +1255,7 @@ static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_
     const size_t got = range_got(&first);
     ft_frame_info fi;
     st = ft_frame_parse(scratch->p, got, &fi);
-    if (st == FT_ERR_BUFFER_SMALL && got == FT_READ_FIRST) {
+    if (st == FT_ERR_BUFFER_SMALL && got == first_len) {
         /* a header larger than the first range: fetch the frame whole */
         size_t n = 0;
         st = call(c, FT_OP_GET, key, NULL, 0, scratch, &n);
@@ -1299,7 +1313,7 @@ static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_
         while (st == FT_OK && nfly < FT_READ_DEPTH && next_off < fi.frame_size) {
             unsigned k = (head + nfly) % FT_READ_DEPTH;
             uint64_t len = fi.frame_size - next_off;
-            if (len > FT_READ_RANGE) len = FT_READ_RANGE;
+            if (len > range) len = range;
             memset(&pr[k], 0, sizeof pr[k]);
             pr[k].fixed = zc ? out + (next_off - zc_base) : scratch->p + next_off;
             pr[k].fixed_cap = (size_t)len;
@@ -1363,7 +1377,7 @@ static ft_status cl_read(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
                          ft_tensor *dst, size_t cap, int alloc, int alloc_dtype)
 {
     ft_status st = FT_ERR_BUSY;
-    for (int attempt = 0; attempt < 4 && st == FT_ERR_BUSY; attempt++)
+    for (int attempt = 0; attempt < 8 && st == FT_ERR_BUSY; attempt++)
         st = read_once((ucx_client *)b, key, cc, scratch, dst, cap, alloc, alloc_dtype);
     return st;
 }
