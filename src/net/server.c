@@ -1387,12 +1387,17 @@ static void tcp_read(server *S, conn *c)
         budget -= (size_t)r;
         if (c->rxp == RXP_HDR || c->rxp == RXP_KEY) {
             c->rx_have += (size_t)r;
+            if (c->rxp == RXP_HDR && c->rx_have >= 4 && ft_get_le32(c->rx_hdr) != FT_MSG_MAGIC) {
+                /* not FlexTier: no need to wait for a whole header */
+                if (!c->authed && !c->hs.state) bad_first_header(c);
+                tcp_header(S, c);   /* answers and closes */
+                return;
+            }
             if (c->rx_have < c->rx_need) continue;
             if (c->rxp == RXP_HDR) {
                 size_t hlen;
                 ft_status st = ft_msg_header_len(c->rx_hdr, &hlen);
                 if (st != FT_OK) {
-                    if (!c->authed && c->id && !c->hs.state) bad_first_header(c);
                     if (!tcp_header(S, c)) return;   /* answers and closes */
                     continue;
                 }
