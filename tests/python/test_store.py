@@ -206,6 +206,23 @@ def test_auth(tmp_path):
         node.stop()
 
 
+def test_serve_refuses_public_address_without_token():
+    import subprocess
+    cmd = [sys.executable, "-m", "flextier", "serve", "--listen", "0.0.0.0:0", "--capacity", "1M"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "--insecure" in (r.stderr + r.stdout)
+    p = subprocess.Popen(cmd + ["--insecure"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        assert "listening on 0.0.0.0:" in line
+    finally:
+        p.terminate()
+        p.wait(10)
+        p.stdout.close()
+        p.stderr.close()
+
+
 def test_node_gone(tmp_path):
     node = MemoryNode(capacity="16M")
     st = flextier.Store(node.uri, timeout_ms=3000)
