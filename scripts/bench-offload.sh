@@ -48,7 +48,7 @@ common=(bench run --model "$MODEL" --batch "$BATCH" --prompt-len "$PROMPT" --gen
 DEV=$(( 512 * 1024 * 1024 ))
 
 wait_listen() {   # log file
-    for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    for _ in $(seq 100); do grep -q "^flextier serve: listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
     echo "bench-offload: server did not start" >&2; cat "$1" >&2; return 1
 }
 row() {   # name policy-text predict-args plan-prefix -- bench command...
@@ -84,7 +84,10 @@ row "(c) memory node, loopback" "w=0,0,0,100" "--policy w=0,0,0,100 --remote ucx
 kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; SRV_PID=""
 if [ "$(id -u)" = 0 ] && lab_up 2>/dev/null; then
     lab_rate "$RATE"
-    lab_srv "$FT" serve --listen "$LAB_IP_S:13400" --capacity 2G > "$work/lab.log" 2>&1 &
+    lab_token "$work/token"          # a node on a non-loopback address needs one
+    export FLEXTIER_TOKEN_FILE=$work/token
+    lab_srv "$FT" serve --listen "$LAB_IP_S:13400" --capacity 2G --token-file "$work/token" \
+        > "$work/lab.log" 2>&1 &
     SRV_PID=$!
     wait_listen "$work/lab.log"
     R="ucx://$LAB_IP_S:13400"

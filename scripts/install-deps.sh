@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   liblz4-dev libzstd-dev libdeflate-dev libxxhash-dev zlib1g-dev zstd lz4
-  libucx-dev ucx-utils
+  libucx-dev ucx-utils libssl-dev
   libopenblas-dev libjson-c-dev libpcre2-dev libutf8proc-dev
   iproute2 python3 python3-venv python3-dev
 )

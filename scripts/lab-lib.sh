@@ -63,3 +63,7 @@ lab_rate() {
 # UCX over TCP on the veth only (shared memory would bypass the link).
 lab_srv() { UCX_TLS=tcp UCX_NET_DEVICES="$LAB_VS" ip netns exec "$LAB_NS_S" "$@"; }
 lab_cli() { UCX_TLS=tcp UCX_NET_DEVICES="$LAB_VC" ip netns exec "$LAB_NS_C" "$@"; }
+
+# A fresh token for the lab's node (it listens on a non-loopback address,
+# which a node refuses without one): 32 random bytes in hex, mode 0600.
+lab_token() { (umask 077; od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$1"); }

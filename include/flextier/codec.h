@@ -157,6 +157,37 @@ ft_status ft_encode(ft_codec_ctx *ctx, const ft_codec_params *p,
                     const ft_tensor *src, void *dst, size_t cap,
                     size_t *out_size);
 
+/* Streaming encode: a frame produced a run of chunks at a time, its
+ * header last (the header holds every chunk's size and checksum). The
+ * memory node's pipelined writes send each run while the next is being
+ * encoded. The encoder borrows ctx (and src's data) until it is freed.
+ *
+ * For the raw codec the payloads are the tensor's own bytes: encode only
+ * hashes them and returns a pointer into src->data (no copy); every other
+ * codec writes into the caller's dst. Each chunk is hashed once, while its
+ * bytes are in cache. */
+typedef struct ft_encoder ft_encoder;
+
+ft_status ft_encoder_begin(ft_codec_ctx *ctx, const ft_codec_params *p,
+                           const ft_tensor *src, ft_encoder **out);
+/* n_chunks, header bytes, worst-case frame bytes; *zero_copy: payloads
+ * point into the tensor. Any pointer may be NULL. */
+void ft_encoder_info(const ft_encoder *e, uint32_t *n_chunks, size_t *header_size,
+                     size_t *bound, int *zero_copy);
+/* Raw bytes and worst-case payload bytes of chunks [first, first+count). */
+size_t ft_encoder_raw_bytes(const ft_encoder *e, uint32_t first, uint32_t count);
+size_t ft_encoder_run_bound(const ft_encoder *e, uint32_t first, uint32_t count);
+/* Encode chunks [first, first+count) (in order: first must be the next
+ * chunk not yet encoded) in parallel on ctx's threads; their payloads end
+ * up back to back at *payload (dst, or the tensor for zero copy), *size
+ * bytes. dst needs ft_encoder_run_bound bytes (unused for zero copy). */
+ft_status ft_encoder_encode(ft_encoder *e, uint32_t first, uint32_t count, void *dst,
+                            size_t cap, const void **payload, size_t *size);
+/* Once every chunk is encoded: the header (header_size bytes) into dst;
+ * *frame_size = header + payloads. */
+ft_status ft_encoder_header(ft_encoder *e, void *dst, size_t cap, uint64_t *frame_size);
+void ft_encoder_free(ft_encoder *e);
+
 /* Decode a whole frame into `dst`, a caller-provided tensor descriptor
  * whose data buffer must hold the decoded tensor. dst->dtype selects the
  * output: the frame dtype, or (for any float frame) f32/bf16/f16, in which

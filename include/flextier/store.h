@@ -4,8 +4,12 @@
  * A store is opened from a URI:
  *   mem:                this process's memory (a hash table of frames)
  *   file:DIR            one file per tensor in DIR (local SSD tier)
- *   ucx://HOST:PORT     a memory node (`flextier serve`) reached over UCX
- *                       (RDMA, TCP or shared memory, chosen by UCX)
+ *   ucx://HOST:PORT     a memory node (`flextier serve`): a TCP connection
+ *                       that authenticates (mutual HMAC challenge), then
+ *                       data over it, over shared memory (same host and
+ *                       user), or over UCX (RDMA; TCP only on a network the
+ *                       node's operator named trusted). FLEXTIER_TRANSPORT=
+ *                       auto|tcp|cma|ucx forces one (docs/protocol.md)
  *
  * Every tensor is stored as a self-describing frame (flextier/codec.h):
  * the writer encodes with the caller's codec params (NULL = raw), the
@@ -20,10 +24,13 @@
  * Outcomes (beyond FT_ERR_INVALID_ARG for bad arguments):
  *   FT_ERR_NOT_FOUND   no tensor under that key
  *   FT_ERR_CORRUPT     the stored frame failed validation (file: never
- *                      serves a corrupt file; the memory node checks an
- *                      XXH3 of every frame before it becomes visible)
+ *                      serves a corrupt file; the memory node validates a
+ *                      frame's header, which carries every chunk's XXH3,
+ *                      before it becomes visible, and every reader checks
+ *                      every chunk against it)
  *   FT_ERR_NO_SPACE    the memory node's pool (and spill tier) is full
- *   FT_ERR_AUTH        wrong or missing token
+ *   FT_ERR_AUTH        wrong or missing token, or a node that cannot prove
+ *                      it knows the token
  *   FT_ERR_NET         the peer died or the connection broke; the next
  *                      call reconnects
  *   FT_ERR_TIMEOUT     no answer within params.timeout_ms (and nothing
@@ -54,9 +61,10 @@ extern "C" {
 typedef struct ft_store ft_store;
 
 typedef struct ft_store_params {
-    const char *token_file;   /* ucx://: file holding the shared secret;
-                                 NULL: FLEXTIER_TOKEN_FILE from the
-                                 environment, or no token */
+    const char *token_file;   /* ucx://: file holding the shared secret
+                                 (private to its owner: no group/other
+                                 permission bits); NULL: FLEXTIER_TOKEN_FILE
+                                 from the environment, or no token */
     unsigned    queue_depth;  /* async requests executed concurrently
                                  (worker threads), 1..64, default 4 */
     unsigned    codec_threads;/* threads of the synchronous codec context
@@ -181,23 +189,45 @@ void ft_request_free(ft_request *r);
 /* ------------------------------------------------------------ memory node */
 
 /* `flextier serve`: the memory node (src/net/server.c, docs/protocol.md).
- * One registered pool of `capacity` bytes holds the frames; with a spill
- * directory, least-recently-used tensors move to files there when the
- * pool is full (and come back on GET). Single-threaded event loop. */
+ * One pool of `capacity` bytes holds the frames; with a spill directory,
+ * least-recently-used tensors move to files there when the pool is full
+ * (and come back on GET). Single-threaded event loop. The node is
+ * volatile: a restart loses every tensor (spill files are a cache of the
+ * pool, removed at start and at exit). Clients connect over TCP to
+ * `listen`, authenticate (mutual HMAC challenge-response over the token),
+ * then move data over that connection or over UCX (shared memory, RDMA;
+ * TCP only with trusted_network). */
 typedef struct ft_node_params {
     const char *listen;          /* "HOST:PORT" (default "127.0.0.1:13337";
                                     port 0 = any free port)               */
-    uint64_t    capacity;        /* pool bytes (required, > 0)           */
-    const char *spill_dir;       /* NULL: no spill tier                  */
+    uint64_t    capacity;        /* pool bytes (required, > 0; above the
+                                    machine's memory only with overcommit) */
+    const char *spill_dir;       /* NULL: no spill tier. Must be a directory
+                                    of this user with mode 0700           */
     uint64_t    spill_capacity;  /* bytes of spill files allowed          */
-    const char *token_file;      /* NULL: no authentication              */
-    unsigned    max_connections; /* default 256                          */
+    const char *token_file;      /* NULL: no authentication (then listen
+                                    must be a loopback address, unless
+                                    insecure). Mode 0600, >= 16 bytes      */
+    unsigned    max_connections; /* authenticated connections, default 256 */
     /* Polled about every 100 ms; the loop exits cleanly once it is set
      * (e.g. from a SIGTERM handler). */
     volatile int *stop;
     /* Called once listening, with the bound "HOST:PORT". */
     void (*on_ready)(void *arg, const char *bound);
     void *arg;
+    /* --- trust boundary (docs/protocol.md, "Trust model") --- */
+    int         insecure;        /* allow a non-loopback listen address
+                                    without a token                        */
+    int         trusted_network; /* let UCX use its TCP transport (it
+                                    trusts every peer that can reach it)  */
+    int         overcommit;      /* allow capacity above physical memory,
+                                    spill capacity above the file system  */
+    unsigned    max_unauth;      /* connections still authenticating at
+                                    once (default 64)                      */
+    int         auth_timeout_ms; /* handshake deadline (default 5000)     */
+    int         lease_timeout_ms;/* a reply the client does not take in
+                                    this long (plus 1 s per 50 MB) closes
+                                    its connection (default 30000)         */
 } ft_node_params;
 
 void ft_node_default_params(ft_node_params *p);

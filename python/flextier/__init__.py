@@ -714,17 +714,23 @@ def parse_size(s: Any) -> int:
 def serve(listen: str = "127.0.0.1:13337", capacity: Any = "1G", *,
           spill_dir: Optional[str] = None, spill_capacity: Any = 0,
           token_file: Optional[str] = None, max_connections: int = 0,
-          on_ready: Optional[Callable[[str], None]] = None) -> None:
+          on_ready: Optional[Callable[[str], None]] = None, insecure: bool = False,
+          trusted_network: bool = False, overcommit: bool = False) -> None:
     """Run a memory node (the same server as ``flextier serve``) in this
     process until KeyboardInterrupt or SIGTERM. ``listen`` port 0 picks a
     free port; ``on_ready(bound_address)`` is called once listening.
+    Without ``token_file`` (a private file of >= 16 bytes) the node listens
+    only on a loopback address unless ``insecure``; ``trusted_network`` lets
+    UCX carry data over TCP; ``overcommit`` allows a capacity above the
+    machine's memory (docs/protocol.md).
     ``python -m flextier serve --capacity 4G`` runs it from a shell."""
     err: List[BaseException] = []
 
     def run() -> None:
         try:
             _C.node_run(listen, parse_size(capacity), spill_dir, parse_size(spill_capacity),
-                        token_file, max_connections, on_ready)
+                        token_file, max_connections, on_ready, insecure, trusted_network,
+                        overcommit)
         except BaseException as e:  # reported in the calling thread
             err.append(e)
 

@@ -1191,19 +1191,23 @@ static void node_ready(void *arg, const char *bound)
 }
 
 /* node_run(listen, capacity, spill_dir=None, spill_capacity=0,
- * token_file=None, max_connections=0, on_ready=None): run the memory node
- * on this thread (GIL released) until node_stop(). One per process. */
+ * token_file=None, max_connections=0, on_ready=None, insecure=False,
+ * trusted_network=False, overcommit=False): run the memory node on this
+ * thread (GIL released) until node_stop(). One per process. */
 static PyObject *py_node_run(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
     static char *kwlist[] = {"listen", "capacity", "spill_dir", "spill_capacity", "token_file",
-                             "max_connections", "on_ready", NULL};
+                             "max_connections", "on_ready", "insecure", "trusted_network",
+                             "overcommit", NULL};
     const char *listen, *spill = NULL, *token = NULL;
     unsigned long long cap, spill_cap = 0;
     unsigned int maxc = 0;
     PyObject *ready = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|zKzIO:node_run", kwlist, &listen, &cap,
-                                     &spill, &spill_cap, &token, &maxc, &ready))
+    int insecure = 0, trusted = 0, overcommit = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sK|zKzIOppp:node_run", kwlist, &listen, &cap,
+                                     &spill, &spill_cap, &token, &maxc, &ready, &insecure,
+                                     &trusted, &overcommit))
         return NULL;
     ft_node_params p;
     ft_node_default_params(&p);
@@ -1213,6 +1217,9 @@ static PyObject *py_node_run(PyObject *self, PyObject *args, PyObject *kw)
     p.spill_capacity = spill_cap;
     p.token_file = token;
     if (maxc) p.max_connections = maxc;
+    p.insecure = insecure;
+    p.trusted_network = trusted;
+    p.overcommit = overcommit;
     g_node_stop = 0;
     p.stop = &g_node_stop;
     if (ready != Py_None) {
@@ -1278,7 +1285,8 @@ static PyMethodDef methods[] = {
      "ctx_threads() -> int: workers of this thread's cached codec context (0 = none)."},
     {"node_run", (PyCFunction)(void (*)(void))py_node_run, METH_VARARGS | METH_KEYWORDS,
      "node_run(listen, capacity, spill_dir=None, spill_capacity=0, token_file=None, "
-     "max_connections=0, on_ready=None): run a memory node until node_stop()."},
+     "max_connections=0, on_ready=None, insecure=False, trusted_network=False, "
+     "overcommit=False): run a memory node until node_stop()."},
     {"node_stop", py_node_stop, METH_NOARGS, "node_stop(): ask node_run to return."},
     {"_set_error_factory", py_set_error_factory, METH_O, NULL},
     {NULL, NULL, 0, NULL}};

@@ -243,25 +243,23 @@ typedef struct {
     uint8_t *base;
 } enc_job;
 
-static void encode_task(void *arg, size_t i, unsigned worker)
+/* Encode chunk i of the tensor at src into dst (cap bytes): payload
+ * size, flags and hash out. The raw codec stores the raw bytes. */
+static ft_status encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi, const ft_layout *L,
+                              uint32_t i, const uint8_t *tensor, uint8_t *dst, size_t cap,
+                              uint32_t *enc_size, uint32_t *flags, uint64_t *hash)
 {
-    enc_job *j = arg;
-    ft_codec_ctx *c = j->ctx;
-    const ft_frame_info *fi = j->fi;
-    ft_worker_ws *ws = &c->ws[worker];
     uint64_t off, cnt;
-    ft_layout_chunk(j->L, (uint32_t)i, &off, &cnt);
-    const uint8_t *src = j->src + off * j->L->esize;
-    size_t raw = (size_t)(cnt * j->L->esize);
-    uint8_t *dst = j->base + c->slot[i];
-    size_t cap = c->slot[i + 1] - c->slot[i];
+    ft_layout_chunk(L, i, &off, &cnt);
+    const uint8_t *src = tensor + off * L->esize;
+    size_t raw = (size_t)(cnt * L->esize);
     size_t out = 0;
     ft_status st = FT_OK;
-    c->flags[i] = 0;
+    *flags = 0;
     switch (fi->codec) {
     case FT_CODEC_Q8: case FT_CODEC_Q4:
-        st = ft_quant_encode_chunk(fi, j->L, off, cnt, src, dst, cap, &out);
-        if (st == FT_OK) c->hash[i] = ft_xxh3(dst, out);
+        st = ft_quant_encode_chunk(fi, L, off, cnt, src, dst, cap, &out);
+        if (st == FT_OK) *hash = ft_xxh3(dst, out);
         break;
     default:
         if (fi->codec == FT_CODEC_RAW) st = FT_ERR_BUFFER_SMALL;   /* store */
@@ -273,12 +271,22 @@ static void encode_task(void *arg, size_t i, unsigned worker)
             /* Incompressible: store the raw bytes (bound >= raw). */
             memcpy(dst, src, raw);
             out = raw;
-            c->flags[i] = FT_CHUNK_STORED;
+            *flags = FT_CHUNK_STORED;
             st = FT_OK;
         }
-        if (st == FT_OK) c->hash[i] = lossless_hash(src, raw, dst, out, c->flags[i]);
+        if (st == FT_OK) *hash = lossless_hash(src, raw, dst, out, *flags);
     }
-    c->enc_size[i] = (uint32_t)out;
+    *enc_size = (uint32_t)out;
+    return st;
+}
+
+static void encode_task(void *arg, size_t i, unsigned worker)
+{
+    enc_job *j = arg;
+    ft_codec_ctx *c = j->ctx;
+    ft_status st = encode_chunk(&c->ws[worker], j->fi, j->L, (uint32_t)i, j->src,
+                                j->base + c->slot[i], c->slot[i + 1] - c->slot[i],
+                                &c->enc_size[i], &c->flags[i], &c->hash[i]);
     c->status[i] = st;
     if (st) note_chunk_error(c, i);
 }
@@ -326,6 +334,175 @@ ft_status ft_encode(ft_codec_ctx *c, const ft_codec_params *p, const ft_tensor *
     }
     *out_size = (size_t)fi.frame_size;
     return FT_OK;
+}
+
+/* ------------------------------------------------------ streaming encode */
+
+struct ft_encoder {
+    ft_codec_ctx  *ctx;
+    ft_frame_info  fi;
+    ft_layout      L;
+    const uint8_t *src;
+    uint32_t       next;           /* first chunk not encoded yet */
+    int            zero_copy;      /* raw: payloads are the tensor's bytes */
+    size_t         bound;
+    uint32_t      *enc_size, *flags;
+    uint64_t      *hash;
+};
+
+ft_status ft_encoder_begin(ft_codec_ctx *c, const ft_codec_params *p, const ft_tensor *src,
+                           ft_encoder **out)
+{
+    if (!c || !p || !src || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_encoder_begin: NULL argument");
+    ft_encoder *e = calloc(1, sizeof *e);
+    if (!e) return ft_set_error(FT_ERR_NOMEM, "encoder");
+    ft_status st = frame_from_params(p, src->dtype, src->ndim, src->shape, &e->fi, &e->L);
+    if (st == FT_OK && e->L.numel && !src->data)
+        st = ft_set_error(FT_ERR_INVALID_ARG, "tensor has no data");
+    if (st == FT_OK && (e->bound = frame_bound(&e->fi, &e->L, NULL)) == 0)
+        st = ft_set_error(FT_ERR_INVALID_ARG, "tensor too large for codec");
+    uint32_t n = e->L.n_chunks ? e->L.n_chunks : 1;
+    if (st == FT_OK) {
+        e->enc_size = calloc(n, sizeof *e->enc_size);
+        e->flags = calloc(n, sizeof *e->flags);
+        e->hash = calloc(n, sizeof *e->hash);
+        if (!e->enc_size || !e->flags || !e->hash) st = ft_set_error(FT_ERR_NOMEM, "encoder");
+    }
+    if (st != FT_OK) {
+        ft_encoder_free(e);
+        return st;
+    }
+    e->ctx = c;
+    e->src = src->data;
+    e->zero_copy = e->fi.codec == FT_CODEC_RAW;
+    *out = e;
+    return FT_OK;
+}
+
+void ft_encoder_info(const ft_encoder *e, uint32_t *n_chunks, size_t *header_size, size_t *bound,
+                     int *zero_copy)
+{
+    if (n_chunks) *n_chunks = e->L.n_chunks;
+    if (header_size) *header_size = (size_t)e->fi.header_size;
+    if (bound) *bound = e->bound;
+    if (zero_copy) *zero_copy = e->zero_copy;
+}
+
+size_t ft_encoder_raw_bytes(const ft_encoder *e, uint32_t first, uint32_t count)
+{
+    size_t n = 0;
+    for (uint32_t i = first; i < first + count && i < e->L.n_chunks; i++) {
+        uint64_t off, cnt;
+        ft_layout_chunk(&e->L, i, &off, &cnt);
+        n += (size_t)(cnt * e->L.esize);
+    }
+    return n;
+}
+
+size_t ft_encoder_run_bound(const ft_encoder *e, uint32_t first, uint32_t count)
+{
+    size_t n = 0;
+    for (uint32_t i = first; i < first + count && i < e->L.n_chunks; i++) {
+        uint64_t off, cnt;
+        ft_layout_chunk(&e->L, i, &off, &cnt);
+        n += ft_chunk_bound(&e->fi, &e->L, off, cnt);
+    }
+    return n;
+}
+
+typedef struct {
+    ft_encoder *e;
+    uint32_t first;
+    uint8_t *base;
+} run_job;
+
+static void run_task(void *arg, size_t k, unsigned worker)
+{
+    run_job *j = arg;
+    ft_encoder *e = j->e;
+    ft_codec_ctx *c = e->ctx;
+    uint32_t i = j->first + (uint32_t)k;
+    ft_status st;
+    if (e->zero_copy) {
+        /* the payload is the tensor's bytes: hash them, nothing to copy */
+        uint64_t off, cnt;
+        ft_layout_chunk(&e->L, i, &off, &cnt);
+        size_t raw = (size_t)(cnt * e->L.esize);
+        e->hash[i] = ft_xxh3(e->src + off * e->L.esize, raw);
+        e->flags[i] = FT_CHUNK_STORED;
+        e->enc_size[i] = (uint32_t)raw;
+        st = FT_OK;
+    } else {
+        st = encode_chunk(&c->ws[worker], &e->fi, &e->L, i, e->src, j->base + c->slot[k],
+                          c->slot[k + 1] - c->slot[k], &e->enc_size[i], &e->flags[i], &e->hash[i]);
+    }
+    c->status[k] = st;
+    if (st) note_chunk_error(c, k);
+}
+
+ft_status ft_encoder_encode(ft_encoder *e, uint32_t first, uint32_t count, void *dst, size_t cap,
+                            const void **payload, size_t *size)
+{
+    if (!e || !payload || !size || first != e->next || count == 0 ||
+        count > e->L.n_chunks - first)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ft_encoder_encode: chunks %u+%u out of order",
+                            first, count);
+    ft_codec_ctx *c = e->ctx;
+    ft_status st = ctx_reserve(c, count + 1);
+    if (st) return st;
+    /* each chunk encodes into its worst-case slot, then the run is compacted */
+    size_t pos = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        uint64_t off, cnt;
+        ft_layout_chunk(&e->L, first + k, &off, &cnt);
+        c->slot[k] = pos;
+        pos += e->zero_copy ? 0 : ft_chunk_bound(&e->fi, &e->L, off, cnt);
+    }
+    c->slot[count] = pos;
+    if (!e->zero_copy && (!dst || cap < pos))
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "encoder run needs %zu bytes, buffer has %zu", pos, cap);
+    run_job job = {e, first, dst};
+    reset_chunk_error(c);
+    ft_pool_run(c->pool, count, run_task, &job);
+    if ((st = first_chunk_error(c, count))) return st;
+    size_t total = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        uint32_t i = first + k;
+        if (!e->zero_copy && total != c->slot[k])
+            memmove((uint8_t *)dst + total, (uint8_t *)dst + c->slot[k], e->enc_size[i]);
+        total += e->enc_size[i];
+    }
+    if (e->zero_copy) {
+        uint64_t off, cnt;
+        ft_layout_chunk(&e->L, first, &off, &cnt);
+        *payload = e->src + off * e->L.esize;
+    } else {
+        *payload = dst;
+    }
+    *size = total;
+    e->next = first + count;
+    return FT_OK;
+}
+
+ft_status ft_encoder_header(ft_encoder *e, void *dst, size_t cap, uint64_t *frame_size)
+{
+    if (!e || !dst || !frame_size) return FT_ERR_INVALID_ARG;
+    if (e->next != e->L.n_chunks)
+        return ft_set_error(FT_ERR_INVALID_ARG, "encoder: %u of %u chunks encoded", e->next,
+                            e->L.n_chunks);
+    ft_status st = ft_frame_write_header(&e->fi, e->enc_size, e->flags, e->hash, dst, cap);
+    if (st) return st;
+    *frame_size = e->fi.frame_size;
+    return FT_OK;
+}
+
+void ft_encoder_free(ft_encoder *e)
+{
+    if (!e) return;
+    free(e->enc_size);
+    free(e->flags);
+    free(e->hash);
+    free(e);
 }
 
 static ft_status check_out_dtype(const ft_frame_info *fi, ft_dtype out)

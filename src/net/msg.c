@@ -1,4 +1,5 @@
-/* Wire header encode/parse (untrusted input: fuzzed by fuzz/fuzz_msg.c). */
+/* Wire header encode/parse (untrusted input: fuzzed by fuzz/fuzz_msg.c
+ * and, for the handshake, fuzz/fuzz_hello.c). */
 #include "msg.h"
 #include "store/store_internal.h"
 
@@ -7,53 +8,155 @@
 
 /* Header layout (offsets):
  *  0 u32 magic  4 u16 version  6 u16 opcode  8 u64 req_id  16 i32 status
- * 20 u32 key_len  24 u64 data_len  32 u64 aux  40 u32 flags  44 u32 reserved */
-_Static_assert(FT_MSG_HDR_SIZE == 48, "wire header is 48 bytes");
+ * 20 u32 key_len  24 u64 data_len  32 u64 aux  40 u64 arg  48 u64 xid
+ * 56 u64 session */
+_Static_assert(FT_MSG_HDR_SIZE == 64, "wire header is 64 bytes");
 _Static_assert(FT_MSG_STATS_SIZE == sizeof(ft_store_stats), "stats are 12 u64");
 
-size_t ft_msg_encode(void *buf, uint16_t opcode, uint64_t req_id, int32_t status,
-                     const char *key, uint32_t key_len, uint64_t data_len,
-                     uint64_t aux, uint32_t flags)
+size_t ft_msg_encode(void *buf, const ft_msg *m)
 {
     uint8_t *p = buf;
     ft_put_le32(p + 0, FT_MSG_MAGIC);
     ft_put_le16(p + 4, FT_MSG_VERSION);
-    ft_put_le16(p + 6, opcode);
-    ft_put_le64(p + 8, req_id);
-    ft_put_le32(p + 16, (uint32_t)status);
-    ft_put_le32(p + 20, key_len);
-    ft_put_le64(p + 24, data_len);
-    ft_put_le64(p + 32, aux);
-    ft_put_le32(p + 40, flags);
-    ft_put_le32(p + 44, 0);
-    if (key_len) memcpy(p + FT_MSG_HDR_SIZE, key, key_len);
-    return FT_MSG_HDR_SIZE + key_len;
+    ft_put_le16(p + 6, m->opcode);
+    ft_put_le64(p + 8, m->req_id);
+    ft_put_le32(p + 16, (uint32_t)m->status);
+    ft_put_le32(p + 20, m->key_len);
+    ft_put_le64(p + 24, m->data_len);
+    ft_put_le64(p + 32, m->aux);
+    ft_put_le64(p + 40, m->arg);
+    ft_put_le64(p + 48, m->xid);
+    ft_put_le64(p + 56, m->session);
+    if (m->key_len) memcpy(p + FT_MSG_HDR_SIZE, m->key, m->key_len);
+    return FT_MSG_HDR_SIZE + m->key_len;
 }
 
-ft_status ft_msg_parse(const void *hdr, size_t hdr_len, size_t data_len,
-                       int reply, uint64_t max_data, ft_msg *out)
+static ft_status check_prefix(const uint8_t *p)
+{
+    if (ft_get_le32(p) != FT_MSG_MAGIC)
+        return ft_set_error(FT_ERR_PROTOCOL, "bad message magic 0x%08x", ft_get_le32(p));
+    uint16_t v = ft_get_le16(p + 4);
+    if (v != FT_MSG_VERSION)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "protocol version %u (this side speaks %u)", v,
+                            FT_MSG_VERSION);
+    return FT_OK;
+}
+
+ft_status ft_msg_header_len(const void *hdr, size_t *hlen)
+{
+    const uint8_t *p = hdr;
+    ft_status st = check_prefix(p);
+    if (st != FT_OK) return st;
+    uint32_t kl = ft_get_le32(p + 20);
+    if (kl > FT_KEY_MAX) return ft_set_error(FT_ERR_PROTOCOL, "key length %u above %u", kl, FT_KEY_MAX);
+    *hlen = FT_MSG_HDR_SIZE + kl;
+    return FT_OK;
+}
+
+/* Per-opcode request rules. */
+static ft_status check_request(const ft_msg *m, uint64_t max_data)
+{
+    const uint16_t op = m->opcode;
+    const int has_key = m->key_len != 0;
+    const int xfer = op == FT_OP_PUTB || op == FT_OP_PUTD || op == FT_OP_PUTC || op == FT_OP_PUTDV;
+    int key_rule;   /* 1 required, 0 forbidden, -1 optional */
+    switch (op) {
+    case FT_OP_PUT: case FT_OP_GET: case FT_OP_DEL: case FT_OP_GETR: case FT_OP_PUTB:
+    case FT_OP_PUTC: case FT_OP_GETRV:
+        key_rule = 1;
+        break;
+    case FT_OP_STAT: key_rule = -1; break;
+    default: key_rule = 0; break;
+    }
+    if (key_rule == 1 && !has_key) return ft_set_error(FT_ERR_PROTOCOL, "missing key");
+    if (key_rule == 0 && has_key) return ft_set_error(FT_ERR_PROTOCOL, "unexpected key");
+    if (xfer != (m->xid != 0))
+        return ft_set_error(FT_ERR_PROTOCOL, xfer ? "missing transfer id" : "unexpected transfer id");
+    const uint64_t n = m->data_len;
+    switch (op) {
+    case FT_OP_HELLO:
+        if (n != FT_MSG_NONCE) return ft_set_error(FT_ERR_PROTOCOL, "HELLO needs a %u-byte nonce", FT_MSG_NONCE);
+        break;
+    case FT_OP_AUTH:
+        if (n != 0 && n != FT_MSG_PROOF)
+            return ft_set_error(FT_ERR_PROTOCOL, "AUTH proof of %llu bytes", (unsigned long long)n);
+        break;
+    case FT_OP_UCXB:
+        if (n == 0 || n > FT_MSG_MAX_ADDR)
+            return ft_set_error(FT_ERR_PROTOCOL, "UCX address of %llu bytes", (unsigned long long)n);
+        break;
+    case FT_OP_GETR:
+        if (n != FT_MSG_RANGE_SIZE) return ft_set_error(FT_ERR_PROTOCOL, "GETR needs a %u-byte range", FT_MSG_RANGE_SIZE);
+        break;
+    case FT_OP_GETRV:
+        if (n != FT_MSG_GETRV_SIZE) return ft_set_error(FT_ERR_PROTOCOL, "GETRV needs %u bytes", FT_MSG_GETRV_SIZE);
+        break;
+    case FT_OP_CMAB:
+        if (n != FT_MSG_CMAB_SIZE || m->arg == 0 || m->arg > 0x7fffffffu)
+            return ft_set_error(FT_ERR_PROTOCOL, "CMAB of %llu bytes for pid %llu",
+                                (unsigned long long)n, (unsigned long long)m->arg);
+        break;
+    case FT_OP_PUTDV:
+        if (n != FT_MSG_REF_SIZE)
+            return ft_set_error(FT_ERR_PROTOCOL, "PUTDV of %llu bytes at %llu", (unsigned long long)n,
+                                (unsigned long long)m->arg);
+        break;
+    case FT_OP_PUT:
+        if (n < FT_FRAME_FIXED_HEADER) return ft_set_error(FT_ERR_PROTOCOL, "PUT payload too small for a frame");
+        if (n > max_data)
+            return ft_set_error(FT_ERR_NO_SPACE, "frame of %llu bytes above the node's capacity",
+                                (unsigned long long)n);
+        break;
+    case FT_OP_PUTB:
+        if (n) return ft_set_error(FT_ERR_PROTOCOL, "unexpected payload");
+        if (m->arg < FT_FRAME_FIXED_HEADER || m->aux < FT_FRAME_FIXED_HEADER || m->aux > m->arg)
+            return ft_set_error(FT_ERR_PROTOCOL, "PUTB sizes %llu / %llu", (unsigned long long)m->arg,
+                                (unsigned long long)m->aux);
+        if (m->arg > max_data)
+            return ft_set_error(FT_ERR_NO_SPACE, "frame of up to %llu bytes above the node's capacity",
+                                (unsigned long long)m->arg);
+        break;
+    case FT_OP_PUTD:
+        if (n == 0) return ft_set_error(FT_ERR_PROTOCOL, "empty PUTD");
+        if (n > max_data || m->arg > max_data - n)   /* well formed, only too large */
+            return ft_set_error(FT_ERR_NO_SPACE, "PUTD of %llu bytes at %llu beyond the node's "
+                                "capacity", (unsigned long long)n, (unsigned long long)m->arg);
+        break;
+    case FT_OP_PUTC:
+        if (n < FT_FRAME_FIXED_HEADER || m->arg < n)
+            return ft_set_error(FT_ERR_PROTOCOL, "PUTC header of %llu bytes, frame %llu",
+                                (unsigned long long)n, (unsigned long long)m->arg);
+        if (m->arg > max_data)
+            return ft_set_error(FT_ERR_NO_SPACE, "frame of %llu bytes above the node's capacity",
+                                (unsigned long long)m->arg);
+        break;
+    default:
+        if (n) return ft_set_error(FT_ERR_PROTOCOL, "unexpected payload");
+        break;
+    }
+    return FT_OK;
+}
+
+ft_status ft_msg_parse(const void *hdr, size_t hdr_len, int reply, uint64_t max_data, ft_msg *out)
 {
     const uint8_t *p = hdr;
     if (!hdr || hdr_len < FT_MSG_HDR_SIZE)
-        return ft_set_error(FT_ERR_PROTOCOL, "message header of %zu bytes (< %u)",
-                            hdr_len, FT_MSG_HDR_SIZE);
-    if (ft_get_le32(p) != FT_MSG_MAGIC)
-        return ft_set_error(FT_ERR_PROTOCOL, "bad message magic 0x%08x", ft_get_le32(p));
+        return ft_set_error(FT_ERR_PROTOCOL, "message header of %zu bytes (< %u)", hdr_len,
+                            FT_MSG_HDR_SIZE);
+    ft_status st = check_prefix(p);
+    if (st != FT_OK) return st;
     ft_msg m;
     memset(&m, 0, sizeof m);
     m.version = ft_get_le16(p + 4);
-    if (m.version != FT_MSG_VERSION)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "protocol version %u (this side speaks %u)",
-                            m.version, FT_MSG_VERSION);
     m.opcode = ft_get_le16(p + 6);
     m.req_id = ft_get_le64(p + 8);
     m.status = (int32_t)ft_get_le32(p + 16);
     m.key_len = ft_get_le32(p + 20);
     m.data_len = ft_get_le64(p + 24);
     m.aux = ft_get_le64(p + 32);
-    m.flags = ft_get_le32(p + 40);
-    if (ft_get_le32(p + 44) != 0 || m.flags != 0)
-        return ft_set_error(FT_ERR_PROTOCOL, "reserved header bits set");
+    m.arg = ft_get_le64(p + 40);
+    m.xid = ft_get_le64(p + 48);
+    m.session = ft_get_le64(p + 56);
     uint16_t op = m.opcode;
     if (reply) {
         if (!(op & FT_OP_REPLY)) return ft_set_error(FT_ERR_PROTOCOL, "expected a reply opcode");
@@ -68,30 +171,18 @@ ft_status ft_msg_parse(const void *hdr, size_t hdr_len, size_t data_len,
     if (m.key_len > FT_KEY_MAX || (uint64_t)hdr_len != FT_MSG_HDR_SIZE + (uint64_t)m.key_len)
         return ft_set_error(FT_ERR_PROTOCOL, "key length %u does not match header of %zu bytes",
                             m.key_len, hdr_len);
-    if (m.data_len != (uint64_t)data_len)
-        return ft_set_error(FT_ERR_PROTOCOL, "data length %llu but %zu bytes arrived",
-                            (unsigned long long)m.data_len, data_len);
-    if (m.data_len > max_data)
-        return ft_set_error(FT_ERR_PROTOCOL, "data length %llu above limit %llu",
-                            (unsigned long long)m.data_len, (unsigned long long)max_data);
     m.key = (const char *)p + FT_MSG_HDR_SIZE;
     for (uint32_t i = 0; i < m.key_len; i++) {
         unsigned char c = (unsigned char)m.key[i];
         if (c < 0x21 || c > 0x7e) return ft_set_error(FT_ERR_PROTOCOL, "key byte %u invalid", i);
     }
-    if (!reply) {
-        int need_key = op == FT_OP_PUT || op == FT_OP_GET || op == FT_OP_DEL || op == FT_OP_GETR;
-        int no_key = op == FT_OP_HELLO || op == FT_OP_LIST;
-        if (need_key && m.key_len == 0) return ft_set_error(FT_ERR_PROTOCOL, "missing key");
-        if (no_key && m.key_len != 0) return ft_set_error(FT_ERR_PROTOCOL, "unexpected key");
-        if (op == FT_OP_HELLO && m.data_len > FT_MSG_MAX_TOKEN)
-            return ft_set_error(FT_ERR_PROTOCOL, "token longer than %u", FT_MSG_MAX_TOKEN);
-        if (op == FT_OP_GETR && m.data_len != FT_MSG_RANGE_SIZE)
-            return ft_set_error(FT_ERR_PROTOCOL, "GETR needs a %u-byte range", FT_MSG_RANGE_SIZE);
-        if (op != FT_OP_HELLO && op != FT_OP_PUT && op != FT_OP_GETR && m.data_len != 0)
-            return ft_set_error(FT_ERR_PROTOCOL, "unexpected payload");
-        if (op == FT_OP_PUT && m.data_len < FT_FRAME_FIXED_HEADER)
-            return ft_set_error(FT_ERR_PROTOCOL, "PUT payload too small for a frame");
+    if (reply) {
+        if (m.key_len) return ft_set_error(FT_ERR_PROTOCOL, "reply with a key");
+        if (m.data_len > max_data)
+            return ft_set_error(FT_ERR_PROTOCOL, "reply of %llu bytes above limit %llu",
+                                (unsigned long long)m.data_len, (unsigned long long)max_data);
+    } else if ((st = check_request(&m, max_data)) != FT_OK) {
+        return st;
     }
     *out = m;
     return FT_OK;

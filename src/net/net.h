@@ -6,14 +6,58 @@
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
-/* "host:port" or "[v6]:port" -> a socket address (passive: for bind). */
+/* "host:port" or "[v6]:port" -> a socket address (passive: for bind). The
+ * port must be a decimal number 0..65535 (no service names: 99999 is an
+ * error, not another port). */
 ft_status ft_net_resolve(const char *hostport, int passive,
                          struct sockaddr_storage *addr, socklen_t *alen);
-/* The shared secret from a file (trailing newlines and spaces dropped). */
-ft_status ft_net_read_token(const char *path, char *buf, size_t cap, size_t *len);
+/* 127.0.0.0/8, ::1 or ::ffff:127.x */
+int ft_net_is_loopback(const struct sockaddr_storage *a);
+/* 0.0.0.0 or :: */
+int ft_net_is_any(const struct sockaddr_storage *a);
+/* "1.2.3.4:5" / "[::1]:5" */
+void ft_net_addr_str(const struct sockaddr_storage *a, char *buf, size_t n);
+
+/* How a UCP context may reach its peers (docs/protocol.md, "Trust model").
+ * UCX's TCP transport executes any peer's RMA PUT to any address it names
+ * and listens on every interface, so it is left out unless the operator
+ * names the network trusted. Shared-memory transports are always left
+ * out: UCX 1.13 cannot detect a dead peer over them, so their endpoints
+ * cannot be force-closed; the node's own cross-memory path (cma.h) serves
+ * clients on its host. What is left is RDMA (and TCP when trusted). */
+typedef struct ft_net_ucx_opts {
+    int         allow_tcp;     /* UCX may use its TCP transport */
+    const char *net_devices;   /* UCX_NET_DEVICES to apply (NULL: the environment's) */
+    const char *rndv_scheme;   /* UCX_RNDV_SCHEME unless the environment sets one */
+    int         no_rcache;     /* registrations end with ucp_mem_unmap (the node) */
+} ft_net_ucx_opts;
+
+/* The UCX_TLS value the policy allows, from the user's UCX_TLS (NULL:
+ * unset). Writes "" when nothing is left. */
+void ft_net_ucx_tls(const char *user_tls, int allow_tcp, char *out, size_t n);
+
 /* A UCP context with active messages and wakeup, one single-threaded
- * worker (the caller serializes its use) and the worker's event fd. On
- * error whatever was created is left in *ctx / *w for the caller to
- * destroy. */
-ucs_status_t ft_net_ucp_open(const char *name, ucp_context_h *ctx, ucp_worker_h *w, int *efd);
+ * worker (the caller serializes its use) and the worker's event fd, under
+ * the policy above. UCS_ERR_UNSUPPORTED when the policy leaves no
+ * transport that reaches other hosts (no RDMA device, TCP not allowed). On error whatever was created is left in *ctx / *w for the
+ * caller to destroy. One call per rail: a multi-rail client calls it once
+ * per network interface (opts->net_devices). */
+ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *opts, ucp_context_h *ctx,
+                             ucp_worker_h *w, int *efd);
+
+/* An endpoint to the worker at addr, error mode PEER (a dead peer fails
+ * its operations; the endpoint can be force-closed). */
+ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, ucp_err_handler_cb_t cb,
+                                void *arg, ucp_ep_h *ep);
+
+/* The UCX_NET_DEVICES value for the interface that owns address a: the
+ * interface itself plus the RDMA ports behind it (RoCE / IPoIB), e.g.
+ * "eth2,mlx5_0:1". For a wildcard address: "" (all devices). FT_OK and ""
+ * also when no interface holds the address (UCX then picks). */
+ft_status ft_net_devices_for(const struct sockaddr_storage *a, char *out, size_t n);
+
+/* Non-blocking, close-on-exec TCP socket connected to addr within
+ * timeout_ms; TCP_NODELAY and keepalive set. */
+ft_status ft_net_tcp_connect(const struct sockaddr_storage *addr, socklen_t alen, int timeout_ms,
+                             const char *what, int *fd);
 #endif

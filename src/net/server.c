@@ -1,118 +1,217 @@
-/* The memory node (`flextier serve`): a single-threaded UCP event loop.
+/* The memory node (`flextier serve`): a single-threaded event loop.
  *
- * Pool: one anonymous mapping of `capacity` bytes, registered once with
- * ucp_mem_map; frames live at offsets handed out by a first-fit free list
- * (256-byte granularity, coalescing on free).
+ * Trust boundary (docs/protocol.md, "Trust model"). The node listens on
+ * exactly one socket: FlexTier's TCP port on the --listen address. Every
+ * session starts there and must pass the mutual HMAC challenge-response
+ * (auth.c) within a deadline before any other message is looked at; until
+ * then a connection can send nothing but HELLO and AUTH, each a fixed
+ * small size, and gets generic errors. Unauthenticated connections have
+ * their own cap; under pressure the stalled ones are dropped first; an
+ * address that fails repeatedly is refused for a growing while.
  *
- * PUT: the request AM carries the frame as its payload. Eager payloads are
- * copied into a pool block; rendezvous payloads are received by
- * ucp_am_recv_data_nbx straight into the block. Only when the whole frame
- * is there, ft_frame_parse accepts it and its XXH3 matches the client's,
- * does the entry become visible (replacing any older one in one step).
- * A failed or aborted receive just frees the block.
+ * Data then moves over that TCP connection (FlexTier reads a frame's
+ * bytes straight into the pool block reserved for it) or, when client and
+ * node share a UCX transport that does not trust its peers blindly
+ * (shared memory, RDMA; UCX's TCP transport only with --trusted-network),
+ * over UCX active messages: the client sends its worker address over the
+ * authenticated connection (UCXB), the node opens an endpoint to it, and
+ * every AM request must carry the session id the node handed out at AUTH.
+ * UCX itself listens on nothing (no sockaddr listener, no TCP interface
+ * unless trusted, and then only on the --listen interface). With the UCP
+ * registration cache off, UCX registers pool memory for one transfer and
+ * deregisters it when the transfer ends: a remote key reaches one tensor's
+ * bytes, for as long as that transfer runs.
  *
- * GET: the reply AM's payload is sent straight from the pool; the entry
- * holds a lease (leases++) until the send completes, so an overwrite or
- * delete meanwhile unlinks the entry but frees its block only when the
- * last lease ends.
+ * Pool: one anonymous mapping of `capacity` bytes; frames live at offsets
+ * handed out by a first-fit free list (256-byte granularity, coalescing).
+ *
+ * PUT: the whole frame in one message, received straight into a block;
+ * or pipelined (PUTB reserves, PUTD pieces land at their offsets while the
+ * client encodes the next ones, PUTC brings the header last). A frame
+ * becomes visible only once every byte is in and its header (which holds
+ * the writer's per-chunk checksums) validates, replacing an older version
+ * in one step; readers check every chunk's checksum when they decode.
+ *
+ * GET/GETR: replies are sent straight from the pool under a lease (a
+ * reference count): an overwrite or delete unlinks the entry at once but
+ * frees its block when the last lease ends. A reply the client does not
+ * take within the lease timeout closes its connection.
  *
  * Spill: when an allocation fails and a spill dir is configured, the
  * least-recently-used resident entries without leases are written to
- * files and their blocks freed; a GET of a spilled entry reads it back
- * into the pool (checking its XXH3) before sending.
- *
- * Connections: PEER error mode; a failed endpoint is force-closed from the
- * main loop, which completes its outstanding operations (callbacks release
- * their blocks / leases); the conn struct is freed when its last operation
- * is gone. Other clients are unaffected. */
+ * files (O_EXCL|O_NOFOLLOW, in a 0700 directory held open) and their
+ * blocks freed; a GET of a spilled entry reads it back. Spill is a cache
+ * of this process's pool: files of an earlier run are deleted at start. */
+#define _GNU_SOURCE   /* accept4 */
+#include "auth.h"
+#include "cma.h"
 #include "msg.h"
+#include "net.h"
 #include "store/store_internal.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
-#include "net.h"
-
-
 #define ALIGN 256u
 #define BUCKETS 4096u
-#define MAX_PROTO_ERRORS 16u
-#define MAX_PENDING_CONN 64u
+#define MAX_PROTO_ERRORS 16u     /* UCX path (datagrams): then the conn closes */
 #define MAX_OPS_PER_CONN 1024u   /* bounds per-connection server memory */
+#define MAX_XPUTS_PER_CONN 64u   /* open pipelined writes per connection */
+#define SMALL_MAX FT_MSG_MAX_ADDR /* largest payload read into heap memory */
+#define STALL_GRACE 1.0          /* s: an unauthenticated conn this quiet goes
+                                    first when others wait to be accepted */
+#define ADDR_SLOTS 4096u
+#define FAILS_BEFORE_BACKOFF 3u
+#define MAX_BACKOFF 60.0
+#define READ_BUDGET (16u << 20)  /* bytes read from one conn per loop turn */
 
 typedef struct fblk { uint64_t off, len; struct fblk *next; } fblk;
 
 typedef struct entry {
     char          key[FT_KEY_MAX + 1];
     uint64_t      id;
-    uint64_t      off, size, alloc, hash, header_size;
+    uint64_t      off, size, alloc, header_size;
+    uint64_t      spill_hash;  /* XXH3 of the bytes written to its spill file */
     int           resident;    /* in the pool (else in a spill file) */
     int           dead;        /* unlinked; free when leases drop to 0 */
     unsigned      leases;
     struct entry *hnext, *prev, *next;  /* hash chain, LRU list */
 } entry;
 
-typedef struct conn {
-    ucp_ep_h      ep;
-    uint64_t      id;
-    char          peer[64];
-    int           authed, dead, closed;
-    unsigned      refs;          /* outstanding operations */
-    unsigned      proto_errors;
-    ucs_status_ptr_t close_req;
-    struct conn  *next;
-} conn;
+/* An open pipelined write (PUTB .. PUTC). */
+typedef struct xput {
+    uint64_t     xid;
+    char         key[FT_KEY_MAX + 1];
+    uint64_t     off, alloc, reserve, header_size;
+    uint64_t     pos;           /* frame offset the next PUTD must start at */
+    unsigned     recvs;         /* payload receives in flight */
+    ft_status    fail;          /* first failure (the commit reports it) */
+    int          committing;    /* PUTC seen; commit once recvs == 0 */
+    uint64_t     commit_req, frame_size;
+    int          commit_via_ucx;
+    struct xput *next;
+} xput;
 
 typedef struct server server;
+typedef struct conn conn;
 
+enum { RX_NONE, RX_PUT, RX_PUTD, RX_PUTC };
+
+/* One outstanding operation: a reply being sent (TCP queue or UCX send)
+ * or a frame payload being received. */
 typedef struct op {
-    server  *S;
-    conn    *c;
-    entry   *lease;            /* GET: leased entry */
-    void    *heap;             /* reply data owned by the op */
-    uint64_t req_id;
-    uint64_t count_out;        /* GET payload bytes for the stats */
-    /* PUT */
-    char     key[FT_KEY_MAX + 1];
-    uint64_t off, size, alloc, hash;
-    uint8_t  hdr[FT_MSG_MAX_HDR];
+    server    *S;
+    conn      *c;
+    int        via_ucx;
+    entry     *lease;          /* reply data is this entry's bytes */
+    void      *heap;           /* reply data owned by the op */
+    uint64_t   req_id;
+    uint64_t   count_out;      /* GET payload bytes for the stats */
+    double     deadline;       /* UCX reply: lease timeout */
+    /* receive */
+    int        rx;             /* RX_* */
+    xput      *x;
+    char       key[FT_KEY_MAX + 1];
+    uint64_t   off, size, alloc;
+    /* TCP send */
+    uint8_t    hdr[FT_MSG_HDR_SIZE];
+    const uint8_t *data;
+    size_t     len, sent;
+    struct op *qnext;                /* conn's TCP send queue */
+    struct op *unext, *uprev;        /* server's UCX sends with a deadline */
 } op;
+
+enum { RXP_HDR, RXP_KEY, RXP_PAYLOAD, RXP_DISCARD };
+
+struct conn {
+    uint64_t      id;
+    int           fd;
+    char          peer[64];
+    struct sockaddr_storage sa;
+    int           authed, dead;
+    double        t_accept, t_rx;       /* accepted / last bytes in */
+    ft_hs_server  hs;
+    unsigned      refs;                 /* outstanding ops */
+    unsigned      proto_errors;
+    uint64_t      session;
+    /* TCP input */
+    int           rxp;
+    uint8_t       rx_hdr[FT_MSG_MAX_HDR];
+    size_t        rx_have, rx_need;
+    ft_msg        rx_m;
+    uint8_t      *rx_dst;
+    uint64_t      rx_len, rx_done;
+    op           *rx_op;                /* frame payload being read */
+    uint8_t      *small;                /* SMALL_MAX bytes, on first use */
+    /* TCP output */
+    op           *out_head, *out_tail;
+    double        t_out;                /* last output progress */
+    /* shared-memory path (cma.h): the client's process, verified */
+    uint64_t      peer_inode;           /* its socket, when on this host */
+    pid_t         cma_pid;
+    int           pidfd;                /* -1: path not open */
+    /* UCX */
+    ucp_ep_h      uep;
+    ucs_status_ptr_t close_req;
+    int           uep_closing;
+    xput         *xputs;
+    unsigned      nxputs;
+    struct conn  *next;
+};
+
+typedef struct addr_slot {
+    uint8_t  key[16];
+    int      used;
+    unsigned fails;
+    double   last, backoff_until;
+} addr_slot;
 
 struct server {
     ft_node_params p;
+    int            lfd;
     ucp_context_h  ctx;
     ucp_worker_h   w;
-    ucp_listener_h listener;
     int            efd;
+    ucp_address_t *waddr;
+    size_t         waddr_len;
+    int            ucx_tcp;
     uint8_t       *pool;
     uint64_t       cap;
-    ucp_mem_h      memh;
     fblk          *free_list;
     uint64_t       used;
     entry         *tab[BUCKETS];
     entry         *lru_head, *lru_tail;   /* head = most recent */
     uint64_t       next_entry_id;
     uint64_t       tensors, spilled, spill_used;
+    int            spill_dfd;
     conn          *conns;
-    unsigned       nconns;
+    unsigned       nauthed, npreauth;
     uint64_t       next_conn_id, total_conns;
     uint64_t       bytes_in, bytes_out, puts, gets;
-    ucp_conn_request_h pending_conn[MAX_PENDING_CONN];
-    unsigned       npending_conn;
-    char           token[FT_MSG_MAX_TOKEN];
+    uint64_t       refused, dropped_am;
+    op            *uops;                  /* UCX sends with a deadline */
+    addr_slot     *addrs;
+    uint8_t        token[FT_TOKEN_MAX];
     size_t         token_len;
     int            has_token;
+    double         lease_s, auth_s;
+    ft_pool       *copiers;               /* shared-memory copies (cma.c) */
 };
 
 /* ------------------------------------------------------------ allocator */
@@ -140,6 +239,7 @@ static int pool_alloc(server *S, uint64_t size, uint64_t *off, uint64_t *alloc)
 
 static void pool_free(server *S, uint64_t off, uint64_t n)
 {
+    if (n == 0) return;
     S->used -= n;
     fblk **pp = &S->free_list, *prev = NULL;
     while (*pp && (*pp)->off < off) { prev = *pp; pp = &(*pp)->next; }
@@ -196,9 +296,9 @@ static void lru_push(server *S, entry *e)
     if (!S->lru_tail) S->lru_tail = e;
 }
 
-static void spill_path(server *S, const entry *e, char *buf, size_t n)
+static void spill_name(const entry *e, char *buf, size_t n)
 {
-    snprintf(buf, n, "%s/ftspill-%llu.bin", S->p.spill_dir, (unsigned long long)e->id);
+    snprintf(buf, n, "ftspill-%llu.bin", (unsigned long long)e->id);
 }
 
 /* Release an unlinked entry's storage. */
@@ -207,9 +307,9 @@ static void entry_destroy(server *S, entry *e)
     if (e->resident) {
         pool_free(S, e->off, e->alloc);
     } else {
-        char path[4200];
-        spill_path(S, e, path, sizeof path);
-        unlink(path);
+        char name[64];
+        spill_name(e, name, sizeof name);
+        unlinkat(S->spill_dfd, name, 0);
         S->spill_used -= e->size;
         S->spilled--;
     }
@@ -227,31 +327,45 @@ static void entry_unlink(server *S, entry **pp)
     else entry_destroy(S, e);
 }
 
-static int write_file(const char *path, const void *data, size_t n)
+/* A new spill file: created here, never an existing file or a link. The
+ * bytes are hashed as they are written (while in cache) so that a reload
+ * notices a file changed on disk. */
+static int write_spill(server *S, const char *name, const void *data, size_t n, uint64_t *hash)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    *hash = ft_xxh3(data, n);
+    int fd = openat(S->spill_dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     const uint8_t *b = data;
     while (n) {
         ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { close(fd); unlink(path); return -1; }
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            close(fd);
+            unlinkat(S->spill_dfd, name, 0);
+            errno = e;
+            return -1;
+        }
         b += w;
         n -= (size_t)w;
     }
     return close(fd);
 }
 
-static int spill_one(server *S, const entry *exclude)
+/* Spill the least-recently-used resident, unleased entry (not exclude).
+ * credit: spill bytes about to be released (a reload frees its own file),
+ * so that reloading needs no free spill space. */
+static int spill_one(server *S, const entry *exclude, uint64_t credit)
 {
-    if (!S->p.spill_dir) return 0;
+    if (S->spill_dfd < 0) return 0;
     for (entry *e = S->lru_tail; e; e = e->prev) {
         if (!e->resident || e->leases || e == exclude) continue;
-        if (S->spill_used + e->size > S->p.spill_capacity) return 0;
-        char path[4200];
-        spill_path(S, e, path, sizeof path);
-        if (write_file(path, S->pool + e->off, e->size) != 0) {
-            FT_LOG(FT_LOG_ERROR, "serve: spill to %s failed: %s", path, strerror(errno));
+        if (S->spill_used + e->size > S->p.spill_capacity + credit) return 0;
+        char name[64];
+        spill_name(e, name, sizeof name);
+        if (write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash) != 0) {
+            FT_LOG(FT_LOG_ERROR, "serve: spill to %s/%s failed: %s", S->p.spill_dir, name,
+                   strerror(errno));
             return 0;
         }
         pool_free(S, e->off, e->alloc);
@@ -264,24 +378,28 @@ static int spill_one(server *S, const entry *exclude)
     return 0;
 }
 
-static int alloc_spilling(server *S, uint64_t size, const entry *exclude,
+static int alloc_spilling(server *S, uint64_t size, const entry *exclude, uint64_t credit,
                           uint64_t *off, uint64_t *alloc)
 {
+    if (size > S->cap) return 0;
     for (;;) {
         if (pool_alloc(S, size, off, alloc)) return 1;
-        if (!spill_one(S, exclude)) return 0;
+        if (!spill_one(S, exclude, credit)) return 0;
     }
 }
 
-/* Bring a spilled entry back into the pool. */
+/* Bring a spilled entry back into the pool; the file must hold exactly
+ * the bytes that were written (XXH3). The entry's own file is about to
+ * go, so its bytes count as free spill space while others are spilled to
+ * make room: a reload needs no free spill space. */
 static ft_status reload(server *S, entry *e)
 {
     uint64_t off, alloc;
-    if (!alloc_spilling(S, e->size, e, &off, &alloc))
+    if (!alloc_spilling(S, e->size, e, e->size, &off, &alloc))
         return ft_set_error(FT_ERR_NO_SPACE, "no pool space to reload '%s'", e->key);
-    char path[4200];
-    spill_path(S, e, path, sizeof path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char name[64];
+    spill_name(e, name, sizeof name);
+    int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     size_t n = 0;
     while (fd >= 0 && n < e->size) {
         ssize_t r = pread(fd, S->pool + off + n, e->size - n, (off_t)n);
@@ -290,12 +408,12 @@ static ft_status reload(server *S, entry *e)
         n += (size_t)r;
     }
     if (fd >= 0) close(fd);
-    if (n != e->size || ft_xxh3(S->pool + off, e->size) != e->hash) {
+    if (n != e->size || ft_xxh3(S->pool + off, e->size) != e->spill_hash) {
         pool_free(S, off, alloc);
-        return ft_set_error(FT_ERR_CORRUPT, "spill file %s for '%s' is corrupt or missing",
-                            path, e->key);
+        return ft_set_error(FT_ERR_CORRUPT, "spill file %s/%s for '%s' is corrupt or missing",
+                            S->p.spill_dir, name, e->key);
     }
-    unlink(path);
+    unlinkat(S->spill_dfd, name, 0);
     S->spill_used -= e->size;
     S->spilled--;
     e->off = off;
@@ -305,11 +423,93 @@ static ft_status reload(server *S, entry *e)
     return FT_OK;
 }
 
-/* --------------------------------------------------------------- replies */
+/* ------------------------------------------------------ address back-off */
+
+static void addr_key(const struct sockaddr_storage *a, uint8_t key[16])
+{
+    memset(key, 0, 16);
+    if (a->ss_family == AF_INET) {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)a)->sin_addr, 4);
+    } else if (a->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)a;
+        if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) memcpy(key, &s->sin6_addr, 16);
+        else memcpy(key, &s->sin6_addr, 8);   /* a /64: one host's range */
+    }
+}
+
+/* The slot of an address (create: take a free or the stalest slot). */
+static addr_slot *addr_find(server *S, const struct sockaddr_storage *a, int create)
+{
+    uint8_t key[16];
+    addr_key(a, key);
+    unsigned h = (unsigned)(ft_xxh3(key, 16) % ADDR_SLOTS);
+    addr_slot *victim = NULL;
+    for (unsigned i = 0; i < 16; i++) {
+        addr_slot *s = &S->addrs[(h + i) % ADDR_SLOTS];
+        if (s->used && !memcmp(s->key, key, 16)) return s;
+        if (!victim || !s->used || (victim->used && s->last < victim->last)) victim = s;
+    }
+    if (!create) return NULL;
+    memset(victim, 0, sizeof *victim);
+    memcpy(victim->key, key, 16);
+    victim->used = 1;
+    return victim;
+}
+
+static void addr_failed(server *S, conn *c, const char *why)
+{
+    double now = ft_now();
+    addr_slot *s = addr_find(S, &c->sa, 1);
+    if (now - s->last > 300.0) s->fails = 0;   /* old failures are forgiven */
+    s->fails++;
+    s->last = now;
+    char host[64];
+    snprintf(host, sizeof host, "%s", c->peer);
+    char *colon = strrchr(host, ':');
+    if (colon) *colon = 0;
+    if (s->fails >= FAILS_BEFORE_BACKOFF) {
+        unsigned k = s->fails - FAILS_BEFORE_BACKOFF;
+        double b = k >= 6 ? MAX_BACKOFF : (double)(1u << k);
+        s->backoff_until = now + b;
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s; %u failures from %s, refusing it for %.0f s",
+               (unsigned long long)c->id, c->peer, why, s->fails, host, b);
+    } else {
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer, why);
+    }
+}
+
+static void addr_succeeded(server *S, conn *c)
+{
+    addr_slot *s = addr_find(S, &c->sa, 0);
+    if (s) s->fails = 0;
+}
+
+/* --------------------------------------------------------------- ops */
+
+static void uops_unlink(server *S, op *o)
+{
+    if (o->uprev) o->uprev->unext = o->unext; else if (S->uops == o) S->uops = o->unext;
+    if (o->unext) o->unext->uprev = o->uprev;
+    o->unext = o->uprev = NULL;
+}
+
+static op *op_new(server *S, conn *c, uint64_t req_id, int via_ucx)
+{
+    op *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->S = S;
+    o->c = c;
+    o->req_id = req_id;
+    o->via_ucx = via_ucx;
+    c->refs++;
+    return o;
+}
 
 static void op_finish(op *o, ucs_status_t status)
 {
     server *S = o->S;
+    if (o->deadline) uops_unlink(S, o);
     if (o->lease) {
         entry *e = o->lease;
         if (--e->leases == 0 && e->dead) entry_destroy(S, e);
@@ -320,7 +520,47 @@ static void op_finish(op *o, ucs_status_t status)
     free(o);
 }
 
-static void reply_sent_cb(void *req, ucs_status_t status, void *user)
+static void conn_close(server *S, conn *c, const char *why);
+
+/* Write what the socket takes from the conn's reply queue. */
+static void tcp_flush(server *S, conn *c)
+{
+    while (!c->dead && c->out_head) {
+        op *o = c->out_head;
+        struct iovec iov[2];
+        int n = 0;
+        size_t total = FT_MSG_HDR_SIZE + o->len;
+        if (o->sent < FT_MSG_HDR_SIZE) {
+            iov[n].iov_base = o->hdr + o->sent;
+            iov[n++].iov_len = FT_MSG_HDR_SIZE - o->sent;
+        }
+        if (o->len) {
+            size_t d = o->sent > FT_MSG_HDR_SIZE ? o->sent - FT_MSG_HDR_SIZE : 0;
+            iov[n].iov_base = (void *)(o->data + d);
+            iov[n++].iov_len = o->len - d;
+        }
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_close(S, c, strerror(errno));
+            return;
+        }
+        c->t_out = ft_now();
+        o->sent += (size_t)w;
+        if (o->sent == total) {
+            c->out_head = o->qnext;
+            if (!c->out_head) c->out_tail = NULL;
+            op_finish(o, UCS_OK);
+        }
+    }
+}
+
+static void ucx_sent_cb(void *req, ucs_status_t status, void *user)
 {
     op *o = user;
     if (status != UCS_OK)
@@ -330,185 +570,314 @@ static void reply_sent_cb(void *req, ucs_status_t status, void *user)
     ucp_request_free(req);
 }
 
-/* Send a reply; data stays valid until the send completes (it belongs to
- * the op: a heap buffer or a leased entry). Takes ownership of o. */
-static void send_reply_aux(conn *c, op *o, uint16_t opcode, ft_status st,
-                           const void *data, size_t len, uint64_t aux)
+/* Send a reply on the path the request came by; data stays valid until
+ * the send completes (it belongs to the op: a heap buffer or a leased
+ * entry). Takes ownership of o. */
+static void send_reply(conn *c, op *o, uint16_t opcode, ft_status st, const void *data,
+                       size_t len, uint64_t aux, uint64_t arg)
 {
+    server *S = o->S;
     if (c->dead) { op_finish(o, UCS_ERR_CANCELED); return; }
-    size_t hlen = ft_msg_encode(o->hdr, (uint16_t)(opcode | FT_OP_REPLY), o->req_id,
-                                (int32_t)st, NULL, 0, len, aux, 0);
+    ft_msg m;
+    memset(&m, 0, sizeof m);
+    m.opcode = (uint16_t)(opcode | FT_OP_REPLY);
+    m.req_id = o->req_id;
+    m.status = (int32_t)st;
+    m.data_len = len;
+    m.aux = aux;
+    m.arg = arg;
+    m.session = o->via_ucx ? c->session : 0;
+    ft_msg_encode(o->hdr, &m);
+    if (!o->via_ucx) {
+        o->data = data;
+        o->len = len;
+        if (!c->out_head) c->t_out = ft_now();
+        if (c->out_tail) c->out_tail->qnext = o; else c->out_head = o;
+        c->out_tail = o;
+        tcp_flush(S, c);
+        return;
+    }
+    if (!c->uep) { op_finish(o, UCS_ERR_NOT_CONNECTED); return; }
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof rp);
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.send = reply_sent_cb;
+    rp.cb.send = ucx_sent_cb;
     rp.user_data = o;
-    if (o->lease && o->lease->resident) {
-        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        rp.memh = o->S->memh;
+    /* no memh: with the node's registration cache off, UCX registers the
+     * bytes of this reply for this send only */
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->uep, FT_AM_REPLY, o->hdr, FT_MSG_HDR_SIZE, data, len, &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+        op_finish(o, UCS_PTR_STATUS(r));
+    } else if (!r) {
+        op_finish(o, UCS_OK);
+    } else if (o->lease) {
+        /* a client that never takes the reply must not pin the lease */
+        o->deadline = ft_now() + S->lease_s + (double)len / 50e6;
+        o->unext = S->uops;
+        if (S->uops) S->uops->uprev = o;
+        S->uops = o;
     }
-    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_REPLY, o->hdr, hlen, data, len, &rp);
-    if (UCS_PTR_IS_ERR(r)) op_finish(o, UCS_PTR_STATUS(r));
-    else if (!r) op_finish(o, UCS_OK);
-}
-
-static void send_reply(conn *c, op *o, uint16_t opcode, ft_status st, const void *data,
-                       size_t len)
-{
-    send_reply_aux(c, o, opcode, st, data, len, 0);
-}
-
-static op *op_new(server *S, conn *c, uint64_t req_id)
-{
-    op *o = calloc(1, sizeof *o);
-    if (!o) return NULL;
-    o->S = S;
-    o->c = c;
-    o->req_id = req_id;
-    c->refs++;
-    return o;
 }
 
 /* A reply without data, or with an error detail as text. */
-static void reply_status(server *S, conn *c, uint16_t opcode, uint64_t req_id,
+static void reply_status(server *S, conn *c, int via_ucx, uint16_t opcode, uint64_t req_id,
                          ft_status st, const char *detail)
 {
-    op *o = op_new(S, c, req_id);
+    op *o = op_new(S, c, req_id, via_ucx);
     if (!o) return;
     size_t n = 0;
     if (st != FT_OK && detail && *detail) {
         n = strlen(detail);
-        if (n > 200) n = 200;
+        if (n > FT_MSG_MAX_DETAIL) n = FT_MSG_MAX_DETAIL;
         o->heap = malloc(n);
         if (o->heap) memcpy(o->heap, detail, n); else n = 0;
     }
-    send_reply(c, o, opcode, st, o->heap, n);
+    send_reply(c, o, opcode, st, o->heap, n, 0, 0);
 }
 
-/* ------------------------------------------------------------------ PUT */
+/* -------------------------------------------------------- frame payloads */
 
-static void put_done(op *o, ucs_status_t status)
+static xput *xput_find(conn *c, uint64_t xid)
 {
-    server *S = o->S;
-    conn *c = o->c;
-    ft_status st = FT_OK;
-    char detail[200] = "";
-    if (status != UCS_OK || c->dead) {
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s' aborted: %s", (unsigned long long)c->id,
-               o->key, ucs_status_string(status));
-        pool_free(S, o->off, o->alloc);
-        op_finish(o, status);
-        return;
-    }
-    ft_frame_info fi;
-    uint8_t *frame = S->pool + o->off;
-    if (ft_frame_parse(frame, o->size, &fi) != FT_OK || fi.frame_size != o->size) {
-        st = FT_ERR_CORRUPT;
-        snprintf(detail, sizeof detail, "frame rejected: %s", ft_last_error());
-    } else if (ft_xxh3(frame, o->size) != o->hash) {
-        st = FT_ERR_CORRUPT;
-        snprintf(detail, sizeof detail, "frame checksum mismatch");
-    }
-    entry *e = NULL;
-    if (st == FT_OK && !(e = calloc(1, sizeof *e))) {
-        st = FT_ERR_NOMEM;
-        snprintf(detail, sizeof detail, "out of memory");
-    }
-    if (st != FT_OK) {
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s': %s", (unsigned long long)c->id, o->key, detail);
-        pool_free(S, o->off, o->alloc);
-        reply_status(S, c, FT_OP_PUT, o->req_id, st, detail);
-        op_finish(o, UCS_OK);
-        return;
-    }
-    size_t kl = strlen(o->key);
-    memcpy(e->key, o->key, kl + 1);
+    for (xput *x = c->xputs; x; x = x->next)
+        if (x->xid == xid) return x;
+    return NULL;
+}
+
+static void xput_drop(server *S, conn *c, xput *x)
+{
+    for (xput **pp = &c->xputs; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+    c->nxputs--;
+    pool_free(S, x->off, x->alloc);
+    free(x);
+}
+
+/* Make e (zeroed, allocated by the caller so that committing cannot fail)
+ * the entry of the frame in [off, off + size) of the pool. */
+static void commit_entry(server *S, entry *e, const char *key, uint64_t off, uint64_t size,
+                         uint64_t alloc, uint64_t header_size)
+{
+    size_t kl = strlen(key);
+    memcpy(e->key, key, kl + 1);
     e->id = ++S->next_entry_id;
-    e->off = o->off;
-    e->size = o->size;
-    e->alloc = o->alloc;
-    e->hash = o->hash;
-    e->header_size = fi.header_size;
+    e->off = off;
+    e->size = size;
+    e->alloc = alloc;
+    e->header_size = header_size;
     e->resident = 1;
-    entry **pp = lookup(S, o->key, kl);
+    entry **pp = lookup(S, key, kl);
     if (*pp) entry_unlink(S, pp);     /* old version: freed when unleased */
-    pp = lookup(S, o->key, kl);
+    pp = lookup(S, key, kl);
     e->hnext = *pp;
     *pp = e;
     lru_push(S, e);
     S->tensors++;
     S->puts++;
-    S->bytes_in += o->size;
-    FT_LOG(FT_LOG_DEBUG, "serve: PUT '%s' %llu bytes", o->key, (unsigned long long)o->size);
-    reply_status(S, c, FT_OP_PUT, o->req_id, FT_OK, NULL);
-    op_finish(o, UCS_OK);
+    S->bytes_in += size;
+    FT_LOG(FT_LOG_DEBUG, "serve: PUT '%s' %llu bytes", key, (unsigned long long)size);
 }
 
-static void put_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+/* All of a pipelined write is in (or it failed): validate, commit, answer. */
+static void xput_commit(server *S, conn *c, xput *x)
 {
-    op *o = user;
-    if (status == UCS_OK && length != o->size) status = UCS_ERR_MESSAGE_TRUNCATED;
-    put_done(o, status);
-    ucp_request_free(req);
+    ft_status st = x->fail;
+    char detail[FT_MSG_MAX_DETAIL] = "";
+    ft_frame_info fi;
+    if (st == FT_OK) {
+        st = ft_frame_parse(S->pool + x->off, (size_t)x->header_size, &fi);
+        if (st != FT_OK) {
+            st = FT_ERR_CORRUPT;
+            snprintf(detail, sizeof detail, "frame rejected: %s", ft_last_error());
+        } else if (fi.header_size != x->header_size || fi.frame_size != x->frame_size ||
+                   x->pos != x->frame_size) {
+            st = FT_ERR_CORRUPT;
+            snprintf(detail, sizeof detail, "frame of %llu bytes, %llu arrived",
+                     (unsigned long long)fi.frame_size, (unsigned long long)x->pos);
+        }
+    } else {
+        snprintf(detail, sizeof detail, "%s", st == FT_ERR_NO_SPACE ? "memory node full"
+                                                                    : "pipelined write failed");
+    }
+    uint64_t need = (x->frame_size + ALIGN - 1) / ALIGN * ALIGN;
+    entry *e = st == FT_OK ? calloc(1, sizeof *e) : NULL;
+    if (st == FT_OK && !e) {
+        st = FT_ERR_NOMEM;
+        snprintf(detail, sizeof detail, "out of memory");
+    }
+    if (st == FT_OK) {
+        /* give back what the reservation held beyond the frame */
+        if (need < x->alloc) pool_free(S, x->off + need, x->alloc - need);
+        commit_entry(S, e, x->key, x->off, x->frame_size, need, fi.header_size);
+        x->alloc = 0;   /* the block belongs to the entry now */
+    } else {
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s': %s", (unsigned long long)c->id, x->key,
+               detail);
+    }
+    int via = x->commit_via_ucx;
+    uint64_t req = x->commit_req;
+    xput_drop(S, c, x);
+    reply_status(S, c, via, FT_OP_PUTC, req, st, detail);
 }
 
-static void handle_put(server *S, conn *c, const ft_msg *m, void *data,
-                       const ucp_am_recv_param_t *param)
+/* Where a frame-carrying request's payload goes: a pool block. Returns
+ * the receive op, or NULL after answering with an error (the payload is
+ * then discarded). */
+static op *rx_prepare(server *S, conn *c, const ft_msg *m, int via_ucx, uint8_t **dst)
 {
-    uint64_t off, alloc;
-    if (m->data_len > S->cap || !alloc_spilling(S, m->data_len, NULL, &off, &alloc)) {
-        reply_status(S, c, FT_OP_PUT, m->req_id, FT_ERR_NO_SPACE,
-                     "memory node full (capacity and spill tier exhausted)");
-        return;
+    ft_status st = FT_OK;
+    const char *detail = "";
+    xput *x = NULL;
+    uint64_t off = 0, alloc = 0;
+    switch (m->opcode) {
+    case FT_OP_PUT:
+        if (!alloc_spilling(S, m->data_len, NULL, 0, &off, &alloc)) {
+            st = FT_ERR_NO_SPACE;
+            detail = "memory node full (capacity and spill tier exhausted)";
+        }
+        break;
+    case FT_OP_PUTD:
+    case FT_OP_PUTC:
+        x = xput_find(c, m->xid);
+        if (!x) {
+            st = FT_ERR_PROTOCOL;
+            detail = "unknown transfer id";
+        } else if (x->fail != FT_OK) {
+            st = x->fail;   /* the PUTB already failed: drop the bytes */
+            detail = "pipelined write failed";
+        } else if (m->opcode == FT_OP_PUTD &&
+                   (m->arg != x->pos || m->data_len > x->reserve - x->pos)) {
+            st = x->fail = FT_ERR_PROTOCOL;
+            detail = "PUTD out of order or beyond the reservation";
+        } else if (m->opcode == FT_OP_PUTC && x->committing) {
+            x = NULL;   /* a second commit: answered on its own */
+            st = FT_ERR_PROTOCOL;
+            detail = "transfer already committing";
+        } else if (m->opcode == FT_OP_PUTC &&
+                   (m->data_len != x->header_size || m->arg > x->reserve ||
+                    m->key_len != strlen(x->key) || memcmp(m->key, x->key, m->key_len))) {
+            st = x->fail = FT_ERR_PROTOCOL;
+            detail = "PUTC does not match its PUTB";
+        }
+        break;
+    default:
+        st = FT_ERR_INTERNAL;
     }
-    op *o = op_new(S, c, m->req_id);
-    if (!o) {
-        pool_free(S, off, alloc);
-        return;
+    op *o = NULL;
+    if (st == FT_OK && !(o = op_new(S, c, m->req_id, via_ucx))) {
+        st = FT_ERR_NOMEM;
+        detail = "out of memory";
+        if (m->opcode == FT_OP_PUT) pool_free(S, off, alloc);
     }
-    memcpy(o->key, m->key, m->key_len);
-    o->key[m->key_len] = 0;
-    o->off = off;
-    o->alloc = alloc;
+    if (st != FT_OK) {
+        if (x && m->opcode == FT_OP_PUTC) {
+            /* answer the commit once the pieces in flight are done */
+            x->committing = 1;
+            x->commit_req = m->req_id;
+            x->commit_via_ucx = via_ucx;
+            x->frame_size = m->arg;
+            if (x->fail == FT_OK) x->fail = st;
+            if (x->recvs == 0) xput_commit(S, c, x);
+        } else {
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, st, detail);
+        }
+        return NULL;
+    }
+    o->rx = m->opcode == FT_OP_PUT ? RX_PUT : m->opcode == FT_OP_PUTD ? RX_PUTD : RX_PUTC;
     o->size = m->data_len;
-    o->hash = m->aux;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_request_param_t rp;
-        memset(&rp, 0, sizeof rp);
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                          UCP_OP_ATTR_FIELD_MEMH;
-        rp.cb.recv_am = put_recv_cb;
-        rp.user_data = o;
-        rp.memh = S->memh;
-        ucs_status_ptr_t r = ucp_am_recv_data_nbx(S->w, data, S->pool + off, o->size, &rp);
-        if (UCS_PTR_IS_ERR(r)) put_done(o, UCS_PTR_STATUS(r));
-        else if (!r) put_done(o, UCS_OK);
+    if (o->rx == RX_PUT) {
+        memcpy(o->key, m->key, m->key_len);
+        o->key[m->key_len] = 0;
+        o->off = off;
+        o->alloc = alloc;
+        *dst = S->pool + off;
+    } else if (o->rx == RX_PUTD) {
+        o->x = x;
+        x->recvs++;
+        *dst = S->pool + x->off + x->pos;
+        x->pos += m->data_len;
+    } else {
+        o->x = x;
+        x->recvs++;
+        x->committing = 1;
+        x->commit_req = m->req_id;
+        x->commit_via_ucx = via_ucx;
+        x->frame_size = m->arg;
+        *dst = S->pool + x->off;
+    }
+    return o;
+}
+
+/* A frame payload finished arriving (status != UCS_OK: it did not). */
+static void rx_complete(op *o, ucs_status_t status)
+{
+    server *S = o->S;
+    conn *c = o->c;
+    if (o->rx == RX_PUT) {
+        ft_status st = FT_OK;
+        char detail[FT_MSG_MAX_DETAIL] = "";
+        ft_frame_info fi;
+        if (status != UCS_OK) {
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s' aborted: %s", (unsigned long long)c->id,
+                   o->key, ucs_status_string(status));
+            pool_free(S, o->off, o->alloc);
+            op_finish(o, status);
+            return;
+        }
+        if (ft_frame_parse(S->pool + o->off, (size_t)o->size, &fi) != FT_OK ||
+            fi.frame_size != o->size) {
+            st = FT_ERR_CORRUPT;
+            snprintf(detail, sizeof detail, "frame rejected: %s", ft_last_error());
+        }
+        entry *e = st == FT_OK ? calloc(1, sizeof *e) : NULL;
+        if (st == FT_OK && !e) {
+            st = FT_ERR_NOMEM;
+            snprintf(detail, sizeof detail, "out of memory");
+        }
+        if (st == FT_OK) {
+            commit_entry(S, e, o->key, o->off, o->size, o->alloc, fi.header_size);
+        } else {
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu: PUT '%s': %s", (unsigned long long)c->id, o->key,
+                   detail);
+            pool_free(S, o->off, o->alloc);
+        }
+        reply_status(S, c, o->via_ucx, FT_OP_PUT, o->req_id, st, detail);
+        op_finish(o, UCS_OK);
         return;
     }
-    memcpy(S->pool + off, data, o->size);
-    put_done(o, UCS_OK);
+    xput *x = o->x;
+    x->recvs--;
+    if (status != UCS_OK && x->fail == FT_OK) x->fail = FT_ERR_NET;
+    if (o->rx == RX_PUTD)
+        reply_status(S, c, o->via_ucx, FT_OP_PUTD, o->req_id,
+                     status == UCS_OK ? FT_OK : FT_ERR_NET, "receive failed");
+    if (x->committing && x->recvs == 0) xput_commit(S, c, x);
+    op_finish(o, status);
 }
 
 /* ------------------------------------------------------------ other ops */
 
-static void handle_get(server *S, conn *c, const ft_msg *m, int header_only,
-                       const uint8_t *range)
+static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int header_only,
+                       const uint8_t *range, const uint8_t *ref)
 {
     entry **pp = lookup(S, m->key, m->key_len);
     entry *e = *pp;
     if (!e) {
-        reply_status(S, c, m->opcode, m->req_id, FT_ERR_NOT_FOUND, "no such tensor");
+        reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_NOT_FOUND, "no such tensor");
         return;
     }
     uint64_t r_off = 0, r_len = e->size;
     if (range) {
         uint64_t ver = ft_get_le64(range), off = ft_get_le64(range + 8), len = ft_get_le64(range + 16);
         if (ver && ver != e->id) {
-            reply_status(S, c, m->opcode, m->req_id, FT_ERR_BUSY, "tensor was replaced");
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_BUSY, "tensor was replaced");
             return;
         }
         if (off >= e->size || len == 0 || len > FT_MSG_MAX_RANGE) {
-            reply_status(S, c, m->opcode, m->req_id, FT_ERR_PROTOCOL, "bad range");
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_PROTOCOL, "bad range");
             return;
         }
         r_off = off;
@@ -519,27 +888,47 @@ static void handle_get(server *S, conn *c, const ft_msg *m, int header_only,
         if (st != FT_OK) {
             FT_LOG(FT_LOG_ERROR, "serve: %s", ft_last_error());
             if (st == FT_ERR_CORRUPT) entry_unlink(S, pp);
-            reply_status(S, c, m->opcode, m->req_id, st, ft_last_error());
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, st, ft_last_error());
             return;
         }
     }
-    op *o = op_new(S, c, m->req_id);
+    op *o = op_new(S, c, m->req_id, via_ucx);
     if (!o) return;
     lru_unlink(S, e);
     lru_push(S, e);
     if (header_only && !e->resident) {
-        char path[4200];
-        spill_path(S, e, path, sizeof path);
+        char name[64];
+        spill_name(e, name, sizeof name);
         o->heap = malloc(e->header_size);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         ssize_t r = (fd >= 0 && o->heap) ? pread(fd, o->heap, e->header_size, 0) : -1;
         if (fd >= 0) close(fd);
         if (r != (ssize_t)e->header_size) {
             op_finish(o, UCS_OK);
-            reply_status(S, c, m->opcode, m->req_id, FT_ERR_IO, "spill file unreadable");
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_IO, "spill file unreadable");
             return;
         }
-        send_reply(c, o, m->opcode, FT_OK, o->heap, e->header_size);
+        send_reply(c, o, m->opcode, FT_OK, o->heap, e->header_size, e->id, 0);
+        return;
+    }
+    if (ref) {
+        /* GETRV: the node writes the range into the client's memory itself */
+        uint64_t addr = ft_get_le64(ref), cap = ft_get_le64(ref + 8);
+        ft_status st = FT_OK;
+        if (r_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
+                                           (unsigned long long)r_len, (unsigned long long)cap);
+        else if (!ft_cma_alive(c->pidfd)) st = ft_set_error(FT_ERR_NET, "client process exited");
+        else st = ft_cma_write(S->copiers, c->cma_pid, S->pool + e->off + r_off, addr, (size_t)r_len);
+        if (st != FT_OK) {
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
+                   ft_last_error());
+            op_finish(o, UCS_OK);
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, st, ft_last_error());
+            return;
+        }
+        if (r_off == 0) S->gets++;
+        o->count_out = r_len;
+        send_reply(c, o, m->opcode, FT_OK, NULL, 0, e->id, r_len);
         return;
     }
     e->leases++;
@@ -548,8 +937,8 @@ static void handle_get(server *S, conn *c, const ft_msg *m, int header_only,
         if (r_off == 0) S->gets++;
         o->count_out = r_len;
     }
-    send_reply_aux(c, o, m->opcode, FT_OK, S->pool + e->off + r_off,
-                   header_only ? e->header_size : r_len, e->id);
+    send_reply(c, o, m->opcode, FT_OK, S->pool + e->off + r_off,
+               header_only ? e->header_size : r_len, e->id, 0);
 }
 
 static void fill_stats(server *S, ft_store_stats *st)
@@ -558,29 +947,29 @@ static void fill_stats(server *S, ft_store_stats *st)
     st->capacity = S->cap;
     st->used = S->used;
     st->tensors = S->tensors;
-    st->connections = S->nconns;
+    st->connections = S->nauthed;
     st->total_connections = S->total_conns;
     st->bytes_in = S->bytes_in;
     st->bytes_out = S->bytes_out;
-    st->spill_capacity = S->p.spill_dir ? S->p.spill_capacity : 0;
+    st->spill_capacity = S->spill_dfd >= 0 ? S->p.spill_capacity : 0;
     st->spill_used = S->spill_used;
     st->spilled_tensors = S->spilled;
     st->puts = S->puts;
     st->gets = S->gets;
 }
 
-static void handle_list(server *S, conn *c, const ft_msg *m)
+static void handle_list(server *S, conn *c, int via_ucx, const ft_msg *m)
 {
     size_t n = 4;
     uint32_t count = 0;
     for (unsigned i = 0; i < BUCKETS; i++)
         for (entry *e = S->tab[i]; e; e = e->hnext) { n += 2 + strlen(e->key); count++; }
-    op *o = op_new(S, c, m->req_id);
+    op *o = op_new(S, c, m->req_id, via_ucx);
     if (!o) return;
     uint8_t *b = o->heap = malloc(n);
     if (!b) {
         op_finish(o, UCS_OK);
-        reply_status(S, c, FT_OP_LIST, m->req_id, FT_ERR_NOMEM, "list");
+        reply_status(S, c, via_ucx, FT_OP_LIST, m->req_id, FT_ERR_NOMEM, "list");
         return;
     }
     ft_put_le32(b, count);
@@ -592,220 +981,671 @@ static void handle_list(server *S, conn *c, const ft_msg *m)
             memcpy(b + off + 2, e->key, kl);
             off += 2 + kl;
         }
-    send_reply(c, o, FT_OP_LIST, FT_OK, b, n);
+    send_reply(c, o, FT_OP_LIST, FT_OK, b, n, 0, 0);
 }
 
-static int token_ok(server *S, const void *tok, size_t n)
+static void uep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-    /* constant time in the token contents (the length is not secret) */
-    if (n == 0 || !tok) return 0;
-    unsigned char diff = (unsigned char)(n != S->token_len);
-    const unsigned char *a = tok, *b = (const unsigned char *)S->token;
-    for (size_t i = 0; i < S->token_len; i++) diff |= (unsigned char)(a[i < n ? i : 0] ^ b[i]);
-    return diff == 0;
+    conn *c = arg;
+    (void)ep;
+    if (!c->dead)
+        FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): UCX path failed: %s", (unsigned long long)c->id,
+               c->peer, ucs_status_string(status));
+    c->uep_closing = 1;   /* conn_close runs from the main loop */
 }
 
-static conn *find_conn(server *S, ucp_ep_h ep)
+/* UCXB: open the UCX data path to the client's worker. */
+static void handle_ucxb(server *S, conn *c, const ft_msg *m, const uint8_t *addr)
 {
+    if (!S->w) {
+        reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_UNSUPPORTED, "this node has no UCX data path");
+        return;
+    }
+    if (c->uep) {
+        reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_PROTOCOL, "UCX path already open");
+        return;
+    }
+    ucs_status_t s = ft_net_ucp_connect(S->w, addr, uep_err_cb, c, &c->uep);
+    if (s != UCS_OK) {
+        c->uep = NULL;
+        char why[128];
+        snprintf(why, sizeof why, "cannot reach the client over UCX: %s", ucs_status_string(s));
+        reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_NET, why);
+        return;
+    }
+    FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): UCX data path open", (unsigned long long)c->id, c->peer);
+    reply_status(S, c, 0, m->opcode, m->req_id, FT_OK, NULL);
+}
+
+/* CMAB: open the shared-memory path once the kernel vouches for the
+ * client process (cma.h). */
+static void handle_cmab(server *S, conn *c, const ft_msg *m, const uint8_t *probe)
+{
+    ft_status st;
+    if (c->pidfd >= 0) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "shared-memory path already open");
+    } else if (!c->peer_inode) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "the client is not on this host");
+    } else if (ft_get_le64(probe + 8) != FT_CMA_COOKIE) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "probe of %llu bytes",
+                          (unsigned long long)ft_get_le64(probe + 8));
+    } else {
+        st = ft_cma_verify((pid_t)m->arg, c->peer_inode, ft_get_le64(probe), probe + 16, &c->pidfd);
+    }
+    if (st == FT_OK) {
+        c->cma_pid = (pid_t)m->arg;
+        FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): shared-memory path open (process %d)",
+               (unsigned long long)c->id, c->peer, (int)c->cma_pid);
+    } else {
+        FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): no shared-memory path: %s",
+               (unsigned long long)c->id, c->peer, ft_last_error());
+    }
+    reply_status(S, c, 0, m->opcode, m->req_id, st, ft_last_error());
+}
+
+/* PUTDV: a piece of a pipelined write, read by the node straight from the
+ * client's memory into the reserved block. */
+static void handle_putdv(server *S, conn *c, const ft_msg *m, const uint8_t *ref)
+{
+    uint64_t addr = ft_get_le64(ref), len = ft_get_le64(ref + 8);
+    xput *x = xput_find(c, m->xid);
+    ft_status st = FT_OK;
+    if (!x) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "unknown transfer id");
+    } else if (x->fail != FT_OK) {
+        st = ft_set_error(x->fail, "pipelined write failed");
+    } else if (x->committing || len == 0 || m->arg != x->pos || len > x->reserve - x->pos) {
+        st = x->fail = ft_set_error(FT_ERR_PROTOCOL, "PUTDV out of order or beyond the reservation");
+    } else if (!ft_cma_alive(c->pidfd)) {
+        st = x->fail = ft_set_error(FT_ERR_NET, "client process exited");
+    } else {
+        st = ft_cma_read(S->copiers, c->cma_pid, S->pool + x->off + x->pos, addr, (size_t)len);
+        x->pos += len;
+        if (st != FT_OK) {
+            x->fail = st;
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
+                   ft_last_error());
+        }
+    }
+    reply_status(S, c, 0, m->opcode, m->req_id, st, ft_last_error());
+}
+
+/* An authenticated request with its small payload (or none) in hand. */
+static void dispatch(server *S, conn *c, int via_ucx, const ft_msg *m, const uint8_t *payload)
+{
+    switch (m->opcode) {
+    case FT_OP_GET:
+        handle_get(S, c, via_ucx, m, 0, NULL, NULL);
+        return;
+    case FT_OP_GETR:
+        handle_get(S, c, via_ucx, m, 0, payload, NULL);
+        return;
+    case FT_OP_GETRV:
+        if (via_ucx || c->pidfd < 0) break;
+        handle_get(S, c, via_ucx, m, 0, payload, payload + FT_MSG_RANGE_SIZE);
+        return;
+    case FT_OP_PUTDV:
+        if (via_ucx || c->pidfd < 0) break;
+        handle_putdv(S, c, m, payload);
+        return;
+    case FT_OP_CMAB:
+        if (via_ucx) break;
+        handle_cmab(S, c, m, payload);
+        return;
+    case FT_OP_STAT:
+        if (m->key_len) {
+            handle_get(S, c, via_ucx, m, 1, NULL, NULL);
+        } else {
+            op *o = op_new(S, c, m->req_id, via_ucx);
+            if (!o) return;
+            ft_store_stats s;
+            fill_stats(S, &s);
+            o->heap = malloc(FT_MSG_STATS_SIZE);
+            if (!o->heap) { op_finish(o, UCS_OK); return; }
+            ft_msg_stats_encode(&s, o->heap);
+            send_reply(c, o, FT_OP_STAT, FT_OK, o->heap, FT_MSG_STATS_SIZE, 0, 0);
+        }
+        return;
+    case FT_OP_DEL: {
+        entry **pp = lookup(S, m->key, m->key_len);
+        if (!*pp) {
+            reply_status(S, c, via_ucx, FT_OP_DEL, m->req_id, FT_ERR_NOT_FOUND, "no such tensor");
+        } else {
+            entry_unlink(S, pp);
+            reply_status(S, c, via_ucx, FT_OP_DEL, m->req_id, FT_OK, NULL);
+        }
+        return;
+    }
+    case FT_OP_LIST:
+        handle_list(S, c, via_ucx, m);
+        return;
+    case FT_OP_PING:
+        reply_status(S, c, via_ucx, FT_OP_PING, m->req_id, FT_OK, NULL);
+        return;
+    case FT_OP_PUTB: {
+        if (c->nxputs >= MAX_XPUTS_PER_CONN || xput_find(c, m->xid)) {
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_BUSY,
+                         c->nxputs >= MAX_XPUTS_PER_CONN ? "too many writes in flight"
+                                                         : "transfer id in use");
+            return;
+        }
+        xput *x = calloc(1, sizeof *x);
+        if (!x) {
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_NOMEM, "out of memory");
+            return;
+        }
+        x->xid = m->xid;
+        memcpy(x->key, m->key, m->key_len);
+        x->reserve = m->arg;
+        x->header_size = m->aux;
+        x->pos = m->aux;
+        ft_status st = FT_OK;
+        if (!alloc_spilling(S, m->arg, NULL, 0, &x->off, &x->alloc)) {
+            /* keep the transfer id so that its pieces are dropped and the
+             * commit answers the same */
+            x->fail = st = FT_ERR_NO_SPACE;
+            x->off = x->alloc = 0;
+        }
+        x->next = c->xputs;
+        c->xputs = x;
+        c->nxputs++;
+        reply_status(S, c, via_ucx, m->opcode, m->req_id, st,
+                     "memory node full (capacity and spill tier exhausted)");
+        return;
+    }
+    case FT_OP_UCXB:
+        if (via_ucx) break;
+        handle_ucxb(S, c, m, payload);
+        return;
+    default:
+        break;
+    }
+    reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_PROTOCOL, "opcode not allowed here");
+}
+
+/* ------------------------------------------------------- authentication */
+
+/* A request of a connection that has not authenticated yet. Returns 0
+ * when the connection was closed. */
+static int preauth(server *S, conn *c, const ft_msg *m, const uint8_t *payload)
+{
+    ft_hs_reply r;
+    ft_status st = ft_hs_server_step(&c->hs, m, payload, &r);
+    if (st != FT_OK) {
+        reply_status(S, c, 0, m->opcode, m->req_id, st, r.detail);
+        addr_failed(S, c, st == FT_ERR_AUTH && m->opcode == FT_OP_AUTH ? "authentication failed"
+                                                                       : "protocol error before authentication");
+        conn_close(S, c, NULL);
+        return 0;
+    }
+    if (c->hs.state != FT_HS_DONE) {   /* HELLO: the challenge */
+        op *o = op_new(S, c, m->req_id, 0);
+        if (!o || !(o->heap = malloc(r.len))) {
+            if (o) op_finish(o, UCS_OK);
+            conn_close(S, c, "out of memory");
+            return 0;
+        }
+        memcpy(o->heap, r.payload, r.len);
+        send_reply(c, o, FT_OP_HELLO, FT_OK, o->heap, r.len, 0, r.arg);
+        return !c->dead;
+    }
+    if (S->nauthed >= S->p.max_connections) {
+        reply_status(S, c, 0, FT_OP_AUTH, m->req_id, FT_ERR_BUSY, "connection limit reached");
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): connection limit (%u) reached, closing",
+               (unsigned long long)c->id, c->peer, S->p.max_connections);
+        conn_close(S, c, NULL);
+        return 0;
+    }
+    uint64_t session = 0;
+    while (session == 0)
+        if (ft_net_random(&session, sizeof session) != FT_OK) {
+            conn_close(S, c, "no random bytes");
+            return 0;
+        }
+    int offer = S->w && (c->hs.client_flags & FT_CLIENT_UCX);
+    size_t n = r.len + (offer ? S->waddr_len : 0);
+    op *o = op_new(S, c, m->req_id, 0);
+    if (!o || (n && !(o->heap = malloc(n)))) {
+        if (o) op_finish(o, UCS_OK);
+        conn_close(S, c, "out of memory");
+        return 0;
+    }
+    if (r.len) memcpy(o->heap, r.payload, r.len);
+    if (offer) memcpy((uint8_t *)o->heap + r.len, S->waddr, S->waddr_len);
+    c->authed = 1;
+    c->session = session;
+    S->npreauth--;
+    S->nauthed++;
+    S->total_conns++;
+    addr_succeeded(S, c);
+    FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): authenticated%s", (unsigned long long)c->id,
+           c->peer, S->has_token ? "" : " (no token)");
+    uint64_t flags = r.arg | (offer ? FT_NODE_UCX : 0) | (offer && S->ucx_tcp ? FT_NODE_UCX_TCP : 0);
+    /* a client on this host may use the shared-memory path (CMAB) */
+    struct sockaddr_storage me;
+    socklen_t ml = sizeof me;
+    if (getsockname(c->fd, (struct sockaddr *)&me, &ml) == 0 &&
+        (c->peer_inode = ft_cma_peer_inode(&c->sa, &me)) != 0)
+        flags |= FT_NODE_LOCAL | ((uint64_t)(uint32_t)getpid() << 32);
+    send_reply(c, o, FT_OP_AUTH, FT_OK, o->heap, n, session, flags);
+    return !c->dead;
+}
+
+/* ------------------------------------------------------------ TCP input */
+
+static void rx_reset(conn *c)
+{
+    c->rxp = RXP_HDR;
+    c->rx_have = 0;
+    c->rx_need = FT_MSG_HDR_SIZE;
+    c->rx_op = NULL;
+    c->rx_dst = NULL;
+    c->rx_len = c->rx_done = 0;
+}
+
+/* The first bytes of a connection are not a FlexTier header. A client of
+ * protocol 1 connects with UCX's socket connection manager, whose first
+ * bytes are a length (u64) and a status byte: say so in the log. */
+static void bad_first_header(conn *c)
+{
+    uint64_t len = ft_get_le64(c->rx_hdr);
+    if (c->rx_have >= 9 && len > 0 && len < 65536 && c->rx_hdr[8] == 0)
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): a client of protocol 1 (UCX sockaddr) or "
+               "another program; this node speaks protocol %u: upgrade the client",
+               (unsigned long long)c->id, c->peer, FT_MSG_VERSION);
+}
+
+/* A complete header: decide where its payload goes. Returns 0 when the
+ * connection was closed. */
+static int tcp_header(server *S, conn *c)
+{
+    ft_msg m;
+    ft_status st = ft_msg_parse(c->rx_hdr, c->rx_have, 0, S->cap, &m);
+    if (st == FT_ERR_NO_SPACE && c->authed) {
+        /* well formed, only larger than the pool: answer, drop the payload,
+         * keep the connection */
+        uint64_t dlen = ft_get_le64(c->rx_hdr + 24);
+        reply_status(S, c, 0, ft_get_le16(c->rx_hdr + 6), ft_get_le64(c->rx_hdr + 8), st,
+                     ft_last_error());
+        if (c->dead) return 0;
+        c->rx_len = dlen;
+        c->rx_done = 0;
+        c->rxp = dlen ? RXP_DISCARD : RXP_HDR;
+        if (!dlen) rx_reset(c);
+        return 1;
+    }
+    if (st != FT_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "bad message: %s", ft_last_error());
+        uint64_t id = ft_get_le64(c->rx_hdr + 8);
+        if (!c->authed) {
+            /* nothing about the node before authentication but the version */
+            reply_status(S, c, 0, FT_OP_HELLO, id, st == FT_ERR_UNSUPPORTED ? st : FT_ERR_PROTOCOL,
+                         st == FT_ERR_UNSUPPORTED ? "protocol version 2 required" : "protocol error");
+            addr_failed(S, c, why);
+        } else {
+            /* on a stream the framing is lost: answer and close */
+            reply_status(S, c, 0, FT_OP_HELLO, id, st, ft_last_error());
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer, why);
+        }
+        conn_close(S, c, NULL);
+        return 0;
+    }
+    c->rx_m = m;
+    c->rx_len = m.data_len;
+    c->rx_done = 0;
+    if (!c->authed && m.opcode != FT_OP_HELLO && m.opcode != FT_OP_AUTH) {
+        /* nothing but the handshake is read before authentication */
+        return preauth(S, c, &m, NULL);
+    }
+    if (m.data_len == 0) {
+        rx_reset(c);
+        if (!c->authed) return preauth(S, c, &m, NULL);
+        if (c->refs >= MAX_OPS_PER_CONN)
+            reply_status(S, c, 0, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
+        else
+            dispatch(S, c, 0, &m, NULL);
+        return !c->dead;
+    }
+    if (m.opcode == FT_OP_PUT || m.opcode == FT_OP_PUTD || m.opcode == FT_OP_PUTC) {
+        uint8_t *dst = NULL;
+        op *o = c->refs >= MAX_OPS_PER_CONN ? NULL : rx_prepare(S, c, &m, 0, &dst);
+        if (!o && c->refs >= MAX_OPS_PER_CONN)
+            reply_status(S, c, 0, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
+        if (c->dead) return 0;
+        c->rx_op = o;
+        c->rx_dst = dst;
+        c->rxp = o ? RXP_PAYLOAD : RXP_DISCARD;
+        return 1;
+    }
+    if (m.data_len > SMALL_MAX) {   /* parse rules keep every other payload small */
+        conn_close(S, c, "payload too large");
+        return 0;
+    }
+    if (!c->small && !(c->small = malloc(SMALL_MAX))) {
+        conn_close(S, c, "out of memory");
+        return 0;
+    }
+    c->rx_dst = c->small;
+    c->rxp = RXP_PAYLOAD;
+    return 1;
+}
+
+/* The payload is in. Returns 0 when the connection was closed. */
+static int tcp_payload_done(server *S, conn *c)
+{
+    op *o = c->rx_op;
+    ft_msg m = c->rx_m;
+    const uint8_t *payload = c->rx_dst;
+    rx_reset(c);
+    if (o) {
+        rx_complete(o, UCS_OK);
+        return !c->dead;
+    }
+    if (!c->authed) return preauth(S, c, &m, payload);
+    if (c->refs >= MAX_OPS_PER_CONN)
+        reply_status(S, c, 0, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
+    else
+        dispatch(S, c, 0, &m, payload);
+    return !c->dead;
+}
+
+static void tcp_read(server *S, conn *c)
+{
+    size_t budget = READ_BUDGET;
+    uint8_t sink[65536];
+    while (!c->dead && budget) {
+        uint8_t *dst;
+        size_t want;
+        switch (c->rxp) {
+        case RXP_HDR:
+        case RXP_KEY:
+            dst = c->rx_hdr + c->rx_have;
+            want = c->rx_need - c->rx_have;
+            break;
+        case RXP_PAYLOAD:
+            dst = c->rx_dst + c->rx_done;
+            want = (size_t)(c->rx_len - c->rx_done);
+            break;
+        default:
+            dst = sink;
+            want = (size_t)(c->rx_len - c->rx_done);
+            if (want > sizeof sink) want = sizeof sink;
+            break;
+        }
+        if (want > budget) want = budget;
+        ssize_t r = want ? recv(c->fd, dst, want, MSG_DONTWAIT) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0 && want) {
+            if (!c->authed) addr_failed(S, c, r == 0 ? "closed before authenticating"
+                                                     : "connection error before authenticating");
+            conn_close(S, c, r == 0 ? "closed by the client" : strerror(errno));
+            return;
+        }
+        c->t_rx = ft_now();
+        budget -= (size_t)r;
+        if (c->rxp == RXP_HDR || c->rxp == RXP_KEY) {
+            c->rx_have += (size_t)r;
+            if (c->rxp == RXP_HDR && c->rx_have >= 4 && ft_get_le32(c->rx_hdr) != FT_MSG_MAGIC) {
+                /* not FlexTier: no need to wait for a whole header */
+                if (!c->authed && !c->hs.state) bad_first_header(c);
+                tcp_header(S, c);   /* answers and closes */
+                return;
+            }
+            if (c->rx_have < c->rx_need) continue;
+            if (c->rxp == RXP_HDR) {
+                size_t hlen;
+                ft_status st = ft_msg_header_len(c->rx_hdr, &hlen);
+                if (st != FT_OK) {
+                    if (!tcp_header(S, c)) return;   /* answers and closes */
+                    continue;
+                }
+                if (hlen > c->rx_have) {
+                    c->rxp = RXP_KEY;
+                    c->rx_need = hlen;
+                    continue;
+                }
+            }
+            if (!tcp_header(S, c)) return;
+            if (c->rxp == RXP_PAYLOAD || c->rxp == RXP_DISCARD) continue;
+        } else {
+            c->rx_done += (uint64_t)r;
+            if (c->rx_done < c->rx_len) continue;
+            if (c->rxp == RXP_DISCARD) {
+                rx_reset(c);
+                continue;
+            }
+            if (!tcp_payload_done(S, c)) return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------- UCX input */
+
+static conn *find_session(server *S, uint64_t session)
+{
+    if (session == 0) return NULL;
     for (conn *c = S->conns; c; c = c->next)
-        if (c->ep == ep && !c->dead) return c;
+        if (c->session == session && c->authed && c->uep && !c->dead && !c->uep_closing) return c;
     return NULL;
 }
 
-static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void *data,
-                               size_t len, const ucp_am_recv_param_t *param)
+static void ucx_rx_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    op *o = user;
+    if (status == UCS_OK && length != o->size) status = UCS_ERR_MESSAGE_TRUNCATED;
+    rx_complete(o, status);
+    ucp_request_free(req);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                          const ucp_am_recv_param_t *param)
 {
     server *S = arg;
-    conn *c = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-                  ? find_conn(S, param->reply_ep) : NULL;
-    if (!c) return UCS_OK;    /* unknown or dying connection: drop */
+    /* who sent it: only the session id says; anything else is dropped */
+    uint64_t session = hlen >= FT_MSG_HDR_SIZE ? ft_get_le64((const uint8_t *)header + 56) : 0;
+    conn *c = find_session(S, session);
+    if (!c) {
+        S->dropped_am++;
+        FT_LOG(FT_LOG_DEBUG, "serve: UCX message without a valid session dropped");
+        return UCS_OK;
+    }
     ft_msg m;
-    ft_status st = ft_msg_parse(header, hlen, len, 0, S->cap, &m);
+    ft_status st = ft_msg_parse(header, hlen, 0, S->cap, &m);
+    if (st == FT_OK && m.data_len != len)
+        st = ft_set_error(FT_ERR_PROTOCOL, "data length %llu but %zu bytes arrived",
+                          (unsigned long long)m.data_len, len);
+    if (st == FT_OK && (m.opcode == FT_OP_HELLO || m.opcode == FT_OP_AUTH || m.opcode == FT_OP_UCXB ||
+                        m.opcode == FT_OP_CMAB || m.opcode == FT_OP_PUTDV || m.opcode == FT_OP_GETRV))
+        st = ft_set_error(FT_ERR_PROTOCOL, "opcode %u not allowed over UCX", m.opcode);
+    if (st == FT_OK && len && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && !data)
+        st = ft_set_error(FT_ERR_PROTOCOL, "payload missing");
     if (st != FT_OK) {
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): bad message: %s", (unsigned long long)c->id,
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): bad UCX message: %s", (unsigned long long)c->id,
                c->peer, ft_last_error());
-        /* answer if the request id is readable so the client fails fast */
-        if (hlen >= 16) {
-            uint64_t id = ft_get_le64((const uint8_t *)header + 8);
-            ft_status rs = (st == FT_ERR_UNSUPPORTED) ? st : FT_ERR_PROTOCOL;
-            if (strstr(ft_last_error(), "above limit")) rs = FT_ERR_NO_SPACE;
-            reply_status(S, c, FT_OP_HELLO, id, rs, ft_last_error());
-        }
+        if (hlen >= 16)
+            reply_status(S, c, 1, FT_OP_HELLO, ft_get_le64((const uint8_t *)header + 8), st,
+                         ft_last_error());
         if (++c->proto_errors > MAX_PROTO_ERRORS) {
             FT_LOG(FT_LOG_WARN, "serve: conn %llu: too many protocol errors, closing",
                    (unsigned long long)c->id);
-            c->dead = 1;
+            c->uep_closing = 1;
         }
         return UCS_OK;
     }
     if (c->refs >= MAX_OPS_PER_CONN) {
-        reply_status(S, c, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
+        reply_status(S, c, 1, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
         return UCS_OK;
     }
-    if (m.opcode != FT_OP_HELLO && !c->authed) {
-        reply_status(S, c, m.opcode, m.req_id, FT_ERR_AUTH, "not authenticated (HELLO first)");
-        return UCS_OK;
-    }
-    switch (m.opcode) {
-    case FT_OP_HELLO: {
-        int ok = 1;
-        if (m.data_len && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) ok = 0;
-        else if (S->has_token) ok = token_ok(S, data, m.data_len);
-        if (ok) {
-            c->authed = 1;
-            FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): authenticated", (unsigned long long)c->id,
-                   c->peer);
-            reply_status(S, c, FT_OP_HELLO, m.req_id, FT_OK, NULL);
-        } else {
-            c->authed = 0;
-            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): authentication failed",
-                   (unsigned long long)c->id, c->peer);
-            reply_status(S, c, FT_OP_HELLO, m.req_id, FT_ERR_AUTH, "wrong or missing token");
-        }
-        return UCS_OK;
-    }
-    case FT_OP_PUT:
-        handle_put(S, c, &m, data, param);
-        return UCS_OK;
-    case FT_OP_GET:
-        handle_get(S, c, &m, 0, NULL);
-        return UCS_OK;
-    case FT_OP_GETR:
+    if (m.opcode == FT_OP_PUT || m.opcode == FT_OP_PUTD || m.opcode == FT_OP_PUTC) {
+        uint8_t *dst = NULL;
+        op *o = rx_prepare(S, c, &m, 1, &dst);
+        if (!o) return UCS_OK;   /* answered; UCX drops the data */
         if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-            reply_status(S, c, m.opcode, m.req_id, FT_ERR_PROTOCOL, "range must be eager");
+            ucp_request_param_t rp;
+            memset(&rp, 0, sizeof rp);
+            rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            rp.cb.recv_am = ucx_rx_cb;
+            rp.user_data = o;
+            /* no memh: registered for this receive only (cache off) */
+            ucs_status_ptr_t r = ucp_am_recv_data_nbx(S->w, data, dst, len, &rp);
+            if (UCS_PTR_IS_ERR(r)) rx_complete(o, UCS_PTR_STATUS(r));
+            else if (!r) rx_complete(o, UCS_OK);
             return UCS_OK;
         }
-        handle_get(S, c, &m, 0, data);
-        return UCS_OK;
-    case FT_OP_STAT:
-        if (m.key_len) {
-            handle_get(S, c, &m, 1, NULL);
-        } else {
-            op *o = op_new(S, c, m.req_id);
-            if (!o) return UCS_OK;
-            ft_store_stats s;
-            fill_stats(S, &s);
-            o->heap = malloc(FT_MSG_STATS_SIZE);
-            if (!o->heap) { op_finish(o, UCS_OK); return UCS_OK; }
-            ft_msg_stats_encode(&s, o->heap);
-            send_reply(c, o, FT_OP_STAT, FT_OK, o->heap, FT_MSG_STATS_SIZE);
-        }
-        return UCS_OK;
-    case FT_OP_DEL: {
-        entry **pp = lookup(S, m.key, m.key_len);
-        if (!*pp) {
-            reply_status(S, c, FT_OP_DEL, m.req_id, FT_ERR_NOT_FOUND, "no such tensor");
-        } else {
-            entry_unlink(S, pp);
-            reply_status(S, c, FT_OP_DEL, m.req_id, FT_OK, NULL);
-        }
+        memcpy(dst, data, len);
+        rx_complete(o, UCS_OK);
         return UCS_OK;
     }
-    case FT_OP_LIST:
-        handle_list(S, c, &m);
+    if (len && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        reply_status(S, c, 1, m.opcode, m.req_id, FT_ERR_PROTOCOL, "small payloads must be eager");
         return UCS_OK;
     }
+    dispatch(S, c, 1, &m, data);
     return UCS_OK;
 }
 
 /* ---------------------------------------------------------- connections */
 
-static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+static void conn_close(server *S, conn *c, const char *why)
 {
-    conn *c = arg;
-    (void)ep;
-    if (!c->dead)
-        FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s) closed: %s", (unsigned long long)c->id,
-               c->peer, ucs_status_string(status));
+    if (c->dead) return;
     c->dead = 1;
-}
-
-static void conn_req_cb(ucp_conn_request_h req, void *arg)
-{
-    server *S = arg;
-    if (S->npending_conn >= MAX_PENDING_CONN || S->nconns >= S->p.max_connections) {
-        FT_LOG(FT_LOG_WARN, "serve: connection limit reached, rejecting");
-        ucp_listener_reject(S->listener, req);
-        return;
+    if (why)
+        FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s) closed: %s", (unsigned long long)c->id, c->peer, why);
+    while (c->out_head) {   /* replies not sent: release their leases */
+        op *o = c->out_head;
+        c->out_head = o->qnext;
+        op_finish(o, UCS_ERR_CANCELED);
     }
-    S->pending_conn[S->npending_conn++] = req;
-}
-
-static void accept_conns(server *S)
-{
-    for (unsigned i = 0; i < S->npending_conn; i++) {
-        ucp_conn_request_h req = S->pending_conn[i];
-        conn *c = calloc(1, sizeof *c);
-        if (!c) { ucp_listener_reject(S->listener, req); continue; }
-        c->id = ++S->next_conn_id;
-        ucp_conn_request_attr_t a;
-        a.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-        snprintf(c->peer, sizeof c->peer, "?");
-        if (ucp_conn_request_query(req, &a) == UCS_OK) {
-            char host[INET6_ADDRSTRLEN] = "?";
-            int port = 0;
-            if (a.client_address.ss_family == AF_INET) {
-                struct sockaddr_in *sin = (struct sockaddr_in *)&a.client_address;
-                inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
-                port = ntohs(sin->sin_port);
-            } else if (a.client_address.ss_family == AF_INET6) {
-                struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&a.client_address;
-                inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof host);
-                port = ntohs(s6->sin6_port);
-            }
-            snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
-        }
-        ucp_ep_params_t ep;
-        memset(&ep, 0, sizeof ep);
-        ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep.conn_request = req;
-        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        ep.err_handler.cb = conn_err_cb;
-        ep.err_handler.arg = c;
-        ucs_status_t s = ucp_ep_create(S->w, &ep, &c->ep);
-        if (s != UCS_OK) {
-            FT_LOG(FT_LOG_WARN, "serve: accepting %s failed: %s", c->peer, ucs_status_string(s));
-            free(c);
-            continue;
-        }
-        c->next = S->conns;
-        S->conns = c;
-        S->nconns++;
-        S->total_conns++;
-        FT_LOG(FT_LOG_INFO, "serve: conn %llu from %s", (unsigned long long)c->id, c->peer);
+    c->out_tail = NULL;
+    if (c->rx_op) {   /* a frame payload half read */
+        op *o = c->rx_op;
+        c->rx_op = NULL;
+        rx_complete(o, UCS_ERR_CONNECTION_RESET);
     }
-    S->npending_conn = 0;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    if (c->pidfd >= 0) close(c->pidfd);
+    c->pidfd = -1;
+    if (c->authed) S->nauthed--; else S->npreauth--;
 }
 
-/* Close dead connections; free them once nothing refers to them. */
-static void reap_conns(server *S, int force_all)
+static void conn_free(server *S, conn *c)
+{
+    while (c->xputs) xput_drop(S, c, c->xputs);
+    free(c->small);
+    free(c);
+}
+
+/* Close dead connections' UCX endpoints; free them once nothing refers
+ * to them. */
+static void reap_conns(server *S)
 {
     for (conn **pp = &S->conns; *pp;) {
         conn *c = *pp;
-        if (force_all) c->dead = 1;
-        if (c->dead && !c->closed) {
+        if (c->uep_closing && !c->dead) conn_close(S, c, "UCX path failed");
+        if (c->dead && c->uep) {
             ucp_request_param_t p;
             memset(&p, 0, sizeof p);
             p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
             p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-            c->close_req = ucp_ep_close_nbx(c->ep, &p);
+            c->close_req = ucp_ep_close_nbx(c->uep, &p);
             if (UCS_PTR_IS_ERR(c->close_req)) c->close_req = NULL;
-            c->closed = 1;
-            S->nconns--;
+            c->uep = NULL;
         }
-        if (c->closed && c->close_req &&
-            ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
+        if (c->close_req && ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
             ucp_request_free(c->close_req);
             c->close_req = NULL;
         }
-        if (c->closed && !c->close_req && c->refs == 0) {
+        if (c->dead && !c->close_req && c->refs == 0) {
+            FT_LOG(FT_LOG_DEBUG, "serve: conn %llu freed", (unsigned long long)c->id);
             *pp = c->next;
-            free(c);
+            conn_free(S, c);
             continue;
         }
         pp = &c->next;
     }
+}
+
+/* Under pressure (every unauthenticated slot taken, more connections
+ * waiting): drop the one that has been quiet longest, if quiet for
+ * STALL_GRACE. A real client answers within a round trip. */
+static int evict_stalled(server *S)
+{
+    double now = ft_now();
+    conn *v = NULL;
+    for (conn *c = S->conns; c; c = c->next)
+        if (!c->dead && !c->authed && now - c->t_rx >= STALL_GRACE && (!v || c->t_rx < v->t_rx))
+            v = c;
+    if (!v) return 0;
+    addr_failed(S, v, "stalled before authenticating while others waited");
+    conn_close(S, v, NULL);
+    return 1;
+}
+
+static void accept_conns(server *S)
+{
+    for (;;) {
+        if (S->npreauth >= S->p.max_unauth && !evict_stalled(S)) return;   /* stay in the backlog */
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(S->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE)
+                FT_LOG(FT_LOG_ERROR, "serve: accept: %s", strerror(errno));
+            return;
+        }
+        addr_slot *as = addr_find(S, &sa, 0);
+        if (as && ft_now() < as->backoff_until) {
+            S->refused++;
+            close(fd);
+            continue;
+        }
+        conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        c->fd = fd;
+        c->pidfd = -1;
+        c->sa = sa;
+        c->id = ++S->next_conn_id;
+        ft_net_addr_str(&sa, c->peer, sizeof c->peer);
+        c->t_accept = c->t_rx = ft_now();
+        ft_hs_server_init(&c->hs, S->has_token ? S->token : NULL, S->token_len, NULL);
+        rx_reset(c);
+        c->next = S->conns;
+        S->conns = c;
+        S->npreauth++;
+        FT_LOG(FT_LOG_DEBUG, "serve: conn %llu from %s", (unsigned long long)c->id, c->peer);
+    }
+}
+
+/* Deadlines: handshakes, replies nobody takes. */
+static void check_timers(server *S)
+{
+    double now = ft_now();
+    for (conn *c = S->conns; c; c = c->next) {
+        if (c->dead) continue;
+        if (!c->authed && now - c->t_accept > S->auth_s) {
+            addr_failed(S, c, "no authentication within the deadline");
+            conn_close(S, c, NULL);
+        } else if (c->out_head && now - c->t_out > S->lease_s) {
+            conn_close(S, c, "replies not taken within the lease timeout");
+        }
+    }
+    for (op *o = S->uops; o; o = o->unext)
+        if (now > o->deadline && !o->c->uep_closing) {
+            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): reply not taken within the lease timeout",
+                   (unsigned long long)o->c->id, o->c->peer);
+            o->c->uep_closing = 1;
+        }
 }
 
 /* ------------------------------------------------------------------ run */
@@ -815,27 +1655,33 @@ void ft_node_default_params(ft_node_params *p)
     memset(p, 0, sizeof *p);
     p->listen = "127.0.0.1:13337";
     p->max_connections = 256;
+    p->max_unauth = 64;
+    p->auth_timeout_ms = 5000;
+    p->lease_timeout_ms = 30000;
 }
 
 static void cleanup(server *S)
 {
+    for (conn *c = S->conns; c; c = c->next) conn_close(S, c, NULL);
     if (S->w) {
-        reap_conns(S, 1);
         double dl = ft_now() + 3.0;
+        reap_conns(S);
         while (S->conns && ft_now() < dl) {
             ucp_worker_progress(S->w);
-            reap_conns(S, 0);
+            reap_conns(S);
         }
+    } else {
+        reap_conns(S);
     }
-    if (S->listener) ucp_listener_destroy(S->listener);
+    if (S->lfd >= 0) close(S->lfd);
     for (unsigned i = 0; i < BUCKETS; i++) {
         entry *e = S->tab[i];
         while (e) {
             entry *n = e->hnext;
             if (!e->resident) {
-                char path[4200];
-                spill_path(S, e, path, sizeof path);
-                unlink(path);
+                char name[64];
+                spill_name(e, name, sizeof name);
+                unlinkat(S->spill_dfd, name, 0);
             }
             free(e);
             e = n;
@@ -846,12 +1692,176 @@ static void cleanup(server *S)
         free(S->free_list);
         S->free_list = n;
     }
-    if (S->memh) ucp_mem_unmap(S->ctx, S->memh);
+    if (S->spill_dfd >= 0) close(S->spill_dfd);
     if (S->pool) munmap(S->pool, S->cap);
+    if (S->waddr) ucp_worker_release_address(S->w, S->waddr);
     if (S->w) ucp_worker_destroy(S->w);
     if (S->ctx) ucp_cleanup(S->ctx);
+    free(S->addrs);
+    ft_pool_free(S->copiers);
     memset(S->token, 0, sizeof S->token);
     free(S);
+}
+
+/* The spill directory: ours, 0700, writable; stale files of an earlier
+ * run removed (the pool they belonged to is gone). */
+static ft_status open_spill_dir(server *S)
+{
+    const char *dir = S->p.spill_dir;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) {
+        int e = errno;
+        struct stat lb;
+        if (lstat(dir, &lb) == 0 && S_ISLNK(lb.st_mode))
+            return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s is a symbolic link: name the "
+                                "directory itself", dir);
+        return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s: %s", dir, strerror(e));
+    }
+    S->spill_dfd = dfd;
+    struct stat sb;
+    if (fstat(dfd, &sb) != 0) return ft_set_error(FT_ERR_IO, "spill dir %s: %s", dir, strerror(errno));
+    if (sb.st_uid != geteuid())
+        return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s belongs to another user (uid %u)", dir,
+                            (unsigned)sb.st_uid);
+    if (sb.st_mode & 077)
+        return ft_set_error(FT_ERR_INVALID_ARG,
+                            "spill dir %s is accessible by group or others (mode 0%03o): use a "
+                            "directory of mode 0700", dir, (unsigned)(sb.st_mode & 0777));
+    char probe[64];
+    snprintf(probe, sizeof probe, ".ftspill-probe-%d", (int)getpid());
+    int fd = openat(dfd, probe, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && write(fd, "x", 1) == 1;
+    int err = errno;
+    if (fd >= 0) close(fd);
+    if (fd >= 0) unlinkat(dfd, probe, 0);
+    if (!ok) return ft_set_error(FT_ERR_INVALID_ARG, "spill dir %s is not writable: %s", dir, strerror(err));
+    struct statvfs vs;
+    if (fstatvfs(dfd, &vs) == 0) {
+        uint64_t fs = (uint64_t)vs.f_blocks * vs.f_frsize;
+        if (S->p.spill_capacity > fs && !S->p.overcommit)
+            return ft_set_error(FT_ERR_INVALID_ARG,
+                                "--spill-capacity %llu is above the size of the file system of %s "
+                                "(%llu bytes; --overcommit to allow)",
+                                (unsigned long long)S->p.spill_capacity, dir, (unsigned long long)fs);
+    }
+    int dfd2 = dup(dfd);
+    DIR *d = dfd2 >= 0 ? fdopendir(dfd2) : NULL;
+    struct dirent *de;
+    unsigned stale = 0;
+    while (d && (de = readdir(d))) {
+        unsigned long long id;
+        char tail[8];
+        if (sscanf(de->d_name, "ftspill-%llu.%7s", &id, tail) == 2 && !strcmp(tail, "bin") &&
+            unlinkat(dfd, de->d_name, 0) == 0)   /* a link is removed, not followed */
+            stale++;
+    }
+    if (d) closedir(d); else if (dfd2 >= 0) close(dfd2);
+    if (stale) FT_LOG(FT_LOG_INFO, "serve: removed %u stale spill files", stale);
+    return FT_OK;
+}
+
+static ft_status check_params(server *S, const struct sockaddr_storage *addr)
+{
+    const ft_node_params *p = &S->p;
+    if (p->capacity == 0) return ft_set_error(FT_ERR_INVALID_ARG, "capacity must be > 0");
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    if (phys && p->capacity > phys && !p->overcommit)
+        return ft_set_error(FT_ERR_INVALID_ARG,
+                            "--capacity %llu is above this machine's memory (%llu bytes; "
+                            "--overcommit to allow)", (unsigned long long)p->capacity,
+                            (unsigned long long)phys);
+    if (p->capacity > (1ull << 50))
+        return ft_set_error(FT_ERR_INVALID_ARG, "--capacity %llu is beyond any pool this node can map",
+                            (unsigned long long)p->capacity);
+    if (p->spill_dir && p->spill_capacity == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "--spill-dir needs --spill-capacity");
+    if (!p->spill_dir && p->spill_capacity)
+        return ft_set_error(FT_ERR_INVALID_ARG, "--spill-capacity needs --spill-dir");
+    if (!p->token_file && !ft_net_is_loopback(addr) && !p->insecure)
+        return ft_set_error(FT_ERR_INVALID_ARG,
+                            "refusing %s without a token: anyone who can reach it could read and "
+                            "write every tensor (--token-file FILE, or --insecure)",
+                            p->listen);
+    if (p->max_unauth == 0 || p->max_connections == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "connection limits must be > 0");
+    /* every connection is a file descriptor */
+    struct rlimit rl;
+    uint64_t need = (uint64_t)p->max_connections + p->max_unauth + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+        if (rl.rlim_max >= need || rl.rlim_max == RLIM_INFINITY) {
+            rl.rlim_cur = need;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need)
+            return ft_set_error(FT_ERR_INVALID_ARG,
+                                "--max-connections %u needs %llu file descriptors, the limit is %llu "
+                                "(ulimit -n)", p->max_connections, (unsigned long long)need,
+                                (unsigned long long)rl.rlim_cur);
+    }
+    return FT_OK;
+}
+
+/* The UCX data path: none when the policy leaves no transport. */
+static void open_ucx(server *S, const struct sockaddr_storage *addr)
+{
+    char devs[512] = "";
+    if (S->p.trusted_network && ft_net_devices_for(addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
+    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1};
+    ucs_status_t s = ft_net_ucp_open("flextier-serve", &uo, &S->ctx, &S->w, &S->efd);
+    if (s == UCS_OK) {
+        ucp_am_handler_param_t hp;
+        memset(&hp, 0, sizeof hp);
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id = FT_AM_REQUEST;
+        hp.cb = on_am;
+        hp.arg = S;
+        s = ucp_worker_set_am_recv_handler(S->w, &hp);
+    }
+    if (s == UCS_OK) s = ucp_worker_get_address(S->w, &S->waddr, &S->waddr_len);
+    if (s == UCS_OK && S->waddr_len > FT_MSG_MAX_ADDR) s = UCS_ERR_EXCEEDS_LIMIT;
+    if (s != UCS_OK) {
+        if (s == UCS_ERR_UNSUPPORTED)
+            FT_LOG(FT_LOG_INFO, "serve: no UCX data path: the transports UCX_TLS allows need "
+                   "--trusted-network; clients use the node's TCP path");
+        else
+            FT_LOG(FT_LOG_WARN, "serve: no UCX data path (%s); clients use the node's TCP path",
+                   ucs_status_string(s));
+        if (S->waddr) ucp_worker_release_address(S->w, S->waddr);
+        if (S->w) ucp_worker_destroy(S->w);
+        if (S->ctx) ucp_cleanup(S->ctx);
+        S->waddr = NULL;
+        S->w = NULL;
+        S->ctx = NULL;
+        S->efd = -1;
+        return;
+    }
+    S->ucx_tcp = S->p.trusted_network;
+    FT_LOG(FT_LOG_INFO, "serve: UCX data path for authenticated clients (%s%s%s)",
+           S->ucx_tcp ? "TCP allowed on the trusted network" : "shared memory and RDMA only",
+           devs[0] ? ", devices " : "", devs);
+}
+
+static ft_status open_listener(server *S, const struct sockaddr_storage *addr, socklen_t alen,
+                               char *bound, size_t bn)
+{
+    S->lfd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (S->lfd < 0) return ft_set_error(FT_ERR_NET, "socket: %s", strerror(errno));
+    int one = 1;
+    /* a restarted node binds its port again while old connections sit in
+     * TIME_WAIT */
+    setsockopt(S->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (addr->ss_family == AF_INET6) setsockopt(S->lfd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(S->lfd, (const struct sockaddr *)addr, alen) != 0)
+        return ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", S->p.listen, strerror(errno));
+    if (listen(S->lfd, SOMAXCONN) != 0)
+        return ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", S->p.listen, strerror(errno));
+    struct sockaddr_storage b;
+    socklen_t bl = sizeof b;
+    if (getsockname(S->lfd, (struct sockaddr *)&b, &bl) == 0) ft_net_addr_str(&b, bound, bn);
+    else snprintf(bound, bn, "%s", S->p.listen);
+    return FT_OK;
 }
 
 ft_status ft_node_run(const ft_node_params *params)
@@ -860,44 +1870,34 @@ ft_status ft_node_run(const ft_node_params *params)
     if (params) p = *params; else ft_node_default_params(&p);
     if (!p.listen) p.listen = "127.0.0.1:13337";
     if (!p.max_connections) p.max_connections = 256;
-    if (p.capacity == 0) return ft_set_error(FT_ERR_INVALID_ARG, "capacity must be > 0");
-    if (p.spill_dir && p.spill_capacity == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "--spill-dir needs --spill-capacity");
+    if (!p.max_unauth) p.max_unauth = 64;
+    if (p.auth_timeout_ms <= 0) p.auth_timeout_ms = 5000;
+    if (p.lease_timeout_ms <= 0) p.lease_timeout_ms = 30000;
     server *S = calloc(1, sizeof *S);
     if (!S) return ft_set_error(FT_ERR_NOMEM, "server");
     S->p = p;
     S->efd = -1;
+    S->lfd = -1;
+    S->spill_dfd = -1;
+    S->lease_s = p.lease_timeout_ms / 1000.0;
+    S->auth_s = p.auth_timeout_ms / 1000.0;
     ft_status st = FT_OK;
     struct sockaddr_storage addr;
     socklen_t alen;
+    char bound[128];
     if ((st = ft_net_resolve(p.listen, 1, &addr, &alen)) != FT_OK) goto out;
+    if ((st = check_params(S, &addr)) != FT_OK) goto out;
     if (p.token_file) {
-        if ((st = ft_net_read_token(p.token_file, S->token, sizeof S->token, &S->token_len)) != FT_OK)
+        if ((st = ft_net_read_token(p.token_file, FT_TOKEN_MIN, S->token, sizeof S->token,
+                                    &S->token_len)) != FT_OK)
             goto out;
         S->has_token = 1;
     }
-    if (p.spill_dir) {
-        int dfd = open(p.spill_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) {
-            st = ft_set_error(FT_ERR_IO, "spill dir %s: %s", p.spill_dir, strerror(errno));
-            goto out;
-        }
-        /* spill files of an earlier run that died are stale: the pool
-         * they belonged to is gone */
-        DIR *d = fdopendir(dfd);
-        struct dirent *de;
-        unsigned stale = 0;
-        while (d && (de = readdir(d))) {
-            unsigned long long id;
-            char tail[8];
-            if (sscanf(de->d_name, "ftspill-%llu.%7s", &id, tail) == 2 && !strcmp(tail, "bin") &&
-                unlinkat(dfd, de->d_name, 0) == 0)
-                stale++;
-        }
-        if (d) closedir(d); else close(dfd);
-        if (stale) FT_LOG(FT_LOG_INFO, "serve: removed %u stale spill files", stale);
+    if (p.spill_dir && (st = open_spill_dir(S)) != FT_OK) goto out;
+    if (!(S->addrs = calloc(ADDR_SLOTS, sizeof *S->addrs))) {
+        st = ft_set_error(FT_ERR_NOMEM, "address table");
+        goto out;
     }
-
     S->cap = (p.capacity + ALIGN - 1) / ALIGN * ALIGN;
     S->pool = mmap(NULL, S->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -911,88 +1911,86 @@ ft_status ft_node_run(const ft_node_params *params)
     S->free_list->off = 0;
     S->free_list->len = S->cap;
     S->free_list->next = NULL;
-
-    /* A restarted node must be able to bind its port again while the old
-     * connections sit in TIME_WAIT (the user's environment still wins). */
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
-    ucs_status_t s = ft_net_ucp_open("flextier-serve", &S->ctx, &S->w, &S->efd);
-    if (s == UCS_OK) {
-        /* register the whole pool once: registration is slow */
-        ucp_mem_map_params_t mp;
-        memset(&mp, 0, sizeof mp);
-        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-        mp.address = S->pool;
-        mp.length = S->cap;
-        double t0 = ft_now();
-        s = ucp_mem_map(S->ctx, &mp, &S->memh);
-        FT_LOG(FT_LOG_INFO, "serve: registered %llu-byte pool in %.1f ms",
-               (unsigned long long)S->cap, (ft_now() - t0) * 1e3);
-    }
-    if (s == UCS_OK) {
-        ucp_am_handler_param_t hp;
-        memset(&hp, 0, sizeof hp);
-        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        hp.id = FT_AM_REQUEST;
-        hp.cb = on_request;
-        hp.arg = S;
-        s = ucp_worker_set_am_recv_handler(S->w, &hp);
-    }
-    if (s != UCS_OK) {
-        st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s));
-        goto out;
-    }
-    ucp_listener_params_t lp;
-    memset(&lp, 0, sizeof lp);
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = (const struct sockaddr *)&addr;
-    lp.sockaddr.addrlen = alen;
-    lp.conn_handler.cb = conn_req_cb;
-    lp.conn_handler.arg = S;
-    s = ucp_listener_create(S->w, &lp, &S->listener);
-    if (s != UCS_OK) {
-        S->listener = NULL;
-        st = ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", p.listen, ucs_status_string(s));
-        goto out;
-    }
-    char bound[128];
-    snprintf(bound, sizeof bound, "%s", p.listen);
-    ucp_listener_attr_t la;
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    if (ucp_listener_query(S->listener, &la) == UCS_OK) {
-        char host[INET6_ADDRSTRLEN] = "?";
-        int port = 0;
-        if (la.sockaddr.ss_family == AF_INET) {
-            struct sockaddr_in *sin = (struct sockaddr_in *)&la.sockaddr;
-            inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
-            port = ntohs(sin->sin_port);
-            snprintf(bound, sizeof bound, "%s:%d", host, port);
-        } else if (la.sockaddr.ss_family == AF_INET6) {
-            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&la.sockaddr;
-            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof host);
-            port = ntohs(s6->sin6_port);
-            snprintf(bound, sizeof bound, "[%s]:%d", host, port);
-        }
-    }
-    FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s", bound,
+    if ((st = open_listener(S, &addr, alen, bound, sizeof bound)) != FT_OK) goto out;
+    /* threads for the shared-memory path's copies (FLEXTIER_THREADS) */
+    if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
+        S->copiers = NULL;
+    open_ucx(S, &addr);
+    FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s%s", bound,
            (unsigned long long)S->cap, p.spill_dir ? ", spill to " : "",
-           p.spill_dir ? p.spill_dir : "");
+           p.spill_dir ? p.spill_dir : "", S->has_token ? ", token required" : ", no token");
     if (p.on_ready) p.on_ready(p.arg, bound);
 
+    struct pollfd *pfd = NULL;
+    conn **pconn = NULL;
+    size_t pcap = 0;
     while (!(p.stop && *p.stop)) {
-        if (S->npending_conn) accept_conns(S);
-        reap_conns(S, 0);
-        if (ucp_worker_progress(S->w)) continue;
-        if (S->npending_conn) continue;
-        s = ucp_worker_arm(S->w);
-        if (s == UCS_ERR_BUSY) continue;
-        struct pollfd pfd = {S->efd, POLLIN, 0};
-        poll(&pfd, 1, 100);
+        check_timers(S);
+        reap_conns(S);
+        int busy = 0;
+        if (S->w) {
+            for (int i = 0; i < 64 && ucp_worker_progress(S->w); i++) busy = 1;
+            reap_conns(S);
+        }
+        size_t n = 0, need = 2 + S->npreauth + S->nauthed + 8;
+        for (conn *c = S->conns; c; c = c->next) need++;
+        if (need > pcap) {
+            struct pollfd *np = realloc(pfd, need * sizeof *np);
+            conn **nc = np ? realloc(pconn, need * sizeof *nc) : NULL;
+            if (np) pfd = np;
+            if (nc) pconn = nc;
+            if (!np || !nc) { st = ft_set_error(FT_ERR_NOMEM, "poll set"); break; }
+            pcap = need;
+        }
+        int accepting = S->npreauth < S->p.max_unauth;
+        double now = ft_now(), wake = now + 0.1;
+        for (conn *c = S->conns; c; c = c->next) {
+            if (c->dead) continue;
+            if (!c->authed) {
+                if (c->t_accept + S->auth_s < wake) wake = c->t_accept + S->auth_s;
+                if (!accepting) {   /* a stalled one may make room */
+                    accepting = now - c->t_rx >= STALL_GRACE;
+                    if (c->t_rx + STALL_GRACE < wake) wake = c->t_rx + STALL_GRACE;
+                }
+            }
+            pfd[n].fd = c->fd;
+            pfd[n].events = (short)(POLLIN | (c->out_head ? POLLOUT : 0));
+            pfd[n].revents = 0;
+            pconn[n++] = c;
+        }
+        size_t lidx = n;
+        pfd[n].fd = accepting ? S->lfd : -1;
+        pfd[n].events = POLLIN;
+        pfd[n++].revents = 0;
+        if (S->w) {
+            pfd[n].fd = S->efd;
+            pfd[n].events = POLLIN;
+            pfd[n++].revents = 0;
+            if (!busy && ucp_worker_arm(S->w) == UCS_ERR_BUSY) busy = 1;
+        }
+        int timeout = busy ? 0 : (int)((wake - now) * 1000) + 1;
+        if (timeout < 0) timeout = 0;
+        int r = poll(pfd, n, timeout);
+        if (r < 0 && errno != EINTR) {
+            st = ft_set_error(FT_ERR_NET, "poll: %s", strerror(errno));
+            break;
+        }
+        if (r <= 0) continue;
+        for (size_t i = 0; i < lidx; i++) {
+            conn *c = pconn[i];
+            if (c->dead || !pfd[i].revents) continue;
+            if (pfd[i].revents & POLLOUT) tcp_flush(S, c);
+            if (!c->dead && (pfd[i].revents & (POLLIN | POLLERR | POLLHUP))) tcp_read(S, c);
+        }
+        if (pfd[lidx].revents & POLLIN) accept_conns(S);
     }
-    FT_LOG(FT_LOG_INFO, "serve: shutting down (%llu tensors, %llu bytes in, %llu bytes out)",
+    free(pfd);
+    free(pconn);
+    FT_LOG(FT_LOG_INFO, "serve: shutting down (%llu tensors, %llu bytes in, %llu bytes out; "
+           "%llu connections refused during back-off, %llu UCX messages without a session dropped)",
            (unsigned long long)S->tensors, (unsigned long long)S->bytes_in,
-           (unsigned long long)S->bytes_out);
+           (unsigned long long)S->bytes_out, (unsigned long long)S->refused,
+           (unsigned long long)S->dropped_am);
 out:
     cleanup(S);
     return st;

@@ -229,7 +229,7 @@ static void file_close(ft_store_backend *b)
 }
 
 static const ft_store_ops file_ops = {file_put, file_get, file_del, file_stat,
-                                      file_list, file_stats, file_close, NULL};
+                                      file_list, file_stats, file_close, NULL, NULL};
 
 ft_status ft_file_backend_open(const char *dir, ft_store_backend **out)
 {

@@ -156,7 +156,7 @@ static void mem_close(ft_store_backend *b)
 }
 
 static const ft_store_ops mem_ops = {mem_put, mem_get, mem_del, mem_stat,
-                                     mem_list, mem_stats, mem_close, NULL};
+                                     mem_list, mem_stats, mem_close, NULL, NULL};
 
 ft_status ft_mem_backend_open(ft_store_backend **out)
 {

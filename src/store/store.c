@@ -244,6 +244,7 @@ static ft_status do_write(ft_store *s, wctx *w, const char *key,
         raw.codec = FT_CODEC_RAW;
         cp = &raw;
     }
+    if (s->be->ops->write) return s->be->ops->write(s->be, key, w->cc, &w->enc, t, cp);
     size_t bound = ft_encode_bound(cp, t->dtype, t->ndim, t->shape);
     if (bound == 0)
         return ft_set_error(FT_ERR_INVALID_ARG, "invalid codec params or shape for '%s'", key);

@@ -36,6 +36,11 @@ typedef struct ft_store_ops {
     ft_status (*read)(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
                       ft_buf *scratch, ft_tensor *dst, size_t cap, int alloc,
                       int alloc_dtype);
+    /* Optional (NULL: ft_encode + put): encode and store in one go, e.g.
+     * sending each run of chunks while the next is being encoded. scratch
+     * is a reusable buffer. */
+    ft_status (*write)(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
+                       ft_buf *scratch, const ft_tensor *t, const ft_codec_params *cp);
 } ft_store_ops;
 
 struct ft_store_backend {

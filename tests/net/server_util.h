@@ -45,9 +45,17 @@ static inline int srv_start(srv_t *s, const char *listen, const char *const *arg
 {
     const char *bin = getenv("FT_BIN");
     if (!bin) { fprintf(stderr, "FT_BIN not set\n"); return -1; }
-    const char *argv[24] = {bin, "serve", "--listen", listen};
+    const char *argv[32] = {bin, "serve", "--listen", listen};
     int n = 4;
     for (int i = 0; args && args[i] && n < 22; i++) argv[n++] = args[i];
+    /* FT_TEST_SERVE_EXTRA: more options for every node (e.g. the UCX-path
+     * variant of the tests runs them with --trusted-network) */
+    static char extra[256];
+    const char *ex = getenv("FT_TEST_SERVE_EXTRA");
+    if (ex) {
+        snprintf(extra, sizeof extra, "%s", ex);
+        for (char *tok = strtok(extra, " "); tok && n < 30; tok = strtok(NULL, " ")) argv[n++] = tok;
+    }
     argv[n] = NULL;
     int fds[2];
     if (pipe(fds) != 0) return -1;

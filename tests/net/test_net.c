@@ -474,31 +474,67 @@ TEST(net_connect_refused)
     CHECK(!s && ft_now() - t0 < 10.0);
 }
 
-#include "net/msg.h"
+#include "net/raw_client.h"
+
+static size_t enc(uint8_t *h, uint16_t op, uint64_t id, int32_t status, const char *key,
+                  uint64_t dlen, uint64_t aux, uint64_t arg, uint64_t xid)
+{
+    ft_msg m;
+    memset(&m, 0, sizeof m);
+    m.opcode = op;
+    m.req_id = id;
+    m.status = status;
+    m.key = key;
+    m.key_len = key ? (uint32_t)strlen(key) : 0;
+    m.data_len = dlen;
+    m.aux = aux;
+    m.arg = arg;
+    m.xid = xid;
+    return ft_msg_encode(h, &m);
+}
 
 TEST(msg_parse_rules)
 {
     uint8_t h[FT_MSG_MAX_HDR];
     ft_msg m;
-    size_t n = ft_msg_encode(h, FT_OP_PUT, 42, 0, "k/1", 3, 1000, 0xabc, 0);
+    size_t n = enc(h, FT_OP_PUT, 42, 0, "k/1", 1000, 0xabc, 7, 0);
     CHECK(n == FT_MSG_HDR_SIZE + 3);
-    CHECK_OK(ft_msg_parse(h, n, 1000, 0, 1 << 20, &m));
+    CHECK_OK(ft_msg_parse(h, n, 0, 1 << 20, &m));
     CHECK(m.opcode == FT_OP_PUT && m.req_id == 42 && m.key_len == 3 && !memcmp(m.key, "k/1", 3) &&
-          m.data_len == 1000 && m.aux == 0xabc);
-    CHECK(ft_msg_parse(h, n, 999, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* length mismatch */
-    CHECK(ft_msg_parse(h, n, 1000, 0, 999, &m) == FT_ERR_PROTOCOL);       /* over the limit */
-    CHECK(ft_msg_parse(h, n - 1, 1000, 0, 1 << 20, &m) == FT_ERR_PROTOCOL); /* truncated key */
-    CHECK(ft_msg_parse(h, n, 1000, 1, 1 << 20, &m) == FT_ERR_PROTOCOL);   /* not a reply */
-    h[4] = 2;
-    CHECK(ft_msg_parse(h, n, 1000, 0, 1 << 20, &m) == FT_ERR_UNSUPPORTED); /* version */
-    n = ft_msg_encode(h, FT_OP_GET, 1, 0, NULL, 0, 0, 0, 0);
-    CHECK(ft_msg_parse(h, n, 0, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);      /* GET needs a key */
-    n = ft_msg_encode(h, 99, 1, 0, NULL, 0, 0, 0, 0);
-    CHECK(ft_msg_parse(h, n, 0, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);      /* opcode */
-    n = ft_msg_encode(h, FT_OP_HELLO, 1, 0, NULL, 0, 5000, 0, 0);
-    CHECK(ft_msg_parse(h, n, 5000, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);   /* token too long */
-    n = ft_msg_encode(h, FT_OP_GET | FT_OP_REPLY, 9, FT_ERR_NOT_FOUND, NULL, 0, 0, 0, 0);
-    CHECK_OK(ft_msg_parse(h, n, 0, 1, 0, &m));
+          m.data_len == 1000 && m.aux == 0xabc && m.arg == 7);
+    size_t hl = 0;
+    CHECK_OK(ft_msg_header_len(h, &hl));
+    CHECK(hl == n);
+    CHECK(ft_msg_parse(h, n, 0, 999, &m) == FT_ERR_NO_SPACE);         /* over the limit */
+    CHECK(ft_msg_parse(h, n - 1, 0, 1 << 20, &m) == FT_ERR_PROTOCOL); /* truncated key */
+    CHECK(ft_msg_parse(h, n, 1, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* not a reply */
+    h[4] = 1;
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_UNSUPPORTED);  /* protocol 1 */
+    CHECK(ft_msg_header_len(h, &hl) == FT_ERR_UNSUPPORTED);
+    n = enc(h, FT_OP_GET, 1, 0, NULL, 0, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* GET needs a key */
+    n = enc(h, 99, 1, 0, NULL, 0, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* opcode */
+    n = enc(h, FT_OP_HELLO, 1, 0, NULL, 5000, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* HELLO is 32 bytes */
+    n = enc(h, FT_OP_HELLO, 1, 0, NULL, FT_MSG_NONCE, 0, 0, 0);
+    CHECK_OK(ft_msg_parse(h, n, 0, 1 << 20, &m));
+    n = enc(h, FT_OP_AUTH, 1, 0, NULL, 31, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* proof size */
+    n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, 0, 0);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* no transfer id */
+    n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, (1 << 20) - 50, 9);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_NO_SPACE);     /* beyond the pool */
+    n = enc(h, FT_OP_PUTD, 1, 0, NULL, 0, 0, 64, 9);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* empty */
+    n = enc(h, FT_OP_PUTD, 1, 0, NULL, 100, 0, 4096, 9);
+    CHECK_OK(ft_msg_parse(h, n, 0, 1 << 20, &m));
+    n = enc(h, FT_OP_GET, 1, 0, "k", 0, 0, 0, 5);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* stray transfer id */
+    n = enc(h, FT_OP_PUTB, 1, 0, "k", 0, 100, 50, 3);
+    CHECK(ft_msg_parse(h, n, 0, 1 << 20, &m) == FT_ERR_PROTOCOL);     /* header > frame */
+    n = enc(h, FT_OP_GET | FT_OP_REPLY, 9, FT_ERR_NOT_FOUND, NULL, 0, 0, 0, 0);
+    CHECK_OK(ft_msg_parse(h, n, 1, 0, &m));
     CHECK(m.status == FT_ERR_NOT_FOUND && m.req_id == 9);
     uint8_t list[] = {2, 0, 0, 0, 1, 0, 'a', 2, 0, 'b', 'c'};
     char **keys = NULL;
@@ -511,106 +547,62 @@ TEST(msg_parse_rules)
     CHECK(ft_msg_list_parse(list, sizeof list, &keys, &nk) == FT_ERR_PROTOCOL);
 }
 
-/* A raw UCP client sends malformed requests: each gets an error reply on
- * the side that caused it, and the server keeps serving others. */
-#include <ucp/api/ucp.h>
-
-typedef struct { int got; int32_t status; uint64_t id; } raw_reply;
-
-static ucs_status_t raw_reply_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
-                                 const ucp_am_recv_param_t *p)
-{
-    raw_reply *r = arg;
-    (void)d; (void)l; (void)p;
-    if (hl >= FT_MSG_HDR_SIZE) {
-        r->status = (int32_t)ft_get_le32((const uint8_t *)h + 16);
-        r->id = ft_get_le64((const uint8_t *)h + 8);
-    }
-    r->got++;
-    return UCS_OK;
-}
-
-static int raw_send(ucp_worker_h w, ucp_ep_h ep, raw_reply *r, const void *hdr, size_t hlen,
-                    const void *data, size_t dlen)
-{
-    int before = r->got;
-    ucp_request_param_t rp;
-    memset(&rp, 0, sizeof rp);
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t q = ucp_am_send_nbx(ep, FT_AM_REQUEST, hdr, hlen, data, dlen, &rp);
-    if (UCS_PTR_IS_ERR(q)) return 0;
-    double dl = ft_now() + 5;
-    while (ft_now() < dl && (r->got == before || (q && ucp_request_check_status(q) == UCS_INPROGRESS)))
-        ucp_worker_progress(w);
-    if (q) ucp_request_free(q);
-    return r->got > before;
-}
-
+/* A raw client sends malformed requests: each gets an error reply on the
+ * side that caused it (a stream whose framing is lost is closed), and the
+ * node keeps serving others. */
 TEST(net_malformed_messages)
 {
     srv_t srv;
     const char *args[] = {"--capacity", "16M", NULL};
     int up_ = srv_start(&srv, "127.0.0.1:0", args);   /* REQUIRE evaluates twice */
     REQUIRE(up_ == 0);
-    ucp_config_t *cfg;
-    ucp_context_h ctx;
-    ucp_worker_h w;
-    ucp_ep_h ep;
-    /* (REQUIRE evaluates its condition twice: call first, then check) */
-    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
-    REQUIRE(s == UCS_OK);
-    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
-    s = ucp_init(&up, cfg, &ctx);
-    ucp_config_release(cfg);
-    REQUIRE(s == UCS_OK);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    s = ucp_worker_create(ctx, &wp, &w);
-    REQUIRE(s == UCS_OK);
-    raw_reply r = {0, 0, 0};
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                 .id = FT_AM_REPLY, .cb = raw_reply_cb, .arg = &r};
-    CHECK(ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)srv.port)};
-    sa.sin_addr.s_addr = htonl(0x7f000001);
-    ucp_ep_params_t ep_p;
-    memset(&ep_p, 0, sizeof ep_p);
-    ep_p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep_p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep_p.sockaddr.addr = (const struct sockaddr *)&sa;
-    ep_p.sockaddr.addrlen = sizeof sa;
-    ep_p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    s = ucp_ep_create(w, &ep_p, &ep);
-    REQUIRE(s == UCS_OK);
-
-    uint8_t h[FT_MSG_MAX_HDR + 64];
-    /* GET before HELLO: not authenticated */
-    size_t n = ft_msg_encode(h, FT_OP_GET, 11, 0, "k", 1, 0, 0, 0);
-    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 11 && r.status == FT_ERR_AUTH);
+    ft_msg m;
+    uint8_t buf[512];
+    /* GET before authenticating: refused, and the connection closed */
+    int fd = raw_connect(srv.port, NULL);
+    REQUIRE(fd >= 0);
+    CHECK(raw_send(fd, FT_OP_GET, 11, "k", NULL, 0, 0, 0, 0) == 0);
+    CHECK(raw_recv(fd, &m, buf, sizeof buf, 5000) == 0 && m.req_id == 11 && m.status == FT_ERR_AUTH);
+    CHECK(raw_closed(fd, 3000));
+    close(fd);
     /* another protocol version */
-    n = ft_msg_encode(h, FT_OP_HELLO, 12, 0, NULL, 0, 0, 0, 0);
-    h[4] = 9;
-    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 12 && r.status == FT_ERR_UNSUPPORTED);
-    /* a good HELLO, then garbage */
-    n = ft_msg_encode(h, FT_OP_HELLO, 13, 0, NULL, 0, 0, 0, 0);
-    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 13 && r.status == FT_OK);
-    n = ft_msg_encode(h, FT_OP_GET, 14, 0, "k", 1, 0, 0, 0);
-    ft_put_le32(h + 20, 300);   /* key_len beyond the limit and the header */
-    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 14 && r.status == FT_ERR_PROTOCOL);
-    n = ft_msg_encode(h, FT_OP_PUT, 15, 0, "k", 1, 100, 0, 0);   /* header says 100, 10 sent */
-    CHECK(raw_send(w, ep, &r, h, n, "0123456789", 10) && r.id == 15 && r.status == FT_ERR_PROTOCOL);
-    n = ft_msg_encode(h, FT_OP_PUT, 16, 0, "k", 1, 64, 0, 0);    /* not a frame */
-    char junk[64];
-    memset(junk, 'x', sizeof junk);
-    CHECK(raw_send(w, ep, &r, h, n, junk, 64) && r.id == 16 && r.status == FT_ERR_CORRUPT);
-    n = ft_msg_encode(h, FT_OP_GET, 17, 0, "k", 1, 0, 0, 0);      /* nothing was stored */
-    CHECK(raw_send(w, ep, &r, h, n, NULL, 0) && r.id == 17 && r.status == FT_ERR_NOT_FOUND);
-
-    /* the server still serves a normal client */
+    fd = raw_connect(srv.port, NULL);
+    uint8_t h[FT_MSG_MAX_HDR];
+    size_t n = enc(h, FT_OP_HELLO, 12, 0, NULL, 0, 0, 0, 0);
+    h[4] = 1;
+    CHECK(raw_write(fd, h, n) == 0);
+    CHECK(raw_recv(fd, &m, buf, sizeof buf, 5000) == 0 && m.req_id == 12 &&
+          m.status == FT_ERR_UNSUPPORTED);
+    CHECK(raw_closed(fd, 3000));
+    close(fd);
+    /* authenticated, then garbage */
+    struct { const char *what; uint16_t op; const char *key; uint64_t dlen, aux, arg, xid; int keylen_override;
+             ft_status want; int closes; } cases[] = {
+        {"key_len beyond the limit", FT_OP_GET, "k", 0, 0, 0, 0, 300, FT_ERR_PROTOCOL, 1},
+        {"not a frame", FT_OP_PUT, "k", 64, 0, 0, 0, -1, FT_ERR_CORRUPT, 0},
+        {"nothing stored", FT_OP_GET, "k", 0, 0, 0, 0, -1, FT_ERR_NOT_FOUND, 0},
+        {"unknown transfer", FT_OP_PUTD, NULL, 100, 0, 4096, 77, -1, FT_ERR_PROTOCOL, 0},
+        {"frame above capacity", FT_OP_PUT, "k", 1ull << 30, 0, 0, 0, -1, FT_ERR_NO_SPACE, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fd = raw_connect(srv.port, NULL);
+        REQUIRE(fd >= 0);
+        CHECK_MSG(raw_handshake(fd, NULL, NULL, NULL) == FT_OK, "%s", cases[i].what);
+        n = enc(h, cases[i].op, 100 + i, 0, cases[i].key, cases[i].dlen, cases[i].aux, cases[i].arg,
+                cases[i].xid);
+        if (cases[i].keylen_override >= 0) ft_put_le32(h + 20, (uint32_t)cases[i].keylen_override);
+        CHECK(raw_write(fd, h, n) == 0);
+        if (cases[i].dlen && cases[i].dlen < 4096) {
+            uint8_t junk[4096];
+            memset(junk, 'x', sizeof junk);
+            CHECK(raw_write(fd, junk, (size_t)cases[i].dlen) == 0);
+        }
+        CHECK_MSG(raw_recv(fd, &m, buf, sizeof buf, 5000) == 0 && m.req_id == 100 + i &&
+                  m.status == cases[i].want, "%s: status %d", cases[i].what, m.status);
+        if (cases[i].closes) CHECK_MSG(raw_closed(fd, 3000), "%s", cases[i].what);
+        close(fd);
+    }
+    /* the node still serves a normal client */
     ft_store *st = NULL;
     CHECK_OK(open_client(&srv, NULL, 0, &st));
     if (st) {
@@ -625,15 +617,6 @@ TEST(net_malformed_messages)
         ft_free_aligned(out.data);
     }
     ft_store_close(st);
-    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t q = ucp_ep_close_nbx(ep, &cp);
-    if (q && !UCS_PTR_IS_ERR(q)) {
-        while (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_worker_progress(w);
-        ucp_request_free(q);
-    }
-    ucp_worker_destroy(w);
-    ucp_cleanup(ctx);
     CHECK(srv_stop(&srv) == 0);
 }
 

@@ -189,10 +189,11 @@ def test_frames_and_stats(memory_node):
 
 def test_auth(tmp_path):
     tf = tmp_path / "token"
-    tf.write_text("s3cret-token")
+    tf.write_text("s3cret-token-0123456789")
+    tf.chmod(0o600)   # the node refuses a token file others can read
     node = MemoryNode(capacity="16M", token_file=tf)
     try:
-        with flextier.Store(node.uri, token="s3cret-token") as st:
+        with flextier.Store(node.uri, token="s3cret-token-0123456789") as st:
             st.write_tensor("a", np.arange(10, dtype=np.int32))
         with flextier.Store(node.uri, token_file=str(tf)) as st:
             assert st.read_tensor("a").tolist() == list(range(10))
@@ -203,6 +204,23 @@ def test_auth(tmp_path):
             assert isinstance(ei.value, PermissionError)
     finally:
         node.stop()
+
+
+def test_serve_refuses_public_address_without_token():
+    import subprocess
+    cmd = [sys.executable, "-m", "flextier", "serve", "--listen", "0.0.0.0:0", "--capacity", "1M"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "--insecure" in (r.stderr + r.stdout)
+    p = subprocess.Popen(cmd + ["--insecure"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        assert "listening on 0.0.0.0:" in line
+    finally:
+        p.terminate()
+        p.wait(10)
+        p.stdout.close()
+        p.stderr.close()
 
 
 def test_node_gone(tmp_path):
