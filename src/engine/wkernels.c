@@ -39,79 +39,91 @@ ft_status ft_wmat_check(const ft_wmat *W, const char *what)
 
 /* ------------------------------------------------------ preparation */
 
+/* From this many rows on, f32/bf16/f16 products use x transposed. */
+#define WK_XT_ROWS 8
+
 static ft_wk_mode wk_mode(const ft_wmat *W, int rows)
 {
-    if (is_q(W->fmt)) return FT_WK_X_Q8;
-    if (W->fmt == FT_WF_BF16 && rows > FT_WK_DECODE_ROWS) return FT_WK_X_BF16;
-    return FT_WK_X_F32;
+    if (is_q(W->fmt)) return rows <= FT_WK_DECODE_ROWS ? FT_WK_X_Q8 : FT_WK_X_T;
+    return rows >= WK_XT_ROWS ? FT_WK_X_T : FT_WK_X_F32;
 }
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* F32 weights, 8..32 rows: room for x transposed (used when the engine's
- * AVX-512 matmul_xt exists). */
-static int wk_f32_xt(const ft_wmat *W, int rows)
+typedef struct { size_t xq, xs4, xsum4, xs, xsum, total; int gpr, nsb, nquad; } qlayout;
+
+static qlayout q_layout(const ft_wmat *W, int rows)
 {
-    return W->fmt == FT_WF_F32 && rows >= 8 && rows <= FT_WK_DECODE_ROWS;
+    qlayout L;
+    L.gpr = W->cols / W->group;
+    L.nsb = (W->group + 15) / 16;
+    L.nquad = (rows + 3) / 4;
+    size_t ng = (size_t)L.nquad * (size_t)L.gpr;
+    L.xq = 0;
+    L.xs4 = al64(ng * (size_t)L.nsb * 64);
+    L.xsum4 = L.xs4 + al64(ng * 16 * sizeof(float));
+    L.xs = L.xsum4 + al64(ng * 16 * sizeof(float));
+    L.xsum = L.xs + al64(ng * 4 * sizeof(float));
+    L.total = L.xsum + al64(ng * 4 * sizeof(float));
+    return L;
 }
 
 size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 {
     if (!W || rows < 1 || W->cols < 1) return 0;
-    size_t R = (size_t)rows, C = (size_t)W->cols;
     switch (wk_mode(W, rows)) {
-    case FT_WK_X_F32:
-        return wk_f32_xt(W, rows) ? al64(C * 32 * sizeof(float)) : 0;
-    case FT_WK_X_BF16:
-        return al64(R * ((C + 31) & ~(size_t)31) * 2);
-    case FT_WK_X_Q8: {
-        if (W->group < 1) return 0;
-        size_t gpr = C / (size_t)W->group, gpad = ((size_t)W->group + 63) & ~(size_t)63;
-        return al64(R * gpr * gpad) + 2 * al64(R * gpr * sizeof(float));
+    case FT_WK_X_F32: return 0;
+    case FT_WK_X_T: {
+        size_t ldx = rows <= 16 ? 16 : 32, nb = ((size_t)rows + ldx - 1) / ldx;
+        return al64(nb * (size_t)W->cols * ldx * sizeof(float));
     }
+    case FT_WK_X_Q8:
+        if (W->group < 1 || W->cols % W->group) return 0;
+        return q_layout(W, rows).total;
     }
     return 0;
 }
 
-/* Position of element i of a group in its prepared (padded, for q4
- * permuted) form. */
-static inline size_t qpos(int q4, int i)
+/* Byte offset of element i of group g of row r in the X_Q8 layout. */
+static inline size_t qoff(int q4, int gpr, int nsb, int r, int g, int i)
 {
-    int u = i >> 6, j = i & 63;
-    if (q4) j = (j & 1) ? 32 + (j >> 1) : (j >> 1);
-    return (size_t)u * 64 + (size_t)j;
+    int e = i & 15;
+    if (q4) e = (e & 1) ? 8 + (e >> 1) : (e >> 1);
+    return ft_wk_qsub(gpr, nsb, r, g, i >> 4) + (size_t)e;
 }
 
 /* The activation quantizer (see wkernels.h): per (row, group) symmetric
  * int8. Integer and max operations only, plus one multiply and one
- * rounding per element, so it is the same on every CPU. */
-static void prep_q(const ft_wmat *W, const float *x, int rows, int8_t *xq, float *xs, float *xsum,
-                   int gpad)
+ * rounding per element, so every table's version writes the same bytes
+ * (tested). d's buffers are zeroed by the caller. */
+void ft_wk_prep_q_ref(const ft_wk_qdst *d, const float *x, int rows)
 {
-    int G = W->group, gpr = W->cols / G, q4 = W->fmt == FT_WF_Q4;
-    memset(xq, 0, (size_t)rows * (size_t)gpr * (size_t)gpad);
+    int G = d->group, gpr = d->gpr, nsb = d->nsb, q4 = d->q4;
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < gpr; g++) {
-            const float *v = x + (size_t)r * W->cols + (size_t)g * G;
-            int8_t *d = xq + ((size_t)r * gpr + g) * (size_t)gpad;
+            const float *v = x + (size_t)r * d->cols + (size_t)g * G;
             float amax = 0.0f;
             for (int i = 0; i < G; i++) {
                 float a = fabsf(v[i]);
                 amax = a > amax || a != a ? a : amax;   /* NaN sticks */
             }
-            size_t k = (size_t)r * gpr + g;
-            if (!(amax <= 3.4e38f)) { xs[k] = NAN; xsum[k] = NAN; continue; }   /* NaN / Inf */
-            if (amax == 0.0f) { xs[k] = 0.0f; xsum[k] = 0.0f; continue; }
-            float inv = 127.0f / amax;
-            int sum = 0;
-            for (int i = 0; i < G; i++) {
-                float t = rintf(v[i] * inv);      /* |t| <= 127 up to rounding: clamp */
-                int q = t > 127.0f ? 127 : t < -127.0f ? -127 : (int)t;
-                d[qpos(q4, i)] = (int8_t)q;
-                sum += q;
+            float s = 0.0f, sum = 0.0f;
+            if (!(amax <= 3.4e38f)) {                  /* NaN / Inf: poison the group */
+                s = NAN;
+                sum = NAN;
+            } else if (amax > 0.0f) {
+                float inv = 127.0f / amax;
+                int isum = 0;
+                for (int i = 0; i < G; i++) {
+                    float t = rintf(v[i] * inv);      /* |t| <= 127 up to rounding: clamp */
+                    int q = t > 127.0f ? 127 : t < -127.0f ? -127 : (int)t;
+                    d->xq[qoff(q4, gpr, nsb, r, g, i)] = (int8_t)q;
+                    isum += q;
+                }
+                s = amax / 127.0f;
+                sum = s * (float)isum;
             }
-            xs[k] = amax / 127.0f;
-            xsum[k] = xs[k] * (float)sum;
+            ft_wk_prep_q_put(d, r, g, s, sum);
         }
 }
 
@@ -134,46 +146,38 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
     t.cols = W->cols;
     t.group = is_q(W->fmt) ? W->group : 0;
     t.x = x;
-    if (t.mode == FT_WK_X_F32 && wk_f32_xt(W, rows) && ft_k_get()->matmul_xt) {
+    if (t.mode == FT_WK_X_T) {
         t.ldx = rows <= 16 ? 16 : 32;
-        ft_k_transpose_rows(ws, t.ldx, x, rows, W->cols);
-        t.xt = ws;
-    } else if (t.mode == FT_WK_X_BF16) {
-        int ldb = (W->cols + 31) & ~31;
-        uint16_t *xb = ws;
-        for (int r = 0; r < rows; r++) {
-            ft_f32_to_bf16(xb + (size_t)r * ldb, x + (size_t)r * W->cols, (size_t)W->cols);
-            for (int i = W->cols; i < ldb; i++) xb[(size_t)r * ldb + i] = 0;
+        t.nblk = (rows + t.ldx - 1) / t.ldx;
+        float *xt = ws;
+        for (int b = 0; b < t.nblk; b++) {
+            int nr = rows - b * t.ldx < t.ldx ? rows - b * t.ldx : t.ldx;
+            ft_k_transpose_rows(xt + (size_t)b * W->cols * t.ldx, t.ldx, x + (size_t)b * t.ldx * W->cols,
+                                nr, W->cols);
         }
-        t.xb = xb;
-        t.ldb = ldb;
+        t.xt = xt;
     } else if (t.mode == FT_WK_X_Q8) {
-        size_t gpr = (size_t)(W->cols / W->group), gpad = ((size_t)W->group + 63) & ~(size_t)63;
-        int8_t *xq = ws;
-        float *xs = (float *)((char *)ws + al64((size_t)rows * gpr * gpad));
-        float *xsum = (float *)((char *)xs + al64((size_t)rows * gpr * sizeof(float)));
-        prep_q(W, x, rows, xq, xs, xsum, (int)gpad);
-        t.xq = xq;
-        t.xs = xs;
-        t.xsum = xsum;
-        t.gpad = (int)gpad;
-        t.gpr = (int)gpr;
+        qlayout L = q_layout(W, rows);
+        uint8_t *w8 = ws;
+        memset(w8, 0, L.total);   /* padding rows and sub-block tails are 0 */
+        ft_wk_qdst d = {(int8_t *)(w8 + L.xq), (float *)(w8 + L.xs4), (float *)(w8 + L.xsum4),
+                        (float *)(w8 + L.xs), (float *)(w8 + L.xsum), W->cols, W->group, L.gpr, L.nsb,
+                        W->fmt == FT_WF_Q4};
+        ft_wk_best()->prep_q(&d, x, rows);
+        t.xq = (const int8_t *)(w8 + L.xq);
+        t.xs4 = (const float *)(w8 + L.xs4);
+        t.xsum4 = (const float *)(w8 + L.xsum4);
+        t.xs = (const float *)(w8 + L.xs);
+        t.xsum = (const float *)(w8 + L.xsum);
+        t.nsb = L.nsb;
+        t.gpr = L.gpr;
+        t.nquad = L.nquad;
     }
     *a = t;
     return FT_OK;
 }
 
 /* ---------------------------------------------------- scalar reference */
-
-static inline float wval(const ft_wmat *W, int o, int i)
-{
-    size_t k = (size_t)o * W->cols + i;
-    switch (W->fmt) {
-    case FT_WF_F32: return ((const float *)W->data)[k];
-    case FT_WF_BF16: return ft_bf16_to_f32_1(((const uint16_t *)W->data)[k]);
-    default: return ft_f16_to_f32_1(((const uint16_t *)W->data)[k]);
-    }
-}
 
 static void product_q_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                           const float *b)
@@ -186,12 +190,11 @@ static void product_q_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *
         for (int r = 0; r < a->rows; r++) {
             float acc = 0.0f;
             for (int g = 0; g < gpr; g++) {
-                const int8_t *xq = a->xq + ((size_t)r * gpr + g) * (size_t)a->gpad;
                 int32_t idot = 0;
                 for (int i = 0; i < G; i++) {
                     size_t k = k0 + (size_t)g * G + i;
                     int q = q4 ? (vals[k >> 1] >> ((k & 1) * 4)) & 15 : vals[k];
-                    idot += q * xq[qpos(q4, i)];
+                    idot += q * a->xq[qoff(q4, gpr, a->nsb, r, g, i)];
                 }
                 uint16_t m16 = (uint16_t)(par[4 * g] | par[4 * g + 1] << 8);
                 uint16_t s16 = (uint16_t)(par[4 * g + 2] | par[4 * g + 3] << 8);
@@ -203,22 +206,40 @@ static void product_q_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *
     }
 }
 
+/* Element i of row o, as stored (q8/q4: dequantized as the codec does). */
+static inline float wval(const ft_wmat *W, int o, int i)
+{
+    size_t k = (size_t)o * W->cols + i;
+    switch (W->fmt) {
+    case FT_WF_F32: return ((const float *)W->data)[k];
+    case FT_WF_BF16: return ft_bf16_to_f32_1(((const uint16_t *)W->data)[k]);
+    case FT_WF_F16: return ft_f16_to_f32_1(((const uint16_t *)W->data)[k]);
+    default: {
+        const uint8_t *par, *vals;
+        size_t k0;
+        ft_wk_qrow(W, o, &par, &vals, &k0);
+        int g = i / W->group;
+        size_t e = k0 + (size_t)i;
+        int q = W->fmt == FT_WF_Q4 ? (vals[e >> 1] >> ((e & 1) * 4)) & 15 : vals[e];
+        float m = ft_f16_to_f32_1((uint16_t)(par[4 * g] | par[4 * g + 1] << 8));
+        float st = ft_f16_to_f32_1((uint16_t)(par[4 * g + 2] | par[4 * g + 3] << 8));
+        return (float)q * st + m;
+    }
+    }
+}
+
 void ft_wk_product_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                        const float *b)
 {
     if (o0 >= o1) return;
     if (a->mode == FT_WK_X_Q8) { product_q_ref(y, ldy, a, W, o0, o1, b); return; }
-    if (a->xt) {
-        ft_k_matmul_xt_ref(y + o0, ldy, a->xt, a->ldx, a->rows, (const float *)W->data + (size_t)o0 * W->cols,
-                           o1 - o0, W->cols, b ? b + o0 : NULL);
-        return;
-    }
     for (int o = o0; o < o1; o++)
         for (int r = 0; r < a->rows; r++) {
             float acc = 0.0f;
-            if (a->mode == FT_WK_X_BF16) {
-                const uint16_t *xb = a->xb + (size_t)r * a->ldb;
-                for (int i = 0; i < W->cols; i++) acc += ft_bf16_to_f32_1(xb[i]) * wval(W, o, i);
+            if (a->mode == FT_WK_X_T) {
+                /* one fused chain per output, as ft_k_matmul_xt_ref */
+                const float *xt = a->xt + (size_t)(r / a->ldx) * W->cols * a->ldx + r % a->ldx;
+                for (int i = 0; i < W->cols; i++) acc = fmaf(xt[(size_t)i * a->ldx], wval(W, o, i), acc);
             } else {
                 const float *x = a->x + (size_t)r * W->cols;
                 for (int i = 0; i < W->cols; i++) acc += x[i] * wval(W, o, i);
@@ -245,7 +266,7 @@ void ft_wk_attend_h_ref(float *out, const float *q, const uint16_t *K, const uin
 
 /* ------------------------------------------------------------ dispatch */
 
-static const ft_wk_table ref_table = {"scalar", ft_wk_product_ref, ft_wk_attend_h_ref};
+static const ft_wk_table ref_table = {"scalar", ft_wk_product_ref, ft_wk_attend_h_ref, ft_wk_prep_q_ref};
 
 static const ft_wk_table *tables[5];
 static int ntables;
@@ -257,7 +278,7 @@ static void tables_init(void)
     const ft_wk_table *t;
     if ((t = ft_wk_avx2())) tables[ntables++] = t;
     if ((t = ft_wk_avx512())) tables[ntables++] = t;
-    if ((t = ft_wk_avx512bf16())) tables[ntables++] = t;
+    if ((t = ft_wk_avx512vnni())) tables[ntables++] = t;
 }
 
 const ft_wk_table *ft_wk_list(int i)

@@ -20,35 +20,39 @@
  * same mathematical product and each SIMD table is tested against the
  * scalar one:
  *
- *   F32 weights                 x as given (exact f32 products; 8..32 rows
- *                               on AVX-512 use x transposed, as the f32
- *                               engine path did, for ft_k_matmul_xt)
- *   BF16 weights, rows <= 32    x as given: f32 x times the weight widened
- *                               exactly to f32 (decode: exact products,
- *                               f32 sums, memory-bound)
- *   BF16 weights, rows > 32     x rounded to bf16 (RNE): bf16 x bf16
- *                               products are exact in f32, summed in f32
- *                               (AVX-512 BF16 vdpbf16ps; prefill)
- *   F16 weights (any rows)      x as given, weights widened exactly
- *   Q8/Q4 weights (any rows)    x quantized per weight group: symmetric
- *                               int8, scale xs = max|x| / 127 per (row,
- *                               group), xq = round_half_even(x * 127/max|x|)
- *                               (0 when the group is all zero). The
- *                               product is then exactly
+ *   f32/bf16/f16, rows < 8      FT_WK_X_F32: x as given. Exact f32
+ *                               products (16-bit weights widened exactly:
+ *                               bf16 by a shift, f16 by vcvtph2ps), f32
+ *                               sums. Decode: memory-bound.
+ *   f32/bf16/f16, rows >= 8;    FT_WK_X_T: x transposed into blocks of
+ *   q8/q4, rows > 32            ldx rows (16 when rows <= 16, else 32).
+ *                               Weight rows (f32 as stored; bf16/f16
+ *                               widened, q8/q4 dequantized as the codec
+ *                               decodes them, into a small f32 panel per
+ *                               block of columns) are broadcast against
+ *                               vectors of x along the rows: exact f32
+ *                               products of the stored (dequantized)
+ *                               weights and the f32 activations, f32 sums.
+ *   q8/q4, rows <= 32           FT_WK_X_Q8: x quantized per weight group:
+ *                               symmetric int8, scale xs = max|x| / 127 per
+ *                               (row, group), xq = round_half_even(x *
+ *                               (127 / max|x|)) (0 for an all-zero group).
+ *                               The product is then exactly
  *                                 sum_g sum_{i in g} (xq_i xs) (q_i s + m)
  *                               = sum_g xs s dot(xq, q) + m xs sum(xq),
- *                               i.e. dequantized activations times
- *                               dequantized weights, with integer dots
- *                               (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw)
- *                               and f32 sums.
+ *                               dequantized activations times dequantized
+ *                               weights, with integer dots (AVX-512 VNNI
+ *                               vpdpbusd, AVX2 vpmaddubsw) and f32 sums.
+ *                               xs * sum(xq) (not the exact sum of x) in
+ *                               the min term keeps it that product.
  *
  * Bounds (tests/engine/test_wkernels.c checks them, with measured values
  * in docs/engine.md): a SIMD table equals the scalar table within f32
- * reassociation, |d| <= 2^-20 * sum_i |x_i w_i| (+ the bias's last bit);
- * the q8/q4 product differs from exact f32 math on the dequantized
- * weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i| (activation
- * rounding) plus reassociation; bf16 prefill by at most
- * 2^-8 sum_i |x_i w_i| (activation rounding). */
+ * reassociation, |d| <= 2 (n + 64) 2^-24 sum_i |x_i w_i| (+ the bias's
+ * last bit); the q8/q4 decode product differs from exact f32 math on the
+ * dequantized weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i|
+ * (activation rounding) plus reassociation; every other mode by
+ * reassociation only. */
 #ifndef FT_ENGINE_WKERNELS_H
 #define FT_ENGINE_WKERNELS_H
 
@@ -62,7 +66,7 @@
 
 typedef enum ft_wk_mode {
     FT_WK_X_F32 = 0,    /* x used as given (not copied)                  */
-    FT_WK_X_BF16 = 1,   /* x rounded to bf16, rows x ldb, zero padded   */
+    FT_WK_X_T = 1,      /* x transposed in blocks of ldx rows            */
     FT_WK_X_Q8 = 2      /* x quantized per group to int8                 */
 } ft_wk_mode;
 
@@ -74,20 +78,22 @@ typedef struct ft_wk_act {
     ft_wfmt fmt;             /* the weights' format it was prepared for */
     int rows, cols, group;
     const float *x;          /* X_F32: rows x cols, row stride cols          */
-    const float *xt;         /* X_F32, F32 weights, 8..32 rows on AVX-512:
-                                x transposed, xt[i*ldx + r] (ft_k_transpose_rows) */
-    int ldx;
-    const uint16_t *xb;      /* X_BF16: rows x ldb bf16, ldb = cols rounded
-                                up to 32, zeros past cols                  */
-    int ldb;
-    /* X_Q8: group g of row r is gpad = group rounded up to 64 bytes at
-     * xq + (r*gpr + g)*gpad, in units of 64 elements; q4 (and only q4)
-     * stores each unit's even elements first, the odd ones from byte 32
-     * (so that low nibbles meet evens); zero padded. xs[r*gpr + g] is the
-     * group's scale, xsum[r*gpr + g] = xs * sum of its int8 values. */
+    /* X_T: block b (rows [b*ldx, b*ldx + ldx)) at xt + b*cols*ldx holds
+     * x[b*ldx + j][i] at [i*ldx + j], zeros past `rows`; 64-byte aligned. */
+    const float *xt;
+    int ldx, nblk;
+    /* X_Q8: rows are taken in quads (4 rows, zero padded past `rows`).
+     * Group g of quad q is nsb 16-element sub-blocks, sub-block s at
+     * xq + ((q*gpr + g)*nsb + s)*64: 16 bytes per row of the quad, q4
+     * (only) storing each sub-block's even elements first, then its odd
+     * ones (so that low nibbles meet evens); a group whose size is not a
+     * multiple of 16 is zero padded. Per (quad, group), 16 floats:
+     * xs4 = the rows' scales, each repeated 4 times (lane 4j + l: row j);
+     * xsum4 = (xs * sum of the row's int8 values) in lane 4j, 0 elsewhere.
+     * xs / xsum: the same per (row, group), [r*gpr + g]. */
     const int8_t *xq;
-    int gpad, gpr;
-    const float *xs, *xsum;
+    int nsb, gpr, nquad;
+    const float *xs4, *xsum4, *xs, *xsum;
 } ft_wk_act;
 
 /* Check a matrix view against the ft_wmat contract (sizes, format, group
@@ -123,12 +129,40 @@ void ft_wk_attend_h(float *out, const float *q, const uint16_t *K, const uint16_
 
 /* ----------------------------------------------------- kernel tables */
 
+/* Where the X_Q8 quantizer writes (ft_wk_act's layout). */
+typedef struct ft_wk_qdst {
+    int8_t *xq;
+    float *xs4, *xsum4, *xs, *xsum;
+    int cols, group, gpr, nsb, q4;
+} ft_wk_qdst;
+
+/* Row r, group g's scale and xs * sum(xq) into the four float arrays. */
+static inline void ft_wk_prep_q_put(const ft_wk_qdst *d, int r, int g, float s, float sum)
+{
+    size_t k = (size_t)(r >> 2) * (size_t)d->gpr + (size_t)g;
+    for (int l = 0; l < 4; l++) d->xs4[k * 16 + (size_t)(r & 3) * 4 + (size_t)l] = s;
+    d->xsum4[k * 16 + (size_t)(r & 3) * 4] = sum;
+    d->xs[(size_t)r * d->gpr + (size_t)g] = s;
+    d->xsum[(size_t)r * d->gpr + (size_t)g] = sum;
+}
+
+/* Byte offset of sub-block sb (16 elements) of group g of row r in
+ * the X_Q8 layout; element e of the sub-block at + e (q8) or + (e odd ?
+ * 8 + e/2 : e/2) (q4). */
+static inline size_t ft_wk_qsub(int gpr, int nsb, int r, int g, int sb)
+{
+    return (((size_t)(r >> 2) * (size_t)gpr + (size_t)g) * (size_t)nsb + (size_t)sb) * 64 + (size_t)(r & 3) * 16;
+}
+
 typedef struct ft_wk_table {
     const char *name;
     void (*product)(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                     const float *b);
     void (*attend_h)(float *out, const float *q, const uint16_t *K, const uint16_t *V, int ld,
                      int npos, int hd, float scale, float *sc, int f16);
+    /* the X_Q8 activation quantizer for rows [0, rows), into zeroed
+     * buffers: the same bytes in every table */
+    void (*prep_q)(const ft_wk_qdst *d, const float *x, int rows);
 } ft_wk_table;
 
 /* Every table usable on this CPU: 0 is the scalar reference (always),
@@ -143,6 +177,7 @@ void ft_wk_product_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
                        const float *b);
 void ft_wk_attend_h_ref(float *out, const float *q, const uint16_t *K, const uint16_t *V, int ld,
                         int npos, int hd, float scale, float *sc, int f16);
+void ft_wk_prep_q_ref(const ft_wk_qdst *d, const float *x, int rows);
 
 /* Helper shared with the SIMD file: row o of a q8/q4 matrix has its
  * gpr (min, step) f16 pairs at *par and its value j at index *k0 + j of
@@ -162,8 +197,7 @@ static inline void ft_wk_qrow(const ft_wmat *W, int o, const uint8_t **par, cons
 
 /* SIMD tables (wkernels_x86.c); NULL when the CPU lacks what they need. */
 const ft_wk_table *ft_wk_avx2(void);       /* AVX2 + FMA + F16C            */
-const ft_wk_table *ft_wk_avx512(void);     /* + AVX-512 F/BW/VL; q8/q4 with
-                                              VNNI where present, else as avx2 */
-const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (vdpbf16ps
-                                              prefill) and AVX512_VNNI   */
+const ft_wk_table *ft_wk_avx512(void);     /* + AVX-512 F/BW/VL (q8/q4 decode
+                                              as avx2)                    */
+const ft_wk_table *ft_wk_avx512vnni(void); /* + AVX512_VNNI (q8/q4 decode) */
 #endif

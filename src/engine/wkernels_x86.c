@@ -28,50 +28,19 @@
 #include "wkernels.h"
 #include "kernels.h"
 #include "flextier/core.h"
+#include "codec/quant_kern.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* F32 weights: the engine's f32 kernels (the decode ones are
- * ft_k_matmul_rows / ft_k_matmul_xt), OpenBLAS sgemm for prefill. */
-static void product_f32(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
-                        const float *b)
-{
-    const ft_kernels *kn = ft_k_get();
-    const float *Wd = (const float *)W->data + (size_t)o0 * W->cols;
-    const float *bb = b ? b + o0 : NULL;
-    if (a->xt) {
-        kn->matmul_xt(y + o0, ldy, a->xt, a->ldx, a->rows, Wd, o1 - o0, W->cols, bb);
-    } else if (a->rows <= FT_WK_DECODE_ROWS) {
-        kn->matmul_rows(y + o0, ldy, a->x, a->rows, Wd, o1 - o0, W->cols, bb);
-    } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a->rows, o1 - o0, W->cols, 1.0f, a->x,
-                    W->cols, Wd, W->cols, 0.0f, y + o0, ldy);
-        if (bb)
-            for (int r = 0; r < a->rows; r++)
-                for (int o = 0; o < o1 - o0; o++) y[(size_t)r * ldy + o0 + o] += bb[o];
-    }
-}
-
-/* Rows per L2 block of activations of `bytes_per_row`, a multiple of m. */
-static int row_block(size_t bytes_per_row, int m)
-{
-    size_t rb = ((size_t)256 << 10) / (bytes_per_row ? bytes_per_row : 1);
-    if (rb < (size_t)m) rb = (size_t)m;
-    if (rb > 4096) rb = 4096;
-    return (int)(rb / (size_t)m * (size_t)m);
-}
-
 #define INL inline __attribute__((always_inline))
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
-#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL _Pragma("GCC unroll 32")
 
 static inline float f16_1(const uint8_t *p) { return ft_f16_to_f32_1((uint16_t)(p[0] | p[1] << 8)); }
 
@@ -94,175 +63,53 @@ AVX2 static INL __m256 h8(const uint16_t *p, int f16)
 
 static INL float h1(uint16_t v, int f16) { return f16 ? ft_f16_to_f32_1(v) : ft_bf16_to_f32_1(v); }
 
-/* O weight rows x R activation rows; x f32 (xh = 0) or bf16 (xh = 1). */
-AVX2 static INL void hx2_blk(float *y, int ldy, const void *xv, int ldx, int xh, const uint16_t *w,
-                             int cols, const float *b, const int O, const int R, const int f16)
+/* O weight rows x R activation rows (x f32). */
+AVX2 static INL void hx2_blk(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int cols,
+                             const float *b, const int O, const int R, const int f16)
 {
     __m256 acc[4][2];
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm256_setzero_ps();
-    const float *xf = xv;
-    const uint16_t *xb = xv;
     int i = 0;
     for (; i + 8 <= cols; i += 8) {
         __m256 wv[4];
         UNROLL for (int o = 0; o < O; o++) wv[o] = h8(w + (size_t)o * cols + i, f16);
         UNROLL for (int r = 0; r < R; r++) {
-            __m256 x = xh ? h8(xb + (size_t)r * ldx + i, 0) : _mm256_loadu_ps(xf + (size_t)r * ldx + i);
-            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm256_fmadd_ps(wv[o], x, acc[o][r]);
+            __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + i);
+            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
         }
     }
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) {
         float s = hsum8(acc[o][r]);
-        for (int k = i; k < cols; k++)
-            s += (xh ? ft_bf16_to_f32_1(xb[(size_t)r * ldx + k]) : xf[(size_t)r * ldx + k])
-                 * h1(w[(size_t)o * cols + k], f16);
+        for (int k = i; k < cols; k++) s += x[(size_t)r * ldx + k] * h1(w[(size_t)o * cols + k], f16);
         y[(size_t)r * ldy + o] = s + (b ? b[o] : 0.0f);
     }
 }
 
-AVX2 static void hx2(float *y, int ldy, const void *x, int ldx, int xh, int rows, const uint16_t *W,
-                     int cols, int o0, int o1, const float *b, int f16)
+AVX2 static void hx2(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W, int cols,
+                     int o0, int o1, const float *b, int f16)
 {
-    int RB = row_block((size_t)cols * 4, 2);
-    for (int r0 = 0; r0 < rows; r0 += RB) {
-        int r1 = rows - r0 < RB ? rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 4 ? 4 : 1;
-            const uint16_t *w = W + (size_t)o * cols;
-            const float *bb = b ? b + o : NULL;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 2 ? 2 : 1;
-                float *yy = y + (size_t)r * ldy + o;
-                const void *xx = xh ? (const void *)((const uint16_t *)x + (size_t)r * ldx)
-                                    : (const void *)((const float *)x + (size_t)r * ldx);
-                if (f16) {
-                    if (O == 4 && R == 2) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 4, 2, 1);
-                    else if (O == 4) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 4, 1, 1);
-                    else if (R == 2) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 1, 2, 1);
-                    else hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 1, 1, 1);
-                } else {
-                    if (O == 4 && R == 2) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 4, 2, 0);
-                    else if (O == 4) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 4, 1, 0);
-                    else if (R == 2) hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 1, 2, 0);
-                    else hx2_blk(yy, ldy, xx, ldx, xh, w, cols, bb, 1, 1, 0);
-                }
-                r += R;
+    for (int o = o0; o < o1;) {
+        int O = o1 - o >= 4 ? 4 : 1;
+        const uint16_t *w = W + (size_t)o * cols;
+        const float *bb = b ? b + o : NULL;
+        for (int r = 0; r < rows;) {
+            int R = rows - r >= 2 ? 2 : 1;
+            float *yy = y + (size_t)r * ldy + o;
+            const float *xx = x + (size_t)r * ldx;
+            if (f16) {
+                if (O == 4 && R == 2) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 4, 2, 1);
+                else if (O == 4) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 4, 1, 1);
+                else if (R == 2) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 1, 2, 1);
+                else hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 1, 1, 1);
+            } else {
+                if (O == 4 && R == 2) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 4, 2, 0);
+                else if (O == 4) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 4, 1, 0);
+                else if (R == 2) hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 1, 2, 0);
+                else hx2_blk(yy, ldy, xx, ldx, w, cols, bb, 1, 1, 0);
             }
-            o += O;
+            r += R;
         }
-    }
-}
-
-/* q8/q4, AVX2: 2 weight rows x R <= 2 activation rows. */
-AVX2 static INL void q2_blk(float *y, int ldy, const ft_wk_act *a, int r0, const ft_wmat *W, int o,
-                            const float *b, const int O, const int R, const int q4)
-{
-    const int G = W->group, gpr = a->gpr, gpad = a->gpad, nu = (G + 63) / 64;
-    const uint8_t *par[2], *vb[2];
-    for (int k = 0; k < O; k++) {
-        const uint8_t *vals;
-        size_t k0;
-        ft_wk_qrow(W, o + k, &par[k], &vals, &k0);
-        vb[k] = vals + (q4 ? k0 / 2 : k0);
-    }
-    __m256 acc[2][2];
-    float msum[2][2] = {{0}};
-    for (int k = 0; k < O; k++) for (int r = 0; r < R; r++) acc[k][r] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(15), x80 = _mm256_set1_epi8((char)0x80);
-    for (int g = 0; g < gpr; g++) {
-        float s[2];
-        for (int k = 0; k < O; k++) {
-            s[k] = f16_1(par[k] + 4 * g + 2);
-            /* q8 multiplies (q - 128): its min term carries the 128 * step */
-            float m = f16_1(par[k] + 4 * g) + (q4 ? 0.0f : 128.0f * s[k]);
-            for (int r = 0; r < R; r++) msum[k][r] += m * a->xsum[(size_t)(r0 + r) * gpr + g];
-        }
-        for (int u = 0; u < nu; u++) {
-            int un = u < nu - 1 ? 64 : G - 64 * (nu - 1);
-            __m256i w0[2], w1[2];
-            for (int k = 0; k < O; k++) {
-                const uint8_t *p = vb[k] + (q4 ? ((size_t)g * G + 64 * (size_t)u) / 2 : (size_t)g * G + 64 * (size_t)u);
-                uint8_t tmp[64];
-                int nb = q4 ? un / 2 : un;
-                if (nb < (q4 ? 32 : 64)) { memset(tmp, 0, sizeof tmp); memcpy(tmp, p, (size_t)nb); p = tmp; }
-                if (q4) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)p);
-                    w0[k] = _mm256_and_si256(v, lo4);
-                    w1[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-                } else {
-                    w0[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), x80);
-                    w1[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 32)), x80);
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const int8_t *xp = a->xq + ((size_t)(r0 + r) * gpr + g) * gpad + 64 * (size_t)u;
-                __m256i x0 = _mm256_load_si256((const __m256i *)xp), x1 = _mm256_load_si256((const __m256i *)(xp + 32));
-                float xs = a->xs[(size_t)(r0 + r) * gpr + g];
-                for (int k = 0; k < O; k++) {
-                    __m256i t;
-                    if (q4) {
-                        t = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0[k], x0),
-                                                               _mm256_maddubs_epi16(w1[k], x1)), ones);
-                    } else {
-                        __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0[k]), _mm256_sign_epi8(x0, w0[k]));
-                        __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(w1[k]), _mm256_sign_epi8(x1, w1[k]));
-                        t = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-                    }
-                    acc[k][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(s[k] * xs), acc[k][r]);
-                }
-            }
-        }
-    }
-    for (int k = 0; k < O; k++)
-        for (int r = 0; r < R; r++)
-            y[(size_t)r * ldy + k] = hsum8(acc[k][r]) + msum[k][r] + (b ? b[k] : 0.0f);
-}
-
-AVX2 static void product_q_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
-                                int o1, const float *b)
-{
-    int q4 = W->fmt == FT_WF_Q4;
-    if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
-    int RB = row_block((size_t)a->gpr * a->gpad, 2);
-    for (int r0 = 0; r0 < a->rows; r0 += RB) {
-        int r1 = a->rows - r0 < RB ? a->rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 2 ? 2 : 1;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 2 ? 2 : 1;
-                float *yy = y + (size_t)r * ldy + o;
-                const float *bb = b ? b + o : NULL;
-                if (q4) {
-                    if (O == 2 && R == 2) q2_blk(yy, ldy, a, r, W, o, bb, 2, 2, 1);
-                    else if (O == 2) q2_blk(yy, ldy, a, r, W, o, bb, 2, 1, 1);
-                    else if (R == 2) q2_blk(yy, ldy, a, r, W, o, bb, 1, 2, 1);
-                    else q2_blk(yy, ldy, a, r, W, o, bb, 1, 1, 1);
-                } else {
-                    if (O == 2 && R == 2) q2_blk(yy, ldy, a, r, W, o, bb, 2, 2, 0);
-                    else if (O == 2) q2_blk(yy, ldy, a, r, W, o, bb, 2, 1, 0);
-                    else if (R == 2) q2_blk(yy, ldy, a, r, W, o, bb, 1, 2, 0);
-                    else q2_blk(yy, ldy, a, r, W, o, bb, 1, 1, 0);
-                }
-                r += R;
-            }
-            o += O;
-        }
-    }
-}
-
-AVX2 static void product_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
-                              const float *b)
-{
-    if (o0 >= o1) return;
-    switch (a->mode) {
-    case FT_WK_X_Q8: product_q_avx2(y, ldy, a, W, o0, o1, b); return;
-    case FT_WK_X_BF16:
-        hx2(y, ldy, a->xb, a->ldb, 1, a->rows, W->data, W->cols, o0, o1, b, 0);
-        return;
-    case FT_WK_X_F32:
-        if (W->fmt == FT_WF_F32) { product_f32(y, ldy, a, W, o0, o1, b); return; }
-        hx2(y, ldy, a->x, W->cols, 0, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
-        return;
+        o += O;
     }
 }
 
@@ -298,22 +145,19 @@ AVX512 static INL __m512 h16(const uint16_t *p, __mmask16 m, int f16)
     return f16 ? _mm512_cvtph_ps(v) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-/* O weight rows x R activation rows, x f32 (xh = 0) or bf16 (xh = 1). */
-AVX512 static INL void hx512_blk(float *y, int ldy, const void *xv, int ldx, const int xh,
-                                 const uint16_t *w, int cols, const float *b, const int O, const int R,
-                                 const int f16)
+/* O weight rows x R activation rows (x f32); masked tails. */
+AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int cols,
+                                 const float *b, const int O, const int R, const int f16)
 {
-    __m512 acc[4][6];
+    __m512 acc[4][7];
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
-    const float *xf = xv;
-    const uint16_t *xb = xv;
     for (int i = 0; i < cols; i += 16) {
         __mmask16 m = cols - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - i)) - 1);
         __m512 wv[4];
         UNROLL for (int o = 0; o < O; o++) wv[o] = h16(w + (size_t)o * cols + i, m, f16);
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 x = xh ? h16(xb + (size_t)r * ldx + i, m, 0) : _mm512_maskz_loadu_ps(m, xf + (size_t)r * ldx + i);
-            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm512_fmadd_ps(wv[o], x, acc[o][r]);
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)r * ldx + i);
+            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm512_fmadd_ps(wv[o], xv, acc[o][r]);
         }
     }
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++)
@@ -321,255 +165,31 @@ AVX512 static INL void hx512_blk(float *y, int ldy, const void *xv, int ldx, con
 }
 
 #define HX512_R(O, F)                                                                          \
-    switch (R) {                                                                               \
-    case 6: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 6, F); break;                      \
-    case 5: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 5, F); break;                      \
-    case 4: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 4, F); break;                      \
-    case 3: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 3, F); break;                      \
-    case 2: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 2, F); break;                      \
-    default: hx512_blk(yy, ldy, xx, ldx, xh, w, cols, bb, O, 1, F); break;                     \
+    switch (rows) {                                                                            \
+    case 7: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 7, F); break;                           \
+    case 6: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 6, F); break;                           \
+    case 5: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 5, F); break;                           \
+    case 4: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 4, F); break;                           \
+    case 3: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 3, F); break;                           \
+    case 2: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 2, F); break;                           \
+    default: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 1, F); break;                          \
     }
 
+/* rows < 8 (X_F32): all rows in one block. */
 AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W,
                            int cols, int o0, int o1, const float *b, int f16)
 {
-    const int xh = 0;
-    int RB = row_block((size_t)cols * 4, 6);
-    for (int r0 = 0; r0 < rows; r0 += RB) {
-        int r1 = rows - r0 < RB ? rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 4 ? 4 : 1;
-            const uint16_t *w = W + (size_t)o * cols;
-            const float *bb = b ? b + o : NULL;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 6 ? 6 : r1 - r;
-                float *yy = y + (size_t)r * ldy + o;
-                const float *xx = x + (size_t)r * ldx;
-                if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
-                else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
-                r += R;
-            }
-            o += O;
-        }
-    }
-}
-
-/* bf16 x bf16 without vdpbf16ps: both widened, f32 FMA. */
-AVX512 static void hx512_b(float *y, int ldy, const uint16_t *x, int ldx, int rows, const uint16_t *W,
-                           int cols, int o0, int o1, const float *b)
-{
-    const int xh = 1;
-    int RB = row_block((size_t)ldx * 2, 6);
-    for (int r0 = 0; r0 < rows; r0 += RB) {
-        int r1 = rows - r0 < RB ? rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 4 ? 4 : 1;
-            const uint16_t *w = W + (size_t)o * cols;
-            const float *bb = b ? b + o : NULL;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 6 ? 6 : r1 - r;
-                float *yy = y + (size_t)r * ldy + o;
-                const uint16_t *xx = x + (size_t)r * ldx;
-                if (O == 4) { HX512_R(4, 0) } else { HX512_R(1, 0) }
-                r += R;
-            }
-            o += O;
-        }
+    for (int o = o0; o < o1;) {
+        int O = o1 - o >= 4 ? 4 : 1;
+        const uint16_t *w = W + (size_t)o * cols;
+        const float *bb = b ? b + o : NULL;
+        float *yy = y + o;
+        if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
+        else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
+        o += O;
     }
 }
 #undef HX512_R
-
-/* One 64-element unit of q8/q4 weights as 64 u8 values (q4: evens in
- * bytes 0..31, odds in 32..63); nb = bytes stored for the unit (64 or 32
- * when whole). Masked loads: never reads past the unit. */
-AVX512 static INL __m512i qunit512(const uint8_t *p, int nb, const int q4)
-{
-    if (!q4) return nb == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << nb) - 1, p);
-    __m256i h = nb == 32 ? _mm256_loadu_si256((const __m256i *)p)
-                         : _mm256_maskz_loadu_epi8(((__mmask32)1 << nb) - 1, p);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
-    z = _mm512_mask_srli_epi16(z, (__mmask32)0xFFFF0000u, z, 4);
-    return _mm512_and_si512(z, _mm512_set1_epi8(15));
-}
-
-AVX512 static INL void qparams512(const uint8_t *par, __mmask16 gm, __m512 *mv, __m512 *sv)
-{
-    __m512i p = _mm512_maskz_loadu_epi32(gm, par);
-    *mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
-    *sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
-}
-
-/* q8/q4 with VNNI: 4 weight rows x R <= 4 activation rows. */
-VNNI static INL void q512_blk(float *y, int ldy, const ft_wk_act *a, int r0, const ft_wmat *W, int o,
-                              const float *b, const int O, const int R, const int q4)
-{
-    const int G = W->group, gpr = a->gpr, gpad = a->gpad, nu = (G + 63) / 64;
-    const uint8_t *par[4], *vb[4];
-    UNROLL for (int k = 0; k < O; k++) {
-        const uint8_t *vals;
-        size_t k0;
-        ft_wk_qrow(W, o + k, &par[k], &vals, &k0);
-        vb[k] = vals + (q4 ? k0 / 2 : k0);
-    }
-    __m512 acc[4][4];
-    UNROLL for (int k = 0; k < O; k++) UNROLL for (int r = 0; r < R; r++) acc[k][r] = _mm512_setzero_ps();
-    float sf[4][16] __attribute__((aligned(64)));
-    for (int g0 = 0; g0 < gpr; g0 += 16) {
-        int ng = gpr - g0 < 16 ? gpr - g0 : 16;
-        __mmask16 gm = (__mmask16)((1u << ng) - 1);
-        UNROLL for (int k = 0; k < O; k++) {
-            __m512 mv, sv;
-            qparams512(par[k] + 4 * (size_t)g0, gm, &mv, &sv);
-            _mm512_store_ps(sf[k], sv);
-            UNROLL for (int r = 0; r < R; r++)
-                acc[k][r] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(gm, a->xsum + (size_t)(r0 + r) * gpr + g0), acc[k][r]);
-        }
-        for (int g = g0; g < g0 + ng; g++) {
-            __m512 sb[4];
-            UNROLL for (int k = 0; k < O; k++) sb[k] = _mm512_set1_ps(sf[k][g - g0]);
-            for (int u = 0; u < nu; u++) {
-                int un = u < nu - 1 ? 64 : G - 64 * (nu - 1);
-                size_t e = (size_t)g * G + 64 * (size_t)u;
-                __m512i wv[4];
-                UNROLL for (int k = 0; k < O; k++) wv[k] = qunit512(vb[k] + (q4 ? e / 2 : e), q4 ? un / 2 : un, q4);
-                UNROLL for (int r = 0; r < R; r++) {
-                    size_t xi = (size_t)(r0 + r) * gpr + g;
-                    __m512i xv = _mm512_load_si512(a->xq + xi * gpad + 64 * (size_t)u);
-                    __m512 xs = _mm512_set1_ps(a->xs[xi]);
-                    UNROLL for (int k = 0; k < O; k++) {
-                        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[k], xv);
-                        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sb[k], xs), acc[k][r]);
-                    }
-                }
-            }
-        }
-    }
-    UNROLL for (int k = 0; k < O; k++) UNROLL for (int r = 0; r < R; r++)
-        y[(size_t)r * ldy + k] = _mm512_reduce_add_ps(acc[k][r]) + (b ? b[k] : 0.0f);
-}
-
-#define Q512_R(O, Q4)                                                     \
-    switch (R) {                                                          \
-    case 4: q512_blk(yy, ldy, a, r, W, o, bb, O, 4, Q4); break;           \
-    case 3: q512_blk(yy, ldy, a, r, W, o, bb, O, 3, Q4); break;           \
-    case 2: q512_blk(yy, ldy, a, r, W, o, bb, O, 2, Q4); break;           \
-    default: q512_blk(yy, ldy, a, r, W, o, bb, O, 1, Q4); break;          \
-    }
-
-VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
-                                int o1, const float *b)
-{
-    int q4 = W->fmt == FT_WF_Q4;
-    if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
-    int RB = row_block((size_t)a->gpr * a->gpad, 4);
-    for (int r0 = 0; r0 < a->rows; r0 += RB) {
-        int r1 = a->rows - r0 < RB ? a->rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 4 ? 4 : 1;
-            const float *bb = b ? b + o : NULL;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 4 ? 4 : r1 - r;
-                float *yy = y + (size_t)r * ldy + o;
-                if (O == 4) { if (q4) { Q512_R(4, 1) } else { Q512_R(4, 0) } }
-                else { if (q4) { Q512_R(1, 1) } else { Q512_R(1, 0) } }
-                r += R;
-            }
-            o += O;
-        }
-    }
-}
-#undef Q512_R
-
-static int have_vnni(void) { return ft_cpu()->avx512vnni; }
-
-AVX512 static void product_avx512(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
-                                  int o1, const float *b)
-{
-    if (o0 >= o1) return;
-    switch (a->mode) {
-    case FT_WK_X_Q8:
-        if (have_vnni()) product_q_vnni(y, ldy, a, W, o0, o1, b);
-        else product_q_avx2(y, ldy, a, W, o0, o1, b);
-        return;
-    case FT_WK_X_BF16:
-        hx512_b(y, ldy, a->xb, a->ldb, a->rows, W->data, W->cols, o0, o1, b);
-        return;
-    case FT_WK_X_F32:
-        if (W->fmt == FT_WF_F32) { product_f32(y, ldy, a, W, o0, o1, b); return; }
-        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
-        return;
-    }
-}
-
-/* bf16 x bf16 with vdpbf16ps: O <= 6 weight rows x R <= 4 rows; x rows
- * are zero padded to ldb (a multiple of 32), the weights' tail masked. */
-BF16 static INL void bf_blk(float *y, int ldy, const uint16_t *x, int ldb, const uint16_t *w, int cols,
-                            const float *b, const int O, const int R)
-{
-    __m512 acc[6][4];
-    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= cols; i += 32) {
-        __m512i wv[6];
-        UNROLL for (int o = 0; o < O; o++) wv[o] = _mm512_loadu_si512(w + (size_t)o * cols + i);
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512i xv = _mm512_load_si512(x + (size_t)r * ldb + i);
-            UNROLL for (int o = 0; o < O; o++)
-                acc[o][r] = _mm512_dpbf16_ps(acc[o][r], (__m512bh)wv[o], (__m512bh)xv);
-        }
-    }
-    if (i < cols) {
-        __mmask32 m = (__mmask32)((1ull << (cols - i)) - 1);
-        __m512i wv[6];
-        UNROLL for (int o = 0; o < O; o++) wv[o] = _mm512_maskz_loadu_epi16(m, w + (size_t)o * cols + i);
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512i xv = _mm512_load_si512(x + (size_t)r * ldb + i);
-            UNROLL for (int o = 0; o < O; o++)
-                acc[o][r] = _mm512_dpbf16_ps(acc[o][r], (__m512bh)wv[o], (__m512bh)xv);
-        }
-    }
-    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++)
-        y[(size_t)r * ldy + o] = _mm512_reduce_add_ps(acc[o][r]) + (b ? b[o] : 0.0f);
-}
-
-#define BF_R(O)                                                        \
-    switch (R) {                                                       \
-    case 4: bf_blk(yy, ldy, xx, ldb, w, cols, bb, O, 4); break;        \
-    case 3: bf_blk(yy, ldy, xx, ldb, w, cols, bb, O, 3); break;        \
-    case 2: bf_blk(yy, ldy, xx, ldb, w, cols, bb, O, 2); break;        \
-    default: bf_blk(yy, ldy, xx, ldb, w, cols, bb, O, 1); break;       \
-    }
-
-BF16 static void bf_dp(float *y, int ldy, const uint16_t *x, int ldb, int rows, const uint16_t *W,
-                       int cols, int o0, int o1, const float *b)
-{
-    int RB = row_block((size_t)ldb * 2, 4);
-    for (int r0 = 0; r0 < rows; r0 += RB) {
-        int r1 = rows - r0 < RB ? rows : r0 + RB;
-        for (int o = o0; o < o1;) {
-            int O = o1 - o >= 6 ? 6 : 1;
-            const uint16_t *w = W + (size_t)o * cols;
-            const float *bb = b ? b + o : NULL;
-            for (int r = r0; r < r1;) {
-                int R = r1 - r >= 4 ? 4 : r1 - r;
-                float *yy = y + (size_t)r * ldy + o;
-                const uint16_t *xx = x + (size_t)r * ldb;
-                if (O == 6) { BF_R(6) } else { BF_R(1) }
-                r += R;
-            }
-            o += O;
-        }
-    }
-}
-#undef BF_R
-
-BF16 static void product_avx512bf16(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
-                                    int o1, const float *b)
-{
-    if (o0 >= o1) return;
-    if (a->mode == FT_WK_X_BF16) { bf_dp(y, ldy, a->xb, a->ldb, a->rows, W->data, W->cols, o0, o1, b); return; }
-    product_avx512(y, ldy, a, W, o0, o1, b);
-}
 
 /* Attention for one query row over 16-bit K/V (as ft_k_attend_avx512):
  * scores 4 positions per step, the output row kept in registers
@@ -615,9 +235,478 @@ AVX512 static void attend_h_avx512(float *out, const float *q, const uint16_t *K
     for (int c = 0; c < nch; c++) _mm512_mask_storeu_ps(out + c * 16, c == nch - 1 ? last : 0xffff, acc[c]);
 }
 
-static const ft_wk_table t_avx2 = {"avx2", product_avx2, attend_h_avx2};
-static const ft_wk_table t_avx512 = {"avx512", product_avx512, attend_h_avx512};
-static const ft_wk_table t_avx512bf16 = {"avx512bf16", product_avx512bf16, attend_h_avx512};
+/* ======================================================== X_T products */
+
+/* Columns per panel (K block): the f32 panel of OB <= 24 weight rows is
+ * 24 * 512 * 4 = 48 KiB of stack; x's slice for all row blocks stays in
+ * L2 (512 rows x 512 columns x 4 = 1 MiB). */
+#define KC 512
+
+/* Row o's values [k0, k0 + nk) as f32 into dst: bf16/f16 widened (core
+ * converters), q8/q4 dequantized as the codec decodes them (its group
+ * kernels when the range holds whole groups). */
+static void wrow_f32(float *dst, const ft_wmat *W, int o, int k0, int nk)
+{
+    size_t off = (size_t)o * W->cols + (size_t)k0;
+    if (W->fmt == FT_WF_BF16) { ft_bf16_to_f32(dst, (const uint16_t *)W->data + off, (size_t)nk); return; }
+    if (W->fmt == FT_WF_F16) { ft_f16_to_f32(dst, (const uint16_t *)W->data + off, (size_t)nk); return; }
+    const uint8_t *par, *vals;
+    size_t e0;
+    ft_wk_qrow(W, o, &par, &vals, &e0);
+    int G = W->group, bits = W->fmt == FT_WF_Q8 ? 8 : 4;
+    if (k0 % G == 0 && nk % G == 0) {
+        ft_qkern_best()->dec_groups(bits, FT_F32, par + 4 * (size_t)(k0 / G), vals, e0 + (size_t)k0,
+                                    (size_t)(nk / G), (size_t)G, dst);
+        return;
+    }
+    for (int i = 0; i < nk; i++) {
+        int g = (k0 + i) / G;
+        size_t e = e0 + (size_t)k0 + (size_t)i;
+        int q = bits == 4 ? (vals[e >> 1] >> ((e & 1) * 4)) & 15 : vals[e];
+        dst[i] = (float)q * f16_1(par + 4 * g + 2) + f16_1(par + 4 * g);
+    }
+}
+
+/* A tile computes tmp[j*ldx + r] = sum_{i < nk} xt[i*ldx + r] pan[j*KC + i]
+ * for the OB panel rows j and the ldx rows of one block. The panel's
+ * constant row stride lets one register address every weight row. */
+typedef void (*xt_tile_fn)(float *tmp, const float *xt, int ldx, const float *pan, int nk);
+
+static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                       const float *b, int OB, xt_tile_fn tile)
+{
+    const int ldx = a->ldx, cols = W->cols;
+    int kc = KC;
+    if ((W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4) && W->group <= KC) kc = KC / W->group * W->group;
+    float pan[24 * KC] __attribute__((aligned(64)));
+    float tmp[24 * 32] __attribute__((aligned(64)));
+    for (int o = o0; o < o1; o += OB) {
+        int no = o1 - o < OB ? o1 - o : OB;
+        for (int k0 = 0; k0 < cols; k0 += kc) {
+            int nk = cols - k0 < kc ? cols - k0 : kc, last = k0 + nk == cols;
+            /* the panel: rows read one after another (sequential streams
+             * for the hardware prefetcher), widened / dequantized */
+            for (int j = 0; j < OB; j++) {
+                float *pj = pan + (size_t)j * KC;
+                if (j >= no) memset(pj, 0, (size_t)nk * sizeof(float));
+                else if (W->fmt == FT_WF_F32)
+                    memcpy(pj, (const float *)W->data + (size_t)(o + j) * cols + k0, (size_t)nk * sizeof(float));
+                else wrow_f32(pj, W, o + j, k0, nk);
+            }
+            for (int bk = 0; bk < a->nblk; bk++) {
+                tile(tmp, a->xt + ((size_t)bk * cols + (size_t)k0) * ldx, ldx, pan, nk);
+                int nr = a->rows - bk * ldx < ldx ? a->rows - bk * ldx : ldx;
+                for (int j = 0; j < no; j++) {
+                    float bj = b && last ? b[o + j] : 0.0f;
+                    float *yp = y + (size_t)bk * ldx * ldy + o + j;
+                    const float *t = tmp + (size_t)j * ldx;
+                    if (k0 == 0) for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = t[r] + bj;
+                    else for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = (yp[(size_t)r * ldy] + t[r]) + bj;
+                }
+            }
+        }
+    }
+}
+
+/* AVX2: 6 weight rows x 16 rows per pass (12 accumulators), both halves
+ * of a 32-row block in turn. */
+AVX2 static void xt_tile_avx2(float *tmp, const float *xt, int ldx, const float *pan, int nk)
+{
+    for (int h = 0; h < ldx; h += 16) {
+        __m256 acc[6][2];
+        UNROLL for (int j = 0; j < 6; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            __m256 x0 = _mm256_load_ps(xt + (size_t)i * ldx + h), x1 = _mm256_load_ps(xt + (size_t)i * ldx + h + 8);
+            UNROLL for (int j = 0; j < 6; j++) {
+                __m256 wb = _mm256_broadcast_ss(pan + (size_t)j * KC + i);
+                acc[j][0] = _mm256_fmadd_ps(x0, wb, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(x1, wb, acc[j][1]);
+            }
+        }
+        UNROLL for (int j = 0; j < 6; j++) {
+            _mm256_store_ps(tmp + (size_t)j * ldx + h, acc[j][0]);
+            _mm256_store_ps(tmp + (size_t)j * ldx + h + 8, acc[j][1]);
+        }
+    }
+}
+
+/* AVX-512 (as ft_k_matmul_xt_avx512): 12 weight rows x 32 rows (24
+ * accumulators) or 24 x 16; per column one or two aligned x loads and one
+ * broadcast per weight row, fused into the FMAs. */
+AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float *pan, int nk)
+{
+    if (ldx == 32) {
+        __m512 acc[12][2];
+        UNROLL for (int j = 0; j < 12; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            __m512 x0 = _mm512_load_ps(xt + (size_t)i * 32), x1 = _mm512_load_ps(xt + (size_t)i * 32 + 16);
+            UNROLL for (int j = 0; j < 12; j++) {
+                __m512 wb = _mm512_set1_ps(pan[(size_t)j * KC + i]);
+                acc[j][0] = _mm512_fmadd_ps(x0, wb, acc[j][0]);
+                acc[j][1] = _mm512_fmadd_ps(x1, wb, acc[j][1]);
+            }
+        }
+        UNROLL for (int j = 0; j < 12; j++) {
+            _mm512_store_ps(tmp + (size_t)j * 32, acc[j][0]);
+            _mm512_store_ps(tmp + (size_t)j * 32 + 16, acc[j][1]);
+        }
+    } else {
+        __m512 acc[24];
+        UNROLL for (int j = 0; j < 24; j++) acc[j] = _mm512_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            __m512 x0 = _mm512_load_ps(xt + (size_t)i * 16);
+            UNROLL for (int j = 0; j < 24; j++) acc[j] = _mm512_fmadd_ps(x0, _mm512_set1_ps(pan[(size_t)j * KC + i]), acc[j]);
+        }
+        UNROLL for (int j = 0; j < 24; j++) _mm512_store_ps(tmp + (size_t)j * 16, acc[j]);
+    }
+}
+
+/* ====================================================== X_Q8 products */
+
+/* AVX2: 2 weight rows x 1 quad. A ymm holds 2 rows' 16 bytes of one
+ * sub-block; weights broadcast to both 128-bit lanes. q8 multiplies
+ * (q - 128) as |q - 128| x sign(x, q - 128) (pair sums <= 2*128*127, no
+ * saturation); the dropped 128 * sum(xq) goes into the min term. */
+AVX2 static INL void q2_blk(float *y, int ldy, const ft_wk_act *a, int quad, const ft_wmat *W, int o,
+                            const float *b, const int O, const int q4)
+{
+    const int G = W->group, gpr = a->gpr, nsb = a->nsb;
+    const uint8_t *par[2], *vb[2];
+    for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + (q4 ? e0 / 2 : e0);
+    }
+    __m256 acc[2][2];
+    for (int k = 0; k < O; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(15), x80 = _mm256_set1_epi8((char)0x80);
+    for (int g = 0; g < gpr; g++) {
+        size_t xi = ((size_t)quad * gpr + g);
+        for (int k = 0; k < O; k++) {
+            float s = f16_1(par[k] + 4 * g + 2), m = f16_1(par[k] + 4 * g) + (q4 ? 0.0f : 128.0f * s);
+            __m256i i0 = _mm256_setzero_si256(), i1 = i0;
+            for (int sb = 0; sb < nsb; sb++) {
+                int un = sb < nsb - 1 ? 16 : G - 16 * (nsb - 1);
+                size_t e = (size_t)g * G + 16 * (size_t)sb;
+                uint8_t t16[16] = {0};
+                __m256i wv;
+                if (q4) {
+                    const uint8_t *p = vb[k] + e / 2;
+                    uint64_t v8 = 0;
+                    memcpy(&v8, p, (size_t)(un / 2));
+                    __m256i z = _mm256_set1_epi64x((long long)v8);
+                    z = _mm256_blend_epi32(z, _mm256_srli_epi64(z, 4), 0xCC);
+                    wv = _mm256_and_si256(z, lo4);
+                } else {
+                    const uint8_t *p = vb[k] + e;
+                    if (un < 16) { memcpy(t16, p, (size_t)un); p = t16; }
+                    wv = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), x80);
+                }
+                const int8_t *xp = a->xq + (xi * nsb + (size_t)sb) * 64;
+                __m256i x0 = _mm256_load_si256((const __m256i *)xp), x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+                __m256i p0, p1;
+                if (q4) {
+                    p0 = _mm256_maddubs_epi16(wv, x0);
+                    p1 = _mm256_maddubs_epi16(wv, x1);
+                } else {
+                    __m256i wa = _mm256_abs_epi8(wv);
+                    p0 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x0, wv));
+                    p1 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x1, wv));
+                }
+                i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, ones));
+                i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p1, ones));
+            }
+            __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
+            const float *x4 = a->xs4 + xi * 16, *u4 = a->xsum4 + xi * 16;
+            acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(sv, _mm256_loadu_ps(x4)), acc[k][0]);
+            acc[k][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(sv, _mm256_loadu_ps(x4 + 8)), acc[k][1]);
+            acc[k][0] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(u4), acc[k][0]);
+            acc[k][1] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(u4 + 8), acc[k][1]);
+        }
+    }
+    for (int k = 0; k < O; k++) {
+        float t[16];
+        _mm256_storeu_ps(t, acc[k][0]);
+        _mm256_storeu_ps(t + 8, acc[k][1]);
+        for (int j = 0; j < 4 && quad * 4 + j < a->rows; j++)
+            y[(size_t)(quad * 4 + j) * ldy + o + k] = ((t[4 * j] + t[4 * j + 1]) + (t[4 * j + 2] + t[4 * j + 3]))
+                                                      + (b ? b[o + k] : 0.0f);
+    }
+}
+
+AVX2 static void product_q_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
+                                int o1, const float *b)
+{
+    int q4 = W->fmt == FT_WF_Q4;
+    if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
+    for (int o = o0; o < o1;) {
+        int O = o1 - o >= 2 ? 2 : 1;
+        for (int q = 0; q < a->nquad; q++) {
+            if (q4) { if (O == 2) q2_blk(y, ldy, a, q, W, o, b, 2, 1); else q2_blk(y, ldy, a, q, W, o, b, 1, 1); }
+            else { if (O == 2) q2_blk(y, ldy, a, q, W, o, b, 2, 0); else q2_blk(y, ldy, a, q, W, o, b, 1, 0); }
+        }
+        o += O;
+    }
+}
+
+/* One 16-element sub-block of weights as u8 in each 128-bit lane (q4:
+ * evens in bytes 0..7, odds in 8..15); un = elements stored. */
+VNNI static INL __m512i qsub512(const uint8_t *p, int un, const int q4)
+{
+    if (!q4) {
+        __m128i v = un == 16 ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8((__mmask16)((1u << un) - 1), p);
+        return _mm512_broadcast_i32x4(v);
+    }
+    __m512i z;
+    if (un == 16) z = _mm512_set1_epi64(*(const long long *)(const void *)p);   /* unaligned: memcpy-like */
+    else z = _mm512_broadcastq_epi64(_mm_maskz_loadu_epi8((__mmask16)((1u << (un / 2)) - 1), p));
+    z = _mm512_mask_srli_epi64(z, (__mmask8)0xAA, z, 4);
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* VNNI: 4 weight rows x Q <= 4 quads (16 rows). Per (weight row, group):
+ * nsb sub-blocks, each one broadcast load (q4: + shift + and) and Q
+ * vpdpbusd into int32 lanes (4 per row); then per quad one conversion,
+ * the scale (step x the rows' xs) and the min term, lane-wise in f32. */
+VNNI static INL void q512_blk(float *y, int ldy, const ft_wk_act *a, int q0, const ft_wmat *W, int o,
+                              const float *b, const int O, const int Q, const int q4)
+{
+    const int G = W->group, gpr = a->gpr, nsb = a->nsb;
+    const uint8_t *par[4], *vb[4];
+    UNROLL for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + (q4 ? e0 / 2 : e0);
+    }
+    __m512 acc[4][4];
+    UNROLL for (int k = 0; k < O; k++) UNROLL for (int q = 0; q < Q; q++) acc[k][q] = _mm512_setzero_ps();
+    float sf[4][16] __attribute__((aligned(64))), mf[4][16] __attribute__((aligned(64)));
+    for (int g0 = 0; g0 < gpr; g0 += 16) {
+        int ng = gpr - g0 < 16 ? gpr - g0 : 16;
+        __mmask16 gm = (__mmask16)((1u << ng) - 1);
+        UNROLL for (int k = 0; k < O; k++) {
+            __m512i p = _mm512_maskz_loadu_epi32(gm, par[k] + 4 * (size_t)g0);
+            _mm512_store_ps(mf[k], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p)));
+            _mm512_store_ps(sf[k], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16))));
+        }
+        for (int g = g0; g < g0 + ng; g++) {
+            UNROLL for (int k = 0; k < O; k++) {
+                __m512i ia[4];
+                UNROLL for (int q = 0; q < Q; q++) ia[q] = _mm512_setzero_si512();
+                for (int s = 0; s < nsb; s++) {
+                    int un = s < nsb - 1 ? 16 : G - 16 * (nsb - 1);
+                    size_t e = (size_t)g * G + 16 * (size_t)s;
+                    __m512i wv = qsub512(vb[k] + (q4 ? e / 2 : e), un, q4);
+                    UNROLL for (int q = 0; q < Q; q++)
+                        ia[q] = _mm512_dpbusd_epi32(ia[q], wv,
+                                                    _mm512_load_si512(a->xq + (((size_t)(q0 + q) * gpr + g) * nsb + s) * 64));
+                }
+                __m512 sv = _mm512_set1_ps(sf[k][g - g0]), mv = _mm512_set1_ps(mf[k][g - g0]);
+                UNROLL for (int q = 0; q < Q; q++) {
+                    size_t xi = ((size_t)(q0 + q) * gpr + g) * 16;
+                    acc[k][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[q]), _mm512_mul_ps(sv, _mm512_load_ps(a->xs4 + xi)), acc[k][q]);
+                    acc[k][q] = _mm512_fmadd_ps(mv, _mm512_load_ps(a->xsum4 + xi), acc[k][q]);
+                }
+            }
+        }
+    }
+    UNROLL for (int k = 0; k < O; k++) UNROLL for (int q = 0; q < Q; q++) {
+        /* lanes 4j..4j+3 -> row j: two in-lane swaps and adds */
+        __m512 v = acc[k][q];
+        v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+        v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+        float t[16] __attribute__((aligned(64)));
+        _mm512_store_ps(t, v);
+        for (int j = 0; j < 4 && (q0 + q) * 4 + j < a->rows; j++)
+            y[(size_t)((q0 + q) * 4 + j) * ldy + o + k] = t[4 * j] + (b ? b[o + k] : 0.0f);
+    }
+}
+
+#define Q512_Q(O, Q4)                                                     \
+    switch (Q) {                                                          \
+    case 4: q512_blk(y, ldy, a, q, W, o, b, O, 4, Q4); break;             \
+    case 3: q512_blk(y, ldy, a, q, W, o, b, O, 3, Q4); break;             \
+    case 2: q512_blk(y, ldy, a, q, W, o, b, O, 2, Q4); break;             \
+    default: q512_blk(y, ldy, a, q, W, o, b, O, 1, Q4); break;            \
+    }
+
+VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
+                                int o1, const float *b)
+{
+    int q4 = W->fmt == FT_WF_Q4;
+    if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
+    for (int o = o0; o < o1;) {
+        int O = o1 - o >= 4 ? 4 : 1;
+        for (int q = 0; q < a->nquad;) {
+            int Q = a->nquad - q >= 4 ? 4 : a->nquad - q;
+            if (O == 4) { if (q4) { Q512_Q(4, 1) } else { Q512_Q(4, 0) } }
+            else { if (q4) { Q512_Q(1, 1) } else { Q512_Q(1, 0) } }
+            q += Q;
+        }
+        o += O;
+    }
+}
+#undef Q512_Q
+
+
+/* ================================================ X_Q8 activation prep */
+
+/* The quantizer of ft_wk_prep_q_ref, 16 lanes: max|x| (and whether any x
+ * is NaN or beyond 3.4e38, the reference's test), then per sub-block
+ * round-half-even (vcvtps2dq in the default rounding mode, as rintf),
+ * clamp, q4's evens-then-odds permutation, narrowing store. */
+AVX512 static void prep_q_512(const ft_wk_qdst *d, const float *x, int rows)
+{
+    const int G = d->group;
+    const __m512i eo = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m512 thr = _mm512_set1_ps(3.4e38f);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < d->gpr; g++) {
+            const float *v = x + (size_t)r * d->cols + (size_t)g * G;
+            __m512 mx = _mm512_setzero_ps();
+            __mmask16 bad = 0;
+            for (int i = 0; i < G; i += 16) {
+                __mmask16 m = G - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - i)) - 1);
+                __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, v + i));
+                bad |= _mm512_mask_cmp_ps_mask(m, a, thr, _CMP_NLE_UQ);
+                mx = _mm512_max_ps(mx, a);
+            }
+            float amax = _mm512_reduce_max_ps(mx), s = 0.0f, sum = 0.0f;
+            if (bad) { s = NAN; sum = NAN; }
+            else if (amax > 0.0f) {
+                __m512 inv = _mm512_set1_ps(127.0f / amax);
+                __m512i isum = _mm512_setzero_si512();
+                const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+                for (int sb = 0; sb < d->nsb; sb++) {
+                    int i = 16 * sb;
+                    __mmask16 m = G - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - i)) - 1);
+                    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + i), inv));
+                    q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
+                    isum = _mm512_add_epi32(isum, q);
+                    if (d->q4) q = _mm512_permutexvar_epi32(eo, q);
+                    _mm_storeu_si128((__m128i *)(d->xq + ft_wk_qsub(d->gpr, d->nsb, r, g, sb)), _mm512_cvtepi32_epi8(q));
+                }
+                s = amax / 127.0f;
+                sum = s * (float)_mm512_reduce_add_epi32(isum);
+            }
+            ft_wk_prep_q_put(d, r, g, s, sum);
+        }
+}
+
+/* The same with 8 lanes; the permuted narrowing is scalar. */
+AVX2 static void prep_q_avx2(const ft_wk_qdst *d, const float *x, int rows)
+{
+    const int G = d->group;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), thr = _mm256_set1_ps(3.4e38f);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < d->gpr; g++) {
+            const float *v = x + (size_t)r * d->cols + (size_t)g * G;
+            __m256 mx = _mm256_setzero_ps();
+            int bad = 0, i = 0;
+            for (; i + 8 <= G; i += 8) {
+                __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i), absm);
+                bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, thr, _CMP_NLE_UQ));
+                mx = _mm256_max_ps(mx, a);
+            }
+            float t8[8];
+            _mm256_storeu_ps(t8, mx);
+            float amax = 0.0f;
+            for (int k = 0; k < 8; k++) amax = t8[k] > amax ? t8[k] : amax;
+            for (; i < G; i++) {
+                float a = fabsf(v[i]);
+                bad |= !(a <= 3.4e38f);
+                amax = a > amax ? a : amax;
+            }
+            float s = 0.0f, sum = 0.0f;
+            if (bad) { s = NAN; sum = NAN; }
+            else if (amax > 0.0f) {
+                float finv = 127.0f / amax;
+                __m256 inv = _mm256_set1_ps(finv);
+                const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+                int isum = 0;
+                for (int sb = 0; sb < d->nsb; sb++) {
+                    int i0 = 16 * sb, n = G - i0 < 16 ? G - i0 : 16;
+                    int32_t q[16];
+                    int k = 0;
+                    for (; k + 8 <= n; k += 8) {
+                        __m256i qv = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i0 + k), inv));
+                        _mm256_storeu_si256((__m256i *)(q + k), _mm256_min_epi32(_mm256_max_epi32(qv, lo), hi));
+                    }
+                    for (; k < n; k++) {
+                        float t = rintf(v[i0 + k] * finv);
+                        q[k] = t > 127.0f ? 127 : t < -127.0f ? -127 : (int)t;
+                    }
+                    int8_t *dst = d->xq + ft_wk_qsub(d->gpr, d->nsb, r, g, sb);
+                    for (k = 0; k < n; k++) {
+                        dst[d->q4 ? ((k & 1) ? 8 + (k >> 1) : (k >> 1)) : k] = (int8_t)q[k];
+                        isum += q[k];
+                    }
+                }
+                s = amax / 127.0f;
+                sum = s * (float)isum;
+            }
+            ft_wk_prep_q_put(d, r, g, s, sum);
+        }
+}
+
+/* ============================================================== tables */
+
+AVX2 static void product_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                              const float *b)
+{
+    if (o0 >= o1) return;
+    switch (a->mode) {
+    case FT_WK_X_Q8: product_q_avx2(y, ldy, a, W, o0, o1, b); return;
+    case FT_WK_X_T: product_xt(y, ldy, a, W, o0, o1, b, 6, xt_tile_avx2); return;
+    case FT_WK_X_F32:
+        if (W->fmt == FT_WF_F32) {
+            ft_k_get()->matmul_rows(y + o0, ldy, a->x, a->rows, (const float *)W->data + (size_t)o0 * W->cols,
+                                    o1 - o0, W->cols, b ? b + o0 : NULL);
+            return;
+        }
+        hx2(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
+        return;
+    }
+}
+
+AVX512 static void product_avx512_common(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
+                                         int o1, const float *b, int vnni)
+{
+    if (o0 >= o1) return;
+    switch (a->mode) {
+    case FT_WK_X_Q8:
+        if (vnni) product_q_vnni(y, ldy, a, W, o0, o1, b);
+        else product_q_avx2(y, ldy, a, W, o0, o1, b);
+        return;
+    case FT_WK_X_T: product_xt(y, ldy, a, W, o0, o1, b, a->ldx == 32 ? 12 : 24, xt_tile_512); return;
+    case FT_WK_X_F32:
+        if (W->fmt == FT_WF_F32) {
+            ft_k_get()->matmul_rows(y + o0, ldy, a->x, a->rows, (const float *)W->data + (size_t)o0 * W->cols,
+                                    o1 - o0, W->cols, b ? b + o0 : NULL);
+            return;
+        }
+        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
+        return;
+    }
+}
+
+static void product_avx512(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                           const float *b)
+{
+    product_avx512_common(y, ldy, a, W, o0, o1, b, 0);
+}
+
+static void product_avx512vnni(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                               const float *b)
+{
+    product_avx512_common(y, ldy, a, W, o0, o1, b, 1);
+}
+
+static const ft_wk_table t_avx2 = {"avx2", product_avx2, attend_h_avx2, prep_q_avx2};
+static const ft_wk_table t_avx512 = {"avx512", product_avx512, attend_h_avx512, prep_q_512};
+static const ft_wk_table t_avx512vnni = {"avx512vnni", product_avx512vnni, attend_h_avx512, prep_q_512};
 
 const ft_wk_table *ft_wk_avx2(void)
 {
@@ -631,13 +720,12 @@ const ft_wk_table *ft_wk_avx512(void)
     return ft_wk_avx2() && f->avx512f && f->avx512bw && f->avx512vl ? &t_avx512 : NULL;
 }
 
-const ft_wk_table *ft_wk_avx512bf16(void)
+const ft_wk_table *ft_wk_avx512vnni(void)
 {
-    const ft_cpu_features *f = ft_cpu();
-    return ft_wk_avx512() && f->avx512bf16 && f->avx512vnni ? &t_avx512bf16 : NULL;
+    return ft_wk_avx512() && ft_cpu()->avx512vnni ? &t_avx512vnni : NULL;
 }
 #else
 const ft_wk_table *ft_wk_avx2(void) { return NULL; }
 const ft_wk_table *ft_wk_avx512(void) { return NULL; }
-const ft_wk_table *ft_wk_avx512bf16(void) { return NULL; }
+const ft_wk_table *ft_wk_avx512vnni(void) { return NULL; }
 #endif

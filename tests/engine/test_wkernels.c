@@ -11,8 +11,8 @@
  *    bound; the measured maximum is printed as a multiple of u S and is
  *    recorded in docs/engine.md).
  *  - scalar vs exact (double) on the dequantized weights:
- *      f32 x (f32/bf16/f16 weights, decode): (n + 2) u S + u |b|
- *      bf16 x (bf16 prefill):  2^-8 S + (n + 2) u S (x rounded to bf16, RNE)
+ *      f32/bf16/f16 (any rows), q8/q4 with more than 32 rows (f32 x times
+ *      the dequantized weights): (n + 2) u S + u |b|
  *      q8/q4: sum_g (xs_g / 2) sum_{i in g} |w_i| + (n + 64) u S'
  *             (x rounded to int8 steps of xs_g = max|x_g| / 127). */
 #include "ft_test.h"
@@ -186,7 +186,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
     float *yr = malloc(ny * sizeof(float)), *ys = malloc(ny * sizeof(float));
     for (size_t i = 0; i < ny; i++) yr[i] = NAN;
     ft_wk_list(0)->product(yr, ldy, &a, W, o0, o1, b);
-    int bf16x = a.mode == FT_WK_X_BF16, q = a.mode == FT_WK_X_Q8;
+    int bf16x = 0, q = a.mode == FT_WK_X_Q8;
     const double u = 1.0 / (1 << 24);
     /* the reference against exact math */
     for (int r = 0; r < rows; r++)
@@ -194,7 +194,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
             refv v = ref_values(t, x, r, o, b, bf16x);
             double got = yr[(size_t)r * ldy + o];
             double bound = q ? v.qerr + (cols + 64) * u * v.Sq
-                             : (bf16x ? 0x1p-8 * v.S : 0) + (cols + 2) * u * v.S;
+                             : (cols + 2) * u * v.S;
             bound += u * (b ? fabs(b[o]) : 0) + 1e-30;
             double d = fabs(got - v.exact);
             if (d / bound > worst_exact) worst_exact = d / bound;
@@ -327,16 +327,20 @@ TEST(wk_quant_prep)
     void *ws = ft_malloc_aligned(wsz, 64);
     ft_wk_act a;
     CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, 1));
-    CHECK(a.mode == FT_WK_X_Q8 && a.gpad == 64 && a.gpr == 1);
+    CHECK(a.mode == FT_WK_X_Q8 && a.nsb == 4 && a.gpr == 1 && a.nquad == 1);
     CHECK(a.xs[0] == (43.0f / 8.0f) / 127.0f);
     int sum = 0;
     for (int i = 0; i < 64; i++) {
         int q = (int)rintf(x[i] * (127.0f / (43.0f / 8.0f)));
-        int pos = (i & 1) ? 32 + i / 2 : i / 2;   /* q4: evens then odds */
+        /* sub-block i/16 (64 bytes: 16 per row of the quad), q4: evens then odds */
+        int e = i % 16, pos = (i / 16) * 64 + ((e & 1) ? 8 + e / 2 : e / 2);
         CHECK_MSG(a.xq[pos] == q, "i %d: %d vs %d", i, a.xq[pos], q);
+        CHECK(a.xq[pos + 16] == 0);   /* rows 1..3 of the quad: padding */
         sum += q;
     }
-    CHECK(a.xq[63] == 127);
+    for (int l = 0; l < 4; l++) CHECK(a.xs4[l] == a.xs[0] && a.xs4[4 + l] == 0.0f);
+    CHECK(a.xsum4[0] == a.xsum[0] && a.xsum4[1] == 0.0f);
+    CHECK(a.xq[3 * 64 + 15] == 127);   /* element 63: odd, the last of its sub-block */
     CHECK(a.xsum[0] == a.xs[0] * (float)sum);
     /* a NaN poisons its group's outputs instead of being undefined */
     x[5] = NAN;
@@ -458,5 +462,49 @@ TEST(wk_attend_h)
                                   ft_wk_list(ti)->name, f16, hd, npos, i, o2[i], o1[i]);
                 }
                 free(K); free(V); free(Kf); free(Vf);
+            }
+}
+
+/* Every table's activation quantizer writes the scalar one's bytes: q8
+ * and q4, groups with partial sub-blocks, zero groups, Inf and NaN, and
+ * values that round to +-127.5 * (1 - eps). */
+TEST(wk_prep_q_tables)
+{
+    static const int geo[][2] = {{64, 192}, {16, 48}, {34, 68}, {7, 21}, {128, 256}, {2, 6}};
+    for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++)
+        for (int q4 = 0; q4 < 2; q4++)
+            for (int rows = 1; rows <= 9; rows += 4) {
+                int G = geo[gi][0], cols = geo[gi][1], gpr = cols / G, nsb = (G + 15) / 16, nq = (rows + 3) / 4;
+                size_t nxq = (size_t)nq * gpr * nsb * 64, nf = (size_t)nq * gpr * 16, nr = (size_t)rows * gpr;
+                float *x = malloc((size_t)rows * cols * sizeof(float));
+                fill_x(x, rows, cols, G);
+                if (rows > 4) { x[3] = INFINITY; x[cols + 1] = NAN; x[2 * cols] = 127.49999f; x[2 * cols + 1] = -1.0f; }
+                int8_t *xq[2];
+                float *f[2][4];
+                for (int k = 0; k < 2; k++) {
+                    xq[k] = ft_malloc_aligned(nxq, 64);
+                    memset(xq[k], 0, nxq);
+                    for (int j = 0; j < 4; j++) {
+                        size_t n = j < 2 ? nf : nr;
+                        f[k][j] = calloc(n, sizeof(float));
+                    }
+                }
+                ft_wk_qdst d0 = {xq[0], f[0][0], f[0][1], f[0][2], f[0][3], cols, G, gpr, nsb, q4};
+                ft_wk_prep_q_ref(&d0, x, rows);
+                for (int ti = 1; ft_wk_list(ti); ti++) {
+                    memset(xq[1], 0, nxq);
+                    for (int j = 0; j < 4; j++) memset(f[1][j], 0, (j < 2 ? nf : nr) * sizeof(float));
+                    ft_wk_qdst d1 = {xq[1], f[1][0], f[1][1], f[1][2], f[1][3], cols, G, gpr, nsb, q4};
+                    ft_wk_list(ti)->prep_q(&d1, x, rows);
+                    CHECK_MSG(!memcmp(xq[0], xq[1], nxq), "%s G %d q4 %d rows %d: int8 values", ft_wk_list(ti)->name, G, q4, rows);
+                    for (int j = 0; j < 4; j++)   /* bitwise (NaN included) */
+                        CHECK_MSG(!memcmp(f[0][j], f[1][j], (j < 2 ? nf : nr) * sizeof(float)), "%s G %d q4 %d rows %d: scales %d",
+                                  ft_wk_list(ti)->name, G, q4, rows, j);
+                }
+                for (int k = 0; k < 2; k++) {
+                    ft_free_aligned(xq[k]);
+                    for (int j = 0; j < 4; j++) free(f[k][j]);
+                }
+                free(x);
             }
 }
