@@ -2,14 +2,16 @@
  * format, shape, row count and thread count, beside the DRAM roofline.
  *
  *   build/bench/bench_wkernels [-t THREADS,..] [-r ROWS,..] [-f FMT,..]
- *                              [-s OUTxIN,..] [-n RUNS] [-m MiB]
+ *                              [-s OUTxIN,..] [-n RUNS] [-m MiB] [-x 1]
  *
  * Defaults: threads 1,2; rows 1,4,8,12,16,32,512; formats
  * f32,bf16,f16,q8,q4 (q8/q4 group 64); shapes 2048x2048, 5632x2048,
  * 2048x5632; 7 runs (median); weights cycled through a working set of
  * -m MiB (default 1024) of copies of the matrix, so that every product
  * reads its weights from DRAM as a model's layers do (this VM reports a
- * 260 MiB L3). The roofline is a streaming read (AVX-512 or AVX2 loads)
+ * 260 MiB L3). -x 1 also times every configuration in the other form
+ * (x transposed, FT_WK_X_T, where the default is not, and the reverse)
+ * in alternation with the default, to choose where the engine switches. The roofline is a streaming read (AVX-512 or AVX2 loads)
  * of the same working set with the same threads.
  *
  * Prints per configuration: wall time per product (median), weight GB/s
@@ -229,12 +231,14 @@ int main(int argc, char **argv)
     int shapes[8][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}}, ns = 3;
     int runs = 7;
     size_t mib = 1024;
+    int xt_ab = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(argv[i], "-t")) { nth = parse_list(v, threads, 8); i++; }
         else if (!strcmp(argv[i], "-r")) { nrows = parse_list(v, rowsv, 16); i++; }
         else if (!strcmp(argv[i], "-n")) { runs = atoi(v); i++; }
         else if (!strcmp(argv[i], "-m")) { mib = (size_t)atoll(v); i++; }
+        else if (!strcmp(argv[i], "-x")) { xt_ab = atoi(v); i++; }
         else if (!strcmp(argv[i], "-f")) {
             nf = 0;
             for (const char *s = v; *s && nf < 8;) {
@@ -264,7 +268,7 @@ int main(int argc, char **argv)
             i++;
         } else {
             fprintf(stderr, "usage: bench_wkernels [-t THREADS,..] [-r ROWS,..] [-f FMT,..] [-s OUTxIN,..] "
-                            "[-n RUNS] [-m MiB]\n");
+                            "[-n RUNS] [-m MiB] [-x 1]\n");
             return 2;
         }
     }
@@ -297,7 +301,16 @@ int main(int argc, char **argv)
             if (wset_make(&ws, fmts[f], out, in, mib)) { fprintf(stderr, "bench_wkernels: out of memory\n"); return 1; }
             for (int r = 0; r < nrows; r++) {
                 int rows = rowsv[r];
+                int nv = xt_ab ? 2 : 1;
                 size_t wsz = ft_wk_ws_size(&ws.W[0], rows);
+                /* the other form: x transposed if the default is not, else not */
+                ft_wk_set_xt_rows(fmts[f], 1);
+                size_t wsz2 = ft_wk_ws_size(&ws.W[0], rows);
+                ft_wk_set_xt_rows(fmts[f], 0);
+                int def_xt = ft_wk_ws_size(&ws.W[0], rows) == wsz2 && wsz2 > 0;
+                int other = def_xt ? 100000 : 1;
+                ft_wk_set_xt_rows(fmts[f], 0);
+                if (wsz2 > wsz) wsz = wsz2;
                 void *wsp = wsz ? ft_malloc_aligned(wsz, 64) : NULL;
                 for (int t = 0; t < nth; t++) {
                     int th = threads[t];
@@ -305,28 +318,35 @@ int main(int argc, char **argv)
                     int chunk = (out + tasks - 1) / tasks;
                     chunk = (chunk + 23) / 24 * 24;
                     size_t ntask = (size_t)((out + chunk - 1) / chunk);
-                    double tm[64];
+                    double tm[2][64];
                     int cyc = 0;
-                    /* as many products per timed run as it takes to pass 20 ms (small ones) */
+                    /* as many products per timed run as it takes to pass 20 ms (small
+                     * ones); with -x 1 the two variants alternate run by run */
                     int reps = 1;
-                    for (int k = -1; k < runs; k++) {
-                        double t0 = now(th);
-                        for (int rep = 0; rep < reps; rep++) {
-                            const ft_wmat *W = &ws.W[cyc++ % ws.ncopies];
-                            ft_wk_act a;
-                            if (ft_wk_prep(&a, wsp, wsz, W, x, rows)) { fprintf(stderr, "bench_wkernels: %s\n", ft_last_error()); return 1; }
-                            pjob j = {y, &a, W, chunk};
-                            ft_pool_run(ntask > 1 && th > 1 ? pool : NULL, ntask, p_task, &j);
+                    for (int k = -1; k < runs; k++)
+                        for (int v = 0; v < nv; v++) {
+                            ft_wk_set_xt_rows(fmts[f], v ? other : 0);
+                            double t0 = now(th);
+                            for (int rep = 0; rep < reps; rep++) {
+                                const ft_wmat *W = &ws.W[cyc++ % ws.ncopies];
+                                ft_wk_act a;
+                                if (ft_wk_prep(&a, wsp, wsz, W, x, rows)) { fprintf(stderr, "bench_wkernels: %s\n", ft_last_error()); return 1; }
+                                pjob j = {y, &a, W, chunk};
+                                ft_pool_run(ntask > 1 && th > 1 ? pool : NULL, ntask, p_task, &j);
+                            }
+                            double dt = (now(th) - t0) / reps;
+                            if (k < 0) { if (!v) reps = dt >= 0.02 ? 1 : (int)(0.02 / dt) + 1; continue; }  /* warm-up */
+                            tm[v][k] = dt;
                         }
-                        double dt = (now(th) - t0) / reps;
-                        if (k < 0) { reps = dt >= 0.02 ? 1 : (int)(0.02 / dt) + 1; continue; }  /* warm-up */
-                        tm[k] = dt;
+                    ft_wk_set_xt_rows(fmts[f], 0);
+                    for (int v = 0; v < nv; v++) {
+                        double tmed = median(tm[v], runs);
+                        double gbs = (double)ws.bytes / tmed / 1e9;
+                        double gfl = 2.0 * rows * out * (double)in / tmed / 1e9;
+                        printf("%-5s %4dx%-5d %4d %3d %10.1f %8.2f %8.1f %6.0f%% %9.2f%s\n", ft_wfmt_name(fmts[f]), out, in,
+                               rows, th, tmed * 1e6, gbs, gfl, 100.0 * gbs / roof[t], rows / tmed / 1e3,
+                               v ? (def_xt ? "  (x as given)" : "  (x transposed)") : "");
                     }
-                    double tmed = median(tm, runs);
-                    double gbs = (double)ws.bytes / tmed / 1e9;
-                    double gfl = 2.0 * rows * out * (double)in / tmed / 1e9;
-                    printf("%-5s %4dx%-5d %4d %3d %10.1f %8.2f %8.1f %6.0f%% %9.2f\n", ft_wfmt_name(fmts[f]), out, in,
-                           rows, th, tmed * 1e6, gbs, gfl, 100.0 * gbs / roof[t], rows / tmed / 1e3);
                     fflush(stdout);
                 }
                 ft_free_aligned(wsp);

@@ -39,13 +39,24 @@ ft_status ft_wmat_check(const ft_wmat *W, const char *what)
 
 /* ------------------------------------------------------ preparation */
 
-/* From this many rows on, f32/bf16/f16 products use x transposed. */
-#define WK_XT_ROWS 8
+/* From how many rows on each format uses x transposed (FT_WK_X_T). f32:
+ * from 16 rows the engine's ft_k_matmul_xt (weights streamed directly,
+ * 16 or 32 rows per vector) beats ft_k_matmul_rows; bf16/f16 and q8/q4
+ * keep their decode kernels up to 32 rows (measured: docs/engine.md). */
+#define XT_F32 16
+#define XT_OTHER (FT_WK_DECODE_ROWS + 1)
+static int xt_rows[5] = {XT_F32, XT_OTHER, XT_OTHER, XT_OTHER, XT_OTHER};
+
+void ft_wk_set_xt_rows(ft_wfmt fmt, int rows)
+{
+    if (fmt >= FT_WF_F32 && fmt <= FT_WF_Q4)
+        xt_rows[fmt] = rows > 0 ? rows : fmt == FT_WF_F32 ? XT_F32 : XT_OTHER;
+}
 
 static ft_wk_mode wk_mode(const ft_wmat *W, int rows)
 {
-    if (is_q(W->fmt)) return rows <= FT_WK_DECODE_ROWS ? FT_WK_X_Q8 : FT_WK_X_T;
-    return rows >= WK_XT_ROWS ? FT_WK_X_T : FT_WK_X_F32;
+    if (rows >= xt_rows[W->fmt]) return FT_WK_X_T;
+    return is_q(W->fmt) ? FT_WK_X_Q8 : FT_WK_X_F32;
 }
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }

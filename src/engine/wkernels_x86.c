@@ -149,7 +149,7 @@ AVX512 static INL __m512 h16(const uint16_t *p, __mmask16 m, int f16)
 AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int cols,
                                  const float *b, const int O, const int R, const int f16)
 {
-    __m512 acc[4][7];
+    __m512 acc[4][6];
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
     for (int i = 0; i < cols; i += 16) {
         __mmask16 m = cols - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - i)) - 1);
@@ -165,17 +165,17 @@ AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, con
 }
 
 #define HX512_R(O, F)                                                                          \
-    switch (rows) {                                                                            \
-    case 7: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 7, F); break;                           \
-    case 6: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 6, F); break;                           \
-    case 5: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 5, F); break;                           \
-    case 4: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 4, F); break;                           \
-    case 3: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 3, F); break;                           \
-    case 2: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 2, F); break;                           \
-    default: hx512_blk(yy, ldy, x, ldx, w, cols, bb, O, 1, F); break;                          \
+    switch (R) {                                                                               \
+    case 6: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 6, F); break;                           \
+    case 5: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 5, F); break;                           \
+    case 4: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 4, F); break;                           \
+    case 3: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 3, F); break;                           \
+    case 2: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 2, F); break;                           \
+    default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F); break;                          \
     }
 
-/* rows < 8 (X_F32): all rows in one block. */
+/* X_F32 (rows <= 16): blocks of at most 6 rows (4 x 6 accumulators;
+ * the weight rows, 4 x cols x 2 bytes, stay in L1 between blocks). */
 AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W,
                            int cols, int o0, int o1, const float *b, int f16)
 {
@@ -183,9 +183,14 @@ AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows,
         int O = o1 - o >= 4 ? 4 : 1;
         const uint16_t *w = W + (size_t)o * cols;
         const float *bb = b ? b + o : NULL;
-        float *yy = y + o;
-        if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
-        else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
+        for (int r = 0; r < rows;) {
+            int R = rows - r >= 6 ? 6 : rows - r;
+            float *yy = y + (size_t)r * ldy + o;
+            const float *xx = x + (size_t)r * ldx;
+            if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
+            else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
+            r += R;
+        }
         o += O;
     }
 }
@@ -237,8 +242,8 @@ AVX512 static void attend_h_avx512(float *out, const float *q, const uint16_t *K
 
 /* ======================================================== X_T products */
 
-/* Columns per panel (K block): the f32 panel of OB <= 24 weight rows is
- * 24 * 512 * 4 = 48 KiB of stack; x's slice for all row blocks stays in
+/* Columns per panel (K block): the f32 panel of OB <= 12 weight rows is
+ * 12 * 512 * 4 = 24 KiB of stack; x's slice for all row blocks stays in
  * L2 (512 rows x 512 columns x 4 = 1 MiB). */
 #define KC 512
 
@@ -270,7 +275,8 @@ static void wrow_f32(float *dst, const ft_wmat *W, int o, int k0, int nk)
 /* A tile computes tmp[j*ldx + r] = sum_{i < nk} xt[i*ldx + r] pan[j*KC + i]
  * for the OB panel rows j and the ldx rows of one block. The panel's
  * constant row stride lets one register address every weight row. */
-typedef void (*xt_tile_fn)(float *tmp, const float *xt, int ldx, const float *pan, int nk);
+typedef struct { const char *base; size_t stride; int rows, lines; } wk_pf;   /* lines of rows to prefetch */
+typedef void (*xt_tile_fn)(float *tmp, const float *xt, int ldx, const float *pan, int nk, const wk_pf *pf);
 
 static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                        const float *b, int OB, xt_tile_fn tile)
@@ -278,8 +284,8 @@ static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
     const int ldx = a->ldx, cols = W->cols;
     int kc = KC;
     if ((W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4) && W->group <= KC) kc = KC / W->group * W->group;
-    float pan[24 * KC] __attribute__((aligned(64)));
-    float tmp[24 * 32] __attribute__((aligned(64)));
+    float pan[12 * KC] __attribute__((aligned(64)));
+    float tmp[12 * 32] __attribute__((aligned(64)));
     for (int o = o0; o < o1; o += OB) {
         int no = o1 - o < OB ? o1 - o : OB;
         for (int k0 = 0; k0 < cols; k0 += kc) {
@@ -293,8 +299,23 @@ static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
                     memcpy(pj, (const float *)W->data + (size_t)(o + j) * cols + k0, (size_t)nk * sizeof(float));
                 else wrow_f32(pj, W, o + j, k0, nk);
             }
+            /* decode (one block of rows): prefetch the next panel's source
+             * while this one is computed on */
+            wk_pf pf = {NULL, 0, 0, 0};
+            if (a->nblk == 1 && !(W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4)) {
+                int no2 = k0 + nk < cols ? no : (o1 - o - OB < OB ? o1 - o - OB : OB);
+                int nk2 = k0 + nk < cols ? (cols - k0 - nk < kc ? cols - k0 - nk : kc) : (cols < kc ? cols : kc);
+                size_t es = W->fmt == FT_WF_F32 ? 4 : 2;
+                size_t first = k0 + nk < cols ? (size_t)o * cols + (size_t)(k0 + nk) : (size_t)(o + OB) * cols;
+                if (no2 > 0) {
+                    pf.base = (const char *)W->data + first * es;
+                    pf.stride = (size_t)cols * es;
+                    pf.rows = no2;
+                    pf.lines = (int)(((size_t)nk2 * es + 63) / 64) + 1;
+                }
+            }
             for (int bk = 0; bk < a->nblk; bk++) {
-                tile(tmp, a->xt + ((size_t)bk * cols + (size_t)k0) * ldx, ldx, pan, nk);
+                tile(tmp, a->xt + ((size_t)bk * cols + (size_t)k0) * ldx, ldx, pan, nk, pf.base && bk == 0 ? &pf : NULL);
                 int nr = a->rows - bk * ldx < ldx ? a->rows - bk * ldx : ldx;
                 for (int j = 0; j < no; j++) {
                     float bj = b && last ? b[o + j] : 0.0f;
@@ -310,7 +331,7 @@ static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
 
 /* AVX2: 6 weight rows x 16 rows per pass (12 accumulators), both halves
  * of a 32-row block in turn. */
-AVX2 static void xt_tile_avx2(float *tmp, const float *xt, int ldx, const float *pan, int nk)
+AVX2 static void xt_tile_avx2(float *tmp, const float *xt, int ldx, const float *pan, int nk, const wk_pf *pf)
 {
     for (int h = 0; h < ldx; h += 16) {
         __m256 acc[6][2];
@@ -331,14 +352,36 @@ AVX2 static void xt_tile_avx2(float *tmp, const float *xt, int ldx, const float 
 }
 
 /* AVX-512 (as ft_k_matmul_xt_avx512): 12 weight rows x 32 rows (24
- * accumulators) or 24 x 16; per column one or two aligned x loads and one
- * broadcast per weight row, fused into the FMAs. */
-AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float *pan, int nk)
+ * accumulators); per column one or two aligned x loads and one
+ * broadcast per weight row, fused into the FMAs. With pf, two lines of
+ * the next panel's source are prefetched per column, so that the next
+ * panel's DRAM reads overlap this tile's arithmetic (decode: otherwise
+ * the two take turns). */
+AVX512 static INL void xt_tile_512_i(float *tmp, const float *xt, int ldx, const float *pan, int nk,
+                                     const wk_pf *pf, const int usepf)
 {
-    if (ldx == 32) {
+    int pj = 0, pl = 0;
+#define PF_STEP                                                                                    \
+    if (usepf) {                                                                                   \
+        for (int t = 0; t < 2 && pl < pf->lines; t++) {                                            \
+            _mm_prefetch(pf->base + (size_t)pj * pf->stride + (size_t)pl * 64, _MM_HINT_T0);        \
+            if (++pj == pf->rows) { pj = 0; pl++; }                                                \
+        }                                                                                          \
+    }
+    if (ldx == 16) {   /* f32 decode uses ft_k_matmul_xt; this serves the others' forced forms */
+        __m512 acc[12];
+        UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            PF_STEP
+            __m512 x0 = _mm512_load_ps(xt + (size_t)i * 16);
+            UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(x0, _mm512_set1_ps(pan[(size_t)j * KC + i]), acc[j]);
+        }
+        UNROLL for (int j = 0; j < 12; j++) _mm512_store_ps(tmp + (size_t)j * 16, acc[j]);
+    } else {
         __m512 acc[12][2];
         UNROLL for (int j = 0; j < 12; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
         for (int i = 0; i < nk; i++) {
+            PF_STEP
             __m512 x0 = _mm512_load_ps(xt + (size_t)i * 32), x1 = _mm512_load_ps(xt + (size_t)i * 32 + 16);
             UNROLL for (int j = 0; j < 12; j++) {
                 __m512 wb = _mm512_set1_ps(pan[(size_t)j * KC + i]);
@@ -350,15 +393,14 @@ AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float
             _mm512_store_ps(tmp + (size_t)j * 32, acc[j][0]);
             _mm512_store_ps(tmp + (size_t)j * 32 + 16, acc[j][1]);
         }
-    } else {
-        __m512 acc[24];
-        UNROLL for (int j = 0; j < 24; j++) acc[j] = _mm512_setzero_ps();
-        for (int i = 0; i < nk; i++) {
-            __m512 x0 = _mm512_load_ps(xt + (size_t)i * 16);
-            UNROLL for (int j = 0; j < 24; j++) acc[j] = _mm512_fmadd_ps(x0, _mm512_set1_ps(pan[(size_t)j * KC + i]), acc[j]);
-        }
-        UNROLL for (int j = 0; j < 24; j++) _mm512_store_ps(tmp + (size_t)j * 16, acc[j]);
     }
+#undef PF_STEP
+}
+
+AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float *pan, int nk, const wk_pf *pf)
+{
+    if (pf) xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 1);
+    else xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 0);
 }
 
 /* ====================================================== X_Q8 products */
@@ -680,7 +722,15 @@ AVX512 static void product_avx512_common(float *y, int ldy, const ft_wk_act *a, 
         if (vnni) product_q_vnni(y, ldy, a, W, o0, o1, b);
         else product_q_avx2(y, ldy, a, W, o0, o1, b);
         return;
-    case FT_WK_X_T: product_xt(y, ldy, a, W, o0, o1, b, a->ldx == 32 ? 12 : 24, xt_tile_512); return;
+    case FT_WK_X_T:
+        if (W->fmt == FT_WF_F32 && a->nblk == 1 && ft_k_get()->matmul_xt) {
+            /* f32 decode: the engine's kernel streams the weights as stored */
+            ft_k_get()->matmul_xt(y + o0, ldy, a->xt, a->ldx, a->rows, (const float *)W->data + (size_t)o0 * W->cols,
+                                  o1 - o0, W->cols, b ? b + o0 : NULL);
+            return;
+        }
+        product_xt(y, ldy, a, W, o0, o1, b, 12, xt_tile_512);
+        return;
     case FT_WK_X_F32:
         if (W->fmt == FT_WF_F32) {
             ft_k_get()->matmul_rows(y + o0, ldy, a->x, a->rows, (const float *)W->data + (size_t)o0 * W->cols,
