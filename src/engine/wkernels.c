@@ -96,8 +96,10 @@ size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 }
 
 /* Byte offset of element i of group g of row r in the X_Q8 layout. */
-static inline size_t qoff(int q4, int gpr, int nsb, int r, int g, int i)
+static inline size_t qoff(const ft_wk_qdst *d, int r, int g, int i)
 {
+    if (d->row1) return ft_wk_qpos1(d->q4, d->nu, g, i);
+    int q4 = d->q4, gpr = d->gpr, nsb = d->nsb;
     int e = i & 15;
     if (q4) e = (e & 1) ? 8 + (e >> 1) : (e >> 1);
     return ft_wk_qsub(gpr, nsb, r, g, i >> 4) + (size_t)e;
@@ -109,7 +111,7 @@ static inline size_t qoff(int q4, int gpr, int nsb, int r, int g, int i)
  * (tested). d's buffers are zeroed by the caller. */
 void ft_wk_prep_q_ref(const ft_wk_qdst *d, const float *x, int rows)
 {
-    int G = d->group, gpr = d->gpr, nsb = d->nsb, q4 = d->q4;
+    int G = d->group, gpr = d->gpr;
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < gpr; g++) {
             const float *v = x + (size_t)r * d->cols + (size_t)g * G;
@@ -128,7 +130,7 @@ void ft_wk_prep_q_ref(const ft_wk_qdst *d, const float *x, int rows)
                 for (int i = 0; i < G; i++) {
                     float t = rintf(v[i] * inv);      /* |t| <= 127 up to rounding: clamp */
                     int q = t > 127.0f ? 127 : t < -127.0f ? -127 : (int)t;
-                    d->xq[qoff(q4, gpr, nsb, r, g, i)] = (int8_t)q;
+                    d->xq[qoff(d, r, g, i)] = (int8_t)q;
                     isum += q;
                 }
                 s = amax / 127.0f;
@@ -173,7 +175,7 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
         memset(w8, 0, L.total);   /* padding rows and sub-block tails are 0 */
         ft_wk_qdst d = {(int8_t *)(w8 + L.xq), (float *)(w8 + L.xs4), (float *)(w8 + L.xsum4),
                         (float *)(w8 + L.xs), (float *)(w8 + L.xsum), W->cols, W->group, L.gpr, L.nsb,
-                        W->fmt == FT_WF_Q4};
+                        W->fmt == FT_WF_Q4, rows == 1, (W->group + 63) / 64};
         ft_wk_best()->prep_q(&d, x, rows);
         t.xq = (const int8_t *)(w8 + L.xq);
         t.xs4 = (const float *)(w8 + L.xs4);
@@ -183,6 +185,8 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
         t.nsb = L.nsb;
         t.gpr = L.gpr;
         t.nquad = L.nquad;
+        t.row1 = d.row1;
+        t.nu = d.nu;
     }
     *a = t;
     return FT_OK;
@@ -194,6 +198,7 @@ static void product_q_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *
                           const float *b)
 {
     int G = W->group, gpr = a->gpr, q4 = W->fmt == FT_WF_Q4;
+    ft_wk_qdst d = {NULL, NULL, NULL, NULL, NULL, W->cols, G, gpr, a->nsb, q4, a->row1, a->nu};
     for (int o = o0; o < o1; o++) {
         const uint8_t *par, *vals;
         size_t k0;
@@ -205,7 +210,7 @@ static void product_q_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *
                 for (int i = 0; i < G; i++) {
                     size_t k = k0 + (size_t)g * G + i;
                     int q = q4 ? (vals[k >> 1] >> ((k & 1) * 4)) & 15 : vals[k];
-                    idot += q * a->xq[qoff(q4, gpr, a->nsb, r, g, i)];
+                    idot += q * a->xq[qoff(&d, r, g, i)];
                 }
                 uint16_t m16 = (uint16_t)(par[4 * g] | par[4 * g + 1] << 8);
                 uint16_t s16 = (uint16_t)(par[4 * g + 2] | par[4 * g + 3] << 8);

@@ -90,9 +90,13 @@ typedef struct ft_wk_act {
      * multiple of 16 is zero padded. Per (quad, group), 16 floats:
      * xs4 = the rows' scales, each repeated 4 times (lane 4j + l: row j);
      * xsum4 = (xs * sum of the row's int8 values) in lane 4j, 0 elsewhere.
-     * xs / xsum: the same per (row, group), [r*gpr + g]. */
+     * xs / xsum: the same per (row, group), [r*gpr + g].
+     * One row (row1 = 1) is laid out for a one-row kernel instead: group
+     * g is nu = ceil(group / 64) units of 64 bytes at xq + (g*nu + u)*64,
+     * q4 storing a unit's even elements first and its odd ones from byte
+     * 32 (where a unit's 32 weight bytes put their high nibbles). */
     const int8_t *xq;
-    int nsb, gpr, nquad;
+    int nsb, gpr, nquad, row1, nu;
     const float *xs4, *xsum4, *xs, *xsum;
 } ft_wk_act;
 
@@ -139,7 +143,7 @@ void ft_wk_set_xt_rows(ft_wfmt fmt, int rows);
 typedef struct ft_wk_qdst {
     int8_t *xq;
     float *xs4, *xsum4, *xs, *xsum;
-    int cols, group, gpr, nsb, q4;
+    int cols, group, gpr, nsb, q4, row1, nu;
 } ft_wk_qdst;
 
 /* Row r, group g's scale and xs * sum(xq) into the four float arrays. */
@@ -152,8 +156,17 @@ static inline void ft_wk_prep_q_put(const ft_wk_qdst *d, int r, int g, float s, 
     d->xsum[(size_t)r * d->gpr + (size_t)g] = sum;
 }
 
+/* Position of element i of a group: one-row layout (64-element units)
+ * and the quad layout (16-element sub-blocks). */
+static inline size_t ft_wk_qpos1(int q4, int nu, int g, int i)
+{
+    int j = i & 63;
+    if (q4) j = (j & 1) ? 32 + (j >> 1) : (j >> 1);
+    return ((size_t)g * (size_t)nu + (size_t)(i >> 6)) * 64 + (size_t)j;
+}
+
 /* Byte offset of sub-block sb (16 elements) of group g of row r in
- * the X_Q8 layout; element e of the sub-block at + e (q8) or + (e odd ?
+ * the X_Q8 quad layout; element e of the sub-block at + e (q8) or + (e odd ?
  * 8 + e/2 : e/2) (q4). */
 static inline size_t ft_wk_qsub(int gpr, int nsb, int r, int g, int sb)
 {

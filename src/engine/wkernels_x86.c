@@ -477,11 +477,132 @@ AVX2 static INL void q2_blk(float *y, int ldy, const ft_wk_act *a, int quad, con
     }
 }
 
+/* ------------------------------------------------ one row (batch-1 decode) */
+
+/* AVX2, one row: 2 weight rows; a 64-element unit is two ymm of
+ * activations (q4: evens, odds) against the unit's 32 bytes (q4: low and
+ * high nibbles) or 64 bytes (q8, made signed as in q2_blk). */
+AVX2 static INL void q2r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, int o, const float *b,
+                              const int O, const int q4)
+{
+    const int G = W->group, gpr = a->gpr, nu = a->nu;
+    const uint8_t *par[2], *vb[2];
+    for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + (q4 ? e0 / 2 : e0);
+    }
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    float msum[2] = {0, 0};
+    const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(15), x80 = _mm256_set1_epi8((char)0x80);
+    for (int g = 0; g < gpr; g++) {
+        __m256i it[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int u = 0; u < nu; u++) {
+            int un = u < nu - 1 ? 64 : G - 64 * (nu - 1);
+            size_t e = (size_t)g * G + 64 * (size_t)u;
+            const int8_t *xp = a->xq + ((size_t)g * nu + (size_t)u) * 64;
+            __m256i x0 = _mm256_load_si256((const __m256i *)xp), x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+            for (int k = 0; k < O; k++) {
+                uint8_t t64[64];
+                const uint8_t *p = vb[k] + (q4 ? e / 2 : e);
+                int nb = q4 ? un / 2 : un;
+                if (nb < (q4 ? 32 : 64)) { memset(t64, 0, sizeof t64); memcpy(t64, p, (size_t)nb); p = t64; }
+                if (q4) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+                    __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, lo4), x0),
+                                                  _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), x1));
+                    it[k] = _mm256_add_epi32(it[k], _mm256_madd_epi16(pr, ones));
+                } else {
+                    __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), x80);
+                    __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 32)), x80);
+                    __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x0, w0));
+                    __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(x1, w1));
+                    it[k] = _mm256_add_epi32(it[k], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                }
+            }
+        }
+        for (int k = 0; k < O; k++) {
+            float st = f16_1(par[k] + 4 * g + 2), m = f16_1(par[k] + 4 * g) + (q4 ? 0.0f : 128.0f * st);
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(it[k]), _mm256_set1_ps(st * a->xs[g]), acc[k]);
+            msum[k] += m * a->xsum[g];
+        }
+    }
+    for (int k = 0; k < O; k++) y[o + k] = hsum8(acc[k]) + msum[k] + (b ? b[o + k] : 0.0f);
+}
+
+/* One 64-element unit of weights as 64 u8 (q4: the 32 bytes in both
+ * halves, the upper half shifted: low nibbles (evens) below, high
+ * nibbles (odds) above); nb = bytes stored for the unit. */
+VNNI static INL __m512i qunit512(const uint8_t *p, int nb, const int q4)
+{
+    if (!q4) return nb == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << nb) - 1, p);
+    __m512i z = nb == 32 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p))
+                         : _mm512_broadcast_i64x4(_mm256_maskz_loadu_epi8(((__mmask32)1 << nb) - 1, p));
+    z = _mm512_mask_srli_epi16(z, (__mmask32)0xFFFF0000u, z, 4);
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* VNNI, one row: O <= 4 weight rows; per unit one vpdpbusd per weight
+ * row (all 64 lanes useful), per group one conversion and one FMA by
+ * step * xs; the min terms lane-wise for 16 groups at a time. */
+VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, int o, const float *b,
+                                const int O, const int q4, const int NU)
+{
+    const int G = W->group, gpr = a->gpr, nu = NU ? NU : a->nu;
+    const uint8_t *par[4], *vb[4];
+    UNROLL for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + (q4 ? e0 / 2 : e0);
+    }
+    __m512 acc[4];
+    UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
+    float cf[4][16] __attribute__((aligned(64)));
+    for (int g0 = 0; g0 < gpr; g0 += 16) {
+        int ng = gpr - g0 < 16 ? gpr - g0 : 16;
+        __mmask16 gm = (__mmask16)((1u << ng) - 1);
+        __m512 xsv = _mm512_maskz_loadu_ps(gm, a->xs + g0), usv = _mm512_maskz_loadu_ps(gm, a->xsum + g0);
+        UNROLL for (int k = 0; k < O; k++) {
+            __m512i p = _mm512_maskz_loadu_epi32(gm, par[k] + 4 * (size_t)g0);
+            __m512 mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+            __m512 sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
+            _mm512_store_ps(cf[k], _mm512_mul_ps(sv, xsv));
+            acc[k] = _mm512_fmadd_ps(mv, usv, acc[k]);
+            _mm_prefetch((const char *)(par[k] + 4 * (size_t)(g0 + 32)), _MM_HINT_T0);
+        }
+        for (int g = g0; g < g0 + ng; g++) {
+            __m512i it[4];
+            UNROLL for (int k = 0; k < O; k++) it[k] = _mm512_setzero_si512();
+            for (int u = 0; u < nu; u++) {
+                int un = NU || u < nu - 1 ? 64 : G - 64 * (nu - 1);
+                size_t e = (size_t)g * G + 64 * (size_t)u;
+                __m512i xv = _mm512_load_si512(a->xq + ((size_t)g * nu + (size_t)u) * 64);
+                UNROLL for (int k = 0; k < O; k++)
+                    it[k] = _mm512_dpbusd_epi32(it[k], qunit512(vb[k] + (q4 ? e / 2 : e), q4 ? un / 2 : un, q4), xv);
+            }
+            UNROLL for (int k = 0; k < O; k++)
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[k]), _mm512_set1_ps(cf[k][g - g0]), acc[k]);
+        }
+    }
+    UNROLL for (int k = 0; k < O; k++) y[o + k] = _mm512_reduce_add_ps(acc[k]) + (b ? b[o + k] : 0.0f);
+}
+
 AVX2 static void product_q_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
                                 int o1, const float *b)
 {
     int q4 = W->fmt == FT_WF_Q4;
     if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
+    if (a->row1) {
+        for (int o = o0; o < o1;) {
+            int O = o1 - o >= 2 ? 2 : 1;
+            if (q4) { if (O == 2) q2r1_blk(y, a, W, o, b, 2, 1); else q2r1_blk(y, a, W, o, b, 1, 1); }
+            else { if (O == 2) q2r1_blk(y, a, W, o, b, 2, 0); else q2r1_blk(y, a, W, o, b, 1, 0); }
+            o += O;
+        }
+        return;
+    }
     for (int o = o0; o < o1;) {
         int O = o1 - o >= 2 ? 2 : 1;
         for (int q = 0; q < a->nquad; q++) {
@@ -507,12 +628,14 @@ VNNI static INL __m512i qsub512(const uint8_t *p, int un, const int q4)
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
 }
 
+#define QPF 8   /* groups of weights prefetched ahead */
+
 /* VNNI: 4 weight rows x Q <= 4 quads (16 rows). Per (weight row, group):
  * nsb sub-blocks, each one broadcast load (q4: + shift + and) and Q
  * vpdpbusd into int32 lanes (4 per row); then per quad one conversion,
  * the scale (step x the rows' xs) and the min term, lane-wise in f32. */
 VNNI static INL void q512_blk(float *y, int ldy, const ft_wk_act *a, int q0, const ft_wmat *W, int o,
-                              const float *b, const int O, const int Q, const int q4)
+                              const float *b, const int O, const int Q, const int q4, const int NSB)
 {
     const int G = W->group, gpr = a->gpr, nsb = a->nsb;
     const uint8_t *par[4], *vb[4];
@@ -533,17 +656,31 @@ VNNI static INL void q512_blk(float *y, int ldy, const ft_wk_act *a, int q0, con
             _mm512_store_ps(mf[k], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p)));
             _mm512_store_ps(sf[k], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16))));
         }
+        UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(par[k] + 4 * (size_t)(g0 + 32)), _MM_HINT_T0);
         for (int g = g0; g < g0 + ng; g++) {
             UNROLL for (int k = 0; k < O; k++) {
+                /* the weights a few groups ahead: latency-bound otherwise (the
+                 * 4 rows advance 64 or 32 bytes per group each) */
+                _mm_prefetch((const char *)(vb[k] + (size_t)(g + QPF) * G / (q4 ? 2 : 1)), _MM_HINT_T0);
                 __m512i ia[4];
                 UNROLL for (int q = 0; q < Q; q++) ia[q] = _mm512_setzero_si512();
-                for (int s = 0; s < nsb; s++) {
-                    int un = s < nsb - 1 ? 16 : G - 16 * (nsb - 1);
-                    size_t e = (size_t)g * G + 16 * (size_t)s;
-                    __m512i wv = qsub512(vb[k] + (q4 ? e / 2 : e), un, q4);
-                    UNROLL for (int q = 0; q < Q; q++)
-                        ia[q] = _mm512_dpbusd_epi32(ia[q], wv,
-                                                    _mm512_load_si512(a->xq + (((size_t)(q0 + q) * gpr + g) * nsb + s) * 64));
+                const int8_t *xg = a->xq + ((size_t)q0 * gpr + g) * nsb * 64;
+                const size_t qstride = (size_t)gpr * nsb * 64;
+                if (NSB) {   /* whole sub-blocks, unrolled (G = 16 NSB) */
+                    const uint8_t *wp = vb[k] + (size_t)g * G / (q4 ? 2 : 1);
+                    UNROLL for (int sb = 0; sb < NSB; sb++) {
+                        __m512i wv = qsub512(wp + sb * (q4 ? 8 : 16), 16, q4);
+                        UNROLL for (int q = 0; q < Q; q++)
+                            ia[q] = _mm512_dpbusd_epi32(ia[q], wv, _mm512_load_si512(xg + q * qstride + sb * 64));
+                    }
+                } else {
+                    for (int sb = 0; sb < nsb; sb++) {
+                        int un = sb < nsb - 1 ? 16 : G - 16 * (nsb - 1);
+                        size_t e = (size_t)g * G + 16 * (size_t)sb;
+                        __m512i wv = qsub512(vb[k] + (q4 ? e / 2 : e), un, q4);
+                        UNROLL for (int q = 0; q < Q; q++)
+                            ia[q] = _mm512_dpbusd_epi32(ia[q], wv, _mm512_load_si512(xg + q * qstride + (size_t)sb * 64));
+                    }
                 }
                 __m512 sv = _mm512_set1_ps(sf[k][g - g0]), mv = _mm512_set1_ps(mf[k][g - g0]);
                 UNROLL for (int q = 0; q < Q; q++) {
@@ -566,12 +703,12 @@ VNNI static INL void q512_blk(float *y, int ldy, const ft_wk_act *a, int q0, con
     }
 }
 
-#define Q512_Q(O, Q4)                                                     \
+#define Q512_Q(O, Q4, NSB)                                                \
     switch (Q) {                                                          \
-    case 4: q512_blk(y, ldy, a, q, W, o, b, O, 4, Q4); break;             \
-    case 3: q512_blk(y, ldy, a, q, W, o, b, O, 3, Q4); break;             \
-    case 2: q512_blk(y, ldy, a, q, W, o, b, O, 2, Q4); break;             \
-    default: q512_blk(y, ldy, a, q, W, o, b, O, 1, Q4); break;            \
+    case 4: q512_blk(y, ldy, a, q, W, o, b, O, 4, Q4, NSB); break;        \
+    case 3: q512_blk(y, ldy, a, q, W, o, b, O, 3, Q4, NSB); break;        \
+    case 2: q512_blk(y, ldy, a, q, W, o, b, O, 2, Q4, NSB); break;        \
+    default: q512_blk(y, ldy, a, q, W, o, b, O, 1, Q4, NSB); break;       \
     }
 
 VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0,
@@ -579,12 +716,27 @@ VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_
 {
     int q4 = W->fmt == FT_WF_Q4;
     if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
+    int g64 = W->group == 64;   /* the default group: sub-block loop unrolled */
+    if (a->row1) {
+        for (int o = o0; o < o1;) {
+            if (o1 - o >= 4) {
+                if (g64) { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 1); else q512r1_blk(y, a, W, o, b, 4, 0, 1); }
+                else { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 0); else q512r1_blk(y, a, W, o, b, 4, 0, 0); }
+                o += 4;
+            } else {
+                if (q4) q512r1_blk(y, a, W, o, b, 1, 1, 0); else q512r1_blk(y, a, W, o, b, 1, 0, 0);
+                o++;
+            }
+        }
+        return;
+    }
     for (int o = o0; o < o1;) {
         int O = o1 - o >= 4 ? 4 : 1;
         for (int q = 0; q < a->nquad;) {
             int Q = a->nquad - q >= 4 ? 4 : a->nquad - q;
-            if (O == 4) { if (q4) { Q512_Q(4, 1) } else { Q512_Q(4, 0) } }
-            else { if (q4) { Q512_Q(1, 1) } else { Q512_Q(1, 0) } }
+            if (O == 4 && g64) { if (q4) { Q512_Q(4, 1, 4) } else { Q512_Q(4, 0, 4) } }
+            else if (O == 4) { if (q4) { Q512_Q(4, 1, 0) } else { Q512_Q(4, 0, 0) } }
+            else { if (q4) { Q512_Q(1, 1, 0) } else { Q512_Q(1, 0, 0) } }
             q += Q;
         }
         o += O;
@@ -621,7 +773,29 @@ AVX512 static void prep_q_512(const ft_wk_qdst *d, const float *x, int rows)
                 __m512 inv = _mm512_set1_ps(127.0f / amax);
                 __m512i isum = _mm512_setzero_si512();
                 const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-                for (int sb = 0; sb < d->nsb; sb++) {
+                if (d->row1) {   /* 64-element units; q4: the unit's evens, then its odds */
+                    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+                    for (int u = 0; u < d->nu; u++) {
+                        __m512i q[4];
+                        for (int p = 0; p < 4; p++) {
+                            int i = 64 * u + 16 * p, n = G - i < 0 ? 0 : G - i > 16 ? 16 : G - i;
+                            __mmask16 m = (__mmask16)((1u << n) - 1);
+                            q[p] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + (n ? i : 0)), inv));
+                            q[p] = _mm512_min_epi32(_mm512_max_epi32(q[p], lo), hi);
+                            isum = _mm512_add_epi32(isum, q[p]);
+                        }
+                        int8_t *dst = d->xq + ((size_t)g * d->nu + (size_t)u) * 64;
+                        if (d->q4) {
+                            _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], ev, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], ev, q[3])));
+                            _mm_storeu_si128((__m128i *)(dst + 32), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], od, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 48), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], od, q[3])));
+                        } else {
+                            for (int p = 0; p < 4; p++) _mm_storeu_si128((__m128i *)(dst + 16 * p), _mm512_cvtepi32_epi8(q[p]));
+                        }
+                    }
+                } else for (int sb = 0; sb < d->nsb; sb++) {
                     int i = 16 * sb;
                     __mmask16 m = G - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - i)) - 1);
                     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + i), inv));
@@ -682,7 +856,8 @@ AVX2 static void prep_q_avx2(const ft_wk_qdst *d, const float *x, int rows)
                     }
                     int8_t *dst = d->xq + ft_wk_qsub(d->gpr, d->nsb, r, g, sb);
                     for (k = 0; k < n; k++) {
-                        dst[d->q4 ? ((k & 1) ? 8 + (k >> 1) : (k >> 1)) : k] = (int8_t)q[k];
+                        if (d->row1) d->xq[ft_wk_qpos1(d->q4, d->nu, g, i0 + k)] = (int8_t)q[k];
+                        else dst[d->q4 ? ((k & 1) ? 8 + (k >> 1) : (k >> 1)) : k] = (int8_t)q[k];
                         isum += q[k];
                     }
                 }

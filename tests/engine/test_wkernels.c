@@ -321,27 +321,34 @@ TEST(wk_quant_prep)
 {
     tmat t;
     tmat_make(&t, FT_WF_Q4, 1, 64, 64, 1);
-    float x[64];
-    for (int i = 0; i < 64; i++) x[i] = (float)(i - 20) / 8.0f;   /* max |x| = 43/8 */
-    size_t wsz = ft_wk_ws_size(&t.W, 1);
+    float x[128];
+    for (int i = 0; i < 64; i++) x[i] = x[64 + i] = (float)(i - 20) / 8.0f;   /* max |x| = 43/8 */
+    size_t wsz = ft_wk_ws_size(&t.W, 2);
     void *ws = ft_malloc_aligned(wsz, 64);
     ft_wk_act a;
-    CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, 1));
-    CHECK(a.mode == FT_WK_X_Q8 && a.nsb == 4 && a.gpr == 1 && a.nquad == 1);
-    CHECK(a.xs[0] == (43.0f / 8.0f) / 127.0f);
-    int sum = 0;
-    for (int i = 0; i < 64; i++) {
-        int q = (int)rintf(x[i] * (127.0f / (43.0f / 8.0f)));
-        /* sub-block i/16 (64 bytes: 16 per row of the quad), q4: evens then odds */
-        int e = i % 16, pos = (i / 16) * 64 + ((e & 1) ? 8 + e / 2 : e / 2);
-        CHECK_MSG(a.xq[pos] == q, "i %d: %d vs %d", i, a.xq[pos], q);
-        CHECK(a.xq[pos + 16] == 0);   /* rows 1..3 of the quad: padding */
-        sum += q;
+    for (int rows = 1; rows <= 2; rows++) {   /* the one-row layout, then the quad layout */
+        CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, rows));
+        CHECK(a.mode == FT_WK_X_Q8 && a.nsb == 4 && a.gpr == 1 && a.nquad == 1 && a.row1 == (rows == 1));
+        CHECK(a.xs[0] == (43.0f / 8.0f) / 127.0f);
+        int sum = 0;
+        for (int i = 0; i < 64; i++) {
+            int q = (int)rintf(x[i] * (127.0f / (43.0f / 8.0f)));
+            /* one row: a 64-unit's evens, then its odds from byte 32; quad:
+             * sub-block i/16 of 64 bytes, 16 per row, evens then odds */
+            int e = i % 16, pos = rows == 1 ? ((i & 1) ? 32 + i / 2 : i / 2)
+                                            : (i / 16) * 64 + ((e & 1) ? 8 + e / 2 : e / 2);
+            CHECK_MSG(a.xq[pos] == q, "rows %d i %d: %d vs %d", rows, i, a.xq[pos], q);
+            if (rows == 2) {
+                CHECK(a.xq[pos + 16] == q);   /* row 1 of the quad */
+                CHECK(a.xq[pos + 32] == 0);   /* rows 2, 3: padding */
+            }
+            sum += q;
+        }
+        for (int l = 0; l < 4; l++) CHECK(a.xs4[l] == a.xs[0] && a.xs4[8 + l] == 0.0f);
+        CHECK(a.xsum4[0] == a.xsum[0] && a.xsum4[1] == 0.0f);
+        CHECK(a.xq[rows == 1 ? 63 : 3 * 64 + 15] == 127);   /* element 63: odd, the last */
+        CHECK(a.xsum[0] == a.xs[0] * (float)sum);
     }
-    for (int l = 0; l < 4; l++) CHECK(a.xs4[l] == a.xs[0] && a.xs4[4 + l] == 0.0f);
-    CHECK(a.xsum4[0] == a.xsum[0] && a.xsum4[1] == 0.0f);
-    CHECK(a.xq[3 * 64 + 15] == 127);   /* element 63: odd, the last of its sub-block */
-    CHECK(a.xsum[0] == a.xs[0] * (float)sum);
     /* a NaN poisons its group's outputs instead of being undefined */
     x[5] = NAN;
     CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, 1));
@@ -470,10 +477,10 @@ TEST(wk_attend_h)
  * values that round to +-127.5 * (1 - eps). */
 TEST(wk_prep_q_tables)
 {
-    static const int geo[][2] = {{64, 192}, {16, 48}, {34, 68}, {7, 21}, {128, 256}, {2, 6}};
+    static const int geo[][2] = {{64, 192}, {16, 48}, {34, 68}, {7, 21}, {128, 256}, {2, 6}, {96, 192}};
     for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++)
         for (int q4 = 0; q4 < 2; q4++)
-            for (int rows = 1; rows <= 9; rows += 4) {
+            for (int rows = 1; rows <= 9; rows += 4) {   /* 1: the one-row layout */
                 int G = geo[gi][0], cols = geo[gi][1], gpr = cols / G, nsb = (G + 15) / 16, nq = (rows + 3) / 4;
                 size_t nxq = (size_t)nq * gpr * nsb * 64, nf = (size_t)nq * gpr * 16, nr = (size_t)rows * gpr;
                 float *x = malloc((size_t)rows * cols * sizeof(float));
@@ -489,12 +496,12 @@ TEST(wk_prep_q_tables)
                         f[k][j] = calloc(n, sizeof(float));
                     }
                 }
-                ft_wk_qdst d0 = {xq[0], f[0][0], f[0][1], f[0][2], f[0][3], cols, G, gpr, nsb, q4};
+                ft_wk_qdst d0 = {xq[0], f[0][0], f[0][1], f[0][2], f[0][3], cols, G, gpr, nsb, q4, rows == 1, (G + 63) / 64};
                 ft_wk_prep_q_ref(&d0, x, rows);
                 for (int ti = 1; ft_wk_list(ti); ti++) {
                     memset(xq[1], 0, nxq);
                     for (int j = 0; j < 4; j++) memset(f[1][j], 0, (j < 2 ? nf : nr) * sizeof(float));
-                    ft_wk_qdst d1 = {xq[1], f[1][0], f[1][1], f[1][2], f[1][3], cols, G, gpr, nsb, q4};
+                    ft_wk_qdst d1 = {xq[1], f[1][0], f[1][1], f[1][2], f[1][3], cols, G, gpr, nsb, q4, rows == 1, (G + 63) / 64};
                     ft_wk_list(ti)->prep_q(&d1, x, rows);
                     CHECK_MSG(!memcmp(xq[0], xq[1], nxq), "%s G %d q4 %d rows %d: int8 values", ft_wk_list(ti)->name, G, q4, rows);
                     for (int j = 0; j < 4; j++)   /* bitwise (NaN included) */
