@@ -543,6 +543,8 @@ VNNI static INL __m512i qunit512(const uint8_t *p, int nb, const int q4)
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
 }
 
+#define QPF1 16   /* groups of weights prefetched ahead (one row) */
+
 /* VNNI, one row: O <= 4 weight rows; per unit one vpdpbusd per weight
  * row (all 64 lanes useful), per group one conversion and one FMA by
  * step * xs; the min terms lane-wise for 16 groups at a time. */
@@ -574,7 +576,10 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
         }
         for (int g = g0; g < g0 + ng; g++) {
             __m512i it[4];
-            UNROLL for (int k = 0; k < O; k++) it[k] = _mm512_setzero_si512();
+            UNROLL for (int k = 0; k < O; k++) {
+                it[k] = _mm512_setzero_si512();
+                _mm_prefetch((const char *)(vb[k] + (size_t)(g + QPF1) * G / (q4 ? 2 : 1)), _MM_HINT_T0);
+            }
             for (int u = 0; u < nu; u++) {
                 int un = NU || u < nu - 1 ? 64 : G - 64 * (nu - 1);
                 size_t e = (size_t)g * G + 64 * (size_t)u;
