@@ -278,31 +278,111 @@ static void wrow_f32(float *dst, const ft_wmat *W, int o, int k0, int nk)
 typedef struct { const char *base; size_t stride; int rows, lines; } wk_pf;   /* lines of rows to prefetch */
 typedef void (*xt_tile_fn)(float *tmp, const float *xt, int ldx, const float *pan, int nk, const wk_pf *pf);
 
+/* y rows (r < nr) += / = the 12 x 32 tile tmp[j*32 + r] (j < no): 16 x 16
+ * transposes, then one masked vector per row (scalar stores, 32 rows 8 KiB
+ * apart, all fall in one L1 set). The bias goes in with the last columns:
+ * (y + t) + b, as the scalar path. */
+AVX512 static void store_tile_512(float *y, int ldy, const float *tmp, int no, int nr, int first, const float *b)
+{
+    __mmask16 m = (__mmask16)((1u << no) - 1);
+    __m512 bv = b ? _mm512_maskz_loadu_ps(m, b) : _mm512_setzero_ps();
+    for (int h = 0; h < 2 && 16 * h < nr; h++) {
+        __m512 r[16], t[16];
+        for (int j = 0; j < 16; j++) r[j] = j < 12 ? _mm512_load_ps(tmp + (size_t)j * 32 + 16 * h) : _mm512_setzero_ps();
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; i++) {
+            r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (int i = 0; i < 4; i++) {
+            t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+            t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+            t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+            t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+        }
+        for (int i = 0; i < 8; i++) {
+            r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+            r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+        }
+        int n = nr - 16 * h < 16 ? nr - 16 * h : 16;
+        for (int i = 0; i < n; i++) {
+            float *yr = y + (size_t)(16 * h + i) * ldy;
+            __m512 v = first ? r[i] : _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), r[i]);
+            if (b) v = _mm512_add_ps(v, bv);
+            _mm512_mask_storeu_ps(yr, m, v);
+        }
+    }
+}
+
+/* One panel (rows [o, o + no) x columns [k0, k0 + nk)) against row blocks
+ * [b0, b1), accumulated into y (the bias with the last columns). */
+static void xt_step(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o, int no, int k0, int nk,
+                    int b0, int b1, const float *b, int OB, xt_tile_fn tile, float *pan, const wk_pf *pf)
+{
+    const int ldx = a->ldx, cols = W->cols, last = k0 + nk == cols;
+    float tmp[12 * 32] __attribute__((aligned(64)));
+    /* the panel: rows read one after another (sequential streams for the
+     * hardware prefetcher), widened / dequantized */
+    for (int j = 0; j < OB; j++) {
+        float *pj = pan + (size_t)j * KC;
+        if (j >= no) memset(pj, 0, (size_t)nk * sizeof(float));
+        else if (W->fmt == FT_WF_F32)
+            memcpy(pj, (const float *)W->data + (size_t)(o + j) * cols + k0, (size_t)nk * sizeof(float));
+        else wrow_f32(pj, W, o + j, k0, nk);
+    }
+    for (int bk = b0; bk < b1; bk++) {
+        tile(tmp, a->xt + ((size_t)bk * cols + (size_t)k0) * ldx, ldx, pan, nk, bk == b0 ? pf : NULL);
+        int nr = a->rows - bk * ldx < ldx ? a->rows - bk * ldx : ldx;
+        if (OB == 12 && ldx == 32) {   /* AVX-512: rows of the tile as vectors */
+            store_tile_512(y + (size_t)bk * ldx * ldy + o, ldy, tmp, no, nr, k0 == 0, b && last ? b + o : NULL);
+            continue;
+        }
+        for (int j = 0; j < no; j++) {
+            float bj = b && last ? b[o + j] : 0.0f;
+            float *yp = y + (size_t)bk * ldx * ldy + o + j;
+            const float *t = tmp + (size_t)j * ldx;
+            if (k0 == 0) for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = t[r] + bj;
+            else for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = (yp[(size_t)r * ldy] + t[r]) + bj;
+        }
+    }
+}
+
+/* Row blocks per pass of a prefill: their x columns [k0, k0 + KC) (8 x
+ * 32 x 512 x 4 = 512 KiB) stay in L2 while every panel of the range
+ * passes over them. */
+#define XT_BLKS 8
+
 static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                        const float *b, int OB, xt_tile_fn tile)
 {
-    const int ldx = a->ldx, cols = W->cols;
+    const int cols = W->cols, q = W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4;
     int kc = KC;
-    if ((W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4) && W->group <= KC) kc = KC / W->group * W->group;
+    if (q && W->group <= KC) kc = KC / W->group * W->group;
     float pan[12 * KC] __attribute__((aligned(64)));
-    float tmp[12 * 32] __attribute__((aligned(64)));
+    if (a->nblk > 1) {   /* prefill: columns outer, so x's slice is reused from L2 */
+        for (int b0 = 0; b0 < a->nblk; b0 += XT_BLKS) {
+            int b1 = a->nblk - b0 < XT_BLKS ? a->nblk : b0 + XT_BLKS;
+            for (int k0 = 0; k0 < cols; k0 += kc) {
+                int nk = cols - k0 < kc ? cols - k0 : kc;
+                for (int o = o0; o < o1; o += OB)
+                    xt_step(y, ldy, a, W, o, o1 - o < OB ? o1 - o : OB, k0, nk, b0, b1, b, OB, tile, pan, NULL);
+            }
+        }
+        return;
+    }
+    /* decode (one block of rows): each panel's arithmetic overlaps the
+     * prefetch of the next panel's source (f32/bf16/f16) */
     for (int o = o0; o < o1; o += OB) {
         int no = o1 - o < OB ? o1 - o : OB;
         for (int k0 = 0; k0 < cols; k0 += kc) {
-            int nk = cols - k0 < kc ? cols - k0 : kc, last = k0 + nk == cols;
-            /* the panel: rows read one after another (sequential streams
-             * for the hardware prefetcher), widened / dequantized */
-            for (int j = 0; j < OB; j++) {
-                float *pj = pan + (size_t)j * KC;
-                if (j >= no) memset(pj, 0, (size_t)nk * sizeof(float));
-                else if (W->fmt == FT_WF_F32)
-                    memcpy(pj, (const float *)W->data + (size_t)(o + j) * cols + k0, (size_t)nk * sizeof(float));
-                else wrow_f32(pj, W, o + j, k0, nk);
-            }
-            /* decode (one block of rows): prefetch the next panel's source
-             * while this one is computed on */
+            int nk = cols - k0 < kc ? cols - k0 : kc;
             wk_pf pf = {NULL, 0, 0, 0};
-            if (a->nblk == 1 && !(W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4)) {
+            if (!q) {
                 int no2 = k0 + nk < cols ? no : (o1 - o - OB < OB ? o1 - o - OB : OB);
                 int nk2 = k0 + nk < cols ? (cols - k0 - nk < kc ? cols - k0 - nk : kc) : (cols < kc ? cols : kc);
                 size_t es = W->fmt == FT_WF_F32 ? 4 : 2;
@@ -314,17 +394,7 @@ static void product_xt(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
                     pf.lines = (int)(((size_t)nk2 * es + 63) / 64) + 1;
                 }
             }
-            for (int bk = 0; bk < a->nblk; bk++) {
-                tile(tmp, a->xt + ((size_t)bk * cols + (size_t)k0) * ldx, ldx, pan, nk, pf.base && bk == 0 ? &pf : NULL);
-                int nr = a->rows - bk * ldx < ldx ? a->rows - bk * ldx : ldx;
-                for (int j = 0; j < no; j++) {
-                    float bj = b && last ? b[o + j] : 0.0f;
-                    float *yp = y + (size_t)bk * ldx * ldy + o + j;
-                    const float *t = tmp + (size_t)j * ldx;
-                    if (k0 == 0) for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = t[r] + bj;
-                    else for (int r = 0; r < nr; r++) yp[(size_t)r * ldy] = (yp[(size_t)r * ldy] + t[r]) + bj;
-                }
-            }
+            xt_step(y, ldy, a, W, o, no, k0, nk, 0, 1, b, OB, tile, pan, pf.base ? &pf : NULL);
         }
     }
 }
