@@ -39,18 +39,22 @@ ft_status ft_wmat_check(const ft_wmat *W, const char *what)
 
 /* ------------------------------------------------------ preparation */
 
-/* From how many rows on each format uses x transposed (FT_WK_X_T). f32:
- * from 16 rows the engine's ft_k_matmul_xt (weights streamed directly,
- * 16 or 32 rows per vector) beats ft_k_matmul_rows; bf16/f16 and q8/q4
- * keep their decode kernels up to 32 rows (measured: docs/engine.md). */
+/* From how many rows on each format uses x transposed (FT_WK_X_T).
+ * Measured with bench_wkernels -x 1 (docs/engine.md): f32 from 16 rows
+ * (the engine's ft_k_matmul_xt, weights streamed directly, beats
+ * ft_k_matmul_rows); bf16/f16 from 25 (the panel's arithmetic pays off
+ * against the dot kernels only near 32 rows); q8/q4 keep their integer
+ * kernels up to 32 rows. */
 #define XT_F32 16
-#define XT_OTHER (FT_WK_DECODE_ROWS + 1)
-static int xt_rows[5] = {XT_F32, XT_OTHER, XT_OTHER, XT_OTHER, XT_OTHER};
+#define XT_H16 25
+#define XT_Q (FT_WK_DECODE_ROWS + 1)
+static int xt_rows[5] = {XT_F32, XT_H16, XT_H16, XT_Q, XT_Q};
+static const int xt_default[5] = {XT_F32, XT_H16, XT_H16, XT_Q, XT_Q};
 
 void ft_wk_set_xt_rows(ft_wfmt fmt, int rows)
 {
     if (fmt >= FT_WF_F32 && fmt <= FT_WF_Q4)
-        xt_rows[fmt] = rows > 0 ? rows : fmt == FT_WF_F32 ? XT_F32 : XT_OTHER;
+        xt_rows[fmt] = rows > 0 ? rows : xt_default[fmt];
 }
 
 static ft_wk_mode wk_mode(const ft_wmat *W, int rows)

@@ -21,11 +21,11 @@
  * scalar one:
  *
  *   f32 rows < 16,              FT_WK_X_F32: x as given. Exact f32
- *   bf16/f16 rows <= 32         products (16-bit weights widened exactly:
+ *   bf16/f16 rows < 25          products (16-bit weights widened exactly:
  *                               bf16 by a shift, f16 by vcvtph2ps), f32
  *                               sums. Decode: memory-bound.
- *   f32 rows >= 16,             FT_WK_X_T: x transposed into blocks of
- *   others rows > 32            ldx rows (16 when rows <= 16, else 32).
+ *   f32 rows >= 16, bf16/f16    FT_WK_X_T: x transposed into blocks of
+ *   rows >= 25, q8/q4 rows > 32 ldx rows (16 when rows <= 16, else 32).
  *                               Weight rows (f32 as stored; bf16/f16
  *                               widened, q8/q4 dequantized as the codec
  *                               decodes them, into a small f32 panel per
@@ -133,7 +133,7 @@ void ft_wk_attend_h(float *out, const float *q, const uint16_t *K, const uint16_
 
 /* Benchmarks only (not thread-safe; call while no product runs): the row
  * count from which `fmt` uses FT_WK_X_T (0: the default, 16 for f32,
- * 33 for the others). Changes which mode ft_wk_prep picks, so
+ * 25 for bf16/f16, 33 for q8/q4). Changes which mode ft_wk_prep picks, so
  * bench_wkernels can compare the two at the same sizes. */
 void ft_wk_set_xt_rows(ft_wfmt fmt, int rows);
 

@@ -697,7 +697,11 @@ VNNI static INL __m512i qsub512(const uint8_t *p, int un, const int q4)
         return _mm512_broadcast_i32x4(v);
     }
     __m512i z;
-    if (un == 16) z = _mm512_set1_epi64(*(const long long *)(const void *)p);   /* unaligned: memcpy-like */
+    if (un == 16) {
+        long long v8;
+        memcpy(&v8, p, 8);   /* unaligned: vpbroadcastq from memory */
+        z = _mm512_set1_epi64(v8);
+    }
     else z = _mm512_broadcastq_epi64(_mm_maskz_loadu_epi8((__mmask16)((1u << (un / 2)) - 1), p));
     z = _mm512_mask_srli_epi64(z, (__mmask8)0xAA, z, 4);
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
