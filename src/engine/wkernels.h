@@ -24,8 +24,8 @@
  *   bf16/f16 rows < 25          products (16-bit weights widened exactly:
  *                               bf16 by a shift, f16 by vcvtph2ps), f32
  *                               sums. Decode: memory-bound.
- *   f32 rows >= 16, bf16/f16    FT_WK_X_T: x transposed into blocks of
- *   rows >= 25, q8/q4 rows > 32 ldx rows (16 when rows <= 16, else 32).
+ *   f32 rows >= 16,             FT_WK_X_T: x transposed into blocks of
+ *   bf16/f16 rows >= 25         ldx rows (16 when rows <= 16, else 32).
  *                               Weight rows (f32 as stored; bf16/f16
  *                               widened, q8/q4 dequantized as the codec
  *                               decodes them, into a small f32 panel per
@@ -33,7 +33,7 @@
  *                               vectors of x along the rows: exact f32
  *                               products of the stored (dequantized)
  *                               weights and the f32 activations, f32 sums.
- *   q8/q4, rows <= 32           FT_WK_X_Q8: x quantized per weight group:
+ *   q8/q4 (any rows)            FT_WK_X_Q8: x quantized per weight group:
  *                               symmetric int8, scale xs = max|x| / 127 per
  *                               (row, group), xq = round_half_even(x *
  *                               (127 / max|x|)) (0 for an all-zero group).
@@ -45,6 +45,8 @@
  *                               vpdpbusd, AVX2 vpmaddubsw) and f32 sums.
  *                               xs * sum(xq) (not the exact sum of x) in
  *                               the min term keeps it that product.
+ *                               (FT_WK_X_T also serves q8/q4, exactly, if
+ *                               ft_wk_set_xt_rows asks: slower, measured.)
  *
  * Bounds (tests/engine/test_wkernels.c checks them, with measured values
  * in docs/engine.md): a SIMD table equals the scalar table within f32
@@ -133,7 +135,7 @@ void ft_wk_attend_h(float *out, const float *q, const uint16_t *K, const uint16_
 
 /* Benchmarks only (not thread-safe; call while no product runs): the row
  * count from which `fmt` uses FT_WK_X_T (0: the default, 16 for f32,
- * 25 for bf16/f16, 33 for q8/q4). Changes which mode ft_wk_prep picks, so
+ * 25 for bf16/f16, never for q8/q4). Changes which mode ft_wk_prep picks, so
  * bench_wkernels can compare the two at the same sizes. */
 void ft_wk_set_xt_rows(ft_wfmt fmt, int rows);
 

@@ -269,6 +269,7 @@ TEST(wk_float_formats)
 {
     static const ft_wfmt fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_F16};
     static const int shapes[][2] = {{37, 131}, {13, 16}, {9, 200}};
+    worst_simd = worst_exact = 0;
     for (int f = 0; f < 3; f++)
         for (int s = 0; s < 3; s++) {
             tmat t;
@@ -294,6 +295,7 @@ TEST(wk_quant_formats)
         {7, 21, 5}, {21, 63, 5}, {64, 64, 4},
     };
     static const int rpcs[] = {1, 3, 5, 64};
+    worst_simd = worst_exact = 0;
     for (int fq = 0; fq < 2; fq++)
         for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++)
             for (int ri = 0; ri < 4; ri++) {
@@ -307,6 +309,15 @@ TEST(wk_quant_formats)
                     for (int rows = 1; rows <= 33; rows++)
                         run_case(&t, rows, rows % 4, t.W.rows - (rows % 3), rows & 1, what);
                     run_case(&t, 45, 2, t.W.rows, 1, what);
+                    run_case(&t, 70, 0, t.W.rows, 0, what);
+                }
+                if (ri == 1 || ri == 3) {
+                    /* the f32-panel form (x transposed, weights dequantized by
+                     * the codec's kernels), which q8/q4 use only when asked */
+                    ft_wk_set_xt_rows(fmt, 2);
+                    run_case(&t, 3, 1, t.W.rows, 1, what);
+                    run_case(&t, 40, 0, t.W.rows, 0, what);
+                    ft_wk_set_xt_rows(fmt, 0);
                 } else {
                     static const int rs[] = {1, 2, 5, 8, 17, 33};
                     for (int k = 0; k < 6; k++) run_case(&t, rs[k], k % 3, t.W.rows, k & 1, what);
