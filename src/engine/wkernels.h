@@ -51,7 +51,7 @@
  * Bounds (tests/engine/test_wkernels.c checks them, with measured values
  * in docs/engine.md): a SIMD table equals the scalar table within f32
  * reassociation, |d| <= 2 (n + 64) 2^-24 sum_i |x_i w_i| (+ the bias's
- * last bit); the q8/q4 decode product differs from exact f32 math on the
+ * last bit); the q8/q4 product differs from exact f32 math on the
  * dequantized weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i|
  * (activation rounding) plus reassociation; every other mode by
  * reassociation only. */
@@ -62,9 +62,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Products with at most this many rows take the decode path. */
-#define FT_WK_DECODE_ROWS 32
 
 typedef enum ft_wk_mode {
     FT_WK_X_F32 = 0,    /* x used as given (not copied)                  */

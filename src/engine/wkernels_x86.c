@@ -1,30 +1,31 @@
 /* SIMD products on stored weights (contract: wkernels.h). Compiled per
  * function with target attributes, chosen at run time by wkernels.c.
  *
- * Shapes. Every product is "dot style": weights and activations are both
- * contiguous along the input dimension, so the stored rows are used in
- * place (no packing), each accumulator is a vector of partial sums over
- * input columns, reduced once per output at the end. A block of O weight
- * rows x R activation rows keeps O*R accumulators in registers; each
- * weight vector is loaded (and widened/unpacked) once per block and used
- * R times. Rows are walked in L2-sized blocks so that, for prefill, the
- * activations of a block stay in L2 while the weights stream.
- *
- *   16-bit weights, f32 x (decode; f16 always): O = 4, R <= 6 (AVX-512),
- *       O = 4, R <= 2 (AVX2); the weight widened exactly (bf16: shift,
- *       f16: vcvtph2ps), one FMA per (weight vector, row).
- *   bf16 weights, bf16 x (prefill): vdpbf16ps, O = 6, R <= 4 (32
- *       products per instruction, exact products, f32 sums).
- *   q8/q4 weights, int8 x: per 64-element unit one vpdpbusd (u8 weights x
- *       s8 activations, int32 lanes), converted and scaled by
- *       step * xs into f32 lanes; the min term m * xsum is added lane-wise
- *       for 16 groups at once from the f16 parameters. q4: the unit's 32
- *       bytes are broadcast to both halves of a zmm, the upper half
- *       shifted by 4, masked to nibbles: evens below, odds above, which is
- *       how ft_wk_prep laid the activations out. AVX2: vpmaddubsw +
- *       vpmaddwd; q8 bytes are made signed (u - 128) and multiplied as
- *       |w'| x sign(x, w') so that pair sums cannot saturate (<= 2 * 128 *
- *       127), the 128 * sum(x) this drops folded into the min term. */
+ *   x as given, bf16/f16 weights (decode): "dot style": both operands
+ *       contiguous along the input dimension, so stored rows are used in
+ *       place; 4 weight rows x up to 6 rows of x per block (24 vector
+ *       accumulators of partial sums, reduced once per output); each
+ *       weight vector widened once (bf16: shift, f16: vcvtph2ps) and used
+ *       for every row. f32 weights: the engine's ft_k_matmul_rows /
+ *       ft_k_matmul_xt.
+ *   x transposed (prefill; f32 >= 16 rows, bf16/f16 >= 25): per block of
+ *       12 weight rows x 512 columns an f32 panel (copied, widened or
+ *       dequantized by the codec's kernels; constant row stride, so one
+ *       register addresses all 12 rows) is broadcast against 32-row
+ *       vectors of x: 24 accumulators, no horizontal sums. Columns outer
+ *       for prefill (x's slice stays in L2), tiles stored through 16 x 16
+ *       transposes; decode prefetches the next panel's source while a
+ *       panel is computed on.
+ *   q8/q4 (int8 x): VNNI vpdpbusd, u8 weights x s8 activations, int32
+ *       lanes converted and scaled by step * xs per group; the min terms
+ *       m * xs * sum(xq) lane-wise, 16 groups at a time. One row: 64-element
+ *       units (q4: 32 bytes broadcast to both halves, the upper half
+ *       shifted by 4, masked to nibbles). Quads of rows: one 16-element
+ *       sub-block broadcast to the four 128-bit lanes serves 4 rows per
+ *       instruction. AVX2: vpmaddubsw + vpmaddwd; q8 bytes made signed
+ *       (q - 128) and multiplied as |w'| x sign(x, w') so that pair sums
+ *       cannot saturate (<= 2 * 128 * 127), the dropped 128 * sum(xq)
+ *       folded into the min term. */
 #include "wkernels.h"
 #include "kernels.h"
 #include "flextier/core.h"
@@ -174,7 +175,7 @@ AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, con
     default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F); break;                          \
     }
 
-/* X_F32 (rows <= 16): blocks of at most 6 rows (4 x 6 accumulators;
+/* X_F32 (rows < 25): blocks of at most 6 rows (4 x 6 accumulators;
  * the weight rows, 4 x cols x 2 bytes, stay in L1 between blocks). */
 AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W,
                            int cols, int o0, int o1, const float *b, int f16)
