@@ -87,7 +87,7 @@ static qlayout q_layout(const ft_wmat *W, int rows)
 
 size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 {
-    if (!W || rows < 1 || W->cols < 1) return 0;
+    if (!W || rows < 1 || W->cols < 1 || W->fmt < FT_WF_F32 || W->fmt > FT_WF_Q4) return 0;
     switch (wk_mode(W, rows)) {
     case FT_WK_X_F32: return 0;
     case FT_WK_X_T: {
