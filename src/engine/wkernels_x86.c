@@ -826,16 +826,23 @@ VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_
         }
         return;
     }
+    /* quads in blocks whose activations (gpr * nsb * 64 bytes each) stay
+     * in L2 while every weight row of the range passes over them */
+    int qb = (int)(((size_t)512 << 10) / ((size_t)a->gpr * a->nsb * 64));
+    qb = qb < 4 ? 4 : qb / 4 * 4;
+    for (int q0 = 0; q0 < a->nquad; q0 += qb) {
+    int q1 = a->nquad - q0 < qb ? a->nquad : q0 + qb;
     for (int o = o0; o < o1;) {
         int O = o1 - o >= 4 ? 4 : 1;
-        for (int q = 0; q < a->nquad;) {
-            int Q = a->nquad - q >= 4 ? 4 : a->nquad - q;
+        for (int q = q0; q < q1;) {
+            int Q = q1 - q >= 4 ? 4 : q1 - q;
             if (O == 4 && g64) { if (q4) { Q512_Q(4, 1, 4) } else { Q512_Q(4, 0, 4) } }
             else if (O == 4) { if (q4) { Q512_Q(4, 1, 0) } else { Q512_Q(4, 0, 0) } }
             else { if (q4) { Q512_Q(1, 1, 0) } else { Q512_Q(1, 0, 0) } }
             q += Q;
         }
         o += O;
+    }
     }
 }
 #undef Q512_Q

@@ -324,6 +324,14 @@ TEST(wk_quant_formats)
                 }
                 tmat_free(&t);
             }
+    /* long rows: the quads are walked in L2-sized blocks (16 quads of
+     * 8192 columns), 70 rows = 18 quads = two blocks */
+    for (int fq = 0; fq < 2; fq++) {
+        tmat t;
+        tmat_make(&t, fq ? FT_WF_Q4 : FT_WF_Q8, 6, 8192, 64, 4);
+        run_case(&t, 70, 1, 6, 1, fq ? "q4 8192 cols" : "q8 8192 cols");
+        tmat_free(&t);
+    }
     printf("  worst SIMD/ref %.3g u S', worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
 }
 
