@@ -146,6 +146,7 @@ ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
 typedef struct ft_cpu_features {
     int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vbmi,
         avx512bf16, avx512fp16;
+    int avx512vnni;   /* vpdpbusd on zmm (AVX512_VNNI) */
 } ft_cpu_features;
 const ft_cpu_features *ft_cpu(void);
 /* FLEXTIER_NO_SIMD=1 in the environment forces the scalar paths. */

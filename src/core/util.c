@@ -83,6 +83,7 @@ static void cpu_detect(void)
     g_cpu.avx512bw = g_cpu.avx512f && ((b >> 30) & 1);
     g_cpu.avx512vl = g_cpu.avx512f && ((b >> 31) & 1);
     g_cpu.avx512vbmi = g_cpu.avx512f && ((c >> 1) & 1);
+    g_cpu.avx512vnni = g_cpu.avx512f && ((c >> 11) & 1);
     g_cpu.avx512fp16 = g_cpu.avx512f && ((d >> 23) & 1);
     unsigned max7 = a;
     if (max7 >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))

@@ -337,12 +337,15 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
  * block of 4 weight rows once against all input rows (register-blocked
  * 4 x 2), split over the pool by output rows. */
 #define SMALL_ROWS 32
-/* From 8 rows on (AVX-512), x is transposed once per product and
+/* From 16 rows on (AVX-512), x is transposed once per product and
  * ft_k_matmul_xt computes 12 outputs x 32 rows (or 24 x 16) per block with
  * vector accumulators along the rows: no horizontal sums, each weight read
  * once per block and broadcast. Measured on the stories15M-shaped model,
- * batch 32, 1 thread: matmul_rows gave 7.1x the batch-1 throughput. */
-#define XT_ROWS 8
+ * batch 32, 1 thread: matmul_rows gave 7.1x the batch-1 throughput. Below
+ * 16 rows half of its 16-row vectors would be padding: 2048 x 2048, 1
+ * thread, CPU time, interleaved: 8 rows 2818 us (xt) vs 2348 (rows), 16
+ * rows 2967 vs 3298, 32 rows 3065 vs 5026 (docs/engine.md). */
+#define XT_ROWS 16
 typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk, ldx; } mv_job;
 
 static void mv_task(void *arg, size_t i, unsigned worker)
