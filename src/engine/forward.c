@@ -8,8 +8,8 @@
  * ft_ctx_create. */
 #include "engine_internal.h"
 #include "kernels.h"
+#include "wkernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +30,6 @@ struct ft_ctx {
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
-    float *xt;                      /* 8..32-row products: x transposed [in][32] */
     int *row_seq, *row_pos, *row0;
     uint64_t scratch_bytes;
     ft_layer_hook hook;
@@ -38,9 +37,9 @@ struct ft_ctx {
     ft_kv_hooks kvh;
     float **kk, **vv;               /* external KV: per sequence, the hooks' f32 K/V */
     const void **ck, **cv;          /* per sequence of the call: this layer's K/V (kv_dtype) */
-    float *wrow;                    /* per worker: one weight row in f32 (generic products) */
+    void *wkws;                     /* prepared activations of one product (wkernels) */
+    size_t wkws_size;
     float *kvt;                     /* per worker: a window's K and V rows widened to f32 */
-    int maxin;
     int *past;                      /* per sequence: cached tokens before the call */
     /* per-call state read by pool tasks */
     int layer;
@@ -215,12 +214,25 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->sel = falloc(c, selrows * (size_t)c->edim);
     c->sel2 = falloc(c, selrows * (size_t)c->edim);
     c->scores = falloc(c, (size_t)c->threads * S);
+    /* The product workspace: the largest any matrix of the model needs at
+     * max_rows rows, in any format it may be computed in (an offloading
+     * scheduler may hand q8/q4 views of a plain model's layers). */
     {
-        int maxin = c->edim > c->qdim ? c->edim : c->qdim;
-        if (cfg->ffn > maxin) maxin = cfg->ffn;
-        c->xt = falloc(c, (size_t)maxin * 32);
-        c->maxin = maxin;
-        c->wrow = falloc(c, (size_t)maxin * c->threads);
+        int dims[][2] = {{c->qdim, cfg->hidden}, {c->kvdim, cfg->hidden}, {cfg->hidden, c->qdim},
+                         {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
+                         {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim}};
+        size_t need = 0;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
+                ft_wmat w = {.fmt = (ft_wfmt)f, .rows = dims[d][0], .cols = dims[d][1],
+                             .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
+                if ((f == FT_WF_Q8 || f == FT_WF_Q4) && !w.group) continue;
+                size_t z = ft_wk_ws_size(&w, c->p.max_rows);
+                if (z > need) need = z;
+            }
+        c->wkws_size = need;
+        c->scratch_bytes += need;
+        c->wkws = ft_malloc_aligned(need ? need : 64, 64);
     }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
      * head widened to f32 per worker */
@@ -235,10 +247,10 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->rope_sin = falloc(c, S * (size_t)half);
         if (c->rope_cos && c->rope_sin) ft_rope_tables(cfg, S, c->rope_cos, c->rope_sin);
     }
-    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wrow ||
+    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
         (c->kv_esize != 4 && ft_config_min_window(cfg) && !c->kvt) || !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
-        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->xt || !c->row_seq || !c->row_pos ||
+        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
@@ -256,12 +268,12 @@ void ft_ctx_free(ft_ctx *c)
     free(c->kv_off); free(c->kv_rows); free(c->win);
     free(c->seq_len);
     free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
-    ft_free_aligned(c->wrow); ft_free_aligned(c->kvt);
+    ft_free_aligned(c->wkws); ft_free_aligned(c->kvt);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
-    ft_free_aligned(c->sel2); ft_free_aligned(c->scores); ft_free_aligned(c->xt);
+    ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
     free(c->row_seq); free(c->row_pos); free(c->row0);
     free(c);
 }
@@ -331,95 +343,39 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
 
 /* ------------------------------------------------------------- helpers */
 
-/* Small batches (decode, up to 32 rows): OpenBLAS packs the whole weight
- * matrix on every sgemm call (sgemm_incopy was 25% of a batch-32 decode
- * profile) and its sgemv was no faster, so ft_k_matmul_rows streams each
- * block of 4 weight rows once against all input rows (register-blocked
- * 4 x 2), split over the pool by output rows. */
-#define SMALL_ROWS 32
-/* From 16 rows on (AVX-512), x is transposed once per product and
- * ft_k_matmul_xt computes 12 outputs x 32 rows (or 24 x 16) per block with
- * vector accumulators along the rows: no horizontal sums, each weight read
- * once per block and broadcast. Measured on the stories15M-shaped model,
- * batch 32, 1 thread: matmul_rows gave 7.1x the batch-1 throughput. Below
- * 16 rows half of its 16-row vectors would be padding: 2048 x 2048, 1
- * thread, CPU time, interleaved: 8 rows 2818 us (xt) vs 2348 (rows), 16
- * rows 2967 vs 3298, 32 rows 3065 vs 5026 (docs/engine.md). */
-#define XT_ROWS 16
-typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk, ldx; } mv_job;
+/* Every product goes through the stored-format kernels (wkernels.h): the
+ * activations are prepared once (transposed, or quantized per group for
+ * q8/q4) into the context's workspace, then output rows are split over
+ * the pool in chunks of whole kernel blocks (24 outputs). The kernel
+ * chooses its form from the format and the row count only (decode: 1-32
+ * rows; prefill: panels), so any split gives the same values. */
+typedef struct { float *y; const ft_wk_act *a; const ft_wmat *W; const float *b; int chunk; } wk_job;
 
-static void mv_task(void *arg, size_t i, unsigned worker)
+static void wk_task(void *arg, size_t i, unsigned worker)
 {
     (void)worker;
-    const mv_job *j = arg;
+    const wk_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
-    if (o1 > j->out) o1 = j->out;
-    const ft_kernels *kn = ft_k_get();
-    if (j->ldx)
-        kn->matmul_xt(j->y + o0, j->out, j->x, j->ldx, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
-                      j->b ? j->b + o0 : NULL);
-    else
-        kn->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
-                        j->b ? j->b + o0 : NULL);
-}
-
-/* Generic product on a stored format, one weight row at a time converted
- * to f32 (the reference path until the stored-format kernels land). */
-typedef struct { ft_ctx *c; float *y; const float *x; const ft_wmat *W; const float *b; int rows, chunk; } gv_job;
-
-static void gv_task(void *arg, size_t i, unsigned worker)
-{
-    const gv_job *j = arg;
-    const ft_wmat *W = j->W;
-    int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
-    if (o1 > W->rows) o1 = W->rows;
-    float *wr = j->c->wrow + (size_t)worker * (size_t)j->c->maxin;
-    for (int o = o0; o < o1; o++) {
-        ft_wmat_row_f32(W, o, wr);
-        for (int r = 0; r < j->rows; r++)
-            j->y[(size_t)r * W->rows + o] = ft_k_dot(j->x + (size_t)r * W->cols, wr, W->cols) + (j->b ? j->b[o] : 0.0f);
-    }
+    if (o1 > j->W->rows) o1 = j->W->rows;
+    ft_wk_product(j->y, j->W->rows, j->a, j->W, o0, o1, j->b);
 }
 
 /* y[rows, out] = x[rows, in] W[out, in]^T + b, with in = W->cols, out = W->rows */
-static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, const ft_wmat *Wm, const float *b)
+static ft_status linear_ctx(ft_ctx *c, float *y, const float *x, int rows, const ft_wmat *W, const float *b)
 {
-    int in = Wm->cols, out = Wm->rows;
-    if (Wm->fmt != FT_WF_F32) {
-        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
-        int chunk = (out + tasks - 1) / tasks;
-        if (chunk < 16) chunk = 16;
-        gv_job j = {c, y, x, Wm, b, rows, chunk};
-        size_t n = (size_t)((out + chunk - 1) / chunk);
-        ft_pool_run(n > 1 ? c->pool : NULL, n, gv_task, &j);
-        return;
-    }
-    const float *W = Wm->data;
-    if (rows <= SMALL_ROWS) {
-        int ldx = 0;
-        if (rows >= XT_ROWS && ft_k_get()->matmul_xt) {
-            ldx = rows <= 16 ? 16 : 32;
-            ft_k_transpose_rows(c->xt, ldx, x, rows, in);
-            x = c->xt;
-        }
-        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
-        int chunk = (out + tasks - 1) / tasks;
-        if (chunk < 16) chunk = 16;
-        chunk = ldx ? (chunk + 23) / 24 * 24 : (chunk + 3) & ~3;   /* whole kernel blocks */
-        mv_job j = {y, x, W, b, rows, in, out, chunk, ldx};
-        size_t n = (size_t)((out + chunk - 1) / chunk);
-        ft_pool_run(n > 1 ? c->pool : NULL, n, mv_task, &j);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
-                0.0f, y, out);
-    if (b)
-        for (int r = 0; r < rows; r++) {
-            float *yr = y + (size_t)r * out;
-            for (int o = 0; o < out; o++) yr[o] += b[o];
-        }
+    ft_wk_act a;
+    ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, W, x, rows);
+    if (st) return st;
+    int out = W->rows;
+    int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
+    int chunk = (out + tasks - 1) / tasks;
+    chunk = (chunk + 23) / 24 * 24;
+    wk_job j = {y, &a, W, b, chunk};
+    size_t n = (size_t)((out + chunk - 1) / chunk);
+    ft_pool_run(n > 1 ? c->pool : NULL, n, wk_task, &j);
+    return FT_OK;
 }
-#define linear(...) linear_ctx(c, __VA_ARGS__)
+#define linear(...) do { ft_status st_ = linear_ctx(c, __VA_ARGS__); if (st_) return st_; } while (0)
 
 /* Row-parallel loops on the pool, in chunks. */
 typedef void (*rows_fn)(ft_ctx *c, int r0, int r1, const void *a);
@@ -476,25 +432,6 @@ static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
     }
 }
 
-/* One query row over a bf16/f16 cache (reference path until the
- * stored-format kernels land): keys and values converted per position. */
-static void attend_half(float *out, const float *q, const uint16_t *K, const uint16_t *V, int ld, int npos,
-                        int hd, float scale, float *sc, ft_dtype dt, float *tmp)
-{
-    for (int p = 0; p < npos; p++) {
-        if (dt == FT_BF16) ft_bf16_to_f32(tmp, K + (size_t)p * ld, (size_t)hd);
-        else ft_f16_to_f32(tmp, K + (size_t)p * ld, (size_t)hd);
-        sc[p] = scale * ft_k_dot(q, tmp, hd);
-    }
-    ft_k_softmax(sc, npos);
-    for (int i = 0; i < hd; i++) out[i] = 0;
-    for (int p = 0; p < npos; p++) {
-        if (dt == FT_BF16) ft_bf16_to_f32(tmp, V + (size_t)p * ld, (size_t)hd);
-        else ft_f16_to_f32(tmp, V + (size_t)p * ld, (size_t)hd);
-        ft_k_axpy(out, sc[p], tmp, hd);
-    }
-}
-
 /* Rows [a, a + n) of one KV head of a bf16/f16 cache (row stride ld
  * elements) widened to f32 at dst (row stride hd). */
 static void widen_rows(float *dst, const uint16_t *src, int a, int n, int ld, int hd, ft_dtype dt)
@@ -532,8 +469,7 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
         if (!ring && !W) {
             if (!half) kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
-            else attend_half(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc, c->p.kv_dtype,
-                             c->wrow + (size_t)worker * (size_t)c->maxin);
+            else ft_wk_attend_h(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc, c->p.kv_dtype == FT_F16);
             continue;
         }
         /* Windowed: segments of f32 rows. A bf16/f16 cache's rows of this
@@ -731,7 +667,6 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
     c->row0[n] = r;
     for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
     ft_kv_step step = {n, slots, c->past, ntok};
-    openblas_set_num_threads((int)c->threads);
 
     /* embeddings */
     int H = cfg->hidden, E = cfg->word_embed_proj_dim;
