@@ -20,8 +20,9 @@
 #                         (default: a temporary directory, removed at exit)
 # Environment: PEERS_CACHE (~/.cache/flextier/peers: llama.cpp build, venv,
 # models), LLAMA_CPP_PY_VERSION (0.3.36), PEERS_JOBS, PEERS_QUANT_ARGS
-# (extra llama-quantize arguments, e.g. --pure), PEERS_TIMEOUT (s per command,
-# default 3600). Needs root only for nothing; see memlimit.sh for the cgroup runs.
+# (extra llama-quantize arguments, e.g. --pure), PEERS_LLAMA_ARGS (extra
+# llama-bench / llama-batched-bench arguments, e.g. "--poll 0"), PEERS_TIMEOUT
+# (s per command, default 3600). No root needed; memlimit.sh does the cgroup runs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -33,6 +34,7 @@ LAYERS=22; FORMATS="f32 bf16 q8 q4"; THREADS="1 2"; TESTS="decode prefill batche
 BATCHES="1 2 4 8 16 32"; GEN=64; PROMPT=512; RUNS=3; OUT=""
 BPP=16; BTG=32
 PEERS_TIMEOUT=${PEERS_TIMEOUT:-3600}
+PEERS_LLAMA_ARGS=${PEERS_LLAMA_ARGS:-}
 usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -104,12 +106,18 @@ fi
 
 # the roofline's two terms: streaming-read bandwidth per thread count, and
 # the bytes each engine reads per decoded token
+# (measured before and after the runs; the roofline takes the higher: on a
+# shared machine the bandwidth a run gets varies)
 membw=$(peers_membw)
-for t in $THREADS; do
-    bw=$("$membw" "$t" 1024 5) || peers_die "membw failed"
-    printf 'membw_%s\t%s\n' "$t" "$bw" >> "$meta"
-    peers_log "streaming read, $t thread(s): $bw GB/s"
-done
+measure_bw() {   # start|end
+    local t bw
+    for t in $THREADS; do
+        bw=$("$membw" "$t" 1024 5) || peers_die "membw failed"
+        printf 'membw_%s_%s\t%s\n' "$1" "$t" "$bw" >> "$meta"
+        peers_log "streaming read, $t thread(s), $1: $bw GB/s"
+    done
+}
+measure_bw start
 for f in $FORMATS; do
     read -r _ bpt < <(PYTHONPATH="$SRC/gguf-py" "$PEERS_PY" "$here/peers_report.py" gguf-bytes "${gguf[$f]}")
     printf 'bytes_per_token_llamacpp_%s\t%s\n' "$f" "$bpt" >> "$meta"
@@ -129,6 +137,8 @@ run_one() {
         batched) cmd=("$LBB" -m "${gguf[$fmt]}" -c $((b * (BPP + BTG))) -npp "$BPP" -ntg "$BTG" -npl "$b" \
                       -t "$t" --output-format jsonl) ;;
         esac
+        # shellcheck disable=SC2206
+        cmd+=($PEERS_LLAMA_ARGS)
     else
         local wd=()
         if [ "$FT_WD" = 1 ]; then wd=(--weights-dtype "$fmt"); fi
@@ -176,13 +186,20 @@ for run in $(seq "$RUNS"); do
     done
 done
 
+measure_bw end
+for t in $THREADS; do
+    printf 'membw_%s\t%s\n' "$t" "$(awk -F'\t' -v a="membw_start_$t" -v b="membw_end_$t" \
+        '$1 == a || $1 == b { if ($2 > m) m = $2 } END { print m }' "$meta")" >> "$meta"
+done
+
 {
     echo "## FlexTier vs llama.cpp $(date -u +%Y-%m-%d)"
     echo
     echo "Model: flextier gen-model ${model_args[*]} ($(python3 "$here/peers_report.py" ft-bytes "$model" bf16 | awk '{printf "%.2f GB bf16", $1/1e9}'))."
     echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PY_VERSION sdist (vendor/llama.cpp), GGML_NATIVE; GGUF by convert_hf_to_gguf.py (f32, bf16) and llama-quantize ${PEERS_QUANT_ARGS:-} (q8_0, q4_0)."
     echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; flextier $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '?')."
-    echo "Streaming read: $(for t in $THREADS; do printf '%s GB/s (%s thr) ' "$(grep "^membw_$t" "$meta" | cut -f2)" "$t"; done)"
+    echo "Streaming read (membw, before / after the runs; the roofline uses the higher): $(for t in $THREADS; do printf '%s thread(s) %s / %s GB/s; ' "$t" "$(grep "^membw_start_$t" "$meta" | cut -f2)" "$(grep "^membw_end_$t" "$meta" | cut -f2)"; done)"
+    if [ -n "$PEERS_LLAMA_ARGS" ]; then echo "Extra llama.cpp arguments: $PEERS_LLAMA_ARGS"; fi
     echo
     python3 "$here/peers_report.py" table "$results" "$meta"
 } | tee "$work/table.md"

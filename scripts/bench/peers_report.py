@@ -150,7 +150,12 @@ def mib(x):
 
 
 def num(x, nd=1):
-    return "-" if x is None else f"{x:.{nd}f}"
+    """nd decimals, or 3 significant digits for small values (0.374)."""
+    if x is None:
+        return "-"
+    if abs(x) < 10 ** (2 - nd):
+        return f"{x:.3g}"
+    return f"{x:.{nd}f}"
 
 
 def table(results, meta):
