@@ -106,6 +106,57 @@ static void check_model(const char *arch, long vocab, const char *extra)
     ft_model_free(m);
 }
 
+/* First in the file, so first to run: a forked child's ru_maxrss includes
+ * the parent's resident pages it inherited before exec, so the parent must
+ * still be small (an ASan test process grows with every test). */
+TEST(bounded_memory)
+{
+    struct rusage self;
+    getrusage(RUSAGE_SELF, &self);
+    /* 115M parameters, a 221 MB bf16 file; before streaming, gen-model held
+     * the f32 model plus its bf16 copy (~3x the file) */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/big", tdir());
+    fflush(stdout);   /* or the child flushes our buffered lines again */
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        /* ASan builds: a small quarantine, or freed blocks count as held */
+        const char *ao = getenv("ASAN_OPTIONS");
+        char opts[1024];
+        snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", ao ? ao : "", ao && *ao ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+        execl(bin(), bin(), "gen-model", "--arch", "llama", "--out", dir, "--hidden", "1024", "--layers", "4",
+              "--heads", "16", "--kv-heads", "4", "--ffn", "2816", "--vocab", "32000", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    struct rusage ru;
+    REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    struct stat sb;
+    REQUIRE(stat(p, &sb) == 0);
+    double rss = (double)ru.ru_maxrss * 1024.0, file = (double)sb.st_size;
+    printf("  gen-model: %.1f MB file, peak RSS %.1f MB (%.3fx); this test's own %.1f MB\n", file / 1e6, rss / 1e6,
+           rss / file, (double)self.ru_maxrss * 1024.0 / 1e6);
+    CHECK(file > 220e6);
+    /* the writer's 8 MiB buffer, 64K floats of scratch per thread, the
+     * tokenizer's JSON tree: ~37 MB, 0.17x the file (release and ASan
+     * alike, with the small quarantine). Holding the weights even once
+     * would be >= 1x; before streaming it was ~3x. */
+    CHECK_MSG(rss < 0.35 * file, "peak RSS %.1f MB for a %.1f MB file", rss / 1e6, file / 1e6);
+    ft_model_config cfg;
+    CHECK_OK(ft_model_config_load(dir, &cfg));
+    CHECK(cfg.vocab == 32000 && cfg.n_layers == 4);
+    ft_checkpoint *ck = NULL;
+    CHECK_OK(ft_checkpoint_open(dir, &ck));
+    CHECK(ck && ft_checkpoint_count(ck) == 3 + 4 * 9);
+    ft_checkpoint_close(ck);
+}
+
 TEST(tokenizer_matches_vocab)
 {
     check_model("llama", 260, "");      /* the minimum: specials + bytes + "\xe2\x96\x81" */
@@ -151,50 +202,5 @@ TEST(deterministic_weights)
     int ones = 1;
     for (int i = 0; i < 128; i++) ones &= ((const float *)t.data)[i] == 1.0f;
     CHECK(ones);
-    ft_checkpoint_close(ck);
-}
-
-TEST(bounded_memory)
-{
-    /* 115M parameters, a 221 MB bf16 file; before streaming, gen-model held
-     * the f32 model plus its bf16 copy (~3x the file) */
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/big", tdir());
-    fflush(stdout);   /* or the child flushes our buffered lines again */
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(127);
-        /* ASan builds: a small quarantine, or freed blocks count as held */
-        const char *ao = getenv("ASAN_OPTIONS");
-        char opts[1024];
-        snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", ao ? ao : "", ao && *ao ? ":" : "");
-        setenv("ASAN_OPTIONS", opts, 1);
-        execl(bin(), bin(), "gen-model", "--arch", "llama", "--out", dir, "--hidden", "1024", "--layers", "4",
-              "--heads", "16", "--kv-heads", "4", "--ffn", "2816", "--vocab", "32000", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    struct rusage ru;
-    REQUIRE(wait4(pid, &status, 0, &ru) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    char p[600];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    struct stat sb;
-    REQUIRE(stat(p, &sb) == 0);
-    double rss = (double)ru.ru_maxrss * 1024.0, file = (double)sb.st_size;
-    printf("  gen-model: %.1f MB file, peak RSS %.1f MB (%.3fx)\n", file / 1e6, rss / 1e6, rss / file);
-    CHECK(file > 220e6);
-    /* the writer's 8 MiB buffer, 64K floats of scratch per thread, the
-     * tokenizer's JSON tree: ~37 MB, 0.17x the file (release and ASan
-     * alike, with the small quarantine). Holding the weights even once
-     * would be >= 1x; before streaming it was ~3x. */
-    CHECK_MSG(rss < 0.35 * file, "peak RSS %.1f MB for a %.1f MB file", rss / 1e6, file / 1e6);
-    ft_model_config cfg;
-    CHECK_OK(ft_model_config_load(dir, &cfg));
-    CHECK(cfg.vocab == 32000 && cfg.n_layers == 4);
-    ft_checkpoint *ck = NULL;
-    CHECK_OK(ft_checkpoint_open(dir, &ck));
-    CHECK(ck && ft_checkpoint_count(ck) == 3 + 4 * 9);
     ft_checkpoint_close(ck);
 }
