@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -418,12 +419,24 @@ static void gauss_bf16(uint16_t *dst, size_t n, uint64_t seed)
     }
 }
 
-/* Run `iters` ops with `depth` in flight; returns seconds or < 0. */
+/* CPU seconds (user + system) this process has used, all threads. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Run `iters` ops with `depth` in flight; returns seconds or < 0 and the
+ * process's CPU seconds meanwhile in *cpu. */
 static double run_phase(ft_store *s, int write, ft_tensor *src, ft_tensor *dst, size_t cap,
-                        const ft_codec_params *cp, long depth, long iters, ft_status *err)
+                        const ft_codec_params *cp, long depth, long iters, ft_status *err,
+                        double *cpu)
 {
     ft_request **reqs = calloc((size_t)depth, sizeof *reqs);
     if (!reqs) { *err = FT_ERR_NOMEM; return -1; }
+    double c0 = cpu_seconds();
     double t0 = ft_now();
     ft_status st = FT_OK;
     for (long i = 0; i < iters + depth && st == FT_OK; i++) {
@@ -448,6 +461,7 @@ static double run_phase(ft_store *s, int write, ft_tensor *src, ft_tensor *dst, 
         }
     }
     free(reqs);
+    *cpu = cpu_seconds() - c0;
     *err = st;
     return st == FT_OK ? dt : -1;
 }
@@ -529,11 +543,12 @@ int ft_bench_transfer(int argc, char **argv)
     ft_status st = ft_store_open(uri, &sp, &s);
     if (st != FT_OK) { rc = ft_cli_fail(uri, st); goto out; }
     /* warm up: create every key once (connection, pool blocks, caches) */
-    double wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, depth, &st);
+    double wcpu = 0, rcpu = 0;
+    double wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, depth, &st, &wcpu);
     ft_tensor_stat ts;
     if (st == FT_OK) st = ft_stat_tensor(s, "bench/0", &ts);
-    if (st == FT_OK) wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, iters, &st);
-    double rdt = st == FT_OK ? run_phase(s, 0, &src, dst, numel * 2, &cp, depth, iters, &st) : -1;
+    if (st == FT_OK) wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, iters, &st, &wcpu);
+    double rdt = st == FT_OK ? run_phase(s, 0, &src, dst, numel * 2, &cp, depth, iters, &st, &rcpu) : -1;
     int lossless = !ft_codec_is_lossy(cp.codec);
     if (st == FT_OK && lossless && memcmp(dst[0].data, data, numel * 2) != 0)
         st = ft_set_error(FT_ERR_CORRUPT, "read back differs from what was written");
@@ -557,20 +572,24 @@ int ft_bench_transfer(int argc, char **argv)
     double pt_gbs = pt_mbs > 0 ? pt_mbs * 1048576.0 / 1e9 : -1;
     double wl = logical / wdt / 1e9, ww = wire / wdt / 1e9;
     double rl = logical / rdt / 1e9, rw = wire / rdt / 1e9;
+    /* this process's CPU per GB of tensor bytes: with agent:// the codec
+     * work is the agent's, with ucx:// it is ours */
+    double wc = wcpu / (logical / 1e9), rc_ = rcpu / (logical / 1e9);
     if (json) {
         printf("{\"uri\":\"%s\",\"size\":%llu,\"codec\":\"%s\",\"depth\":%ld,\"iters\":%ld,"
                "\"ratio\":%.4f,\"write_logical_gbs\":%.4f,\"write_wire_gbs\":%.4f,"
-               "\"read_logical_gbs\":%.4f,\"read_wire_gbs\":%.4f,\"perftest_am_bw_gbs\":",
+               "\"read_logical_gbs\":%.4f,\"read_wire_gbs\":%.4f,\"write_cpu_s_per_gb\":%.4f,"
+               "\"read_cpu_s_per_gb\":%.4f,\"perftest_am_bw_gbs\":",
                uri, (unsigned long long)size, ft_codec_name(cp.codec), depth, iters, ratio,
-               wl, ww, rl, rw);
+               wl, ww, rl, rw, wc, rc_);
         if (pt_gbs > 0) printf("%.4f}\n", pt_gbs); else printf("null}\n");
     } else {
         printf("bench transfer %s: %llu-byte bf16 tensors, codec %s, depth %ld, %ld iters\n",
                uri, (unsigned long long)size, ft_codec_name(cp.codec), depth, iters);
         printf("  ratio %.3f (%llu -> %llu bytes)\n", ratio, (unsigned long long)ts.raw_bytes,
                (unsigned long long)ts.stored_bytes);
-        printf("  write  logical %8.3f GB/s   wire %8.3f GB/s\n", wl, ww);
-        printf("  read   logical %8.3f GB/s   wire %8.3f GB/s\n", rl, rw);
+        printf("  write  logical %8.3f GB/s   wire %8.3f GB/s   this process %.3f CPU s/GB\n", wl, ww, wc);
+        printf("  read   logical %8.3f GB/s   wire %8.3f GB/s   this process %.3f CPU s/GB\n", rl, rw, rc_);
         if (pt_gbs > 0)
             printf("  ucx_perftest ucp_am_bw %.3f GB/s (same size) -> write %.0f%%, read %.0f%% "
                    "(wire)\n", pt_gbs, 100 * ww / pt_gbs, 100 * rw / pt_gbs);
