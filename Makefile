@@ -55,7 +55,7 @@ test-cuda-fake: deps
 # gcc-aarch64-linux-gnu and :arm64 libraries (cmake/aarch64-linux-gnu.cmake);
 # the tests labelled aarch64 (codec with its NEON kernels, core, the agent)
 # run under qemu-user.
-A64_TARGETS = flextier_cli test_core test_codec test_quant test_byteplane replay_frame
+A64_TARGETS = flextier_cli test_core test_codec test_quant test_byteplane test_agent replay_frame replay_agent_msg
 test-aarch64: deps
 	@cmake -S . -B $(BUILD_A64) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON -DFT_CUDA=OFF \
 	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null

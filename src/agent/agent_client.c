@@ -395,7 +395,8 @@ static ft_status connect_locked(agent_client *c)
      * read it back, it moves our tensors by CMA (no work on our cores);
      * otherwise by UCX RMA. */
     c->cma = 0;
-    if (p.rlen == FT_AMSG_CHALLENGE) {
+    const char *no_cma = getenv("FLEXTIER_AGENT_NO_CMA");   /* tests: force UCX RMA */
+    if (p.rlen == FT_AMSG_CHALLENGE && !(no_cma && *no_cma && strcmp(no_cma, "0"))) {
         uint8_t body[FT_AMSG_CMA_SIZE];
         uint64_t pid = (uint64_t)getpid(), addr = (uint64_t)(uintptr_t)c->challenge;
         for (int i = 0; i < 8; i++) {
