@@ -6,7 +6,8 @@
  * the resources that work in parallel: the compute device (ngb batches of
  * matrix products and attention, plus decoding of compressed tensors where
  * the device's cores do it), and every link (host, disk, each remote node)
- * carrying its share of weights (once per block) and cache (per batch).
+ * carrying its share of weights (once per block) and cache (per batch),
+ * and a codec agent's cores when the remote tier goes through one.
  * FlexGen's LP has the same structure; a 10% grid over placements finds
  * its optimum within the grid step. */
 #include "flextier/offload.h"
@@ -89,6 +90,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * is the conversion speed, e.g. bf16 -> f32). */
     double t_dec = W * (1.0 - w[FT_TIER_DEVICE]) / dw
                  + B * s_avg * kv * (1.0 - c[FT_TIER_DEVICE]) / dc;
+    /* A codec agent decodes the remote weights on its own cores, beside
+     * compute and the links; the client's workers only wait for them.
+     * (The KV cache rows are quantized on this machine either way.) */
+    double t_agent = 0;
+    if (in->agent_cores) {
+        t_agent = W * w[FT_TIER_REMOTE] / dw / in->agent_cores;
+        t_dec -= W * w[FT_TIER_REMOTE] / dw;
+    }
     /* Links: weights once per block, cache read per step (plus the new
      * token's K/V written back). Remote traffic spreads over the nodes. */
     double link[FT_TIER_COUNT] = {0};
@@ -117,11 +126,12 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * after the other on the client's single UCX worker: they do not
      * spread over the cores (measured: the loopback row's I/O thread was
      * busy for link + decode per layer). */
-    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + W * w[FT_TIER_REMOTE] / dw);
-    double T = busy;
+    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + (in->agent_cores ? 0 : W * w[FT_TIER_REMOTE] / dw));
+    double T = fmax(busy, t_agent);
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";
     if (in->remote_local && t_io > t_comp && link[FT_TIER_REMOTE] > t_dec) out->bottleneck = "remote";
+    if (t_agent >= busy && t_agent > 0) out->bottleneck = "agent";
     if (!in->remote_local && link[FT_TIER_REMOTE] > T) { T = link[FT_TIER_REMOTE]; out->bottleneck = "remote"; }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
@@ -138,8 +148,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         t_pre_fixed = in->fixed_prefill_s_per_token * B * in->prompt_len;
     }
     double t_pre_io = W * (1.0 - w[0]) / dw;
+    double t_pre_agent = 0;
+    if (in->agent_cores) {
+        t_pre_agent = W * w[FT_TIER_REMOTE] / dw / in->agent_cores;
+        t_pre_io -= W * w[FT_TIER_REMOTE] / dw;
+    }
     if (in->remote_local && in->bw[FT_TIER_REMOTE] > 0) t_pre_io += W * w[FT_TIER_REMOTE] / rw / in->bw[FT_TIER_REMOTE];
     double t_pre = fmax(fmax(t_pre_comp, t_pre_io / cores), (t_pre_comp * cthreads + t_pre_io) / cores);
+    t_pre = fmax(t_pre, t_pre_agent);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
         double bytes = W * w[t] / rw + B * in->prompt_len * kv * c[t] / rc;
