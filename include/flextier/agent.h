@@ -46,7 +46,11 @@ typedef struct ft_agent_params {
                                     no client authentication)                */
     const char *node_token_file; /* the agent's token for the memory nodes
                                     (NULL: FLEXTIER_TOKEN_FILE or none)      */
-    unsigned    threads;         /* codec/upstream workers (0 = online CPUs) */
+    unsigned    threads;         /* requests handled at once (worker threads,
+                                    0 = 8): each encodes/decodes one tensor
+                                    and waits for its memory-node transfer,
+                                    so several keep the link busy; the cores
+                                    they run on are the agent's (taskset) */
     uint64_t    max_staging;     /* bytes of tensors in flight (0 = 2 GiB);
                                     a request over it waits in a queue       */
     unsigned    max_connections; /* default 256                              */

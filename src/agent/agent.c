@@ -259,6 +259,17 @@ static void detail_from_error(job *j, ft_status st)
  * 0 when the job waits for staging. */
 static int do_read(agent *A, job *j, ft_store *up)
 {
+    if (!j->staged && j->out_dtype >= 0 && j->rlen <= A->p.max_staging) {
+        /* the output dtype is known: the client's capacity bounds the
+         * staging (the store refuses a larger tensor), no size query */
+        j->need = j->rlen;
+        j->t.dtype = (ft_dtype)j->out_dtype;
+        pthread_mutex_lock(&A->q_lock);
+        int ok = staging_try(A, j);
+        if (!ok) q_push(&A->wait_head, &A->wait_tail, j);
+        pthread_mutex_unlock(&A->q_lock);
+        if (!ok) return 0;
+    }
     if (!j->staged) {
         ft_tensor_stat ts;
         ft_status st = ft_stat_tensor(up, j->key, &ts);
@@ -300,6 +311,10 @@ static int do_read(agent *A, job *j, ft_store *up)
     ft_request *r = NULL;
     ft_status st = ft_read_tensor_async(up, j->key, &dst, cap, &r);
     if (st == FT_OK) st = wait_req(r);
+    if (st == FT_ERR_BUFFER_SMALL && j->out_dtype >= 0 && j->rlen <= A->p.max_staging) {
+        detail_from_error(j, st);   /* the client's buffer is too small */
+        return 1;
+    }
     if (st == FT_ERR_BUFFER_SMALL) {
         /* replaced by a larger tensor since the stat: start over */
         staging_release(A, j);
@@ -429,10 +444,6 @@ static void *worker_main(void *arg)
             ft_status st = ft_write_tensor_async(up, j->key, &j->t, &j->cp, &r);
             if (st == FT_OK) st = wait_req(r);
             if (st != FT_OK) detail_from_error(j, st);
-            else {
-                ft_tensor_stat ts;
-                if (ft_stat_tensor(up, j->key, &ts) == FT_OK) j->aux = ts.stored_bytes;
-            }
             j->phase = P_REPLY;
             break;
         }
@@ -1131,7 +1142,7 @@ ft_status ft_agent_run(const ft_agent_params *params)
     if (!p.listen) p.listen = "127.0.0.1:13340";
     if (!p.max_connections) p.max_connections = 256;
     if (!p.max_staging) p.max_staging = 2ull << 30;
-    if (!p.threads) p.threads = ft_default_threads();
+    if (!p.threads) p.threads = 8;
     if (p.threads > 64) p.threads = 64;
     if (p.n_nodes == 0 || p.n_nodes > FT_AGENT_MAX_NODES)
         return ft_set_error(FT_ERR_INVALID_ARG, "the agent needs 1..%d memory nodes (--node ucx://HOST:PORT)",

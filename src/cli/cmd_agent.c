@@ -22,7 +22,9 @@ static const char agent_usage[] =
     "  --token-file      the token clients must present (their --token-file)\n"
     "  --node-token-file the agent's own token for the memory nodes (default\n"
     "                    FLEXTIER_TOKEN_FILE)\n"
-    "  --threads         codec / memory-node workers (default: online CPUs)\n"
+    "  --threads         requests handled at once (default 8; each encodes or decodes\n"
+    "                    a tensor and waits for its memory-node transfer; pin the\n"
+    "                    agent's cores with taskset)\n"
     "  --max-staging     bytes of tensors in flight in the agent (default 2G)\n"
     "  --client-tls      UCX transports toward the clients (default: UCX_TLS),\n"
     "                    e.g. sm,self,tcp when UCX_TLS=tcp pins the memory nodes\n";
