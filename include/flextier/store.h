@@ -6,6 +6,10 @@
  *   file:DIR            one file per tensor in DIR (local SSD tier)
  *   ucx://HOST:PORT     a memory node (`flextier serve`) reached over UCX
  *                       (RDMA, TCP or shared memory, chosen by UCX)
+ *   agent://HOST:PORT[/NODE]  a memory node through a codec agent
+ *                       (`flextier agent`, flextier/agent.h): the agent
+ *                       encodes and decodes, this process does no codec
+ *                       work; same frames and results
  *
  * Every tensor is stored as a self-describing frame (flextier/codec.h):
  * the writer encodes with the caller's codec params (NULL = raw), the
