@@ -711,9 +711,11 @@ static void handle_hello(agent *A, aconn *c, const ft_amsg *m, const void *data)
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
         ep.address = (const ucp_address_t *)h.waddr;
-        /* no PEER mode here: UCX 1.13 then drops the shared-memory lanes;
-         * a dead client is noticed on the sockaddr endpoint (PEER) */
-        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        /* PEER mode: a client that dies must fail our operations, not
+         * leave UCX with an endpoint in undefined state (seen crashing
+         * under qemu). UCX 1.13 then uses no shared-memory RMA lanes, which
+         * only matters on one machine, where clients use CMA instead. */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         ep.err_handler.cb = conn_err_cb;
         ep.err_handler.arg = c;
         ucs_status_t s = h.waddr_len ? ucp_ep_create(A->w, &ep, &c->rma_ep) : UCS_ERR_INVALID_PARAM;
