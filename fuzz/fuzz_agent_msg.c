@@ -24,7 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ft_codec_params cp;
     const uint8_t *rk;
     size_t rkl;
-    if (ft_amsg_write_parse(data + 1, size - 1, &t, &cp, &rk, &rkl) == FT_OK)
+    uint64_t nb = 0;
+    /* as the agent: only tensors its staging can hold get that far */
+    if (ft_amsg_write_parse(data + 1, size - 1, &t, &cp, &rk, &rkl) == FT_OK &&
+        ft_tensor_nbytes(&t, &nb) == FT_OK && nb <= (1ull << 30))
         (void)ft_encode_bound(&cp, t.dtype, t.ndim, t.shape);
     int od;
     ft_amsg_read_parse(data + 1, size - 1, &od, &rk, &rkl);

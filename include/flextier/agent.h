@@ -52,7 +52,9 @@ typedef struct ft_agent_params {
                                     so several keep the link busy; the cores
                                     they run on are the agent's (taskset) */
     uint64_t    max_staging;     /* bytes of tensors in flight (0 = 2 GiB);
-                                    a request over it waits in a queue       */
+                                    a request over it waits in a queue; a
+                                    tensor larger than it is refused
+                                    (FT_ERR_NO_SPACE)                       */
     unsigned    max_connections; /* default 256                              */
     int         timeout_ms;      /* upstream operations (0 = store default)  */
     const char *client_tls;      /* UCX transports toward the clients (NULL:

@@ -840,6 +840,11 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
         if (st == FT_OK && nb != m.len)
             st = ft_set_error(FT_ERR_PROTOCOL, "WRITE of %llu bytes for a tensor of %llu",
                               (unsigned long long)m.len, (unsigned long long)nb);
+        /* staging bounds what the agent takes (and what ft_encode_bound,
+         * linear in the chunk count, is asked about) */
+        if (st == FT_OK && nb > A->p.max_staging)
+            st = ft_set_error(FT_ERR_NO_SPACE, "tensor of %llu bytes over the agent's staging (%llu, --max-staging)",
+                              (unsigned long long)nb, (unsigned long long)A->p.max_staging);
         if (st == FT_OK && nb && rkl == 0 && !c->cma_pid)
             st = ft_set_error(FT_ERR_PROTOCOL, "WRITE without a remote key");
         if (st == FT_OK && ft_encode_bound(&j->cp, j->t.dtype, j->t.ndim, j->t.shape) == 0)
