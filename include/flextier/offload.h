@@ -109,6 +109,11 @@ typedef struct ft_cost_inputs {
                                       transfers are memory copies by the I/O
                                       workers, added to decoding (not a link
                                       running beside the CPU)              */
+    uint32_t agent_cores;          /* the remote tier goes through a codec
+                                      agent (agent://, docs/agent.md) with
+                                      this many cores of its own: decoding
+                                      the remote weights is charged to them,
+                                      not to this machine's cores (0: none) */
     uint64_t cap[FT_TIER_COUNT];   /* capacity per tier, bytes            */
     /* Per weight codec (ft_codec_id): ratio = bytes as computed on / bytes
      * stored on a tier (byte-plane's entropy ratio; 1 for none, q8, q4,

@@ -10,6 +10,10 @@
  *                       user), or over UCX (RDMA; TCP only on a network the
  *                       node's operator named trusted). FLEXTIER_TRANSPORT=
  *                       auto|tcp|cma|ucx forces one (docs/protocol.md)
+ *   agent://HOST:PORT[/NODE]  a memory node through a codec agent
+ *                       (`flextier agent`, flextier/agent.h): the agent
+ *                       encodes and decodes, this process does no codec
+ *                       work; same frames and results
  *
  * Every tensor is stored as a self-describing frame (flextier/codec.h):
  * the writer encodes with the caller's codec params (NULL = raw), the

@@ -16,7 +16,7 @@
 
 static const char plan_usage[] =
     "usage: flextier plan --model DIR --device-mem SIZE [--host-mem SIZE] [--disk-dir DIR]\n"
-    "                     [--disk-mem SIZE] [--remote ucx://H:P[,..]] [--remote-mem SIZE]\n"
+    "                     [--disk-mem SIZE] [--remote URI[,..]] [--remote-mem SIZE]\n"
     "                     [--batch N] [--fixed-batch] [--prompt-len N] [--gen-len N]\n"
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
     "                     [--cache-codecs none,q8,q4] [--policy SPEC] [--threads N] [--json]\n"
@@ -30,7 +30,10 @@ static const char plan_usage[] =
     "the policy with the highest predicted decode throughput. RATE: e.g. 1gbit,\n"
     "125M (bytes/s), 10gbit; a given rate replaces the measurement. The device\n"
     "memory is the budget for decoded weights, cache and activations. With --policy\n"
-    "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n";
+    "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n"
+    "--remote takes memory nodes (ucx://HOST:PORT) or a codec agent in front of them\n"
+    "(agent://HOST:PORT[/NODE]): decoding the remote weights is then charged to one\n"
+    "core of the agent's instead of this machine's cores.\n";
 
 /* "1gbit", "10Gbit", "125M" (bytes/s), "1.5G" */
 static ft_status parse_rate(const char *s, double *out)
@@ -298,6 +301,9 @@ static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *b
     in->remote_local = base->n_remotes > 0;
     for (uint32_t r = 0; r < base->n_remotes; r++)
         if (!uri_is_loopback(base->remotes[r])) in->remote_local = 0;
+    /* agent://: a codec agent decodes the remote tier on its own cores
+     * (one unless --agent-cores says otherwise) */
+    if (base->n_remotes && !strncmp(base->remotes[0], "agent://", 8) && !in->agent_cores) in->agent_cores = 1;
     if (!quiet) fprintf(stderr, "plan: measuring compute, memory and codecs...\n");
     in->flops = measure_flops((int)in->hidden, 0);
     in->mem_bw = measure_mem_bw();

@@ -6,7 +6,8 @@
  * the resources that work in parallel: the compute device (ngb batches of
  * matrix products and attention, plus decoding of compressed tensors where
  * the device's cores do it), and every link (host, disk, each remote node)
- * carrying its share of weights (once per block) and cache (per batch).
+ * carrying its share of weights (once per block) and cache (per batch),
+ * and a codec agent's cores when the remote tier goes through one.
  * FlexGen's LP has the same structure; a 10% grid over placements finds
  * its optimum within the grid step. */
 #include "flextier/offload.h"
@@ -106,10 +107,15 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * decoded (from the host tier too); raw and q8/q4 frames read from
      * disk or a memory node are verified; host-tier raw/q8/q4 frames are
      * used in place. The off-device cache is decoded per batch. These run
-     * on decode_threads I/O workers. */
+     * on decode_threads I/O workers. A codec agent decodes the remote
+     * byte-plane weights on its own cores, beside compute and the links
+     * (raw and q8/q4 frames pass through it and are verified here). The
+     * KV cache rows are quantized on this machine either way. */
     double dth = in->decode_threads ? in->decode_threads : 1;
-    double fetched = C[FT_TIER_DISK] + C[FT_TIER_REMOTE] + (bp ? C[FT_TIER_HOST] : 0);
+    double agent_dec = in->agent_cores && bp ? C[FT_TIER_REMOTE] : 0;
+    double fetched = C[FT_TIER_DISK] + C[FT_TIER_REMOTE] + (bp ? C[FT_TIER_HOST] : 0) - agent_dec;
     double t_dec = fetched / dw / dth + B * s_avg * kv * (1.0 - c[FT_TIER_DEVICE]) / dc;
+    double t_agent = in->agent_cores ? agent_dec / dw / in->agent_cores : 0;
     /* Links: weights once per block, cache read per step (plus the new
      * token's K/V written back). Remote traffic spreads over the nodes.
      * The host tier's weights are not copied (used or decoded in place). */
@@ -137,11 +143,12 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io * dth) / cores);
     /* A local node's transfers and the checks of what it sends run one
      * after the other on the client's single UCX worker. */
-    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + C[FT_TIER_REMOTE] / dw / dth);
-    double T = busy;
+    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + (C[FT_TIER_REMOTE] - agent_dec) / dw / dth);
+    double T = fmax(busy, t_agent);
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";
     if (in->remote_local && t_io > t_comp && link[FT_TIER_REMOTE] > t_dec) out->bottleneck = "remote";
+    if (t_agent >= busy && t_agent > 0) out->bottleneck = "agent";
     if (!in->remote_local && link[FT_TIER_REMOTE] > T) { T = link[FT_TIER_REMOTE]; out->bottleneck = "remote"; }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
@@ -160,6 +167,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     double t_pre_io = fetched / dw / dth;
     if (in->remote_local && in->bw[FT_TIER_REMOTE] > 0) t_pre_io += S[FT_TIER_REMOTE] / in->bw[FT_TIER_REMOTE];
     double t_pre = fmax(fmax(t_pre_comp, t_pre_io / cores), (t_pre_comp * cthreads + t_pre_io * dth) / cores);
+    t_pre = fmax(t_pre, t_agent);
     for (int t = FT_TIER_DISK; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
         double bytes = S[t] + B * in->prompt_len * kv * c[t] / rc;

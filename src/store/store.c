@@ -211,9 +211,12 @@ ft_status ft_store_open(const char *uri, const ft_store_params *params,
                   : ft_set_error(FT_ERR_INVALID_ARG, "file: URI needs a directory");
     } else if (!strncmp(uri, "ucx://", 6)) {
         st = ft_ucx_backend_open(uri + 6, &p, &s->be);
+    } else if (!strncmp(uri, "agent://", 8)) {
+        st = ft_agent_backend_open(uri + 8, &p, &s->be);
     } else {
         st = ft_set_error(FT_ERR_INVALID_ARG,
-                          "unknown store URI '%s' (mem:, file:DIR, ucx://HOST:PORT)", uri);
+                          "unknown store URI '%s' (mem:, file:DIR, ucx://HOST:PORT, "
+                          "agent://HOST:PORT[/NODE])", uri);
     }
     if (st != FT_OK) goto fail;
     st = ft_codec_ctx_create(p.codec_threads, &s->sync_ctx.cc);
@@ -244,6 +247,7 @@ static ft_status do_write(ft_store *s, wctx *w, const char *key,
         raw.codec = FT_CODEC_RAW;
         cp = &raw;
     }
+    if (s->be->write) return s->be->write(s->be, key, t, cp);
     if (s->be->ops->write) return s->be->ops->write(s->be, key, w->cc, &w->enc, t, cp);
     size_t bound = ft_encode_bound(cp, t->dtype, t->ndim, t->shape);
     if (bound == 0)

@@ -45,6 +45,13 @@ typedef struct ft_store_ops {
 
 struct ft_store_backend {
     const ft_store_ops *ops;
+    /* Optional (NULL: ft_encode in store.c, then ops->put): store a raw
+     * tensor, the backend doing the encoding (agent://: the codec agent
+     * encodes). cp is never NULL; the key is validated. A member of the
+     * backend rather than of ft_store_ops so that the backends without it
+     * (zeroed at allocation) need no change. */
+    ft_status (*write)(ft_store_backend *b, const char *key, const ft_tensor *t,
+                       const ft_codec_params *cp);
 };
 
 ft_status ft_mem_backend_open(ft_store_backend **out);
@@ -52,6 +59,9 @@ ft_status ft_file_backend_open(const char *dir, ft_store_backend **out);
 /* src/net/client.c */
 ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
                               ft_store_backend **out);
+/* src/agent/agent_client.c: spec = "HOST:PORT[/NODE]" */
+ft_status ft_agent_backend_open(const char *spec, const ft_store_params *p,
+                                ft_store_backend **out);
 
 /* Key escaping for file names: [A-Za-z0-9_-] kept, everything else %XX,
  * a leading '.' escaped too. FT_ERR_INVALID_ARG if it does not fit. */
