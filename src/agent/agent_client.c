@@ -1,7 +1,7 @@
 /* agent://HOST:PORT[/NODE] backend: a client of `flextier agent`.
  *
  * The agent does the codec work, so this backend implements the store's
- * tensor-level operations itself (ft_store_backend.write, ops.read): it
+ * tensor-level operations itself (ops.write, ops.read): it
  * registers the caller's tensor buffer with UCX (ucp_mem_map), sends its
  * address and packed remote key, and waits; the agent reads the raw
  * tensor out of it, or writes the decoded tensor into it, by RMA. The
@@ -477,9 +477,11 @@ static void reg_unmap(agent_client *c, reg *r)
 
 /* ------------------------------------------------------------ backend */
 
-static ft_status ac_write(ft_store_backend *b, const char *key, const ft_tensor *t,
-                          const ft_codec_params *cp)
+static ft_status ac_write(ft_store_backend *b, const char *key, ft_codec_ctx *cc, ft_buf *scratch,
+                          const ft_tensor *t, const ft_codec_params *cp)
 {
+    (void)cc;
+    (void)scratch;   /* the agent encodes */
     agent_client *c = (agent_client *)b;
     uint64_t nb = 0;
     ft_status st = ft_tensor_nbytes(t, &nb);
@@ -648,7 +650,7 @@ static void ac_close(ft_store_backend *b)
 }
 
 static const ft_store_ops agent_ops = {ac_put, ac_get, ac_del, ac_stat, ac_list,
-                                       ac_stats, ac_close, ac_read};
+                                       ac_stats, ac_close, ac_read, ac_write};
 
 static ft_status resolve(const char *hostport, struct sockaddr_storage *addr, socklen_t *alen)
 {
@@ -702,7 +704,6 @@ ft_status ft_agent_backend_open(const char *spec, const ft_store_params *p, ft_s
     agent_client *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "agent client");
     c->base.ops = &agent_ops;
-    c->base.write = ac_write;
     c->efd = -1;
     c->timeout_ms = p->timeout_ms;
     pthread_mutex_init(&c->lock, NULL);

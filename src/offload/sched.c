@@ -62,6 +62,7 @@ struct ft_offload {
     int n_fetched;                    /* slots fetched per layer           */
     /* stores */
     ft_store *disk, *remote[FT_MAX_REMOTES];
+    int agent_remote;                 /* the remotes are codec agents (agent://) */
     /* per (layer, slot) */
     char (*keys)[112];
     ft_store **stores;
@@ -220,6 +221,14 @@ static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_w
 
 /* ------------------------------------------------------------ I/O thread */
 
+/* A byte-plane tensor behind a codec agent: the agent decodes it (that is
+ * what it is for), so it is read as a tensor straight into the slot's
+ * decode area. */
+static int agent_decodes(const ft_offload *o, const slot_info *si)
+{
+    return o->agent_remote && si->tier == FT_TIER_REMOTE && si->codec == FT_CODEC_BYTEPLANE;
+}
+
 /* Make every fetched tensor of a layer present in buffer b: reads from
  * disk and memory nodes all at once (asynchronous, so the link never
  * idles between tensors and nodes move in parallel), then verification
@@ -228,14 +237,22 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
 {
     ft_request *req[MAX_SLOTS] = {0};
     size_t got[MAX_SLOTS] = {0};
+    ft_tensor dec[MAX_SLOTS];
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
     for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
-        st = ft_read_frame_async(o->stores[idx], o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &got[s],
-                                 &req[s]);
+        if (agent_decodes(o, si)) {
+            memset(&dec[s], 0, sizeof dec[s]);
+            dec[s].dtype = si->pdt;
+            dec[s].data = buf + si->dec_off;
+            st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dec[s], (size_t)si->compute_bytes, &req[s]);
+        } else {
+            st = ft_read_frame_async(o->stores[idx], o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap,
+                                     &got[s], &req[s]);
+        }
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
     }
@@ -257,6 +274,17 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                 if (st == FT_OK)
                     st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                       ft_tier_name(si->tier), ft_last_error());
+                continue;
+            }
+            if (agent_decodes(o, si)) {   /* decoded (and checked) by the agent */
+                uint64_t ne = 0;
+                if (st == FT_OK && (ft_tensor_numel(&dec[s], &ne) || ne != si->numel))
+                    st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
+                if (st == FT_OK && (r = bind_view(si, s, &o->slot_w[b], buf + si->dec_off, (size_t)si->compute_bytes,
+                                                  o->slot_chunks[b] + si->tab_off)))
+                    st = r;
+                logical[si->tier] += si->compute_bytes;
+                wire[si->tier] += o->wire[idx];
                 continue;
             }
             frame = buf + si->frame_off;
@@ -590,6 +618,8 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     if (p->policy.w_pct[FT_TIER_REMOTE] > 0)
         for (uint32_t r = 0; r < p->policy.n_remotes; r++)
             if ((st = open_store(p->policy.remotes[r], p, &o->remote[r]))) goto fail;
+    /* a policy's remotes are all memory nodes or all codec agents */
+    o->agent_remote = p->policy.n_remotes && !strncmp(p->policy.remotes[0], "agent://", 8);
     if ((st = ft_codec_ctx_create(0, &cc))) goto fail;
 
     /* Place every layer tensor, one at a time from the checkpoint (so
@@ -668,7 +698,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                 uint64_t w = o->wire[(size_t)l * MAX_SLOTS + (size_t)s];
                 if (w > cap) cap = w;
             }
-            si->frame_cap = si->tier == FT_TIER_HOST ? 0 : cap;
+            si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
             si->frame_off = o->slot_stride;
             o->slot_stride += pad64(si->frame_cap);
             si->dec_off = o->slot_stride;

@@ -247,7 +247,6 @@ static ft_status do_write(ft_store *s, wctx *w, const char *key,
         raw.codec = FT_CODEC_RAW;
         cp = &raw;
     }
-    if (s->be->write) return s->be->write(s->be, key, t, cp);
     if (s->be->ops->write) return s->be->ops->write(s->be, key, w->cc, &w->enc, t, cp);
     size_t bound = ft_encode_bound(cp, t->dtype, t->ndim, t->shape);
     if (bound == 0)

@@ -37,21 +37,16 @@ typedef struct ft_store_ops {
                       ft_buf *scratch, ft_tensor *dst, size_t cap, int alloc,
                       int alloc_dtype);
     /* Optional (NULL: ft_encode + put): encode and store in one go, e.g.
-     * sending each run of chunks while the next is being encoded. scratch
-     * is a reusable buffer. */
+     * sending each run of chunks while the next is being encoded (ucx://),
+     * or the backend doing the encoding elsewhere (agent://: the codec
+     * agent encodes; cc and scratch unused). scratch is a reusable buffer;
+     * cp is never NULL; the key is validated. */
     ft_status (*write)(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
                        ft_buf *scratch, const ft_tensor *t, const ft_codec_params *cp);
 } ft_store_ops;
 
 struct ft_store_backend {
     const ft_store_ops *ops;
-    /* Optional (NULL: ft_encode in store.c, then ops->put): store a raw
-     * tensor, the backend doing the encoding (agent://: the codec agent
-     * encodes). cp is never NULL; the key is validated. A member of the
-     * backend rather than of ft_store_ops so that the backends without it
-     * (zeroed at allocation) need no change. */
-    ft_status (*write)(ft_store_backend *b, const char *key, const ft_tensor *t,
-                       const ft_codec_params *cp);
 };
 
 ft_status ft_mem_backend_open(ft_store_backend **out);

@@ -2,6 +2,7 @@
  * (FT_BIN), the agent:// client in this process. Results through the
  * agent must equal in-process encoding frame for frame. */
 #include "ft_test.h"
+#include <sys/stat.h>
 #include "flextier/agent.h"
 #include "flextier/codec.h"
 #include "flextier/store.h"
@@ -41,10 +42,12 @@ static void *weights(ft_dtype dt, uint64_t n, uint64_t seed)
     return p;
 }
 
+/* Mode 0600 and at least 16 bytes, as the memory node requires. */
 static void write_token(const char *path, const char *tok)
 {
     FILE *f = fopen(path, "w");
     if (f) { fputs(tok, f); fclose(f); }
+    chmod(path, 0600);
 }
 
 typedef struct { const char *name; ft_codec_id codec, entropy; int32_t gdim; } codec_case;
@@ -206,9 +209,9 @@ TEST(agent_tokens)
     snprintf(nt, sizeof nt, "%s/node", dir);
     snprintf(at, sizeof at, "%s/agent", dir);
     snprintf(bad, sizeof bad, "%s/bad", dir);
-    write_token(nt, "node-secret\n");
-    write_token(at, "agent-secret\n");
-    write_token(bad, "agent-secreT\n");
+    write_token(nt, "node-secret-0123456789\n");
+    write_token(at, "agent-secret-0123456789\n");
+    write_token(bad, "agent-secret-012345678X\n");
     proc_t node, agent;
     const char *na[] = {"--token-file", nt, NULL};
     int up_ = start_node(&node, na);
