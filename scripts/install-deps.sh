@@ -14,7 +14,7 @@ PKGS=(
   # multiarch :arm64 libraries
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
   liblz4-dev:arm64 libzstd-dev:arm64 libdeflate-dev:arm64 libxxhash-dev:arm64 zlib1g-dev:arm64
-  libucx-dev:arm64 libopenblas-dev:arm64 libjson-c-dev:arm64 libpcre2-dev:arm64
+  libucx-dev:arm64 libopenblas-dev:arm64 libjson-c-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libssl-dev:arm64
 )
 missing=()
 for p in "${PKGS[@]}"; do

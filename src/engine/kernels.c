@@ -120,7 +120,7 @@ void ft_k_attend_segs_ref(float *out, const float *q, const ft_attn_seg *seg, in
 }
 
 /* SIMD tiers: composed from the dispatched dot/softmax/axpy. */
-static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+__attribute__((unused)) static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
                                  int hd, float scale, float *sc);
 
 /* AVX2 tier: composed from the dispatched kernels. */
@@ -187,7 +187,7 @@ void ft_k_attend_segs(float *out, const float *q, const ft_attn_seg *seg, int ns
                       float scale, float *sc)
 { kt()->attend_segs(out, q, seg, nseg, ld, hd, scale, sc); }
 
-static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+__attribute__((unused)) static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
                                  int hd, float scale, float *sc)
 {
     int np = 0;
