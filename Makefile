@@ -1,16 +1,18 @@
 # Thin wrapper over CMake. `make demo` runs the main job, `make test` the
 # whole test suite (release build with -Werror, then ASan+UBSan, the Python
 # binding's pytest suite, then a short libFuzzer run of every fuzz target,
-# then the CUDA backend's tests over its CPU emulation). On a machine with an
+# then the CUDA backend's tests over its CPU emulation, then the aarch64
+# cross build's codec and agent tests under qemu-user). On a machine with an
 # NVIDIA GPU, `make gpu-check` verifies the CUDA backend (docs/cuda.md).
 BUILD     ?= build
 BUILD_SAN ?= build-san
 BUILD_FUZZ ?= build-fuzz
 BUILD_FAKE ?= build-cuda-fake
+BUILD_A64 ?= build-aarch64
 JOBS      ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps build test test-release test-san test-fuzz test-python test-cuda-fake gpu-check demo bench clean
+.PHONY: all deps build test test-release test-san test-fuzz test-python test-cuda-fake test-aarch64 gpu-check demo bench clean
 
 all: build
 
@@ -21,7 +23,7 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: test-release test-san test-python test-fuzz test-cuda-fake
+test: test-release test-san test-python test-fuzz test-cuda-fake test-aarch64
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -49,6 +51,17 @@ test-cuda-fake: deps
 	@cmake --build $(BUILD_FAKE) -j $(JOBS) --target $(CUDA_TESTS)
 	cd $(BUILD_FAKE) && ctest --output-on-failure -j $(JOBS) -R cuda
 
+# AArch64 (a BlueField DPU's Arm cores): cross-built with Debian's
+# gcc-aarch64-linux-gnu and :arm64 libraries (cmake/aarch64-linux-gnu.cmake);
+# the tests labelled aarch64 (codec with its NEON kernels, core, the agent)
+# run under qemu-user.
+A64_TARGETS = flextier_cli test_core test_codec test_quant test_byteplane test_agent replay_frame replay_agent_msg
+test-aarch64: deps
+	@cmake -S . -B $(BUILD_A64) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON -DFT_CUDA=OFF \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null
+	@cmake --build $(BUILD_A64) -j $(JOBS) --target $(A64_TARGETS)
+	cd $(BUILD_A64) && ctest --output-on-failure -j $(JOBS) -L aarch64
+
 gpu-check:
 	@scripts/gpu-check.sh
 
@@ -56,4 +69,4 @@ demo: build
 	@scripts/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ) $(BUILD_FAKE) build-py python/build
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ) $(BUILD_FAKE) $(BUILD_A64) build-py python/build

@@ -9,6 +9,12 @@ PKGS=(
   libucx-dev ucx-utils libssl-dev
   libopenblas-dev libjson-c-dev libpcre2-dev libutf8proc-dev
   iproute2 python3 python3-venv python3-dev
+  # the aarch64 (BlueField Arm cores) cross build and its tests under
+  # qemu-user (make test-aarch64): Debian's cross toolchain and the
+  # multiarch :arm64 libraries
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  liblz4-dev:arm64 libzstd-dev:arm64 libdeflate-dev:arm64 libxxhash-dev:arm64 zlib1g-dev:arm64
+  libucx-dev:arm64 libopenblas-dev:arm64 libjson-c-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libssl-dev:arm64
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -25,5 +31,9 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# :arm64 packages need the architecture enabled (multiarch)
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $SUDO dpkg --add-architecture arm64
+fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -197,6 +197,16 @@ void ft_encoder_free(ft_encoder *e);
 ft_status ft_decode(ft_codec_ctx *ctx, const void *frame, size_t size,
                     ft_tensor *dst, size_t cap);
 
+/* Verify a whole frame without decoding it, for code that uses the
+ * payload in place (q8/q4 weights computed on as stored, raw frames):
+ * the header, the chunk table and every chunk's checksum, chunks in
+ * parallel on ctx's pool. A compressed lossless chunk (zstd, lz4,
+ * deflate, byte-plane) has a checksum over its decoded bytes, so such a
+ * frame gives FT_ERR_UNSUPPORTED (decode it). *info (may be NULL) is set
+ * on success. */
+ft_status ft_frame_verify(ft_codec_ctx *ctx, const void *frame, size_t size,
+                          ft_frame_info *info);
+
 /* Decode into a newly allocated buffer (free with ft_free_aligned).
  * out_dtype: the frame's dtype if negative (-1). */
 ft_status ft_decode_alloc(ft_codec_ctx *ctx, const void *frame, size_t size,

@@ -142,10 +142,14 @@ float    ft_bf16_to_f32_1(uint16_t h);
 ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
                      ft_dtype src_dt, size_t n);
 
-/* CPU features detected at run time (after ft_cpu_init / first use). */
+/* CPU features detected at run time (after ft_cpu_init / first use).
+ * neon: AArch64 Advanced SIMD (HWCAP_ASIMD; every AArch64 Linux CPU has
+ * it), including the f16 <-> f32 conversions. */
 typedef struct ft_cpu_features {
     int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vbmi,
         avx512bf16, avx512fp16;
+    int avx512vnni;   /* vpdpbusd on zmm (AVX512_VNNI) */
+    int neon;
 } ft_cpu_features;
 const ft_cpu_features *ft_cpu(void);
 /* FLEXTIER_NO_SIMD=1 in the environment forces the scalar paths. */

@@ -28,6 +28,7 @@
 #define FLEXTIER_ENGINE_H
 
 #include "flextier/core.h"
+#include "flextier/codec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -173,21 +174,65 @@ typedef struct ft_wmat {
 
 /* ----------------------------------------------------------------- model */
 
-/* The weights of one transformer layer: f32 pointers in the Hugging Face
- * (out, in) layout. NULL where the architecture/config has no such tensor.
+/* The weights of one transformer layer. Matrices are ft_wmat views in
+ * their stored format (Hugging Face (out, in) layout); norm weights and
+ * biases are f32 vectors. A matrix with data == NULL and chunk == NULL, or
+ * a NULL vector, is absent (the architecture/config has no such tensor).
  * Norm 1 is the attention norm (OPT self_attn_layer_norm, Llama
  * input_layernorm); norm 2 the FFN norm (OPT final_layer_norm, Llama
  * post_attention_layernorm). FFN: OPT fc1 = up, fc2 = down; Llama
  * gate/up/down. Each layer's tensors normally live in one buffer the model
- * owns; an offloading scheduler may point a layer at its own buffer. */
+ * owns; a layer hook (the offloading scheduler) may point a layer at its
+ * own buffers for one forward call. */
 typedef struct ft_layer_weights {
     const float *norm1_w, *norm1_b;
-    const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    ft_wmat wq;     const float *bq;
+    ft_wmat wk;     const float *bk;
+    ft_wmat wv;     const float *bv;
+    ft_wmat wo;     const float *bo;
     const float *norm2_w, *norm2_b;
-    const float *w_gate, *b_gate, *w_up, *b_up, *w_down, *b_down;
+    ft_wmat w_gate; const float *b_gate;
+    ft_wmat w_up;   const float *b_up;
+    ft_wmat w_down; const float *b_down;
 } ft_layer_weights;
 
+/* 1 if the matrix is present. */
+static inline int ft_wmat_present(const ft_wmat *w) { return w && (w->data || w->chunk); }
+
+/* Bytes a matrix of rows x cols occupies in format f with group `group`
+ * (q8/q4: parameters + values, without any frame header). */
+uint64_t ft_wmat_bytes(ft_wfmt f, int rows, int cols, int group);
+
+/* The q8/q4 group size the engine uses for a matrix with `cols` columns:
+ * 64 when it divides cols, else 32 when that does, else 0 (the matrix
+ * cannot be computed on in a quantized format; it stays bf16). */
+int ft_wmat_group_for(int cols);
+
+/* A view of a verified-or-trusted q8/q4 frame (flextier/codec.h) of a 2-D
+ * float tensor quantized along its last dimension, whose chunks hold whole
+ * rows: fills *w (pointing into `frame`) and chunk_ptrs (room for
+ * max_chunks). FT_ERR_UNSUPPORTED when the frame is not such a frame
+ * (other codec, group_dim, a short last group, rows split across chunks);
+ * FT_ERR_CORRUPT when it does not parse. The chunk hashes are NOT checked
+ * here (ft_frame_verify does that). */
+ft_status ft_wmat_from_frame(const void *frame, size_t size, ft_wmat *w,
+                             const uint8_t **chunk_ptrs, uint32_t max_chunks);
+
+/* Codec parameters that encode a rows x cols matrix of `dtype` (f32, bf16
+ * or f16) for ft_wmat_from_frame: q8 (bits 8) or q4 (4), group
+ * ft_wmat_group_for(cols), chunks of whole rows (about 256 KiB of raw
+ * bytes each). FT_ERR_UNSUPPORTED when ft_wmat_group_for(cols) is 0. */
+ft_status ft_wmat_codec_params(int bits, ft_dtype dtype, int rows, int cols,
+                               ft_codec_params *out);
+
+/* Row r of a matrix converted to f32 (dequantized for q8/q4): cols floats
+ * into dst. For embedding lookups and tests. */
+void ft_wmat_row_f32(const ft_wmat *w, int r, float *dst);
+
 typedef struct ft_model ft_model;
+
+/* ft_load_params.weights: keep every matrix in the checkpoint's dtype. */
+#define FT_WEIGHTS_AS_STORED (-1)
 
 typedef struct ft_load_params {
     /* Called now and then during a long load with done/total bytes. */
@@ -195,35 +240,55 @@ typedef struct ft_load_params {
     void *user;
     /* 1: check the layer tensors (presence, shape, dtype) but do not load
      * them: no memory is allocated for them and every layer's weights are
-     * NULL until a layer hook (the offloading scheduler) supplies them. */
+     * absent until a layer hook (the offloading scheduler) supplies them. */
     int external_layers;
     /* FT_CONFIG_STRICT: unknown config keys are errors (ft_model_config_parse) */
     unsigned config_flags;
+    /* The format the matrices are kept and computed in: an ft_wfmt, or
+     * FT_WEIGHTS_AS_STORED (the checkpoint's f32/bf16/f16, what
+     * ft_load_params_default sets). A zeroed struct means f32 (exact).
+     * q8/q4 quantize at load (group ft_wmat_group_for(cols), along rows);
+     * embeddings and an untied LM head then stay bf16 (as llama.cpp keeps
+     * its output matrix at higher precision), and so does a matrix whose
+     * width no group size divides. Norms and biases are always f32. */
+    int weights;
 } ft_load_params;
+
+void ft_load_params_default(ft_load_params *p);
 
 /* Load a Hugging Face model directory: config (as ft_model_config_load)
  * and the safetensors checkpoint (single or sharded). Every tensor the
  * architecture needs must be present with the exact shape; f32/f16/bf16
- * are accepted and converted to f32. params may be NULL.
+ * are accepted and converted to params->weights. params may be NULL (f32).
  * Errors name the file and tensor (FT_ERR_NOT_FOUND for a missing tensor,
  * FT_ERR_CORRUPT for a wrong shape, FT_ERR_UNSUPPORTED for a dtype). */
 ft_status ft_model_load(const char *dir, const ft_load_params *params,
                         ft_model **out);
-/* A model with every weight zero (tests, gen-model): fill the weights
- * through ft_model_tensor(). */
+/* A model with every weight zero, in f32 (tests, gen-model): fill the
+ * weights through ft_model_tensor(). */
 ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
 /* As ft_model_create; external_layers as in ft_load_params. */
 ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out);
+/* A copy of a loaded (not external-layer) model with its matrices in
+ * format `weights` (an ft_wfmt or FT_WEIGHTS_AS_STORED: the source's),
+ * by the rules of ft_load_params.weights. */
+ft_status ft_model_convert(const ft_model *src, int weights, ft_model **out);
 void ft_model_free(ft_model *m);                 /* NULL ok */
 
 const ft_model_config *ft_model_get_config(const ft_model *m);
-/* Total bytes of f32 weights held. */
+/* Total bytes of weights held, in their stored formats (what the layers
+ * of an external-layer model would take is included). */
 uint64_t ft_model_weight_bytes(const ft_model *m);
+/* The format of the layer matrices (the format of the largest share when
+ * some matrices fell back to bf16). */
+ft_wfmt ft_model_weights_format(const ft_model *m);
 
 /* Enumerate the model's tensors under their Hugging Face names (in
- * checkpoint order: globals then layers). *view is a writable f32 view of
- * the model's own storage (a tied lm_head is not listed separately).
- * FT_ERR_NOT_FOUND when i >= count. */
+ * checkpoint order: globals then layers). *view is a writable view of the
+ * model's own storage in its stored dtype (f32, bf16 or f16; a tied
+ * lm_head is not listed separately); FT_ERR_UNSUPPORTED for a q8/q4
+ * matrix (use ft_model_layer / ft_wmat_row_f32). FT_ERR_NOT_FOUND when
+ * i >= count. */
 size_t ft_model_tensor_count(const ft_model *m);
 ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
                           ft_tensor *view);
@@ -232,7 +297,8 @@ ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
  * which a scheduler may overwrite (the model never frees what it points
  * to unless it allocated it). */
 ft_layer_weights *ft_model_layer(ft_model *m, int i);
-/* Bytes of f32 weights in one layer (all layers have the same size). */
+/* Bytes of one layer's weights in their stored formats (all layers have
+ * the same size). */
 uint64_t ft_model_layer_bytes(const ft_model *m);
 
 /* --------------------------------------------------------------- context */
@@ -250,6 +316,13 @@ typedef struct ft_ctx_params {
     int external_kv;      /* 1: the context holds no KV cache; KV hooks
                              (ft_ctx_set_kv_hooks) lend each layer's cache
                              for the sequences of a step (offloading)     */
+    ft_dtype kv_dtype;    /* element type of the context's KV cache:
+                             FT_F32 (what a zeroed struct gives: exact),
+                             FT_BF16 or FT_F16 (half the memory; K and V
+                             rows are rounded once when appended, the
+                             attention math stays f32). external_kv
+                             contexts exchange f32 rows with their hooks
+                             and must leave this FT_F32.                  */
 } ft_ctx_params;
 
 /* Called before layer `layer` is computed. It may replace *w (e.g. with

@@ -74,9 +74,9 @@ const char *ft_checkpoint_dtype_str(const ft_checkpoint *ck, const char *name);
  * shard that has the key), or NULL. Valid until close. */
 const char *ft_checkpoint_metadata(const ft_checkpoint *ck, const char *key);
 
-/* Writer (used by `flextier gen-model` and tests): write tensors as one
- * .safetensors file atomically (temp file in the same directory, fsync,
- * rename; nothing is left behind on failure). Tensors are written in the
+/* Writer (tests and tools; `flextier gen-model` uses the streaming variant
+ * below): write tensors as one .safetensors file atomically (temp file in
+ * the same directory, fsync, rename; nothing is left behind on failure). Tensors are written in the
  * given order, each data section offset 8-byte aligned relative to the
  * data start (header padded with spaces to a multiple of 8, like the
  * Python library). meta_kv: NULL or a NULL-terminated list of key, value,
@@ -86,6 +86,20 @@ const char *ft_checkpoint_metadata(const ft_checkpoint *ck, const char *key);
 typedef struct { const char *name; ft_tensor tensor; } ft_named_tensor;
 ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
                                size_t n, const char *const *meta_kv);
+
+/* Streaming writer: as ft_safetensors_write, but the tensors' bytes come
+ * from fill() instead of tensor.data (ignored; may be NULL), so a file far
+ * larger than memory is written with one FT_ST_FILL_MAX buffer. fill(user,
+ * i, offset, buf, len) must put bytes [offset, offset + len) of tensors[i]
+ * into buf. It is called on the writer's thread, in file order: tensor by
+ * tensor (the order ft_safetensors_write uses), each tensor's bytes once,
+ * at increasing offsets that are multiples of FT_ST_FILL_MAX, len <=
+ * FT_ST_FILL_MAX. A status other than FT_OK from fill aborts the write
+ * (returned as is; the temp file is removed). */
+#define FT_ST_FILL_MAX ((size_t)8 << 20)
+typedef ft_status (*ft_st_fill_fn)(void *user, size_t i, uint64_t offset, void *buf, size_t len);
+ft_status ft_safetensors_write_stream(const char *path, const ft_named_tensor *tensors, size_t n,
+                                      const char *const *meta_kv, ft_st_fill_fn fill, void *user);
 
 /* -------------------------------------------------------------- tokenizer */
 

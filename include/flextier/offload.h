@@ -17,6 +17,7 @@
 #define FLEXTIER_OFFLOAD_H
 
 #include "flextier/codec.h"
+#include "flextier/engine.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,12 +79,22 @@ void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tie
  * machine. Bandwidths in bytes/s, compute in flop/s. */
 #define FT_COST_MAX_TENSORS 32
 
+/* Engine times measured with one compute format (seconds): per layer and
+ * fixed per step (embedding, final norm, LM head), for a decode step at
+ * batch batch[k] (k = 0, 1; linear in between), and per prompt token for
+ * prefill. batch[1] == 0: not measured. */
+typedef struct ft_cost_timing {
+    uint32_t batch[2];
+    double layer_decode_s[2], fixed_decode_s[2];
+    double layer_prefill_s_per_token, fixed_prefill_s_per_token;
+} ft_cost_timing;
+
 typedef struct ft_cost_inputs {
     /* model */
     uint32_t n_layers;
     uint64_t layer_params;         /* parameters per layer (matrices)     */
-    uint32_t weight_bytes_per_param; /* as stored before compression, e.g. 2 (bf16) */
-    uint32_t compute_bytes_per_param; /* as computed with, e.g. 4 (f32 on CPU) */
+    ft_wfmt weights_fmt;           /* what none/bp policies compute on (the
+                                      model's format)                      */
     uint64_t kv_bytes_per_token;   /* per layer per sequence, uncompressed (K+V) */
     uint32_t kv_group;             /* q8/q4 cache group along head_dim (0 = 64) */
     uint32_t hidden;
@@ -98,27 +109,38 @@ typedef struct ft_cost_inputs {
                                       transfers are memory copies by the I/O
                                       workers, added to decoding (not a link
                                       running beside the CPU)              */
+    uint32_t agent_cores;          /* the remote tier goes through a codec
+                                      agent (agent://, docs/agent.md) with
+                                      this many cores of its own: decoding
+                                      the remote weights is charged to them,
+                                      not to this machine's cores (0: none) */
     uint64_t cap[FT_TIER_COUNT];   /* capacity per tier, bytes            */
-    /* codecs: ratio (raw/encoded) and decode speed (raw bytes/s on the
-     * compute device), indexed by ft_codec_id; ratio 0 = not available. */
+    /* Per weight codec (ft_codec_id): ratio = bytes as computed on / bytes
+     * stored on a tier (byte-plane's entropy ratio; 1 for none, q8, q4,
+     * whose frames are computed on in place; 0 = not available), and
+     * decode_bw = bytes/s (as computed on) of making a fetched frame
+     * usable on one core: decoding byte-plane, verifying the checksums of
+     * raw/q8/q4 frames read from disk or a memory node. Host-tier raw and
+     * q8/q4 frames are used in place at no cost. */
     double ratio[FT_CODEC_COUNT];
     double decode_bw[FT_CODEC_COUNT];
     /* CPU-only machines: compute and the I/O workers (copying, decoding)
-     * share `cores` cores; compute runs compute_threads of them. 0 = 1. */
-    uint32_t cores, compute_threads;
-    /* Measured engine times (seconds), when known, replace the analytic
-     * compute term: per layer and fixed per step (embedding, final norm,
-     * LM head), for a decode step at batch measured_batch[k] (k = 0, 1;
-     * linear in between), and per prompt token for prefill. */
-    /* One layer's tensors (element counts) in placement order, when known
-     * (ft_cost_inputs_from_model): placement is then computed exactly as
-     * the scheduler does it (whole tensors, ft_policy_place) instead of
-     * taking the percentages literally. */
+     * share `cores` cores; compute runs compute_threads of them, decoding
+     * decode_threads (the scheduler's ft_offload_params.decode_threads).
+     * 0 = 1. */
+    uint32_t cores, compute_threads, decode_threads;
+    /* One layer's tensors in placement order, as the scheduler keeps them
+     * under each weight codec: bytes as computed on (q8/q4: the frame of a
+     * matrix; none/bp: the array in weights_fmt; norms and biases f32),
+     * filled by ft_cost_inputs_from_model. Placement is then computed
+     * exactly as the scheduler does it (whole tensors, ft_policy_place).
+     * n_tensors == 0: the layer is layer_params values of the codec's
+     * format, split by the percentages literally. */
     uint32_t n_tensors;
-    uint64_t tensor_numel[FT_COST_MAX_TENSORS];
-    uint32_t measured_batch[2];
-    double layer_decode_s[2], fixed_decode_s[2];
-    double layer_prefill_s_per_token, fixed_prefill_s_per_token;
+    uint64_t tensor_bytes[FT_CODEC_COUNT][FT_COST_MAX_TENSORS];
+    /* Measured engine times per weight codec (with its compute format);
+     * a codec without them uses codec none's, else the analytic model. */
+    ft_cost_timing timing[FT_CODEC_COUNT];
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -170,6 +192,9 @@ typedef struct ft_offload_params {
     uint64_t device_budget;  /* bytes of decoded weights + slots allowed;
                                 0 = no limit. FT_ERR_NO_SPACE if exceeded.   */
     const char *token_file;  /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE)  */
+    unsigned decode_threads; /* threads verifying and decoding streamed
+                                frames (byte-plane decoding, checksums);
+                                default 1; the planner chooses            */
     /* progress of the first upload: done/total bytes of source tensors */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *user;
@@ -179,11 +204,12 @@ void ft_offload_default_params(ft_offload_params *p);
 
 /* Per-tier traffic and timing since creation (or the last reset). */
 typedef struct ft_offload_stats {
-    uint64_t logical_bytes[FT_TIER_COUNT];  /* tensor bytes (source dtype) read */
+    uint64_t logical_bytes[FT_TIER_COUNT];  /* tensor bytes (as computed on) fetched */
     uint64_t wire_bytes[FT_TIER_COUNT];     /* encoded bytes read               */
     uint64_t uploaded_bytes, reused_bytes;  /* first-use upload vs found in store */
-    uint64_t resident_bytes;                /* device-tier f32 weights          */
+    uint64_t resident_bytes;                /* device-tier weights, as computed on */
     uint64_t slot_bytes;                    /* the two streaming slot buffers   */
+    uint64_t host_bytes;                    /* host-tier frames in this process */
     double io_busy_s;        /* I/O thread time fetching + decoding          */
     double wait_s;           /* compute thread time waiting for weights      */
     uint64_t layers_fetched;

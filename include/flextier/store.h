@@ -10,6 +10,10 @@
  *                       user), or over UCX (RDMA; TCP only on a network the
  *                       node's operator named trusted). FLEXTIER_TRANSPORT=
  *                       auto|tcp|cma|ucx forces one (docs/protocol.md)
+ *   agent://HOST:PORT[/NODE]  a memory node through a codec agent
+ *                       (`flextier agent`, flextier/agent.h): the agent
+ *                       encodes and decodes, this process does no codec
+ *                       work; same frames and results
  *
  * Every tensor is stored as a self-describing frame (flextier/codec.h):
  * the writer encodes with the caller's codec params (NULL = raw), the
@@ -168,6 +172,14 @@ ft_status ft_write_tensor_async(ft_store *s, const char *key,
  * success, free it with ft_free_aligned). */
 ft_status ft_read_tensor_async(ft_store *s, const char *key, ft_tensor *dst,
                                size_t cap, ft_request **req);
+
+/* Read the stored frame itself (no decoding) into the caller's buffer of
+ * cap bytes; *size receives the frame's bytes when the request completes.
+ * FT_ERR_BUFFER_SMALL if the frame does not fit. The memory node and the
+ * file tier check the frame before serving it; a caller computing on the
+ * payload in place verifies its chunk checksums (ft_frame_verify). */
+ft_status ft_read_frame_async(ft_store *s, const char *key, void *buf,
+                              size_t cap, size_t *size, ft_request **req);
 
 /* FT_INPROGRESS while running, else the final status. */
 ft_status ft_request_test(ft_request *r);

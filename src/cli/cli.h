@@ -49,11 +49,19 @@ int ft_cli_tensor_opt(int c, const char *arg, const ft_cli_tensor_args *a);
 ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out);
 /* Synthetic Gaussian weights (sigma 0.02, per-row scale) in dt. */
 ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
+/* A synthetic BPE tokenizer.json of exactly vocab tokens for gen-model
+ * (gen_tokenizer.c): llama != 0: Llama 2-style (sentencepiece BPE with
+ * byte fallback, <unk> <s> </s>); else OPT/GPT-2 byte-level (<s> <pad>
+ * </s> <unk>). *json is malloc'd (free()), NUL-terminated, *len excludes
+ * the NUL. vocab must be >= ft_cli_gen_tokenizer_min_vocab(llama). */
+ft_status ft_cli_gen_tokenizer(int llama, long vocab, char **json, size_t *len);
+long ft_cli_gen_tokenizer_min_vocab(int llama);
 /* Median of n doubles (sorts in place). */
 double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
 int ft_cmd_plan(int argc, char **argv);
+int ft_cmd_perplexity(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
 /* src/cli/cmd_store.c */
 int ft_cmd_serve(int argc, char **argv);
@@ -62,10 +70,13 @@ int ft_cmd_get(int argc, char **argv);
 int ft_cmd_ls(int argc, char **argv);
 int ft_cmd_rm(int argc, char **argv);
 int ft_cmd_stat(int argc, char **argv);
+/* src/cli/cmd_agent.c */
+int ft_cmd_agent(int argc, char **argv);
 /* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */
 int ft_bench_transfer(int argc, char **argv);
 /* engine (cmd_run.c) */
 int ft_cmd_run(int argc, char **argv);
+/* gen_model.c */
 int ft_cmd_gen_model(int argc, char **argv);
 /* `flextier bench run ...`: argv[0] is "run". */
 int ft_bench_run(int argc, char **argv);

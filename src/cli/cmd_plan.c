@@ -16,10 +16,11 @@
 
 static const char plan_usage[] =
     "usage: flextier plan --model DIR --device-mem SIZE [--host-mem SIZE] [--disk-dir DIR]\n"
-    "                     [--disk-mem SIZE] [--remote ucx://H:P[,..]] [--remote-mem SIZE]\n"
+    "                     [--disk-mem SIZE] [--remote URI[,..]] [--remote-mem SIZE]\n"
     "                     [--batch N] [--fixed-batch] [--prompt-len N] [--gen-len N]\n"
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
     "                     [--cache-codecs none,q8,q4] [--policy SPEC] [--threads N] [--json]\n"
+    "                     [--weights-dtype auto|f32|bf16|f16]\n"
     "\n"
     "Measures compute (GEMM flop/s), memory bandwidth, codec ratio and decode speed\n"
     "(on synthetic weights) and, when a memory node is given, its link; then searches\n"
@@ -29,7 +30,10 @@ static const char plan_usage[] =
     "the policy with the highest predicted decode throughput. RATE: e.g. 1gbit,\n"
     "125M (bytes/s), 10gbit; a given rate replaces the measurement. The device\n"
     "memory is the budget for decoded weights, cache and activations. With --policy\n"
-    "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n";
+    "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n"
+    "--remote takes memory nodes (ucx://HOST:PORT) or a codec agent in front of them\n"
+    "(agent://HOST:PORT[/NODE]): decoding the remote weights is then charged to one\n"
+    "core of the agent's instead of this machine's cores.\n";
 
 /* "1gbit", "10Gbit", "125M" (bytes/s), "1.5G" */
 static ft_status parse_rate(const char *s, double *out)
@@ -90,13 +94,16 @@ static double measure_mem_bw(void)
     return 2.0 * (double)n / ft_cli_median(t, 3);   /* read + write */
 }
 
-/* Ratio and single-thread decode speed (raw bytes/s, to f32) per codec. */
+/* Per weight codec, what the scheduler pays to use a fetched frame on
+ * one core (bytes as computed on per second): byte-plane decoding to the
+ * weights' dtype, checksum verification of raw and q8/q4 frames (computed
+ * on in place); and byte-plane's ratio. */
 static void measure_codecs(ft_cost_inputs *in, unsigned mask)
 {
     int64_t shape[2] = {1024, 4096};
     size_t n = 1024 * 4096;
     uint16_t *w = ft_malloc_aligned(n * 2, 64);
-    float *out = ft_malloc_aligned(n * 4, 64);
+    uint16_t *out = ft_malloc_aligned(n * 2, 64);
     ft_codec_ctx *ctx = NULL;
     if (!w || !out || ft_codec_ctx_create(1, &ctx)) goto done;
     ft_cli_synth_weights(FT_BF16, n, 4096, 77, w);
@@ -107,20 +114,26 @@ static void measure_codecs(ft_cost_inputs *in, unsigned mask)
         ft_codec_params p;
         ft_codec_default_params(&p);
         p.codec = (ft_codec_id)c;
+        if ((c == FT_CODEC_Q8 || c == FT_CODEC_Q4) &&
+            ft_wmat_codec_params(c == FT_CODEC_Q8 ? 8 : 4, FT_BF16, 1024, 4096, &p))
+            continue;
         size_t bound = ft_encode_bound(&p, FT_BF16, 2, shape), fs;
         uint8_t *f = ft_malloc_aligned(bound, 64);
         if (!f || ft_encode(ctx, &p, &t, f, bound, &fs)) { ft_free_aligned(f); continue; }
         ft_tensor d = {0};
-        d.dtype = FT_F32;
+        d.dtype = FT_BF16;
         d.data = out;
         double tm[3];
         for (int r = 0; r < 3; r++) {
             double t0 = ft_now();
-            ft_decode(ctx, f, fs, &d, n * 4);
+            if (c == FT_CODEC_BYTEPLANE) ft_decode(ctx, f, fs, &d, n * 2);
+            else ft_frame_verify(ctx, f, fs, NULL);
             tm[r] = ft_now() - t0;
         }
-        in->ratio[c] = (double)(n * 2) / (double)fs;
-        in->decode_bw[c] = (double)(n * 2) / ft_cli_median(tm, 3);
+        /* as computed on: bf16 for none/bp, the frame for q8/q4 */
+        double used = c == FT_CODEC_Q8 || c == FT_CODEC_Q4 ? (double)fs : (double)(n * 2);
+        in->ratio[c] = c == FT_CODEC_BYTEPLANE ? (double)(n * 2) / (double)fs : 1.0;
+        in->decode_bw[c] = used / ft_cli_median(tm, 3);
         ft_free_aligned(f);
     }
 done:
@@ -173,7 +186,7 @@ static double measure_store_bw(const char *uri)
  * prefill per prompt token. FlexGen fits its cost model from real runs the
  * same way. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
-                                ft_cost_inputs *in)
+                                ft_wfmt fmt, ft_cost_timing *tmg)
 {
     ft_model_config cfg;
     ft_status st = ft_model_config_load(dir, &cfg);
@@ -186,6 +199,13 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
         ft_ctx *c = NULL;
         int32_t *toks = NULL;
         if ((st = ft_model_create(&cfg, &m))) return st;
+        if (fmt != FT_WF_F32) {   /* the format computed on sets the speed */
+            ft_model *q = NULL;
+            st = ft_model_convert(m, (int)fmt, &q);
+            ft_model_free(m);
+            if (st) return st;
+            m = q;
+        }
         ft_ctx_params cp = {0};
         cp.max_batch = (int)batch;
         cp.max_seq = (int)plen + 16;   /* 5 reps x (batch + single) decode steps */
@@ -224,8 +244,10 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
         ft_model_free(m);
         if (st) return st;
     }
-    in->measured_batch[0] = 1;
-    in->measured_batch[1] = batch > 1 ? batch : 2;
+    ft_cost_timing *in = tmg;
+    memset(in, 0, sizeof *in);
+    in->batch[0] = 1;
+    in->batch[1] = batch > 1 ? batch : 2;
     in->layer_decode_s[0] = dec1[2] - dec1[1];
     in->layer_decode_s[1] = decb[2] - decb[1];
     in->fixed_decode_s[0] = dec1[1] - in->layer_decode_s[0];
@@ -242,30 +264,20 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
     return FT_OK;
 }
 
-/* Fill the model part of the cost inputs from DIR's config + checkpoint. */
-ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in)
+/* Fill the model part of the cost inputs from DIR's config + checkpoint,
+ * for matrices kept in `weights` (an ft_wfmt or FT_WEIGHTS_AS_STORED). */
+ft_status ft_cli_cost_model_inputs(const char *dir, int weights, ft_cost_inputs *in)
 {
-    ft_model_config cfg;
-    ft_status st = ft_model_config_load(dir, &cfg);
-    if (st) return st;
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.external_layers = 1;
+    lp.weights = weights;
     ft_model *m = NULL;
-    if ((st = ft_model_create_ex(&cfg, 1, &m))) return st;
+    ft_status st = ft_model_load(dir, &lp, &m);
+    if (st) return st;
     st = ft_cost_inputs_from_model(m, in);
     ft_model_free(m);
-    if (st) return st;
-    in->weight_bytes_per_param = 2;
-    ft_checkpoint *ck = NULL;
-    if (ft_checkpoint_open(dir, &ck) == FT_OK) {
-        for (size_t i = 0; i < ft_checkpoint_count(ck); i++) {
-            ft_tensor t;
-            if (strstr(ft_checkpoint_name(ck, i), "layers.") && ft_checkpoint_get(ck, ft_checkpoint_name(ck, i), &t) == FT_OK) {
-                in->weight_bytes_per_param = ft_dtype_bits(t.dtype) / 8;
-                break;
-            }
-        }
-        ft_checkpoint_close(ck);
-    }
-    return FT_OK;
+    return st;
 }
 
 /* ucx://127.x.x.x:P, ucx://localhost:P, ucx://[::1]:P: a node on this machine. */
@@ -289,17 +301,31 @@ static ft_status measure(const char *dir, ft_cost_inputs *in, const ft_policy *b
     in->remote_local = base->n_remotes > 0;
     for (uint32_t r = 0; r < base->n_remotes; r++)
         if (!uri_is_loopback(base->remotes[r])) in->remote_local = 0;
+    /* agent://: a codec agent decodes the remote tier on its own cores
+     * (one unless --agent-cores says otherwise) */
+    if (base->n_remotes && !strncmp(base->remotes[0], "agent://", 8) && !in->agent_cores) in->agent_cores = 1;
     if (!quiet) fprintf(stderr, "plan: measuring compute, memory and codecs...\n");
     in->flops = measure_flops((int)in->hidden, 0);
     in->mem_bw = measure_mem_bw();
-    ft_status st = measure_engine(dir, batch ? batch : 1, plen, threads, in);
+    /* The engine's speed with each compute format the codecs imply:
+     * none/bp compute on the weights' format, q8/q4 on their own. */
+    unsigned wm = codec_mask | (1u << FT_CODEC_RAW);
+    ft_status st = FT_OK;
+    for (int c = 0; c < FT_CODEC_COUNT && st == FT_OK; c++) {
+        if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
+        if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
+        ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
+        st = measure_engine(dir, batch ? batch : 1, plen, threads, f, &in->timing[c]);
+    }
     if (st) return st;
+    in->timing[FT_CODEC_BYTEPLANE] = in->timing[FT_CODEC_RAW];
     in->bw[FT_TIER_HOST] = given && given[FT_TIER_HOST] > 0 ? given[FT_TIER_HOST] : in->mem_bw / 2;
     measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
     /* Compute and the I/O workers share the cores. */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     in->cores = ncpu > 0 ? (uint32_t)ncpu : 1;
     in->compute_threads = threads ? threads : ft_default_threads();
+    in->decode_threads = ft_default_threads();   /* what `flextier run` gives the scheduler */
     if (base->disk_uri[0])
         in->bw[FT_TIER_DISK] = given && given[FT_TIER_DISK] > 0 ? given[FT_TIER_DISK] : measure_store_bw(base->disk_uri);
     if (base->n_remotes) {
@@ -351,12 +377,13 @@ int ft_cmd_plan(int argc, char **argv)
         {"gen-len", required_argument, 0, 'g'}, {"link-bw", required_argument, 0, 'l'},
         {"codecs", required_argument, 0, 'c'}, {"threads", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"policy", required_argument, 0, 'P'},
-        {"cache-codecs", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"cache-codecs", required_argument, 0, 'C'}, {"weights-dtype", required_argument, 0, 'W'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *model = NULL, *links = NULL, *codecs = "none,bp,q8,q4", *given_policy = NULL;
     const char *cache_codecs = "none,q8,q4";
     uint64_t dev = 0, host = UINT64_MAX, disk = UINT64_MAX, remote = UINT64_MAX;
     long batch = 1, plen = 128, glen = 32, threads = 0;
-    int fixed = 0, json = 0, have_dev = 0;
+    int fixed = 0, json = 0, have_dev = 0, weights = FT_WEIGHTS_AS_STORED;
     ft_policy base;
     ft_policy_default(&base);
     int c;
@@ -394,6 +421,7 @@ int ft_cmd_plan(int argc, char **argv)
         case 'T': st = ft_cli_parse_int(optarg, 0, 1024, &threads); break;
         case 'j': json = 1; break;
         case 'P': given_policy = optarg; break;
+        case 'W': st = ft_cli_parse_weights(optarg, &weights); break;
         case 'h': fputs(plan_usage, stdout); return FT_EXIT_OK;
         default: return ft_cli_usage_error(plan_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -408,7 +436,7 @@ int ft_cmd_plan(int argc, char **argv)
         return ft_cli_usage_error(plan_usage, "--cache-codecs: '%s': each is none, q8 or q4", cache_codecs);
     ft_cost_inputs in;
     memset(&in, 0, sizeof in);
-    ft_status st = ft_cli_cost_model_inputs(model, &in);
+    ft_status st = ft_cli_cost_model_inputs(model, weights, &in);
     if (st) return ft_cli_fail(model, st);
     double given[FT_TIER_COUNT] = {0};
     if (links) {
@@ -466,8 +494,14 @@ int ft_cmd_plan(int argc, char **argv)
         if (in.ratio[k] > 0)
             printf("%s %.2fx %.2f GB/s  ", k == FT_CODEC_RAW ? "none" : ft_codec_name((ft_codec_id)k), in.ratio[k],
                    in.decode_bw[k] / 1e9);
-    ft_cli_fmt_bytes((double)in.layer_params * in.weight_bytes_per_param, b1, sizeof b1);
-    printf("\nmodel:    %u layers of %s\npolicy:   %s\n", in.n_layers, b1, pol);
+    {
+        double lb = 0;
+        for (uint32_t k = 0; k < in.n_tensors; k++) lb += (double)in.tensor_bytes[best.compress_weights][k];
+        ft_cli_fmt_bytes(lb, b1, sizeof b1);
+    }
+    printf("\nmodel:    %u layers of %s (%s)\npolicy:   %s\n", in.n_layers, b1,
+           best.compress_weights == FT_CODEC_Q8 ? "q8" : best.compress_weights == FT_CODEC_Q4 ? "q4"
+                                                : ft_wfmt_name(in.weights_fmt), pol);
     printf("predicted: decode %.2f tok/s, prefill %.1f tok/s (bottleneck: %s)\n", e.decode_tps, e.prefill_tps,
            e.bottleneck);
     for (int k = 0; k < FT_TIER_COUNT; k++) {

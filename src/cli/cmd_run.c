@@ -1,4 +1,4 @@
-/* flextier run | gen-model | bench run: the inference engine's commands. */
+/* flextier run | bench run: the inference engine's commands (gen-model: gen_model.c). */
 #include "cli.h"
 #include "offload_opts.h"
 #include "cuda_opts.h"
@@ -12,9 +12,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-extern const unsigned char ft_builtin_tok_llama[], ft_builtin_tok_opt[];
-extern const size_t ft_builtin_tok_llama_len, ft_builtin_tok_opt_len;
-
 static int opt_is(const char *a, const char *name) { return !strcmp(a, name); }
 
 static double peak_rss_bytes(void)
@@ -23,150 +20,6 @@ static double peak_rss_bytes(void)
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss * 1024.0;
 }
-
-/* ------------------------------------------------------------ gen-model */
-
-static const char GEN_USAGE[] =
-    "usage: flextier gen-model --arch llama|opt --out DIR [--hidden N] [--layers N] [--heads N]\n"
-    "         [--kv-heads N] [--ffn N] [--vocab N] [--max-pos N] [--seed N] [--dtype bf16|f32]\n"
-    "Writes a random-weight checkpoint with the Hugging Face file layout: config.json,\n"
-    "generation_config.json, model.safetensors and a small built-in tokenizer.json.\n"
-    "Defaults: llama: hidden 288, 6 layers, 6 heads (6 KV), ffn 768; opt: hidden 256,\n"
-    "4 layers, 4 heads, ffn 1024; vocab 320 (the built-in tokenizer's), max-pos 1024, bf16.\n";
-
-static int gen_model(int argc, char **argv)
-{
-    const char *arch = NULL, *outdir = NULL, *dtype = "bf16";
-    long hidden = 0, layers = 0, heads = 0, kv = 0, ffn = 0, vocab = 320, maxpos = 1024, seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (opt_is(a, "-h") || opt_is(a, "--help")) { fputs(GEN_USAGE, stdout); return FT_EXIT_OK; }
-        if (i + 1 >= argc) return ft_cli_usage_error(GEN_USAGE, "option %s needs a value", a);
-        const char *v = argv[++i];
-        long *dst = NULL;
-        long lo = 1, hi = 1 << 20;
-        if (opt_is(a, "--arch")) arch = v;
-        else if (opt_is(a, "--out")) outdir = v;
-        else if (opt_is(a, "--dtype")) dtype = v;
-        else if (opt_is(a, "--hidden")) dst = &hidden;
-        else if (opt_is(a, "--layers")) { dst = &layers; hi = 1024; }
-        else if (opt_is(a, "--heads")) { dst = &heads; hi = 1024; }
-        else if (opt_is(a, "--kv-heads")) { dst = &kv; hi = 1024; }
-        else if (opt_is(a, "--ffn")) dst = &ffn;
-        else if (opt_is(a, "--vocab")) { dst = &vocab; hi = 1 << 22; }
-        else if (opt_is(a, "--max-pos")) { dst = &maxpos; hi = 1 << 20; }
-        else if (opt_is(a, "--seed")) { dst = &seed; lo = 0; hi = 0x7fffffffL; }
-        else return ft_cli_usage_error(GEN_USAGE, "unknown option %s", a);
-        if (dst && ft_cli_parse_int(v, lo, hi, dst))
-            return ft_cli_usage_error(GEN_USAGE, "bad value for %s: %s", a, v);
-    }
-    if (!arch || !outdir) return ft_cli_usage_error(GEN_USAGE, "--arch and --out are required");
-    int is_llama = opt_is(arch, "llama");
-    if (!is_llama && !opt_is(arch, "opt"))
-        return ft_cli_usage_error(GEN_USAGE, "--arch must be llama or opt, not %s", arch);
-    ft_dtype dt;
-    if (opt_is(dtype, "bf16")) dt = FT_BF16;
-    else if (opt_is(dtype, "f32")) dt = FT_F32;
-    else return ft_cli_usage_error(GEN_USAGE, "--dtype must be bf16 or f32");
-    if (!hidden) hidden = is_llama ? 288 : 256;
-    if (!layers) layers = is_llama ? 6 : 4;
-    if (!heads) heads = is_llama ? 6 : 4;
-    if (!kv) kv = heads;
-    if (!ffn) ffn = is_llama ? 768 : 4 * hidden;
-
-    char cfgjson[2048], genjson[256];
-    const char *dts = dt == FT_BF16 ? "bfloat16" : "float32";
-    if (is_llama) {
-        snprintf(cfgjson, sizeof cfgjson,
-                 "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-                 "  \"hidden_size\": %ld,\n  \"intermediate_size\": %ld,\n  \"num_hidden_layers\": %ld,\n"
-                 "  \"num_attention_heads\": %ld,\n  \"num_key_value_heads\": %ld,\n  \"vocab_size\": %ld,\n"
-                 "  \"max_position_embeddings\": %ld,\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 10000.0,\n"
-                 "  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": false,\n  \"bos_token_id\": 1,\n"
-                 "  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n",
-                 hidden, ffn, layers, heads, kv, vocab, maxpos, dts);
-        snprintf(genjson, sizeof genjson, "{\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2\n}\n");
-    } else {
-        snprintf(cfgjson, sizeof cfgjson,
-                 "{\n  \"architectures\": [\"OPTForCausalLM\"],\n  \"model_type\": \"opt\",\n"
-                 "  \"hidden_size\": %ld,\n  \"ffn_dim\": %ld,\n  \"num_hidden_layers\": %ld,\n"
-                 "  \"num_attention_heads\": %ld,\n  \"vocab_size\": %ld,\n  \"max_position_embeddings\": %ld,\n"
-                 "  \"word_embed_proj_dim\": %ld,\n  \"do_layer_norm_before\": true,\n"
-                 "  \"activation_function\": \"relu\",\n  \"enable_bias\": true,\n"
-                 "  \"layer_norm_elementwise_affine\": true,\n  \"tie_word_embeddings\": true,\n"
-                 "  \"bos_token_id\": 2,\n  \"eos_token_id\": 2,\n  \"pad_token_id\": 1,\n"
-                 "  \"torch_dtype\": \"%s\"\n}\n",
-                 hidden, ffn, layers, heads, vocab, maxpos, hidden, dts);
-        snprintf(genjson, sizeof genjson,
-                 "{\n  \"bos_token_id\": 2,\n  \"eos_token_id\": 2,\n  \"pad_token_id\": 1\n}\n");
-    }
-    ft_model_config cfg;
-    ft_status st = ft_model_config_parse(cfgjson, strlen(cfgjson), "generated config", &cfg);
-    if (st) return ft_cli_fail("gen-model", st);
-    if (mkdir(outdir, 0755) && errno != EEXIST) {
-        fprintf(stderr, "flextier: gen-model: cannot create %s: %s\n", outdir, strerror(errno));
-        return FT_EXIT_ERR;
-    }
-    ft_model *m = NULL;
-    if ((st = ft_model_create(&cfg, &m))) return ft_cli_fail("gen-model", st);
-    size_t n = ft_model_tensor_count(m);
-    ft_named_tensor *nt = calloc(n, sizeof *nt);
-    void **conv = calloc(n, sizeof *conv);
-    int rc = FT_EXIT_ERR;
-    uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-    if (!nt || !conv) { ft_cli_fail("gen-model", FT_ERR_NOMEM); goto done; }
-    for (size_t i = 0; i < n; i++) {
-        const char *name;
-        ft_tensor t;
-        uint64_t ne;
-        if ((st = ft_model_tensor(m, i, &name, &t)) || (st = ft_tensor_numel(&t, &ne))) {
-            ft_cli_fail("gen-model", st);
-            goto done;
-        }
-        float *d = t.data;
-        int is_norm_w = strstr(name, "norm") && strstr(name, ".weight");
-        int is_1d = t.ndim == 1;
-        for (uint64_t k = 0; k < ne; k++)
-            d[k] = is_norm_w ? 1.0f : is_1d ? 0.0f : (float)(0.02 * ft_rand_gauss(&rng));
-        nt[i].name = name;
-        nt[i].tensor = t;
-        if (dt != FT_F32) {
-            conv[i] = malloc(ne * 2);
-            if (!conv[i]) { ft_cli_fail("gen-model", FT_ERR_NOMEM); goto done; }
-            ft_convert(conv[i], dt, d, FT_F32, ne);
-            nt[i].tensor.dtype = dt;
-            nt[i].tensor.data = conv[i];
-        }
-    }
-    char path[4096];
-    static const char *const meta[] = {"format", "pt", NULL};
-    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
-    if ((st = ft_safetensors_write(path, nt, n, meta))) { ft_cli_fail(path, st); goto done; }
-    snprintf(path, sizeof path, "%s/config.json", outdir);
-    if ((st = ft_cli_write_file(path, cfgjson, strlen(cfgjson)))) { ft_cli_fail(path, st); goto done; }
-    snprintf(path, sizeof path, "%s/generation_config.json", outdir);
-    if ((st = ft_cli_write_file(path, genjson, strlen(genjson)))) { ft_cli_fail(path, st); goto done; }
-    snprintf(path, sizeof path, "%s/tokenizer.json", outdir);
-    if ((st = ft_cli_write_file(path, is_llama ? ft_builtin_tok_llama : ft_builtin_tok_opt,
-                                is_llama ? ft_builtin_tok_llama_len : ft_builtin_tok_opt_len))) {
-        ft_cli_fail(path, st);
-        goto done;
-    }
-    char wb[32];
-    ft_cli_fmt_bytes((double)ft_model_weight_bytes(m) / (dt == FT_F32 ? 1 : 2), wb, sizeof wb);
-    printf("wrote %s: %s, hidden %d, %d layers, %d heads (%d KV), ffn %d, vocab %d, %s weights (%s)\n",
-           outdir, cfg.model_type, cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn,
-           cfg.vocab, dtype, wb);
-    rc = FT_EXIT_OK;
-done:
-    if (conv) for (size_t i = 0; i < n; i++) free(conv[i]);
-    free(conv);
-    free(nt);
-    ft_model_free(m);
-    return rc;
-}
-
-int ft_cmd_gen_model(int argc, char **argv) { return gen_model(argc, argv); }
 
 /* ------------------------------------------------------------ bench run */
 
@@ -198,6 +51,7 @@ int ft_bench_run(int argc, char **argv)
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(BENCH_USAGE, stdout);
+            fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
@@ -229,11 +83,13 @@ int ft_bench_run(int argc, char **argv)
     int32_t **op = NULL;
     size_t *pl = NULL, *no = NULL;
     int rc = FT_EXIT_ERR;
-    ft_load_params lp = {0};
+    ft_load_params lp;
+    ft_load_params_default(&lp);
     lp.progress = load_progress;
     double t0 = ft_now();
     off.threads = (unsigned)threads;
-    ft_status st;
+    ft_status st = ft_cli_engine_formats(&off, gpu.on, &lp);
+    if (st) return ft_cli_usage_error(BENCH_USAGE, "%s", ft_last_error());
     if (gpu.on) {
         if ((st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("bench", st);
         st = ft_model_load(dir, &lp, &m);
@@ -287,10 +143,12 @@ int ft_bench_run(int argc, char **argv)
                "\"threads\":%u,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,"
                "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,"
                "\"prefill_cpu_s\":%.4f,\"decode_cpu_s\":%.4f,\"decode_tok_per_cpu_s\":%.2f,"
-               "\"weight_bytes\":%.0f,\"kv_bytes\":%.0f,\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
+               "\"weight_bytes\":%.0f,\"weights_format\":\"%s\",\"kv_bytes\":%.0f,\"kv_dtype\":\"%s\","
+               "\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
-               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, kvb, rss,
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes,
+               ft_wfmt_name(ft_model_weights_format(m)), kvb, ft_dtype_name(cp.kv_dtype), rss,
                gpu.on ? "cuda" : "cpu");
         if (gpu.on) ft_cli_cuda_report_json(&gpu, stdout);
         if (off.enabled) {
@@ -313,8 +171,9 @@ int ft_bench_run(int argc, char **argv)
         if (gpu.on) {
             ft_cli_cuda_report(&gpu, stdout);
         } else {
-            printf("  memory     weights %s (f32), KV cache %s, peak RSS %s (%.2fx weights)\n",
-                   b1, b2, b3, rss / wbytes);
+            printf("  memory     weights %s (%s), KV cache %s (%s), peak RSS %s (%.2fx weights + KV cache)\n",
+                   b1, ft_wfmt_name(ft_model_weights_format(m)), b2, ft_dtype_name(cp.kv_dtype), b3,
+                   rss / (wbytes + kvb));
             ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
         }
     }
@@ -447,6 +306,7 @@ int ft_cmd_run(int argc, char **argv)
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(RUN_USAGE, stdout);
+            fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
@@ -515,13 +375,19 @@ int ft_cmd_run(int argc, char **argv)
         lines[0] = (char *)prompt;
         np = 1;
     }
-    ft_load_params lp = {0};
+    ft_load_params lp;
+    ft_load_params_default(&lp);
     lp.progress = load_progress;
     if (strict) {   /* config keys and tokenizer fields flextier does not know are errors */
         lp.config_flags = FT_CONFIG_STRICT;
         setenv("FLEXTIER_STRICT", "1", 1);
     }
     off.threads = (unsigned)threads;
+    if ((st = ft_cli_engine_formats(&off, gpu.on, &lp))) {
+        ft_cli_usage_error(RUN_USAGE, "%s", ft_last_error());
+        rc = FT_EXIT_USAGE;
+        goto done;
+    }
     {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);

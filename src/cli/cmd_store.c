@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -453,12 +454,24 @@ static void gauss_bf16(uint16_t *dst, size_t n, uint64_t seed)
     }
 }
 
-/* Run `iters` ops with `depth` in flight; returns seconds or < 0. */
+/* CPU seconds (user + system) this process has used, all threads. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Run `iters` ops with `depth` in flight; returns seconds or < 0 and the
+ * process's CPU seconds meanwhile in *cpu. */
 static double run_phase(ft_store *s, int write, ft_tensor *src, ft_tensor *dst, size_t cap,
-                        const ft_codec_params *cp, long depth, long iters, ft_status *err)
+                        const ft_codec_params *cp, long depth, long iters, ft_status *err,
+                        double *cpu)
 {
     ft_request **reqs = calloc((size_t)depth, sizeof *reqs);
     if (!reqs) { *err = FT_ERR_NOMEM; return -1; }
+    double c0 = cpu_seconds();
     double t0 = ft_now();
     ft_status st = FT_OK;
     for (long i = 0; i < iters + depth && st == FT_OK; i++) {
@@ -483,6 +496,7 @@ static double run_phase(ft_store *s, int write, ft_tensor *src, ft_tensor *dst, 
         }
     }
     free(reqs);
+    *cpu = cpu_seconds() - c0;
     *err = st;
     return st == FT_OK ? dt : -1;
 }
@@ -632,20 +646,25 @@ int ft_bench_transfer(int argc, char **argv)
         pt_mbs[0] = run_perftest(pt_host ? pt_host : "127.0.0.1", pt_port, pt_host == NULL, size,
                                  iters < 8 ? 8 : iters, why, sizeof why);
     /* warm up: create every key once (connection, pool blocks, caches) */
-    double wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, depth, &st);
+    double wcpu = 0, rcpu = 0;
+    double wdt = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, depth, &st, &wcpu);
     ft_tensor_stat ts;
     if (st == FT_OK) st = ft_stat_tensor(s, "bench/0", &ts);
-    /* reps rounds of writes then reads: medians */
-    double wt[16], rt[16], rdt = -1;
+    /* reps rounds of writes then reads: medians (CPU seconds with them) */
+    double wt[16], rt[16], wc_[16], rc2[16], rdt = -1;
     for (long k = 0; k < reps && st == FT_OK; k++) {
-        wt[k] = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, iters, &st);
-        rt[k] = st == FT_OK ? run_phase(s, 0, &src, dst, numel * 2, &cp, depth, iters, &st) : -1;
+        wt[k] = run_phase(s, 1, &src, dst, numel * 2, &cp, depth, iters, &st, &wc_[k]);
+        rt[k] = st == FT_OK ? run_phase(s, 0, &src, dst, numel * 2, &cp, depth, iters, &st, &rc2[k]) : -1;
     }
     if (st == FT_OK) {
         qsort(wt, (size_t)reps, sizeof wt[0], cmp_dbl);
         qsort(rt, (size_t)reps, sizeof rt[0], cmp_dbl);
+        qsort(wc_, (size_t)reps, sizeof wc_[0], cmp_dbl);
+        qsort(rc2, (size_t)reps, sizeof rc2[0], cmp_dbl);
         wdt = wt[reps / 2];
         rdt = rt[reps / 2];
+        wcpu = wc_[reps / 2];
+        rcpu = rc2[reps / 2];
     }
     int lossless = !ft_codec_is_lossy(cp.codec);
     if (st == FT_OK && lossless && memcmp(dst[0].data, data, numel * 2) != 0)
@@ -676,12 +695,16 @@ int ft_bench_transfer(int argc, char **argv)
         pt_gbs = (pt_mbs[0] > 0 ? pt_mbs[0] : pt_mbs[1]) * 1048576.0 / 1e9;
     double wl = logical / wdt / 1e9, ww = wire / wdt / 1e9;
     double rl = logical / rdt / 1e9, rw = wire / rdt / 1e9;
+    /* this process's CPU per GB of tensor bytes: with agent:// the codec
+     * work is the agent's, with ucx:// it is ours */
+    double wc = wcpu / (logical / 1e9), rc_ = rcpu / (logical / 1e9);
     if (json) {
         printf("{\"uri\":\"%s\",\"size\":%llu,\"codec\":\"%s\",\"depth\":%ld,\"iters\":%ld,"
                "\"ratio\":%.4f,\"write_logical_gbs\":%.4f,\"write_wire_gbs\":%.4f,"
-               "\"read_logical_gbs\":%.4f,\"read_wire_gbs\":%.4f,\"perftest_am_bw_gbs\":",
+               "\"read_logical_gbs\":%.4f,\"read_wire_gbs\":%.4f,\"write_cpu_s_per_gb\":%.4f,"
+               "\"read_cpu_s_per_gb\":%.4f,\"perftest_am_bw_gbs\":",
                uri, (unsigned long long)size, ft_codec_name(cp.codec), depth, iters, ratio,
-               wl, ww, rl, rw);
+               wl, ww, rl, rw, wc, rc_);
         if (pt_gbs > 0) printf("%.4f", pt_gbs); else printf("null");
         if (pt.wall > 0)
             printf(",\"pipe_wall_s\":%.6f,\"pipe_encode_s\":%.6f,\"pipe_wire_s\":%.6f", pt.wall,
@@ -692,8 +715,8 @@ int ft_bench_transfer(int argc, char **argv)
                uri, (unsigned long long)size, ft_codec_name(cp.codec), depth, iters);
         printf("  ratio %.3f (%llu -> %llu bytes)\n", ratio, (unsigned long long)ts.raw_bytes,
                (unsigned long long)ts.stored_bytes);
-        printf("  write  logical %8.3f GB/s   wire %8.3f GB/s\n", wl, ww);
-        printf("  read   logical %8.3f GB/s   wire %8.3f GB/s\n", rl, rw);
+        printf("  write  logical %8.3f GB/s   wire %8.3f GB/s   this process %.3f CPU s/GB\n", wl, ww, wc);
+        printf("  read   logical %8.3f GB/s   wire %8.3f GB/s   this process %.3f CPU s/GB\n", rl, rw, rc_);
         if (pt_gbs > 0)
             printf("  ucx_perftest ucp_am_bw %.3f GB/s (same size; before %.3f, after %.3f) -> "
                    "write %.0f%%, read %.0f%% (wire)\n", pt_gbs,

@@ -13,13 +13,31 @@ const char ft_cli_offload_usage[] =
     "offloading (weights streamed through tiers while computing):\n"
     "  --policy SPEC|auto     e.g. 'w=0,20,30,50 c=0,100' (weights, KV cache: device,host,\n"
     "                         disk,remote %%); auto: plan it\n"
-    "  --remote URI[,URI..]   memory nodes (ucx://HOST:PORT) for the remote tier\n"
+    "  --remote URI[,URI..]   memory nodes (ucx://HOST:PORT, or agent://HOST:PORT[/NODE]\n"
+    "                         through a codec agent) for the remote tier\n"
     "  --disk-dir DIR         directory for the disk tier\n"
     "  --compress-weights C   none, bp (lossless), q8, q4 (FlexGen group-wise)\n"
     "  --compress-cache C     none, q8, q4: the offloaded KV cache, per token along head_dim\n"
     "  --device-mem SIZE      budget for decoded weights and the device share of the cache\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
     "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency\n";
+
+const char ft_cli_engine_usage[] =
+    "formats:\n"
+    "  --weights-dtype F      what the matrices are kept and computed in: auto (the\n"
+    "                         checkpoint's dtype, default), f32, bf16, f16, q8, q4\n"
+    "                         (q8/q4: group-quantized at load; embeddings and the LM head\n"
+    "                         stay bf16)\n"
+    "  --kv-dtype D           the KV cache in memory: bf16 (default), f16, f32\n";
+
+ft_status ft_cli_parse_weights(const char *s, int *out)
+{
+    static const char *const names[] = {"f32", "bf16", "f16", "q8", "q4"};
+    if (!strcmp(s, "auto")) { *out = FT_WEIGHTS_AS_STORED; return FT_OK; }
+    for (int f = 0; f < 5; f++)
+        if (!strcmp(s, names[f])) { *out = f; return FT_OK; }
+    return ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected auto, f32, bf16, f16, q8 or q4", s);
+}
 
 static int take(int argc, char **argv, int *i, const char **val)
 {
@@ -35,6 +53,40 @@ void ft_cli_offload_init(ft_cli_offload *o)
 {
     memset(o, 0, sizeof *o);
     ft_offload_default_params(&o->p);
+    o->weights = FT_WEIGHTS_AS_STORED;
+    o->kv_dtype = -1;
+    /* streamed frames are verified/decoded on every core (compute waits
+     * for them only when the I/O is the bottleneck) */
+    o->p.decode_threads = ft_default_threads();
+}
+
+ft_status ft_cli_engine_formats(ft_cli_offload *o, int cuda, ft_load_params *lp)
+{
+    ft_codec_id cw = o->p.policy.compress_weights;
+    int cwq = o->enabled && (cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4);
+    if (cuda) {
+        /* the CUDA backend packs its own device formats from f32 weights */
+        if (o->weights_given && o->weights != FT_WF_F32)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "--weights-dtype %s: the CUDA backend converts the "
+                                "weights itself (leave --weights-dtype out)", ft_wfmt_name((ft_wfmt)o->weights));
+        lp->weights = FT_WF_F32;
+        return FT_OK;
+    }
+    if (cwq) {
+        int q = cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4;
+        if (o->weights_given && o->weights != q && o->weights != FT_WEIGHTS_AS_STORED)
+            return ft_set_error(FT_ERR_INVALID_ARG, "--compress-weights %s keeps the matrices as %s: it conflicts "
+                                "with --weights-dtype %s", ft_codec_name(cw), ft_wfmt_name((ft_wfmt)q),
+                                ft_wfmt_name((ft_wfmt)o->weights));
+        o->weights = q;
+    } else if (o->enabled && cw == FT_CODEC_BYTEPLANE &&
+               (o->weights == FT_WF_Q8 || o->weights == FT_WF_Q4)) {
+        return ft_set_error(FT_ERR_INVALID_ARG, "--compress-weights bp (lossless) of %s weights: use "
+                            "--compress-weights %s or none", ft_wfmt_name((ft_wfmt)o->weights),
+                            ft_wfmt_name((ft_wfmt)o->weights));
+    }
+    lp->weights = o->weights;
+    return FT_OK;
 }
 
 int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i)
@@ -87,6 +139,20 @@ int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--offload-stats")) { o->stats = 1; return 1; }
+    if (!strcmp(a, "--weights-dtype")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (ft_cli_parse_weights(v, &o->weights)) goto bad;
+        o->weights_given = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-dtype")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (!strcmp(v, "f32")) o->kv_dtype = FT_F32;
+        else if (!strcmp(v, "bf16")) o->kv_dtype = FT_BF16;
+        else if (!strcmp(v, "f16")) o->kv_dtype = FT_F16;
+        else { ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected bf16, f16 or f32", v); goto bad; }
+        return 1;
+    }
     return 0;
 bad:
     fprintf(stderr, "flextier: %s: %s\n", a, ft_last_error());
@@ -120,7 +186,7 @@ ft_status ft_cli_offload_load(ft_cli_offload *o, const char *dir, ft_load_params
     if (o->auto_policy) {
         ft_cost_inputs in;
         memset(&in, 0, sizeof in);
-        if ((st = ft_cli_cost_model_inputs(dir, &in))) return st;
+        if ((st = ft_cli_cost_model_inputs(dir, lp->weights, &in))) return st;
         if ((st = ft_cli_plan_measure(dir, &in, &o->p.policy, o->p.device_budget, batch ? batch : 1, prompt_len,
                                       gen_len, o->threads)))
             return st;
@@ -163,6 +229,8 @@ static int cache_offloaded(const ft_cli_offload *o)
 void ft_cli_offload_ctx_params(const ft_cli_offload *o, ft_ctx_params *cp)
 {
     cp->external_kv = cache_offloaded(o);
+    /* the in-memory cache in bf16 by default; an offloaded one exchanges f32 rows */
+    cp->kv_dtype = cp->external_kv ? FT_F32 : o->kv_dtype >= 0 ? (ft_dtype)o->kv_dtype : FT_BF16;
 }
 
 ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c, const ft_ctx_params *cp)
@@ -172,6 +240,9 @@ ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c,
         ft_offload_reset_stats(o->o);
     }
     if (!cache_offloaded(o)) return FT_OK;
+    if (o->kv_dtype >= 0 && o->kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_INVALID_ARG, "--kv-dtype %s: the policy offloads the KV cache, which is "
+                            "stored as --compress-cache says (none: f32 rows)", ft_dtype_name((ft_dtype)o->kv_dtype));
     ft_kv_offload_params kp;
     ft_kv_offload_default_params(&kp);
     kp.policy = o->p.policy;

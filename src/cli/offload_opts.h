@@ -6,6 +6,10 @@
 
 typedef struct ft_cli_offload {
     int enabled, auto_policy, have_policy, codec_given, cache_codec_given, stats;
+    /* engine formats: --weights-dtype (an ft_wfmt or FT_WEIGHTS_AS_STORED)
+     * and --kv-dtype (the in-memory KV cache; -1: bf16, or f32 when the
+     * cache is offloaded) */
+    int weights, weights_given, kv_dtype;
     unsigned threads;          /* compute threads of the run (for planning) */
     double predicted_tps;
     ft_offload_params p;
@@ -17,6 +21,7 @@ typedef struct ft_cli_offload {
 } ft_cli_offload;
 
 extern const char ft_cli_offload_usage[];
+extern const char ft_cli_engine_usage[];
 void ft_cli_offload_init(ft_cli_offload *o);
 /* argv[*i] is an offloading option: consume it (and its value) and return
  * 1; 0 if it is not one; -1 after printing an error. */
@@ -40,8 +45,14 @@ void ft_cli_offload_report(const ft_cli_offload *o, double prefill_s, double dec
 void ft_cli_offload_report_json(const ft_cli_offload *o, double prefill_s, double decode_s, FILE *f);
 void ft_cli_offload_free(ft_cli_offload *o);
 
+/* Check the engine format options against the policy and the device;
+ * sets lp->weights. */
+ft_status ft_cli_engine_formats(ft_cli_offload *o, int cuda, ft_load_params *lp);
+
 /* cmd_plan.c */
-ft_status ft_cli_cost_model_inputs(const char *dir, ft_cost_inputs *in);
+ft_status ft_cli_cost_model_inputs(const char *dir, int weights, ft_cost_inputs *in);
+/* "f32|bf16|f16|q8|q4|auto" -> an ft_wfmt or FT_WEIGHTS_AS_STORED */
+ft_status ft_cli_parse_weights(const char *s, int *out);
 /* Measure compute, memory, codecs and the policy's links into *in. */
 ft_status ft_cli_plan_measure(const char *dir, ft_cost_inputs *in, const ft_policy *base, uint64_t device_mem,
                               uint32_t batch, uint32_t prompt_len, uint32_t gen_len, unsigned threads);

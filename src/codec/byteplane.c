@@ -23,6 +23,10 @@
 #include <immintrin.h>
 #define FT_BP_X86 1
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#define FT_BP_NEON 1
+#endif
 
 enum { BP_RAW = 0, BP_ENTROPY = 1, BP_CONST = 2 };
 
@@ -272,6 +276,88 @@ static size_t merge_avx2(ft_dtype dt, const uint8_t *const *P, size_t n, uint8_t
 }
 #endif
 
+#ifdef FT_BP_NEON
+/* NEON: vld2q/vld4q de-interleave the element bytes (b0 = lowest) of 16
+ * elements into byte vectors, so every plane is a few shifts and selects
+ * on 16 bytes; vst2q/vst4q interleave them back. bf16 / f32 top bytes:
+ * exponent = hi << 1 | next >> 7, sign|mantissa = (hi & 0x80) | (next & 0x7F). */
+static size_t split_neon(ft_dtype dt, const uint8_t *s, size_t n, uint8_t *const *P)
+{
+    size_t i = 0;
+    const uint8x16_t hib = vdupq_n_u8(0x80);
+    if (dt == FT_BF16 || dt == FT_F16) {
+        for (; i + 16 <= n; i += 16) {
+            uint8x16x2_t x = vld2q_u8(s + 2 * i);   /* val[0] low bytes, val[1] high */
+            if (dt == FT_BF16) {
+                vst1q_u8(P[0] + i, vsliq_n_u8(vshrq_n_u8(x.val[0], 7), x.val[1], 1));
+                vst1q_u8(P[1] + i, vbslq_u8(hib, x.val[1], x.val[0]));
+            } else {
+                vst1q_u8(P[0] + i, x.val[1]);
+                vst1q_u8(P[1] + i, x.val[0]);
+            }
+        }
+    } else if (dt == FT_F32) {
+        for (; i + 16 <= n; i += 16) {
+            uint8x16x4_t x = vld4q_u8(s + 4 * i);
+            vst1q_u8(P[0] + i, vsliq_n_u8(vshrq_n_u8(x.val[2], 7), x.val[3], 1));
+            vst1q_u8(P[1] + i, vbslq_u8(hib, x.val[3], x.val[2]));
+            vst1q_u8(P[2] + i, x.val[1]);
+            vst1q_u8(P[3] + i, x.val[0]);
+        }
+    }
+    return i;
+}
+
+static size_t merge_neon(ft_dtype dt, const uint8_t *const *P, size_t n, uint8_t *d)
+{
+    size_t i = 0;
+    const uint8x16_t hib = vdupq_n_u8(0x80);
+    if (dt == FT_BF16 || dt == FT_F16) {
+        for (; i + 16 <= n; i += 16) {
+            uint8x16_t a = vld1q_u8(P[0] + i), b = vld1q_u8(P[1] + i);
+            uint8x16x2_t x;
+            if (dt == FT_BF16) {
+                x.val[1] = vbslq_u8(hib, b, vshrq_n_u8(a, 1));   /* sign | exp >> 1 */
+                x.val[0] = vbslq_u8(hib, vshlq_n_u8(a, 7), b);   /* exp << 7 | mant */
+            } else {
+                x.val[1] = a;
+                x.val[0] = b;
+            }
+            vst2q_u8(d + 2 * i, x);
+        }
+    } else if (dt == FT_F32) {
+        for (; i + 16 <= n; i += 16) {
+            uint8x16_t e = vld1q_u8(P[0] + i), sm = vld1q_u8(P[1] + i);
+            uint8x16x4_t x;
+            x.val[3] = vbslq_u8(hib, sm, vshrq_n_u8(e, 1));
+            x.val[2] = vbslq_u8(hib, vshlq_n_u8(e, 7), sm);
+            x.val[1] = vld1q_u8(P[2] + i);
+            x.val[0] = vld1q_u8(P[3] + i);
+            vst4q_u8(d + 4 * i, x);
+        }
+    }
+    return i;
+}
+#endif
+
+size_t ft_bp_split_neon(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes)
+{
+#ifdef FT_BP_NEON
+    if (ft_cpu()->neon) return split_neon(dt, src, n, planes);
+#endif
+    (void)dt; (void)src; (void)n; (void)planes;
+    return 0;
+}
+
+size_t ft_bp_merge_neon(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst)
+{
+#ifdef FT_BP_NEON
+    if (ft_cpu()->neon) return merge_neon(dt, planes, n, dst);
+#endif
+    (void)dt; (void)planes; (void)n; (void)dst;
+    return 0;
+}
+
 size_t ft_bp_split_avx512(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes)
 {
 #ifdef FT_BP_X86
@@ -314,6 +400,7 @@ void ft_bp_split(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes)
     if (ft_simd_enabled()) {
         i = ft_bp_split_avx512(dt, src, n, planes);
         if (i == 0) i = ft_bp_split_avx2(dt, src, n, planes);
+        if (i == 0) i = ft_bp_split_neon(dt, src, n, planes);
     }
     split_from(dt, src, i, n, planes);
 }
@@ -324,6 +411,7 @@ void ft_bp_merge(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst)
     if (ft_simd_enabled()) {
         i = ft_bp_merge_avx512(dt, planes, n, dst);
         if (i == 0) i = ft_bp_merge_avx2(dt, planes, n, dst);
+        if (i == 0) i = ft_bp_merge_neon(dt, planes, n, dst);
     }
     merge_from(dt, planes, i, n, dst);
 }

@@ -32,5 +32,8 @@ size_t ft_bp_split_avx512(ft_dtype dt, const void *src, size_t n, uint8_t *const
 size_t ft_bp_merge_avx512(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst);
 size_t ft_bp_split_avx2(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes);
 size_t ft_bp_merge_avx2(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst);
+/* AArch64 Advanced SIMD (0 elsewhere). */
+size_t ft_bp_split_neon(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes);
+size_t ft_bp_merge_neon(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst);
 
 #endif

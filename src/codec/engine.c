@@ -622,6 +622,53 @@ ft_status ft_decode(ft_codec_ctx *c, const void *frame, size_t size, ft_tensor *
     return FT_OK;
 }
 
+typedef struct {
+    ft_codec_ctx *ctx;
+    const ft_frame_info *fi;
+    const uint8_t *frame;
+} ver_job;
+
+static void verify_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    ver_job *j = arg;
+    ft_codec_ctx *c = j->ctx;
+    ft_status st = FT_OK;
+    if (ft_xxh3(j->frame + c->slot[i], c->enc_size[i]) != c->hash[i])
+        st = ft_set_error(FT_ERR_CORRUPT, "chunk %zu: checksum mismatch", i);
+    c->status[i] = st;
+    if (st) note_chunk_error(c, i);
+}
+
+ft_status ft_frame_verify(ft_codec_ctx *c, const void *frame, size_t size, ft_frame_info *info)
+{
+    if (!c || !frame) return ft_set_error(FT_ERR_INVALID_ARG, "ft_frame_verify: NULL argument");
+    ft_frame_info fi;
+    ft_status st = ft_frame_parse(frame, size, &fi);
+    if (st == FT_ERR_BUFFER_SMALL) return ft_set_error(FT_ERR_CORRUPT, "truncated frame header");
+    if (st) return st;
+    if (fi.frame_size != size)
+        return ft_set_error(FT_ERR_CORRUPT, "frame of %zu bytes, header says %llu", size,
+                            (unsigned long long)fi.frame_size);
+    if ((st = ctx_reserve(c, fi.n_chunks + 1))) return st;
+    int lossy = ft_codec_is_lossy(fi.codec);
+    uint64_t pos = fi.header_size;
+    for (uint32_t i = 0; i < fi.n_chunks; i++) {
+        c->slot[i] = pos;
+        ft_frame_entry(frame, &fi, i, &c->enc_size[i], &c->flags[i], &c->hash[i]);
+        if (!lossy && !(c->flags[i] & FT_CHUNK_STORED))
+            return ft_set_error(FT_ERR_UNSUPPORTED, "frame (%s): chunk %u is compressed; its checksum "
+                                "covers the decoded bytes (ft_decode verifies it)", ft_codec_name(fi.codec), i);
+        pos += c->enc_size[i];
+    }
+    ver_job job = {c, &fi, frame};
+    reset_chunk_error(c);
+    ft_pool_run(c->pool, fi.n_chunks, verify_task, &job);
+    if ((st = first_chunk_error(c, fi.n_chunks))) return st;
+    if (info) *info = fi;
+    return FT_OK;
+}
+
 ft_status ft_decode_alloc(ft_codec_ctx *c, const void *frame, size_t size, int out_dtype,
                           ft_tensor *out)
 {

@@ -84,7 +84,9 @@ ft_status ft_layout_compute(const ft_frame_info *fi, ft_layout *L)
             return ft_set_error(FT_ERR_UNSUPPORTED,
                                 "one group slab (%llu bytes) exceeds 1 GiB: use a smaller "
                                 "group size or a later group dim", (unsigned long long)slab_bytes);
-        L->slabs_per_chunk = slab_bytes >= fi->chunk_size ? 1 : fi->chunk_size / slab_bytes;
+        /* an empty tensor whose dims after group_dim hold a 0 has empty
+         * slabs (found by fuzz_agent_msg: q4, group_dim 0, shape [4, 0]) */
+        L->slabs_per_chunk = slab_bytes == 0 || slab_bytes >= fi->chunk_size ? 1 : fi->chunk_size / slab_bytes;
         nch = L->numel ? (L->outer * L->ngroups + L->slabs_per_chunk - 1) / L->slabs_per_chunk : 0;
     } else {
         L->elems_per_chunk = fi->chunk_size / L->esize;

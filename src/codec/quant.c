@@ -5,7 +5,7 @@
  * its elements are contiguous. This file walks the slabs, computes the
  * per-group fp16 parameters and validates; the per-element work is done by
  * the kernels of quant_kern.h (scalar here; AVX-512 and AVX2 in
- * quant_x86.c). */
+ * quant_x86.c, NEON in quant_neon.c). */
 #include "codec_internal.h"
 #include "quant_kern.h"
 
@@ -144,6 +144,7 @@ const ft_qkern *ft_qkern_best(void)
     if (qkern_forced) return qkern_forced;
     const ft_qkern *k = ft_qkern_avx512();
     if (!k) k = ft_qkern_avx2();
+    if (!k) k = ft_qkern_neon();
     return k ? k : &qkern_ref;
 }
 

@@ -1,6 +1,7 @@
 /* Internal: group-quantization kernels (quant.c drives them, quant_x86.c
  * has the AVX-512 versions). Every SIMD kernel has a scalar twin in the
  * table returned by ft_qkern_ref(); tests compare them bit for bit.
+ * quant_neon.c has the AArch64 (NEON) versions.
  *
  * Conventions shared by all kernels:
  *  - `bits` is 8 or 4. Packed values are addressed by value index `k`:
@@ -54,6 +55,8 @@ const ft_qkern *ft_qkern_ref(void);
 const ft_qkern *ft_qkern_avx512(void);
 /* AVX2 + FMA + F16C kernels, or NULL. */
 const ft_qkern *ft_qkern_avx2(void);
+/* AArch64 Advanced SIMD kernels (quant_neon.c), or NULL. */
+const ft_qkern *ft_qkern_neon(void);
 /* Every table usable on this CPU: i = 0 is the scalar one; NULL past the
  * end (tests compare each against i = 0). */
 const ft_qkern *ft_qkern_list(int i);

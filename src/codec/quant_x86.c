@@ -73,8 +73,11 @@ const ft_qkern *ft_qkern_list(int i)
     return i >= 0 && i < n ? all[i] : NULL;
 }
 
-#else
+const ft_qkern *ft_qkern_neon(void) { return NULL; }
+
+#elif !defined(__aarch64__)   /* AArch64: quant_neon.c */
 const ft_qkern *ft_qkern_avx512(void) { return NULL; }
 const ft_qkern *ft_qkern_avx2(void) { return NULL; }
+const ft_qkern *ft_qkern_neon(void) { return NULL; }
 const ft_qkern *ft_qkern_list(int i) { return i == 0 ? ft_qkern_ref() : NULL; }
 #endif

@@ -9,6 +9,12 @@
 #if defined(__x86_64__)
 #include <xxh_x86dispatch.h>
 #endif
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#endif
 
 void *ft_malloc_aligned(size_t size, size_t align)
 {
@@ -83,10 +89,13 @@ static void cpu_detect(void)
     g_cpu.avx512bw = g_cpu.avx512f && ((b >> 30) & 1);
     g_cpu.avx512vl = g_cpu.avx512f && ((b >> 31) & 1);
     g_cpu.avx512vbmi = g_cpu.avx512f && ((c >> 1) & 1);
+    g_cpu.avx512vnni = g_cpu.avx512f && ((c >> 11) & 1);
     g_cpu.avx512fp16 = g_cpu.avx512f && ((d >> 23) & 1);
     unsigned max7 = a;
     if (max7 >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
         g_cpu.avx512bf16 = g_cpu.avx512f && ((a >> 5) & 1);
+#elif defined(__aarch64__)
+    if (g_simd) g_cpu.neon = (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
 #endif
 }
 

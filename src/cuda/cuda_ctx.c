@@ -129,6 +129,9 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (!p->stream_weights && !m->lbuf)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: the model's layers are not loaded "
                             "(external layers need stream_weights and a weight hook)");
+    if (m->wfmt != FT_WF_F32)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: the model is kept as %s; the CUDA backend packs "
+                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(m->wfmt));
     ft_status st = ft_cuda_require(p->device);
     if (st) return st;
 
@@ -183,7 +186,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         size_t off[GW_COUNT], total = 0;
         for (int s = 0; s < GW_COUNT; s++) {
             off[s] = SIZE_MAX;
-            if (!m->g[s] || (s == GW_LM_HEAD && m->g[s] == m->g[GW_TOK_EMB])) continue;
+            if (!m->g[s].data || (s == GW_LM_HEAD && m->g[s].data == m->g[GW_TOK_EMB].data)) continue;
             int64_t shp[2];
             int nd = ft_global_shape(cfg, a, s, shp);
             c->gdt[s] = nd == 2 ? c->wdt : FT_F32;
@@ -196,9 +199,9 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             int64_t shp[2];
             int nd = ft_global_shape(cfg, a, s, shp);
             c->g[s] = (uint8_t *)c->gbuf + off[s];
-            if ((st = upload_f32(c, c->g[s], c->gdt[s], m->g[s], numel2(nd, shp)))) goto fail;
+            if ((st = upload_f32(c, c->g[s], c->gdt[s], m->g[s].data, numel2(nd, shp)))) goto fail;
         }
-        if (m->g[GW_LM_HEAD] && m->g[GW_LM_HEAD] == m->g[GW_TOK_EMB]) {
+        if (m->g[GW_LM_HEAD].data && m->g[GW_LM_HEAD].data == m->g[GW_TOK_EMB].data) {
             c->g[GW_LM_HEAD] = c->g[GW_TOK_EMB];
             c->gdt[GW_LM_HEAD] = c->gdt[GW_TOK_EMB];
         }
@@ -223,7 +226,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             for (int l = 0; l < cfg->n_layers; l++)
                 for (int s = 0; s < LW_COUNT; s++) {
                     if (c->loff[s] == SIZE_MAX) continue;
-                    const float *src = *ft_layer_slot(&m->layers[l], s);
+                    const float *src = ft_layer_f32(&m->layers[l], s);
                     if (!src) {
                         st = ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d tensor %d is not loaded", l, s);
                         goto fail;
@@ -637,7 +640,7 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
         FT_CU(ftk_gather_rows(c->sel, c->x, c->d_sel, nsel, H, c->cs), "gather kernel");
         src = c->sel;
     }
-    if (m->g[GW_FINAL_NORM_W] || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
+    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
         TRY(norm(c, c->sel2, src, nsel, c->g[GW_FINAL_NORM_W], c->g[GW_FINAL_NORM_B]));
         src = c->sel2;
     }

@@ -25,6 +25,9 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: codec %s (raw, q8, q4 or byteplane)",
                             ft_codec_name(p->codec));
     if (!m->lbuf) return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: the model's layers are not loaded");
+    if (m->wfmt != FT_WF_F32)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda host weights: the model is kept as %s (an f32 model is "
+                            "packed)", ft_wfmt_name(m->wfmt));
     ft_status st = ft_cuda_available(NULL, 0);   /* pinned memory needs a CUDA driver */
     if (st) return st;
     const ft_model_config *cfg = &m->cfg;
@@ -69,7 +72,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
     for (int l = 0; l < cfg->n_layers; l++)
         for (int s = 0; s < LW_COUNT; s++) {
             if (!cap[s]) continue;
-            const float *w = *ft_layer_slot(&m->layers[l], s);
+            const float *w = ft_layer_f32(&m->layers[l], s);
             uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
             uint8_t *dst = hw->buf + pos;
             ft_cuda_wsrc *o = &hw->src[l][s];

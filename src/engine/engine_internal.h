@@ -50,7 +50,17 @@ const ft_arch *ft_arch_get(ft_arch_id id);
 int ft_global_shape(const ft_model_config *c, const ft_arch *a, int slot, int64_t shape[2]);
 int ft_layer_shape(const ft_model_config *c, int slot, int64_t shape[2]);
 
-const float **ft_layer_slot(ft_layer_weights *w, int slot);
+/* Slot accessors: a matrix slot (Q, K, V, O, GATE, UP, DOWN) has an
+ * ft_wmat, every other slot (norms, biases) an f32 vector. */
+int ft_slot_is_matrix(int slot);
+ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot);        /* NULL: vector slot */
+const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slot */
+
+/* A tensor of an f32 model as a plain pointer (NULL if absent). */
+static inline const float *ft_layer_f32(ft_layer_weights *w, int slot)
+{
+    return ft_slot_is_matrix(slot) ? (const float *)ft_layer_mat(w, slot)->data : *ft_layer_vec(w, slot);
+}
 
 typedef struct ft_model_tensor_entry {
     char name[128];
@@ -58,21 +68,45 @@ typedef struct ft_model_tensor_entry {
     int slot;
     int ndim;
     int64_t shape[2];
-    size_t offset;         /* floats from the start of its buffer (layer block) */
-    float *data;
+    ft_wfmt fmt;           /* stored format (vectors: F32) */
+    int group;             /* Q8/Q4: group size along the row */
+    int rows_per_chunk;    /* Q8/Q4: rows per chunk in the view */
+    uint32_t n_chunks;     /* Q8/Q4 */
+    uint64_t bytes;        /* bytes reserved in its block (F32/BF16/F16:
+                              exact; Q8/Q4: the frame bound) */
+    size_t offset;         /* bytes from the start of its block */
+    uint8_t *data;         /* NULL: external layer */
+    uint64_t frame_size;   /* Q8/Q4: the frame's actual size once loaded */
+    const uint8_t **chunks;/* Q8/Q4: chunk payload pointers (model-owned) */
 } ft_model_tensor_entry;
 
 struct ft_model {
     ft_model_config cfg;
     const ft_arch *arch;
-    float *gbuf, *lbuf;
-    size_t layer_floats;
-    const float *g[GW_COUNT];
+    uint8_t *gbuf, *lbuf;
+    size_t layer_bytes, global_bytes;
+    ft_wfmt wfmt;          /* the layer matrices' requested format */
+    ft_wmat g[GW_COUNT];   /* globals; vectors as F32 with rows = 1 */
     ft_layer_weights *layers;
     ft_model_tensor_entry *tensors;
     size_t n_tensors;
     uint64_t weight_bytes;
+    const uint8_t **chunk_tab;  /* storage for every entry's chunks */
 };
+
+/* The stored format of tensor (layer/global, slot) of a model whose
+ * matrices are requested as `want` (an ft_wfmt), by ft_load_params'
+ * rules; *group receives the q8/q4 group size. */
+ft_wfmt ft_tensor_format(const ft_model_config *c, int is_global, int slot, int ndim,
+                         const int64_t *shape, ft_wfmt want, int *group);
+/* A zeroed model whose matrices are kept in format `want`. */
+ft_status ft_model_create_fmt(const ft_model_config *cfg, int external_layers, ft_wfmt want, ft_model **out);
+/* Fill an entry's view (the layer table or a global) once its data is in
+ * place: Q8/Q4 entries parse their frame and set their chunk pointers. */
+ft_status ft_model_bind(ft_model *m, ft_model_tensor_entry *e);
+/* Store a source tensor (any float dtype, possibly unaligned) into entry
+ * e's storage in e's format. cc: a codec context for q8/q4. */
+ft_status ft_model_store(ft_model *m, ft_model_tensor_entry *e, const ft_tensor *src, ft_codec_ctx *cc);
 
 /* Look a tensor up in a checkpoint by its Hugging Face name, also under
  * the architecture's alternative prefix; `used` receives the name found. */

@@ -8,8 +8,8 @@
  * ft_ctx_create. */
 #include "engine_internal.h"
 #include "kernels.h"
+#include "wkernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +20,9 @@ struct ft_ctx {
     ft_pool *pool;
     unsigned threads;
     int qdim, kvdim, edim;          /* edim = max(hidden, word_embed_proj_dim) */
-    float *kv;                      /* per layer at kv_off[l]: [k|v][slot][kv_rows[l]][kvdim] */
-    size_t *kv_off;                 /* per layer: offset of its block in kv (floats) */
+    uint8_t *kv;                    /* per layer at kv_off[l]: [k|v][slot][kv_rows[l]][kvdim] of kv_dtype */
+    size_t kv_esize;                /* bytes per cached element (4 or 2) */
+    size_t *kv_off;                 /* per layer: offset of its block in kv (elements) */
     int *kv_rows;                   /* per layer: rows per slot, max_seq or its window (ring) */
     int *win;                       /* per layer: attention window, 0 = full */
     size_t kv_floats;
@@ -29,13 +30,16 @@ struct ft_ctx {
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
-    float *xt;                      /* 8..32-row products: x transposed [in][32] */
     int *row_seq, *row_pos, *row0;
     uint64_t scratch_bytes;
     ft_layer_hook hook;
     void *hook_user;
     ft_kv_hooks kvh;
-    float **kk, **vv;               /* per sequence of the call: this layer's K/V */
+    float **kk, **vv;               /* external KV: per sequence, the hooks' f32 K/V */
+    const void **ck, **cv;          /* per sequence of the call: this layer's K/V (kv_dtype) */
+    void *wkws;                     /* prepared activations of one product (wkernels) */
+    size_t wkws_size;
+    float *kvt;                     /* per worker: a window's K and V rows widened to f32 */
     int *past;                      /* per sequence: cached tokens before the call */
     /* per-call state read by pool tasks */
     int layer;
@@ -154,6 +158,12 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    if (p->kv_dtype != FT_F32 && p->kv_dtype != FT_BF16 && p->kv_dtype != FT_F16)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: KV cache dtype %s (f32, bf16 or f16)",
+                            ft_dtype_name(p->kv_dtype));
+    if (p->external_kv && p->kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: an external (offloaded) KV cache exchanges f32 rows; "
+                            "kv_dtype must be f32");
     ft_ctx *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ctx: allocation");
     c->m = m;
@@ -184,11 +194,14 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->kv_floats = kvn;
     ft_status st = ft_pool_create(c->threads, &c->pool);
     if (st) { free(c->kv_off); free(c->kv_rows); free(c->win); free(c); return st; }
-    c->kv = kvn ? ft_malloc_aligned(kvn * sizeof(float), 64) : NULL;
+    c->kv_esize = (size_t)ft_dtype_nbytes(p->kv_dtype, 1);
+    c->kv = kvn ? ft_malloc_aligned(kvn * c->kv_esize, 64) : NULL;
     c->seq_len = calloc(B, sizeof(int));
     c->kk = calloc(B, sizeof(float *));
     c->vv = calloc(B, sizeof(float *));
     c->past = calloc(B, sizeof(int));
+    c->ck = calloc(B, sizeof(void *));
+    c->cv = calloc(B, sizeof(void *));
     size_t selrows = c->p.all_logits ? R : B;
     c->x = falloc(c, R * (size_t)c->edim);
     c->xb = falloc(c, R * (size_t)c->edim);
@@ -201,11 +214,30 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->sel = falloc(c, selrows * (size_t)c->edim);
     c->sel2 = falloc(c, selrows * (size_t)c->edim);
     c->scores = falloc(c, (size_t)c->threads * S);
+    /* The product workspace: the largest any matrix of the model needs at
+     * max_rows rows, in any format it may be computed in (an offloading
+     * scheduler may hand q8/q4 views of a plain model's layers). */
     {
-        int maxin = c->edim > c->qdim ? c->edim : c->qdim;
-        if (cfg->ffn > maxin) maxin = cfg->ffn;
-        c->xt = falloc(c, (size_t)maxin * 32);
+        int dims[][2] = {{c->qdim, cfg->hidden}, {c->kvdim, cfg->hidden}, {cfg->hidden, c->qdim},
+                         {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
+                         {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim}};
+        size_t need = 0;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
+                ft_wmat w = {.fmt = (ft_wfmt)f, .rows = dims[d][0], .cols = dims[d][1],
+                             .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
+                if ((f == FT_WF_Q8 || f == FT_WF_Q4) && !w.group) continue;
+                size_t z = ft_wk_ws_size(&w, c->p.max_rows);
+                if (z > need) need = z;
+            }
+        c->wkws_size = need;
+        c->scratch_bytes += need;
+        c->wkws = ft_malloc_aligned(need ? need : 64, 64);
     }
+    /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
+     * head widened to f32 per worker */
+    if (c->kv_esize != 4 && ft_config_min_window(cfg))
+        c->kvt = falloc(c, (size_t)c->threads * 2 * S * (size_t)cfg->head_dim);
     c->row_seq = calloc(R, sizeof(int));
     c->row_pos = calloc(R, sizeof(int));
     c->row0 = calloc(B + 1, sizeof(int));
@@ -215,13 +247,14 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->rope_sin = falloc(c, S * (size_t)half);
         if (c->rope_cos && c->rope_sin) ft_rope_tables(cfg, S, c->rope_cos, c->rope_sin);
     }
-    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->x || !c->xb ||
+    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
+        (c->kv_esize != 4 && ft_config_min_window(cfg) && !c->kvt) || !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
-        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->xt || !c->row_seq || !c->row_pos ||
+        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
-                            (double)kvn * 4 / 1048576.0, (double)c->scratch_bytes / 1048576.0);
+                            (double)kvn * (double)c->kv_esize / 1048576.0, (double)c->scratch_bytes / 1048576.0);
     }
     *out = c;
     return FT_OK;
@@ -234,12 +267,13 @@ void ft_ctx_free(ft_ctx *c)
     ft_free_aligned(c->kv);
     free(c->kv_off); free(c->kv_rows); free(c->win);
     free(c->seq_len);
-    free(c->kk); free(c->vv); free(c->past);
+    free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
+    ft_free_aligned(c->wkws); ft_free_aligned(c->kvt);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
-    ft_free_aligned(c->sel2); ft_free_aligned(c->scores); ft_free_aligned(c->xt);
+    ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
     free(c->row_seq); free(c->row_pos); free(c->row0);
     free(c);
 }
@@ -261,7 +295,7 @@ void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h)
 uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
 {
     if (!c || c->p.external_kv) return 0;
-    return (uint64_t)c->kv_floats * 4;
+    return (uint64_t)c->kv_floats * c->kv_esize;
 }
 uint64_t ft_ctx_scratch_bytes(const ft_ctx *c) { return c ? c->scratch_bytes : 0; }
 
@@ -279,10 +313,10 @@ int ft_ctx_seq_len(const ft_ctx *c, int slot)
     return (c && slot >= 0 && slot < c->p.max_batch) ? c->seq_len[slot] : 0;
 }
 
-static float *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
+static void *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
 {
     size_t S = (size_t)c->kv_rows[layer], B = (size_t)c->p.max_batch;
-    return c->kv + c->kv_off[layer] + (((size_t)which * B + (size_t)slot) * S) * (size_t)c->kvdim;
+    return c->kv + (c->kv_off[layer] + (((size_t)which * B + (size_t)slot) * S) * (size_t)c->kvdim) * c->kv_esize;
 }
 
 /* A layer whose cache here is a ring of its window's rows. */
@@ -297,6 +331,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
     if (is_ring(c, layer))
         return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: layer %d keeps a ring of its sliding window's %d "
                             "rows, not every position", layer, c->kv_rows[layer]);
+    if (c->p.kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is %s (ft_ctx_kv gives f32 caches)",
+                            ft_dtype_name(c->p.kv_dtype));
     if (k) *k = kv_ptr(c, layer, 0, slot);
     if (v) *v = kv_ptr(c, layer, 1, slot);
     if (len) *len = c->seq_len[slot];
@@ -306,64 +343,39 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
 
 /* ------------------------------------------------------------- helpers */
 
-/* Small batches (decode, up to 32 rows): OpenBLAS packs the whole weight
- * matrix on every sgemm call (sgemm_incopy was 25% of a batch-32 decode
- * profile) and its sgemv was no faster, so ft_k_matmul_rows streams each
- * block of 4 weight rows once against all input rows (register-blocked
- * 4 x 2), split over the pool by output rows. */
-#define SMALL_ROWS 32
-/* From 8 rows on (AVX-512), x is transposed once per product and
- * ft_k_matmul_xt computes 12 outputs x 32 rows (or 24 x 16) per block with
- * vector accumulators along the rows: no horizontal sums, each weight read
- * once per block and broadcast. Measured on the stories15M-shaped model,
- * batch 32, 1 thread: matmul_rows gave 7.1x the batch-1 throughput. */
-#define XT_ROWS 8
-typedef struct { float *y; const float *x, *W, *b; int rows, in, out, chunk, ldx; } mv_job;
+/* Every product goes through the stored-format kernels (wkernels.h): the
+ * activations are prepared once (transposed, or quantized per group for
+ * q8/q4) into the context's workspace, then output rows are split over
+ * the pool in chunks of whole kernel blocks (24 outputs). The kernel
+ * chooses its form from the format and the row count only (decode: 1-32
+ * rows; prefill: panels), so any split gives the same values. */
+typedef struct { float *y; const ft_wk_act *a; const ft_wmat *W; const float *b; int chunk; } wk_job;
 
-static void mv_task(void *arg, size_t i, unsigned worker)
+static void wk_task(void *arg, size_t i, unsigned worker)
 {
     (void)worker;
-    const mv_job *j = arg;
+    const wk_job *j = arg;
     int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
-    if (o1 > j->out) o1 = j->out;
-    const ft_kernels *kn = ft_k_get();
-    if (j->ldx)
-        kn->matmul_xt(j->y + o0, j->out, j->x, j->ldx, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
-                      j->b ? j->b + o0 : NULL);
-    else
-        kn->matmul_rows(j->y + o0, j->out, j->x, j->rows, j->W + (size_t)o0 * j->in, o1 - o0, j->in,
-                        j->b ? j->b + o0 : NULL);
+    if (o1 > j->W->rows) o1 = j->W->rows;
+    ft_wk_product(j->y, j->W->rows, j->a, j->W, o0, o1, j->b);
 }
 
-/* y[rows, out] = x[rows, in] W[out, in]^T + b */
-static void linear_ctx(ft_ctx *c, float *y, const float *x, int rows, int in, const float *W, int out,
-                       const float *b)
+/* y[rows, out] = x[rows, in] W[out, in]^T + b, with in = W->cols, out = W->rows */
+static ft_status linear_ctx(ft_ctx *c, float *y, const float *x, int rows, const ft_wmat *W, const float *b)
 {
-    if (rows <= SMALL_ROWS) {
-        int ldx = 0;
-        if (rows >= XT_ROWS && ft_k_get()->matmul_xt) {
-            ldx = rows <= 16 ? 16 : 32;
-            ft_k_transpose_rows(c->xt, ldx, x, rows, in);
-            x = c->xt;
-        }
-        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
-        int chunk = (out + tasks - 1) / tasks;
-        if (chunk < 16) chunk = 16;
-        chunk = ldx ? (chunk + 23) / 24 * 24 : (chunk + 3) & ~3;   /* whole kernel blocks */
-        mv_job j = {y, x, W, b, rows, in, out, chunk, ldx};
-        size_t n = (size_t)((out + chunk - 1) / chunk);
-        ft_pool_run(n > 1 ? c->pool : NULL, n, mv_task, &j);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, W, in,
-                0.0f, y, out);
-    if (b)
-        for (int r = 0; r < rows; r++) {
-            float *yr = y + (size_t)r * out;
-            for (int o = 0; o < out; o++) yr[o] += b[o];
-        }
+    ft_wk_act a;
+    ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, W, x, rows);
+    if (st) return st;
+    int out = W->rows;
+    int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
+    int chunk = (out + tasks - 1) / tasks;
+    chunk = (chunk + 23) / 24 * 24;
+    wk_job j = {y, &a, W, b, chunk};
+    size_t n = (size_t)((out + chunk - 1) / chunk);
+    ft_pool_run(n > 1 ? c->pool : NULL, n, wk_task, &j);
+    return FT_OK;
 }
-#define linear(...) linear_ctx(c, __VA_ARGS__)
+#define linear(...) do { ft_status st_ = linear_ctx(c, __VA_ARGS__); if (st_) return st_; } while (0)
 
 /* Row-parallel loops on the pool, in chunks. */
 typedef void (*rows_fn)(ft_ctx *c, int r0, int r1, const void *a);
@@ -420,6 +432,17 @@ static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
     }
 }
 
+/* Rows [a, a + n) of one KV head of a bf16/f16 cache (row stride ld
+ * elements) widened to f32 at dst (row stride hd). */
+static void widen_rows(float *dst, const uint16_t *src, int a, int n, int ld, int hd, ft_dtype dt)
+{
+    for (int p = 0; p < n; p++) {
+        const uint16_t *r = src + (size_t)(a + p) * ld;
+        if (dt == FT_BF16) ft_bf16_to_f32(dst + (size_t)p * hd, r, (size_t)hd);
+        else ft_f16_to_f32(dst + (size_t)p * hd, r, (size_t)hd);
+    }
+}
+
 /* Attention for one (sequence, head): causal over the cache, within the
  * layer's window. */
 static void attn_task(void *arg, size_t t, unsigned worker)
@@ -430,8 +453,10 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     int h = (int)(t % (size_t)cfg->n_heads);
     int hd = cfg->head_dim;
     int kvh = h / (cfg->n_heads / cfg->n_kv_heads);
-    const float *K = c->kk[j] + (size_t)kvh * hd;
-    const float *V = c->vv[j] + (size_t)kvh * hd;
+    const int half = c->p.kv_dtype != FT_F32;
+    size_t koff = (size_t)kvh * hd * c->kv_esize;
+    const void *K = (const uint8_t *)c->ck[j] + koff;
+    const void *V = (const uint8_t *)c->cv[j] + koff;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
     const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
     float scale = 1.0f / sqrtf((float)hd);
@@ -443,26 +468,61 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
         if (!ring && !W) {
-            kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
+            if (!half) kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
+            else ft_wk_attend_h(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc, c->p.kv_dtype == FT_F16);
             continue;
+        }
+        /* Windowed: segments of f32 rows. A bf16/f16 cache's rows of this
+         * head are widened into the worker's scratch first (ld = hd). */
+        const float *Kf = K, *Vf = V;
+        int ld = c->kvdim;
+        float *kt = NULL, *vt = NULL;
+        if (half) {
+            kt = c->kvt + (size_t)worker * 2 * (size_t)c->p.max_seq * (size_t)hd;
+            vt = kt + (size_t)c->p.max_seq * (size_t)hd;
+            Kf = kt;
+            Vf = vt;
+            ld = hd;
         }
         if (!ring) {   /* full rows (external_kv, or a window >= the context): masked to the window;
                           attend_segs, so that the sums are the ring's bit for bit */
-            ft_attn_seg one = {K + (size_t)s * c->kvdim, V + (size_t)s * c->kvdim, pos - s + 1};
-            kn->attend_segs(o, q, &one, 1, c->kvdim, hd, scale, sc);
+            if (half) {
+                widen_rows(kt + (size_t)s * hd, K, s, pos - s + 1, c->kvdim, hd, c->p.kv_dtype);
+                widen_rows(vt + (size_t)s * hd, V, s, pos - s + 1, c->kvdim, hd, c->p.kv_dtype);
+            }
+            ft_attn_seg one = {Kf + (size_t)s * ld, Vf + (size_t)s * ld, pos - s + 1};
+            kn->attend_segs(o, q, &one, 1, ld, hd, scale, sc);
             continue;
         }
         /* ring: positions [s, pos0) from the ring (it may wrap), [max(s, pos0), pos] from this call's rows */
+        int cs = s > pos0 ? s : pos0;
+        size_t cr = (size_t)(r0 + (cs - pos0)) * c->kvdim + (size_t)kvh * hd;
+        if (half) {
+            /* one f32 run: the ring's rows widened in position order, then the call's rows */
+            int n = s < pos0 ? pos0 - s : 0;
+            if (n) {
+                int a = ring_row(R, s), n1 = a + n <= R ? n : R - a;
+                widen_rows(kt, K, a, n1, c->kvdim, hd, c->p.kv_dtype);
+                widen_rows(vt, V, a, n1, c->kvdim, hd, c->p.kv_dtype);
+                widen_rows(kt + (size_t)n1 * hd, K, 0, n - n1, c->kvdim, hd, c->p.kv_dtype);
+                widen_rows(vt + (size_t)n1 * hd, V, 0, n - n1, c->kvdim, hd, c->p.kv_dtype);
+            }
+            for (int p = 0; p < pos - cs + 1; p++) {
+                memcpy(kt + (size_t)(n + p) * hd, c->k + cr + (size_t)p * c->kvdim, (size_t)hd * sizeof(float));
+                memcpy(vt + (size_t)(n + p) * hd, c->v + cr + (size_t)p * c->kvdim, (size_t)hd * sizeof(float));
+            }
+            ft_attn_seg all = {kt, vt, n + pos - cs + 1};
+            kn->attend_segs(o, q, &all, 1, hd, hd, scale, sc);
+            continue;
+        }
         ft_attn_seg seg[3];
         int nseg = 0;
         if (s < pos0) {
             int a = ring_row(R, s), n = pos0 - s;
             int n1 = a + n <= R ? n : R - a;
-            seg[nseg++] = (ft_attn_seg){K + (size_t)a * c->kvdim, V + (size_t)a * c->kvdim, n1};
-            if (n1 < n) seg[nseg++] = (ft_attn_seg){K, V, n - n1};
+            seg[nseg++] = (ft_attn_seg){Kf + (size_t)a * ld, Vf + (size_t)a * ld, n1};
+            if (n1 < n) seg[nseg++] = (ft_attn_seg){Kf, Vf, n - n1};
         }
-        int cs = s > pos0 ? s : pos0;
-        size_t cr = (size_t)(r0 + (cs - pos0)) * c->kvdim + (size_t)kvh * hd;
         seg[nseg++] = (ft_attn_seg){c->k + cr, c->v + cr, pos - cs + 1};
         kn->attend_segs(o, q, seg, nseg, c->kvdim, hd, scale, sc);
     }
@@ -473,13 +533,13 @@ static void attn_task(void *arg, size_t t, unsigned worker)
 static void ring_write(ft_ctx *c, int l)
 {
     int R = c->kv_rows[l];
-    size_t row = (size_t)c->kvdim * sizeof(float);
+    size_t row = (size_t)c->kvdim * c->kv_esize;
     for (size_t j = 0; j < c->n; j++) {
         int n = (int)c->ntok[j], r0 = c->row0[j], pos0 = c->past[j];
         for (int i = n > R ? n - R : 0; i < n; i++) {
-            size_t dst = (size_t)ring_row(R, pos0 + i) * c->kvdim, src = (size_t)(r0 + i) * c->kvdim;
-            memcpy(c->kk[j] + dst, c->k + src, row);
-            memcpy(c->vv[j] + dst, c->v + src, row);
+            size_t dst = (size_t)ring_row(R, pos0 + i) * row, src = (size_t)(r0 + i) * c->kvdim;
+            ft_convert((uint8_t *)c->ck[j] + dst, c->p.kv_dtype, c->k + src, FT_F32, (size_t)c->kvdim);
+            ft_convert((uint8_t *)c->cv[j] + dst, c->p.kv_dtype, c->v + src, FT_F32, (size_t)c->kvdim);
         }
     }
     c->ring_dirty = 1;
@@ -515,20 +575,21 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     /* attention block */
     const float *in = c->x;
     if (pre) { norm(c, c->xb, c->x, rows, H, w->norm1_w, w->norm1_b); in = c->xb; }
-    linear(c->q, in, rows, H, w->wq, c->qdim, w->bq);
-    linear(c->k, in, rows, H, w->wk, c->kvdim, w->bk);
-    linear(c->v, in, rows, H, w->wv, c->kvdim, w->bv);
+    linear(c->q, in, rows, &w->wq, w->bq);
+    linear(c->k, in, rows, &w->wk, w->bk);
+    linear(c->v, in, rows, &w->wv, w->bv);
     if (a->pos == FT_POS_ROPE) par_rows(c, rows, rope_rows, NULL);
     int ring = is_ring(c, l);
     for (size_t j = 0; j < c->n && !ring; j++) {  /* append K/V to the caches */
         int r0 = c->row0[j], pos0 = c->row_pos[r0];
-        size_t bytes = c->ntok[j] * (size_t)c->kvdim * sizeof(float);
-        memcpy(c->kk[j] + (size_t)pos0 * c->kvdim, c->k + (size_t)r0 * c->kvdim, bytes);
-        memcpy(c->vv[j] + (size_t)pos0 * c->kvdim, c->v + (size_t)r0 * c->kvdim, bytes);
+        size_t n = c->ntok[j] * (size_t)c->kvdim, at = (size_t)pos0 * c->kvdim * c->kv_esize;
+        /* f32 -> f32 is a copy; to bf16/f16 each value is rounded once here */
+        ft_convert((uint8_t *)c->ck[j] + at, c->p.kv_dtype, c->k + (size_t)r0 * c->kvdim, FT_F32, n);
+        ft_convert((uint8_t *)c->cv[j] + at, c->p.kv_dtype, c->v + (size_t)r0 * c->kvdim, FT_F32, n);
     }
     ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
     if (ring) ring_write(c, l);
-    linear(c->xb, c->att, rows, c->qdim, w->wo, H, w->bo);
+    linear(c->xb, c->att, rows, &w->wo, w->bo);
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm1_w, w->norm1_b);
 
@@ -536,13 +597,13 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
     in = c->x;
     if (pre) { norm(c, c->xb, c->x, rows, H, w->norm2_w, w->norm2_b); in = c->xb; }
     if (a->ffn == FT_FFN_SWIGLU) {
-        linear(c->h1, in, rows, H, w->w_gate, cfg->ffn, w->b_gate);
-        linear(c->h2, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+        linear(c->h1, in, rows, &w->w_gate, w->b_gate);
+        linear(c->h2, in, rows, &w->w_up, w->b_up);
     } else {
-        linear(c->h1, in, rows, H, w->w_up, cfg->ffn, w->b_up);
+        linear(c->h1, in, rows, &w->w_up, w->b_up);
     }
     par_rows(c, rows, ffn_act_rows, NULL);
-    linear(c->xb, c->h1, rows, cfg->ffn, w->w_down, H, w->b_down);
+    linear(c->xb, c->h1, rows, &w->w_down, w->b_down);
     add_into(c->x, c->xb, xn);
     if (!pre) norm(c, c->x, c->x, rows, H, w->norm2_w, w->norm2_b);
     return FT_OK;
@@ -606,39 +667,43 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
     c->row0[n] = r;
     for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
     ft_kv_step step = {n, slots, c->past, ntok};
-    openblas_set_num_threads((int)c->threads);
 
     /* embeddings */
     int H = cfg->hidden, E = cfg->word_embed_proj_dim;
-    const float *tok = m->g[GW_TOK_EMB];
-    float *emb = m->g[GW_PROJ_IN] ? c->xb : c->x;
+    int has_proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
+    float *emb = has_proj_in ? c->xb : c->x;
     for (size_t j = 0, rr = 0; j < n; j++)
         for (size_t i = 0; i < ntok[j]; i++, rr++)
-            memcpy(emb + rr * (size_t)E, tok + (size_t)tokens[j][i] * E, (size_t)E * sizeof(float));
-    if (m->g[GW_PROJ_IN]) linear(c->x, c->xb, (int)rows, E, m->g[GW_PROJ_IN], H, NULL);
+            ft_wmat_row_f32(&m->g[GW_TOK_EMB], tokens[j][i], emb + rr * (size_t)E);
+    if (has_proj_in) linear(c->x, c->xb, (int)rows, &m->g[GW_PROJ_IN], NULL);
     if (m->arch->pos == FT_POS_LEARNED) {
-        const float *pe = m->g[GW_POS_EMB];
-        for (size_t rr = 0; rr < rows; rr++)
-            add_into(c->x + rr * (size_t)H, pe + (size_t)(c->row_pos[rr] + m->arch->pos_offset) * H, (size_t)H);
+        float *pe = c->sel2;   /* free until the logits */
+        for (size_t rr = 0; rr < rows; rr++) {
+            ft_wmat_row_f32(&m->g[GW_POS_EMB], c->row_pos[rr] + m->arch->pos_offset, pe);
+            add_into(c->x + rr * (size_t)H, pe, (size_t)H);
+        }
     }
 
     c->ring_dirty = 0;
     for (int l = 0; l < cfg->n_layers; l++) {
-        ft_layer_weights *w = &((ft_model *)m)->layers[l];
-        ft_layer_weights local;
+        /* the model is not modified: a hook fills this layer's copy */
+        ft_layer_weights local = m->layers[l];
+        ft_layer_weights *w = &local;
         if (c->hook) {
-            local = *w;
             ft_status st = c->hook(c->hook_user, l, &local);
             if (st) return fail_reset(c, st);
-            w = &local;
         }
         if (c->p.external_kv) {
             ft_status st = c->kvh.load(c->kvh.user, l, &step, c->kk, c->vv);
             if (st) return st;
+            for (size_t j = 0; j < n; j++) {
+                c->ck[j] = c->kk[j];
+                c->cv[j] = c->vv[j];
+            }
         } else {
             for (size_t j = 0; j < n; j++) {
-                c->kk[j] = kv_ptr(c, l, 0, slots[j]);
-                c->vv[j] = kv_ptr(c, l, 1, slots[j]);
+                c->ck[j] = kv_ptr(c, l, 0, slots[j]);
+                c->cv[j] = kv_ptr(c, l, 1, slots[j]);
             }
         }
         ft_status st = layer_forward(c, l, w);
@@ -661,15 +726,15 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             memcpy(c->sel + j * (size_t)H, c->x + (size_t)(c->row0[j + 1] - 1) * H, (size_t)H * sizeof(float));
         src = c->sel;
     }
-    if (m->g[GW_FINAL_NORM_W] || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
-        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W], m->g[GW_FINAL_NORM_B]);
+    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
+        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W].data, m->g[GW_FINAL_NORM_B].data);
         src = c->sel2;
     }
-    if (m->g[GW_PROJ_OUT]) {
+    if (ft_wmat_present(&m->g[GW_PROJ_OUT])) {
         float *dst = src == c->sel ? c->sel2 : c->sel;
-        linear(dst, src, nsel, H, m->g[GW_PROJ_OUT], E, NULL);
+        linear(dst, src, nsel, &m->g[GW_PROJ_OUT], NULL);
         src = dst;
     }
-    linear(logits, src, nsel, E, m->g[GW_LM_HEAD], cfg->vocab, NULL);
+    linear(logits, src, nsel, &m->g[GW_LM_HEAD], NULL);
     return FT_OK;
 }

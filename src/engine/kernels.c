@@ -120,14 +120,14 @@ void ft_k_attend_segs_ref(float *out, const float *q, const ft_attn_seg *seg, in
 }
 
 /* SIMD tiers: composed from the dispatched dot/softmax/axpy. */
-static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+__attribute__((unused)) static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
                                  int hd, float scale, float *sc);
 
 /* AVX2 tier: composed from the dispatched kernels. */
-static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
+__attribute__((unused)) static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
                             int npos, int hd, float scale, float *sc);
 
-static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+__attribute__((unused)) static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                             int in, const float *b);
 
 /* ------------------------------------------------------------ dispatch */
@@ -187,7 +187,7 @@ void ft_k_attend_segs(float *out, const float *q, const ft_attn_seg *seg, int ns
                       float scale, float *sc)
 { kt()->attend_segs(out, q, seg, nseg, ld, hd, scale, sc); }
 
-static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+__attribute__((unused)) static void attend_segs_composed(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
                                  int hd, float scale, float *sc)
 {
     int np = 0;
@@ -204,7 +204,7 @@ void ft_k_attend(float *out, const float *q, const float *kc, const float *vc, i
                  int hd, float scale, float *sc)
 { kt()->attend(out, q, kc, vc, ld, npos, hd, scale, sc); }
 
-static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
+__attribute__((unused)) static void attend_composed(float *out, const float *q, const float *kc, const float *vc, int ld,
                             int npos, int hd, float scale, float *sc)
 {
     for (int p = 0; p < npos; p++) sc[p] = K.dot(q, kc + (size_t)p * ld, hd) * scale;
@@ -214,7 +214,7 @@ static void attend_composed(float *out, const float *q, const float *kc, const f
 }
 
 /* AVX2 tier: row-by-row dots with the dispatched dot kernel. */
-static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
+__attribute__((unused)) static void matmul_rows_dot(float *y, int ldy, const float *x, int rows, const float *W, int nout,
                             int in, const float *b)
 {
     for (int o = 0; o < nout; o++)

@@ -1,6 +1,7 @@
 /* Loading a Hugging Face model directory: config + safetensors checkpoint
  * (through model.h), every tensor checked for presence and exact shape and
- * converted once to f32. */
+ * stored once in the format it is computed in (f32/bf16/f16, or q8/q4
+ * quantized here), the checkpoint's pages dropped behind. */
 #include "engine_internal.h"
 #include "flextier/model.h"
 
@@ -40,6 +41,29 @@ ft_status ft_model_find_tensor(const ft_checkpoint *ck, const ft_arch *a, const 
     return st2;
 }
 
+/* The checkpoint's own format: the dtype of layer 0's first matrix. */
+static ft_status checkpoint_format(const ft_checkpoint *ck, const ft_model_config *cfg, ft_wfmt *out)
+{
+    const ft_arch *a = ft_arch_get(cfg->arch);
+    char name[128], used[160];
+    for (int s = 0; a && s < LW_COUNT; s++) {
+        if (!ft_slot_is_matrix(s) || !a->layer_name(cfg, 0, s, name, sizeof name)) continue;
+        ft_tensor t;
+        ft_status st = ft_model_find_tensor(ck, a, name, &t, used, sizeof used);
+        if (st) return st;
+        switch (t.dtype) {
+        case FT_F32: *out = FT_WF_F32; return FT_OK;
+        case FT_BF16: *out = FT_WF_BF16; return FT_OK;
+        case FT_F16: *out = FT_WF_F16; return FT_OK;
+        default:
+            return ft_set_error(FT_ERR_UNSUPPORTED, "tensor \"%s\" has dtype %s (need f32/f16/bf16)", used,
+                                ft_dtype_name(t.dtype));
+        }
+    }
+    *out = FT_WF_F32;
+    return FT_OK;
+}
+
 ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model **out)
 {
     if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "load: NULL argument");
@@ -48,9 +72,22 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
     if (st) return st;
     ft_checkpoint *ck = NULL;
     ft_model *m = NULL;
+    ft_codec_ctx *cc = NULL;
+    void *tmp = NULL;
+    size_t tmp_cap = 0;
     if ((st = ft_checkpoint_open(dir, &ck))) return st;
     int external = params && params->external_layers;
-    if ((st = ft_model_create_ex(&cfg, external, &m))) goto fail;
+    ft_wfmt want = FT_WF_F32;
+    if (params && params->weights == FT_WEIGHTS_AS_STORED) {
+        if ((st = checkpoint_format(ck, &cfg, &want))) goto fail;
+    } else if (params) {
+        if (params->weights < FT_WF_F32 || params->weights > FT_WF_Q4) {
+            st = ft_set_error(FT_ERR_INVALID_ARG, "load: weight format %d", params->weights);
+            goto fail;
+        }
+        want = (ft_wfmt)params->weights;
+    }
+    if ((st = ft_model_create_fmt(&cfg, external, want, &m))) goto fail;
     uint64_t done = 0, total = m->weight_bytes;
     double last = ft_now();
     for (size_t i = 0; i < m->n_tensors; i++) {
@@ -66,11 +103,11 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
         int ok = (int)t.ndim == e->ndim;
         for (int d = 0; ok && d < e->ndim; d++) ok = t.shape[d] == e->shape[d];
         if (!ok) {
-            char got[96], want[96];
+            char got[96], expect[96];
             ft_shape_format(t.ndim, t.shape, got, sizeof got);
-            ft_shape_format((uint32_t)e->ndim, e->shape, want, sizeof want);
+            ft_shape_format((uint32_t)e->ndim, e->shape, expect, sizeof expect);
             st = ft_set_error(FT_ERR_CORRUPT, "%s: tensor \"%s\" has shape %s, config implies %s",
-                              dir, used, got, want);
+                              dir, used, got, expect);
             goto fail;
         }
         if (t.dtype != FT_F32 && t.dtype != FT_F16 && t.dtype != FT_BF16) {
@@ -80,26 +117,55 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
         }
         size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
         if (!e->data) continue;   /* external layer tensor: checked only */
-        /* the view may be unaligned: ft_convert/memcpy handle any alignment */
-        /* in 1M-element chunks, dropping the file pages behind us */
         size_t esz = (size_t)ft_dtype_nbytes(t.dtype, 1);
-        for (size_t k = 0; k < n; k += (1u << 20)) {
-            size_t cnt = n - k < (1u << 20) ? n - k : (1u << 20);
-            const char *srcp = (const char *)t.data + k * esz;
-            if ((st = ft_convert(e->data + k, FT_F32, srcp, t.dtype, cnt))) goto fail;
-            drop_pages(srcp, cnt * esz);
+        if (e->fmt == FT_WF_Q8 || e->fmt == FT_WF_Q4) {
+            /* quantized whole (one layer matrix): from an aligned copy, as
+             * the mapping may be unaligned for the dtype */
+            if (!cc && (st = ft_codec_ctx_create(0, &cc))) goto fail;
+            ft_tensor q = t;
+            if ((uintptr_t)t.data % esz) {   /* misaligned for its dtype: copy */
+                if (tmp_cap < n * esz) {
+                    ft_free_aligned(tmp);
+                    tmp_cap = 0;
+                    if (!(tmp = ft_malloc_aligned(n * esz, 64))) { st = ft_set_error(FT_ERR_NOMEM, "load: %s", used); goto fail; }
+                    tmp_cap = n * esz;
+                }
+                memcpy(tmp, t.data, n * esz);
+                q.data = tmp;
+            }
+            st = ft_model_store(m, e, &q, cc);
+            drop_pages(t.data, n * esz);
+            if (st) goto fail;
+        } else {
+            /* in 1M-element chunks, dropping the file pages behind us; the
+             * view may be unaligned: ft_convert/memcpy handle any alignment */
+            ft_dtype dd = e->fmt == FT_WF_BF16 ? FT_BF16 : e->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
+            size_t dsz = (size_t)ft_dtype_nbytes(dd, 1);
+            for (size_t k = 0; k < n; k += (1u << 20)) {
+                size_t cnt = n - k < (1u << 20) ? n - k : (1u << 20);
+                const char *srcp = (const char *)t.data + k * esz;
+                if ((st = ft_convert(e->data + k * dsz, dd, srcp, t.dtype, cnt))) goto fail;
+                drop_pages(srcp, cnt * esz);
+            }
+            if ((st = ft_model_bind(m, e))) goto fail;
         }
-        done += n * 4;
+        done += e->bytes;
         if (params && params->progress && ft_now() - last > 0.5) {
             params->progress(params->user, done, total);
             last = ft_now();
         }
     }
+    ft_free_aligned(tmp);
+    tmp = NULL;
+    ft_codec_ctx_free(cc);
+    cc = NULL;
     if (params && params->progress) params->progress(params->user, total, total);
     ft_checkpoint_close(ck);
     *out = m;
     return FT_OK;
 fail:
+    ft_free_aligned(tmp);
+    ft_codec_ctx_free(cc);
     ft_model_free(m);
     ft_checkpoint_close(ck);
     return st;

@@ -734,14 +734,18 @@ static int cmp_order(const void *a, const void *b)
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors, size_t n,
-                               const char *const *meta_kv)
+/* The one writer behind ft_safetensors_write (fill == NULL: the bytes are
+ * tensor.data) and ft_safetensors_write_stream (fill produces them into a
+ * bounded buffer, so nothing the size of a tensor is ever held). */
+static ft_status st_write(const char *path, const ft_named_tensor *tensors, size_t n,
+                          const char *const *meta_kv, ft_st_fill_fn fill, void *user)
 {
     if (!path || (n && !tensors)) return ft_set_error(FT_ERR_INVALID_ARG, "ft_safetensors_write: NULL argument");
     ft_status st = FT_OK;
     json_object *root = NULL;
     wr_order *ord = NULL;
     char *tmp = NULL;
+    uint8_t *fbuf = NULL;
     int fd = -1;
     uint64_t *sizes = calloc(n ? n : 1, sizeof *sizes);
     ord = calloc(n ? n : 1, sizeof *ord);
@@ -765,7 +769,7 @@ ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
             goto out;
         }
         if ((st = ft_tensor_nbytes(&t->tensor, &sizes[i]))) goto out;
-        if (sizes[i] && !t->tensor.data) {
+        if (sizes[i] && !t->tensor.data && !fill) {
             st = ft_set_error(FT_ERR_INVALID_ARG, "%s: tensor '%s': NULL data", path, t->name);
             goto out;
         }
@@ -818,6 +822,7 @@ ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
         goto out;
     }
     fchmod(fd, 0644);
+    if (fill && !(fbuf = malloc(FT_ST_FILL_MAX))) { st = ft_set_error(FT_ERR_NOMEM, "out of memory"); goto out; }
     uint8_t lenb[8];
     for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     static const char spaces[8] = "        ";
@@ -825,8 +830,16 @@ ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
         (st = write_all(fd, spaces, padded - jl, path)))
         goto out;
     for (size_t k = 0; k < n; k++) {
-        const ft_named_tensor *t = &tensors[ord[k].idx];
-        if ((st = write_all(fd, t->tensor.data, (size_t)sizes[ord[k].idx], path))) goto out;
+        size_t i = ord[k].idx;
+        if (!fill) {
+            if ((st = write_all(fd, tensors[i].tensor.data, (size_t)sizes[i], path))) goto out;
+            continue;
+        }
+        for (uint64_t o = 0; o < sizes[i]; o += FT_ST_FILL_MAX) {
+            size_t piece = sizes[i] - o < FT_ST_FILL_MAX ? (size_t)(sizes[i] - o) : FT_ST_FILL_MAX;
+            if ((st = fill(user, i, o, fbuf, piece))) goto out;
+            if ((st = write_all(fd, fbuf, piece, path))) goto out;
+        }
     }
     if (fsync(fd) != 0) { st = ft_set_error(FT_ERR_IO, "%s: fsync: %s", path, strerror(errno)); goto out; }
     if (close(fd) != 0) { fd = -1; st = ft_set_error(FT_ERR_IO, "%s: close: %s", path, strerror(errno)); goto out; }
@@ -839,7 +852,21 @@ out:
         free(tmp);
     }
     json_object_put(root);
+    free(fbuf);
     free(ord);
     free(sizes);
     return st;
+}
+
+ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors, size_t n,
+                               const char *const *meta_kv)
+{
+    return st_write(path, tensors, n, meta_kv, NULL, NULL);
+}
+
+ft_status ft_safetensors_write_stream(const char *path, const ft_named_tensor *tensors, size_t n,
+                                      const char *const *meta_kv, ft_st_fill_fn fill, void *user)
+{
+    if (!fill) return ft_set_error(FT_ERR_INVALID_ARG, "ft_safetensors_write_stream: NULL fill callback");
+    return st_write(path, tensors, n, meta_kv, fill, user);
 }

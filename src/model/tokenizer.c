@@ -1058,7 +1058,14 @@ ft_status ft_tokenizer_load_memory(const char *json, size_t len, const char *nam
     if (!(t->name = strdup(fn))) FAIL(FT_ERR_NOMEM, "out of memory");
     if (len > INT32_MAX) FAIL(FT_ERR_CORRUPT, "%s: too large", fn);
     if (memchr(json, 0, len)) FAIL(FT_ERR_CORRUPT, "%s: contains a NUL byte", fn);
+    /* JSON is UTF-8 (RFC 8259) and Hugging Face tokenizers refuses other
+     * bytes: a vocab or decoder string with invalid UTF-8 would put it
+     * into decoded text. */
+    for (size_t i = 0, adv = 0; i < len; i += adv)
+        if (utf8_check((const uint8_t *)json + i, len - i, &adv) != 1)
+            FAIL(FT_ERR_CORRUPT, "%s: invalid UTF-8 at byte %zu", fn, i);
     if (!(tok = json_tokener_new_ex(TK_JSON_DEPTH))) FAIL(FT_ERR_NOMEM, "out of memory");
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
     root = json_tokener_parse_ex(tok, json, (int)len);
     if (json_tokener_get_error(tok) == json_tokener_continue) FAIL(FT_ERR_CORRUPT, "%s: JSON is incomplete", fn);
     if (!root || json_tokener_get_error(tok) != json_tokener_success)

@@ -215,8 +215,8 @@ static uint8_t *reply_begin(pend *p, const ft_msg *m, size_t len)
         return NULL;
     }
     if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
-        p->st = FT_ERR_NOMEM;
-        snprintf(p->detail, sizeof p->detail, "no memory for %zu reply bytes", len);
+        p->st = p->rbuf->fixed ? FT_ERR_BUFFER_SMALL : FT_ERR_NOMEM;
+        snprintf(p->detail, sizeof p->detail, "no room for %zu reply bytes", len);
         return NULL;
     }
     p->rlen = len;

@@ -6,7 +6,8 @@
  * the resources that work in parallel: the compute device (ngb batches of
  * matrix products and attention, plus decoding of compressed tensors where
  * the device's cores do it), and every link (host, disk, each remote node)
- * carrying its share of weights (once per block) and cache (per batch).
+ * carrying its share of weights (once per block) and cache (per batch),
+ * and a codec agent's cores when the remote tier goes through one.
  * FlexGen's LP has the same structure; a 10% grid over placements finds
  * its optimum within the grid step. */
 #include "flextier/offload.h"
@@ -14,11 +15,13 @@
 #include <math.h>
 #include <string.h>
 
-static double codec_ratio(const ft_cost_inputs *in, ft_codec_id c)
+/* Stored bytes of a frame per byte computed on: byte-plane's ratio; 1 for
+ * frames computed on in place. */
+static double stored_per_byte(const ft_cost_inputs *in, ft_codec_id c)
 {
-    if (c == FT_CODEC_RAW) return 1.0;
+    if (c != FT_CODEC_BYTEPLANE) return 1.0;
     double r = in->ratio[c];
-    return r > 0 ? r : 1.0;
+    return r > 0 ? 1.0 / r : 1.0;
 }
 
 /* The KV cache is stored as f32 rows or q8/q4 groups of kv_group values
@@ -37,10 +40,22 @@ static double codec_decode_bw(const ft_cost_inputs *in, ft_codec_id c)
     return d > 0 ? d : INFINITY;
 }
 
-/* Linear in the batch between the two measured points (clamped at 0). */
-static double interp(const ft_cost_inputs *in, const double *t, double b)
+/* Bytes per parameter as computed on, when no per-tensor sizes are given. */
+static double bytes_per_param(const ft_cost_inputs *in, ft_codec_id c)
 {
-    double b0 = in->measured_batch[0], b1 = in->measured_batch[1];
+    ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
+    switch (f) {
+    case FT_WF_Q8: return 1.0 + 4.0 / 64;
+    case FT_WF_Q4: return 0.5 + 4.0 / 64;
+    case FT_WF_BF16: case FT_WF_F16: return 2.0;
+    default: return 4.0;
+    }
+}
+
+/* Linear in the batch between the two measured points (clamped at 0). */
+static double interp(const ft_cost_timing *tm, const double *t, double b)
+{
+    double b0 = tm->batch[0], b1 = tm->batch[1];
     if (b1 <= b0) return t[1];
     double v = t[0] + (t[1] - t[0]) * (b - b0) / (b1 - b0);
     return v > 0 ? v : 0;
@@ -52,49 +67,62 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     const double L = in->n_layers;
     const double gbs = p->gpu_batch_size, ngb = p->num_gpu_batches, B = gbs * ngb;
     const double P = (double)in->layer_params;
-    const double W = P * in->weight_bytes_per_param;           /* stored bytes / layer */
-    const double Wc = P * (in->compute_bytes_per_param ? in->compute_bytes_per_param : 4);
     const double s_avg = in->prompt_len + 0.5 * in->gen_len;
     const double s_max = (double)in->prompt_len + in->gen_len;
     const double kv = (double)in->kv_bytes_per_token;
-    const double rw = codec_ratio(in, p->compress_weights), rc = cache_ratio(in, p->compress_cache);
-    const double dw = codec_decode_bw(in, p->compress_weights), dc = codec_decode_bw(in, p->compress_cache);
-    double w[FT_TIER_COUNT], c[FT_TIER_COUNT];
-    for (int t = 0; t < FT_TIER_COUNT; t++) { w[t] = p->w_pct[t] / 100.0; c[t] = p->c_pct[t] / 100.0; }
+    const ft_codec_id cw = p->compress_weights;
+    const int bp = cw == FT_CODEC_BYTEPLANE;
+    const double spb = stored_per_byte(in, cw), rc = cache_ratio(in, p->compress_cache);
+    const double dw = codec_decode_bw(in, cw), dc = codec_decode_bw(in, p->compress_cache);
+    /* Per tier: bytes of one layer as computed on (C) and as stored (S). */
+    double C[FT_TIER_COUNT] = {0}, c[FT_TIER_COUNT];
+    for (int t = 0; t < FT_TIER_COUNT; t++) c[t] = p->c_pct[t] / 100.0;
     if (in->n_tensors && in->n_tensors <= FT_COST_MAX_TENSORS) {
         /* Whole tensors, placed as the scheduler places them. */
         uint64_t bytes[FT_COST_MAX_TENSORS];
         ft_tier tiers[FT_COST_MAX_TENSORS];
-        double total = 0;
-        for (uint32_t i = 0; i < in->n_tensors; i++) { bytes[i] = in->tensor_numel[i]; total += (double)bytes[i]; }
+        for (uint32_t i = 0; i < in->n_tensors; i++) bytes[i] = in->tensor_bytes[cw][i];
         ft_policy_place(p, bytes, in->n_tensors, tiers);
-        for (int t = 0; t < FT_TIER_COUNT; t++) w[t] = 0;
-        for (uint32_t i = 0; i < in->n_tensors; i++) w[tiers[i]] += total > 0 ? (double)bytes[i] / total : 0;
+        for (uint32_t i = 0; i < in->n_tensors; i++) C[tiers[i]] += (double)bytes[i];
+    } else {
+        for (int t = 0; t < FT_TIER_COUNT; t++) C[t] = P * bytes_per_param(in, cw) * p->w_pct[t] / 100.0;
     }
+    double Ctot = 0, S[FT_TIER_COUNT];
+    for (int t = 0; t < FT_TIER_COUNT; t++) { S[t] = C[t] * spb; Ctot += C[t]; }
 
     /* Compute of one GPU batch of one layer, one decode token: reading the
-     * resident weights (memory bound at small batch) or the flops, plus
+     * weights as stored (memory bound at small batch) or the flops, plus
      * attention over the cache. */
-    double t_mm = fmax(Wc / in->mem_bw, 2.0 * P * gbs / in->flops);
+    double t_mm = fmax(Ctot / in->mem_bw, 2.0 * P * gbs / in->flops);
     double t_attn = fmax(gbs * s_avg * kv / in->mem_bw, 4.0 * gbs * s_avg * in->hidden / in->flops);
     double t_comp = ngb * (t_mm + t_attn), t_fixed = 0;
-    int measured = in->measured_batch[1] > 0;
-    if (measured) {
+    const ft_cost_timing *tm = in->timing[cw].batch[1] > 0 ? &in->timing[cw]
+                             : in->timing[FT_CODEC_RAW].batch[1] > 0 ? &in->timing[FT_CODEC_RAW] : NULL;
+    if (tm) {
         /* The engine computes the whole block as one batch. */
-        t_comp = interp(in, in->layer_decode_s, B);
-        t_fixed = interp(in, in->fixed_decode_s, B);
+        t_comp = interp(tm, tm->layer_decode_s, B);
+        t_fixed = interp(tm, tm->fixed_decode_s, B);
     }
-    /* Decoding: weights not on the device are decoded once per block, the
-     * off-device cache per batch. RAW weights are converted (decode_bw[RAW]
-     * is the conversion speed, e.g. bf16 -> f32). */
-    double t_dec = W * (1.0 - w[FT_TIER_DEVICE]) / dw
-                 + B * s_avg * kv * (1.0 - c[FT_TIER_DEVICE]) / dc;
+    /* Making fetched weights usable, once per block: byte-plane frames are
+     * decoded (from the host tier too); raw and q8/q4 frames read from
+     * disk or a memory node are verified; host-tier raw/q8/q4 frames are
+     * used in place. The off-device cache is decoded per batch. These run
+     * on decode_threads I/O workers. A codec agent decodes the remote
+     * byte-plane weights on its own cores, beside compute and the links
+     * (raw and q8/q4 frames pass through it and are verified here). The
+     * KV cache rows are quantized on this machine either way. */
+    double dth = in->decode_threads ? in->decode_threads : 1;
+    double agent_dec = in->agent_cores && bp ? C[FT_TIER_REMOTE] : 0;
+    double fetched = C[FT_TIER_DISK] + C[FT_TIER_REMOTE] + (bp ? C[FT_TIER_HOST] : 0) - agent_dec;
+    double t_dec = fetched / dw / dth + B * s_avg * kv * (1.0 - c[FT_TIER_DEVICE]) / dc;
+    double t_agent = in->agent_cores ? agent_dec / dw / in->agent_cores : 0;
     /* Links: weights once per block, cache read per step (plus the new
-     * token's K/V written back). Remote traffic spreads over the nodes. */
+     * token's K/V written back). Remote traffic spreads over the nodes.
+     * The host tier's weights are not copied (used or decoded in place). */
     double link[FT_TIER_COUNT] = {0};
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
-        double bytes = W * w[t] / rw + B * (s_avg + 1.0) * kv * c[t] / rc;
+        double bytes = (t == FT_TIER_HOST ? 0 : S[t]) + B * (s_avg + 1.0) * kv * c[t] / rc;
         link[t] = bytes > 0 ? (bw > 0 ? bytes / bw : INFINITY) : 0;
     }
     /* Host and disk "links" are the CPU copying bytes, in the same I/O
@@ -112,16 +140,15 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * cores. */
     double cores = in->cores ? in->cores : 1, cthreads = in->compute_threads ? in->compute_threads : 1;
     if (cthreads > cores) cthreads = cores;
-    double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io) / cores);
-    /* A local node's transfers and the decoding of what it sends run one
-     * after the other on the client's single UCX worker: they do not
-     * spread over the cores (measured: the loopback row's I/O thread was
-     * busy for link + decode per layer). */
-    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + W * w[FT_TIER_REMOTE] / dw);
-    double T = busy;
+    double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io * dth) / cores);
+    /* A local node's transfers and the checks of what it sends run one
+     * after the other on the client's single UCX worker. */
+    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + (C[FT_TIER_REMOTE] - agent_dec) / dw / dth);
+    double T = fmax(busy, t_agent);
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";
     if (in->remote_local && t_io > t_comp && link[FT_TIER_REMOTE] > t_dec) out->bottleneck = "remote";
+    if (t_agent >= busy && t_agent > 0) out->bottleneck = "agent";
     if (!in->remote_local && link[FT_TIER_REMOTE] > T) { T = link[FT_TIER_REMOTE]; out->bottleneck = "remote"; }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
@@ -130,34 +157,38 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     out->decode_tps = T > 0 ? B / (L * T + t_fixed) : 0;
 
     /* Prefill: all prompt tokens of the block per layer, weights once. */
-    double t_pre_comp = ngb * fmax(Wc / in->mem_bw, 2.0 * P * gbs * in->prompt_len / in->flops)
+    double t_pre_comp = ngb * fmax(Ctot / in->mem_bw, 2.0 * P * gbs * in->prompt_len / in->flops)
                       + ngb * 4.0 * gbs * in->prompt_len * in->prompt_len * in->hidden / in->flops;
     double t_pre_fixed = 0;
-    if (measured) {
-        t_pre_comp = in->layer_prefill_s_per_token * B * in->prompt_len;
-        t_pre_fixed = in->fixed_prefill_s_per_token * B * in->prompt_len;
+    if (tm) {
+        t_pre_comp = tm->layer_prefill_s_per_token * B * in->prompt_len;
+        t_pre_fixed = tm->fixed_prefill_s_per_token * B * in->prompt_len;
     }
-    double t_pre_io = W * (1.0 - w[0]) / dw;
-    if (in->remote_local && in->bw[FT_TIER_REMOTE] > 0) t_pre_io += W * w[FT_TIER_REMOTE] / rw / in->bw[FT_TIER_REMOTE];
-    double t_pre = fmax(fmax(t_pre_comp, t_pre_io / cores), (t_pre_comp * cthreads + t_pre_io) / cores);
-    for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
+    double t_pre_io = fetched / dw / dth;
+    if (in->remote_local && in->bw[FT_TIER_REMOTE] > 0) t_pre_io += S[FT_TIER_REMOTE] / in->bw[FT_TIER_REMOTE];
+    double t_pre = fmax(fmax(t_pre_comp, t_pre_io / cores), (t_pre_comp * cthreads + t_pre_io * dth) / cores);
+    t_pre = fmax(t_pre, t_agent);
+    for (int t = FT_TIER_DISK; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
-        double bytes = W * w[t] / rw + B * in->prompt_len * kv * c[t] / rc;
+        double bytes = S[t] + B * in->prompt_len * kv * c[t] / rc;
         if (bytes > 0) t_pre = fmax(t_pre, bw > 0 ? bytes / bw : INFINITY);
     }
     out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre + t_pre_fixed) : 0;
 
-    /* Memory: resident device weights decoded, two layer slots for the
-     * streamed ones (double buffering), the device share of the cache and
-     * the activations; other tiers hold encoded bytes. */
+    /* Memory: device-tier weights as computed on, and two slot buffers
+     * holding the fetched ones: the frame read from disk or a memory node
+     * (S), plus the decoded tensor for byte-plane (C); host-tier frames
+     * are used where they are. Then the device share of the cache and the
+     * activations; other tiers hold the stored bytes. */
+    double slot = S[FT_TIER_DISK] + S[FT_TIER_REMOTE] + (bp ? C[FT_TIER_HOST] + C[FT_TIER_DISK] + C[FT_TIER_REMOTE] : 0);
     double cache_total = L * B * s_max * kv;
     /* The off-device cache passes through two staging buffers of one layer
      * (f32) on the device. */
     double staging = 2.0 * B * (1.0 - c[0]) * s_max * kv;
-    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * Wc * w[0] + 2.0 * Wc * (1.0 - w[0]) + cache_total * c[0] +
+    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * C[FT_TIER_DEVICE] + 2.0 * slot + cache_total * c[0] +
                                           staging + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-        out->mem[t] = (uint64_t)(L * W * w[t] / rw + cache_total * c[t] / rc);
+        out->mem[t] = (uint64_t)(L * S[t] + cache_total * c[t] / rc);
     out->feasible = 1;
     for (int t = 0; t < FT_TIER_COUNT; t++)
         if (out->mem[t] > in->cap[t]) out->feasible = 0;

@@ -70,8 +70,10 @@ static ft_status parse_remotes(const char *v, ft_policy *p)
         const char *end = strchr(q, ',');
         size_t len = end ? (size_t)(end - q) : strlen(q);
         if (n == FT_MAX_REMOTES) return ft_set_error(FT_ERR_INVALID_ARG, "at most %d remote nodes", FT_MAX_REMOTES);
-        if (len == 0 || len >= FT_URI_MAX || strncmp(q, "ucx://", 6))
-            return ft_set_error(FT_ERR_INVALID_ARG, "remote '%.*s' is not ucx://HOST:PORT", (int)len, q);
+        if (len == 0 || len >= FT_URI_MAX || (strncmp(q, "ucx://", 6) && strncmp(q, "agent://", 8)))
+            return ft_set_error(FT_ERR_INVALID_ARG,
+                                "remote '%.*s' is not ucx://HOST:PORT or agent://HOST:PORT[/NODE]",
+                                (int)len, q);
         memcpy(p->remotes[n], q, len);
         p->remotes[n][len] = '\0';
         n++;

@@ -1,5 +1,19 @@
 /* The offloading scheduler: layer weights streamed through the tiers of a
- * policy with a prefetching I/O thread and two slot buffers. */
+ * policy with a prefetching I/O thread and two slot buffers, in the
+ * format the engine computes on (docs/offload.md).
+ *
+ * Every layer tensor has a compute format (the model's: f32/bf16/f16, or
+ * q8/q4 frames) and a stored frame on its tier:
+ *   - device: the tensor as computed on, resident (a q8/q4 frame or the
+ *     plain array); its view is fixed.
+ *   - host: the frame kept in this process's memory. q8/q4 and raw
+ *     frames are computed on in place (no copy, no decode); byte-plane
+ *     frames are decoded into a slot buffer on every use.
+ *   - disk / remote: the frame is read into a slot buffer, its chunk
+ *     checksums verified, then computed on in place (q8/q4, raw) or
+ *     decoded next to it (byte-plane).
+ * The I/O thread verifies and decodes on a codec context of
+ * decode_threads threads. */
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "engine/engine_internal.h"
@@ -9,36 +23,59 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define MAX_SLOTS LW_COUNT
 
+/* How a tensor of a slot reaches the compute. */
+enum { USE_RESIDENT = 0,   /* device tier                                   */
+       USE_HOST_INPLACE,   /* host frame computed on in place               */
+       USE_FETCH,          /* read (disk/remote) or decode (host byte-plane) */
+};
+
 typedef struct {
-    int present;
+    int present, matrix;
     ft_tier tier;
-    ft_store *store;                  /* per layer: see keys/stores below */
-    size_t pack;                      /* floats into its packed block: the
-                                         layer's resident block (device
-                                         tier) or a streaming slot (others) */
+    int use;
+    ft_wfmt fmt;                      /* compute format                   */
+    ft_dtype pdt;                     /* plain formats: element dtype     */
+    ft_codec_id codec;                /* stored frame's codec             */
+    int rows, cols;                   /* matrix; vectors: 1 x n           */
     size_t numel;
-    uint64_t src_bytes;               /* bytes in the checkpoint dtype    */
+    uint64_t compute_bytes;           /* the tensor as computed on        */
+    uint64_t src_bytes;               /* in the checkpoint dtype          */
+    uint64_t frame_cap;               /* largest stored frame (streamed)  */
+    uint32_t n_chunks;                /* q8/q4 frames                     */
+    size_t res_off;                   /* device tier: offset in a resident block */
+    size_t frame_off, dec_off;        /* fetched: offsets in a slot buffer */
+    size_t tab_off;                   /* q8/q4: its chunk pointers in a layer's table */
 } slot_info;
 
 struct ft_offload {
     ft_model *m;
     int n_layers;
     ft_offload_params p;
-    size_t dev_stride, stream_stride; /* floats of the packed blocks */
+    size_t res_stride;                /* bytes of a layer's resident block */
+    size_t slot_stride;               /* bytes of one slot buffer          */
     slot_info slot[MAX_SLOTS];
-    int n_streamed;                   /* slots not on the device */
+    int n_fetched;                    /* slots fetched per layer           */
     /* stores */
-    ft_store *host, *disk, *remote[FT_MAX_REMOTES];
-    /* per (layer, slot): key and store of streamed tensors; resident data */
-    char (*keys)[96];
+    ft_store *disk, *remote[FT_MAX_REMOTES];
+    int agent_remote;                 /* the remotes are codec agents (agent://) */
+    /* per (layer, slot) */
+    char (*keys)[112];
     ft_store **stores;
-    uint64_t *wire;                   /* encoded bytes per (layer, slot) */
-    float *resident;                  /* n_layers x dev_stride */
-    float *slots[2];                  /* streaming buffers, one layer each */
+    uint64_t *wire;                   /* stored frame bytes               */
+    uint8_t **host;                   /* host tier: the frame in DRAM      */
+    uint8_t *resident;                /* n_layers x res_stride             */
+    ft_layer_weights *fixed;          /* per layer: resident + host in-place views */
+    const uint8_t **fixed_chunks;     /* their chunk pointers              */
+    uint8_t *slots[2];                /* streaming buffers, one layer each */
+    ft_layer_weights slot_w[2];       /* views of what slots[k] holds      */
+    const uint8_t **slot_chunks[2];
     int slot_layer[2];                /* layer held by slots[k], -1 none  */
+    ft_codec_ctx *io_cc;              /* verify / decode                   */
     /* I/O thread */
     pthread_t io;
     int io_started;
@@ -59,6 +96,7 @@ void ft_offload_default_params(ft_offload_params *p)
     ft_policy_default(&p->policy);
     p->group_size = FT_DEFAULT_GROUP_SIZE;
     p->group_dim = -1;
+    p->decode_threads = 1;
 }
 
 static ft_status open_store(const char *uri, const ft_offload_params *p, ft_store **out)
@@ -66,7 +104,7 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, ft_stor
     ft_store_params sp;
     ft_store_default_params(&sp);
     sp.token_file = p->token_file;
-    sp.codec_threads = 1;   /* the store's workers decode; compute keeps the rest */
+    sp.codec_threads = 1;
     sp.queue_depth = 8;     /* a layer's tensors are read at once */
     ft_status st = ft_store_open(uri, &sp, out);
     if (st) return ft_set_error(st, "offload: cannot open %s: %s", uri, ft_last_error());
@@ -79,72 +117,195 @@ static ft_status ck_get(const ft_model *m, const ft_checkpoint *ck, const char *
     return ft_model_find_tensor(ck, m->arch, name, t, used, sizeof used);
 }
 
-static ft_codec_params weight_codec(const ft_offload *o, int ndim)
+static int is_q(ft_wfmt f) { return f == FT_WF_Q8 || f == FT_WF_Q4; }
+
+/* The stored frame's codec params for a slot's tensor, given the source
+ * dtype it is encoded from (q8/q4 encode from the source; plain formats
+ * from the tensor already converted to the compute dtype). */
+static ft_status slot_codec(const ft_offload *o, const slot_info *si, ft_dtype src_dt, ft_codec_params *cp)
 {
-    ft_codec_params cp;
-    ft_codec_default_params(&cp);
-    cp.codec = o->p.policy.compress_weights;
-    cp.entropy = FT_CODEC_ZSTD;
-    cp.group_size = o->p.group_size ? o->p.group_size : FT_DEFAULT_GROUP_SIZE;
-    cp.group_dim = o->p.group_dim;
-    /* As FlexGen: 1-D tensors (norms, biases) are never quantized. */
-    if (ndim < 2 && ft_codec_is_lossy(cp.codec)) cp.codec = FT_CODEC_RAW;
-    return cp;
+    if (is_q(si->fmt))
+        return ft_wmat_codec_params(si->fmt == FT_WF_Q8 ? 8 : 4, src_dt, si->rows, si->cols, cp);
+    ft_codec_default_params(cp);
+    cp->codec = si->codec;
+    cp->entropy = FT_CODEC_ZSTD;
+    (void)o;
+    return FT_OK;
 }
 
-/* Content-addressed key: hash of the source bytes, dtype, shape + codec. */
-static void make_key(const ft_tensor *src, uint64_t nbytes, const ft_codec_params *cp, char *key, size_t n)
+/* Content-addressed key: hash of the source bytes, dtype and shape, plus
+ * what the frame holds (format, codec, chunking). */
+static void make_key(const ft_tensor *src, uint64_t nbytes, const slot_info *si, const ft_codec_params *cp,
+                     char *key, size_t n)
 {
     uint64_t seed = ((uint64_t)src->dtype << 56) ^ ((uint64_t)src->ndim << 48);
     for (uint32_t i = 0; i < src->ndim; i++) seed = seed * 1000003u ^ (uint64_t)src->shape[i];
     uint64_t h = ft_xxh3_seed(src->data, (size_t)nbytes, seed);
-    if (ft_codec_is_lossy(cp->codec))
-        snprintf(key, n, "w-%016llx-%s-g%u-d%d", (unsigned long long)h, ft_codec_name(cp->codec),
-                 cp->group_size, cp->group_dim);
+    if (is_q(si->fmt))
+        snprintf(key, n, "w-%016llx-%s-g%u-c%u", (unsigned long long)h, ft_codec_name(cp->codec),
+                 cp->group_size, cp->chunk_size);
     else if (cp->codec == FT_CODEC_BYTEPLANE)
-        snprintf(key, n, "w-%016llx-bp-%s", (unsigned long long)h, ft_codec_name(cp->entropy));
+        snprintf(key, n, "w-%016llx-bp-%s-%s", (unsigned long long)h, ft_codec_name(cp->entropy),
+                 ft_dtype_name(si->pdt));
     else
-        snprintf(key, n, "w-%016llx-%s", (unsigned long long)h, ft_codec_name(cp->codec));
+        snprintf(key, n, "w-%016llx-%s-%s", (unsigned long long)h, ft_codec_name(cp->codec),
+                 ft_dtype_name(si->pdt));
+}
+
+/* ------------------------------------------------------- tensor views */
+
+/* The data of a raw frame (chunks stored and contiguous) of the expected
+ * dtype and size. */
+static ft_status raw_payload(const uint8_t *frame, size_t size, ft_dtype dt, size_t numel, const void **out)
+{
+    ft_frame_info fi;
+    ft_status st = ft_frame_parse(frame, size, &fi);
+    if (st) return st;
+    if (fi.codec != FT_CODEC_RAW || fi.dtype != dt || fi.numel != numel || fi.frame_size != size ||
+        fi.frame_size - fi.header_size != ft_dtype_nbytes(dt, numel))
+        return ft_set_error(FT_ERR_CORRUPT, "weight frame: not a raw %s tensor of %zu elements",
+                            ft_dtype_name(dt), numel);
+    *out = frame + fi.header_size;
+    return FT_OK;
+}
+
+/* Point slot s of w at a tensor: `data` is the plain array, or the q8/q4
+ * frame of `size` bytes (chunk pointers into `chunks`). */
+static ft_status bind_view(const slot_info *si, int s, ft_layer_weights *w, const uint8_t *data, size_t size,
+                           const uint8_t **chunks)
+{
+    if (!si->matrix) {
+        *ft_layer_vec(w, s) = (const float *)(const void *)data;
+        return FT_OK;
+    }
+    ft_wmat *wm = ft_layer_mat(w, s);
+    if (is_q(si->fmt)) {
+        ft_status st = ft_wmat_from_frame(data, size, wm, chunks, si->n_chunks);
+        if (st) return st;
+        if (wm->fmt != si->fmt || wm->rows != si->rows || wm->cols != si->cols)
+            return ft_set_error(FT_ERR_CORRUPT, "weight frame: %s %d x %d where %s %d x %d was stored",
+                                ft_wfmt_name(wm->fmt), wm->rows, wm->cols, ft_wfmt_name(si->fmt), si->rows, si->cols);
+        return FT_OK;
+    }
+    memset(wm, 0, sizeof *wm);
+    wm->fmt = si->fmt;
+    wm->rows = si->rows;
+    wm->cols = si->cols;
+    wm->data = data;
+    return FT_OK;
+}
+
+/* A stored frame (in DRAM, verified or trusted) made usable for compute:
+ * in place, or decoded to `dec` (byte-plane). */
+static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_weights *w, const uint8_t *frame,
+                           size_t size, uint8_t *dec, const uint8_t **chunks)
+{
+    if (si->codec == FT_CODEC_BYTEPLANE) {
+        ft_tensor t;
+        memset(&t, 0, sizeof t);
+        t.dtype = si->pdt;
+        t.data = dec;
+        ft_status st = ft_decode(o->io_cc, frame, size, &t, (size_t)si->compute_bytes);
+        if (st) return st;
+        uint64_t ne = 0;
+        if (ft_tensor_numel(&t, &ne) || ne != si->numel)
+            return ft_set_error(FT_ERR_CORRUPT, "weight frame: %llu elements, expected %zu",
+                                (unsigned long long)ne, si->numel);
+        return bind_view(si, s, w, dec, (size_t)si->compute_bytes, chunks);
+    }
+    if (is_q(si->fmt)) return bind_view(si, s, w, frame, size, chunks);
+    const void *p = NULL;
+    ft_status st = raw_payload(frame, size, si->pdt, si->numel, &p);
+    return st ? st : bind_view(si, s, w, p, (size_t)si->compute_bytes, chunks);
 }
 
 /* ------------------------------------------------------------ I/O thread */
 
-/* Fetch every streamed tensor of a layer at once (asynchronous reads, so
- * the link never idles between tensors and tensors on different memory
- * nodes move in parallel), decoded to f32 straight into buf. */
-static ft_status fetch_layer(ft_offload *o, int layer, float *buf, uint64_t *logical, uint64_t *wire)
+/* A byte-plane tensor behind a codec agent: the agent decodes it (that is
+ * what it is for), so it is read as a tensor straight into the slot's
+ * decode area. */
+static int agent_decodes(const ft_offload *o, const slot_info *si)
+{
+    return o->agent_remote && si->tier == FT_TIER_REMOTE && si->codec == FT_CODEC_BYTEPLANE;
+}
+
+/* Make every fetched tensor of a layer present in buffer b: reads from
+ * disk and memory nodes all at once (asynchronous, so the link never
+ * idles between tensors and nodes move in parallel), then verification
+ * or decoding on the I/O codec context. */
+static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire)
 {
     ft_request *req[MAX_SLOTS] = {0};
-    ft_tensor dst[MAX_SLOTS];
+    size_t got[MAX_SLOTS] = {0};
+    ft_tensor dec[MAX_SLOTS];
+    uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
     for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
-        if (!si->present || si->tier == FT_TIER_DEVICE) continue;
+        if (!si->present || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
-        memset(&dst[s], 0, sizeof dst[s]);
-        dst[s].dtype = FT_F32;
-        dst[s].data = buf + si->pack;
-        st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dst[s], si->numel * sizeof(float), &req[s]);
+        if (agent_decodes(o, si)) {
+            memset(&dec[s], 0, sizeof dec[s]);
+            dec[s].dtype = si->pdt;
+            dec[s].data = buf + si->dec_off;
+            st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dec[s], (size_t)si->compute_bytes, &req[s]);
+        } else {
+            st = ft_read_frame_async(o->stores[idx], o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap,
+                                     &got[s], &req[s]);
+        }
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
     }
     for (int s = 0; s < MAX_SLOTS; s++) {
-        if (!req[s]) continue;
         slot_info *si = &o->slot[s];
+        if (!si->present || si->use != USE_FETCH) continue;
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
-        ft_status r = ft_request_wait(req[s], -1);
-        if (r && st == FT_OK)
-            st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
-                              ft_tier_name(si->tier), ft_last_error());
-        ft_request_free(req[s]);
-        uint64_t ne;
-        if (r == FT_OK && st == FT_OK && (ft_tensor_numel(&dst[s], &ne) || ne != si->numel))
-            st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
-        if (r == FT_OK) {
-            logical[si->tier] += si->src_bytes;
-            wire[si->tier] += o->wire[idx];
+        const uint8_t *frame;
+        size_t size;
+        if (si->tier == FT_TIER_HOST) {
+            frame = o->host[idx];
+            size = (size_t)o->wire[idx];
+        } else {
+            if (!req[s]) continue;   /* not started: an earlier submit failed */
+            ft_status r = ft_request_wait(req[s], -1);
+            ft_request_free(req[s]);
+            req[s] = NULL;
+            if (r) {
+                if (st == FT_OK)
+                    st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
+                                      ft_tier_name(si->tier), ft_last_error());
+                continue;
+            }
+            if (agent_decodes(o, si)) {   /* decoded (and checked) by the agent */
+                uint64_t ne = 0;
+                if (st == FT_OK && (ft_tensor_numel(&dec[s], &ne) || ne != si->numel))
+                    st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
+                if (st == FT_OK && (r = bind_view(si, s, &o->slot_w[b], buf + si->dec_off, (size_t)si->compute_bytes,
+                                                  o->slot_chunks[b] + si->tab_off)))
+                    st = r;
+                logical[si->tier] += si->compute_bytes;
+                wire[si->tier] += o->wire[idx];
+                continue;
+            }
+            frame = buf + si->frame_off;
+            size = got[s];
+            /* in-place use trusts nothing it has not checked */
+            if (st == FT_OK && si->codec != FT_CODEC_BYTEPLANE && (r = ft_frame_verify(o->io_cc, frame, size, NULL)))
+                st = ft_set_error(r, "layer %d: %s from the %s tier: %s", layer, o->keys[idx], ft_tier_name(si->tier),
+                                  ft_last_error());
         }
+        if (st) continue;
+        ft_status r = use_frame(o, si, s, &o->slot_w[b], frame, size, buf + si->dec_off,
+                                o->slot_chunks[b] + si->tab_off);
+        if (r) {
+            st = ft_set_error(r, "layer %d: %s (%s tier): %s", layer, o->keys[idx], ft_tier_name(si->tier),
+                              ft_last_error());
+            continue;
+        }
+        logical[si->tier] += si->compute_bytes;
+        wire[si->tier] += size;
     }
+    for (int s = 0; s < MAX_SLOTS; s++) ft_request_free(req[s]);
     return st;
 }
 
@@ -163,7 +324,7 @@ static void *io_main(void *arg)
         uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0};
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, o->slots[b], logical, wire);
+        ft_status st = fetch_layer(o, layer, b, logical, wire);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
@@ -205,45 +366,43 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 {
     ft_offload *o = arg;
     if (!o || layer < 0 || layer >= o->n_layers) return FT_ERR_INVALID_ARG;
-    float *base = NULL;
-    if (o->n_streamed) {
-        double t0 = ft_now();
-        pthread_mutex_lock(&o->mu);
-        int b = -1;
-        for (;;) {
-            for (int k = 0; k < 2; k++) if (o->slot_layer[k] == layer) b = k;
-            if (b >= 0) break;
-            if (o->err_layer == layer) {
-                ft_status st = o->err_status;
-                char msg[256];
-                snprintf(msg, sizeof msg, "%s", o->err_msg);
-                o->err_layer = -1;
-                pthread_mutex_unlock(&o->mu);
-                return ft_set_error(st, "%s", msg);
-            }
-            if (!pending(o, layer) && o->want_layer < 0 && o->busy_layer < 0) {
-                /* Not prefetched (first layer of a run): any buffer is
-                 * free, since the previous layer has been computed. */
-                int nb = o->slot_layer[0] < 0 ? 0 : o->slot_layer[1] < 0 ? 1 : (layer & 1);
-                request(o, layer, nb);
-            }
-            pthread_cond_wait(&o->cv, &o->mu);
+    *w = o->fixed[layer];
+    if (!o->n_fetched) return FT_OK;
+    double t0 = ft_now();
+    pthread_mutex_lock(&o->mu);
+    int b = -1;
+    for (;;) {
+        for (int k = 0; k < 2; k++) if (o->slot_layer[k] == layer) b = k;
+        if (b >= 0) break;
+        if (o->err_layer == layer) {
+            ft_status st = o->err_status;
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", o->err_msg);
+            o->err_layer = -1;
+            pthread_mutex_unlock(&o->mu);
+            return ft_set_error(st, "%s", msg);
         }
-        /* Prefetch the next layer (wrapping to 0 for the next step) into
-         * the other buffer, whose layer has been computed. */
-        int next = (layer + 1) % o->n_layers;
-        if (next != layer && o->slot_layer[1 - b] != next && !pending(o, next) && o->want_layer < 0 &&
-            !(o->busy_layer >= 0 && o->busy_buf == 1 - b))
-            request(o, next, 1 - b);
-        o->st.wait_s += ft_now() - t0;
-        pthread_mutex_unlock(&o->mu);
-        base = o->slots[b];
+        if (!pending(o, layer) && o->want_layer < 0 && o->busy_layer < 0) {
+            /* Not prefetched (first layer of a run): any buffer is free,
+             * since the previous layer has been computed. */
+            int nb = o->slot_layer[0] < 0 ? 0 : o->slot_layer[1] < 0 ? 1 : (layer & 1);
+            request(o, layer, nb);
+        }
+        pthread_cond_wait(&o->cv, &o->mu);
     }
-    float *res = o->resident + (size_t)layer * o->dev_stride;
+    /* Prefetch the next layer (wrapping to 0 for the next step) into the
+     * other buffer, whose layer has been computed. */
+    int next = (layer + 1) % o->n_layers;
+    if (next != layer && o->slot_layer[1 - b] != next && !pending(o, next) && o->want_layer < 0 &&
+        !(o->busy_layer >= 0 && o->busy_buf == 1 - b))
+        request(o, next, 1 - b);
+    o->st.wait_s += ft_now() - t0;
+    pthread_mutex_unlock(&o->mu);
     for (int s = 0; s < MAX_SLOTS; s++) {
-        slot_info *si = &o->slot[s];
-        if (!si->present) continue;
-        *ft_layer_slot(w, s) = (si->tier == FT_TIER_DEVICE ? res : base) + si->pack;
+        const slot_info *si = &o->slot[s];
+        if (!si->present || si->use != USE_FETCH) continue;
+        if (si->matrix) *ft_layer_mat(w, s) = *ft_layer_mat(&o->slot_w[b], s);
+        else *ft_layer_vec(w, s) = *ft_layer_vec(&o->slot_w[b], s);
     }
     return FT_OK;
 }
@@ -253,11 +412,79 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 static ft_store *tier_store(ft_offload *o, ft_tier t, int layer, int slot)
 {
     switch (t) {
-    case FT_TIER_HOST: return o->host;
     case FT_TIER_DISK: return o->disk;
     case FT_TIER_REMOTE: return o->remote[(size_t)(layer + slot) % o->p.policy.n_remotes];
     default: return NULL;
     }
+}
+
+/* The checkpoint's pages are read once: drop them (the mapping stays
+ * valid), so loading holds one tensor's source at a time. */
+static void drop_pages(const void *p, size_t n)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
+
+/* Place one streamed layer tensor (source `src`, in an aligned buffer):
+ * encoded into host memory, or into its store. */
+static ft_status place_tensor(ft_offload *o, const ft_model_tensor_entry *e, ft_tensor *src, void **conv,
+                              size_t *conv_cap, ft_codec_ctx *cc)
+{
+    slot_info *si = &o->slot[e->slot];
+    size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+    ft_status st;
+    /* plain formats are stored (and keyed) in their compute dtype */
+    ft_tensor t = *src;
+    if (!is_q(si->fmt) && src->dtype != si->pdt) {
+        size_t need = (size_t)ft_dtype_nbytes(si->pdt, si->numel);
+        if (*conv_cap < need) {
+            ft_free_aligned(*conv);
+            *conv_cap = 0;
+            if (!(*conv = ft_malloc_aligned(need, 64))) return ft_set_error(FT_ERR_NOMEM, "offload: %s", e->name);
+            *conv_cap = need;
+        }
+        if ((st = ft_convert(*conv, si->pdt, src->data, src->dtype, si->numel))) return st;
+        t.dtype = si->pdt;
+        t.data = *conv;
+    }
+    ft_codec_params cp;
+    if ((st = slot_codec(o, si, t.dtype, &cp))) return st;
+    uint64_t nb = ft_dtype_nbytes(t.dtype, si->numel);
+    make_key(&t, nb, si, &cp, o->keys[idx], sizeof o->keys[idx]);
+    if (si->tier == FT_TIER_HOST) {
+        size_t bound = ft_encode_bound(&cp, t.dtype, t.ndim, t.shape), size = 0;
+        uint8_t *f = ft_malloc_aligned(bound ? bound : 64, 64);
+        if (!f) return ft_set_error(FT_ERR_NOMEM, "offload: host copy of %s", e->name);
+        if ((st = ft_encode(cc, &cp, &t, f, bound, &size))) { ft_free_aligned(f); return st; }
+        o->host[idx] = f;
+        o->wire[idx] = size;
+        o->st.host_bytes += size;
+        o->st.uploaded_bytes += nb;
+        return FT_OK;
+    }
+    o->stores[idx] = tier_store(o, si->tier, e->layer, e->slot);
+    ft_tensor_stat ts;
+    st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts);
+    if (st == FT_OK) {
+        o->st.reused_bytes += nb;
+    } else if (st == FT_ERR_NOT_FOUND) {
+        if ((st = ft_write_tensor(o->stores[idx], o->keys[idx], &t, &cp)))
+            return ft_set_error(st, "offload: writing %s to the %s tier: %s", e->name, ft_tier_name(si->tier),
+                                ft_last_error());
+        if ((st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts))) return st;
+        o->st.uploaded_bytes += nb;
+    } else {
+        return ft_set_error(st, "offload: stat %s on the %s tier: %s", e->name, ft_tier_name(si->tier),
+                            ft_last_error());
+    }
+    o->wire[idx] = ts.stored_bytes;
+    return FT_OK;
 }
 
 ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
@@ -269,20 +496,27 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     if (p->policy.a_pct[FT_TIER_DEVICE] != 100.0f)
         return ft_set_error(FT_ERR_UNSUPPORTED, "offload: activations must stay on the device (a=100,0,0,0): "
                             "the engine keeps each step's hidden states in its working set");
+    ft_codec_id cw = p->policy.compress_weights;
+    if (cw != FT_CODEC_RAW && cw != FT_CODEC_BYTEPLANE && cw != FT_CODEC_Q8 && cw != FT_CODEC_Q4)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "offload: weight compression %s (none, bp, q8 or q4)",
+                            ft_codec_name(cw));
     ft_offload *o = calloc(1, sizeof *o);
     if (!o) return FT_ERR_NOMEM;
     o->m = m;
     o->p = *p;
+    if (!o->p.decode_threads) o->p.decode_threads = 1;
     o->n_layers = m->cfg.n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     ft_checkpoint *ck = NULL;
-    void *tmp = NULL;
-    size_t tmp_cap = 0;
+    ft_codec_ctx *cc = NULL;
+    void *tmp = NULL, *conv = NULL;
+    size_t tmp_cap = 0, conv_cap = 0;
 
-    /* Layout of one layer (same for all layers) and the source sizes. */
+    /* Layout of one layer (same for all layers): compute formats, sizes
+     * and tiers, placed by the bytes they take as computed on. */
     uint64_t bytes[MAX_SLOTS];
     int slot_ids[MAX_SLOTS], n = 0;
     if ((st = ft_checkpoint_open(model_dir, &ck))) goto fail;
@@ -296,60 +530,103 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         }
         slot_info *si = &o->slot[e->slot];
         si->present = 1;
-        si->numel = (size_t)(e->ndim == 1 ? e->shape[0] : e->shape[0] * e->shape[1]);
+        si->matrix = ft_slot_is_matrix(e->slot);
+        si->fmt = e->fmt;
+        /* a q8/q4 policy keeps the layer matrices quantized everywhere
+         * (resident ones too): they are computed on as stored */
+        if ((cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4) && si->matrix && !is_q(si->fmt)) {
+            int g;
+            ft_wfmt want = cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4;
+            si->fmt = ft_tensor_format(&m->cfg, 0, e->slot, e->ndim, e->shape, want, &g);
+            if (!is_q(si->fmt)) si->fmt = e->fmt;   /* no group divides it: stays as loaded */
+        }
+        si->pdt = e->fmt == FT_WF_BF16 ? FT_BF16 : e->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
+        si->rows = e->ndim == 2 ? (int)e->shape[0] : 1;
+        si->cols = e->ndim == 2 ? (int)e->shape[1] : (int)e->shape[0];
+        si->numel = (size_t)si->rows * (size_t)si->cols;
+        si->n_chunks = e->n_chunks;
         si->src_bytes = ft_dtype_nbytes(src.dtype, si->numel);
-        bytes[n] = si->src_bytes;
+        /* q8/q4 weights are their own frames; other tensors travel raw or
+         * byte-plane coded (a q8/q4 policy leaves them raw) */
+        if (is_q(si->fmt)) {
+            if (cw != FT_CODEC_RAW && !(cw == FT_CODEC_Q8 && si->fmt == FT_WF_Q8) &&
+                !(cw == FT_CODEC_Q4 && si->fmt == FT_WF_Q4)) {
+                st = ft_set_error(FT_ERR_INVALID_ARG, "offload: weights kept as %s cannot be stored %s "
+                                  "(use --compress-weights %s or none)", ft_wfmt_name(si->fmt), ft_codec_name(cw),
+                                  ft_wfmt_name(si->fmt));
+                goto fail;
+            }
+            si->codec = si->fmt == FT_WF_Q8 ? FT_CODEC_Q8 : FT_CODEC_Q4;
+            ft_codec_params qp;
+            if ((st = ft_wmat_codec_params(si->fmt == FT_WF_Q8 ? 8 : 4, FT_F32, si->rows, si->cols, &qp))) goto fail;
+            si->compute_bytes = ft_encode_bound(&qp, FT_F32, 2, e->shape);   /* the frame */
+            uint64_t spc = qp.chunk_size / ((uint64_t)qp.group_size * 4), gpr = (uint64_t)si->cols / qp.group_size;
+            uint64_t rpc = spc / gpr ? spc / gpr : 1;
+            si->n_chunks = (uint32_t)(((uint64_t)si->rows + rpc - 1) / rpc);
+        } else {
+            si->codec = cw == FT_CODEC_BYTEPLANE ? FT_CODEC_BYTEPLANE : FT_CODEC_RAW;
+            si->compute_bytes = ft_dtype_nbytes(si->pdt, si->numel);
+        }
+        bytes[n] = si->compute_bytes;
         slot_ids[n++] = e->slot;
     }
     ft_tier tiers[MAX_SLOTS];
     ft_policy_place(&p->policy, bytes, (size_t)n, tiers);
     for (int k = 0; k < n; k++) {
-        o->slot[slot_ids[k]].tier = tiers[k];
-        if (tiers[k] != FT_TIER_DEVICE) o->n_streamed++;
+        slot_info *si = &o->slot[slot_ids[k]];
+        si->tier = tiers[k];
+        si->use = si->tier == FT_TIER_DEVICE ? USE_RESIDENT
+                : si->tier == FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE ? USE_HOST_INPLACE : USE_FETCH;
+        if (si->use == USE_FETCH) o->n_fetched++;
     }
-    /* Memory: each layer's device-tier tensors packed in a resident block,
-     * the streamed ones packed in each of two slots (64-byte aligned). */
+    /* Resident block layout; chunk-pointer tables. */
+    size_t nkeys = (size_t)o->n_layers * MAX_SLOTS, chunk_per_layer = 0;
     for (int s = 0; s < MAX_SLOTS; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present) continue;
-        size_t *stride = si->tier == FT_TIER_DEVICE ? &o->dev_stride : &o->stream_stride;
-        si->pack = *stride;
-        *stride += (si->numel + 15) & ~(size_t)15;
-    }
-    o->st.resident_bytes = (uint64_t)o->dev_stride * 4 * (uint64_t)o->n_layers;
-    o->st.slot_bytes = 2ull * o->stream_stride * 4;
-    if (p->device_budget && o->st.resident_bytes + o->st.slot_bytes > p->device_budget) {
-        st = ft_set_error(FT_ERR_NO_SPACE,
-                          "offload: the policy needs %.1f MiB of device memory for weights "
-                          "(%.1f resident + %.1f for two streaming slots), budget %.1f MiB",
-                          (double)(o->st.resident_bytes + o->st.slot_bytes) / 1048576.0,
-                          (double)o->st.resident_bytes / 1048576.0, (double)o->st.slot_bytes / 1048576.0,
-                          (double)p->device_budget / 1048576.0);
-        goto fail;
-    }
-    if (o->dev_stride) {
-        o->resident = ft_malloc_aligned(o->dev_stride * 4 * (size_t)o->n_layers, 64);
-        if (!o->resident) { st = ft_set_error(FT_ERR_NOMEM, "offload: resident weights"); goto fail; }
-    }
-    if (o->n_streamed) {
-        for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->stream_stride * 4, 64);
-            if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
+        if (si->use == USE_RESIDENT) {
+            si->res_off = o->res_stride;
+            o->res_stride += pad64(si->compute_bytes);
         }
-        if (p->policy.w_pct[FT_TIER_HOST] > 0 && (st = open_store("mem:", p, &o->host))) goto fail;
-        if (p->policy.w_pct[FT_TIER_DISK] > 0 && (st = open_store(p->policy.disk_uri, p, &o->disk))) goto fail;
-        if (p->policy.w_pct[FT_TIER_REMOTE] > 0)
-            for (uint32_t r = 0; r < p->policy.n_remotes; r++)
-                if ((st = open_store(p->policy.remotes[r], p, &o->remote[r]))) goto fail;
+        si->tab_off = chunk_per_layer;
+        chunk_per_layer += si->n_chunks;
     }
-    size_t nkeys = (size_t)o->n_layers * MAX_SLOTS;
     o->keys = calloc(nkeys, sizeof *o->keys);
     o->stores = calloc(nkeys, sizeof *o->stores);
     o->wire = calloc(nkeys, sizeof *o->wire);
-    if (!o->keys || !o->stores || !o->wire) { st = FT_ERR_NOMEM; goto fail; }
+    o->host = calloc(nkeys, sizeof *o->host);
+    o->fixed = calloc((size_t)o->n_layers, sizeof *o->fixed);
+    o->fixed_chunks = calloc((size_t)o->n_layers * chunk_per_layer + 1, sizeof *o->fixed_chunks);
+    for (int k = 0; k < 2; k++) o->slot_chunks[k] = calloc(chunk_per_layer + 1, sizeof *o->slot_chunks[k]);
+    if (!o->keys || !o->stores || !o->wire || !o->host || !o->fixed || !o->fixed_chunks || !o->slot_chunks[0] ||
+        !o->slot_chunks[1]) {
+        st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
+        goto fail;
+    }
+    o->st.resident_bytes = (uint64_t)o->res_stride * (uint64_t)o->n_layers;
+    if (p->device_budget && o->st.resident_bytes > p->device_budget) {
+        st = ft_set_error(FT_ERR_NO_SPACE,
+                          "offload: the policy keeps %.1f MiB of weights on the device, budget %.1f MiB",
+                          (double)o->st.resident_bytes / 1048576.0, (double)p->device_budget / 1048576.0);
+        goto fail;
+    }
+    if (o->res_stride) {
+        o->resident = ft_malloc_aligned(o->res_stride * (size_t)o->n_layers, 64);
+        if (!o->resident) { st = ft_set_error(FT_ERR_NOMEM, "offload: resident weights"); goto fail; }
+    }
+    if (p->policy.w_pct[FT_TIER_DISK] > 0 && (st = open_store(p->policy.disk_uri, p, &o->disk))) goto fail;
+    if (p->policy.w_pct[FT_TIER_REMOTE] > 0)
+        for (uint32_t r = 0; r < p->policy.n_remotes; r++)
+            if ((st = open_store(p->policy.remotes[r], p, &o->remote[r]))) goto fail;
+    /* a policy's remotes are all memory nodes or all codec agents */
+    o->agent_remote = p->policy.n_remotes && !strncmp(p->policy.remotes[0], "agent://", 8);
+    if ((st = ft_codec_ctx_create(0, &cc))) goto fail;
 
-    /* Place every layer tensor: load device ones, upload the rest unless
-     * the store already holds the same encoding. */
+    /* Place every layer tensor, one at a time from the checkpoint (so
+     * loading holds one source tensor): resident ones converted or
+     * quantized into their block, host ones encoded in memory, the rest
+     * uploaded unless the store already holds the same encoding. The
+     * chunk tables are bound per layer: fixed_chunks[layer][...]. */
     uint64_t total = 0, done = 0;
     for (int s = 0; s < MAX_SLOTS; s++) if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)o->n_layers;
     for (size_t i = 0; i < m->n_tensors; i++) {
@@ -364,57 +641,93 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         uint64_t nb = ft_dtype_nbytes(src.dtype, si->numel);
         if (tmp_cap < nb) {
             ft_free_aligned(tmp);
-            tmp = ft_malloc_aligned((size_t)nb, 64);
-            tmp_cap = tmp ? (size_t)nb : 0;
-            if (!tmp) { st = FT_ERR_NOMEM; goto fail; }
+            tmp_cap = 0;
+            if (!(tmp = ft_malloc_aligned((size_t)nb, 64))) { st = FT_ERR_NOMEM; goto fail; }
+            tmp_cap = (size_t)nb;
         }
         memcpy(tmp, src.data, (size_t)nb);   /* the mapping may be unaligned */
+        drop_pages(src.data, (size_t)nb);
         src.data = tmp;
-        if (si->tier == FT_TIER_DEVICE) {
-            float *dst = o->resident + (size_t)e->layer * o->dev_stride + si->pack;
-            if ((st = ft_convert(dst, FT_F32, tmp, src.dtype, si->numel))) goto fail;
-        } else {
-            size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
-            ft_codec_params cp = weight_codec(o, e->ndim);
-            make_key(&src, nb, &cp, o->keys[idx], sizeof o->keys[idx]);
-            o->stores[idx] = tier_store(o, si->tier, e->layer, e->slot);
-            ft_tensor_stat ts;
-            st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts);
-            if (st == FT_OK) {
-                o->st.reused_bytes += nb;
-            } else if (st == FT_ERR_NOT_FOUND) {
-                if ((st = ft_write_tensor(o->stores[idx], o->keys[idx], &src, &cp))) {
-                    st = ft_set_error(st, "offload: writing %s to the %s tier: %s", e->name,
-                                      ft_tier_name(si->tier), ft_last_error());
-                    goto fail;
-                }
-                if ((st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts))) goto fail;
-                o->st.uploaded_bytes += nb;
+        /* the chunk table of this (layer, slot) for fixed views */
+        const uint8_t **tab = o->fixed_chunks + (size_t)e->layer * chunk_per_layer + si->tab_off;
+        if (si->use == USE_RESIDENT) {
+            uint8_t *dst = o->resident + (size_t)e->layer * o->res_stride + si->res_off;
+            ft_tensor t = src;
+            ft_codec_params cp;
+            size_t size = (size_t)si->compute_bytes;
+            if (is_q(si->fmt)) {
+                if (!(st = slot_codec(o, si, src.dtype, &cp))) st = ft_encode(cc, &cp, &t, dst, size, &size);
             } else {
-                st = ft_set_error(st, "offload: stat %s on the %s tier: %s", e->name, ft_tier_name(si->tier),
-                                  ft_last_error());
-                goto fail;
+                st = ft_convert(dst, si->pdt, src.data, src.dtype, si->numel);
             }
-            o->wire[idx] = ts.stored_bytes;
+            if (!st) st = bind_view(si, e->slot, &o->fixed[e->layer], dst, size, tab);
+        } else {
+            st = place_tensor(o, e, &src, &conv, &conv_cap, cc);
+            if (!st && si->use == USE_HOST_INPLACE) {
+                size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+                ft_codec_ctx *save = o->io_cc;
+                o->io_cc = cc;
+                st = use_frame(o, si, e->slot, &o->fixed[e->layer], o->host[idx], (size_t)o->wire[idx], NULL, tab);
+                o->io_cc = save;
+            }
         }
-        done += nb;
+        if (st) {
+            st = ft_set_error(st, "offload: %s: %s", e->name, ft_last_error());
+            goto fail;
+        }
+        done += si->src_bytes;
         if (p->progress) p->progress(p->user, done, total);
     }
     ft_free_aligned(tmp);
     tmp = NULL;
+    ft_free_aligned(conv);
+    conv = NULL;
+    ft_codec_ctx_free(cc);
+    cc = NULL;
     ft_checkpoint_close(ck);
     ck = NULL;
-    if (o->n_streamed) {
+
+    /* Slot buffers: per fetched tensor its largest frame (disk/remote)
+     * and, for byte-plane, the decoded tensor. */
+    if (o->n_fetched) {
+        for (int s = 0; s < MAX_SLOTS; s++) {
+            slot_info *si = &o->slot[s];
+            if (!si->present || si->use != USE_FETCH) continue;
+            uint64_t cap = 0;
+            for (int l = 0; l < o->n_layers; l++) {
+                uint64_t w = o->wire[(size_t)l * MAX_SLOTS + (size_t)s];
+                if (w > cap) cap = w;
+            }
+            si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
+            si->frame_off = o->slot_stride;
+            o->slot_stride += pad64(si->frame_cap);
+            si->dec_off = o->slot_stride;
+            if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad64(si->compute_bytes);
+        }
+        o->st.slot_bytes = 2ull * o->slot_stride;
+        if (p->device_budget && o->st.resident_bytes + o->st.slot_bytes > p->device_budget) {
+            st = ft_set_error(FT_ERR_NO_SPACE,
+                              "offload: the policy needs %.1f MiB of device memory for weights "
+                              "(%.1f resident + %.1f for two streaming slots), budget %.1f MiB",
+                              (double)(o->st.resident_bytes + o->st.slot_bytes) / 1048576.0,
+                              (double)o->st.resident_bytes / 1048576.0, (double)o->st.slot_bytes / 1048576.0,
+                              (double)p->device_budget / 1048576.0);
+            goto fail;
+        }
+        for (int k = 0; k < 2; k++) {
+            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 64);
+            if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
+        }
+        if ((st = ft_codec_ctx_create(o->p.decode_threads, &o->io_cc))) goto fail;
         if (pthread_create(&o->io, NULL, io_main, o)) { st = ft_set_error(FT_ERR_NOMEM, "offload: I/O thread"); goto fail; }
         o->io_started = 1;
-    } else {
-        /* Nothing streams: point the layers at the resident weights now. */
-        for (int l = 0; l < o->n_layers; l++) ft_offload_hook(o, l, &m->layers[l]);
     }
     *out = o;
     return FT_OK;
 fail:
     ft_free_aligned(tmp);
+    ft_free_aligned(conv);
+    ft_codec_ctx_free(cc);
     ft_checkpoint_close(ck);
     ft_offload_free(o);
     return st;
@@ -424,12 +737,19 @@ void ft_offload_free(ft_offload *o)
 {
     if (!o) return;
     if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
-    ft_store_close(o->host);
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
+    if (o->host)
+        for (size_t i = 0; i < (size_t)o->n_layers * MAX_SLOTS; i++) ft_free_aligned(o->host[i]);
+    free(o->host);
     free(o->keys);
     free(o->stores);
     free(o->wire);
+    free(o->fixed);
+    free(o->fixed_chunks);
+    free(o->slot_chunks[0]);
+    free(o->slot_chunks[1]);
+    ft_codec_ctx_free(o->io_cc);
     ft_free_aligned(o->resident);
     ft_free_aligned(o->slots[0]);
     ft_free_aligned(o->slots[1]);
@@ -449,13 +769,32 @@ void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out)
 void ft_offload_reset_stats(ft_offload *o)
 {
     pthread_mutex_lock(&o->mu);
-    uint64_t up = o->st.uploaded_bytes, re = o->st.reused_bytes, res = o->st.resident_bytes, sl = o->st.slot_bytes;
+    ft_offload_stats keep = o->st;
     memset(&o->st, 0, sizeof o->st);
-    o->st.uploaded_bytes = up;
-    o->st.reused_bytes = re;
-    o->st.resident_bytes = res;
-    o->st.slot_bytes = sl;
+    o->st.uploaded_bytes = keep.uploaded_bytes;
+    o->st.reused_bytes = keep.reused_bytes;
+    o->st.resident_bytes = keep.resident_bytes;
+    o->st.slot_bytes = keep.slot_bytes;
+    o->st.host_bytes = keep.host_bytes;
     pthread_mutex_unlock(&o->mu);
+}
+
+/* Bytes of an entry as the scheduler keeps it under weight codec cw. */
+static uint64_t kept_bytes(const ft_model *m, const ft_model_tensor_entry *e, ft_codec_id cw)
+{
+    ft_wfmt f = e->fmt;
+    if ((cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4) && ft_slot_is_matrix(e->slot) && !is_q(f)) {
+        int g;
+        ft_wfmt q = ft_tensor_format(&m->cfg, 0, e->slot, e->ndim, e->shape, cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4, &g);
+        if (is_q(q)) f = q;
+    }
+    if (is_q(f)) {
+        ft_codec_params qp;
+        if (ft_wmat_codec_params(f == FT_WF_Q8 ? 8 : 4, FT_F32, (int)e->shape[0], (int)e->shape[1], &qp)) return 0;
+        return ft_encode_bound(&qp, FT_F32, 2, e->shape);
+    }
+    uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
+    return n * (f == FT_WF_F32 ? 4 : 2);
 }
 
 ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
@@ -465,7 +804,7 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
     in->hidden = (uint32_t)m->cfg.hidden;
     in->kv_bytes_per_token = 2ull * (uint64_t)m->cfg.n_kv_heads * (uint64_t)m->cfg.head_dim * 4;
     in->kv_group = (uint32_t)m->cfg.head_dim % FT_DEFAULT_GROUP_SIZE ? (uint32_t)m->cfg.head_dim : FT_DEFAULT_GROUP_SIZE;
-    in->compute_bytes_per_param = 4;
+    in->weights_fmt = m->wfmt;
     in->layer_params = 0;
     in->n_tensors = 0;
     /* the scheduler's order: layer 0's entries as the model lists them */
@@ -474,7 +813,9 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
         if (e->layer != 0) continue;
         uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
         if (in->n_tensors == FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INTERNAL, "too many tensors per layer");
-        in->tensor_numel[in->n_tensors++] = n;
+        for (int c = 0; c < FT_CODEC_COUNT; c++)
+            in->tensor_bytes[c][in->n_tensors] = kept_bytes(m, e, (ft_codec_id)c);
+        in->n_tensors++;
         in->layer_params += n;
     }
     return FT_OK;

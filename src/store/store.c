@@ -12,6 +12,8 @@
 ft_status ft_buf_reserve(ft_buf *b, size_t n)
 {
     if (n <= b->cap && b->p) return FT_OK;
+    if (b->fixed)
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "frame of %zu bytes, buffer of %zu", n, b->cap);
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < n) {
         if (cap > SIZE_MAX / 2) return ft_set_error(FT_ERR_NOMEM, "buffer of %zu bytes", n);
@@ -27,7 +29,7 @@ ft_status ft_buf_reserve(ft_buf *b, size_t n)
 
 void ft_buf_free(ft_buf *b)
 {
-    if (!b) return;
+    if (!b || b->fixed) return;
     ft_free_aligned(b->p);
     b->p = NULL;
     b->cap = 0;
@@ -138,7 +140,7 @@ typedef struct wctx {
     ft_buf        enc;   /* encoded frame (write) / received frame (read) */
 } wctx;
 
-typedef enum { REQ_WRITE, REQ_READ } req_kind;
+typedef enum { REQ_WRITE, REQ_READ, REQ_READ_FRAME } req_kind;
 
 struct ft_request {
     ft_store       *s;
@@ -149,6 +151,8 @@ struct ft_request {
     int             has_cp;
     ft_tensor      *dst;          /* read */
     size_t          cap;
+    void           *fbuf;         /* read frame: the caller's buffer */
+    size_t         *fsize;
     ft_status       status;       /* FT_INPROGRESS until done */
     char            detail[256];
     ft_request     *next;
@@ -207,9 +211,12 @@ ft_status ft_store_open(const char *uri, const ft_store_params *params,
                   : ft_set_error(FT_ERR_INVALID_ARG, "file: URI needs a directory");
     } else if (!strncmp(uri, "ucx://", 6)) {
         st = ft_ucx_backend_open(uri + 6, &p, &s->be);
+    } else if (!strncmp(uri, "agent://", 8)) {
+        st = ft_agent_backend_open(uri + 8, &p, &s->be);
     } else {
         st = ft_set_error(FT_ERR_INVALID_ARG,
-                          "unknown store URI '%s' (mem:, file:DIR, ucx://HOST:PORT)", uri);
+                          "unknown store URI '%s' (mem:, file:DIR, ucx://HOST:PORT, "
+                          "agent://HOST:PORT[/NODE])", uri);
     }
     if (st != FT_OK) goto fail;
     st = ft_codec_ctx_create(p.codec_threads, &s->sync_ctx.cc);
@@ -404,6 +411,10 @@ static void *worker_main(void *arg)
         if (cst != FT_OK) st = cst;
         else if (r->kind == REQ_WRITE)
             st = do_write(s, &w, r->key, &r->src, r->has_cp ? &r->cp : NULL);
+        else if (r->kind == REQ_READ_FRAME) {
+            ft_buf fb = {r->fbuf, r->cap, 1};
+            st = s->be->ops->get(s->be, r->key, &fb, r->fsize);
+        }
         else
             st = do_read(s, &w, r->key, r->dst, r->cap, r->dst->data == NULL, -1);
         finish(s, r, st);
@@ -482,6 +493,23 @@ ft_status ft_read_tensor_async(ft_store *s, const char *key, ft_tensor *dst,
     snprintf(r->key, sizeof r->key, "%s", key);
     r->dst = dst;
     r->cap = cap;
+    return submit(s, r, req);
+}
+
+ft_status ft_read_frame_async(ft_store *s, const char *key, void *buf, size_t cap, size_t *size,
+                              ft_request **req)
+{
+    if (!s || !buf || !size || !req) return ft_set_error(FT_ERR_INVALID_ARG, "NULL argument");
+    ft_status st = ft_key_validate(key);
+    if (st != FT_OK) return st;
+    ft_request *r = calloc(1, sizeof *r);
+    if (!r) return ft_set_error(FT_ERR_NOMEM, "request");
+    r->s = s;
+    r->kind = REQ_READ_FRAME;
+    snprintf(r->key, sizeof r->key, "%s", key);
+    r->fbuf = buf;
+    r->cap = cap;
+    r->fsize = size;
     return submit(s, r, req);
 }
 

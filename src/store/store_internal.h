@@ -8,6 +8,8 @@
 typedef struct ft_buf {
     uint8_t *p;
     size_t   cap;
+    int      fixed;   /* the caller's memory: never reallocated or freed;
+                         reserving more than cap is FT_ERR_BUFFER_SMALL */
 } ft_buf;
 ft_status ft_buf_reserve(ft_buf *b, size_t n);   /* keeps no contents */
 void      ft_buf_free(ft_buf *b);
@@ -35,8 +37,10 @@ typedef struct ft_store_ops {
                       ft_buf *scratch, ft_tensor *dst, size_t cap, int alloc,
                       int alloc_dtype);
     /* Optional (NULL: ft_encode + put): encode and store in one go, e.g.
-     * sending each run of chunks while the next is being encoded. scratch
-     * is a reusable buffer. */
+     * sending each run of chunks while the next is being encoded (ucx://),
+     * or the backend doing the encoding elsewhere (agent://: the codec
+     * agent encodes; cc and scratch unused). scratch is a reusable buffer;
+     * cp is never NULL; the key is validated. */
     ft_status (*write)(ft_store_backend *b, const char *key, ft_codec_ctx *cc,
                        ft_buf *scratch, const ft_tensor *t, const ft_codec_params *cp);
 } ft_store_ops;
@@ -50,6 +54,9 @@ ft_status ft_file_backend_open(const char *dir, ft_store_backend **out);
 /* src/net/client.c */
 ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
                               ft_store_backend **out);
+/* src/agent/agent_client.c: spec = "HOST:PORT[/NODE]" */
+ft_status ft_agent_backend_open(const char *spec, const ft_store_params *p,
+                                ft_store_backend **out);
 
 /* Key escaping for file names: [A-Za-z0-9_-] kept, everything else %XX,
  * a leading '.' escaped too. FT_ERR_INVALID_ARG if it does not fit. */

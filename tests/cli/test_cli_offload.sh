@@ -4,8 +4,8 @@
 # bad policies are refused. Prints "N passed, N failed".
 set -u
 bin=$1
-work=$(mktemp -d); srv=""
-trap '[ -n "$srv" ] && kill $srv 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d); srv=""; agent=""
+trap '[ -n "$agent" ] && kill $agent 2>/dev/null; [ -n "$srv" ] && kill $srv 2>/dev/null; rm -rf "$work"' EXIT
 pass=0; fail=0
 ok()  { pass=$((pass+1)); echo "ok   $1"; }
 bad() { fail=$((fail+1)); echo "FAIL $1"; }
@@ -14,7 +14,8 @@ bad() { fail=$((fail+1)); echo "FAIL $1"; }
 srv=$!
 for _ in $(seq 100); do grep -q "listening on" "$work/srv.log" && break; sleep 0.1; done
 uri="ucx://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/srv.log" | head -1)"
-run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 8 --temperature 0 --threads 1 "$@"; }
+# --kv-dtype f32: the in-memory cache as exact as an offloaded (f32-row) one
+run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 8 --temperature 0 --threads 1 --kv-dtype f32 "$@"; }
 run --dump-logits "$work/ref.bin" > "$work/ref.txt" 2>/dev/null || bad "in-memory run"
 run --dump-logits "$work/r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp --offload-stats \
     > "$work/r.txt" 2> "$work/r.err"
@@ -45,13 +46,33 @@ run --dump-logits "$work/kr.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$u
     --offload-stats > "$work/kr.txt" 2> "$work/kr.err"
 cmp -s "$work/ref.bin" "$work/kr.bin" && grep -q "KV cache remote .*wrote" "$work/kr.err" \
     && ok "weights and KV cache on a memory node: identical logits" || bad "remote KV: $(tail -3 "$work/kr.err")"
+# the same runs through a codec agent (agent://): identical output, the
+# agent encoding and decoding for the client
+"$bin" agent --listen 127.0.0.1:0 --node "$uri" --threads 1 > "$work/agent.log" 2>&1 &
+agent=$!
+for _ in $(seq 100); do grep -q "listening on" "$work/agent.log" && break; sleep 0.1; done
+auri="agent://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/agent.log" | head -1)"
+run --dump-logits "$work/ag.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$auri" --compress-weights bp \
+    --offload-stats > "$work/ag.txt" 2> "$work/ag.err"
+cmp -s "$work/ref.bin" "$work/ag.bin" && cmp -s "$work/ref.txt" "$work/ag.txt" \
+    && ok "weights and KV cache through the agent: identical logits and text" || bad "agent run: $(tail -3 "$work/ag.err")"
+run --dump-logits "$work/q1.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights q4 > /dev/null 2>&1
+run --dump-logits "$work/q2.bin" --policy w=0,0,0,100 --remote "$auri" --compress-weights q4 > /dev/null 2>&1
+cmp -s "$work/q1.bin" "$work/q2.bin" && ok "q4 weights: agent and in-process decoding give identical logits" \
+    || bad "q4 through the agent differs"
+head -c 4096 /dev/urandom > "$work/t.bin"
+"$bin" put "$auri" cli/t "$work/t.bin" --dtype bf16 --shape 32,64 -c bp > /dev/null 2>&1 && \
+    "$bin" get "$uri" cli/t "$work/t2.bin" > /dev/null 2>&1 && cmp -s "$work/t.bin" "$work/t2.bin" && \
+    "$bin" get "$auri" cli/t "$work/t3.bin" > /dev/null 2>&1 && cmp -s "$work/t.bin" "$work/t3.bin" \
+    && ok "put/get through the agent" || bad "put/get through the agent"
+kill $agent 2>/dev/null; wait $agent 2>/dev/null; agent=""
 run --compress-cache q4 > /dev/null 2>&1; [ $? -eq 1 ] && ok "--compress-cache without --policy refused" || bad "cc without policy"
 run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
 run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"
 run --policy frob=1 > /dev/null 2>&1; [ $? -eq 2 ] && ok "unknown policy item is a usage error" || bad "unknown item"
 run --remote "$uri" > /dev/null 2>&1; [ $? -eq 1 ] && ok "--remote without --policy refused" || bad "remote without policy"
-run --policy w=0,100 --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
+run --policy w=0,0,100 --disk-dir "$work/disk" --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "budget" "$work/b.err" && ok "device budget enforced" || bad "budget rc=$rc"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -138,11 +138,11 @@ TEST(split_merge_simd_vs_ref)
             /* scalar round trip restores every bit */
             ft_bp_merge_ref(dt, (const uint8_t *const *)R, n, back);
             CHECK_MSG(!memcmp(back, src, n * es), "%s n=%zu ref merge", ft_dtype_name(dt), n);
-            size_t (*splits[3])(ft_dtype, const void *, size_t, uint8_t *const *) = {
-                ft_bp_split_avx512, ft_bp_split_avx2, NULL};
-            size_t (*merges[3])(ft_dtype, const uint8_t *const *, size_t, void *) = {
-                ft_bp_merge_avx512, ft_bp_merge_avx2, NULL};
-            for (int v = 0; v < 3; v++) {
+            size_t (*splits[4])(ft_dtype, const void *, size_t, uint8_t *const *) = {
+                ft_bp_split_avx512, ft_bp_split_avx2, ft_bp_split_neon, NULL};
+            size_t (*merges[4])(ft_dtype, const uint8_t *const *, size_t, void *) = {
+                ft_bp_merge_avx512, ft_bp_merge_avx2, ft_bp_merge_neon, NULL};
+            for (int v = 0; v < 4; v++) {
                 memset(got, 0xAA, 4 * n + 4);
                 memset(back, 0x55, n * es + 1);
                 if (splits[v]) {

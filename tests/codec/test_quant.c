@@ -321,6 +321,37 @@ TEST(quant_constant_groups)
         }
 }
 
+/* Empty tensors whose dims after group_dim hold a zero (empty slabs):
+ * bound, encode and decode without dividing by zero. */
+TEST(quant_empty_slabs)
+{
+    ft_codec_ctx *ctx;
+    CHECK_OK(ft_codec_ctx_create(1, &ctx));
+    static const int64_t shapes[][3] = {{4, 0, 3}, {0, 0, 0}, {5, 7, 0}};
+    for (int c = 0; c < 3; c++)
+        for (int q = FT_CODEC_Q8; q <= FT_CODEC_Q4; q++) {
+            ft_codec_params p;
+            ft_codec_default_params(&p);
+            p.codec = (ft_codec_id)q;
+            p.group_dim = 0;
+            size_t bound = ft_encode_bound(&p, FT_BF16, 3, shapes[c]);
+            CHECK(bound > 0);
+            uint8_t *f = ft_malloc_aligned(bound + 64, 64);
+            uint16_t dummy = 0;
+            ft_tensor t;
+            ft_tensor_init(&t, FT_BF16, 3, shapes[c], &dummy);
+            size_t fs = 0;
+            CHECK_OK(ft_encode(ctx, &p, &t, f, bound, &fs));
+            ft_tensor d = {0};
+            d.dtype = FT_F32;
+            d.data = &dummy;
+            CHECK_OK(ft_decode(ctx, f, fs, &d, 0));
+            CHECK(d.ndim == 3 && d.shape[1] == shapes[c][1]);
+            ft_free_aligned(f);
+        }
+    ft_codec_ctx_free(ctx);
+}
+
 TEST(quant_rejects_nonfinite_and_range)
 {
     float v[200];

@@ -70,7 +70,7 @@ TEST(gen_model_and_run)
     /* batch from a file, and --dump-logits against the library */
     CHECK(sh("printf 'The quick brown fox\\n\\nHello\\nBatch is the point\\n' > %s/prompts.txt", tmpdir) == 0);
     CHECK(sh("%s run --model %s --prompt-file %s/prompts.txt --max-new-tokens 4 --seed 5 "
-             "--dump-logits %s/lg.bin > %s/out2.txt 2>/dev/null", bin(), dir, tmpdir, tmpdir, tmpdir) == 0);
+             "--kv-dtype f32 --weights-dtype f32 --dump-logits %s/lg.bin > %s/out2.txt 2>/dev/null", bin(), dir, tmpdir, tmpdir, tmpdir) == 0);
     snprintf(p, sizeof p, "%s/out2.txt", tmpdir);
     out = slurp(p, NULL);
     CHECK(out && strstr(out, "=== prompt 1 ===\nThe quick brown fox") && strstr(out, "=== prompt 3 ===\nBatch"));

@@ -141,7 +141,7 @@ static ft_status hook(void *u, int layer, ft_layer_weights *w)
     if (layer != (h->last + 1) % 3) h->order_ok = 0;
     h->last = layer;
     h->calls[layer]++;
-    return w->wq ? FT_OK : FT_ERR_INTERNAL;
+    return ft_wmat_present(&w->wq) ? FT_OK : FT_ERR_INTERNAL;
 }
 static ft_status failing_hook(void *u, int layer, ft_layer_weights *w)
 {

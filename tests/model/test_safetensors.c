@@ -130,6 +130,77 @@ TEST(round_trip)
     ft_checkpoint_close(ck);
 }
 
+/* ft_safetensors_write_stream: bytes from the fill callback, in file order,
+ * in pieces of at most FT_ST_FILL_MAX; the file equals what
+ * ft_safetensors_write makes from the same bytes; a failing fill leaves
+ * nothing behind. */
+typedef struct {
+    size_t calls, last_i;
+    uint64_t next_off;
+    int order_ok, fail_at;
+} fill_log;
+
+static uint8_t pattern(size_t i, uint64_t off) { return (uint8_t)(off * 131 + off / 251 + i * 17); }
+
+static ft_status fill_pattern(void *user, size_t i, uint64_t offset, void *buf, size_t len)
+{
+    fill_log *l = user;
+    if (l->fail_at && (int)l->calls + 1 == l->fail_at) return ft_set_error(FT_ERR_IO, "fill failed on purpose");
+    if (l->calls && i == l->last_i) { if (offset != l->next_off) l->order_ok = 0; }
+    else if (offset != 0 || (l->calls && i < l->last_i)) l->order_ok = 0;
+    if (len == 0 || len > FT_ST_FILL_MAX || offset % FT_ST_FILL_MAX) l->order_ok = 0;
+    for (size_t k = 0; k < len; k++) ((uint8_t *)buf)[k] = pattern(i, offset + k);
+    l->calls++;
+    l->last_i = i;
+    l->next_off = offset + len;
+    return FT_OK;
+}
+
+TEST(stream_writer)
+{
+    /* 2 tensors, the first > 2 pieces: 5 Mi f32 = 20 MiB */
+    int64_t s0[2] = {5 * 1024, 1024}, s1[1] = {7};
+    ft_named_tensor ts[2];
+    memset(ts, 0, sizeof ts);
+    ts[0].name = "big";
+    CHECK_OK(ft_tensor_init(&ts[0].tensor, FT_F32, 2, s0, NULL));
+    ts[1].name = "small";
+    CHECK_OK(ft_tensor_init(&ts[1].tensor, FT_BF16, 1, s1, NULL));
+    fill_log l = {.order_ok = 1};
+    const char *meta[] = {"format", "pt", NULL};
+    CHECK_OK(ft_safetensors_write_stream(tpath("stream.safetensors"), ts, 2, meta, fill_pattern, &l));
+    CHECK(l.order_ok);
+    CHECK(l.calls == 3 + 1);
+    /* the same bytes through the in-memory writer give the same file */
+    size_t n0 = (size_t)(s0[0] * s0[1]) * 4, n1 = 7 * 2;
+    uint8_t *b0 = malloc(n0), *b1 = malloc(n1);
+    REQUIRE(b0 && b1);
+    for (size_t k = 0; k < n0; k++) b0[k] = pattern(0, k);
+    for (size_t k = 0; k < n1; k++) b1[k] = pattern(1, k);
+    ts[0].tensor.data = b0;
+    ts[1].tensor.data = b1;
+    CHECK_OK(ft_safetensors_write(tpath("mem.safetensors"), ts, 2, meta));
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", tpath("stream.safetensors"), tpath("mem.safetensors"));
+    CHECK(system(cmd) == 0);
+    ft_checkpoint *ck = NULL;
+    CHECK_OK(ft_checkpoint_open(tpath("stream.safetensors"), &ck));
+    ft_tensor t;
+    CHECK_OK(ft_checkpoint_get(ck, "big", &t));
+    CHECK(t.data && !memcmp(t.data, b0, n0));
+    ft_checkpoint_close(ck);
+    free(b0);
+    free(b1);
+    /* a failing fill aborts with its status and leaves no file */
+    ts[0].tensor.data = ts[1].tensor.data = NULL;
+    fill_log f = {.order_ok = 1, .fail_at = 2};
+    CHECK(ft_safetensors_write_stream(tpath("fail.safetensors"), ts, 2, NULL, fill_pattern, &f) == FT_ERR_IO);
+    CHECK(access(tpath("fail.safetensors"), F_OK) != 0);
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", tdir());
+    CHECK(system(cmd) != 0);
+    CHECK(ft_safetensors_write_stream(tpath("nofill.safetensors"), ts, 2, NULL, NULL, NULL) == FT_ERR_INVALID_ARG);
+}
+
 TEST(sharded)
 {
     char dir[512];

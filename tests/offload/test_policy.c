@@ -66,8 +66,7 @@ static void inputs(ft_cost_inputs *in)
     memset(in, 0, sizeof *in);
     in->n_layers = 32;
     in->layer_params = 200u << 20;
-    in->weight_bytes_per_param = 2;
-    in->compute_bytes_per_param = 4;
+    in->weights_fmt = FT_WF_BF16;   /* 2 bytes per parameter; q4 0.5625 */
     in->kv_bytes_per_token = 2 * 4096 * 4;
     in->hidden = 4096;
     in->prompt_len = 64;
@@ -79,7 +78,6 @@ static void inputs(ft_cost_inputs *in)
     in->bw[FT_TIER_REMOTE] = 0.125e9;
     in->n_remotes = 1;
     for (int t = 0; t < FT_TIER_COUNT; t++) in->cap[t] = UINT64_MAX;
-    in->ratio[FT_CODEC_Q4] = 3.55;
     in->decode_bw[FT_CODEC_Q4] = 8e9;
     in->decode_bw[FT_CODEC_RAW] = 10e9;
 }
@@ -199,10 +197,47 @@ TEST(cost_model_loopback_node_adds_to_decoding)
     ft_cost_predict(&in, &p, &net);
     in.remote_local = 1;
     ft_cost_predict(&in, &p, &local);
-    double W = (double)in.layer_params * in.weight_bytes_per_param;
+    double W = (double)in.layer_params * 2;   /* bf16, verified as it arrives */
     double t_dec = W / in.decode_bw[FT_CODEC_RAW], t_link = W / in.bw[FT_TIER_REMOTE];
     /* one core: compute and the I/O worker take turns */
     CHECK(fabs(net.t_layer_decode - fmax(net.t_compute + t_dec, t_link)) < 1e-6 * net.t_layer_decode);
     CHECK(fabs(local.t_layer_decode - (local.t_compute + t_dec + t_link)) < 1e-6 * local.t_layer_decode);
     CHECK(local.decode_tps < net.decode_tps);
+}
+
+/* A codec agent (agent://) decodes the remote byte-plane weights on its
+ * own core: the compute core no longer pays for it, the agent's core is a
+ * resource of its own beside compute and the link. (q8/q4 and raw frames
+ * are computed on in place: only their checksums are checked here.) */
+TEST(cost_model_agent_takes_decoding_off_the_compute_cores)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.bw[FT_TIER_REMOTE] = 40e9;          /* a fast link: decoding matters */
+    in.decode_bw[FT_CODEC_BYTEPLANE] = 1e9;
+    in.ratio[FT_CODEC_BYTEPLANE] = 1.5;
+    in.cores = 1;
+    in.compute_threads = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    p.n_remotes = 1;
+    CHECK_OK(ft_policy_parse("w=0,0,0,100 cw=bp", &p));
+    ft_cost_estimate self, agent;
+    ft_cost_predict(&in, &p, &self);
+    in.agent_cores = 1;
+    ft_cost_predict(&in, &p, &agent);
+    double W = (double)in.layer_params * 2;   /* bf16 as computed on */
+    double t_dec = W / in.decode_bw[FT_CODEC_BYTEPLANE];
+    double t_link = W / 1.5 / in.bw[FT_TIER_REMOTE];
+    CHECK(fabs(self.t_layer_decode - fmax(self.t_compute + t_dec, t_link)) < 1e-6 * self.t_layer_decode);
+    CHECK(fabs(agent.t_layer_decode - fmax(fmax(agent.t_compute, t_dec), t_link)) < 1e-6 * agent.t_layer_decode);
+    CHECK(agent.t_decode < 1e-12 && agent.decode_tps > self.decode_tps);
+    /* a slow agent is the bottleneck; two agent cores halve its time */
+    in.decode_bw[FT_CODEC_BYTEPLANE] = 0.1e9;
+    ft_cost_predict(&in, &p, &agent);
+    CHECK(!strcmp(agent.bottleneck, "agent"));
+    in.agent_cores = 2;
+    ft_cost_estimate two;
+    ft_cost_predict(&in, &p, &two);
+    CHECK(fabs(agent.t_layer_decode / two.t_layer_decode - 2.0) < 0.05);
 }

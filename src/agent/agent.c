@@ -1,0 +1,1240 @@
+/* `flextier agent`: the codec agent (flextier/agent.h, docs/agent.md).
+ *
+ * Threads. The main thread owns the UCP worker toward the clients (AM
+ * requests and replies, RMA get/put into the clients' registered
+ * buffers), single-threaded like the memory node. `threads` worker
+ * threads do what blocks: the codec work and the memory-node I/O, through
+ * the public store API (ft_*_async on one ucx:// store per memory node,
+ * whose own worker threads encode/decode with one core each). A request
+ * is a job that moves between the two through queues, in phases:
+ *
+ *   WRITE  worker: reserve staging -> main: RMA get of the client's tensor
+ *          -> worker: encode + store on the node -> main: reply
+ *   READ   worker: stat, reserve staging, fetch + decode into it (the
+ *          store client pipelines ranges and chunk decoding) -> main: RMA
+ *          put into the client's buffer, flush (remote completion) -> reply
+ *   others worker: the store call -> main: reply (with its body)
+ *
+ * Data path. A client on this machine proves it (FT_AOP_CMA: it holds
+ * the random challenge of our HELLO reply at the address it names) and
+ * its tensors then move by cross-memory attach, process_vm_readv/writev,
+ * on the worker threads: one kernel copy, charged to the agent, none of
+ * it on the client's cores. Any other client (a host seen from a DPU) is
+ * served by UCX RMA on an endpoint to its worker address (RDMA where the
+ * fabric has it); UCX 1.13 emulates RMA with active messages on TCP and
+ * shared memory, which the client's worker then serves, so on one machine
+ * CMA is the path that takes the work off the client.
+ *
+ * Staging (the only place a tensor lives here) is bounded by max_staging:
+ * a job that does not fit waits, without holding a worker thread, until
+ * finishing jobs release theirs. A job holds a reference on its
+ * connection; a connection that dies (PEER error mode) is force-closed by
+ * the main loop and freed when its last job is gone, so a client killed
+ * mid-transfer leaves nothing behind: its WRITE never reaches the node,
+ * its READ's put fails and the staging is freed. */
+#define _GNU_SOURCE   /* process_vm_readv/writev */
+#include "agent_msg.h"
+#include "flextier/agent.h"
+#include "flextier/store.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#define MAX_PROTO_ERRORS 16u
+#define MAX_OPS_PER_CONN 256u
+#define MAX_PENDING_CONN 64u
+
+typedef struct agent agent;
+
+typedef struct aconn {
+    ucp_ep_h      ep;            /* sockaddr endpoint: requests and replies */
+    ucp_ep_h      rma_ep;        /* to the client's worker address: RMA    */
+    uint64_t      id;
+    char          peer[64];
+    int           authed, dead, closed;
+    unsigned      node;          /* memory node chosen at HELLO */
+    pid_t         cma_pid;       /* verified same-machine client: tensors
+                                    move by process_vm_readv/writev (0: by
+                                    UCX RMA on rma_ep) */
+    uint8_t       challenge[FT_AMSG_CHALLENGE];
+    unsigned      refs;          /* jobs and replies outstanding */
+    unsigned      proto_errors;
+    ucs_status_ptr_t close_req, rma_close_req;
+    struct aconn *next;
+} aconn;
+
+enum phase {
+    P_RESERVE,   /* worker: staging for a WRITE          */
+    P_GET,       /* main: RMA get from the client         */
+    P_WRITE,     /* worker: encode + store                */
+    P_READ,      /* worker: stat + fetch + decode         */
+    P_PUT,       /* main: RMA put into the client, flush  */
+    P_EXEC,      /* worker: the other operations          */
+    P_REPLY      /* main: reply                           */
+};
+
+typedef struct job {
+    agent        *A;
+    aconn        *c;
+    uint16_t      op;
+    enum phase    phase;
+    uint64_t      req_id;
+    char          key[FT_KEY_MAX + 1];
+    ft_tensor     t;             /* WRITE: tensor (data = staging); READ: result */
+    ft_codec_params cp;
+    int           out_dtype;     /* READ */
+    uint64_t      raddr, rlen;   /* the client's buffer */
+    uint8_t       rkey_buf[FT_AMSG_MAX_RKEY];
+    size_t        rkey_len;
+    ucp_rkey_h    rkey;
+    uint8_t      *staging;
+    uint64_t      staged;        /* bytes of max_staging held */
+    uint64_t      need;          /* bytes to reserve */
+    void         *body;          /* reply body or PUTF frame (heap) */
+    size_t        body_len;
+    int           body_aligned;  /* body from ft_malloc_aligned */
+    uint64_t      aux;
+    ft_status     st;
+    char          detail[FT_AMSG_ERR_MAX + 1];
+    uint8_t       hdr[FT_AMSG_MAX_HDR];
+    struct job   *next;
+} job;
+
+struct agent {
+    ft_agent_params p;
+    ft_store      *up[FT_AGENT_MAX_NODES];
+    char           node_names[FT_AGENT_MAX_NODES][FT_AMSG_MAX_NODE + 1]; /* HOST:PORT */
+    ucp_context_h  ctx;
+    ucp_worker_h   w;
+    ucp_listener_h listener;
+    int            efd, evfd;
+    aconn         *conns;
+    unsigned       nconns;
+    uint64_t       next_conn_id;
+    ucp_conn_request_h pending_conn[MAX_PENDING_CONN];
+    unsigned       npending_conn;
+    char           token[FT_AMSG_MAX_TOKEN];
+    size_t         token_len;
+    int            has_token;
+    /* queues (q_lock) */
+    pthread_mutex_t q_lock;
+    pthread_cond_t  q_cond;
+    job           *work_head, *work_tail;   /* to the workers      */
+    job           *done_head, *done_tail;   /* to the main thread  */
+    job           *wait_head, *wait_tail;   /* waiting for staging */
+    uint64_t       staged;                  /* bytes reserved      */
+    unsigned       jobs;                    /* alive (main thread) */
+    int            stop_workers;
+    pthread_t     *threads;
+    unsigned       nthreads;
+};
+
+static void q_push(job **head, job **tail, job *j)
+{
+    j->next = NULL;
+    if (*tail) (*tail)->next = j; else *head = j;
+    *tail = j;
+}
+
+static job *q_pop(job **head, job **tail)
+{
+    job *j = *head;
+    if (j) {
+        *head = j->next;
+        if (!*head) *tail = NULL;
+        j->next = NULL;
+    }
+    return j;
+}
+
+static void to_workers(agent *A, job *j)
+{
+    pthread_mutex_lock(&A->q_lock);
+    q_push(&A->work_head, &A->work_tail, j);
+    pthread_cond_signal(&A->q_cond);
+    pthread_mutex_unlock(&A->q_lock);
+}
+
+static void to_main(agent *A, job *j)
+{
+    pthread_mutex_lock(&A->q_lock);
+    q_push(&A->done_head, &A->done_tail, j);
+    pthread_mutex_unlock(&A->q_lock);
+    uint64_t one = 1;
+    ssize_t r = write(A->evfd, &one, sizeof one);
+    (void)r;   /* a full counter still wakes the loop */
+}
+
+static void job_fail(job *j, ft_status st, const char *detail)
+{
+    if (j->st == FT_OK) {
+        j->st = st;
+        snprintf(j->detail, sizeof j->detail, "%s", detail && *detail ? detail : ft_status_str(st));
+    }
+    j->phase = P_REPLY;
+}
+
+/* --------------------------------------------------------------- staging */
+
+/* Reserve j->need bytes of max_staging (q_lock held). A request larger
+ * than the whole budget runs alone. */
+static int staging_try(agent *A, job *j)
+{
+    if (A->staged && A->staged + j->need > A->p.max_staging) return 0;
+    A->staged += j->need;
+    j->staged = j->need;
+    return 1;
+}
+
+static void staging_release(agent *A, job *j)
+{
+    free(j->staging);
+    j->staging = NULL;
+    if (!j->staged) return;
+    pthread_mutex_lock(&A->q_lock);
+    A->staged -= j->staged;
+    j->staged = 0;
+    /* waiting jobs that fit now go back to the workers, in order */
+    while (A->wait_head) {
+        job *w = A->wait_head;
+        if (A->staged && A->staged + w->need > A->p.max_staging) break;
+        q_pop(&A->wait_head, &A->wait_tail);
+        q_push(&A->work_head, &A->work_tail, w);
+        pthread_cond_signal(&A->q_cond);
+    }
+    pthread_mutex_unlock(&A->q_lock);
+}
+
+/* ------------------------------------------------------------------- CMA */
+
+/* Move n bytes between our buffer and the client's [raddr, raddr + n):
+ * process_vm_readv (write == 0) or process_vm_writev, resuming partial
+ * transfers. */
+static ft_status cma_copy(pid_t pid, int write, void *local, uint64_t raddr, uint64_t n)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        size_t part = n - done > (1u << 30) ? (1u << 30) : (size_t)(n - done);
+        struct iovec l = {(uint8_t *)local + done, part};
+        struct iovec r = {(void *)(uintptr_t)(raddr + done), part};
+        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return ft_set_error(FT_ERR_NET, "%s the client's buffer (pid %d): %s",
+                                write ? "writing into" : "reading", (int)pid,
+                                k < 0 ? strerror(errno) : "no progress");
+        done += (uint64_t)k;
+    }
+    return FT_OK;
+}
+
+/* ---------------------------------------------------------------- workers */
+
+static ft_status wait_req(ft_request *r)
+{
+    ft_status st = ft_request_wait(r, -1);
+    ft_request_free(r);
+    return st;
+}
+
+static void detail_from_error(job *j, ft_status st)
+{
+    j->st = st;
+    snprintf(j->detail, sizeof j->detail, "%s", ft_last_error());
+}
+
+/* READ: stat, reserve staging in the output dtype, fetch + decode. Returns
+ * 0 when the job waits for staging. */
+static int do_read(agent *A, job *j, ft_store *up)
+{
+    if (!j->staged && j->out_dtype >= 0 && j->rlen <= A->p.max_staging) {
+        /* the output dtype is known: the client's capacity bounds the
+         * staging (the store refuses a larger tensor), no size query */
+        j->need = j->rlen;
+        j->t.dtype = (ft_dtype)j->out_dtype;
+        pthread_mutex_lock(&A->q_lock);
+        int ok = staging_try(A, j);
+        if (!ok) q_push(&A->wait_head, &A->wait_tail, j);
+        pthread_mutex_unlock(&A->q_lock);
+        if (!ok) return 0;
+    }
+    if (!j->staged) {
+        ft_tensor_stat ts;
+        ft_status st = ft_stat_tensor(up, j->key, &ts);
+        if (st != FT_OK) { detail_from_error(j, st); return 1; }
+        int od = j->out_dtype < 0 ? (int)ts.dtype : j->out_dtype;
+        uint64_t numel = 0;
+        if (ft_shape_numel(ts.ndim, ts.shape, &numel) != FT_OK) {
+            detail_from_error(j, FT_ERR_CORRUPT);
+            return 1;
+        }
+        uint64_t need = ft_dtype_nbytes((ft_dtype)od, numel);
+        if (need > j->rlen) {
+            j->aux = need;
+            j->st = FT_ERR_BUFFER_SMALL;
+            snprintf(j->detail, sizeof j->detail,
+                     "decoded tensor needs %llu bytes, buffer has %llu", (unsigned long long)need,
+                     (unsigned long long)j->rlen);
+            return 1;
+        }
+        j->need = need;
+        j->t.dtype = (ft_dtype)od;
+        pthread_mutex_lock(&A->q_lock);
+        int ok = staging_try(A, j);
+        if (!ok) q_push(&A->wait_head, &A->wait_tail, j);
+        pthread_mutex_unlock(&A->q_lock);
+        if (!ok) return 0;
+    }
+    size_t cap = (size_t)j->need;
+    j->staging = malloc(cap ? cap : 1);
+    if (!j->staging) {
+        j->st = FT_ERR_NOMEM;
+        snprintf(j->detail, sizeof j->detail, "agent: no memory for %zu bytes", cap);
+        return 1;
+    }
+    ft_tensor dst;
+    memset(&dst, 0, sizeof dst);
+    dst.dtype = j->t.dtype;
+    dst.data = j->staging;
+    ft_request *r = NULL;
+    ft_status st = ft_read_tensor_async(up, j->key, &dst, cap, &r);
+    if (st == FT_OK) st = wait_req(r);
+    if (st == FT_ERR_BUFFER_SMALL && j->out_dtype >= 0 && j->rlen <= A->p.max_staging) {
+        detail_from_error(j, st);   /* the client's buffer is too small */
+        return 1;
+    }
+    if (st == FT_ERR_BUFFER_SMALL) {
+        /* replaced by a larger tensor since the stat: start over */
+        staging_release(A, j);
+        j->st = FT_ERR_BUSY;
+        snprintf(j->detail, sizeof j->detail, "tensor '%.120s' replaced during the read", j->key);
+        return 1;
+    }
+    if (st != FT_OK) { detail_from_error(j, st); return 1; }
+    dst.data = NULL;
+    j->t = dst;
+    uint64_t numel = 0;
+    ft_tensor_numel(&j->t, &numel);
+    j->need = ft_dtype_nbytes(j->t.dtype, numel);
+    j->phase = P_PUT;
+    if (j->c->cma_pid) {
+        st = cma_copy(j->c->cma_pid, 1, j->staging, j->raddr, j->need);
+        if (st != FT_OK) detail_from_error(j, st);
+        j->phase = P_REPLY;
+    }
+    return 1;
+}
+
+static void do_exec(job *j, ft_store *up)
+{
+    ft_status st = FT_OK;
+    switch (j->op) {
+    case FT_AOP_DEL:
+        st = ft_delete_tensor(up, j->key);
+        break;
+    case FT_AOP_STAT: {
+        ft_tensor_stat ts;
+        st = ft_stat_tensor(up, j->key, &ts);
+        if (st == FT_OK && !(j->body = malloc(FT_AMSG_STAT_SIZE))) st = FT_ERR_NOMEM;
+        if (st == FT_OK) {
+            ft_amsg_stat_encode(&ts, j->body);
+            j->body_len = FT_AMSG_STAT_SIZE;
+        }
+        break;
+    }
+    case FT_AOP_STATS: {
+        ft_store_stats s;
+        st = ft_store_stats_get(up, &s);
+        if (st == FT_OK && !(j->body = malloc(FT_AMSG_STATS_SIZE))) st = FT_ERR_NOMEM;
+        if (st == FT_OK) {
+            ft_amsg_stats_encode(&s, j->body);
+            j->body_len = FT_AMSG_STATS_SIZE;
+        }
+        break;
+    }
+    case FT_AOP_LIST: {
+        char **keys = NULL;
+        size_t n = 0;
+        st = ft_list_tensors(up, &keys, &n);
+        if (st == FT_OK) {
+            uint8_t *b = NULL;
+            size_t bl = 0;
+            st = ft_amsg_list_encode(keys, n, &b, &bl);
+            ft_list_free(keys, n);
+            j->body = b;
+            j->body_len = bl;
+        }
+        break;
+    }
+    case FT_AOP_PUTF:
+        st = ft_store_put_frame(up, j->key, j->body, j->body_len);
+        free(j->body);
+        j->body = NULL;
+        j->body_len = 0;
+        break;
+    case FT_AOP_GETF: {
+        void *f = NULL;
+        size_t n = 0;
+        st = ft_store_get_frame(up, j->key, &f, &n);
+        if (st == FT_OK) {
+            j->body = f;
+            j->body_len = n;
+            j->body_aligned = 1;
+        }
+        break;
+    }
+    default:
+        st = ft_set_error(FT_ERR_INTERNAL, "opcode %u", j->op);
+    }
+    if (st != FT_OK) detail_from_error(j, st);
+}
+
+static void *worker_main(void *arg)
+{
+    agent *A = arg;
+    for (;;) {
+        pthread_mutex_lock(&A->q_lock);
+        while (!A->work_head && !A->stop_workers) pthread_cond_wait(&A->q_cond, &A->q_lock);
+        job *j = q_pop(&A->work_head, &A->work_tail);
+        pthread_mutex_unlock(&A->q_lock);
+        if (!j) break;
+        ft_clear_error();
+        ft_store *up = A->up[j->c->node];
+        int post = 1;
+        switch (j->phase) {
+        case P_RESERVE:
+            pthread_mutex_lock(&A->q_lock);
+            if (!staging_try(A, j)) {
+                q_push(&A->wait_head, &A->wait_tail, j);
+                post = 0;
+            }
+            pthread_mutex_unlock(&A->q_lock);
+            if (!post) break;
+            j->staging = malloc(j->need ? j->need : 1);
+            if (!j->staging) {
+                job_fail(j, FT_ERR_NOMEM, "agent: no memory for the tensor");
+                break;
+            }
+            j->phase = P_GET;
+            if (!j->c->cma_pid) break;   /* the main thread gets it by RMA */
+            {
+                ft_status st = cma_copy(j->c->cma_pid, 0, j->staging, j->raddr, j->need);
+                if (st != FT_OK) {
+                    job_fail(j, st, ft_last_error());
+                    break;
+                }
+            }
+            j->phase = P_WRITE;   /* encode and store on this thread */
+            __attribute__((fallthrough));
+        case P_WRITE: {
+            j->t.data = j->staging;
+            ft_request *r = NULL;
+            ft_status st = ft_write_tensor_async(up, j->key, &j->t, &j->cp, &r);
+            if (st == FT_OK) st = wait_req(r);
+            if (st != FT_OK) detail_from_error(j, st);
+            j->phase = P_REPLY;
+            break;
+        }
+        case P_READ:
+            post = do_read(A, j, up);
+            if (post && j->phase == P_READ) j->phase = P_REPLY;
+            break;
+        case P_EXEC:
+            do_exec(j, up);
+            j->phase = P_REPLY;
+            break;
+        default:
+            job_fail(j, FT_ERR_INTERNAL, "job in a main-thread phase on a worker");
+        }
+        if (post) to_main(A, j);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ main thread */
+
+static void job_free(job *j)
+{
+    agent *A = j->A;
+    staging_release(A, j);
+    if (j->rkey) ucp_rkey_destroy(j->rkey);
+    if (j->body_aligned) ft_free_aligned(j->body);
+    else free(j->body);
+    j->c->refs--;
+    A->jobs--;
+    free(j);
+}
+
+static void reply_sent_cb(void *req, ucs_status_t status, void *user)
+{
+    job *j = user;
+    if (status != UCS_OK)
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu: reply not delivered: %s", (unsigned long long)j->c->id,
+               ucs_status_string(status));
+    job_free(j);
+    ucp_request_free(req);
+}
+
+static void send_reply(job *j)
+{
+    aconn *c = j->c;
+    if (c->dead) { job_free(j); return; }
+    const void *body = NULL;
+    size_t blen = 0;
+    uint64_t aux = 0;
+    if (j->st != FT_OK) {
+        body = j->detail;
+        blen = strlen(j->detail);
+        if (j->st == FT_ERR_BUFFER_SMALL) aux = j->aux;
+    } else if (j->op == FT_AOP_READ) {
+        /* the result's descriptor, built in the staging-free body */
+        if (!(j->body = malloc(FT_AMSG_DESC_SIZE))) {
+            job_fail(j, FT_ERR_NOMEM, "agent: no memory");
+            body = j->detail;
+            blen = strlen(j->detail);
+        } else {
+            ft_amsg_desc_encode(&j->t, j->body);
+            body = j->body;
+            blen = FT_AMSG_DESC_SIZE;
+        }
+    } else {
+        body = j->body;
+        blen = j->body_len;
+        if (j->op == FT_AOP_WRITE) aux = j->aux;
+    }
+    size_t hlen = ft_amsg_encode(j->hdr, (uint16_t)(j->op | FT_AOP_REPLY), j->req_id,
+                                 (int32_t)j->st, NULL, 0, blen, 0, 0, aux);
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = reply_sent_cb;
+    rp.user_data = j;
+    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_AGENT_REPLY, j->hdr, hlen, body, blen, &rp);
+    if (UCS_PTR_IS_ERR(r) || !r) job_free(j);
+}
+
+static ft_status unpack_rkey(job *j)
+{
+    ucs_status_t s = ucp_ep_rkey_unpack(j->c->rma_ep, j->rkey_buf, &j->rkey);
+    if (s != UCS_OK) {
+        j->rkey = NULL;
+        return ft_set_error(FT_ERR_PROTOCOL, "cannot unpack the client's remote key: %s",
+                            ucs_status_string(s));
+    }
+    return FT_OK;
+}
+
+static void main_step(agent *A, job *j);
+
+static void get_done_cb(void *req, ucs_status_t status, void *user)
+{
+    job *j = user;
+    if (status != UCS_OK) {
+        char d[160];
+        snprintf(d, sizeof d, "reading the client's tensor: %s", ucs_status_string(status));
+        job_fail(j, FT_ERR_NET, d);
+    }
+    ucp_request_free(req);
+    main_step(j->A, j);
+}
+
+static void flush_done_cb(void *req, ucs_status_t status, void *user)
+{
+    job *j = user;
+    if (status != UCS_OK) {
+        char d[160];
+        snprintf(d, sizeof d, "writing into the client's buffer: %s", ucs_status_string(status));
+        job_fail(j, FT_ERR_NET, d);
+    }
+    j->phase = P_REPLY;
+    ucp_request_free(req);
+    main_step(j->A, j);
+}
+
+/* Advance a job that is in a main-thread phase (or hand it on). */
+static void main_step(agent *A, job *j)
+{
+    if (j->c->dead) { job_free(j); return; }
+    ucp_request_param_t rp;   /* callbacks: rp.cb.send is set per operation */
+    memset(&rp, 0, sizeof rp);
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.user_data = j;
+    switch (j->phase) {
+    case P_GET: {
+        /* After the get: destroy the rkey, then encode on a worker. */
+        if (j->rkey == NULL && j->need) {
+            if (unpack_rkey(j) != FT_OK) { job_fail(j, FT_ERR_PROTOCOL, ft_last_error()); break; }
+            j->phase = P_GET;
+            rp.cb.send = get_done_cb;
+            ucs_status_ptr_t r = ucp_get_nbx(j->c->rma_ep, j->staging, j->need, j->raddr, j->rkey, &rp);
+            if (UCS_PTR_IS_ERR(r)) {
+                job_fail(j, FT_ERR_NET, ucs_status_string(UCS_PTR_STATUS(r)));
+                break;
+            }
+            if (r) return;          /* get_done_cb continues */
+        }
+        if (j->phase == P_REPLY) break;
+        if (j->rkey) { ucp_rkey_destroy(j->rkey); j->rkey = NULL; }
+        j->phase = P_WRITE;
+        to_workers(A, j);
+        return;
+    }
+    case P_PUT: {
+        if (j->need) {
+            if (unpack_rkey(j) != FT_OK) { job_fail(j, FT_ERR_PROTOCOL, ft_last_error()); break; }
+            ucp_request_param_t pp;
+            memset(&pp, 0, sizeof pp);
+            ucs_status_ptr_t r = ucp_put_nbx(j->c->rma_ep, j->staging, j->need, j->raddr, j->rkey, &pp);
+            if (UCS_PTR_IS_ERR(r)) {
+                job_fail(j, FT_ERR_NET, ucs_status_string(UCS_PTR_STATUS(r)));
+                break;
+            }
+            if (r) ucp_request_free(r);   /* completes on its own; the flush reports errors */
+            /* the reply may only leave once the bytes are in the client's
+             * buffer: flush = remote completion of the put */
+            j->phase = P_REPLY;
+            rp.cb.send = flush_done_cb;
+            ucs_status_ptr_t f = ucp_ep_flush_nbx(j->c->rma_ep, &rp);
+            if (UCS_PTR_IS_ERR(f)) {
+                job_fail(j, FT_ERR_NET, ucs_status_string(UCS_PTR_STATUS(f)));
+                break;
+            }
+            if (f) return;          /* flush_done_cb continues */
+        }
+        j->phase = P_REPLY;
+        break;
+    }
+    case P_REPLY:
+        break;
+    default:
+        to_workers(A, j);
+        return;
+    }
+    staging_release(A, j);    /* before the reply: the tensor is delivered */
+    send_reply(j);
+}
+
+static void drain_done(agent *A)
+{
+    uint64_t v;
+    ssize_t r = read(A->evfd, &v, sizeof v);
+    (void)r;
+    for (;;) {
+        pthread_mutex_lock(&A->q_lock);
+        job *j = q_pop(&A->done_head, &A->done_tail);
+        pthread_mutex_unlock(&A->q_lock);
+        if (!j) break;
+        main_step(A, j);
+    }
+}
+
+/* ------------------------------------------------------------- requests */
+
+static job *job_new(agent *A, aconn *c, const ft_amsg *m)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->A = A;
+    j->c = c;
+    j->op = m->opcode;
+    j->req_id = m->req_id;
+    if (m->key_len) memcpy(j->key, m->key, m->key_len);
+    j->key[m->key_len] = 0;
+    c->refs++;
+    A->jobs++;
+    return j;
+}
+
+/* An error reply without a job of its own. */
+static void reply_error(agent *A, aconn *c, const ft_amsg *m, uint16_t op, ft_status st,
+                        const char *detail)
+{
+    ft_amsg mm = *m;
+    mm.key_len = 0;
+    job *j = job_new(A, c, &mm);
+    if (!j) return;
+    j->op = op;
+    job_fail(j, st, detail);
+    send_reply(j);
+}
+
+static int token_ok(const agent *A, const uint8_t *t, size_t n)
+{
+    if (n == 0) return 0;
+    /* time independent of the token's contents */
+    unsigned diff = n != A->token_len;
+    for (size_t i = 0; i < A->token_len; i++) diff |= (unsigned)(t[i % n] ^ (uint8_t)A->token[i]);
+    return diff == 0;
+}
+
+static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
+
+static void handle_hello(agent *A, aconn *c, const ft_amsg *m, const void *data)
+{
+    ft_amsg_hello h;
+    ft_status st = ft_amsg_hello_parse(data, m->data_len, &h);
+    if (st != FT_OK) { reply_error(A, c, m, FT_AOP_HELLO, st, ft_last_error()); return; }
+    if (A->has_token && !token_ok(A, h.token, h.token_len)) {
+        c->authed = 0;
+        FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): authentication failed", (unsigned long long)c->id,
+               c->peer);
+        reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_AUTH, "wrong or missing agent token");
+        return;
+    }
+    unsigned node = 0;
+    if (h.node[0]) {
+        const char *want = strncmp(h.node, "ucx://", 6) ? h.node : h.node + 6;
+        for (node = 0; node < A->p.n_nodes; node++)
+            if (!strcmp(A->node_names[node], want)) break;
+        if (node == A->p.n_nodes) {
+            char d[FT_AMSG_ERR_MAX];
+            snprintf(d, sizeof d, "memory node '%.100s' is not one of this agent's (--node)", h.node);
+            reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_INVALID_ARG, d);
+            return;
+        }
+    }
+    if (!c->rma_ep) {
+        ucp_ep_params_t ep;
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        ep.address = (const ucp_address_t *)h.waddr;
+        /* PEER mode: a client that dies must fail our operations, not
+         * leave UCX with an endpoint in undefined state (seen crashing
+         * under qemu). UCX 1.13 then uses no shared-memory RMA lanes, which
+         * only matters on one machine, where clients use CMA instead. */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = conn_err_cb;
+        ep.err_handler.arg = c;
+        ucs_status_t s = h.waddr_len ? ucp_ep_create(A->w, &ep, &c->rma_ep) : UCS_ERR_INVALID_PARAM;
+        if (s != UCS_OK) {
+            c->rma_ep = NULL;
+            char d[FT_AMSG_ERR_MAX];
+            snprintf(d, sizeof d, "cannot reach the client's worker address for RMA: %s",
+                     ucs_status_string(s));
+            reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_PROTOCOL, d);
+            return;
+        }
+    }
+    c->node = node;
+    c->authed = 1;
+    FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): authenticated, node %s", (unsigned long long)c->id,
+           c->peer, A->node_names[node]);
+    job *j = job_new(A, c, m);
+    if (!j) return;
+    j->phase = P_REPLY;
+    /* the CMA challenge (see FT_AOP_CMA) */
+    if (getrandom(c->challenge, sizeof c->challenge, 0) == (ssize_t)sizeof c->challenge &&
+        (j->body = malloc(FT_AMSG_CHALLENGE))) {
+        memcpy(j->body, c->challenge, FT_AMSG_CHALLENGE);
+        j->body_len = FT_AMSG_CHALLENGE;
+    }
+    send_reply(j);
+}
+
+/* The client names its pid and where it put our challenge; reading it
+ * back proves it is a process of this machine that we may reach. */
+static void handle_cma(agent *A, aconn *c, const ft_amsg *m, const void *data)
+{
+    const uint8_t *b = data;
+    uint64_t pid = 0, addr = 0;
+    for (int i = 7; i >= 0; i--) {
+        pid = (pid << 8) | b[i];
+        addr = (addr << 8) | b[8 + i];
+    }
+    uint8_t got[FT_AMSG_CHALLENGE];
+    unsigned diff = 1;
+    if (pid > 0 && pid <= INT32_MAX && !c->cma_pid &&
+        cma_copy((pid_t)pid, 0, got, addr, sizeof got) == FT_OK) {
+        diff = 0;
+        for (unsigned i = 0; i < sizeof got; i++) diff |= got[i] ^ c->challenge[i];
+    }
+    /* one try per connection */
+    memset(c->challenge, 0, sizeof c->challenge);
+    if (diff) {
+        reply_error(A, c, m, FT_AOP_CMA, FT_ERR_UNSUPPORTED,
+                    "cross-memory attach to the client is not possible; using UCX RMA");
+        return;
+    }
+    c->cma_pid = (pid_t)pid;
+    FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): same machine, tensors move by CMA (pid %d)",
+           (unsigned long long)c->id, c->peer, (int)c->cma_pid);
+    job *j = job_new(A, c, m);
+    if (j) { j->phase = P_REPLY; send_reply(j); }
+}
+
+static void putf_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    job *j = user;
+    if (status != UCS_OK || length != j->body_len) {
+        free(j->body);
+        j->body = NULL;
+        j->body_len = 0;
+        job_fail(j, FT_ERR_NET, "frame not received");
+    }
+    ucp_request_free(req);
+    main_step(j->A, j);
+}
+
+static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                               const ucp_am_recv_param_t *param)
+{
+    agent *A = arg;
+    aconn *c = NULL;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+        for (aconn *k = A->conns; k; k = k->next)
+            if (k->ep == param->reply_ep && !k->dead) { c = k; break; }
+    if (!c) return UCS_OK;
+    ft_amsg m;
+    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    ft_status st = ft_amsg_parse(header, hlen, len, 0, A->p.max_staging, &m);
+    if (st != FT_OK) {
+        FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): bad message: %s", (unsigned long long)c->id,
+               c->peer, ft_last_error());
+        if (hlen >= 16) {
+            ft_amsg e;
+            memset(&e, 0, sizeof e);
+            const uint8_t *h = header;
+            for (int i = 7; i >= 0; i--) e.req_id = (e.req_id << 8) | h[8 + i];
+            reply_error(A, c, &e, FT_AOP_HELLO, st == FT_ERR_UNSUPPORTED ? st : FT_ERR_PROTOCOL,
+                        ft_last_error());
+        }
+        if (++c->proto_errors > MAX_PROTO_ERRORS) c->dead = 1;
+        return UCS_OK;
+    }
+    if (c->refs >= MAX_OPS_PER_CONN) {
+        reply_error(A, c, &m, m.opcode, FT_ERR_BUSY, "too many requests in flight");
+        return UCS_OK;
+    }
+    if (m.opcode != FT_AOP_PUTF && m.data_len && rndv) {
+        reply_error(A, c, &m, m.opcode, FT_ERR_PROTOCOL, "request body must be eager");
+        return UCS_OK;
+    }
+    if (m.opcode == FT_AOP_HELLO) { handle_hello(A, c, &m, data); return UCS_OK; }
+    if (!c->authed) {
+        reply_error(A, c, &m, m.opcode, FT_ERR_AUTH, "not authenticated (HELLO first)");
+        return UCS_OK;
+    }
+    if (m.opcode == FT_AOP_CMA) { handle_cma(A, c, &m, data); return UCS_OK; }
+    job *j = job_new(A, c, &m);
+    if (!j) return UCS_OK;
+    const uint8_t *rk = NULL;
+    size_t rkl = 0;
+    switch (m.opcode) {
+    case FT_AOP_WRITE: {
+        st = ft_amsg_write_parse(data, m.data_len, &j->t, &j->cp, &rk, &rkl);
+        uint64_t nb = 0;
+        if (st == FT_OK) ft_tensor_nbytes(&j->t, &nb);
+        if (st == FT_OK && nb != m.len)
+            st = ft_set_error(FT_ERR_PROTOCOL, "WRITE of %llu bytes for a tensor of %llu",
+                              (unsigned long long)m.len, (unsigned long long)nb);
+        /* staging bounds what the agent takes (and what ft_encode_bound,
+         * linear in the chunk count, is asked about) */
+        if (st == FT_OK && nb > A->p.max_staging)
+            st = ft_set_error(FT_ERR_NO_SPACE, "tensor of %llu bytes over the agent's staging (%llu, --max-staging)",
+                              (unsigned long long)nb, (unsigned long long)A->p.max_staging);
+        if (st == FT_OK && nb && rkl == 0 && !c->cma_pid)
+            st = ft_set_error(FT_ERR_PROTOCOL, "WRITE without a remote key");
+        if (st == FT_OK && ft_encode_bound(&j->cp, j->t.dtype, j->t.ndim, j->t.shape) == 0)
+            st = ft_set_error(FT_ERR_INVALID_ARG, "invalid codec params or shape for '%s'", j->key);
+        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return UCS_OK; }
+        memcpy(j->rkey_buf, rk, rkl);
+        j->rkey_len = rkl;
+        j->raddr = m.addr;
+        j->need = nb;
+        j->phase = P_RESERVE;
+        to_workers(A, j);
+        return UCS_OK;
+    }
+    case FT_AOP_READ:
+        st = ft_amsg_read_parse(data, m.data_len, &j->out_dtype, &rk, &rkl);
+        if (st == FT_OK && m.len && rkl == 0 && !c->cma_pid)
+            st = ft_set_error(FT_ERR_PROTOCOL, "READ without a remote key");
+        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return UCS_OK; }
+        memcpy(j->rkey_buf, rk, rkl);
+        j->rkey_len = rkl;
+        j->raddr = m.addr;
+        j->rlen = m.len;
+        j->phase = P_READ;
+        to_workers(A, j);
+        return UCS_OK;
+    case FT_AOP_PUTF:
+        j->body = malloc(m.data_len);
+        j->body_len = m.data_len;
+        if (!j->body) { job_fail(j, FT_ERR_NOMEM, "agent: no memory for the frame"); send_reply(j); return UCS_OK; }
+        j->phase = P_EXEC;
+        if (rndv) {
+            ucp_request_param_t rp;
+            memset(&rp, 0, sizeof rp);
+            rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            rp.cb.recv_am = putf_recv_cb;
+            rp.user_data = j;
+            ucs_status_ptr_t r = ucp_am_recv_data_nbx(A->w, data, j->body, m.data_len, &rp);
+            if (UCS_PTR_IS_ERR(r)) {
+                free(j->body);
+                j->body = NULL;
+                job_fail(j, FT_ERR_NET, "frame not received");
+                send_reply(j);
+            } else if (!r) {
+                to_workers(A, j);
+            }
+            return UCS_INPROGRESS;
+        }
+        memcpy(j->body, data, m.data_len);
+        to_workers(A, j);
+        return UCS_OK;
+    default:
+        j->phase = P_EXEC;
+        to_workers(A, j);
+        return UCS_OK;
+    }
+}
+
+/* ---------------------------------------------------------- connections */
+
+static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    aconn *c = arg;
+    (void)ep;
+    if (!c->dead)
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s) closed: %s", (unsigned long long)c->id, c->peer,
+               ucs_status_string(status));
+    c->dead = 1;
+}
+
+static void conn_req_cb(ucp_conn_request_h req, void *arg)
+{
+    agent *A = arg;
+    if (A->npending_conn >= MAX_PENDING_CONN || A->nconns >= A->p.max_connections) {
+        FT_LOG(FT_LOG_WARN, "agent: connection limit reached, rejecting");
+        ucp_listener_reject(A->listener, req);
+        return;
+    }
+    A->pending_conn[A->npending_conn++] = req;
+}
+
+static void addr_str(const struct sockaddr_storage *ss, char *buf, size_t n)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
+        port = ntohs(sin->sin_port);
+        snprintf(buf, n, "%s:%d", host, port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof host);
+        port = ntohs(s6->sin6_port);
+        snprintf(buf, n, "[%s]:%d", host, port);
+    } else {
+        snprintf(buf, n, "?");
+    }
+}
+
+static void accept_conns(agent *A)
+{
+    for (unsigned i = 0; i < A->npending_conn; i++) {
+        ucp_conn_request_h req = A->pending_conn[i];
+        aconn *c = calloc(1, sizeof *c);
+        if (!c) { ucp_listener_reject(A->listener, req); continue; }
+        c->id = ++A->next_conn_id;
+        snprintf(c->peer, sizeof c->peer, "?");
+        ucp_conn_request_attr_t a;
+        a.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+        if (ucp_conn_request_query(req, &a) == UCS_OK) addr_str(&a.client_address, c->peer, sizeof c->peer);
+        ucp_ep_params_t ep;
+        memset(&ep, 0, sizeof ep);
+        ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        ep.conn_request = req;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = conn_err_cb;
+        ep.err_handler.arg = c;
+        ucs_status_t s = ucp_ep_create(A->w, &ep, &c->ep);
+        if (s != UCS_OK) {
+            FT_LOG(FT_LOG_WARN, "agent: accepting %s failed: %s", c->peer, ucs_status_string(s));
+            free(c);
+            continue;
+        }
+        c->next = A->conns;
+        A->conns = c;
+        A->nconns++;
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu from %s", (unsigned long long)c->id, c->peer);
+    }
+    A->npending_conn = 0;
+}
+
+static void reap_conns(agent *A, int force_all)
+{
+    for (aconn **pp = &A->conns; *pp;) {
+        aconn *c = *pp;
+        if (force_all) c->dead = 1;
+        if (c->dead && !c->closed) {
+            ucp_request_param_t p;
+            memset(&p, 0, sizeof p);
+            p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+            c->close_req = ucp_ep_close_nbx(c->ep, &p);
+            if (UCS_PTR_IS_ERR(c->close_req)) c->close_req = NULL;
+            if (c->rma_ep) {
+                c->rma_close_req = ucp_ep_close_nbx(c->rma_ep, &p);
+                if (UCS_PTR_IS_ERR(c->rma_close_req)) c->rma_close_req = NULL;
+            }
+            c->closed = 1;
+            A->nconns--;
+        }
+        if (c->closed && c->close_req && ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
+            ucp_request_free(c->close_req);
+            c->close_req = NULL;
+        }
+        if (c->closed && c->rma_close_req &&
+            ucp_request_check_status(c->rma_close_req) != UCS_INPROGRESS) {
+            ucp_request_free(c->rma_close_req);
+            c->rma_close_req = NULL;
+        }
+        if (c->closed && !c->close_req && !c->rma_close_req && c->refs == 0) {
+            *pp = c->next;
+            free(c);
+            continue;
+        }
+        pp = &c->next;
+    }
+}
+
+/* ------------------------------------------------------------------ run */
+
+void ft_agent_default_params(ft_agent_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->listen = "127.0.0.1:13340";
+    p->max_connections = 256;
+}
+
+static ft_status resolve(const char *hostport, struct sockaddr_storage *addr, socklen_t *alen)
+{
+    char host[256];
+    const char *colon, *h = hostport;
+    size_t hl;
+    if (hostport[0] == '[') {
+        const char *e = strchr(hostport, ']');
+        if (!e || e[1] != ':') goto bad;
+        h = hostport + 1;
+        hl = (size_t)(e - h);
+        colon = e + 1;
+    } else {
+        colon = strrchr(hostport, ':');
+        if (!colon) goto bad;
+        hl = (size_t)(colon - hostport);
+    }
+    if (hl == 0 || hl >= sizeof host || !colon[1]) goto bad;
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int e = getaddrinfo(host, colon + 1, &hints, &res);
+    if (e != 0 || !res) return ft_set_error(FT_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    *alen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return FT_OK;
+bad:
+    return ft_set_error(FT_ERR_INVALID_ARG, "expected HOST:PORT, got '%s'", hostport);
+}
+
+static ft_status read_token(const char *path, char *buf, size_t cap, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return ft_set_error(FT_ERR_IO, "token file %s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, cap, f);
+    int big = n == cap && fgetc(f) != EOF;
+    fclose(f);
+    if (big) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s over %zu bytes", path, cap - 1);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
+    if (n == 0) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s is empty", path);
+    *len = n;
+    return FT_OK;
+}
+
+/* The UCP context toward the clients: active messages and RMA (the
+ * clients' buffers), wakeup; optionally its own transport list. */
+static ucs_status_t ucp_open(agent *A)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
+    if (s == UCS_OK && A->p.client_tls) s = ucp_config_modify(cfg, "TLS", A->p.client_tls);
+    if (s == UCS_OK) {
+        ucp_params_t up;
+        memset(&up, 0, sizeof up);
+        up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+        up.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+        up.name = "flextier-agent";
+        s = ucp_init(&up, cfg, &A->ctx);
+    }
+    if (cfg) ucp_config_release(cfg);
+    if (s == UCS_OK) {
+        ucp_worker_params_t wp;
+        memset(&wp, 0, sizeof wp);
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+        s = ucp_worker_create(A->ctx, &wp, &A->w);
+    }
+    if (s == UCS_OK) s = ucp_worker_get_efd(A->w, &A->efd);
+    if (s == UCS_OK) {
+        ucp_am_handler_param_t hp;
+        memset(&hp, 0, sizeof hp);
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id = FT_AM_AGENT_REQUEST;
+        hp.cb = on_request;
+        hp.arg = A;
+        s = ucp_worker_set_am_recv_handler(A->w, &hp);
+    }
+    return s;
+}
+
+static void shutdown_agent(agent *A)
+{
+    if (A->w) {
+        reap_conns(A, 1);
+        /* jobs finish (their upstream operations end, bounded by the store
+         * timeouts); the main-thread steps see dead connections and free */
+        double dl = ft_now() + 30.0;
+        while ((A->conns || A->jobs) && ft_now() < dl) {
+            ucp_worker_progress(A->w);
+            drain_done(A);
+            reap_conns(A, 0);
+            if (A->jobs) usleep(1000);
+        }
+    }
+    if (A->threads) {
+        pthread_mutex_lock(&A->q_lock);
+        A->stop_workers = 1;
+        /* jobs still waiting for staging are dropped with their conns */
+        pthread_cond_broadcast(&A->q_cond);
+        pthread_mutex_unlock(&A->q_lock);
+        for (unsigned i = 0; i < A->nthreads; i++) pthread_join(A->threads[i], NULL);
+        free(A->threads);
+    }
+    if (A->listener) ucp_listener_destroy(A->listener);
+    if (A->w) ucp_worker_destroy(A->w);
+    if (A->ctx) ucp_cleanup(A->ctx);
+    for (unsigned i = 0; i < FT_AGENT_MAX_NODES; i++) ft_store_close(A->up[i]);
+    if (A->evfd >= 0) close(A->evfd);
+    pthread_mutex_destroy(&A->q_lock);
+    pthread_cond_destroy(&A->q_cond);
+    memset(A->token, 0, sizeof A->token);
+    free(A);
+}
+
+ft_status ft_agent_run(const ft_agent_params *params)
+{
+    ft_agent_params p;
+    if (params) p = *params; else ft_agent_default_params(&p);
+    if (!p.listen) p.listen = "127.0.0.1:13340";
+    if (!p.max_connections) p.max_connections = 256;
+    if (!p.max_staging) p.max_staging = 2ull << 30;
+    if (!p.threads) p.threads = 8;
+    if (p.threads > 64) p.threads = 64;
+    if (p.n_nodes == 0 || p.n_nodes > FT_AGENT_MAX_NODES)
+        return ft_set_error(FT_ERR_INVALID_ARG, "the agent needs 1..%d memory nodes (--node ucx://HOST:PORT)",
+                            FT_AGENT_MAX_NODES);
+    agent *A = calloc(1, sizeof *A);
+    if (!A) return ft_set_error(FT_ERR_NOMEM, "agent");
+    A->p = p;
+    A->efd = -1;
+    A->evfd = -1;
+    pthread_mutex_init(&A->q_lock, NULL);
+    pthread_cond_init(&A->q_cond, NULL);
+    ft_status st = FT_OK;
+    struct sockaddr_storage addr;
+    socklen_t alen = 0;
+    if ((st = resolve(p.listen, &addr, &alen)) != FT_OK) goto out;
+    if (p.token_file) {
+        if ((st = read_token(p.token_file, A->token, sizeof A->token, &A->token_len)) != FT_OK) goto out;
+        A->has_token = 1;
+    }
+    /* the memory nodes, through the public store API with our own token */
+    for (unsigned i = 0; i < p.n_nodes; i++) {
+        const char *u = p.nodes[i];
+        if (!u || strncmp(u, "ucx://", 6) || strlen(u + 6) > FT_AMSG_MAX_NODE || !u[6]) {
+            st = ft_set_error(FT_ERR_INVALID_ARG, "memory node '%s' is not ucx://HOST:PORT", u ? u : "");
+            goto out;
+        }
+        snprintf(A->node_names[i], sizeof A->node_names[i], "%s", u + 6);
+        ft_store_params sp;
+        ft_store_default_params(&sp);
+        sp.token_file = p.node_token_file;
+        sp.queue_depth = p.threads;
+        sp.codec_threads = 1;
+        if (p.timeout_ms > 0) sp.timeout_ms = p.timeout_ms;
+        if ((st = ft_store_open(u, &sp, &A->up[i])) != FT_OK) {
+            st = ft_set_error(st, "memory node %s: %s", u, ft_last_error());
+            goto out;
+        }
+    }
+    A->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (A->evfd < 0) { st = ft_set_error(FT_ERR_IO, "eventfd: %s", strerror(errno)); goto out; }
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+    ucs_status_t s = ucp_open(A);
+    if (s != UCS_OK) { st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s)); goto out; }
+    ucp_listener_params_t lp;
+    memset(&lp, 0, sizeof lp);
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = (const struct sockaddr *)&addr;
+    lp.sockaddr.addrlen = alen;
+    lp.conn_handler.cb = conn_req_cb;
+    lp.conn_handler.arg = A;
+    s = ucp_listener_create(A->w, &lp, &A->listener);
+    if (s != UCS_OK) {
+        A->listener = NULL;
+        st = ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", p.listen, ucs_status_string(s));
+        goto out;
+    }
+    A->threads = calloc(p.threads, sizeof *A->threads);
+    if (!A->threads) { st = ft_set_error(FT_ERR_NOMEM, "threads"); goto out; }
+    for (unsigned i = 0; i < p.threads; i++) {
+        if (pthread_create(&A->threads[i], NULL, worker_main, A) != 0) break;
+        A->nthreads = i + 1;
+    }
+    if (!A->nthreads) { st = ft_set_error(FT_ERR_NOMEM, "pthread_create failed"); goto out; }
+    char bound[128];
+    snprintf(bound, sizeof bound, "%s", p.listen);
+    ucp_listener_attr_t la;
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    if (ucp_listener_query(A->listener, &la) == UCS_OK) addr_str(&la.sockaddr, bound, sizeof bound);
+    FT_LOG(FT_LOG_INFO, "agent: listening on %s, %u worker threads, %u memory node(s), staging %llu bytes",
+           bound, A->nthreads, p.n_nodes, (unsigned long long)p.max_staging);
+    if (p.on_ready) p.on_ready(p.arg, bound);
+
+    while (!(p.stop && *p.stop)) {
+        if (A->npending_conn) accept_conns(A);
+        reap_conns(A, 0);
+        drain_done(A);
+        if (ucp_worker_progress(A->w)) continue;
+        if (A->npending_conn) continue;
+        s = ucp_worker_arm(A->w);
+        if (s == UCS_ERR_BUSY) continue;
+        struct pollfd pfd[2] = {{A->efd, POLLIN, 0}, {A->evfd, POLLIN, 0}};
+        poll(pfd, 2, 100);
+    }
+    FT_LOG(FT_LOG_INFO, "agent: shutting down");
+out:
+    shutdown_agent(A);
+    return st;
+}
