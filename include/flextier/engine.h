@@ -450,6 +450,32 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
                       const size_t *prompt_len, const ft_gen_params *p,
                       int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 
+/* A compute context as the generation loop sees it: the CPU context
+ * (ft_ctx_forward_ops) and the CUDA context (ft_cuda_ctx_forward_ops,
+ * flextier/cuda.h) provide one, so generation is written once. forward:
+ * as ft_ctx_forward with the last row's logits of each sequence;
+ * forward_greedy (optional, NULL: not offered): the argmax of those rows
+ * instead, computed where the logits are; reset: empty a slot. */
+typedef struct ft_forward_ops {
+    void *ctx;
+    const ft_model_config *cfg;
+    int max_batch, max_seq;
+    ft_status (*forward)(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                         const size_t *ntok, float *logits);
+    ft_status (*forward_greedy)(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                const size_t *ntok, int32_t *next);
+    void (*reset)(void *ctx, int slot);
+} ft_forward_ops;
+
+void ft_ctx_forward_ops(ft_ctx *c, ft_forward_ops *out);
+
+/* ft_generate over any context: the one generation loop (greedy without a
+ * repetition penalty uses forward_greedy when the context offers it; the
+ * same seed gives the same choices as on the CPU given the same logits). */
+ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *const *prompts,
+                           const size_t *prompt_len, const ft_gen_params *p,
+                           int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -724,119 +724,39 @@ ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
 
 /* ------------------------------------------------------------ generate */
 
-static double cpu_now(void)
+/* The one generation loop (ft_generate_with, src/engine/sample.c) over
+ * the GPU's forward; greedy decoding takes the argmax on the device. */
+static ft_status cuda_forward_last(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                   const size_t *ntok, float *logits)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return ft_cuda_ctx_forward(ctx, n, slots, tokens, ntok, logits, 0);
 }
 
-static int is_eos(const ft_model_config *cfg, int32_t t)
+static ft_status cuda_forward_greedy(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                     const size_t *ntok, int32_t *next)
 {
-    for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos_ids[i] == t) return 1;
-    return 0;
+    return ft_cuda_ctx_forward_greedy(ctx, n, slots, tokens, ntok, next);
 }
 
-/* ft_generate (src/engine/sample.c) with the forward on the GPU. */
+static void cuda_reset(void *ctx, int slot) { ft_cuda_ctx_reset(ctx, slot); }
+
+void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ctx = c;
+    out->cfg = &c->m->cfg;
+    out->max_batch = c->p.max_batch;
+    out->max_seq = c->p.max_seq;
+    out->forward = cuda_forward_last;
+    out->forward_greedy = cuda_forward_greedy;
+    out->reset = cuda_reset;
+}
+
 ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
                            const ft_gen_params *p, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
 {
-    if (!c || !prompts || !prompt_len || !p || !out || !n_out || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or empty batch");
-    const ft_model_config *cfg = &c->m->cfg;
-    int max_seq = c->p.max_seq;
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %zu prompts > max_batch %d", n, c->p.max_batch);
-    size_t maxlen = 0;
-    for (size_t j = 0; j < n; j++) {
-        if (prompt_len[j] == 0) return ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is empty", j);
-        if (prompt_len[j] + (p->max_new_tokens ? p->max_new_tokens - 1 : 0) > (size_t)max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "generate: prompt %zu has %zu tokens; with %zu new "
-                                "tokens it exceeds the context of %d", j, prompt_len[j], p->max_new_tokens,
-                                max_seq);
-        if (prompt_len[j] > maxlen) maxlen = prompt_len[j];
-    }
-    const int greedy = !(p->sampling.temperature > 0) &&
-                       !(p->sampling.repetition_penalty > 0 && p->sampling.repetition_penalty != 1.0f);
-    size_t hist_cap = maxlen + p->max_new_tokens + 1;
-    float *logits = greedy ? NULL : malloc(n * (size_t)cfg->vocab * sizeof(float));
-    int32_t *hist = malloc(n * hist_cap * sizeof(int32_t));
-    int32_t *next = malloc(n * sizeof(int32_t));
-    int *slots = malloc(n * sizeof(int));
-    int *rowseq = malloc(n * sizeof(int));
-    size_t *hlen = calloc(n, sizeof(size_t));
-    const int32_t **tp = malloc(n * sizeof *tp);
-    size_t *nt = malloc(n * sizeof *nt);
-    uint64_t *rng = malloc(n * sizeof *rng);
-    ft_sampler *smp = NULL;
-    ft_status st = greedy ? FT_OK : ft_sampler_create(cfg->vocab, &smp);
-    if (!st && ((!greedy && !logits) || !hist || !next || !slots || !rowseq || !hlen || !tp || !nt || !rng))
-        st = ft_set_error(FT_ERR_NOMEM, "generate: buffers");
-    if (st) goto done;
-    ft_gen_stats gs;
-    memset(&gs, 0, sizeof gs);
-    for (size_t j = 0; j < n; j++) {
-        ft_cuda_ctx_reset(c, (int)j);
-        slots[j] = (int)j;
-        rowseq[j] = (int)j;
-        tp[j] = prompts[j];
-        nt[j] = prompt_len[j];
-        memcpy(hist + j * hist_cap, prompts[j], prompt_len[j] * sizeof(int32_t));
-        hlen[j] = prompt_len[j];
-        n_out[j] = 0;
-        rng[j] = p->sampling.seed ^ (0x9e3779b97f4a7c15ull * (j + 1));
-        gs.prefill_tokens += prompt_len[j];
-    }
-    if (p->max_new_tokens == 0) goto finish_stats;
-    double t0 = ft_now(), c0 = cpu_now();
-    st = greedy ? ft_cuda_ctx_forward_greedy(c, n, slots, tp, nt, next)
-                : ft_cuda_ctx_forward(c, n, slots, tp, nt, logits, 0);
-    if (st) goto done;
-    gs.prefill_s = ft_now() - t0;
-    gs.prefill_cpu_s = cpu_now() - c0;
-    size_t nrows = n;
-    t0 = ft_now();
-    c0 = cpu_now();
-    for (;;) {
-        size_t nact = 0;
-        for (size_t r = 0; r < nrows; r++) {
-            int j = rowseq[r];
-            int32_t tok;
-            if (greedy) {
-                tok = next[r];
-            } else {
-                ft_sampling sp = p->sampling;
-                tok = ft_sampler_sample(smp, &sp, logits + r * (size_t)cfg->vocab, hist + (size_t)j * hist_cap,
-                                        hlen[j], &rng[j]);
-            }
-            out[j][n_out[j]++] = tok;
-            hist[(size_t)j * hist_cap + hlen[j]++] = tok;
-            int stop = (!p->ignore_eos && is_eos(cfg, tok)) || n_out[j] >= p->max_new_tokens;
-            if (p->on_token && p->on_token(p->user, (size_t)j, tok)) stop = 1;
-            if (!stop) {
-                slots[nact] = j;
-                rowseq[nact] = j;
-                nact++;
-            }
-        }
-        if (!nact) break;
-        for (size_t i = 0; i < nact; i++) {
-            int j = slots[i];
-            tp[i] = hist + (size_t)j * hist_cap + hlen[j] - 1;
-            nt[i] = 1;
-        }
-        st = greedy ? ft_cuda_ctx_forward_greedy(c, nact, slots, tp, nt, next)
-                    : ft_cuda_ctx_forward(c, nact, slots, tp, nt, logits, 0);
-        if (st) goto done;
-        gs.decode_tokens += nact;
-        nrows = nact;
-    }
-    gs.decode_s = ft_now() - t0;
-    gs.decode_cpu_s = cpu_now() - c0;
-finish_stats:
-    if (stats) *stats = gs;
-done:
-    ft_sampler_free(smp);
-    free(logits); free(hist); free(next); free(slots); free(rowseq); free(hlen); free(tp); free(nt); free(rng);
-    return st;
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL context");
+    ft_forward_ops f;
+    ft_cuda_ctx_forward_ops(c, &f);
+    return ft_generate_with(&f, n, prompts, prompt_len, p, out, n_out, stats);
 }
