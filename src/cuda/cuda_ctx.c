@@ -24,6 +24,7 @@
 #include "cuda_host.h"
 #include "cuda_prep.h"
 #include "engine/engine_internal.h"
+#include "engine/graph.h"
 
 #include <cublas_v2.h>
 #include <math.h>
@@ -75,6 +76,9 @@ struct ft_cuda_ctx {
     uint64_t weight_bytes, kv_bytes, scratch_bytes;
     uint64_t h2d_weight_bytes, layers_streamed;
     double hook_s, stall_s, forward_s;
+    /* the forward call in progress (graph ops) */
+    int call_n;
+    struct { const void *t[LW_COUNT]; } cur;   /* the current layer's device tensors (a dev_layer) */
 };
 
 static ft_status blas_status(cublasStatus_t s, const char *what)
@@ -437,58 +441,6 @@ static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, con
 
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 
-static ft_status layer_forward(ft_cuda_ctx *c, int l, const dev_layer *w, int rows)
-{
-    const ft_model_config *cfg = &c->m->cfg;
-    const ft_arch *a = c->m->arch;
-    const int H = c->H, F = c->F;
-    const int pre = a->norm == FT_NORM_RMS || cfg->do_layer_norm_before;
-    const uint64_t xn = (uint64_t)rows * H;
-    float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
-    const void *gin;
-
-    /* attention block */
-    const float *in = c->x;
-    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B])); in = c->xb; }
-    TRY(gemm_input(c, in, xn, &gin));
-    TRY(gemm(c, c->q, gin, rows, H, w->t[LW_Q], c->qdim, w->t[LW_QB]));
-    TRY(gemm(c, c->k, gin, rows, H, w->t[LW_K], c->kvdim, w->t[LW_KB]));
-    TRY(gemm(c, c->v, gin, rows, H, w->t[LW_V], c->kvdim, w->t[LW_VB]));
-    if (a->pos == FT_POS_ROPE) {
-        FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
-              "RoPE kernel");
-        FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
-              "RoPE kernel");
-    }
-    FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
-          "KV append kernel");
-    FT_CU(ftk_attention(c->att, c->q, kc, vc, c->d_row_slot, c->d_row_pos, rows, cfg->n_heads, cfg->n_kv_heads,
-                        c->hd, c->p.max_seq, 1.0f / sqrtf((float)c->hd), c->cs),
-          "attention kernel");
-    TRY(gemm_input(c, c->att, (uint64_t)rows * c->qdim, &gin));
-    TRY(gemm(c, c->xb, gin, rows, c->qdim, w->t[LW_O], H, w->t[LW_OB]));
-    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
-    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B]));
-
-    /* feed-forward block */
-    in = c->x;
-    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B])); in = c->xb; }
-    TRY(gemm_input(c, in, xn, &gin));
-    if (a->ffn == FT_FFN_SWIGLU) {
-        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_GATE], F, w->t[LW_GATE_B]));
-        TRY(gemm(c, c->h2, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
-        FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * F, c->cs), "SiLU kernel");
-    } else {
-        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
-        FT_CU(ftk_relu(c->h1, (uint64_t)rows * F, c->cs), "ReLU kernel");
-    }
-    TRY(gemm_input(c, c->h1, (uint64_t)rows * F, &gin));
-    TRY(gemm(c, c->xb, gin, rows, F, w->t[LW_DOWN], H, w->t[LW_DOWN_B]));
-    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
-    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B]));
-    return FT_OK;
-}
-
 /* Enqueue layer `l`'s weights into slot l % 2 on the load stream. */
 static ft_status load_layer(ft_cuda_ctx *c, int l)
 {
@@ -541,39 +493,168 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
     return FT_OK;
 }
 
-/* Validation as ft_ctx_forward. */
+/* ------------------------------------------- the CUDA backend ops */
+
+/* The forward pass is the engine's (src/engine/graph.c); these are its
+ * operations on the GPU: buffers in device memory, matrices in the
+ * context's weight dtype (bf16 with f32 accumulation, or f32) through
+ * cuBLAS, the rest in this backend's kernels. */
+
+static float *gbuf(ft_cuda_ctx *c, ft_gbuf id)
+{
+    switch (id) {
+    case FT_GB_X: return c->x;
+    case FT_GB_XB: return c->xb;
+    case FT_GB_Q: return c->q;
+    case FT_GB_K: return c->k;
+    case FT_GB_V: return c->v;
+    case FT_GB_ATT: return c->att;
+    case FT_GB_H1: return c->h1;
+    case FT_GB_H2: return c->h2;
+    case FT_GB_SEL: return c->sel;
+    case FT_GB_SEL2: return c->sel2;
+    case FT_GB_LOGITS: return c->logits;
+    default: return NULL;
+    }
+}
+
+/* A tensor by (layer handle, slot): the layer's device block, or the
+ * model-wide tensors; NULL when absent (or slot < 0). */
+static const void *gten(const ft_cuda_ctx *c, const void *w, int slot)
+{
+    if (slot < 0) return NULL;
+    return w ? ((const dev_layer *)w)->t[slot] : c->g[slot];
+}
+
+static void gshape(const ft_cuda_ctx *c, const void *w, int slot, int64_t shp[2])
+{
+    if (w) {
+        shp[0] = c->lshape[slot][0];
+        shp[1] = c->lshape[slot][1];
+    } else {
+        ft_global_shape(&c->m->cfg, c->m->arch, slot, shp);
+    }
+}
+
+static ft_status cu_embed(void *b, ft_gbuf out, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_embed(gbuf(c, out), c->g[GW_TOK_EMB], (int)c->gdt[GW_TOK_EMB], c->d_tokens, rows, c->E, c->cs),
+          "embedding kernel");
+    return FT_OK;
+}
+
+static ft_status cu_add_positions(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, c->m->arch->pos_offset, rows,
+                      c->H, c->cs),
+          "position kernel");
+    return FT_OK;
+}
+
+/* Streaming: layer l + 1 is loaded on the load stream while l computes;
+ * the compute stream waits for l's slot (timed by the stall events). */
+static ft_status cu_layer_begin(void *b, int l, const void **w)
+{
+    ft_cuda_ctx *c = b;
+    if (c->p.stream_weights) {
+        if (l == 0) TRY(load_layer(c, 0));
+        if (l + 1 < c->m->cfg.n_layers) TRY(load_layer(c, l + 1));
+        FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
+        FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
+        FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
+        layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, (dev_layer *)(void *)&c->cur);
+    } else {
+        layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, (dev_layer *)(void *)&c->cur);
+    }
+    *w = &c->cur;
+    return FT_OK;
+}
+
+static ft_status cu_layer_end(void *b, int l)
+{
+    ft_cuda_ctx *c = b;
+    if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
+    return FT_OK;
+}
+
+static ft_status cu_norm(void *b, ft_gbuf out, ft_gbuf in, int rows, const void *w, int sw, int sb)
+{
+    ft_cuda_ctx *c = b;
+    return norm(c, gbuf(c, out), gbuf(c, in), rows, gten(c, w, sw), gten(c, w, sb));
+}
+
+static ft_status cu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *w, int slot, int sb)
+{
+    ft_cuda_ctx *c = b;
+    int64_t shp[2];
+    gshape(c, w, slot, shp);
+    const void *gin;
+    TRY(gemm_input(c, gbuf(c, x), (uint64_t)rows * (uint64_t)shp[1], &gin));
+    return gemm(c, gbuf(c, y), gin, rows, (int)shp[1], gten(c, w, slot), (int)shp[0], gten(c, w, sb));
+}
+
+static ft_status cu_rope(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    const ft_model_config *cfg = &c->m->cfg;
+    FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+          "RoPE kernel");
+    FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+          "RoPE kernel");
+    return FT_OK;
+}
+
+static ft_status cu_attention(void *b, int l, int rows)
+{
+    ft_cuda_ctx *c = b;
+    const ft_model_config *cfg = &c->m->cfg;
+    float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
+    FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
+          "KV append kernel");
+    FT_CU(ftk_attention(c->att, c->q, kc, vc, c->d_row_slot, c->d_row_pos, rows, cfg->n_heads, cfg->n_kv_heads,
+                        c->hd, c->p.max_seq, 1.0f / sqrtf((float)c->hd), c->cs),
+          "attention kernel");
+    return FT_OK;
+}
+
+static ft_status cu_ffn_act(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    if (c->m->arch->ffn == FT_FFN_SWIGLU)
+        FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * c->F, c->cs), "SiLU kernel");
+    else
+        FT_CU(ftk_relu(c->h1, (uint64_t)rows * c->F, c->cs), "ReLU kernel");
+    return FT_OK;
+}
+
+static ft_status cu_add(void *b, ft_gbuf y, ft_gbuf x, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_add(gbuf(c, y), gbuf(c, x), (uint64_t)rows * c->H, c->cs), "residual kernel");
+    return FT_OK;
+}
+
+static ft_status cu_gather_last(void *b, ft_gbuf out, ft_gbuf in, int n)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_gather_rows(gbuf(c, out), gbuf(c, in), c->d_sel, n, c->H, c->cs), "gather kernel");
+    return FT_OK;
+}
+
+static const ft_backend_ops cuda_ops = {
+    cu_embed, cu_add_positions, cu_layer_begin, cu_layer_end, cu_norm, cu_linear,
+    cu_rope, cu_attention, cu_ffn_act, cu_add, cu_gather_last,
+};
+
+/* Validation as ft_ctx_forward (the engine's checks). */
 static ft_status check_call(const ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                             const size_t *ntok, int all_rows, size_t *rows_out)
 {
-    if (!c || !slots || !tokens || !ntok || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
-    if (all_rows && !c->p.all_logits)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
-    size_t rows = 0;
-    for (size_t j = 0; j < n; j++) {
-        int s = slots[j];
-        if (s < 0 || s >= c->p.max_batch)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
-        for (size_t i = 0; i < j; i++)
-            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || !tokens[j])
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
-        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
-                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
-        for (size_t i = 0; i < ntok[j]; i++)
-            if (tokens[j][i] < 0 || tokens[j][i] >= c->V)
-                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
-                                    (int)tokens[j][i], c->V);
-        rows += ntok[j];
-        if (rows > (size_t)c->p.max_rows)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
-                                c->p.max_rows);
-    }
-    *rows_out = rows;
-    return FT_OK;
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
+    ft_call_limits lim = {c->V, c->p.max_batch, c->p.max_seq, c->p.max_rows, c->p.all_logits, c->seq_len};
+    return ft_graph_check_call(&lim, n, slots, tokens, ntok, all_rows, rows_out);
 }
 
 /* Everything up to the last layer, enqueued; then the rows that want
@@ -583,8 +664,6 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
                      const size_t *ntok, int rows, int want, int *nsel_out)
 {
     const ft_model *m = c->m;
-    const ft_model_config *cfg = &m->cfg;
-    const int H = c->H, E = c->E;
     int r = 0;
     for (size_t j = 0; j < n; j++) {
         for (size_t i = 0; i < ntok[j]; i++, r++) {
@@ -599,62 +678,9 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
     FT_CU(cudaMemcpyAsync(c->d_row_pos, c->h_row_pos, (size_t)rows * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
     FT_CU(cudaMemcpyAsync(c->d_sel, c->h_sel, n * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
 
-    /* embeddings (+ project_in, + learned positions) */
-    float *emb = c->g[GW_PROJ_IN] ? c->xb : c->x;
-    FT_CU(ftk_embed(emb, c->g[GW_TOK_EMB], (int)c->gdt[GW_TOK_EMB], c->d_tokens, rows, E, c->cs), "embedding kernel");
-    if (c->g[GW_PROJ_IN]) {
-        const void *gin;
-        TRY(gemm_input(c, c->xb, (uint64_t)rows * E, &gin));
-        TRY(gemm(c, c->x, gin, rows, E, c->g[GW_PROJ_IN], H, NULL));
-    }
-    if (m->arch->pos == FT_POS_LEARNED)
-        FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, m->arch->pos_offset, rows,
-                          H, c->cs),
-              "position kernel");
-
-    if (c->p.stream_weights) TRY(load_layer(c, 0));
-    for (int l = 0; l < cfg->n_layers; l++) {
-        dev_layer w;
-        if (c->p.stream_weights) {
-            if (l + 1 < cfg->n_layers) TRY(load_layer(c, l + 1));
-            FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
-            FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
-            FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
-            layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, &w);
-        } else {
-            layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, &w);
-        }
-        TRY(layer_forward(c, l, &w, rows));
-        if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
-    }
-    if (!want) { *nsel_out = 0; return FT_OK; }
-
-    /* final norm, project_out, lm_head on the rows that need logits */
-    int nsel;
-    const float *src;
-    if (want == 2) {
-        nsel = rows;
-        src = c->x;
-    } else {
-        nsel = (int)n;
-        FT_CU(ftk_gather_rows(c->sel, c->x, c->d_sel, nsel, H, c->cs), "gather kernel");
-        src = c->sel;
-    }
-    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
-        TRY(norm(c, c->sel2, src, nsel, c->g[GW_FINAL_NORM_W], c->g[GW_FINAL_NORM_B]));
-        src = c->sel2;
-    }
-    const void *gin;
-    if (c->g[GW_PROJ_OUT]) {
-        float *dst = src == c->sel ? c->sel2 : c->sel;
-        TRY(gemm_input(c, src, (uint64_t)nsel * H, &gin));
-        TRY(gemm(c, dst, gin, nsel, H, c->g[GW_PROJ_OUT], E, NULL));
-        src = dst;
-    }
-    TRY(gemm_input(c, src, (uint64_t)nsel * E, &gin));
-    TRY(gemm(c, c->logits, gin, nsel, E, c->g[GW_LM_HEAD], c->V, NULL));
-    *nsel_out = nsel;
-    return FT_OK;
+    c->call_n = (int)n;
+    int failed = -1;
+    return ft_graph_forward(&cuda_ops, c, m, rows, (int)n, want, nsel_out, &failed);
 }
 
 /* After an error: let enqueued work finish (it may read the hook's host

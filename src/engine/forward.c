@@ -730,37 +730,14 @@ static ft_status fail_reset(ft_ctx *c, ft_status st)
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                          const size_t *ntok, float *logits, int all_rows)
 {
-    if (!c || !slots || !tokens || !ntok || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
     const ft_model *m = c->m;
-    const ft_model_config *cfg = &m->cfg;
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
-    if (all_rows && !c->p.all_logits)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
     if (c->p.external_kv && (!c->kvh.load || !c->kvh.store))
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: the context's KV cache is external but no KV hooks are set");
+    ft_call_limits lim = {m->cfg.vocab, c->p.max_batch, c->p.max_seq, c->p.max_rows, c->p.all_logits, c->seq_len};
     size_t rows = 0;
-    for (size_t j = 0; j < n; j++) {
-        int s = slots[j];
-        if (s < 0 || s >= c->p.max_batch)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
-        for (size_t i = 0; i < j; i++)
-            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || !tokens[j])
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
-        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
-                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
-        for (size_t i = 0; i < ntok[j]; i++)
-            if (tokens[j][i] < 0 || tokens[j][i] >= cfg->vocab)
-                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
-                                    (int)tokens[j][i], cfg->vocab);
-        rows += ntok[j];
-        if (rows > (size_t)c->p.max_rows)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
-                                c->p.max_rows);
-    }
+    ft_status cst = ft_graph_check_call(&lim, n, slots, tokens, ntok, all_rows, &rows);
+    if (cst) return cst;
     c->n = n;
     c->slots = slots;
     c->ntok = ntok;

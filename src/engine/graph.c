@@ -91,3 +91,36 @@ ft_status ft_graph_forward(const ft_backend_ops *o, void *b, const ft_model *m, 
     *nsel = k;
     return FT_OK;
 }
+
+ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
+                              const size_t *ntok, int all_rows, size_t *rows_out)
+{
+    if (!slots || !tokens || !ntok || n == 0)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    if (n > (size_t)lim->max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, lim->max_batch);
+    if (all_rows && !lim->all_logits)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
+    size_t rows = 0;
+    for (size_t j = 0; j < n; j++) {
+        int s = slots[j];
+        if (s < 0 || s >= lim->max_batch)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
+        for (size_t i = 0; i < j; i++)
+            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
+        if (ntok[j] == 0 || !tokens[j])
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
+        if ((size_t)lim->seq_len[s] + ntok[j] > (size_t)lim->max_seq)
+            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
+                                "exceed the context of %d", j, lim->seq_len[s], ntok[j], lim->max_seq);
+        for (size_t i = 0; i < ntok[j]; i++)
+            if (tokens[j][i] < 0 || tokens[j][i] >= lim->vocab)
+                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
+                                    (int)tokens[j][i], lim->vocab);
+        rows += ntok[j];
+        if (rows > (size_t)lim->max_rows)
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens", lim->max_rows);
+    }
+    *rows_out = rows;
+    return FT_OK;
+}

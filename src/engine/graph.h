@@ -51,6 +51,18 @@ typedef struct ft_backend_ops {
     ft_status (*gather_last)(void *b, ft_gbuf out, ft_gbuf in, int n);
 } ft_backend_ops;
 
+/* The checks every backend's forward makes (ft_ctx_forward's contract):
+ * the batch, slots (in range, distinct), tokens (in the vocabulary), the
+ * context's room per sequence (seq_len[slot] + ntok <= max_seq) and per
+ * call (rows <= max_rows); *rows receives the call's new tokens. */
+typedef struct ft_call_limits {
+    int vocab, max_batch, max_seq, max_rows, all_logits;
+    const int *seq_len;
+} ft_call_limits;
+
+ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
+                              const size_t *ntok, int all_rows, size_t *rows);
+
 /* One forward call on a backend whose row metadata (tokens, positions,
  * sequences) is set up: embeddings, every layer, then for want 1 (the
  * last row of each of the n sequences) or 2 (every row) the final norm,

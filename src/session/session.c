@@ -94,7 +94,7 @@ static ft_status check_cuda(ft_session *s)
     s->cuda_codec = FT_CODEC_RAW;
     if (s->p.offload == FT_OFFLOAD_NONE) return FT_OK;
     if (s->p.offload == FT_OFFLOAD_AUTO)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: automatic policies are not implemented for the GPU; "
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: automatic policies (--policy auto) are not implemented for the GPU; "
                             "use w=100 (weights on the GPU) or w=0,100 (streamed from host memory)");
     if (p->w_pct[FT_TIER_DEVICE] == 100) s->cuda_stream = 0;
     else if (p->w_pct[FT_TIER_HOST] == 100) s->cuda_stream = 1;
