@@ -293,6 +293,42 @@ size_t ft_model_tensor_count(const ft_model *m);
 ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
                           ft_tensor *view);
 
+/* ------------------------------------------------------ layer layout */
+
+/* What a weight scheduler (flextier/offload.h) or another backend needs
+ * to supply a model's layers per call without touching its internals.
+ * Slots: the fields of ft_layer_weights in order (0 .. FT_LAYER_SLOTS-1);
+ * a slot holds a matrix (ft_wmat) or an f32 vector (norms, biases). */
+#define FT_LAYER_SLOTS 18
+int ft_layer_slot_is_matrix(int slot);
+ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot);        /* NULL: a vector slot */
+const float **ft_layer_weights_vec(ft_layer_weights *w, int slot);   /* NULL: a matrix slot */
+
+typedef struct ft_tensor_layout {
+    const char *name;       /* Hugging Face name                           */
+    int layer;              /* -1: model-wide                              */
+    int slot;               /* in its layer (or the model-wide table)      */
+    int ndim;
+    int64_t shape[2];
+    ft_wfmt fmt;            /* as the model keeps it (vectors: f32)        */
+    int group;              /* q8/q4                                       */
+    uint32_t n_chunks;      /* q8/q4: the chunks of its frame              */
+} ft_tensor_layout;
+
+/* Tensor i (0 .. ft_model_tensor_count - 1) as the model keeps it. */
+ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out);
+/* The format the model keeps tensor i in when its matrices are asked to
+ * be `want` (ft_load_params.weights' rules: vectors f32, embeddings and
+ * head bf16 for q8/q4, bf16 when no group divides a row); *group: the
+ * q8/q4 group. */
+ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group);
+/* The format the model's matrices were asked to be kept in. */
+ft_wfmt ft_model_format_requested(const ft_model *m);
+/* Tensor i's source in an open checkpoint (its name, or the architecture's
+ * alternative prefix: base-model checkpoints). */
+struct ft_checkpoint;
+ft_status ft_model_checkpoint_tensor(const ft_model *m, const struct ft_checkpoint *ck, size_t i, ft_tensor *t);
+
 /* Layer i's weights (NULL if out of range): the model's own table entry,
  * which a scheduler may overwrite (the model never frees what it points
  * to unless it allocated it). */

@@ -23,7 +23,6 @@
  * staging is still being copied from (byteplane and CPU-decoded frames). */
 #include "cuda_host.h"
 #include "cuda_prep.h"
-#include "engine/engine_internal.h"
 #include "engine/graph.h"
 
 #include <cublas_v2.h>
@@ -78,6 +77,7 @@ struct ft_cuda_ctx {
     double hook_s, stall_s, forward_s;
     /* the forward call in progress (graph ops) */
     int call_n;
+    int pos_offset, swiglu;        /* the architecture's blocks */
     struct { const void *t[LW_COUNT]; } cur;   /* the current layer's device tensors (a dev_layer) */
 };
 
@@ -117,7 +117,7 @@ static uint64_t numel2(int ndim, const int64_t *s) { return ndim == 1 ? (uint64_
 ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_cuda_ctx **out)
 {
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: NULL argument");
-    const ft_model_config *cfg = &m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(m);
     if (p->max_batch < 1 || p->max_batch > 65536 || p->max_seq < 1)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: max_batch %d / max_seq %d out of range",
                             p->max_batch, p->max_seq);
@@ -130,12 +130,12 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
                             "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
     if (p->stream_weights && !p->hook)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
-    if (!p->stream_weights && !m->lbuf)
+    if (!p->stream_weights && !ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: the model's layers are not loaded "
                             "(external layers need stream_weights and a weight hook)");
-    if (m->wfmt != FT_WF_F32)
+    if (ft_model_format_requested(m) != FT_WF_F32)
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: the model is kept as %s; the CUDA backend packs "
-                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(m->wfmt));
+                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(ft_model_format_requested(m)));
     ft_status st = ft_cuda_require(p->device);
     if (st) return st;
 
@@ -158,8 +158,10 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     c->wdt = p->f32_weights ? FT_F32 : FT_BF16;
     const size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
     const size_t selrows = p->all_logits ? R : B;
-    const ft_arch *a = m->arch;
-    char name[128];
+    ft_model_blocks blk;
+    ft_model_get_blocks(m, &blk);
+    c->pos_offset = blk.pos_offset;
+    c->swiglu = blk.ffn == FT_FFN_SWIGLU;
 
     if ((st = ft_cuda_dec_ws_init(&c->dec))) goto fail;
     if ((st = ft_cuda_status(cudaStreamCreateWithFlags(&c->cs, cudaStreamNonBlocking), "cudaStreamCreate")) ||
@@ -190,9 +192,9 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         size_t off[GW_COUNT], total = 0;
         for (int s = 0; s < GW_COUNT; s++) {
             off[s] = SIZE_MAX;
-            if (!m->g[s].data || (s == GW_LM_HEAD && m->g[s].data == m->g[GW_TOK_EMB].data)) continue;
+            if (!ft_model_global(m, s)->data || (s == GW_LM_HEAD && ft_model_global(m, s)->data == ft_model_global(m, GW_TOK_EMB)->data)) continue;
             int64_t shp[2];
-            int nd = ft_global_shape(cfg, a, s, shp);
+            int nd = ft_model_global_shape(m, s, shp);
             c->gdt[s] = nd == 2 ? c->wdt : FT_F32;
             off[s] = total;
             total += align_up((size_t)ft_dtype_nbytes(c->gdt[s], numel2(nd, shp)));
@@ -201,11 +203,11 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         for (int s = 0; s < GW_COUNT; s++) {
             if (off[s] == SIZE_MAX) continue;
             int64_t shp[2];
-            int nd = ft_global_shape(cfg, a, s, shp);
+            int nd = ft_model_global_shape(m, s, shp);
             c->g[s] = (uint8_t *)c->gbuf + off[s];
-            if ((st = upload_f32(c, c->g[s], c->gdt[s], m->g[s].data, numel2(nd, shp)))) goto fail;
+            if ((st = upload_f32(c, c->g[s], c->gdt[s], ft_model_global(m, s)->data, numel2(nd, shp)))) goto fail;
         }
-        if (m->g[GW_LM_HEAD].data && m->g[GW_LM_HEAD].data == m->g[GW_TOK_EMB].data) {
+        if (ft_model_global(m, GW_LM_HEAD)->data && ft_model_global(m, GW_LM_HEAD)->data == ft_model_global(m, GW_TOK_EMB)->data) {
             c->g[GW_LM_HEAD] = c->g[GW_TOK_EMB];
             c->gdt[GW_LM_HEAD] = c->gdt[GW_TOK_EMB];
         }
@@ -215,7 +217,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     c->lbytes = 0;
     for (int s = 0; s < LW_COUNT; s++) {
         c->loff[s] = SIZE_MAX;
-        if (!a->layer_name(cfg, 0, s, name, sizeof name)) continue;
+        if (!ft_model_layer_has(m, s)) continue;
         c->lndim[s] = ft_layer_shape(cfg, s, c->lshape[s]);
         c->lnumel[s] = numel2(c->lndim[s], c->lshape[s]);
         c->ldt[s] = c->lndim[s] == 2 ? c->wdt : FT_F32;
@@ -230,7 +232,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             for (int l = 0; l < cfg->n_layers; l++)
                 for (int s = 0; s < LW_COUNT; s++) {
                     if (c->loff[s] == SIZE_MAX) continue;
-                    const float *src = ft_layer_f32(&m->layers[l], s);
+                    const float *src = ft_layer_f32(ft_model_layer((ft_model *)(uintptr_t)m, l), s);
                     if (!src) {
                         st = ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d tensor %d is not loaded", l, s);
                         goto fail;
@@ -278,7 +280,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
                                      "cudaHostAlloc (per-call arrays)")))
                 goto fail;
     }
-    if (a->pos == FT_POS_ROPE) {
+    if (blk.pos == FT_POS_ROPE) {
         int half = cfg->head_dim / 2;
         float *hc = malloc(S * (size_t)half * sizeof(float)), *hs = malloc(S * (size_t)half * sizeof(float));
         if (!hc || !hs) {
@@ -331,7 +333,7 @@ void ft_cuda_ctx_free(ft_cuda_ctx *c)
         if (c->ev_loaded[i]) (void)cudaEventDestroy(c->ev_loaded[i]);
         if (c->ev_free[i]) (void)cudaEventDestroy(c->ev_free[i]);
     }
-    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+    for (int l = 0; l < ft_model_get_config(c->m)->n_layers; l++) {
         if (c->stall0 && c->stall0[l]) (void)cudaEventDestroy(c->stall0[l]);
         if (c->stall1 && c->stall1[l]) (void)cudaEventDestroy(c->stall1[l]);
     }
@@ -362,7 +364,7 @@ static float *kv_layer(const ft_cuda_ctx *c, int layer, int which)
 
 ft_status ft_cuda_ctx_kv(ft_cuda_ctx *c, int layer, int slot, float *k, float *v, int *len, int *kv_dim)
 {
-    if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)
+    if (!c || layer < 0 || layer >= ft_model_get_config(c->m)->n_layers || slot < 0 || slot >= c->p.max_batch)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d / slot %d out of range", layer, slot);
     FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
     size_t bytes = (size_t)c->seq_len[slot] * (size_t)c->kvdim * sizeof(float);
@@ -431,8 +433,10 @@ static ft_status gemm(ft_cuda_ctx *c, float *y, const void *x, int rows, int in,
 
 static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, const void *w, const void *b)
 {
-    const ft_model_config *cfg = &c->m->cfg;
-    if (c->m->arch->norm == FT_NORM_RMS)
+    const ft_model_config *cfg = ft_model_get_config(c->m);
+    ft_model_blocks blk;
+    ft_model_get_blocks(c->m, &blk);
+    if (blk.norm == FT_NORM_RMS)
         FT_CU(ftk_rmsnorm(out, in, w, rows, c->H, cfg->norm_eps, c->cs), "RMSNorm kernel");
     else
         FT_CU(ftk_layernorm(out, in, w, b, rows, c->H, cfg->norm_eps, c->cs), "LayerNorm kernel");
@@ -532,7 +536,7 @@ static void gshape(const ft_cuda_ctx *c, const void *w, int slot, int64_t shp[2]
         shp[0] = c->lshape[slot][0];
         shp[1] = c->lshape[slot][1];
     } else {
-        ft_global_shape(&c->m->cfg, c->m->arch, slot, shp);
+        ft_model_global_shape(c->m, slot, shp);
     }
 }
 
@@ -547,7 +551,7 @@ static ft_status cu_embed(void *b, ft_gbuf out, int rows)
 static ft_status cu_add_positions(void *b, int rows)
 {
     ft_cuda_ctx *c = b;
-    FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, c->m->arch->pos_offset, rows,
+    FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, c->pos_offset, rows,
                       c->H, c->cs),
           "position kernel");
     return FT_OK;
@@ -560,7 +564,7 @@ static ft_status cu_layer_begin(void *b, int l, const void **w)
     ft_cuda_ctx *c = b;
     if (c->p.stream_weights) {
         if (l == 0) TRY(load_layer(c, 0));
-        if (l + 1 < c->m->cfg.n_layers) TRY(load_layer(c, l + 1));
+        if (l + 1 < ft_model_get_config(c->m)->n_layers) TRY(load_layer(c, l + 1));
         FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
         FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
         FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
@@ -598,7 +602,7 @@ static ft_status cu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *
 static ft_status cu_rope(void *b, int rows)
 {
     ft_cuda_ctx *c = b;
-    const ft_model_config *cfg = &c->m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(c->m);
     FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
           "RoPE kernel");
     FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
@@ -609,7 +613,7 @@ static ft_status cu_rope(void *b, int rows)
 static ft_status cu_attention(void *b, int l, int rows)
 {
     ft_cuda_ctx *c = b;
-    const ft_model_config *cfg = &c->m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(c->m);
     float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
     FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
           "KV append kernel");
@@ -622,7 +626,7 @@ static ft_status cu_attention(void *b, int l, int rows)
 static ft_status cu_ffn_act(void *b, int rows)
 {
     ft_cuda_ctx *c = b;
-    if (c->m->arch->ffn == FT_FFN_SWIGLU)
+    if (c->swiglu)
         FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * c->F, c->cs), "SiLU kernel");
     else
         FT_CU(ftk_relu(c->h1, (uint64_t)rows * c->F, c->cs), "ReLU kernel");
@@ -699,7 +703,7 @@ static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t
     if (st) { drain(c); return st; }
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
     /* how long the compute stream waited for each layer's weights */
-    for (int l = 0; c->p.stream_weights && l < c->m->cfg.n_layers; l++) {
+    for (int l = 0; c->p.stream_weights && l < ft_model_get_config(c->m)->n_layers; l++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, c->stall0[l], c->stall1[l]) == cudaSuccess) c->stall_s += ms * 1e-3;
         else (void)cudaGetLastError();
@@ -770,7 +774,7 @@ void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
 {
     memset(out, 0, sizeof *out);
     out->ctx = c;
-    out->cfg = &c->m->cfg;
+    out->cfg = ft_model_get_config(c->m);
     out->max_batch = c->p.max_batch;
     out->max_seq = c->p.max_seq;
     out->forward = cuda_forward_last;

@@ -1,6 +1,6 @@
 /* The model's computation, written once over a backend's operations
  * (graph.h): the CPU and CUDA contexts run exactly this. */
-#include "graph.h"
+#include "engine_internal.h"
 
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 

@@ -1,4 +1,5 @@
-/* Internal to the engine and its device backends (src/cuda): the model's
+/* The engine's interface to its device backends (src/cuda includes this,
+ * never engine_internal.h): the model's
  * computation written once (graph.c) over a backend's operations. A
  * backend (the CPU context in forward.c, the CUDA context in
  * src/cuda/cuda_ctx.c) owns the activation buffers, the KV cache and the
@@ -11,11 +12,62 @@
  * (hidden for X/XB, the matrix's rows for a product's output). Weights are
  * named by (layer handle, slot): a layer handle is what the backend's
  * layer_begin returned for that layer (NULL = the model-wide tensors,
- * slots GW_*), slots LW_* / GW_* (engine_internal.h); a bias slot of -1,
+ * slots GW_*), slots LW_* / GW_* (above); a bias slot of -1,
  * or one the model does not have, is no bias. */
 #ifndef FT_ENGINE_GRAPH_H
 #define FT_ENGINE_GRAPH_H
-#include "engine_internal.h"
+#include "flextier/engine.h"
+
+/* ------------------------------------------ what a backend may know */
+
+/* Per-layer weight slots, in the field order of ft_layer_weights. */
+enum {
+    LW_NORM1_W, LW_NORM1_B, LW_Q, LW_QB, LW_K, LW_KB, LW_V, LW_VB, LW_O, LW_OB,
+    LW_NORM2_W, LW_NORM2_B, LW_GATE, LW_GATE_B, LW_UP, LW_UP_B, LW_DOWN, LW_DOWN_B,
+    LW_COUNT
+};
+/* Model-wide weight slots. */
+enum {
+    GW_TOK_EMB, GW_POS_EMB, GW_PROJ_IN, GW_PROJ_OUT, GW_FINAL_NORM_W, GW_FINAL_NORM_B,
+    GW_LM_HEAD, GW_COUNT
+};
+
+/* The architecture's building blocks (how norm/pos/ffn ops compute). */
+enum { FT_NORM_LAYER = 0, FT_NORM_RMS = 1 };
+enum { FT_POS_LEARNED = 0, FT_POS_ROPE = 1 };
+enum { FT_FFN_RELU = 0, FT_FFN_SWIGLU = 1 };
+
+typedef struct ft_model_blocks { int norm, pos, ffn, pos_offset; } ft_model_blocks;
+void ft_model_get_blocks(const ft_model *m, ft_model_blocks *out);
+
+/* Shapes (2 dims at most) of a slot; return ndim. */
+int ft_model_global_shape(const ft_model *m, int slot, int64_t shape[2]);
+int ft_layer_shape(const ft_model_config *c, int slot, int64_t shape[2]);
+/* The model-wide tensor of a slot (absent: data and chunk NULL). */
+const ft_wmat *ft_model_global(const ft_model *m, int slot);
+/* The architecture has layer tensor `slot` (for this config). */
+int ft_model_layer_has(const ft_model *m, int slot);
+/* The layers' weights are in the model (not external). */
+int ft_model_layers_loaded(const ft_model *m);
+
+/* A tensor of an f32 model's layer as a plain pointer (NULL if absent). */
+static inline const float *ft_layer_f32(ft_layer_weights *w, int slot)
+{
+    return ft_layer_slot_is_matrix(slot) ? (const float *)ft_layer_weights_mat(w, slot)->data
+                                         : *ft_layer_weights_vec(w, slot);
+}
+
+/* RoPE inverse frequencies (head_dim/2 of them), with llama3 scaling, in
+ * f32 exactly as transformers computes them (forward.c; the CUDA backend
+ * builds its tables from the same function). */
+void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half);
+/* cos/sin tables [npos][head_dim/2] from those frequencies, times yarn's
+ * attention factor (the CPU and CUDA contexts both build theirs here). */
+void ft_rope_tables(const ft_model_config *cfg, size_t npos, float *cos, float *sin);
+/* The smallest attention window of any layer (0: none). */
+int ft_config_min_window(const ft_model_config *cfg);
+
+/* ----------------------------------------------- the backend's ops */
 
 typedef enum ft_gbuf {
     FT_GB_X,        /* hidden states [rows][hidden] (the residual stream)  */
