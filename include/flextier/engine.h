@@ -329,10 +329,10 @@ ft_wfmt ft_model_format_requested(const ft_model *m);
 struct ft_checkpoint;
 ft_status ft_model_checkpoint_tensor(const ft_model *m, const struct ft_checkpoint *ck, size_t i, ft_tensor *t);
 
-/* Layer i's weights (NULL if out of range): the model's own table entry,
- * which a scheduler may overwrite (the model never frees what it points
- * to unless it allocated it). */
-ft_layer_weights *ft_model_layer(ft_model *m, int i);
+/* Layer i's weights (NULL if out of range), read-only: the model is
+ * immutable once loaded. A scheduler gives a forward call other weights
+ * through the layer hook (ft_ctx_set_layer_hook), never by writing here. */
+const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
 uint64_t ft_model_layer_bytes(const ft_model *m);

@@ -232,7 +232,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             for (int l = 0; l < cfg->n_layers; l++)
                 for (int s = 0; s < LW_COUNT; s++) {
                     if (c->loff[s] == SIZE_MAX) continue;
-                    const float *src = ft_layer_f32(ft_model_layer((ft_model *)(uintptr_t)m, l), s);
+                    const float *src = ft_layer_f32(ft_model_layer(m, l), s);
                     if (!src) {
                         st = ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d tensor %d is not loaded", l, s);
                         goto fail;

@@ -71,7 +71,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
     for (int l = 0; l < cfg->n_layers; l++)
         for (int s = 0; s < LW_COUNT; s++) {
             if (!cap[s]) continue;
-            const float *w = ft_layer_f32(ft_model_layer((ft_model *)(uintptr_t)m, l), s);
+            const float *w = ft_layer_f32(ft_model_layer(m, l), s);
             uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
             uint8_t *dst = hw->buf + pos;
             ft_cuda_wsrc *o = &hw->src[l][s];

@@ -51,8 +51,9 @@ int ft_model_layer_has(const ft_model *m, int slot);
 int ft_model_layers_loaded(const ft_model *m);
 
 /* A tensor of an f32 model's layer as a plain pointer (NULL if absent). */
-static inline const float *ft_layer_f32(ft_layer_weights *w, int slot)
+static inline const float *ft_layer_f32(const ft_layer_weights *cw, int slot)
 {
+    ft_layer_weights *w = (ft_layer_weights *)(uintptr_t)cw;   /* the accessors serve writers too; read only here */
     return ft_layer_slot_is_matrix(slot) ? (const float *)ft_layer_weights_mat(w, slot)->data
                                          : *ft_layer_weights_vec(w, slot);
 }

@@ -487,7 +487,7 @@ ft_wfmt ft_model_weights_format(const ft_model *m)
     return best;
 }
 
-ft_layer_weights *ft_model_layer(ft_model *m, int i)
+const ft_layer_weights *ft_model_layer(const ft_model *m, int i)
 {
     if (!m || i < 0 || i >= m->cfg.n_layers) return NULL;
     return &m->layers[i];
