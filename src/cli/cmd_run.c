@@ -1,7 +1,6 @@
 /* flextier run | bench run: the inference engine's commands (gen-model: gen_model.c). */
 #include "cli.h"
-#include "offload_opts.h"
-#include "cuda_opts.h"
+#include "session_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -30,23 +29,14 @@ static const char BENCH_USAGE[] =
     "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes;\n"
     "with --policy, the offloading metrics too.\n";
 
-static void load_progress(void *user, uint64_t done, uint64_t total)
-{
-    (void)user;
-    if (total < (256u << 20)) return;     /* only for long loads */
-    fprintf(stderr, "\rloading weights: %5.1f%%", 100.0 * (double)done / (double)total);
-    if (done >= total) fputc('\n', stderr);
-}
-
 int ft_bench_run(int argc, char **argv)
 {
     const char *dir = NULL;
     long batch = 1, plen = 0, glen = 0, threads = 0, seed = 1;
     int json = 0;
-    ft_cli_offload off;
-    ft_cli_offload_init(&off);
-    off.stats = 1;
-    ft_cli_cuda gpu = {0};
+    ft_cli_session o;
+    ft_cli_session_init(&o);
+    o.stats = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
@@ -56,8 +46,7 @@ int ft_bench_run(int argc, char **argv)
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
-        int r = ft_cli_offload_arg(&off, argc, argv, &i);
-        if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
+        int r = ft_cli_session_arg(&o, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--json")) { json = 1; continue; }
@@ -76,41 +65,20 @@ int ft_bench_run(int argc, char **argv)
     }
     if (!dir || !plen || !glen)
         return ft_cli_usage_error(BENCH_USAGE, "--model, --prompt-len and --gen-len are required");
-    ft_model *m = NULL;
-    ft_ctx *c = NULL;
+    ft_session *s = NULL;
     int32_t *prompts = NULL, *outs = NULL;
     const int32_t **pp = NULL;
     int32_t **op = NULL;
     size_t *pl = NULL, *no = NULL;
     int rc = FT_EXIT_ERR;
-    ft_load_params lp;
-    ft_load_params_default(&lp);
-    lp.progress = load_progress;
     double t0 = ft_now();
-    off.threads = (unsigned)threads;
-    ft_status st = ft_cli_engine_formats(&off, gpu.on, &lp);
-    if (st) return ft_cli_usage_error(BENCH_USAGE, "%s", ft_last_error());
-    if (gpu.on) {
-        if ((st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("bench", st);
-        st = ft_model_load(dir, &lp, &m);
-    } else {
-        st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &m);
-    }
+    o.sp.threads = (unsigned)threads;
+    o.sp.max_seq = (uint32_t)(plen + glen);
+    ft_status st = ft_cli_session_open(&o, dir, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &s);
     if (st) return ft_cli_fail(dir, st);
     double load_s = ft_now() - t0;
-    const ft_model_config *cfg = ft_model_get_config(m);
-    ft_ctx_params cp = {.max_batch = (int)batch, .max_seq = (int)(plen + glen),
-                        .max_rows = (int)(batch * plen), .threads = (unsigned)threads};
-    if (gpu.on) {
-        if ((st = ft_cli_cuda_create(&gpu, m, cp.max_batch, cp.max_seq, cp.max_rows, 0, cp.threads))) {
-            ft_cli_fail("CUDA context", st);
-            goto done;
-        }
-    } else {
-        ft_cli_offload_ctx_params(&off, &cp);
-        if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-        if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
-    }
+    const ft_model_config *cfg = ft_session_config(s);
+    int gpu = o.sp.device == FT_DEVICE_CUDA;
     prompts = malloc((size_t)(batch * plen) * sizeof *prompts);
     outs = malloc((size_t)(batch * glen) * sizeof *outs);
     pp = malloc((size_t)batch * sizeof *pp);
@@ -125,18 +93,17 @@ int ft_bench_run(int argc, char **argv)
         op[j] = outs + j * glen;
         pl[j] = (size_t)plen;
     }
-    ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1, .on_token = ft_cli_offload_on_token,
-                        .user = &off};
+    ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
     ft_gen_stats gs;
-    st = gpu.on ? ft_cuda_generate(gpu.c, (size_t)batch, pp, pl, &gp, op, no, &gs)
-                : ft_generate(c, (size_t)batch, pp, pl, &gp, op, no, &gs);
-    if (st) { ft_cli_fail("generate", st); goto done; }
+    if ((st = ft_session_generate(s, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
+    ft_session_stats ss;
+    ft_session_get_stats(s, &ss);
     double pre_tps = gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0;
     double dec_tps = gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0;
     double gen_total = (double)(batch * glen);
     double e2e = gen_total / (gs.prefill_s + gs.decode_s);
-    double rss = peak_rss_bytes(), wbytes = (double)ft_model_weight_bytes(m);
-    double kvb = gpu.on ? 0 : (double)ft_ctx_kv_bytes(c);
+    double rss = peak_rss_bytes(), wbytes = (double)ss.weight_bytes, kvb = (double)ss.kv_bytes;
+    const char *wfmt = ft_wfmt_name(ft_model_weights_format(ft_session_model(s)));
     unsigned nthreads = threads ? (unsigned)threads : ft_default_threads();
     if (json) {
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen_len\":%ld,"
@@ -147,13 +114,12 @@ int ft_bench_run(int argc, char **argv)
                "\"peak_rss_bytes\":%.0f,\"device\":\"%s\"",
                dir, cfg->model_type, batch, plen, glen, nthreads, load_s, gs.prefill_s, gs.decode_s,
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
-               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes,
-               ft_wfmt_name(ft_model_weights_format(m)), kvb, ft_dtype_name(cp.kv_dtype), rss,
-               gpu.on ? "cuda" : "cpu");
-        if (gpu.on) ft_cli_cuda_report_json(&gpu, stdout);
-        if (off.enabled) {
+               gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, wfmt, kvb,
+               ft_dtype_name(ss.kv_dtype), rss, gpu ? "cuda" : "cpu");
+        if (gpu) ft_cli_cuda_report_json(s, stdout);
+        if (o.enabled) {
             printf(",\"offload\":");
-            ft_cli_offload_report_json(&off, gs.prefill_s, gs.decode_s, stdout);
+            ft_cli_session_report_json(&o, s, gs.prefill_s, gs.decode_s, stdout);
         }
         printf("}\n");
     } else {
@@ -168,22 +134,18 @@ int ft_bench_run(int argc, char **argv)
         printf("  decode     %8.3f s  %10.2f tok/s  (CPU %.3f s: %.2f tok per CPU-s)\n", gs.decode_s,
                dec_tps, gs.decode_cpu_s, gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0);
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
-        if (gpu.on) {
-            ft_cli_cuda_report(&gpu, stdout);
+        if (gpu) {
+            ft_cli_cuda_report(s, stdout);
         } else {
             printf("  memory     weights %s (%s), KV cache %s (%s), peak RSS %s (%.2fx weights + KV cache)\n",
-                   b1, ft_wfmt_name(ft_model_weights_format(m)), b2, ft_dtype_name(cp.kv_dtype), b3,
-                   rss / (wbytes + kvb));
-            ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stdout);
+                   b1, wfmt, b2, ft_dtype_name(ss.kv_dtype), b3, rss / (wbytes + kvb));
+            ft_cli_session_report(&o, s, gs.prefill_s, gs.decode_s, stdout);
         }
     }
     rc = FT_EXIT_OK;
 done:
     free(prompts); free(outs); free(pp); free(op); free(pl); free(no);
-    ft_ctx_free(c);
-    ft_cli_cuda_free(&gpu);
-    ft_cli_offload_free(&off);
-    ft_model_free(m);
+    ft_session_close(s);
     return rc;
 }
 /* ------------------------------------------------------------------ run */
@@ -202,69 +164,6 @@ static const char RUN_USAGE[] =
     "Prefill and decode tokens/s go to stderr at the end. --strict: a config.json /\n"
     "generation_config.json key or tokenizer field flextier does not know is an error\n"
     "(default: a warning naming it).\n";
-
-typedef struct {
-    const ft_tokenizer *tok;
-    ft_detok **dt;
-    char **text;            /* generated text per sequence */
-    size_t *len, *cap, *shown;
-    const char *stop;
-    int stream;             /* single prompt: print as we go */
-    ft_status err;
-    ft_cli_offload *off;    /* marked when decoding begins */
-} run_state;
-
-static int text_append(run_state *s, size_t j, const char *b, size_t n)
-{
-    if (s->len[j] + n + 1 > s->cap[j]) {
-        size_t nc = (s->cap[j] + n + 1) * 2;
-        char *t = realloc(s->text[j], nc);
-        if (!t) return -1;
-        s->text[j] = t;
-        s->cap[j] = nc;
-    }
-    memcpy(s->text[j] + s->len[j], b, n);
-    s->len[j] += n;
-    s->text[j][s->len[j]] = 0;
-    return 0;
-}
-
-/* Returns 1 when the stop string appeared (text is cut before it). */
-static int text_check(run_state *s, size_t j, int final)
-{
-    int stopped = 0;
-    if (!s->text[j]) return 0;          /* nothing decoded yet */
-    if (s->stop && *s->stop) {
-        char *p = strstr(s->text[j], s->stop);
-        if (p) {
-            s->len[j] = (size_t)(p - s->text[j]);
-            *p = 0;
-            stopped = 1;
-        }
-    }
-    if (s->stream) {
-        size_t hold = (!stopped && !final && s->stop && *s->stop) ? strlen(s->stop) - 1 : 0;
-        size_t upto = s->len[j] > hold ? s->len[j] - hold : 0;
-        if (upto > s->shown[j]) {
-            fwrite(s->text[j] + s->shown[j], 1, upto - s->shown[j], stdout);
-            fflush(stdout);
-            s->shown[j] = upto;
-        }
-    }
-    return stopped;
-}
-
-static int on_token(void *user, size_t j, int32_t tok)
-{
-    run_state *s = user;
-    if (s->off) ft_cli_offload_mark(s->off);
-    char buf[256];
-    size_t w = 0;
-    ft_status st = ft_detok_push(s->dt[j], tok, buf, sizeof buf, &w);
-    if (st) { s->err = st; return 1; }
-    if (w && text_append(s, j, buf, w)) { s->err = FT_ERR_NOMEM; return 1; }
-    return text_check(s, j, 0);
-}
 
 static ft_status split_lines(char *data, size_t size, char ***lines, size_t *n)
 {
@@ -293,15 +192,24 @@ static ft_status split_lines(char *data, size_t size, char ***lines, size_t *n)
     return FT_OK;
 }
 
+/* A single prompt streams its text to stdout as it is generated. */
+static int stream_text(void *user, size_t seq, const char *text, size_t len)
+{
+    (void)user;
+    (void)seq;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
 int ft_cmd_run(int argc, char **argv)
 {
     const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL;
     long max_new = 64, top_k = -1, threads = 0, seed = 0;
     double temp = -1, top_p = -1, rep = -1;
-    int ignore_eos = 0, have_seed = 0, strict = 0;
-    ft_cli_offload off;
-    ft_cli_offload_init(&off);
-    ft_cli_cuda gpu = {0};
+    int ignore_eos = 0, have_seed = 0;
+    ft_cli_session o;
+    ft_cli_session_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
@@ -311,12 +219,10 @@ int ft_cmd_run(int argc, char **argv)
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
-        int r = ft_cli_offload_arg(&off, argc, argv, &i);
-        if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
+        int r = ft_cli_session_arg(&o, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
-        if (opt_is(a, "--strict")) { strict = 1; continue; }
         if (i + 1 >= argc) return ft_cli_usage_error(RUN_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
         char *endp = NULL;
@@ -348,17 +254,11 @@ int ft_cmd_run(int argc, char **argv)
 
     int rc = FT_EXIT_ERR;
     ft_status st;
-    ft_model *m = NULL;
-    ft_tokenizer *tok = NULL;
-    ft_ctx *c = NULL;
+    ft_session *s = NULL;
     uint8_t *fdata = NULL;
     size_t fsize = 0, np = 0;
-    char **lines = NULL;
-    int32_t **ids = NULL, **outs = NULL;
-    size_t *plen = NULL, *nout = NULL;
-    run_state rs = {0};
-
-    if (gpu.on && (st = ft_cli_cuda_check(&gpu, &off))) return ft_cli_fail("run", st);
+    char **lines = NULL, **texts = NULL;
+    if (o.sp.strict) setenv("FLEXTIER_STRICT", "1", 1);   /* as the test suite: for every tokenizer loaded */
     if (pfile) {
         if ((st = ft_cli_read_file(pfile, &fdata, &fsize))) return ft_cli_fail(pfile, st);
         char *txt = malloc(fsize + 1);
@@ -375,157 +275,85 @@ int ft_cmd_run(int argc, char **argv)
         lines[0] = (char *)prompt;
         np = 1;
     }
-    ft_load_params lp;
-    ft_load_params_default(&lp);
-    lp.progress = load_progress;
-    if (strict) {   /* config keys and tokenizer fields flextier does not know are errors */
-        lp.config_flags = FT_CONFIG_STRICT;
-        setenv("FLEXTIER_STRICT", "1", 1);
-    }
-    off.threads = (unsigned)threads;
-    if ((st = ft_cli_engine_formats(&off, gpu.on, &lp))) {
-        ft_cli_usage_error(RUN_USAGE, "%s", ft_last_error());
-        rc = FT_EXIT_USAGE;
-        goto done;
-    }
+    o.sp.threads = (unsigned)threads;
     {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);
-        st = gpu.on ? ft_model_load(dir, &lp, &m)
-                    : ft_cli_offload_load(&off, dir, &lp, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &m);
-        if (st) {
+        if ((st = ft_cli_session_open(&o, dir, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &s))) {
             ft_cli_fail(dir, st);
             goto done;
         }
     }
-    const ft_model_config *cfg = ft_model_get_config(m);
-    /* tokenizer.json, or vocab.json + merges.txt (GPT-2 / OPT on the Hub) */
-    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail("tokenizer", st); goto done; }
-
-    ids = calloc(np, sizeof *ids);
-    outs = calloc(np, sizeof *outs);
-    plen = calloc(np, sizeof *plen);
-    nout = calloc(np, sizeof *nout);
-    rs.dt = calloc(np, sizeof *rs.dt);
-    rs.text = calloc(np, sizeof *rs.text);
-    rs.len = calloc(np, sizeof(size_t));
-    rs.cap = calloc(np, sizeof(size_t));
-    rs.shown = calloc(np, sizeof(size_t));
-    if (!ids || !outs || !plen || !nout || !rs.dt || !rs.text || !rs.len || !rs.cap || !rs.shown) {
-        ft_cli_fail("run", FT_ERR_NOMEM);
+    if (!ft_session_tokenizer(s)) {
+        ft_status ts = ft_session_generate_text(s, 1, (const char *const *)lines, &(ft_text_params){0}, NULL, NULL);
+        ft_cli_fail("tokenizer", ts);
         goto done;
     }
-    size_t maxp = 0, sum = 0;
-    for (size_t j = 0; j < np; j++) {
-        if ((st = ft_tokenizer_encode(tok, lines[j], strlen(lines[j]), 1, &ids[j], &plen[j]))) {
-            ft_cli_fail("encode", st);
-            goto done;
-        }
-        if (plen[j] == 0) {
-            fprintf(stderr, "flextier: run: prompt %zu encodes to no tokens\n", j + 1);
-            goto done;
-        }
-        for (size_t k = 0; k < plen[j]; k++)
-            if (ids[j][k] < 0 || ids[j][k] >= cfg->vocab) {
-                fprintf(stderr, "flextier: run: tokenizer id %d is outside the model's vocab_size %d\n",
-                        (int)ids[j][k], cfg->vocab);
-                goto done;
-            }
-        if (plen[j] > maxp) maxp = plen[j];
-        sum += plen[j];
-        outs[j] = malloc(((size_t)max_new + 1) * sizeof(int32_t));
-        if (!outs[j] || (st = ft_detok_create(tok, 1, &rs.dt[j]))) { ft_cli_fail("run", st ? st : FT_ERR_NOMEM); goto done; }
-    }
-    if (maxp + (size_t)max_new > (size_t)cfg->max_pos) {
-        fprintf(stderr, "flextier: run: prompt of %zu tokens + %ld new tokens exceeds the model's "
-                "context (max_position_embeddings = %d in %s/config.json)\n", maxp, max_new, cfg->max_pos, dir);
-        goto done;
-    }
-    ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
-                        .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
-    if (gpu.on) {
-        if ((st = ft_cli_cuda_create(&gpu, m, cp.max_batch, cp.max_seq, cp.max_rows, cp.all_logits, cp.threads))) {
-            ft_cli_fail("CUDA context", st);
-            goto done;
-        }
-    } else {
-        ft_cli_offload_ctx_params(&off, &cp);
-        if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-        if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("KV cache offloading", st); goto done; }
-    }
+    const ft_model_config *cfg = ft_session_config(s);
 
     if (dump) {
-        float *lg = malloc(sum * (size_t)cfg->vocab * sizeof(float));
-        int *slots = malloc(np * sizeof(int));
-        if (!lg || !slots) { free(lg); free(slots); ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
-        for (size_t j = 0; j < np; j++) slots[j] = (int)j;
-        st = gpu.on ? ft_cuda_ctx_forward(gpu.c, np, slots, (const int32_t *const *)ids, plen, lg, 1)
-                    : ft_ctx_forward(c, np, slots, (const int32_t *const *)ids, plen, lg, 1);
+        /* the f32 logits of every prompt position */
+        const ft_tokenizer *tok = ft_session_tokenizer(s);
+        int32_t **ids = calloc(np, sizeof *ids);
+        size_t *plen = calloc(np, sizeof *plen), sum = 0;
+        int *slots = calloc(np, sizeof *slots);
+        float *lg = NULL;
+        st = ids && plen && slots ? FT_OK : ft_set_error(FT_ERR_NOMEM, "dump-logits");
+        for (size_t j = 0; j < np && !st; j++) {
+            st = ft_tokenizer_encode(tok, lines[j], strlen(lines[j]), 1, &ids[j], &plen[j]);
+            slots[j] = (int)j;
+            sum += plen[j];
+            if (!st && !plen[j]) st = ft_set_error(FT_ERR_INVALID_ARG, "prompt %zu encodes to no tokens", j + 1);
+        }
+        if (!st && !(lg = malloc(sum * (size_t)cfg->vocab * sizeof(float)))) st = ft_set_error(FT_ERR_NOMEM, "logits");
+        if (!st) st = ft_session_forward(s, np, slots, (const int32_t *const *)ids, plen, lg, 1);
         if (!st) st = ft_cli_write_file(dump, lg, sum * (size_t)cfg->vocab * sizeof(float));
-        free(lg);
-        free(slots);
+        for (size_t j = 0; ids && j < np; j++) free(ids[j]);
+        free(ids); free(plen); free(slots); free(lg);
+        ft_session_reset(s);
         if (st) { ft_cli_fail("dump-logits", st); goto done; }
     }
 
-    ft_gen_params gp = {.max_new_tokens = (size_t)max_new, .ignore_eos = ignore_eos,
-                        .on_token = on_token, .user = &rs};
+    ft_text_params tp;
+    memset(&tp, 0, sizeof tp);
+    tp.gen.max_new_tokens = (size_t)max_new;
+    tp.gen.ignore_eos = ignore_eos;
     /* defaults from generation_config.json, then the flags */
-    if (cfg->gen_do_sample) {
-        gp.sampling.temperature = cfg->gen_temperature > 0 ? cfg->gen_temperature : 1.0f;
-        gp.sampling.top_k = cfg->gen_top_k;
-        gp.sampling.top_p = cfg->gen_top_p;
+    ft_session_default_sampling(s, &tp.gen.sampling);
+    if (temp >= 0) tp.gen.sampling.temperature = (float)temp;
+    if (top_k >= 0) tp.gen.sampling.top_k = (int)top_k;
+    if (top_p >= 0) tp.gen.sampling.top_p = (float)top_p;
+    if (rep >= 0) tp.gen.sampling.repetition_penalty = (float)rep;
+    tp.gen.sampling.seed = have_seed ? (uint64_t)seed : (uint64_t)(ft_now() * 1e6);
+    tp.stop = stop;
+    int stream = np == 1;
+    if (stream) {
+        tp.on_text = stream_text;
+        fputs(lines[0], stdout);
+        fflush(stdout);
     }
-    gp.sampling.repetition_penalty = cfg->gen_repetition_penalty;
-    if (temp >= 0) gp.sampling.temperature = (float)temp;
-    if (top_k >= 0) gp.sampling.top_k = (int)top_k;
-    if (top_p >= 0) gp.sampling.top_p = (float)top_p;
-    if (rep >= 0) gp.sampling.repetition_penalty = (float)rep;
-    gp.sampling.seed = have_seed ? (uint64_t)seed : (uint64_t)(ft_now() * 1e6);
-    rs.tok = tok;
-    rs.off = &off;
-    rs.stop = stop;
-    rs.stream = np == 1;
-    if (rs.stream) { fputs(lines[0], stdout); fflush(stdout); }
+    texts = calloc(np, sizeof *texts);
+    if (!texts) { ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
     ft_gen_stats gs;
-    st = gpu.on ? ft_cuda_generate(gpu.c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs)
-                : ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
-    if (!st && rs.err) st = rs.err;
-    if (st) { if (rs.stream) putchar('\n'); ft_cli_fail("generate", st); goto done; }
-    for (size_t j = 0; j < np; j++) {
-        char buf[256];
-        size_t w = 0;
-        if (!ft_detok_flush(rs.dt[j], buf, sizeof buf, &w) && w) text_append(&rs, j, buf, w);
-        text_check(&rs, j, 1);
-        if (!rs.stream)
-            printf("=== prompt %zu ===\n%s%s\n", j + 1, lines[j], rs.text[j] ? rs.text[j] : "");
-    }
-    if (rs.stream) putchar('\n');
+    st = ft_session_generate_text(s, np, (const char *const *)lines, &tp, texts, &gs);
+    if (st) { if (stream) putchar('\n'); ft_cli_fail("generate", st); goto done; }
+    if (stream) putchar('\n');
+    else
+        for (size_t j = 0; j < np; j++) printf("=== prompt %zu ===\n%s%s\n", j + 1, lines[j], texts[j]);
     fflush(stdout);
-    size_t gen = 0;
-    for (size_t j = 0; j < np; j++) gen += nout[j];
     fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
             "(%.1f tok/s); %zu sequences, %zu tokens generated\n",
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
-            np, gen);
-    if (gpu.on) ft_cli_cuda_report(&gpu, stderr);
-    else ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stderr);
+            np, (max_new > 0 ? np : 0) + gs.decode_tokens);
+    if (o.sp.device == FT_DEVICE_CUDA) ft_cli_cuda_report(s, stderr);
+    else ft_cli_session_report(&o, s, gs.prefill_s, gs.decode_s, stderr);
     rc = FT_EXIT_OK;
 done:
-    for (size_t j = 0; j < np; j++) {
-        if (ids) free(ids[j]);
-        if (outs) free(outs[j]);
-        if (rs.dt) ft_detok_free(rs.dt[j]);
-        if (rs.text) free(rs.text[j]);
-    }
-    free(ids); free(outs); free(plen); free(nout);
-    free(rs.dt); free(rs.text); free(rs.len); free(rs.cap); free(rs.shown);
+    for (size_t j = 0; texts && j < np; j++) free(texts[j]);
+    free(texts);
     free(lines);
     free(fdata);
-    ft_ctx_free(c);
-    ft_cli_cuda_free(&gpu);
-    ft_tokenizer_free(tok);
-    ft_cli_offload_free(&off);
-    ft_model_free(m);
+    ft_session_close(s);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* The CUDA backend's API in a build without CUDA (no CUDA compiler at
  * configure time, or -DFT_CUDA=OFF): every entry point reports why, so
  * callers (the CLI's --device cuda, the tests) need no #ifdef. */
+#include <string.h>
 #include "flextier/cuda.h"
 
 #define OFF_DETAIL "built without CUDA (configured with FT_CUDA=OFF, as a sanitizer/fuzzing/Python build, " \
@@ -94,6 +95,12 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out)
     if (out) *out = (ft_cuda_stats){0};
 }
 
+void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
+{
+    (void)c;
+    if (out) memset(out, 0, sizeof *out);   /* no context exists without CUDA */
+}
+
 ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
                            const ft_gen_params *p, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
 {
@@ -114,5 +121,11 @@ uint64_t ft_cuda_host_weights_bytes(const ft_cuda_host_weights *hw) { (void)hw; 
 ft_status ft_cuda_host_weights_hook(void *hw, int layer, ft_cuda_wsrc *src)
 {
     (void)hw; (void)layer; (void)src;
+    return off();
+}
+
+ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src)
+{
+    (void)source; (void)layer; (void)src;
     return off();
 }

@@ -487,7 +487,7 @@ ft_wfmt ft_model_weights_format(const ft_model *m)
     return best;
 }
 
-ft_layer_weights *ft_model_layer(ft_model *m, int i)
+const ft_layer_weights *ft_model_layer(const ft_model *m, int i)
 {
     if (!m || i < 0 || i >= m->cfg.n_layers) return NULL;
     return &m->layers[i];
@@ -522,3 +522,73 @@ void ft_load_params_default(ft_load_params *p)
     memset(p, 0, sizeof *p);
     p->weights = FT_WEIGHTS_AS_STORED;
 }
+
+/* ------------------------------------------------- public layer layout */
+
+_Static_assert(FT_LAYER_SLOTS == LW_COUNT, "FT_LAYER_SLOTS is the number of ft_layer_weights fields");
+
+int ft_layer_slot_is_matrix(int slot) { return slot >= 0 && slot < LW_COUNT && ft_slot_is_matrix(slot); }
+
+ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot)
+{
+    return w && slot >= 0 && slot < LW_COUNT ? ft_layer_mat(w, slot) : NULL;
+}
+
+const float **ft_layer_weights_vec(ft_layer_weights *w, int slot)
+{
+    return w && slot >= 0 && slot < LW_COUNT ? ft_layer_vec(w, slot) : NULL;
+}
+
+ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out)
+{
+    if (!m || !out || i >= m->n_tensors) return ft_set_error(FT_ERR_NOT_FOUND, "model: tensor %zu", i);
+    const ft_model_tensor_entry *e = &m->tensors[i];
+    memset(out, 0, sizeof *out);
+    out->name = e->name;
+    out->layer = e->layer;
+    out->slot = e->slot;
+    out->ndim = e->ndim;
+    out->shape[0] = e->shape[0];
+    out->shape[1] = e->ndim == 2 ? e->shape[1] : 0;
+    out->fmt = e->fmt;
+    out->group = e->group;
+    out->n_chunks = e->n_chunks;
+    return FT_OK;
+}
+
+ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group)
+{
+    int g = 0;
+    if (!m || i >= m->n_tensors) { if (group) *group = 0; return FT_WF_F32; }
+    const ft_model_tensor_entry *e = &m->tensors[i];
+    ft_wfmt f = ft_tensor_format(&m->cfg, e->layer < 0, e->slot, e->ndim, e->shape, want, &g);
+    if (group) *group = g;
+    return f;
+}
+
+ft_wfmt ft_model_format_requested(const ft_model *m) { return m ? m->wfmt : FT_WF_F32; }
+
+/* --------------------------------------------- the backend interface */
+
+void ft_model_get_blocks(const ft_model *m, ft_model_blocks *out)
+{
+    out->norm = m->arch->norm;
+    out->pos = m->arch->pos;
+    out->ffn = m->arch->ffn;
+    out->pos_offset = m->arch->pos_offset;
+}
+
+int ft_model_global_shape(const ft_model *m, int slot, int64_t shape[2])
+{
+    return ft_global_shape(&m->cfg, m->arch, slot, shape);
+}
+
+const ft_wmat *ft_model_global(const ft_model *m, int slot) { return &m->g[slot]; }
+
+int ft_model_layer_has(const ft_model *m, int slot)
+{
+    char name[128];
+    return m->arch->layer_name(&m->cfg, 0, slot, name, sizeof name);
+}
+
+int ft_model_layers_loaded(const ft_model *m) { return m->lbuf != NULL; }

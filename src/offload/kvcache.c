@@ -22,7 +22,6 @@
  * filled stay encoded in host memory (the tail), so every row crosses
  * the link once and a fetch reads whole chunks, all in flight at once. */
 #include "flextier/offload.h"
-#include "engine/engine_internal.h"
 #include "offload_internal.h"
 
 #include <errno.h>
@@ -526,8 +525,8 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     if (!o) return FT_ERR_NOMEM;
     o->p = *p;
     o->fd = -1;
-    o->n_layers = m->cfg.n_layers;
-    o->kvdim = m->cfg.n_kv_heads * m->cfg.head_dim;
+    o->n_layers = ft_model_get_config(m)->n_layers;
+    o->kvdim = ft_model_get_config(m)->n_kv_heads * ft_model_get_config(m)->head_dim;
     o->row_f32 = (size_t)o->kvdim;
     o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 64;
     o->tag_layer[0] = o->tag_layer[1] = -1;
@@ -542,7 +541,7 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
         /* groups along head_dim (FlexGen: 64); a head_dim that 64 does not
          * divide is one group per head */
         uint32_t g = p->group_size ? p->group_size : FT_DEFAULT_GROUP_SIZE;
-        if ((uint32_t)m->cfg.head_dim % g) g = (uint32_t)m->cfg.head_dim;
+        if ((uint32_t)ft_model_get_config(m)->head_dim % g) g = (uint32_t)ft_model_get_config(m)->head_dim;
         o->group = g;
         o->rec = ft_qrow_bytes(o->bits, o->row_f32, g);
     } else if (cc == FT_CODEC_RAW) {
