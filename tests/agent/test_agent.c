@@ -6,7 +6,7 @@
 #include "flextier/agent.h"
 #include "flextier/codec.h"
 #include "flextier/store.h"
-#include "agent/agent_msg.h"
+#include "net/agent_msg.h"
 
 #include <pthread.h>
 #include <stdio.h>

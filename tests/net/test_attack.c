@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "net/raw_client.h"
-#include "net/server_util.h"
+#include "support/server_util.h"
 
 static const char TOKEN[] = "attack-test-token-0123456789abcdef";
 
@@ -552,7 +552,7 @@ TEST(attack_fake_node_learns_no_token)
             getsockname(f.lfd, (struct sockaddr *)&a, &al) == 0);
     pthread_t th;
     pthread_create(&th, NULL, fake_node_main, &f);
-    srv_t fake = {0, ntohs(a.sin_port), ""};
+    srv_t fake = {.pid = 0, .port = ntohs(a.sin_port)};
     snprintf(fake.uri, sizeof fake.uri, "ucx://127.0.0.1:%d", fake.port);
     ft_store *s = NULL;
     ft_status st = open_tok(&fake, tok, &s);
