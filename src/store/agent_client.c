@@ -48,7 +48,7 @@ typedef struct apend {
     struct apend *next;
 } apend;
 
-/* A pending rendezvous receive (see src/net/client.c: a force-closed
+/* A pending rendezvous receive (see src/store/ucx_client.c: a force-closed
  * endpoint may never complete it, so the waiter abandons it). */
 typedef struct rx_token {
     apend *p;

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE   /* memmem */
 #include "ft_test.h"
 #include "flextier/store.h"
+#include "support/cli_run.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -61,7 +62,7 @@ static void victim_data(uint16_t *v, uint64_t seed)
 static int cli_victim(const srv_t *s, const char *token_file, const char *verb, const char *file)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s %s victim %s %s %s %s 2>/dev/null", getenv("FT_BIN"), verb,
+    snprintf(cmd, sizeof cmd, "'%s' %s %s victim %s %s %s %s 2>/dev/null", ft_test_bin(), verb,
              s->uri, file, strcmp(verb, "put") ? "" : "--dtype bf16",
              token_file ? "--token-file" : "", token_file ? token_file : "");
     int st = system(cmd);
@@ -622,7 +623,7 @@ static int serve_exit(const char *args, char *err, size_t n)
     if (fd < 0) return -1;
     close(fd);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "timeout -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", getenv("FT_BIN"),
+    snprintf(cmd, sizeof cmd, "timeout -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", ft_test_bin(),
              args, path);
     int st = system(cmd);
     FILE *f = fopen(path, "r");

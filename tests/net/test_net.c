@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "support/cli_run.h"
 #include "support/server_util.h"
 
 
@@ -426,7 +427,7 @@ TEST(net_client_killed_mid_write)
         if (pid == 0) {
             int null = open("/dev/null", O_WRONLY);
             if (null >= 0) { dup2(null, 1); dup2(null, 2); }
-            execl(getenv("FT_BIN"), "flextier", "put", srv.uri, "victim", path, "--dtype", "u8",
+            execl(ft_test_bin(), "flextier", "put", srv.uri, "victim", path, "--dtype", "u8",
                   (char *)NULL);
             _exit(127);
         }
@@ -626,7 +627,7 @@ static int run_cli(const char *fmt, const char *a, const char *b, const char *c2
     char cmd[1024];
     char tail[700];
     snprintf(tail, sizeof tail, fmt, a, b, c2);
-    snprintf(cmd, sizeof cmd, "'%s' %s", getenv("FT_BIN"), tail);
+    snprintf(cmd, sizeof cmd, "'%s' %s", ft_test_bin(), tail);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
