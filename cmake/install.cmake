@@ -44,7 +44,7 @@ install(EXPORT flextierTargets NAMESPACE flextier:: DESTINATION ${FT_CMAKE_DIR})
 # module under the prefix the build used (PkgConfig::FT_<NAME>).
 set(FT_PKG_DEPS "")
 foreach(pair FT_LZ4=liblz4 FT_ZSTD=libzstd FT_DEFLATE=libdeflate FT_XXHASH=libxxhash
-             FT_UCX=ucx FT_CRYPTO=libcrypto FT_OPENBLAS=openblas FT_JSONC=json-c
+             FT_UCX=ucx FT_CRYPTO=libcrypto FT_JSONC=json-c
              FT_PCRE2=libpcre2-8 FT_UTF8PROC=libutf8proc)
   string(APPEND FT_PKG_DEPS "  ${pair}\n")
 endforeach()
