@@ -73,7 +73,7 @@ install(FILES ${PROJECT_BINARY_DIR}/flextierConfig.cmake
 file(RELATIVE_PATH FT_PC_PREFIX_REL "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 set(FT_PC_LIBS_PRIVATE_CUDA "")
 if(FT_HAVE_CUDA AND NOT FT_CUDA_FAKE)
-  set(FT_PC_LIBS_PRIVATE_CUDA "-L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
+  set(FT_PC_LIBS_PRIVATE_CUDA "-L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart -lstdc++")
 endif()
 foreach(pc flextier-codec flextier-store flextier)
   configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/${pc}.pc @ONLY)
