@@ -4,6 +4,8 @@
 # then the CUDA backend's tests over its CPU emulation, then the aarch64
 # cross build's codec and agent tests under qemu-user). On a machine with an
 # NVIDIA GPU, `make gpu-check` verifies the CUDA backend (docs/cuda.md).
+# `make install PREFIX=DIR` installs the headers, libraries, pkg-config
+# files, CMake package and the program (docs/architecture.md).
 BUILD     ?= build
 BUILD_SAN ?= build-san
 BUILD_FUZZ ?= build-fuzz
@@ -11,8 +13,9 @@ BUILD_FAKE ?= build-cuda-fake
 BUILD_A64 ?= build-aarch64
 JOBS      ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
+PREFIX    ?= /usr/local
 
-.PHONY: all deps build test test-release test-san test-fuzz test-python test-cuda-fake test-aarch64 gpu-check demo bench clean
+.PHONY: all deps build install test test-release test-san test-fuzz test-python test-cuda-fake test-aarch64 gpu-check demo bench clean
 
 all: build
 
@@ -22,6 +25,9 @@ deps:
 build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 test: test-release test-san test-python test-fuzz test-cuda-fake test-aarch64
 

@@ -1,6 +1,7 @@
 /* bench_quant: single-thread q8/q4 quantize / dequantize throughput on a
- * bf16 tensor through the public API (ft_encode / ft_decode, including the
- * payload hashes), median of R runs.
+ * bf16 tensor of synthetic weights (ft_synth_weights) through the public
+ * API (ft_encode / ft_decode, including the payload hashes), median of R
+ * runs.
  *
  *   build/bench/bench_quant [ROWS COLS [RUNS]]     (default 4096 4096 7)
  *
@@ -11,7 +12,6 @@
  * scalar kernels. */
 #include "flextier/codec.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -57,14 +57,7 @@ int main(int argc, char **argv)
     uint16_t *src = ft_malloc_aligned(n * 2, 64);
     float *out = ft_malloc_aligned(n * 4, 64);
     if (!src || !out) return 1;
-    uint64_t s = 12345;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        double u = (double)(s >> 11) / 9007199254740992.0;
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        double w = (double)(s >> 11) / 9007199254740992.0 + 1e-12;
-        src[i] = ft_f32_to_bf16_1((float)(0.02 * sqrt(-2 * log(w)) * cos(6.283185307 * u)));
-    }
+    if (ft_synth_weights(FT_BF16, n, (uint64_t)shape[1], 12345, src)) return 1;
     ft_codec_ctx *ctx;
     if (ft_codec_ctx_create(1, &ctx)) return 1;
     ft_tensor t;

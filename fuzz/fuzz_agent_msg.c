@@ -1,6 +1,6 @@
-/* libFuzzer target: the codec agent's wire messages (src/agent/agent_msg.c):
+/* libFuzzer target: the codec agent's wire messages (src/net/agent_msg.c):
  * headers as request and reply, and every body parser. */
-#include "agent/agent_msg.h"
+#include "net/agent_msg.h"
 
 #include <stdint.h>
 #include <stdlib.h>

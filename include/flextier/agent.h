@@ -66,11 +66,11 @@ typedef struct ft_agent_params {
     void *arg;
 } ft_agent_params;
 
-void ft_agent_default_params(ft_agent_params *p);
+FT_API void ft_agent_default_params(ft_agent_params *p);
 /* Run until *stop becomes nonzero. FT_OK on a clean shutdown, or the error
  * that prevented it from starting (a memory node that cannot be reached
  * at start is an error: it is opened once and reconnects by itself). */
-ft_status ft_agent_run(const ft_agent_params *p);
+FT_API ft_status ft_agent_run(const ft_agent_params *p);
 
 #ifdef __cplusplus
 }

@@ -54,12 +54,12 @@ typedef enum ft_codec_id {
     FT_CODEC_COUNT = 7
 } ft_codec_id;
 
-const char *ft_codec_name(ft_codec_id c);        /* "zstd"; "?" if invalid */
+FT_API const char *ft_codec_name(ft_codec_id c);        /* "zstd"; "?" if invalid */
 /* Parse a codec name: raw|none, lz4, zstd, deflate, byteplane|bp, q8, q4.
  * "bp-lz4", "byteplane-deflate" etc. also set the entropy stage. */
-ft_status ft_codec_parse(const char *s, ft_codec_id *codec,
-                         ft_codec_id *entropy);
-int ft_codec_is_lossy(ft_codec_id c);
+FT_API ft_status ft_codec_parse(const char *s, ft_codec_id *codec,
+                                ft_codec_id *entropy);
+FT_API int ft_codec_is_lossy(ft_codec_id c);
 
 #define FT_DEFAULT_CHUNK_SIZE (256u * 1024u)
 #define FT_MIN_CHUNK_SIZE     (4u * 1024u)
@@ -77,7 +77,7 @@ typedef struct ft_codec_params {
                                uses 0 for weights and head_dim for KV) */
 } ft_codec_params;
 
-void ft_codec_default_params(ft_codec_params *p);
+FT_API void ft_codec_default_params(ft_codec_params *p);
 
 /* ---------------------------------------------------------------- frames */
 
@@ -128,34 +128,34 @@ typedef struct ft_frame_info {
  * before decoding. Returns FT_ERR_CORRUPT with a detail on any mismatch,
  * FT_ERR_BUFFER_SMALL if size < header (info->header_size is then set when
  * at least FT_FRAME_FIXED_HEADER bytes were given). */
-ft_status ft_frame_parse(const void *frame, size_t size, ft_frame_info *info);
+FT_API ft_status ft_frame_parse(const void *frame, size_t size, ft_frame_info *info);
 /* Chunk i of a parsed frame (i < info->n_chunks). */
-ft_status ft_frame_chunk(const void *frame, size_t size,
-                         const ft_frame_info *info, uint32_t i,
-                         ft_chunk_info *out);
+FT_API ft_status ft_frame_chunk(const void *frame, size_t size,
+                                const ft_frame_info *info, uint32_t i,
+                                ft_chunk_info *out);
 
 /* --------------------------------------------------------------- context */
 
 typedef struct ft_codec_ctx ft_codec_ctx;
 
 /* nthreads: 0 = default (FLEXTIER_THREADS or online CPUs). */
-ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out);
-void      ft_codec_ctx_free(ft_codec_ctx *ctx);
-unsigned  ft_codec_ctx_threads(const ft_codec_ctx *ctx);
+FT_API ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out);
+FT_API void      ft_codec_ctx_free(ft_codec_ctx *ctx);
+FT_API unsigned  ft_codec_ctx_threads(const ft_codec_ctx *ctx);
 
 /* Worst-case frame size for a tensor of this dtype/shape with these
  * params; 0 if the params or shape are invalid. */
-size_t ft_encode_bound(const ft_codec_params *p, ft_dtype dt,
-                       uint32_t ndim, const int64_t *shape);
+FT_API size_t ft_encode_bound(const ft_codec_params *p, ft_dtype dt,
+                              uint32_t ndim, const int64_t *shape);
 
 /* Encode `src` into dst[0..cap). *out_size = frame bytes. If cap is below
  * ft_encode_bound the context encodes into its scratch first and returns
  * FT_ERR_BUFFER_SMALL if the result does not fit. q8/q4 require a float
  * dtype; byteplane falls back to plain entropy coding of a non-float
  * dtype. */
-ft_status ft_encode(ft_codec_ctx *ctx, const ft_codec_params *p,
-                    const ft_tensor *src, void *dst, size_t cap,
-                    size_t *out_size);
+FT_API ft_status ft_encode(ft_codec_ctx *ctx, const ft_codec_params *p,
+                           const ft_tensor *src, void *dst, size_t cap,
+                           size_t *out_size);
 
 /* Streaming encode: a frame produced a run of chunks at a time, its
  * header last (the header holds every chunk's size and checksum). The
@@ -168,25 +168,25 @@ ft_status ft_encode(ft_codec_ctx *ctx, const ft_codec_params *p,
  * bytes are in cache. */
 typedef struct ft_encoder ft_encoder;
 
-ft_status ft_encoder_begin(ft_codec_ctx *ctx, const ft_codec_params *p,
-                           const ft_tensor *src, ft_encoder **out);
+FT_API ft_status ft_encoder_begin(ft_codec_ctx *ctx, const ft_codec_params *p,
+                                  const ft_tensor *src, ft_encoder **out);
 /* n_chunks, header bytes, worst-case frame bytes; *zero_copy: payloads
  * point into the tensor. Any pointer may be NULL. */
-void ft_encoder_info(const ft_encoder *e, uint32_t *n_chunks, size_t *header_size,
-                     size_t *bound, int *zero_copy);
+FT_API void ft_encoder_info(const ft_encoder *e, uint32_t *n_chunks, size_t *header_size,
+                            size_t *bound, int *zero_copy);
 /* Raw bytes and worst-case payload bytes of chunks [first, first+count). */
-size_t ft_encoder_raw_bytes(const ft_encoder *e, uint32_t first, uint32_t count);
-size_t ft_encoder_run_bound(const ft_encoder *e, uint32_t first, uint32_t count);
+FT_API size_t ft_encoder_raw_bytes(const ft_encoder *e, uint32_t first, uint32_t count);
+FT_API size_t ft_encoder_run_bound(const ft_encoder *e, uint32_t first, uint32_t count);
 /* Encode chunks [first, first+count) (in order: first must be the next
  * chunk not yet encoded) in parallel on ctx's threads; their payloads end
  * up back to back at *payload (dst, or the tensor for zero copy), *size
  * bytes. dst needs ft_encoder_run_bound bytes (unused for zero copy). */
-ft_status ft_encoder_encode(ft_encoder *e, uint32_t first, uint32_t count, void *dst,
-                            size_t cap, const void **payload, size_t *size);
+FT_API ft_status ft_encoder_encode(ft_encoder *e, uint32_t first, uint32_t count, void *dst,
+                                   size_t cap, const void **payload, size_t *size);
 /* Once every chunk is encoded: the header (header_size bytes) into dst;
  * *frame_size = header + payloads. */
-ft_status ft_encoder_header(ft_encoder *e, void *dst, size_t cap, uint64_t *frame_size);
-void ft_encoder_free(ft_encoder *e);
+FT_API ft_status ft_encoder_header(ft_encoder *e, void *dst, size_t cap, uint64_t *frame_size);
+FT_API void ft_encoder_free(ft_encoder *e);
 
 /* Decode a whole frame into `dst`, a caller-provided tensor descriptor
  * whose data buffer must hold the decoded tensor. dst->dtype selects the
@@ -194,8 +194,8 @@ void ft_encoder_free(ft_encoder *e);
  * case values are converted (q8/q4 dequantize directly into it). dst's
  * shape is ignored on input and set to the frame's shape; dst->data's
  * capacity is `cap` bytes. The checksum is verified. */
-ft_status ft_decode(ft_codec_ctx *ctx, const void *frame, size_t size,
-                    ft_tensor *dst, size_t cap);
+FT_API ft_status ft_decode(ft_codec_ctx *ctx, const void *frame, size_t size,
+                           ft_tensor *dst, size_t cap);
 
 /* Verify a whole frame without decoding it, for code that uses the
  * payload in place (q8/q4 weights computed on as stored, raw frames):
@@ -204,22 +204,22 @@ ft_status ft_decode(ft_codec_ctx *ctx, const void *frame, size_t size,
  * deflate, byte-plane) has a checksum over its decoded bytes, so such a
  * frame gives FT_ERR_UNSUPPORTED (decode it). *info (may be NULL) is set
  * on success. */
-ft_status ft_frame_verify(ft_codec_ctx *ctx, const void *frame, size_t size,
-                          ft_frame_info *info);
+FT_API ft_status ft_frame_verify(ft_codec_ctx *ctx, const void *frame, size_t size,
+                                 ft_frame_info *info);
 
 /* Decode into a newly allocated buffer (free with ft_free_aligned).
  * out_dtype: the frame's dtype if negative (-1). */
-ft_status ft_decode_alloc(ft_codec_ctx *ctx, const void *frame, size_t size,
-                          int out_dtype, ft_tensor *out);
+FT_API ft_status ft_decode_alloc(ft_codec_ctx *ctx, const void *frame, size_t size,
+                                 int out_dtype, ft_tensor *out);
 
 /* Decode only chunk i of a frame (streaming): payload points at the
  * chunk's enc_size bytes; out receives the chunk's elements converted to
  * out_dtype (out_cap bytes available). The chunk hash is verified. Uses
  * worker workspace `worker` of ctx (0 when called from one thread). */
-ft_status ft_decode_chunk(ft_codec_ctx *ctx, const ft_frame_info *info,
-                          const ft_chunk_info *chunk, const void *payload,
-                          ft_dtype out_dtype, void *out, size_t out_cap,
-                          unsigned worker);
+FT_API ft_status ft_decode_chunk(ft_codec_ctx *ctx, const ft_frame_info *info,
+                                 const ft_chunk_info *chunk, const void *payload,
+                                 ft_dtype out_dtype, void *out, size_t out_cap,
+                                 unsigned worker);
 
 /* ------------------------------------------------------ row quantization */
 
@@ -231,12 +231,12 @@ ft_status ft_decode_chunk(ft_codec_ctx *ctx, const ft_frame_info *info,
  * pairs (4 bytes each, little endian) then the packed codes, exactly as a
  * frame chunk of one row with group_dim -1 (docs/codec-quant.md), so the
  * error bound is the frame codec's. bits: 8 or 4. */
-size_t ft_qrow_bytes(int bits, size_t n, uint32_t group);
+FT_API size_t ft_qrow_bytes(int bits, size_t n, uint32_t group);
 /* FT_ERR_INVALID_ARG for bad sizes or a NaN/Inf value, FT_ERR_UNSUPPORTED
  * for a group whose range does not fit fp16. dst: ft_qrow_bytes bytes. */
-ft_status ft_qrow_encode(int bits, const float *src, size_t n, uint32_t group, void *dst);
+FT_API ft_status ft_qrow_encode(int bits, const float *src, size_t n, uint32_t group, void *dst);
 /* Decode what ft_qrow_encode wrote (trusted bytes: no validation). */
-void ft_qrow_decode(int bits, const void *src, size_t n, uint32_t group, float *dst);
+FT_API void ft_qrow_decode(int bits, const void *src, size_t n, uint32_t group, float *dst);
 
 #ifdef __cplusplus
 }

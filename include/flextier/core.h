@@ -21,10 +21,37 @@
 extern "C" {
 #endif
 
+/* ------------------------------------------------------- version, export */
+
+/* The library's version (CMakeLists.txt reads it from here). The header
+ * a program was compiled with: FT_VERSION_*; the library it runs with:
+ * ft_version_number() / ft_version_string(). */
 #define FT_VERSION_MAJOR 0
 #define FT_VERSION_MINOR 1
 #define FT_VERSION_PATCH 0
-#define FT_VERSION_STRING "0.1.0"
+#define FT_VERSION_NUMBER (FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH)
+#define FT_VERSION_STR_(x) #x
+#define FT_VERSION_STR(x) FT_VERSION_STR_(x)
+#define FT_VERSION_STRING FT_VERSION_STR(FT_VERSION_MAJOR) "." FT_VERSION_STR(FT_VERSION_MINOR) "." \
+                          FT_VERSION_STR(FT_VERSION_PATCH)
+
+/* FT_API marks the public functions: the libraries are compiled with
+ * -fvisibility=hidden, so a shared library exports exactly these (and the
+ * few internal entry points the libraries above it call, marked FT_API in
+ * src/ headers). Defining FT_API before including a header overrides it. */
+#ifndef FT_API
+#  if defined(__GNUC__) || defined(__clang__)
+#    define FT_API __attribute__((visibility("default")))
+#  else
+#    define FT_API
+#  endif
+#endif
+
+/* The version of the library linked at run time: FT_VERSION_NUMBER and
+ * FT_VERSION_STRING as it was built (a program can compare them with the
+ * macros it was compiled with). */
+FT_API unsigned    ft_version_number(void);
+FT_API const char *ft_version_string(void);
 
 /* ---------------------------------------------------------------- status */
 
@@ -50,14 +77,14 @@ typedef enum ft_status {
 } ft_status;
 
 /* Static, never-NULL description of a status ("corrupt data", ...). */
-const char *ft_status_str(ft_status st);
+FT_API const char *ft_status_str(ft_status st);
 
 /* Per-thread detail of the last error set by the library; "" if none. */
-const char *ft_last_error(void);
+FT_API const char *ft_last_error(void);
 /* Record a detail message for the calling thread and return st. */
-ft_status ft_set_error(ft_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void ft_clear_error(void);
+FT_API ft_status ft_set_error(ft_status st, const char *fmt, ...)
+           __attribute__((format(printf, 2, 3)));
+FT_API void ft_clear_error(void);
 
 /* --------------------------------------------------------------- logging */
 
@@ -68,10 +95,10 @@ typedef enum ft_log_level {
 
 /* The level comes from FLEXTIER_LOG (error|warn|info|debug|trace or 0-4),
  * default warn. ft_log_set_level overrides it. Thread-safe. */
-void ft_log_set_level(ft_log_level lvl);
-ft_log_level ft_log_get_level(void);
-void ft_log(ft_log_level lvl, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+FT_API void ft_log_set_level(ft_log_level lvl);
+FT_API ft_log_level ft_log_get_level(void);
+FT_API void ft_log(ft_log_level lvl, const char *fmt, ...)
+           __attribute__((format(printf, 2, 3)));
 #define FT_LOG(lvl, ...) \
     do { if ((lvl) <= ft_log_get_level()) ft_log((lvl), __VA_ARGS__); } while (0)
 
@@ -86,11 +113,11 @@ typedef enum ft_dtype {
     FT_DTYPE_COUNT = 8
 } ft_dtype;
 
-const char *ft_dtype_name(ft_dtype dt);          /* "bf16"; "?" if invalid */
+FT_API const char *ft_dtype_name(ft_dtype dt);          /* "bf16"; "?" if invalid */
 /* Parse "f32|float32|f16|float16|bf16|bfloat16|i8|u8|i32|q8|q4". */
-ft_status ft_dtype_parse(const char *s, ft_dtype *out);
-unsigned ft_dtype_bits(ft_dtype dt);             /* 0 if invalid          */
-int ft_dtype_is_float(ft_dtype dt);              /* f32, f16, bf16        */
+FT_API ft_status ft_dtype_parse(const char *s, ft_dtype *out);
+FT_API unsigned ft_dtype_bits(ft_dtype dt);             /* 0 if invalid          */
+FT_API int ft_dtype_is_float(ft_dtype dt);              /* f32, f16, bf16        */
 
 /* ---------------------------------------------------------------- tensor */
 
@@ -106,18 +133,18 @@ typedef struct ft_tensor {
 
 /* Fill a descriptor; validates ndim, dims >= 0, and that the byte size
  * fits in int64. */
-ft_status ft_tensor_init(ft_tensor *t, ft_dtype dt, uint32_t ndim,
-                         const int64_t *shape, void *data);
+FT_API ft_status ft_tensor_init(ft_tensor *t, ft_dtype dt, uint32_t ndim,
+                                const int64_t *shape, void *data);
 /* Element count and byte size, overflow-checked (FT_ERR_INVALID_ARG). */
-ft_status ft_shape_numel(uint32_t ndim, const int64_t *shape, uint64_t *out);
-ft_status ft_tensor_numel(const ft_tensor *t, uint64_t *out);
-ft_status ft_tensor_nbytes(const ft_tensor *t, uint64_t *out);
+FT_API ft_status ft_shape_numel(uint32_t ndim, const int64_t *shape, uint64_t *out);
+FT_API ft_status ft_tensor_numel(const ft_tensor *t, uint64_t *out);
+FT_API ft_status ft_tensor_nbytes(const ft_tensor *t, uint64_t *out);
 /* Bytes for n elements of dt (rounds packed types up to whole bytes). */
-uint64_t ft_dtype_nbytes(ft_dtype dt, uint64_t n);
+FT_API uint64_t ft_dtype_nbytes(ft_dtype dt, uint64_t n);
 /* Parse "4096,4096" (or "4096x4096"); "" or "scalar" = 0 dims. */
-ft_status ft_shape_parse(const char *s, uint32_t *ndim, int64_t *shape);
+FT_API ft_status ft_shape_parse(const char *s, uint32_t *ndim, int64_t *shape);
 /* Format "[4096, 4096]" into buf. */
-void ft_shape_format(uint32_t ndim, const int64_t *shape, char *buf, size_t n);
+FT_API void ft_shape_format(uint32_t ndim, const int64_t *shape, char *buf, size_t n);
 
 /* ------------------------------------------------------- dtype conversion */
 
@@ -125,28 +152,28 @@ void ft_shape_format(uint32_t ndim, const int64_t *shape, char *buf, size_t n);
  * overflow goes to Inf, underflow to subnormals/zero. SIMD paths (F16C,
  * AVX-512 BF16) are chosen at run time; the _ref functions are the plain
  * scalar definitions they are tested against. */
-void ft_f32_to_f16(uint16_t *dst, const float *src, size_t n);
-void ft_f16_to_f32(float *dst, const uint16_t *src, size_t n);
-void ft_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
-void ft_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
-void ft_f32_to_f16_ref(uint16_t *dst, const float *src, size_t n);
-void ft_f16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
-void ft_f32_to_bf16_ref(uint16_t *dst, const float *src, size_t n);
-void ft_bf16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
+FT_API void ft_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+FT_API void ft_f16_to_f32(float *dst, const uint16_t *src, size_t n);
+FT_API void ft_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+FT_API void ft_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+FT_API void ft_f32_to_f16_ref(uint16_t *dst, const float *src, size_t n);
+FT_API void ft_f16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
+FT_API void ft_f32_to_bf16_ref(uint16_t *dst, const float *src, size_t n);
+FT_API void ft_bf16_to_f32_ref(float *dst, const uint16_t *src, size_t n);
 /* Single values (scalar reference semantics). */
-uint16_t ft_f32_to_f16_1(float f);
-float    ft_f16_to_f32_1(uint16_t h);
-uint16_t ft_f32_to_bf16_1(float f);
-float    ft_bf16_to_f32_1(uint16_t h);
+FT_API uint16_t ft_f32_to_f16_1(float f);
+FT_API float    ft_f16_to_f32_1(uint16_t h);
+FT_API uint16_t ft_f32_to_bf16_1(float f);
+FT_API float    ft_bf16_to_f32_1(uint16_t h);
 /* Convert n elements between any two of f32/f16/bf16 (same dtype = copy). */
-ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
-                     ft_dtype src_dt, size_t n);
+FT_API ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
+                            ft_dtype src_dt, size_t n);
 
 /* Synthetic LLM-like weights for benchmarks and calibration: Gaussian,
  * sigma 0.02 scaled per row of `row` values by exp(0.25 * N(0,1)) (the
  * distribution the codec targets are stated on), n values of dtype dt (a
  * float dtype) into out. Deterministic in seed. */
-ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
+FT_API ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 
 /* CPU features detected at run time (after ft_cpu_init / first use).
  * neon: AArch64 Advanced SIMD (HWCAP_ASIMD; every AArch64 Linux CPU has
@@ -157,16 +184,16 @@ typedef struct ft_cpu_features {
     int avx512vnni;   /* vpdpbusd on zmm (AVX512_VNNI) */
     int neon;
 } ft_cpu_features;
-const ft_cpu_features *ft_cpu(void);
+FT_API const ft_cpu_features *ft_cpu(void);
 /* FLEXTIER_NO_SIMD=1 in the environment forces the scalar paths. */
-int ft_simd_enabled(void);
+FT_API int ft_simd_enabled(void);
 
 /* ------------------------------------------------------------ allocation */
 
 /* Aligned allocation (align: power of two >= sizeof(void*)); NULL on
  * failure or size 0 overflow. Free with ft_free_aligned (NULL ok). */
-void *ft_malloc_aligned(size_t size, size_t align);
-void  ft_free_aligned(void *p);
+FT_API void *ft_malloc_aligned(size_t size, size_t align);
+FT_API void  ft_free_aligned(void *p);
 
 /* ----------------------------------------------------------- thread pool */
 
@@ -174,21 +201,21 @@ typedef struct ft_pool ft_pool;
 
 /* nthreads == 0: number of online CPUs (or FLEXTIER_THREADS if set).
  * The calling thread participates, so nthreads == 1 spawns no threads. */
-ft_status ft_pool_create(unsigned nthreads, ft_pool **out);
-void      ft_pool_free(ft_pool *pool);
-unsigned  ft_pool_size(const ft_pool *pool);
+FT_API ft_status ft_pool_create(unsigned nthreads, ft_pool **out);
+FT_API void      ft_pool_free(ft_pool *pool);
+FT_API unsigned  ft_pool_size(const ft_pool *pool);
 /* Parallel for: calls fn(arg, i, worker) for i in [0, n), worker in
  * [0, size). Blocks until all are done. Not reentrant: one ft_pool_run at
  * a time per pool (calls from several threads are serialized).
  * pool == NULL runs serially on the caller. */
 typedef void (*ft_pool_fn)(void *arg, size_t i, unsigned worker);
-void ft_pool_run(ft_pool *pool, size_t n, ft_pool_fn fn, void *arg);
-unsigned ft_default_threads(void);
+FT_API void ft_pool_run(ft_pool *pool, size_t n, ft_pool_fn fn, void *arg);
+FT_API unsigned ft_default_threads(void);
 
 /* ------------------------------------------------------------- checksums */
 
-uint64_t ft_xxh3(const void *data, size_t n);
-uint64_t ft_xxh3_seed(const void *data, size_t n, uint64_t seed);
+FT_API uint64_t ft_xxh3(const void *data, size_t n);
+FT_API uint64_t ft_xxh3_seed(const void *data, size_t n, uint64_t seed);
 
 /* -------------------------------------------------------- random numbers */
 
@@ -202,11 +229,19 @@ static inline uint64_t ft_rand_u64(uint64_t *state)
     return z ^ (z >> 31);
 }
 /* A standard normal deviate (Box-Muller over ft_rand_u64). */
-double ft_rand_gauss(uint64_t *state);
+FT_API double ft_rand_gauss(uint64_t *state);
+
+/* Synthetic LLM-like weights, the one generator of the benchmarks and
+ * tests: N(0, sigma^2) values whose sigma is 0.02 * exp(0.25 * N(0,1)),
+ * drawn anew at the start of every row of `row` elements (the
+ * distribution the codec targets are stated on). n values of the float
+ * dtype dt into out; deterministic in seed. FT_ERR_INVALID_ARG for a
+ * non-float dtype or row 0. */
+FT_API ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 
 /* ---------------------------------------------------------------- timing */
 
-double ft_now(void);  /* monotonic seconds */
+FT_API double ft_now(void);  /* monotonic seconds */
 
 #ifdef __cplusplus
 }

@@ -32,14 +32,14 @@ extern "C" {
 /* ---------------------------------------------------------------- device */
 
 /* 1 if this library was compiled with the CUDA backend, else 0. */
-int ft_cuda_built(void);
+FT_API int ft_cuda_built(void);
 
 /* FT_OK if at least one CUDA device can be used. Otherwise
  * FT_ERR_UNSUPPORTED, and detail (if not NULL, n bytes) receives why:
  * "built without CUDA (...)" or "no CUDA device (cudaGetDeviceCount:
  * cudaErrorNoDevice: no CUDA-capable device is detected)". Also sets
  * ft_last_error. Tests use it to skip; the CLI to explain. */
-ft_status ft_cuda_available(char *detail, size_t n);
+FT_API ft_status ft_cuda_available(char *detail, size_t n);
 
 typedef struct ft_cuda_device_info {
     int device;                 /* ordinal                                  */
@@ -51,25 +51,25 @@ typedef struct ft_cuda_device_info {
     int driver_version;         /* cudaDriverGetVersion                     */
 } ft_cuda_device_info;
 
-ft_status ft_cuda_device_info_get(int device, ft_cuda_device_info *out);
+FT_API ft_status ft_cuda_device_info_get(int device, ft_cuda_device_info *out);
 
 /* ---------------------------------------------------------------- memory */
 
 /* Device memory (cudaMalloc) and pinned host memory (cudaHostAlloc).
  * Free functions accept NULL. Copies are synchronous (cudaMemcpy). */
-ft_status ft_cuda_malloc(size_t n, void **out);
-void ft_cuda_free(void *p);
-ft_status ft_cuda_host_alloc(size_t n, void **out);
-void ft_cuda_host_free(void *p);
-ft_status ft_cuda_copy_to_device(void *dst, const void *src, size_t n);
-ft_status ft_cuda_copy_to_host(void *dst, const void *src, size_t n);
+FT_API ft_status ft_cuda_malloc(size_t n, void **out);
+FT_API void ft_cuda_free(void *p);
+FT_API ft_status ft_cuda_host_alloc(size_t n, void **out);
+FT_API void ft_cuda_host_free(void *p);
+FT_API ft_status ft_cuda_copy_to_device(void *dst, const void *src, size_t n);
+FT_API ft_status ft_cuda_copy_to_host(void *dst, const void *src, size_t n);
 
 /* --------------------------------------------------------- codec on GPU */
 
 /* Convert n elements between f32/f16/bf16 in device memory, bit for bit
  * as ft_convert (round to nearest even, NaN kept and made quiet, f16
  * overflow to Inf). Synchronous. */
-ft_status ft_cuda_convert(void *dst, ft_dtype dst_dt, const void *src, ft_dtype src_dt, size_t n);
+FT_API ft_status ft_cuda_convert(void *dst, ft_dtype dst_dt, const void *src, ft_dtype src_dt, size_t n);
 
 /* Frames into device memory. The work splits between host and GPU by
  * codec (docs/cuda.md):
@@ -93,8 +93,8 @@ ft_status ft_cuda_convert(void *dst, ft_dtype dst_dt, const void *src, ft_dtype 
 typedef struct ft_cuda_decoder ft_cuda_decoder;
 
 /* device: CUDA ordinal (made current on the calling thread). */
-ft_status ft_cuda_decoder_create(int device, ft_cuda_decoder **out);
-void ft_cuda_decoder_free(ft_cuda_decoder *d);
+FT_API ft_status ft_cuda_decoder_create(int device, ft_cuda_decoder **out);
+FT_API void ft_cuda_decoder_free(ft_cuda_decoder *d);
 
 /* Decode the frame frame[0..size) (host memory; pinned memory copies
  * faster) into dst (device memory, cap bytes) as out_dtype (f32, bf16 or
@@ -103,8 +103,8 @@ void ft_cuda_decoder_free(ft_cuda_decoder *d);
  * FT_ERR_CORRUPT for a frame that fails validation (nothing written to
  * dst then), FT_ERR_BUFFER_SMALL if cap is too small, FT_ERR_UNSUPPORTED
  * for a non-float frame or output dtype. */
-ft_status ft_cuda_decode_frame(ft_cuda_decoder *d, const void *frame, size_t size,
-                               ft_dtype out_dtype, void *dst, size_t cap, ft_frame_info *info);
+FT_API ft_status ft_cuda_decode_frame(ft_cuda_decoder *d, const void *frame, size_t size,
+                                      ft_dtype out_dtype, void *dst, size_t cap, ft_frame_info *info);
 
 /* KV-cache rows on the GPU: `rows` rows of n f32 values each (src,
  * device, row stride n) are quantized group by group (groups of `group`
@@ -115,11 +115,11 @@ ft_status ft_cuda_decode_frame(ft_cuda_decoder *d, const void *frame, size_t siz
  * FT_ERR_INVALID_ARG for bad sizes or a NaN/Inf value, FT_ERR_UNSUPPORTED
  * for a group whose range does not fit fp16 (dst is then unspecified).
  * Synchronous. bits: 8 or 4. */
-ft_status ft_cuda_qrow_encode(int bits, const float *src, size_t rows, size_t n, uint32_t group,
-                              void *dst);
+FT_API ft_status ft_cuda_qrow_encode(int bits, const float *src, size_t rows, size_t n, uint32_t group,
+                                     void *dst);
 /* The inverse, bit for bit as ft_qrow_decode. */
-ft_status ft_cuda_qrow_decode(int bits, const void *src, size_t rows, size_t n, uint32_t group,
-                              float *dst);
+FT_API ft_status ft_cuda_qrow_decode(int bits, const void *src, size_t rows, size_t n, uint32_t group,
+                                     float *dst);
 
 /* ------------------------------------------------------ compute context */
 
@@ -174,7 +174,7 @@ typedef struct ft_cuda_layer_source {
     const ft_model *model;
     ft_layer_weights w;           /* the current layer's views (internal)   */
 } ft_cuda_layer_source;
-ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src);
+FT_API ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src);
 
 typedef struct ft_cuda_ctx_params {
     int max_batch;        /* sequence slots (KV caches)                      */
@@ -208,8 +208,8 @@ typedef struct ft_cuda_ctx ft_cuda_ctx;
  * first time a larger frame arrives. FT_ERR_INVALID_ARG for bad params
  * (as ft_ctx_create), FT_ERR_UNSUPPORTED without a device, FT_ERR_NOMEM
  * when the device is too small (the detail gives the sizes). */
-ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_cuda_ctx **out);
-void ft_cuda_ctx_free(ft_cuda_ctx *c);                 /* NULL ok */
+FT_API ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_cuda_ctx **out);
+FT_API void ft_cuda_ctx_free(ft_cuda_ctx *c);                 /* NULL ok */
 
 /* Exactly ft_ctx_forward's contract (flextier/engine.h): for each j < n,
  * append ntok[j] tokens tokens[j][..] to slot slots[j]; logits (host
@@ -217,24 +217,24 @@ void ft_cuda_ctx_free(ft_cuda_ctx *c);                 /* NULL ok */
  * with all_rows every new row in order. Errors as ft_ctx_forward, plus
  * CUDA failures and the weight hook's status; on error the sequences'
  * lengths are unchanged. Returns when the logits are in host memory. */
-ft_status ft_cuda_ctx_forward(ft_cuda_ctx *c, size_t n, const int *slots,
-                              const int32_t *const *tokens, const size_t *ntok,
-                              float *logits, int all_rows);
+FT_API ft_status ft_cuda_ctx_forward(ft_cuda_ctx *c, size_t n, const int *slots,
+                                     const int32_t *const *tokens, const size_t *ntok,
+                                     float *logits, int all_rows);
 
 /* As ft_cuda_ctx_forward for the last row of each sequence, but returns
  * the greedy token of each (argmax on the device, first index of the
  * largest logit as ft_sampler_sample does) instead of the logits: only n
  * token ids cross PCIe. */
-ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
-                                     const int32_t *const *tokens, const size_t *ntok,
-                                     int32_t *next);
+FT_API ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
+                                            const int32_t *const *tokens, const size_t *ntok,
+                                            int32_t *next);
 
-void ft_cuda_ctx_reset(ft_cuda_ctx *c, int slot);
-int ft_cuda_ctx_seq_len(const ft_cuda_ctx *c, int slot);
+FT_API void ft_cuda_ctx_reset(ft_cuda_ctx *c, int slot);
+FT_API int ft_cuda_ctx_seq_len(const ft_cuda_ctx *c, int slot);
 /* Copy the KV cache of (layer, slot) to host memory: len rows of kv_dim
  * floats each for k and v (either may be NULL; room for max_seq rows). */
-ft_status ft_cuda_ctx_kv(ft_cuda_ctx *c, int layer, int slot, float *k, float *v, int *len,
-                         int *kv_dim);
+FT_API ft_status ft_cuda_ctx_kv(ft_cuda_ctx *c, int layer, int slot, float *k, float *v, int *len,
+                                int *kv_dim);
 
 typedef struct ft_cuda_stats {
     uint64_t weight_bytes;      /* device bytes of resident weights         */
@@ -247,7 +247,7 @@ typedef struct ft_cuda_stats {
                                    streamed weights (CUDA events)          */
     double forward_s;           /* wall time in successful forward calls    */
 } ft_cuda_stats;
-void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out);
+FT_API void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out);
 
 /* ft_generate (flextier/engine.h) on a CUDA context, same contract and
  * statistics (wall clock; the CPU-time fields are the host's). Greedy
@@ -256,10 +256,10 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out);
  * the same seed gives the same choices as the CPU engine given the same
  * logits. */
 /* The context as the generation loop sees it (flextier/engine.h). */
-void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out);
-ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts,
-                           const size_t *prompt_len, const ft_gen_params *p,
-                           int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+FT_API void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out);
+FT_API ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts,
+                                  const size_t *prompt_len, const ft_gen_params *p,
+                                  int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 
 /* ------------------------------------------- host weights for streaming */
 
@@ -279,13 +279,13 @@ typedef struct ft_cuda_host_weights_params {
     unsigned threads;
 } ft_cuda_host_weights_params;
 
-ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weights_params *p,
-                                      ft_cuda_host_weights **out);
-void ft_cuda_host_weights_free(ft_cuda_host_weights *hw);
+FT_API ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weights_params *p,
+                                             ft_cuda_host_weights **out);
+FT_API void ft_cuda_host_weights_free(ft_cuda_host_weights *hw);
 /* Pinned bytes held (what crosses PCIe per pass over all layers). */
-uint64_t ft_cuda_host_weights_bytes(const ft_cuda_host_weights *hw);
+FT_API uint64_t ft_cuda_host_weights_bytes(const ft_cuda_host_weights *hw);
 /* The ft_cuda_weight_hook to pass with hook_user = hw. */
-ft_status ft_cuda_host_weights_hook(void *hw, int layer, ft_cuda_wsrc *src);
+FT_API ft_status ft_cuda_host_weights_hook(void *hw, int layer, ft_cuda_wsrc *src);
 
 #ifdef __cplusplus
 }

@@ -123,21 +123,21 @@ typedef struct ft_model_config {
  * warning naming it, or with FT_CONFIG_STRICT (flags) refused with
  * FT_ERR_UNSUPPORTED. The environment variable FLEXTIER_STRICT=1 makes
  * every parse strict (the test suite sets it). */
-ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
-                                ft_model_config *out);
-ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *what,
-                                   unsigned flags, ft_model_config *out);
+FT_API ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
+                                       ft_model_config *out);
+FT_API ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *what,
+                                          unsigned flags, ft_model_config *out);
 /* Apply a generation_config.json held in memory to *cfg (token ids and
  * sampling defaults); keys checked as above. */
-ft_status ft_model_config_parse_generation(const char *json, size_t len,
-                                           const char *what, ft_model_config *cfg);
-ft_status ft_model_config_parse_generation_ex(const char *json, size_t len, const char *what,
-                                              unsigned flags, ft_model_config *cfg);
+FT_API ft_status ft_model_config_parse_generation(const char *json, size_t len,
+                                                  const char *what, ft_model_config *cfg);
+FT_API ft_status ft_model_config_parse_generation_ex(const char *json, size_t len, const char *what,
+                                                     unsigned flags, ft_model_config *cfg);
 /* Read DIR/config.json and, when present, DIR/generation_config.json. */
-ft_status ft_model_config_load(const char *dir, ft_model_config *out);
-ft_status ft_model_config_load_ex(const char *dir, unsigned flags, ft_model_config *out);
+FT_API ft_status ft_model_config_load(const char *dir, ft_model_config *out);
+FT_API ft_status ft_model_config_load_ex(const char *dir, unsigned flags, ft_model_config *out);
 /* Attention window of layer l: sliding_window, or 0 (full attention). */
-int ft_model_config_layer_window(const ft_model_config *cfg, int layer);
+FT_API int ft_model_config_layer_window(const ft_model_config *cfg, int layer);
 
 /* -------------------------------------------------- weights as stored */
 
@@ -150,7 +150,7 @@ typedef enum ft_wfmt {
     FT_WF_Q4 = 4     /* 4 bits, two per byte (codec q4)                   */
 } ft_wfmt;
 
-const char *ft_wfmt_name(ft_wfmt f);   /* "f32", "bf16", ...; "?" if invalid */
+FT_API const char *ft_wfmt_name(ft_wfmt f);   /* "f32", "bf16", ...; "?" if invalid */
 
 /* A weight matrix of `rows` x `cols` (Hugging Face (out, in) layout) as it
  * is stored. F32/BF16/F16: `data` holds rows x cols elements, row-major,
@@ -201,12 +201,12 @@ static inline int ft_wmat_present(const ft_wmat *w) { return w && (w->data || w-
 
 /* Bytes a matrix of rows x cols occupies in format f with group `group`
  * (q8/q4: parameters + values, without any frame header). */
-uint64_t ft_wmat_bytes(ft_wfmt f, int rows, int cols, int group);
+FT_API uint64_t ft_wmat_bytes(ft_wfmt f, int rows, int cols, int group);
 
 /* The q8/q4 group size the engine uses for a matrix with `cols` columns:
  * 64 when it divides cols, else 32 when that does, else 0 (the matrix
  * cannot be computed on in a quantized format; it stays bf16). */
-int ft_wmat_group_for(int cols);
+FT_API int ft_wmat_group_for(int cols);
 
 /* A view of a verified-or-trusted q8/q4 frame (flextier/codec.h) of a 2-D
  * float tensor quantized along its last dimension, whose chunks hold whole
@@ -215,19 +215,19 @@ int ft_wmat_group_for(int cols);
  * (other codec, group_dim, a short last group, rows split across chunks);
  * FT_ERR_CORRUPT when it does not parse. The chunk hashes are NOT checked
  * here (ft_frame_verify does that). */
-ft_status ft_wmat_from_frame(const void *frame, size_t size, ft_wmat *w,
-                             const uint8_t **chunk_ptrs, uint32_t max_chunks);
+FT_API ft_status ft_wmat_from_frame(const void *frame, size_t size, ft_wmat *w,
+                                    const uint8_t **chunk_ptrs, uint32_t max_chunks);
 
 /* Codec parameters that encode a rows x cols matrix of `dtype` (f32, bf16
  * or f16) for ft_wmat_from_frame: q8 (bits 8) or q4 (4), group
  * ft_wmat_group_for(cols), chunks of whole rows (about 256 KiB of raw
  * bytes each). FT_ERR_UNSUPPORTED when ft_wmat_group_for(cols) is 0. */
-ft_status ft_wmat_codec_params(int bits, ft_dtype dtype, int rows, int cols,
-                               ft_codec_params *out);
+FT_API ft_status ft_wmat_codec_params(int bits, ft_dtype dtype, int rows, int cols,
+                                      ft_codec_params *out);
 
 /* Row r of a matrix converted to f32 (dequantized for q8/q4): cols floats
  * into dst. For embedding lookups and tests. */
-void ft_wmat_row_f32(const ft_wmat *w, int r, float *dst);
+FT_API void ft_wmat_row_f32(const ft_wmat *w, int r, float *dst);
 
 typedef struct ft_model ft_model;
 
@@ -254,7 +254,7 @@ typedef struct ft_load_params {
     int weights;
 } ft_load_params;
 
-void ft_load_params_default(ft_load_params *p);
+FT_API void ft_load_params_default(ft_load_params *p);
 
 /* Load a Hugging Face model directory: config (as ft_model_config_load)
  * and the safetensors checkpoint (single or sharded). Every tensor the
@@ -262,26 +262,26 @@ void ft_load_params_default(ft_load_params *p);
  * are accepted and converted to params->weights. params may be NULL (f32).
  * Errors name the file and tensor (FT_ERR_NOT_FOUND for a missing tensor,
  * FT_ERR_CORRUPT for a wrong shape, FT_ERR_UNSUPPORTED for a dtype). */
-ft_status ft_model_load(const char *dir, const ft_load_params *params,
-                        ft_model **out);
+FT_API ft_status ft_model_load(const char *dir, const ft_load_params *params,
+                               ft_model **out);
 /* A model with every weight zero, in f32 (tests, gen-model): fill the
  * weights through ft_model_tensor(). */
-ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
+FT_API ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
 /* As ft_model_create; external_layers as in ft_load_params. */
-ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out);
+FT_API ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out);
 /* A copy of a loaded (not external-layer) model with its matrices in
  * format `weights` (an ft_wfmt or FT_WEIGHTS_AS_STORED: the source's),
  * by the rules of ft_load_params.weights. */
-ft_status ft_model_convert(const ft_model *src, int weights, ft_model **out);
-void ft_model_free(ft_model *m);                 /* NULL ok */
+FT_API ft_status ft_model_convert(const ft_model *src, int weights, ft_model **out);
+FT_API void ft_model_free(ft_model *m);                 /* NULL ok */
 
-const ft_model_config *ft_model_get_config(const ft_model *m);
+FT_API const ft_model_config *ft_model_get_config(const ft_model *m);
 /* Total bytes of weights held, in their stored formats (what the layers
  * of an external-layer model would take is included). */
-uint64_t ft_model_weight_bytes(const ft_model *m);
+FT_API uint64_t ft_model_weight_bytes(const ft_model *m);
 /* The format of the layer matrices (the format of the largest share when
  * some matrices fell back to bf16). */
-ft_wfmt ft_model_weights_format(const ft_model *m);
+FT_API ft_wfmt ft_model_weights_format(const ft_model *m);
 
 /* Enumerate the model's tensors under their Hugging Face names (in
  * checkpoint order: globals then layers). *view is a writable view of the
@@ -289,9 +289,9 @@ ft_wfmt ft_model_weights_format(const ft_model *m);
  * lm_head is not listed separately); FT_ERR_UNSUPPORTED for a q8/q4
  * matrix (use ft_model_layer / ft_wmat_row_f32). FT_ERR_NOT_FOUND when
  * i >= count. */
-size_t ft_model_tensor_count(const ft_model *m);
-ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
-                          ft_tensor *view);
+FT_API size_t ft_model_tensor_count(const ft_model *m);
+FT_API ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
+                                 ft_tensor *view);
 
 /* ------------------------------------------------------ layer layout */
 
@@ -300,9 +300,9 @@ ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
  * Slots: the fields of ft_layer_weights in order (0 .. FT_LAYER_SLOTS-1);
  * a slot holds a matrix (ft_wmat) or an f32 vector (norms, biases). */
 #define FT_LAYER_SLOTS 18
-int ft_layer_slot_is_matrix(int slot);
-ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot);        /* NULL: a vector slot */
-const float **ft_layer_weights_vec(ft_layer_weights *w, int slot);   /* NULL: a matrix slot */
+FT_API int ft_layer_slot_is_matrix(int slot);
+FT_API ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot);        /* NULL: a vector slot */
+FT_API const float **ft_layer_weights_vec(ft_layer_weights *w, int slot);   /* NULL: a matrix slot */
 
 typedef struct ft_tensor_layout {
     const char *name;       /* Hugging Face name                           */
@@ -316,26 +316,26 @@ typedef struct ft_tensor_layout {
 } ft_tensor_layout;
 
 /* Tensor i (0 .. ft_model_tensor_count - 1) as the model keeps it. */
-ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out);
+FT_API ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out);
 /* The format the model keeps tensor i in when its matrices are asked to
  * be `want` (ft_load_params.weights' rules: vectors f32, embeddings and
  * head bf16 for q8/q4, bf16 when no group divides a row); *group: the
  * q8/q4 group. */
-ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group);
+FT_API ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group);
 /* The format the model's matrices were asked to be kept in. */
-ft_wfmt ft_model_format_requested(const ft_model *m);
+FT_API ft_wfmt ft_model_format_requested(const ft_model *m);
 /* Tensor i's source in an open checkpoint (its name, or the architecture's
  * alternative prefix: base-model checkpoints). */
 struct ft_checkpoint;
-ft_status ft_model_checkpoint_tensor(const ft_model *m, const struct ft_checkpoint *ck, size_t i, ft_tensor *t);
+FT_API ft_status ft_model_checkpoint_tensor(const ft_model *m, const struct ft_checkpoint *ck, size_t i, ft_tensor *t);
 
 /* Layer i's weights (NULL if out of range), read-only: the model is
  * immutable once loaded. A scheduler gives a forward call other weights
  * through the layer hook (ft_ctx_set_layer_hook), never by writing here. */
-const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
+FT_API const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
-uint64_t ft_model_layer_bytes(const ft_model *m);
+FT_API uint64_t ft_model_layer_bytes(const ft_model *m);
 
 /* --------------------------------------------------------------- context */
 
@@ -397,26 +397,26 @@ typedef struct ft_kv_hooks {
  * masked to the window.
  * FT_ERR_INVALID_ARG if max_seq exceeds the model's position limit (OPT's
  * learned positions). */
-ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
-void ft_ctx_free(ft_ctx *c);                     /* NULL ok */
-void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user);
+FT_API ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out);
+FT_API void ft_ctx_free(ft_ctx *c);                     /* NULL ok */
+FT_API void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user);
 /* For a context created with external_kv (copied; NULL clears). A forward
  * without hooks fails with FT_ERR_INVALID_ARG. */
-void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h);
+FT_API void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h);
 /* Bytes held by the KV cache (0 with external_kv) and by scratch buffers. */
-uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
-uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
+FT_API uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
+FT_API uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
 
 /* Forget a sequence's tokens (its slot becomes empty). */
-void ft_ctx_reset(ft_ctx *c, int slot);
+FT_API void ft_ctx_reset(ft_ctx *c, int slot);
 /* Tokens already in a slot's cache. */
-int ft_ctx_seq_len(const ft_ctx *c, int slot);
+FT_API int ft_ctx_seq_len(const ft_ctx *c, int slot);
 /* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
  * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim.
  * FT_ERR_UNSUPPORTED for an external_kv context and for a layer that keeps
  * a ring of its sliding window. */
-ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
-                    int *len, int *kv_dim);
+FT_API ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
+                           int *len, int *kv_dim);
 
 /* One batched forward step. For each j < n: append ntok[j] >= 1 tokens
  * tokens[j][..] to sequence slot slots[j] (slots distinct). logits: NULL,
@@ -428,9 +428,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
  * sequences involved are unchanged, except after a failure past a layer
  * that keeps a sliding-window ring: its overwritten rows are gone, so the
  * sequences of the call are reset (ft_ctx_seq_len 0). */
-ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
-                         const int32_t *const *tokens, const size_t *ntok,
-                         float *logits, int all_rows);
+FT_API ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
+                                const int32_t *const *tokens, const size_t *ntok,
+                                float *logits, int all_rows);
 
 /* -------------------------------------------------------------- sampling */
 
@@ -445,15 +445,15 @@ typedef struct ft_sampling {
 
 typedef struct ft_sampler ft_sampler;
 /* Workspace for one vocabulary (allocated once). */
-ft_status ft_sampler_create(int vocab, ft_sampler **out);
-void ft_sampler_free(ft_sampler *s);
+FT_API ft_status ft_sampler_create(int vocab, ft_sampler **out);
+FT_API void ft_sampler_free(ft_sampler *s);
 /* Pick a token from logits (modified in place). history: tokens seen so
  * far (prompt + generated) for the repetition penalty. rng: per-sequence
  * state (seed it with ft_sampling.seed). Order as in transformers:
  * repetition penalty, temperature, top-k, top-p, then a draw. */
-int32_t ft_sampler_sample(ft_sampler *s, const ft_sampling *p, float *logits,
-                          const int32_t *history, size_t n_history,
-                          uint64_t *rng);
+FT_API int32_t ft_sampler_sample(ft_sampler *s, const ft_sampling *p, float *logits,
+                                 const int32_t *history, size_t n_history,
+                                 uint64_t *rng);
 
 /* ------------------------------------------------------------ generation */
 
@@ -482,9 +482,9 @@ typedef struct ft_gen_stats {
  * many (an EOS token that stopped a sequence is included). Prefill runs
  * once over all prompts, then decode steps over the sequences still
  * active. */
-ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
-                      const size_t *prompt_len, const ft_gen_params *p,
-                      int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+FT_API ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
+                             const size_t *prompt_len, const ft_gen_params *p,
+                             int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 
 /* A compute context as the generation loop sees it: the CPU context
  * (ft_ctx_forward_ops) and the CUDA context (ft_cuda_ctx_forward_ops,
@@ -503,14 +503,14 @@ typedef struct ft_forward_ops {
     void (*reset)(void *ctx, int slot);
 } ft_forward_ops;
 
-void ft_ctx_forward_ops(ft_ctx *c, ft_forward_ops *out);
+FT_API void ft_ctx_forward_ops(ft_ctx *c, ft_forward_ops *out);
 
 /* ft_generate over any context: the one generation loop (greedy without a
  * repetition penalty uses forward_greedy when the context offers it; the
  * same seed gives the same choices as on the CPU given the same logits). */
-ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *const *prompts,
-                           const size_t *prompt_len, const ft_gen_params *p,
-                           int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+FT_API ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *const *prompts,
+                                  const size_t *prompt_len, const ft_gen_params *p,
+                                  int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 
 #ifdef __cplusplus
 }

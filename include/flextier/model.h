@@ -45,13 +45,13 @@ typedef struct ft_checkpoint ft_checkpoint;
  * (validation failed), FT_ERR_UNSUPPORTED (unknown dtype string, > 8 dims),
  * FT_ERR_NOMEM. The detail message names the file and tensor/field.
  * *out is set only on success. */
-ft_status ft_checkpoint_open(const char *path, ft_checkpoint **out);
-void ft_checkpoint_close(ft_checkpoint *ck);     /* NULL ok; unmaps all */
+FT_API ft_status ft_checkpoint_open(const char *path, ft_checkpoint **out);
+FT_API void ft_checkpoint_close(ft_checkpoint *ck);     /* NULL ok; unmaps all */
 
 /* Number of tensors, and the i-th name (sorted by name, stable for the
  * checkpoint's lifetime; NULL if i is out of range). */
-size_t ft_checkpoint_count(const ft_checkpoint *ck);
-const char *ft_checkpoint_name(const ft_checkpoint *ck, size_t i);
+FT_API size_t ft_checkpoint_count(const ft_checkpoint *ck);
+FT_API const char *ft_checkpoint_name(const ft_checkpoint *ck, size_t i);
 
 /* A view into the mapping: out->data points at the tensor's bytes (read-
  * only memory; writing to it faults), valid until ft_checkpoint_close.
@@ -65,14 +65,14 @@ const char *ft_checkpoint_name(const ft_checkpoint *ck, size_t i);
  * FT_ERR_NOT_FOUND if there is no such tensor; FT_ERR_UNSUPPORTED for a
  * valid safetensors dtype FlexTier has no ft_dtype for (F64, I64, I16, U16,
  * U32, U64, BOOL, F8_*). Supported: F32, F16, BF16, I8, U8, I32. */
-ft_status ft_checkpoint_get(const ft_checkpoint *ck, const char *name,
-                            ft_tensor *out);
+FT_API ft_status ft_checkpoint_get(const ft_checkpoint *ck, const char *name,
+                                   ft_tensor *out);
 /* The raw safetensors dtype string of a tensor ("BF16", "F64"), or NULL if
  * absent: lets a caller report what an unsupported tensor is. */
-const char *ft_checkpoint_dtype_str(const ft_checkpoint *ck, const char *name);
+FT_API const char *ft_checkpoint_dtype_str(const ft_checkpoint *ck, const char *name);
 /* A value from a file's "__metadata__" (for sharded checkpoints, the first
  * shard that has the key), or NULL. Valid until close. */
-const char *ft_checkpoint_metadata(const ft_checkpoint *ck, const char *key);
+FT_API const char *ft_checkpoint_metadata(const ft_checkpoint *ck, const char *key);
 
 /* Writer (tests and tools; `flextier gen-model` uses the streaming variant
  * below): write tensors as one .safetensors file atomically (temp file in
@@ -84,8 +84,8 @@ const char *ft_checkpoint_metadata(const ft_checkpoint *ck, const char *key);
  * non-empty, unique and not "__metadata__"; dtypes F32/F16/BF16/I8/U8/I32
  * (FT_ERR_UNSUPPORTED otherwise). Tensor data are read, not kept. */
 typedef struct { const char *name; ft_tensor tensor; } ft_named_tensor;
-ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
-                               size_t n, const char *const *meta_kv);
+FT_API ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
+                                      size_t n, const char *const *meta_kv);
 
 /* Streaming writer: as ft_safetensors_write, but the tensors' bytes come
  * from fill() instead of tensor.data (ignored; may be NULL), so a file far
@@ -98,8 +98,8 @@ ft_status ft_safetensors_write(const char *path, const ft_named_tensor *tensors,
  * (returned as is; the temp file is removed). */
 #define FT_ST_FILL_MAX ((size_t)8 << 20)
 typedef ft_status (*ft_st_fill_fn)(void *user, size_t i, uint64_t offset, void *buf, size_t len);
-ft_status ft_safetensors_write_stream(const char *path, const ft_named_tensor *tensors, size_t n,
-                                      const char *const *meta_kv, ft_st_fill_fn fill, void *user);
+FT_API ft_status ft_safetensors_write_stream(const char *path, const ft_named_tensor *tensors, size_t n,
+                                             const char *const *meta_kv, ft_st_fill_fn fill, void *user);
 
 /* -------------------------------------------------------------- tokenizer */
 
@@ -129,41 +129,41 @@ ft_status ft_safetensors_write_stream(const char *path, const ft_named_tensor *t
 typedef struct ft_tokenizer ft_tokenizer;
 
 /* Load tokenizer.json. Errors name the file and the JSON field. */
-ft_status ft_tokenizer_load(const char *tokenizer_json_path, ft_tokenizer **out);
+FT_API ft_status ft_tokenizer_load(const char *tokenizer_json_path, ft_tokenizer **out);
 /* Load the tokenizer of a model directory: dir/tokenizer.json if present;
  * else GPT-2-style dir/vocab.json + dir/merges.txt (what OPT checkpoints on
  * the Hub ship), read as byte-level BPE exactly like GPT2Tokenizer, with
  * BOS prepended when dir/tokenizer_config.json says "add_bos_token": true
  * (OPT: "</s>"); bos/eos/unk/pad tokens and added_tokens_decoder entries
  * become special added tokens. FT_ERR_NOT_FOUND if neither exists. */
-ft_status ft_tokenizer_load_dir(const char *model_dir, ft_tokenizer **out);
+FT_API ft_status ft_tokenizer_load_dir(const char *model_dir, ft_tokenizer **out);
 /* As ft_tokenizer_load_dir; flags: FT_TOKENIZER_STRICT makes a field the
  * loader does not know an error (as FLEXTIER_STRICT=1 does for every
  * load), instead of a warning naming it. */
 #define FT_TOKENIZER_STRICT 1u
-ft_status ft_tokenizer_load_dir_ex(const char *model_dir, unsigned flags, ft_tokenizer **out);
-void ft_tokenizer_free(ft_tokenizer *t);                       /* NULL ok */
+FT_API ft_status ft_tokenizer_load_dir_ex(const char *model_dir, unsigned flags, ft_tokenizer **out);
+FT_API void ft_tokenizer_free(ft_tokenizer *t);                       /* NULL ok */
 /* max token id + 1, including added tokens (HF get_vocab_size(True)). */
-size_t ft_tokenizer_vocab_size(const ft_tokenizer *t);
+FT_API size_t ft_tokenizer_vocab_size(const ft_tokenizer *t);
 /* Id of a token string (added tokens first, then the model vocab); -1 if
  * none. For byte-level models the string is in the mapped alphabet
  * ("Ġthe"). */
-int32_t ft_tokenizer_token_id(const ft_tokenizer *t, const char *token);
+FT_API int32_t ft_tokenizer_token_id(const ft_tokenizer *t, const char *token);
 /* The token string of an id (added token content or vocab entry), or NULL
  * if out of range. Valid until ft_tokenizer_free. */
-const char *ft_tokenizer_token_str(const ft_tokenizer *t, int32_t id);
+FT_API const char *ft_tokenizer_token_str(const ft_tokenizer *t, int32_t id);
 /* Whether id is a special added token (skipped by skip_special decode). */
-int ft_tokenizer_is_special(const ft_tokenizer *t, int32_t id);
+FT_API int ft_tokenizer_is_special(const ft_tokenizer *t, int32_t id);
 
 /* Encode len bytes of text. add_special: as HF's add_special_tokens=True
  * (the post-processor's template: BOS etc.). *ids is malloc'd (free()), *n
  * may be 0 (then *ids is still a valid pointer to free). */
-ft_status ft_tokenizer_encode(const ft_tokenizer *t, const char *text, size_t len,
-                              int add_special, int32_t **ids, size_t *n);
+FT_API ft_status ft_tokenizer_encode(const ft_tokenizer *t, const char *text, size_t len,
+                                     int add_special, int32_t **ids, size_t *n);
 /* Decode to UTF-8 (NUL-terminated, *len excludes the NUL; free()). Same
  * result as HF's decode(ids, skip_special_tokens=skip_special). */
-ft_status ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n,
-                              int skip_special, char **text, size_t *len);
+FT_API ft_status ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t n,
+                                     int skip_special, char **text, size_t *len);
 
 /* Streaming detokenizer: push ids one at a time; it emits only complete
  * UTF-8 characters, and the concatenation of everything emitted by push
@@ -175,10 +175,10 @@ ft_status ft_tokenizer_decode(const ft_tokenizer *t, const int32_t *ids, size_t 
  * again). The detokenizer borrows t, which must outlive it. One thread at a
  * time per detokenizer; after flush it can be reused for a new stream. */
 typedef struct ft_detok ft_detok;
-ft_status ft_detok_create(const ft_tokenizer *t, int skip_special, ft_detok **out);
-ft_status ft_detok_push(ft_detok *d, int32_t id, char *buf, size_t cap, size_t *written);
-ft_status ft_detok_flush(ft_detok *d, char *buf, size_t cap, size_t *written);
-void ft_detok_free(ft_detok *d);                                /* NULL ok */
+FT_API ft_status ft_detok_create(const ft_tokenizer *t, int skip_special, ft_detok **out);
+FT_API ft_status ft_detok_push(ft_detok *d, int32_t id, char *buf, size_t cap, size_t *written);
+FT_API ft_status ft_detok_flush(ft_detok *d, char *buf, size_t cap, size_t *written);
+FT_API void ft_detok_free(ft_detok *d);                                /* NULL ok */
 
 #ifdef __cplusplus
 }

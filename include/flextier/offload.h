@@ -28,7 +28,7 @@ typedef enum ft_tier {
     FT_TIER_COUNT = 4
 } ft_tier;
 
-const char *ft_tier_name(ft_tier t);   /* "device", "host", "disk", "remote" */
+FT_API const char *ft_tier_name(ft_tier t);   /* "device", "host", "disk", "remote" */
 
 #define FT_MAX_REMOTES 8
 #define FT_URI_MAX 256
@@ -48,7 +48,7 @@ typedef struct ft_policy {
 } ft_policy;
 
 /* Default: everything on the device, batch 1, no compression. */
-void ft_policy_default(ft_policy *p);
+FT_API void ft_policy_default(ft_policy *p);
 
 /* Parse a compact policy, space- or semicolon-separated key=value items:
  *   w=D,H,S,R   c=D,H,S,R   a=D,H,S,R   (percentages; 2 or 3 values are
@@ -58,20 +58,20 @@ void ft_policy_default(ft_policy *p);
  * Items not given keep their current value in *p (so callers can apply CLI
  * flags on top of a default). FT_ERR_INVALID_ARG with a message naming the
  * item on any error; *p is unchanged then. */
-ft_status ft_policy_parse(const char *spec, ft_policy *p);
+FT_API ft_status ft_policy_parse(const char *spec, ft_policy *p);
 
 /* Check sums, ranges, and that tiers used have their store (remote needs
  * remotes, disk needs disk_uri). */
-ft_status ft_policy_validate(const ft_policy *p);
+FT_API ft_status ft_policy_validate(const ft_policy *p);
 
 /* "w=0,20,30,50 c=100,0,0,0 a=100,0,0,0 gbs=8 ngb=4 cw=q4 cc=none" */
-void ft_policy_format(const ft_policy *p, char *buf, size_t n);
+FT_API void ft_policy_format(const ft_policy *p, char *buf, size_t n);
 
 /* FlexGen's weight placement within one layer: tensor i (bytes[i]) goes to
  * the tier whose cumulative percentage range holds the midpoint of the
  * tensor's cumulative byte range, tiers ordered device, host, disk, remote.
  * out[i] receives the tier. */
-void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tier *out);
+FT_API void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tier *out);
 
 /* ---------------------------------------------------------- cost model */
 
@@ -154,7 +154,7 @@ typedef struct ft_cost_estimate {
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */
-void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
+FT_API void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);
 
 /* Search placements (weights in 10% steps, cache in 25% steps over the
  * tiers in cache_tiers, a bit mask of 1u << ft_tier; 0 = device only; the
@@ -166,9 +166,9 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
  * tiers without a store are not used. FT_ERR_NO_SPACE if nothing fits. */
 /* The tiers the KV cache offloader supports, for ft_plan's cache_tiers. */
 #define FT_CACHE_TIERS ((1u << FT_TIER_DEVICE) | (1u << FT_TIER_HOST) | (1u << FT_TIER_DISK) | (1u << FT_TIER_REMOTE))
-ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
-                  int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
-                  unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
+FT_API ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_batch,
+                         int fixed_batch, unsigned weight_codecs, unsigned cache_codecs,
+                         unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
 
 
 /* ----------------------------------------------------------- calibration */
@@ -176,7 +176,7 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
 /* Fill the model part of cost inputs from a model directory (config and
  * checkpoint; no layer is loaded), for matrices kept in `weights` (an
  * ft_wfmt or FT_WEIGHTS_AS_STORED). */
-ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in);
+FT_API ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in);
 
 typedef struct ft_calibrate_params {
     const ft_policy *base;      /* remotes and disk directory to measure   */
@@ -189,7 +189,7 @@ typedef struct ft_calibrate_params {
                                    measurement (NULL: measure all)         */
 } ft_calibrate_params;
 
-void ft_calibrate_default_params(ft_calibrate_params *p);
+FT_API void ft_calibrate_default_params(ft_calibrate_params *p);
 
 /* Measure this machine and the policy's tiers into *in (whose model part
  * ft_cost_inputs_load filled, and whose cap[] the caller may preset for
@@ -200,7 +200,7 @@ void ft_calibrate_default_params(ft_calibrate_params *p);
  * usable, the disk tier's and the first memory node's read bandwidth.
  * Takes seconds; logs at FT_LOG_INFO. FT_ERR_NET when a memory node
  * cannot be measured. */
-ft_status ft_calibrate(const char *dir, const ft_calibrate_params *p, ft_cost_inputs *in);
+FT_API ft_status ft_calibrate(const char *dir, const ft_calibrate_params *p, ft_cost_inputs *in);
 
 /* ------------------------------------------------------------- scheduler */
 
@@ -231,7 +231,7 @@ typedef struct ft_offload_params {
     void *user;
 } ft_offload_params;
 
-void ft_offload_default_params(ft_offload_params *p);
+FT_API void ft_offload_default_params(ft_offload_params *p);
 
 /* Per-tier traffic and timing since creation (or the last reset). */
 typedef struct ft_offload_stats {
@@ -251,20 +251,20 @@ typedef struct ft_offload_stats {
  * (FlexGen's midpoint rule), loads device-tier tensors, and uploads the
  * others to their tiers unless an identical encoding is already there
  * (keys are content hashes of the source tensor and the codec). */
-ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
-                            ft_offload **out);
-void ft_offload_free(ft_offload *o);
+FT_API ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
+                                   ft_offload **out);
+FT_API void ft_offload_free(ft_offload *o);
 /* The hook to install with ft_ctx_set_layer_hook(ctx, ft_offload_hook, o). */
-ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
-void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
-void ft_offload_reset_stats(ft_offload *o);
+FT_API ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
+FT_API void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
+FT_API void ft_offload_reset_stats(ft_offload *o);
 /* Fill the model part of cost inputs from a model (it may have external
  * layers): layers, parameters per layer, hidden size, KV bytes per token
  * (f32 cache), one layer's tensors in placement order. */
-ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in);
+FT_API ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in);
 
 /* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
-ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
+FT_API ft_tier ft_offload_tier_of(const ft_offload *o, int slot);
 
 /* ------------------------------------------------------------ KV cache */
 
@@ -300,18 +300,18 @@ typedef struct ft_kv_offload_stats {
     uint64_t chunks_put, chunks_read;         /* remote tier                 */
 } ft_kv_offload_stats;
 
-void ft_kv_offload_default_params(ft_kv_offload_params *p);
+FT_API void ft_kv_offload_default_params(ft_kv_offload_params *p);
 /* FT_ERR_NO_SPACE if the device part exceeds device_budget; store errors
  * opening the disk file or the memory nodes. */
-ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p, ft_kv_offload **out);
-void ft_kv_offload_free(ft_kv_offload *o);
+FT_API ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p, ft_kv_offload **out);
+FT_API void ft_kv_offload_free(ft_kv_offload *o);
 /* The hooks to install with ft_ctx_set_kv_hooks. */
-void ft_kv_offload_hooks(ft_kv_offload *o, ft_kv_hooks *out);
+FT_API void ft_kv_offload_hooks(ft_kv_offload *o, ft_kv_hooks *out);
 /* Wait for every queued fetch and write-back; returns a pending I/O error. */
-ft_status ft_kv_offload_sync(ft_kv_offload *o);
-void ft_kv_offload_get_stats(const ft_kv_offload *o, ft_kv_offload_stats *out);
-void ft_kv_offload_reset_stats(ft_kv_offload *o);
-ft_tier ft_kv_offload_tier_of(const ft_kv_offload *o, int slot);
+FT_API ft_status ft_kv_offload_sync(ft_kv_offload *o);
+FT_API void ft_kv_offload_get_stats(const ft_kv_offload *o, ft_kv_offload_stats *out);
+FT_API void ft_kv_offload_reset_stats(ft_kv_offload *o);
+FT_API ft_tier ft_kv_offload_tier_of(const ft_kv_offload *o, int slot);
 
 #ifdef __cplusplus
 }

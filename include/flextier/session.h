@@ -79,7 +79,7 @@ typedef struct ft_session_params {
     void *user;
 } ft_session_params;
 
-void ft_session_default_params(ft_session_params *p);
+FT_API void ft_session_default_params(ft_session_params *p);
 
 typedef struct ft_session ft_session;
 
@@ -90,28 +90,28 @@ typedef struct ft_session ft_session;
  * (opening a disk directory or a memory node), FT_ERR_NO_SPACE when the
  * policy does not fit device_mem, FT_ERR_UNSUPPORTED for a device this
  * build or machine does not have. */
-ft_status ft_session_open(const char *model_dir, const ft_session_params *p, ft_session **out);
-void ft_session_close(ft_session *s);                          /* NULL ok */
+FT_API ft_status ft_session_open(const char *model_dir, const ft_session_params *p, ft_session **out);
+FT_API void ft_session_close(ft_session *s);                          /* NULL ok */
 
-const ft_model_config *ft_session_config(const ft_session *s);
-const ft_model *ft_session_model(const ft_session *s);
-const ft_tokenizer *ft_session_tokenizer(const ft_session *s);
+FT_API const ft_model_config *ft_session_config(const ft_session *s);
+FT_API const ft_model *ft_session_model(const ft_session *s);
+FT_API const ft_tokenizer *ft_session_tokenizer(const ft_session *s);
 /* The policy in force ("everything on the device" without offloading)
  * and, for FT_OFFLOAD_AUTO, the planner's predicted decode tok/s (else 0). */
-const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps);
+FT_API const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps);
 /* The sampling the model's generation_config.json asks for (greedy when
  * it does not sample). */
-void ft_session_default_sampling(const ft_session *s, ft_sampling *out);
+FT_API void ft_session_default_sampling(const ft_session *s, ft_sampling *out);
 
 /* Token level, as ft_ctx_forward / ft_generate (include/flextier/engine.h)
  * on the session's device. forward's all_rows needs all_logits: the
  * context is rebuilt with it when asked. */
-ft_status ft_session_forward(ft_session *s, size_t n, const int *slots, const int32_t *const *tokens,
-                             const size_t *ntok, float *logits, int all_rows);
-ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
-                              const ft_gen_params *gp, int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+FT_API ft_status ft_session_forward(ft_session *s, size_t n, const int *slots, const int32_t *const *tokens,
+                                    const size_t *ntok, float *logits, int all_rows);
+FT_API ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
+                                     const ft_gen_params *gp, int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 /* Forget every sequence (slots empty). */
-void ft_session_reset(ft_session *s);
+FT_API void ft_session_reset(ft_session *s);
 
 /* Text level. Each prompt is encoded with the tokenizer (its special
  * tokens added, as Hugging Face's add_special_tokens=True), generated as
@@ -130,8 +130,8 @@ typedef struct ft_text_params {
     void *user;
 } ft_text_params;
 
-ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *p,
-                                   char **out_text, ft_gen_stats *stats);
+FT_API ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *p,
+                                          char **out_text, ft_gen_stats *stats);
 
 /* Metrics since open (or the last reset_stats): the weight scheduler's
  * and the KV cache offloader's (has_* = 0 when not offloaded), and the
@@ -157,8 +157,8 @@ typedef struct ft_session_stats {
     uint64_t host_weight_bytes;
 } ft_session_stats;
 
-void ft_session_get_stats(const ft_session *s, ft_session_stats *out);
-void ft_session_reset_stats(ft_session *s);
+FT_API void ft_session_get_stats(const ft_session *s, ft_session_stats *out);
+FT_API void ft_session_reset_stats(ft_session *s);
 
 #ifdef __cplusplus
 }

@@ -80,37 +80,37 @@ typedef struct ft_store_params {
                                  the connection was idle this long */
 } ft_store_params;
 
-void ft_store_default_params(ft_store_params *p);
+FT_API void ft_store_default_params(ft_store_params *p);
 
 /* Validate a key (see above). */
-ft_status ft_key_validate(const char *key);
+FT_API ft_status ft_key_validate(const char *key);
 
 /* Open a store. params may be NULL (defaults). For file:DIR the directory
  * is created if missing. For ucx:// this connects and authenticates. */
-ft_status ft_store_open(const char *uri, const ft_store_params *params,
-                        ft_store **out);
+FT_API ft_status ft_store_open(const char *uri, const ft_store_params *params,
+                               ft_store **out);
 /* Close; waits for outstanding async requests. NULL ok. */
-void ft_store_close(ft_store *s);
+FT_API void ft_store_close(ft_store *s);
 
 /* Encode `t` with `cp` (NULL = raw) and store it under `key`, replacing
  * any previous tensor atomically. */
-ft_status ft_write_tensor(ft_store *s, const char *key, const ft_tensor *t,
-                          const ft_codec_params *cp);
+FT_API ft_status ft_write_tensor(ft_store *s, const char *key, const ft_tensor *t,
+                                 const ft_codec_params *cp);
 
 /* Read into a new buffer (free out->data with ft_free_aligned).
  * out_dtype: -1 = the stored dtype; or f32/bf16/f16 for a float tensor
  * (values converted / dequantized). */
-ft_status ft_read_tensor(ft_store *s, const char *key, int out_dtype,
-                         ft_tensor *out);
+FT_API ft_status ft_read_tensor(ft_store *s, const char *key, int out_dtype,
+                                ft_tensor *out);
 
 /* Read into the caller's buffer: dst->dtype selects the output dtype (the
  * stored one, or f32/bf16/f16 for float tensors), dst->data holds `cap`
  * bytes; dst's shape is set from the stored tensor.
  * FT_ERR_BUFFER_SMALL if cap is too small. */
-ft_status ft_read_tensor_into(ft_store *s, const char *key, ft_tensor *dst,
-                              size_t cap);
+FT_API ft_status ft_read_tensor_into(ft_store *s, const char *key, ft_tensor *dst,
+                                     size_t cap);
 
-ft_status ft_delete_tensor(ft_store *s, const char *key);
+FT_API ft_status ft_delete_tensor(ft_store *s, const char *key);
 
 typedef struct ft_tensor_stat {
     ft_dtype    dtype;
@@ -123,12 +123,12 @@ typedef struct ft_tensor_stat {
     uint64_t    stored_bytes;  /* frame bytes (what is on wire)  */
 } ft_tensor_stat;
 
-ft_status ft_stat_tensor(ft_store *s, const char *key, ft_tensor_stat *out);
+FT_API ft_status ft_stat_tensor(ft_store *s, const char *key, ft_tensor_stat *out);
 
 /* All keys (unordered). *keys is an array of *n strings; free with
  * ft_list_free. */
-ft_status ft_list_tensors(ft_store *s, char ***keys, size_t *n);
-void ft_list_free(char **keys, size_t n);
+FT_API ft_status ft_list_tensors(ft_store *s, char ***keys, size_t *n);
+FT_API void ft_list_free(char **keys, size_t n);
 
 typedef struct ft_store_stats {
     uint64_t capacity;        /* bytes (mem:/file:: 0 = unbounded)    */
@@ -144,15 +144,15 @@ typedef struct ft_store_stats {
     uint64_t puts, gets;
 } ft_store_stats;
 
-ft_status ft_store_stats_get(ft_store *s, ft_store_stats *out);
+FT_API ft_status ft_store_stats_get(ft_store *s, ft_store_stats *out);
 
 /* Frame-level access (no codec work): put an already encoded frame
  * (validated with ft_frame_parse first) / get a copy of the stored frame
  * (free *frame with ft_free_aligned). */
-ft_status ft_store_put_frame(ft_store *s, const char *key, const void *frame,
-                             size_t size);
-ft_status ft_store_get_frame(ft_store *s, const char *key, void **frame,
-                             size_t *size);
+FT_API ft_status ft_store_put_frame(ft_store *s, const char *key, const void *frame,
+                                    size_t size);
+FT_API ft_status ft_store_get_frame(ft_store *s, const char *key, void **frame,
+                                    size_t *size);
 
 /* ------------------------------------------------------------------ async */
 
@@ -164,30 +164,30 @@ ft_status ft_store_get_frame(ft_store *s, const char *key, void **frame,
  * copied. */
 typedef struct ft_request ft_request;
 
-ft_status ft_write_tensor_async(ft_store *s, const char *key,
-                                const ft_tensor *t, const ft_codec_params *cp,
-                                ft_request **req);
+FT_API ft_status ft_write_tensor_async(ft_store *s, const char *key,
+                                       const ft_tensor *t, const ft_codec_params *cp,
+                                       ft_request **req);
 /* Read into dst (as ft_read_tensor_into). If dst->data is NULL the
  * request allocates the buffer in the stored dtype (dst->data is set on
  * success, free it with ft_free_aligned). */
-ft_status ft_read_tensor_async(ft_store *s, const char *key, ft_tensor *dst,
-                               size_t cap, ft_request **req);
+FT_API ft_status ft_read_tensor_async(ft_store *s, const char *key, ft_tensor *dst,
+                                      size_t cap, ft_request **req);
 
 /* Read the stored frame itself (no decoding) into the caller's buffer of
  * cap bytes; *size receives the frame's bytes when the request completes.
  * FT_ERR_BUFFER_SMALL if the frame does not fit. The memory node and the
  * file tier check the frame before serving it; a caller computing on the
  * payload in place verifies its chunk checksums (ft_frame_verify). */
-ft_status ft_read_frame_async(ft_store *s, const char *key, void *buf,
-                              size_t cap, size_t *size, ft_request **req);
+FT_API ft_status ft_read_frame_async(ft_store *s, const char *key, void *buf,
+                                     size_t cap, size_t *size, ft_request **req);
 
 /* FT_INPROGRESS while running, else the final status. */
-ft_status ft_request_test(ft_request *r);
+FT_API ft_status ft_request_test(ft_request *r);
 /* Wait up to timeout_ms (< 0: forever); FT_ERR_TIMEOUT if still running
  * (the request keeps running), else the final status. */
-ft_status ft_request_wait(ft_request *r, int timeout_ms);
+FT_API ft_status ft_request_wait(ft_request *r, int timeout_ms);
 /* Waits for completion, then frees. NULL ok. */
-void ft_request_free(ft_request *r);
+FT_API void ft_request_free(ft_request *r);
 
 
 /* ------------------------------------------------------------ memory node */
@@ -234,10 +234,10 @@ typedef struct ft_node_params {
                                     its connection (default 30000)         */
 } ft_node_params;
 
-void ft_node_default_params(ft_node_params *p);
+FT_API void ft_node_default_params(ft_node_params *p);
 /* Run the memory node until *stop becomes nonzero. Returns FT_OK on a
  * clean shutdown, or the error that prevented it from starting. */
-ft_status ft_node_run(const ft_node_params *p);
+FT_API ft_status ft_node_run(const ft_node_params *p);
 
 #ifdef __cplusplus
 }

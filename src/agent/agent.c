@@ -33,7 +33,7 @@
  * mid-transfer leaves nothing behind: its WRITE never reaches the node,
  * its READ's put fails and the staging is freed. */
 #define _GNU_SOURCE   /* process_vm_readv/writev */
-#include "agent_msg.h"
+#include "net/agent_msg.h"
 #include "flextier/agent.h"
 #include "flextier/store.h"
 

@@ -6,7 +6,8 @@
  *   f32  (4 planes): p0 = exponent (bits 30..23), p1 = sign<<7 | mant[22:16],
  *                    p2 = mant[15:8], p3 = mant[7:0]
  * planes[k] points at n bytes (k < ft_bp_nplanes(dt)); the src/dst element
- * buffers need no alignment. */
+ * buffers need no alignment. FT_API: also called by the CUDA backend in
+ * the library above (exported, not public API). */
 #ifndef FT_CODEC_BYTEPLANE_H
 #define FT_CODEC_BYTEPLANE_H
 
@@ -15,10 +16,10 @@
 #define FT_BP_MAX_PLANES 4
 
 /* Planes per element for a float dtype; 0 for any other dtype. */
-unsigned ft_bp_nplanes(ft_dtype dt);
+FT_API unsigned ft_bp_nplanes(ft_dtype dt);
 
 /* Dispatching versions (SIMD when available and enabled). */
-void ft_bp_split(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes);
+FT_API void ft_bp_split(ft_dtype dt, const void *src, size_t n, uint8_t *const *planes);
 void ft_bp_merge(ft_dtype dt, const uint8_t *const *planes, size_t n, void *dst);
 
 /* Scalar references. */

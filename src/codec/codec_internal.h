@@ -1,5 +1,8 @@
 /* Internal to the codec layer: per-worker workspaces, the chunk layout and
- * the chunk codec entry points. */
+ * the chunk codec entry points. *
+ * FT_API on a declaration here: called by a library above flextier-codec
+ * (the CUDA backend, the engine's kernels), so libflextier-codec.so
+ * exports it. Not public API: it may change with any release. */
 #ifndef FT_CODEC_INTERNAL_H
 #define FT_CODEC_INTERNAL_H
 
@@ -27,7 +30,7 @@ typedef struct ft_worker_ws {
 
 /* Grow scratch buffer k (0 or 1) of ws to at least n bytes. */
 uint8_t *ft_ws_scratch(ft_worker_ws *ws, int k, size_t n);
-void ft_ws_release(ft_worker_ws *ws);
+FT_API void ft_ws_release(ft_worker_ws *ws);
 
 /* Frame geometry shared by the writer and the parser. */
 typedef struct ft_layout {
@@ -40,9 +43,9 @@ typedef struct ft_layout {
     uint64_t outer, D, inner, G, ngroups, slabs_per_chunk;
 } ft_layout;
 
-ft_status ft_layout_compute(const ft_frame_info *fi, ft_layout *L);
+FT_API ft_status ft_layout_compute(const ft_frame_info *fi, ft_layout *L);
 /* Elements [off, off+cnt) of chunk i. */
-void ft_layout_chunk(const ft_layout *L, uint32_t i, uint64_t *off, uint64_t *cnt);
+FT_API void ft_layout_chunk(const ft_layout *L, uint32_t i, uint64_t *off, uint64_t *cnt);
 /* Upper bound of the payload of a chunk holding `cnt` elements. */
 size_t ft_chunk_bound(const ft_frame_info *fi, const ft_layout *L, uint64_t off, uint64_t cnt);
 
@@ -53,8 +56,8 @@ size_t ft_entropy_bound(ft_codec_id c, size_t n);
 ft_status ft_entropy_encode(ft_worker_ws *ws, ft_codec_id c, int level,
                             const void *src, size_t n, void *dst, size_t cap,
                             size_t *out);
-ft_status ft_entropy_decode(ft_worker_ws *ws, ft_codec_id c, const void *src,
-                            size_t n, void *dst, size_t raw);
+FT_API ft_status ft_entropy_decode(ft_worker_ws *ws, ft_codec_id c, const void *src,
+                                   size_t n, void *dst, size_t raw);
 
 /* zstd frame of literal-only blocks (Huffman coding, no match search):
  * see lossless.c. FT_ERR_BUFFER_SMALL if it does not fit in cap. */
@@ -75,8 +78,8 @@ ft_status ft_bp_decode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
  * so its elements are contiguous. Payload: per group (in slab order, then
  * inner order) fp16 min then fp16 scale, followed by the packed values in
  * element order (q4: two per byte, low nibble first, odd count padded). */
-size_t ft_quant_chunk_size(const ft_frame_info *fi, const ft_layout *L,
-                           uint64_t off, uint64_t cnt);
+FT_API size_t ft_quant_chunk_size(const ft_frame_info *fi, const ft_layout *L,
+                                  uint64_t off, uint64_t cnt);
 ft_status ft_quant_encode_chunk(const ft_frame_info *fi, const ft_layout *L,
                                 uint64_t off, uint64_t cnt, const void *src,
                                 void *dst, size_t cap, size_t *out);
@@ -92,7 +95,7 @@ ft_status ft_frame_write_header(ft_frame_info *fi, const uint32_t *enc_sizes,
                                 void *dst, size_t cap);
 
 /* Table entry i of a parsed frame (no checks: i < fi->n_chunks). */
-void ft_frame_entry(const void *frame, const ft_frame_info *fi, uint32_t i,
-                    uint32_t *enc, uint32_t *flags, uint64_t *hash);
+FT_API void ft_frame_entry(const void *frame, const ft_frame_info *fi, uint32_t i,
+                           uint32_t *enc, uint32_t *flags, uint64_t *hash);
 
 #endif

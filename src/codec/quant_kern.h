@@ -1,5 +1,6 @@
 /* Internal: group-quantization kernels (quant.c drives them, quant_x86.c
- * has the AVX-512 versions). Every SIMD kernel has a scalar twin in the
+ * has the AVX-512 versions; ft_qkern_best is FT_API: the engine's weight
+ * kernels, in the library above, call it - exported, not public API). Every SIMD kernel has a scalar twin in the
  * table returned by ft_qkern_ref(); tests compare them bit for bit.
  * quant_neon.c has the AArch64 (NEON) versions.
  *
@@ -62,7 +63,7 @@ const ft_qkern *ft_qkern_neon(void);
 const ft_qkern *ft_qkern_list(int i);
 /* The table quant.c uses: the best available, or the one set with
  * ft_qkern_override. */
-const ft_qkern *ft_qkern_best(void);
+FT_API const ft_qkern *ft_qkern_best(void);
 /* Tests only (not thread-safe: call while no encode/decode runs): make
  * quant.c use table k; NULL restores the default. */
 void ft_qkern_override(const ft_qkern *k);

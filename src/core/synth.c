@@ -1,13 +1,18 @@
-/* Synthetic LLM-like weights for benchmarks: Gaussian, sigma 0.02 scaled
- * per row by exp(0.25 * N(0,1)) (the distribution the codec targets are
- * stated on; see shared/notes/compression.md). Deterministic in seed. */
+/* Synthetic LLM-like weights (flextier/core.h): Gaussian, sigma 0.02
+ * scaled per row by exp(0.25 * N(0,1)), the distribution the codec targets
+ * are stated on (shared/notes/compression.md). One generator for the
+ * benchmarks (`flextier bench codec`, bench/) and the tests; moved here
+ * from the CLI so that all of them draw the same values. */
 #include "flextier/core.h"
 
 #include <math.h>
 
 ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out)
 {
-    if (!ft_dtype_is_float(dt) || !row) return FT_ERR_INVALID_ARG;
+    if (!ft_dtype_is_float(dt) || !row)
+        return ft_set_error(FT_ERR_INVALID_ARG, "synthetic weights: dtype %s, row %llu",
+                            ft_dtype_name(dt), (unsigned long long)row);
+    if (n && !out) return ft_set_error(FT_ERR_INVALID_ARG, "synthetic weights: NULL out");
     uint64_t s = seed;
     float buf[1024];
     float sigma = 0.02f;

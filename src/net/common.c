@@ -1,4 +1,5 @@
-/* Helpers shared by the memory node (server.c) and its client (client.c):
+/* Helpers shared by the memory node (server.c) and its client
+ * (src/store/ucx_client.c, the ucx:// store backend):
  * addresses, the UCX transport policy, TCP sockets. */
 #include "net.h"
 

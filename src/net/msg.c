@@ -1,7 +1,7 @@
 /* Wire header encode/parse (untrusted input: fuzzed by fuzz/fuzz_msg.c
  * and, for the handshake, fuzz/fuzz_hello.c). */
 #include "msg.h"
-#include "store/store_internal.h"
+#include "core/keylist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -226,7 +226,7 @@ ft_status ft_msg_list_parse(const void *buf, size_t len, char ***keys, size_t *n
         for (uint16_t j = 0; j < kl; j++)
             if (p[off + j] < 0x21 || p[off + j] > 0x7e) goto bad;
         if (ft_keylist_add(&l, (const char *)p + off, kl) != FT_OK) {
-            ft_list_free(l.v, l.n);
+            ft_keylist_free(&l);
             return FT_ERR_NOMEM;
         }
         off += kl;
@@ -236,6 +236,6 @@ ft_status ft_msg_list_parse(const void *buf, size_t len, char ***keys, size_t *n
     *n = l.n;
     return FT_OK;
 bad:
-    ft_list_free(l.v, l.n);
+    ft_keylist_free(&l);
     return ft_set_error(FT_ERR_PROTOCOL, "malformed key list");
 }

@@ -47,7 +47,6 @@
 #include "cma.h"
 #include "msg.h"
 #include "net.h"
-#include "store/store_internal.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -231,8 +231,11 @@ static void file_close(ft_store_backend *b)
 static const ft_store_ops file_ops = {file_put, file_get, file_del, file_stat,
                                       file_list, file_stats, file_close, NULL, NULL};
 
-ft_status ft_file_backend_open(const char *dir, ft_store_backend **out)
+/* spec: DIR or //DIR (file:///abs/dir) */
+static ft_status file_open(const char *spec, const ft_store_params *p, ft_store_backend **out)
 {
+    const char *dir = strncmp(spec, "//", 2) ? spec : spec + 2;
+    if (!*dir) return ft_set_error(FT_ERR_INVALID_ARG, "file: URI needs a directory");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return ft_set_error(FT_ERR_IO, "%s: %s", dir, strerror(errno));
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -251,3 +254,5 @@ ft_status ft_file_backend_open(const char *dir, ft_store_backend **out)
     *out = &f->base;
     return FT_OK;
 }
+
+const ft_store_scheme ft_store_scheme_file = {"file:", NULL, "file:DIR", file_open};

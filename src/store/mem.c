@@ -158,8 +158,9 @@ static void mem_close(ft_store_backend *b)
 static const ft_store_ops mem_ops = {mem_put, mem_get, mem_del, mem_stat,
                                      mem_list, mem_stats, mem_close, NULL, NULL};
 
-ft_status ft_mem_backend_open(ft_store_backend **out)
+static ft_status mem_open(const char *spec, const ft_store_params *p, ft_store_backend **out)
 {
+    if (*spec) return ft_set_error(FT_ERR_INVALID_ARG, "mem: takes nothing after the colon (got 'mem:%s')", spec);
     mem_backend *m = calloc(1, sizeof *m);
     if (!m) return ft_set_error(FT_ERR_NOMEM, "mem: store");
     m->base.ops = &mem_ops;
@@ -167,3 +168,5 @@ ft_status ft_mem_backend_open(ft_store_backend **out)
     *out = &m->base;
     return FT_OK;
 }
+
+const ft_store_scheme ft_store_scheme_mem = {"mem:", "mem", "mem:", mem_open};

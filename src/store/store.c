@@ -108,23 +108,6 @@ ft_status ft_key_unescape(const char *name, size_t len, char *out, size_t cap)
     return ft_key_validate(out) == FT_OK ? FT_OK : FT_ERR_INVALID_ARG;
 }
 
-ft_status ft_keylist_add(ft_keylist *l, const char *key, size_t len)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        char **v = realloc(l->v, cap * sizeof *v);
-        if (!v) return ft_set_error(FT_ERR_NOMEM, "key list");
-        l->v = v;
-        l->cap = cap;
-    }
-    char *k = malloc(len + 1);
-    if (!k) return ft_set_error(FT_ERR_NOMEM, "key list");
-    memcpy(k, key, len);
-    k[len] = 0;
-    l->v[l->n++] = k;
-    return FT_OK;
-}
-
 void ft_list_free(char **keys, size_t n)
 {
     if (!keys) return;
@@ -201,22 +184,17 @@ ft_status ft_store_open(const char *uri, const ft_store_params *params,
     pthread_cond_init(&s->q_cond, NULL);
     pthread_cond_init(&s->done_cond, NULL);
 
+    const char *spec = NULL;
+    const ft_store_scheme *sc = ft_store_scheme_find(uri, &spec);
     ft_status st;
-    if (!strcmp(uri, "mem:") || !strcmp(uri, "mem")) {
-        st = ft_mem_backend_open(&s->be);
-    } else if (!strncmp(uri, "file:", 5)) {
-        const char *dir = uri + 5;
-        if (!strncmp(dir, "//", 2)) dir += 2;
-        st = *dir ? ft_file_backend_open(dir, &s->be)
-                  : ft_set_error(FT_ERR_INVALID_ARG, "file: URI needs a directory");
-    } else if (!strncmp(uri, "ucx://", 6)) {
-        st = ft_ucx_backend_open(uri + 6, &p, &s->be);
-    } else if (!strncmp(uri, "agent://", 8)) {
-        st = ft_agent_backend_open(uri + 8, &p, &s->be);
+    if (sc) {
+        st = sc->open(spec, &p, &s->be);
     } else {
-        st = ft_set_error(FT_ERR_INVALID_ARG,
-                          "unknown store URI '%s' (mem:, file:DIR, ucx://HOST:PORT, "
-                          "agent://HOST:PORT[/NODE])", uri);
+        char known[256] = "";
+        for (size_t i = 0; ft_store_schemes[i]; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                     ft_store_schemes[i]->usage);
+        st = ft_set_error(FT_ERR_INVALID_ARG, "unknown store URI '%s' (%s)", uri, known);
     }
     if (st != FT_OK) goto fail;
     st = ft_codec_ctx_create(p.codec_threads, &s->sync_ctx.cc);

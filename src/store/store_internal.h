@@ -49,21 +49,36 @@ struct ft_store_backend {
     const ft_store_ops *ops;
 };
 
-ft_status ft_mem_backend_open(ft_store_backend **out);
-ft_status ft_file_backend_open(const char *dir, ft_store_backend **out);
-/* src/net/client.c */
-ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
-                              ft_store_backend **out);
-/* src/agent/agent_client.c: spec = "HOST:PORT[/NODE]" */
-ft_status ft_agent_backend_open(const char *spec, const ft_store_params *p,
-                                ft_store_backend **out);
+/* URI schemes. Each backend file defines the scheme it serves (its open
+ * function gets the URI after the prefix); backends.c lists them in
+ * ft_store_schemes, which ft_store_open searches. store.c names no
+ * backend: the ucx:// and agent:// clients depend on net's message layer
+ * (src/net), and only this table links them in, so nothing in the store's
+ * generic layer - and nothing in net - depends on the other direction. */
+typedef struct ft_store_scheme {
+    const char *prefix;   /* "ucx://": the URI starts with it              */
+    const char *alias;    /* a whole URI meaning prefix alone ("mem"), or NULL */
+    const char *usage;    /* "ucx://HOST:PORT", for the unknown-URI error   */
+    ft_status (*open)(const char *spec, const ft_store_params *p, ft_store_backend **out);
+} ft_store_scheme;
+
+extern const ft_store_scheme ft_store_scheme_mem;    /* mem.c: mem:                       */
+extern const ft_store_scheme ft_store_scheme_file;   /* file.c: file:DIR                  */
+/* ucx_client.c: ucx://HOST:PORT, a client of the memory node (src/net) */
+extern const ft_store_scheme ft_store_scheme_ucx;
+/* agent_client.c: agent://HOST:PORT[/NODE], a client of the codec agent
+ * over net/agent_msg.h */
+extern const ft_store_scheme ft_store_scheme_agent;
+/* backends.c: the schemes above, NULL-terminated */
+extern const ft_store_scheme *const ft_store_schemes[];
+/* The scheme of uri and (*spec) what follows its prefix; NULL if none. */
+const ft_store_scheme *ft_store_scheme_find(const char *uri, const char **spec);
 
 /* Key escaping for file names: [A-Za-z0-9_-] kept, everything else %XX,
  * a leading '.' escaped too. FT_ERR_INVALID_ARG if it does not fit. */
 ft_status ft_key_escape(const char *key, char *out, size_t cap);
 ft_status ft_key_unescape(const char *name, size_t len, char *out, size_t cap);
 
-/* A list under construction. */
-typedef struct ft_keylist { char **v; size_t n, cap; } ft_keylist;
-ft_status ft_keylist_add(ft_keylist *l, const char *key, size_t len);
+/* Lists under construction (mem:, file:): core/keylist.h. */
+#include "core/keylist.h"
 #endif

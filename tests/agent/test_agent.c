@@ -6,7 +6,7 @@
 #include "flextier/agent.h"
 #include "flextier/codec.h"
 #include "flextier/store.h"
-#include "agent/agent_msg.h"
+#include "net/agent_msg.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "agent/agent_util.h"
+#include "support/synth.h"
 
 static ft_status open_store(const char *uri, const char *token_file, unsigned depth, int timeout_ms,
                             ft_store **out)
@@ -27,20 +28,9 @@ static ft_status open_store(const char *uri, const char *token_file, unsigned de
     return ft_store_open(uri, &p, out);
 }
 
-/* Gaussian weights in dt (seeded). */
-static void *weights(ft_dtype dt, uint64_t n, uint64_t seed)
-{
-    size_t es = ft_dtype_bits(dt) / 8;
-    uint8_t *p = ft_malloc_aligned(n * es + 64, 64);
-    uint64_t s = seed;
-    for (uint64_t i = 0; i < n; i++) {
-        float v = (float)ft_rand_gauss(&s) * 0.02f;
-        if (dt == FT_F32) ((float *)p)[i] = v;
-        else if (dt == FT_BF16) ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v);
-        else ((uint16_t *)p)[i] = ft_f32_to_f16_1(v);
-    }
-    return p;
-}
+/* LLM-like weights in dt (seeded): the library's one generator
+ * (support/synth.h), rows of 1024. */
+static void *weights(ft_dtype dt, uint64_t n, uint64_t seed) { return ft_test_weights(dt, n, 1024, seed); }
 
 /* Mode 0600 and at least 16 bytes, as the memory node requires. */
 static void write_token(const char *path, const char *tok)

@@ -4,6 +4,7 @@
  * the stated distribution; and a checkpoint is written in bounded memory
  * (the child's peak RSS from wait4's rusage, far below the file's size). */
 #include "ft_test.h"
+#include "support/cli_run.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -14,32 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char tmpdir[256];
-
-static const char *bin(void) { const char *b = getenv("FT_BIN"); return b ? b : "./flextier"; }
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void rm_tmpdir(void) { sh("rm -rf '%s'", tmpdir); }
-
 static const char *tdir(void)
 {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_genmodel_XXXXXX");
-        if (!mkdtemp(tmpdir)) { perror("mkdtemp"); exit(1); }
-        atexit(rm_tmpdir);
-    }
-    return tmpdir;
+    static const char *d;
+    if (!d) d = ft_test_tmpdir("genmodel");   /* removed at exit */
+    return d;
 }
 
 /* Texts that must survive encode -> decode unchanged (valid UTF-8). */
@@ -59,8 +39,8 @@ static void check_model(const char *arch, long vocab, const char *extra)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s-%ld", tdir(), arch, vocab);
-    CHECK_MSG(sh("%s gen-model --arch %s --out %s --hidden 64 --layers 2 --heads 4 --ffn 96 --vocab %ld %s "
-                 "> /dev/null", bin(), arch, dir, vocab, extra) == 0, "gen-model %s --vocab %ld", arch, vocab);
+    CHECK_MSG(ft_sh("%s gen-model --arch %s --out %s --hidden 64 --layers 2 --heads 4 --ffn 96 --vocab %ld %s "
+                 "> /dev/null", ft_test_bin(), arch, dir, vocab, extra) == 0, "gen-model %s --vocab %ld", arch, vocab);
     ft_tokenizer *tok = NULL;
     CHECK_OK(ft_tokenizer_load_dir(dir, &tok));
     if (!tok) return;
@@ -119,7 +99,7 @@ static double child_maxrss(char *const argv[])
         char opts[1024];
         snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", ao ? ao : "", ao && *ao ? ":" : "");
         setenv("ASAN_OPTIONS", opts, 1);
-        execv(bin(), argv);
+        execv(ft_test_bin(), argv);
         _exit(127);
     }
     int status = 0;
@@ -142,10 +122,10 @@ TEST(bounded_memory)
     snprintf(dir, sizeof dir, "%s/big", tdir());
     /* the binary's own footprint, whatever it links: with the CUDA backend
      * built in, loading cuBLAS alone maps ~220 MB resident before main() */
-    char *const base_argv[] = {(char *)bin(), "version", NULL};
+    char *const base_argv[] = {(char *)ft_test_bin(), "version", NULL};
     double base = child_maxrss(base_argv);
     REQUIRE(base > 0);
-    char *const argv[] = {(char *)bin(), "gen-model", "--arch", "llama", "--out", dir, "--hidden", "1024",
+    char *const argv[] = {(char *)ft_test_bin(), "gen-model", "--arch", "llama", "--out", dir, "--hidden", "1024",
                           "--layers", "4", "--heads", "16", "--kv-heads", "4", "--ffn", "2816", "--vocab",
                           "32000", NULL};
     double peak = child_maxrss(argv);
@@ -182,23 +162,23 @@ TEST(tokenizer_matches_vocab)
     check_model("opt", 5000, "");
     check_model("opt", 50272, "");
     /* too small for the byte tokens: a usage error naming the minimum */
-    CHECK(sh("%s gen-model --arch llama --out %s/x --vocab 259 2> %s/err.txt", bin(), tdir(), tdir()) == 2);
-    CHECK(sh("grep -q 'at least 260' %s/err.txt", tdir()) == 0);
-    CHECK(sh("%s gen-model --arch opt --out %s/x --vocab 259 2>/dev/null", bin(), tdir()) == 2);
+    CHECK(ft_sh("%s gen-model --arch llama --out %s/x --vocab 259 2> %s/err.txt", ft_test_bin(), tdir(), tdir()) == 2);
+    CHECK(ft_sh("grep -q 'at least 260' %s/err.txt", tdir()) == 0);
+    CHECK(ft_sh("%s gen-model --arch opt --out %s/x --vocab 259 2>/dev/null", ft_test_bin(), tdir()) == 2);
 }
 
 TEST(deterministic_weights)
 {
     const char *d = tdir();
     const char *shape = "--arch llama --hidden 128 --layers 2 --heads 4 --kv-heads 2 --ffn 320 --vocab 2000";
-    CHECK(sh("%s gen-model %s --out %s/t1 --threads 1 --seed 7 >/dev/null", bin(), shape, d) == 0);
-    CHECK(sh("%s gen-model %s --out %s/t2 --threads 2 --seed 7 >/dev/null", bin(), shape, d) == 0);
-    CHECK(sh("%s gen-model %s --out %s/t3 --threads 2 --seed 8 >/dev/null", bin(), shape, d) == 0);
-    CHECK(sh("cmp -s %s/t1/model.safetensors %s/t2/model.safetensors", d, d) == 0);
-    CHECK(sh("cmp -s %s/t1/model.safetensors %s/t3/model.safetensors", d, d) != 0);
-    CHECK(sh("cmp -s %s/t1/tokenizer.json %s/t3/tokenizer.json", d, d) == 0);
+    CHECK(ft_sh("%s gen-model %s --out %s/t1 --threads 1 --seed 7 >/dev/null", ft_test_bin(), shape, d) == 0);
+    CHECK(ft_sh("%s gen-model %s --out %s/t2 --threads 2 --seed 7 >/dev/null", ft_test_bin(), shape, d) == 0);
+    CHECK(ft_sh("%s gen-model %s --out %s/t3 --threads 2 --seed 8 >/dev/null", ft_test_bin(), shape, d) == 0);
+    CHECK(ft_sh("cmp -s %s/t1/model.safetensors %s/t2/model.safetensors", d, d) == 0);
+    CHECK(ft_sh("cmp -s %s/t1/model.safetensors %s/t3/model.safetensors", d, d) != 0);
+    CHECK(ft_sh("cmp -s %s/t1/tokenizer.json %s/t3/tokenizer.json", d, d) == 0);
     /* f32: N(0, 0.02) matrices, unit norms */
-    CHECK(sh("%s gen-model %s --out %s/f --dtype f32 >/dev/null", bin(), shape, d) == 0);
+    CHECK(ft_sh("%s gen-model %s --out %s/f --dtype f32 >/dev/null", ft_test_bin(), shape, d) == 0);
     char p[512];
     snprintf(p, sizeof p, "%s/f", d);
     ft_checkpoint *ck = NULL;

@@ -2,6 +2,7 @@
  * entropy stages x shapes x threads with special values, ratio on
  * Gaussian weights, the chunk sub-format's validation, bit flips. */
 #include "ft_test.h"
+#include "support/synth.h"
 #include "flextier/codec.h"
 #include "codec/codec_internal.h"
 #include "codec/byteplane.h"
@@ -11,37 +12,13 @@
 static const ft_dtype float_dts[] = {FT_BF16, FT_F16, FT_F32};
 static const ft_codec_id stages[] = {FT_CODEC_ZSTD, FT_CODEC_LZ4, FT_CODEC_DEFLATE};
 
-static double gauss(uint64_t *s)
-{
-    double u1 = ((double)(ft_test_rand(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(ft_test_rand(s) >> 11) / 9007199254740992.0;
-    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-/* Gaussian weights, sigma 0.02 with a per-row scale 0.02*exp(0.25*N(0,1)),
- * rows of `row` elements, stored as dt. */
-static void *gauss_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed)
-{
-    float *f = malloc((n ? n : 1) * sizeof(float));
-    uint64_t s = seed;
-    double sc = 0.02;
-    for (uint64_t i = 0; i < n; i++) {
-        if (i % row == 0) sc = 0.02 * exp(0.25 * gauss(&s));
-        f[i] = (float)(gauss(&s) * sc);
-    }
-    void *p = ft_malloc_aligned(n * (ft_dtype_bits(dt) / 8) + 64, 64);
-    ft_convert(p, dt, f, FT_F32, n);
-    free(f);
-    return p;
-}
-
 /* Test data kinds. */
 enum { K_GAUSS, K_SPECIAL, K_EQUAL, K_RANDOM, K_BF16_IN_F32, K_COUNT };
 
 static void *make_data(ft_dtype dt, uint64_t n, int kind, uint64_t seed)
 {
     size_t es = ft_dtype_bits(dt) / 8;
-    if (kind == K_GAUSS) return gauss_weights(dt, n, 4096, seed);
+    if (kind == K_GAUSS) return ft_test_weights(dt, n, 4096, seed);
     uint8_t *p = ft_malloc_aligned(n * es + 64, 64);
     uint64_t s = seed;
     for (uint64_t i = 0; i < n; i++) {
@@ -217,7 +194,7 @@ TEST(decode_converts)
     CHECK_OK(ft_codec_ctx_create(2, &ctx));
     int64_t shape[2] = {50, 1000};
     ft_tensor t;
-    ft_tensor_init(&t, FT_BF16, 2, shape, gauss_weights(FT_BF16, 50000, 1000, 8));
+    ft_tensor_init(&t, FT_BF16, 2, shape, ft_test_weights(FT_BF16, 50000, 1000, 8));
     ft_codec_params p;
     ft_codec_default_params(&p);
     p.codec = FT_CODEC_BYTEPLANE;
@@ -294,7 +271,7 @@ TEST(ratio_gaussian)
     ft_codec_ctx *ctx;
     CHECK_OK(ft_codec_ctx_create(2, &ctx));
     uint64_t n = 1u << 20;
-    void *w = gauss_weights(FT_BF16, n, 4096, 12345);
+    void *w = ft_test_weights(FT_BF16, n, 4096, 12345);
     double r = ratio_of(ctx, FT_BF16, FT_CODEC_ZSTD, n, w);
     CHECK_MSG(r >= 1.45, "bf16 bp-zstd ratio %.4f < 1.45", r);
     double rd = ratio_of(ctx, FT_BF16, FT_CODEC_DEFLATE, n, w);
@@ -302,11 +279,11 @@ TEST(ratio_gaussian)
     double rl = ratio_of(ctx, FT_BF16, FT_CODEC_LZ4, n, w);
     CHECK_MSG(rl >= 1.15, "bf16 bp-lz4 ratio %.4f", rl);
     ft_free_aligned(w);
-    w = gauss_weights(FT_F16, n, 4096, 12345);
+    w = ft_test_weights(FT_F16, n, 4096, 12345);
     r = ratio_of(ctx, FT_F16, FT_CODEC_ZSTD, n, w);
     CHECK_MSG(r >= 1.15, "f16 bp-zstd ratio %.4f", r);
     ft_free_aligned(w);
-    w = gauss_weights(FT_F32, n, 4096, 12345);
+    w = ft_test_weights(FT_F32, n, 4096, 12345);
     r = ratio_of(ctx, FT_F32, FT_CODEC_ZSTD, n, w);
     CHECK_MSG(r >= 1.17, "f32 bp-zstd ratio %.4f", r);
     ft_free_aligned(w);
@@ -328,7 +305,7 @@ TEST(plane_modes)
     uint8_t *dst = malloc(4 * n + 64), *back = malloc(4 * n);
     /* bf16 weights: exponent coded, sign|mantissa raw */
     fi.dtype = FT_BF16;
-    void *w = gauss_weights(FT_BF16, n, 4096, 5);
+    void *w = ft_test_weights(FT_BF16, n, 4096, 5);
     CHECK_OK(ft_bp_encode_chunk(&ws, &fi, w, 2 * n, dst, ft_bp_bound(&fi, 2 * n), &out));
     CHECK(read_modes(dst) == (1 | 0 << 2));
     CHECK(out < 2 * n * 70 / 100);
@@ -431,7 +408,7 @@ TEST(corruption_rejected)
             size_t nb = (size_t)ft_dtype_nbytes(dt, n);
             ft_tensor t;
             ft_tensor_init(&t, dt, 2, shape,
-                           v ? make_data(dt, n, K_BF16_IN_F32, 4) : gauss_weights(dt, n, 4096, 3));
+                           v ? make_data(dt, n, K_BF16_IN_F32, 4) : ft_test_weights(dt, n, 4096, 3));
             ft_codec_params p;
             ft_codec_default_params(&p);
             p.codec = FT_CODEC_BYTEPLANE;

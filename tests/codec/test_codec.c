@@ -1,33 +1,11 @@
 /* Lossless codecs and the frame: round trips, zlib interop, corruption. */
 #include "ft_test.h"
+#include "support/synth.h"
 #include "flextier/codec.h"
 #include "codec/codec_internal.h"
 
 #include <math.h>
 #include <zlib.h>
-
-/* Gaussian-ish weights (sigma 0.02 with per-row scale), stored as dt. */
-static void *make_weights(ft_dtype dt, uint64_t n, uint64_t seed)
-{
-    size_t es = ft_dtype_bits(dt) / 8;
-    uint8_t *p = ft_malloc_aligned(n * es + 64, 64);
-    uint64_t s = seed;
-    float row = 0.02f;
-    for (uint64_t i = 0; i < n; i++) {
-        if (i % 1024 == 0) row = 0.02f * expf(0.25f * ((float)(ft_test_rand(&s) % 1000) / 500.0f - 1.0f));
-        double u1 = ((double)(ft_test_rand(&s) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(ft_test_rand(&s) >> 11) / 9007199254740992.0;
-        float v = (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2)) * row;
-        switch (dt) {
-        case FT_F32: ((float *)p)[i] = v; break;
-        case FT_F16: ((uint16_t *)p)[i] = ft_f32_to_f16_1(v); break;
-        case FT_BF16: ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v); break;
-        case FT_I32: ((int32_t *)p)[i] = (int32_t)(v * 1e6f); break;
-        default: p[i] = (uint8_t)(v * 1000.0f); break;
-        }
-    }
-    return p;
-}
 
 static ft_status roundtrip(ft_codec_ctx *ctx, const ft_codec_params *p, ft_dtype dt,
                            uint32_t ndim, const int64_t *shape, size_t *fsize)
@@ -38,7 +16,7 @@ static ft_status roundtrip(ft_codec_ctx *ctx, const ft_codec_params *p, ft_dtype
     uint64_t n, nb;
     ft_tensor_numel(&t, &n);
     ft_tensor_nbytes(&t, &nb);
-    t.data = make_weights(dt, n, n * 31 + (uint64_t)dt);
+    t.data = ft_test_weights(dt, n, 1024, n * 31 + (uint64_t)dt);
     size_t bound = ft_encode_bound(p, dt, ndim, shape);
     uint8_t *frame = ft_malloc_aligned(bound + 1, 64);
     st = ft_encode(ctx, p, &t, frame, bound, fsize);
@@ -104,7 +82,7 @@ TEST(deflate_chunks_inflate_with_zlib)
     for (int level = 1; level <= 12; level += 5) {
         int64_t shape[1] = {300000};
         ft_tensor t;
-        ft_tensor_init(&t, FT_BF16, 1, shape, make_weights(FT_BF16, 300000, 5));
+        ft_tensor_init(&t, FT_BF16, 1, shape, ft_test_weights(FT_BF16, 300000, 1024, 5));
         ft_codec_params p;
         ft_codec_default_params(&p);
         p.codec = FT_CODEC_DEFLATE;
@@ -151,7 +129,7 @@ TEST(decode_converts)
     CHECK_OK(ft_codec_ctx_create(2, &ctx));
     int64_t shape[2] = {100, 1000};
     ft_tensor t;
-    ft_tensor_init(&t, FT_BF16, 2, shape, make_weights(FT_BF16, 100000, 9));
+    ft_tensor_init(&t, FT_BF16, 2, shape, ft_test_weights(FT_BF16, 100000, 1024, 9));
     ft_codec_params p;
     ft_codec_default_params(&p);
     size_t bound = ft_encode_bound(&p, FT_BF16, 2, shape), fs;
@@ -189,7 +167,7 @@ TEST(corruption_rejected)
     for (size_t c = 0; c < 4; c++) {
         int64_t shape[2] = {3, 2500};
         ft_tensor t;
-        ft_tensor_init(&t, FT_BF16, 2, shape, make_weights(FT_BF16, 7500, 3));
+        ft_tensor_init(&t, FT_BF16, 2, shape, ft_test_weights(FT_BF16, 7500, 1024, 3));
         ft_codec_params p;
         ft_codec_default_params(&p);
         p.codec = codecs[c];

@@ -1,54 +1,14 @@
 /* q8/q4 group quantization: round trips with an element-wise error bound,
  * sizes, parameters, rejection of bad input, SIMD == scalar, corruption. */
 #include "ft_test.h"
+#include "support/synth.h"
 #include "flextier/codec.h"
 #include "codec/codec_internal.h"
 #include "codec/quant_kern.h"
 
 #include <math.h>
 
-static float ldf(ft_dtype dt, const void *p, size_t i)
-{
-    if (dt == FT_F32) return ((const float *)p)[i];
-    if (dt == FT_BF16) return ft_bf16_to_f32_1(((const uint16_t *)p)[i]);
-    return ft_f16_to_f32_1(((const uint16_t *)p)[i]);
-}
-
-static void stf(ft_dtype dt, void *p, size_t i, float v)
-{
-    if (dt == FT_F32) ((float *)p)[i] = v;
-    else if (dt == FT_BF16) ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v);
-    else ((uint16_t *)p)[i] = ft_f32_to_f16_1(v);
-}
-
 static size_t esz(ft_dtype dt) { return ft_dtype_bits(dt) / 8; }
-
-/* Values with a spread of magnitudes: per-run scale, occasional outliers,
- * exact zeros and negative zeros, runs of constants. */
-static void *make_data(ft_dtype dt, uint64_t n, uint64_t seed)
-{
-    uint8_t *p = ft_malloc_aligned(n * 4 + 64, 64);
-    uint64_t s = seed;
-    float scale = 1.0f, c = 0.0f;
-    int mode = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        if (i % 97 == 0) {
-            scale = ldexpf(1.0f, (int)(ft_test_rand(&s) % 16) - 10);
-            mode = (int)(ft_test_rand(&s) % 8);
-            c = (float)((int)(ft_test_rand(&s) % 200) - 100) * 0.37f;
-        }
-        float u = (float)(ft_test_rand(&s) >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
-        float v = u * scale;
-        uint64_t r = ft_test_rand(&s) % 64;
-        if (r == 0) v *= 50.0f;
-        else if (r == 1) v = 0.0f;
-        else if (r == 2) v = -0.0f;
-        if (mode == 0) v = c;             /* constant run */
-        else if (mode == 1) v += c;       /* offset run */
-        stf(dt, p, i, v);
-    }
-    return p;
-}
 
 typedef struct {
     uint32_t ndim;
@@ -81,7 +41,7 @@ static uint8_t *run_case(ft_codec_ctx *ctx_enc, ft_codec_ctx *ctx_dec, ft_codec_
     CHECK_OK(ft_tensor_init(&t, idt, qc->ndim, qc->shape, NULL));
     uint64_t n;
     ft_tensor_numel(&t, &n);
-    t.data = make_data(idt, n, n * 7 + qc->G * 131 + (uint64_t)idt);
+    t.data = ft_test_mixed(idt, n, n * 7 + qc->G * 131 + (uint64_t)idt);
     size_t bound = ft_encode_bound(&p, idt, qc->ndim, qc->shape), fs = 0;
     CHECK(bound > 0);
     uint8_t *frame = ft_malloc_aligned(bound + 64, 64);
@@ -151,7 +111,7 @@ static uint8_t *run_case(ft_codec_ctx *ctx_enc, ft_codec_ctx *ctx_dec, ft_codec_
                 const uint8_t *hp = hdr + 4 * gi;
                 double mn = ft_f16_to_f32_1((uint16_t)(hp[0] | hp[1] << 8));
                 double step = ft_f16_to_f32_1((uint16_t)(hp[2] | hp[3] << 8));
-                double x = ldf(idt, t.data, e), y = ldf(odt, out, e);
+                double x = ft_test_load_f(idt, t.data, e), y = ft_test_load_f(odt, out, e);
                 if (!(step >= 0 && mn <= x && mn + B * step >= x)) badp++;
                 if (!(fabs(x - y) <= qbound(x, step, odt))) {
                     if (bad++ < 3)
@@ -217,7 +177,7 @@ TEST(quant_q4_size_ratio)
     size_t bound = ft_encode_bound(&p, FT_BF16, 2, shape);
     uint64_t n = 256 * 4096;
     ft_tensor t;
-    ft_tensor_init(&t, FT_BF16, 2, shape, make_data(FT_BF16, n, 5));
+    ft_tensor_init(&t, FT_BF16, 2, shape, ft_test_mixed(FT_BF16, n, 5));
     uint8_t *frame = ft_malloc_aligned(bound, 64);
     ft_codec_ctx *ctx;
     CHECK_OK(ft_codec_ctx_create(1, &ctx));
@@ -513,7 +473,7 @@ TEST(quant_tables_same_frames)
                 ft_tensor_init(&t, dts[a], fc[c].ndim, fc[c].shape, NULL);
                 uint64_t n;
                 ft_tensor_numel(&t, &n);
-                t.data = make_data(dts[a], n, c * 3 + (uint64_t)a);
+                t.data = ft_test_mixed(dts[a], n, c * 3 + (uint64_t)a);
                 size_t bound = ft_encode_bound(&p, dts[a], fc[c].ndim, fc[c].shape);
                 uint8_t *ref = ft_malloc_aligned(bound, 64), *fr = ft_malloc_aligned(bound, 64);
                 uint8_t *dref = ft_malloc_aligned(n * 4 * 3, 64), *dd = ft_malloc_aligned(n * 4 * 3, 64);
@@ -590,7 +550,7 @@ TEST(quant_corruption_rejected)
     for (int gdim = -1; gdim <= 0; gdim++) {
         int64_t shape[2] = {9, 77};
         ft_tensor t;
-        ft_tensor_init(&t, FT_BF16, 2, shape, make_data(FT_BF16, 9 * 77, 3));
+        ft_tensor_init(&t, FT_BF16, 2, shape, ft_test_mixed(FT_BF16, 9 * 77, 3));
         ft_codec_params p;
         ft_codec_default_params(&p);
         p.codec = FT_CODEC_Q4;
@@ -678,7 +638,7 @@ TEST(quant_rows_equal_frames)
         for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
             size_t n = lens[t];
             uint32_t g = groups[t];
-            float *x = make_data(FT_F32, n, 77 + t);
+            float *x = ft_test_mixed(FT_F32, n, 77 + t);
             size_t rb = ft_qrow_bytes(bits, n, g);
             CHECK(rb == 4 * (n / g) + (bits == 8 ? n : n / 2));
             uint8_t *row = malloc(rb);

@@ -196,3 +196,55 @@ TEST(xxh3_matches_library)
     CHECK(bad == 0);
     free(buf);
 }
+
+/* The run-time version is the headers' (this test links the library it was
+ * compiled with), and the string is the numbers. */
+TEST(version)
+{
+    CHECK(ft_version_number() == FT_VERSION_NUMBER);
+    CHECK(!strcmp(ft_version_string(), FT_VERSION_STRING));
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", FT_VERSION_MAJOR, FT_VERSION_MINOR, FT_VERSION_PATCH);
+    CHECK(!strcmp(FT_VERSION_STRING, want));
+    CHECK(FT_VERSION_NUMBER == FT_VERSION_MAJOR * 10000 + FT_VERSION_MINOR * 100 + FT_VERSION_PATCH);
+}
+
+/* The synthetic-weights generator: deterministic in the seed, the same
+ * values in every float dtype (up to the dtype's rounding), rows with
+ * their own scale around sigma 0.02, bad arguments refused. */
+TEST(synth_weights)
+{
+    enum { N = 64 * 1024, ROW = 1024 };
+    float *a = ft_malloc_aligned(N * 4, 64), *b = ft_malloc_aligned(N * 4, 64);
+    uint16_t *h = ft_malloc_aligned(N * 2, 64);
+    REQUIRE(a && b && h);
+    CHECK_OK(ft_synth_weights(FT_F32, N, ROW, 5, a));
+    CHECK_OK(ft_synth_weights(FT_F32, N, ROW, 5, b));
+    CHECK(!memcmp(a, b, N * 4));
+    CHECK_OK(ft_synth_weights(FT_F32, N, ROW, 6, b));
+    CHECK(memcmp(a, b, N * 4) != 0);
+    CHECK_OK(ft_synth_weights(FT_BF16, N, ROW, 5, h));
+    int same = 1;
+    for (size_t i = 0; i < N; i++) same &= h[i] == ft_f32_to_bf16_1(a[i]);
+    CHECK(same);
+    /* per-row standard deviations: each row has its own, all near 0.02
+     * (exp(0.25 N(0,1)) stays within [0.3, 3.3] over 64 rows) */
+    double lo = 1, hi = 0, mean_sd = 0;
+    for (size_t r = 0; r < N / ROW; r++) {
+        double ss = 0;
+        for (size_t i = 0; i < ROW; i++) ss += (double)a[r * ROW + i] * a[r * ROW + i];
+        double sd = sqrt(ss / ROW);
+        lo = sd < lo ? sd : lo;
+        hi = sd > hi ? sd : hi;
+        mean_sd += sd / (N / ROW);
+    }
+    CHECK_MSG(lo > 0.006 && hi < 0.066 && hi / lo > 1.3, "row sd %g..%g", lo, hi);
+    CHECK_MSG(mean_sd > 0.015 && mean_sd < 0.027, "mean row sd %g", mean_sd);
+    CHECK(ft_synth_weights(FT_I32, N, ROW, 5, a) == FT_ERR_INVALID_ARG);
+    CHECK(ft_synth_weights(FT_F32, N, 0, 5, a) == FT_ERR_INVALID_ARG);
+    CHECK(ft_synth_weights(FT_F32, N, ROW, 5, NULL) == FT_ERR_INVALID_ARG);
+    CHECK_OK(ft_synth_weights(FT_F32, 0, ROW, 5, NULL));
+    ft_free_aligned(a);
+    ft_free_aligned(b);
+    ft_free_aligned(h);
+}

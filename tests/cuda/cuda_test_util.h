@@ -1,10 +1,11 @@
-/* Helpers shared by the CUDA tests: test data, frames, the case matrices
+/* Helpers shared by the CUDA tests: test data (with support/synth.h), frames, the case matrices
  * of the codec tests, and (cuda_test_require) the skip when no CUDA
  * device can be used: exit code 77, which ctest reports as skipped
  * (SKIP_RETURN_CODE 77 in tests/cuda/CMakeLists.txt). */
 #ifndef FT_CUDA_TEST_UTIL_H
 #define FT_CUDA_TEST_UTIL_H
 #include "ft_test.h"
+#include "support/synth.h"
 #include "flextier/codec.h"
 #include "flextier/cuda.h"
 
@@ -30,41 +31,7 @@ static inline void cuda_test_require(void)
 #define CUDA_TEST_REQUIRE_DEVICE                                                \
     __attribute__((constructor)) static void cuda_test_require_ctor(void) { cuda_test_require(); }
 
-static inline void ut_stf(ft_dtype dt, void *p, size_t i, float v)
-{
-    if (dt == FT_F32) ((float *)p)[i] = v;
-    else if (dt == FT_BF16) ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v);
-    else ((uint16_t *)p)[i] = ft_f32_to_f16_1(v);
-}
-
 static inline float ut_uniform(uint64_t *s) { return (float)(ft_test_rand(s) >> 40) / (float)(1 << 24) * 2.0f - 1.0f; }
-
-/* Values with a spread of magnitudes (as tests/codec/test_quant.c):
- * per-run scale, outliers, exact zeros and negative zeros, constant runs.
- * n elements of dt in a new aligned buffer (free with ft_free_aligned). */
-static inline void *ut_make_data(ft_dtype dt, uint64_t n, uint64_t seed)
-{
-    uint8_t *p = ft_malloc_aligned(n * 4 + 64, 64);
-    uint64_t s = seed;
-    float scale = 1.0f, c = 0.0f;
-    int mode = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        if (i % 97 == 0) {
-            scale = ldexpf(1.0f, (int)(ft_test_rand(&s) % 16) - 10);
-            mode = (int)(ft_test_rand(&s) % 8);
-            c = (float)((int)(ft_test_rand(&s) % 200) - 100) * 0.37f;
-        }
-        float v = ut_uniform(&s) * scale;
-        uint64_t r = ft_test_rand(&s) % 64;
-        if (r == 0) v *= 50.0f;
-        else if (r == 1) v = 0.0f;
-        else if (r == 2) v = -0.0f;
-        if (mode == 0) v = c;
-        else if (mode == 1) v += c;
-        ut_stf(dt, p, i, v);
-    }
-    return p;
-}
 
 /* Byte-plane test data: kind 0 weight-like (Gaussian, compressible
  * exponent), 1 random bit patterns (stored chunks, NaN payloads), 2 f32
@@ -82,7 +49,7 @@ static inline void *ut_make_bp_data(ft_dtype dt, uint64_t n, int kind, uint64_t 
         }
         float v = kind == 3 ? 0.0f : (float)(0.02 * ft_rand_gauss(&s));
         if (kind == 2) v = ft_bf16_to_f32_1(ft_f32_to_bf16_1(v));
-        ut_stf(dt, p, i, v);
+        ft_test_store_f(dt, p, i, v);
     }
     return p;
 }

@@ -7,6 +7,7 @@
  * q4), the benchmark's JSON, and the offloading combinations the GPU
  * path refuses. */
 #include "ft_test.h"
+#include "support/cli_run.h"
 #include "flextier/cuda.h"
 #include "flextier/engine.h"
 
@@ -17,54 +18,14 @@
 
 static char tmpdir[256];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    size_t r = fread(b, 1, (size_t)sz, f);
-    b[r] = 0;
-    fclose(f);
-    if (n) *n = r;
-    return b;
-}
-
-static const char *bin(void) { const char *b = getenv("FT_BIN"); return b ? b : "./flextier"; }
-
-static int file_has(const char *name, const char *needle)
-{
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-    char *s = slurp(p, NULL);
-    int ok = s && strstr(s, needle);
-    if (!ok) fprintf(stderr, "  %s lacks \"%s\": %s\n", name, needle, s ? s : "(missing)");
-    free(s);
-    return ok;
-}
-
 static int setup(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_cuda_cli_%d", (int)getpid());
-    return sh("rm -rf %s && mkdir -p %s && %s gen-model --arch llama --out %s/m --hidden 64 --layers 3 --heads 4 "
-              "--kv-heads 2 --ffn 96 --seed 5 > /dev/null", tmpdir, tmpdir, bin(), tmpdir) == 0;
+    return ft_sh("rm -rf %s && mkdir -p %s && %s gen-model --arch llama --out %s/m --hidden 64 --layers 3 --heads 4 "
+              "--kv-heads 2 --ffn 96 --seed 5 > /dev/null", tmpdir, tmpdir, ft_test_bin(), tmpdir) == 0;
 }
 
-static void teardown(void) { sh("rm -rf %s", tmpdir); }
+static void teardown(void) { ft_sh("rm -rf %s", tmpdir); }
 
 TEST(cuda_unavailable_is_explained)
 {
@@ -96,19 +57,19 @@ TEST(cuda_unavailable_is_explained)
     CHECK(ft_cuda_host_weights_create(m, &hp, &hw) == FT_ERR_UNSUPPORTED && !hw);
     ft_model_free(m);
 
-    CHECK(sh("%s run --model %s --prompt hi --max-new-tokens 4 --device cuda > %s/o1 2> %s/e1", bin(), dir, tmpdir,
+    CHECK(ft_sh("%s run --model %s --prompt hi --max-new-tokens 4 --device cuda > %s/o1 2> %s/e1", ft_test_bin(), dir, tmpdir,
              tmpdir) == 1);
-    CHECK(file_has("e1", "CUDA device: ") && file_has("e1", expect));
-    CHECK(sh("%s bench run --model %s --prompt-len 4 --gen-len 4 --device cuda > %s/o2 2> %s/e2", bin(), dir, tmpdir,
+    CHECK(ft_file_has(tmpdir, "e1", "CUDA device: ") && ft_file_has(tmpdir, "e1", expect));
+    CHECK(ft_sh("%s bench run --model %s --prompt-len 4 --gen-len 4 --device cuda > %s/o2 2> %s/e2", ft_test_bin(), dir, tmpdir,
              tmpdir) == 1);
-    CHECK(file_has("e2", expect));
-    CHECK(sh("%s run --model %s --prompt hi --device tpu > /dev/null 2> %s/e3", bin(), dir, tmpdir) == 2);
-    CHECK(file_has("e3", "--device: must be cpu or cuda"));
-    CHECK(sh("%s run --model %s --prompt hi --device 2> /dev/null", bin(), dir) == 2);
-    CHECK(sh("%s run --model %s --prompt hi --max-new-tokens 4 --temperature 0 --device cpu > /dev/null 2>&1", bin(),
+    CHECK(ft_file_has(tmpdir, "e2", expect));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device tpu > /dev/null 2> %s/e3", ft_test_bin(), dir, tmpdir) == 2);
+    CHECK(ft_file_has(tmpdir, "e3", "--device: must be cpu or cuda"));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device 2> /dev/null", ft_test_bin(), dir) == 2);
+    CHECK(ft_sh("%s run --model %s --prompt hi --max-new-tokens 4 --temperature 0 --device cpu > /dev/null 2>&1", ft_test_bin(),
              dir) == 0);
-    CHECK(sh("%s run --help | grep -q -- '--device cpu|cuda'", bin()) == 0);
-    CHECK(sh("%s bench run --help | grep -q -- '--device cpu|cuda'", bin()) == 0);
+    CHECK(ft_sh("%s run --help | grep -q -- '--device cpu|cuda'", ft_test_bin()) == 0);
+    CHECK(ft_sh("%s bench run --help | grep -q -- '--device cpu|cuda'", ft_test_bin()) == 0);
     teardown();
 }
 
@@ -117,7 +78,7 @@ static float *read_floats(const char *name, size_t *n)
     char p[512];
     snprintf(p, sizeof p, "%s/%s", tmpdir, name);
     size_t bytes = 0;
-    char *s = slurp(p, &bytes);
+    char *s = ft_slurp(p, &bytes);
     *n = bytes / 4;
     return (float *)s;
 }
@@ -149,10 +110,10 @@ TEST(cuda_cli_end_to_end)
     char dir[512];
     snprintf(dir, sizeof dir, "%s/m", tmpdir);
     const char *pr = "--prompt 'Once upon a time' --max-new-tokens 16 --temperature 0 --ignore-eos";
-    CHECK(sh("%s run --model %s %s --device cuda --dump-logits %s/gpu.bin > %s/gpu.txt 2> %s/gpu.err", bin(), dir,
+    CHECK(ft_sh("%s run --model %s %s --device cuda --dump-logits %s/gpu.bin > %s/gpu.txt 2> %s/gpu.err", ft_test_bin(), dir,
              pr, tmpdir, tmpdir, tmpdir) == 0);
-    CHECK(file_has("gpu.txt", "Once upon a time") && file_has("gpu.err", "weights resident"));
-    CHECK(sh("%s run --model %s %s --dump-logits %s/cpu.bin > %s/cpu.txt 2>/dev/null", bin(), dir, pr, tmpdir,
+    CHECK(ft_file_has(tmpdir, "gpu.txt", "Once upon a time") && ft_file_has(tmpdir, "gpu.err", "weights resident"));
+    CHECK(ft_sh("%s run --model %s %s --dump-logits %s/cpu.bin > %s/cpu.txt 2>/dev/null", ft_test_bin(), dir, pr, tmpdir,
              tmpdir) == 0);
     /* gen-model writes bf16 weights: the CPU holds exactly what the GPU
      * holds, so only the GPU's bf16 GEMM inputs differ */
@@ -165,29 +126,29 @@ TEST(cuda_cli_end_to_end)
         printf("  run --device cuda: prompt logits vs the CPU: row-relative error %.3g\n", e);
     }
     /* weights streamed from host memory: raw == resident; q4 runs */
-    CHECK(sh("%s run --model %s %s --device cuda --policy w=0,100 --dump-logits %s/raw.bin > /dev/null 2> %s/raw.err",
-             bin(), dir, pr, tmpdir, tmpdir) == 0);
-    CHECK(file_has("raw.err", "weights host-raw"));
+    CHECK(ft_sh("%s run --model %s %s --device cuda --policy w=0,100 --dump-logits %s/raw.bin > /dev/null 2> %s/raw.err",
+             ft_test_bin(), dir, pr, tmpdir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "raw.err", "weights host-raw"));
     size_t nr = 0;
     float *lr = read_floats("raw.bin", &nr);
     CHECK(lr && nr == ng && lg && rows_err(lr, lg, nr, 320) <= 1e-5f);
-    CHECK(sh("%s run --model %s %s --device cuda --policy w=0,100 --compress-weights q4 > %s/q4.txt 2> %s/q4.err",
-             bin(), dir, pr, tmpdir, tmpdir) == 0);
-    CHECK(file_has("q4.err", "weights host-q4") && file_has("q4.txt", "Once upon a time"));
+    CHECK(ft_sh("%s run --model %s %s --device cuda --policy w=0,100 --compress-weights q4 > %s/q4.txt 2> %s/q4.err",
+             ft_test_bin(), dir, pr, tmpdir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "q4.err", "weights host-q4") && ft_file_has(tmpdir, "q4.txt", "Once upon a time"));
     /* the disk tier through the offloading scheduler, as on the CPU: raw
      * bf16 frames give the resident logits, q4 frames the host-q4 ones
      * (the same quantization, dequantized by the same kernels) */
-    CHECK(sh("%s run --model %s %s --device cuda --policy w=0,0,100 --disk-dir %s/disk --dump-logits %s/disk.bin "
-             "> /dev/null 2> %s/disk.err", bin(), dir, pr, tmpdir, tmpdir, tmpdir) == 0);
-    CHECK(file_has("disk.err", "weights tiers-raw"));
+    CHECK(ft_sh("%s run --model %s %s --device cuda --policy w=0,0,100 --disk-dir %s/disk --dump-logits %s/disk.bin "
+             "> /dev/null 2> %s/disk.err", ft_test_bin(), dir, pr, tmpdir, tmpdir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "disk.err", "weights tiers-raw"));
     size_t nd = 0;
     float *ld = read_floats("disk.bin", &nd);
     CHECK(ld && nd == ng && lg && rows_err(ld, lg, nd, 320) <= 1e-5f);
-    CHECK(sh("%s run --model %s %s --device cuda --policy w=0,100 --compress-weights q4 --dump-logits %s/hq4.bin "
-             "> /dev/null 2>&1", bin(), dir, pr, tmpdir) == 0);
-    CHECK(sh("%s run --model %s %s --device cuda --policy w=0,0,100 --disk-dir %s/disk4 --compress-weights q4 "
-             "--dump-logits %s/dq4.bin > /dev/null 2> %s/dq4.err", bin(), dir, pr, tmpdir, tmpdir, tmpdir) == 0);
-    CHECK(file_has("dq4.err", "weights tiers-q4"));
+    CHECK(ft_sh("%s run --model %s %s --device cuda --policy w=0,100 --compress-weights q4 --dump-logits %s/hq4.bin "
+             "> /dev/null 2>&1", ft_test_bin(), dir, pr, tmpdir) == 0);
+    CHECK(ft_sh("%s run --model %s %s --device cuda --policy w=0,0,100 --disk-dir %s/disk4 --compress-weights q4 "
+             "--dump-logits %s/dq4.bin > /dev/null 2> %s/dq4.err", ft_test_bin(), dir, pr, tmpdir, tmpdir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "dq4.err", "weights tiers-q4"));
     size_t nh4 = 0, nd4 = 0;
     float *lh4 = read_floats("hq4.bin", &nh4), *ld4 = read_floats("dq4.bin", &nd4);
     CHECK(lh4 && ld4 && nh4 == nd4 && nh4 == ng);
@@ -199,25 +160,25 @@ TEST(cuda_cli_end_to_end)
     free(lh4);
     free(ld4);
     /* what the GPU path refuses, with the reason */
-    CHECK(sh("%s run --model %s --prompt hi --device cuda --policy w=50,50 > /dev/null 2> %s/e1", bin(), dir,
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --policy w=50,50 > /dev/null 2> %s/e1", ft_test_bin(), dir,
              tmpdir) == 1);
-    CHECK(file_has("e1", "weights split between the GPU and other tiers"));
-    CHECK(sh("%s run --model %s --prompt hi --device cuda --policy 'w=0,100 c=0,100' > /dev/null 2> %s/e2", bin(),
+    CHECK(ft_file_has(tmpdir, "e1", "weights split between the GPU and other tiers"));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --policy 'w=0,100 c=0,100' > /dev/null 2> %s/e2", ft_test_bin(),
              dir, tmpdir) == 1);
-    CHECK(file_has("e2", "KV cache must be on the device"));
-    CHECK(sh("%s run --model %s --prompt hi --device cuda --compress-weights q4 > /dev/null 2> %s/e3", bin(), dir,
+    CHECK(ft_file_has(tmpdir, "e2", "KV cache must be on the device"));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --compress-weights q4 > /dev/null 2> %s/e3", ft_test_bin(), dir,
              tmpdir) == 1);
-    CHECK(file_has("e3", "need --policy"));
-    CHECK(sh("%s run --model %s --prompt hi --device cuda --policy auto > /dev/null 2> %s/e4", bin(), dir, tmpdir) == 1);
-    CHECK(file_has("e4", "--policy auto"));
+    CHECK(ft_file_has(tmpdir, "e3", "need --policy"));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --policy auto > /dev/null 2> %s/e4", ft_test_bin(), dir, tmpdir) == 1);
+    CHECK(ft_file_has(tmpdir, "e4", "--policy auto"));
     /* the benchmark */
-    CHECK(sh("%s bench run --model %s --batch 4 --prompt-len 8 --gen-len 8 --device cuda --json > %s/b.json 2>/dev/null",
-             bin(), dir, tmpdir) == 0);
-    CHECK(file_has("b.json", "\"device\":\"cuda\"") && file_has("b.json", "\"weights\":\"resident\""));
-    CHECK(sh("grep -q '\"decode_tok_s\":[1-9]' %s/b.json", tmpdir) == 0);
-    CHECK(sh("%s bench run --model %s --batch 2 --prompt-len 8 --gen-len 4 --device cuda --policy w=0,100 "
-             "--compress-weights q4 > %s/b.txt 2>/dev/null", bin(), dir, tmpdir) == 0);
-    CHECK(file_has("b.txt", "host-q4"));
+    CHECK(ft_sh("%s bench run --model %s --batch 4 --prompt-len 8 --gen-len 8 --device cuda --json > %s/b.json 2>/dev/null",
+             ft_test_bin(), dir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "b.json", "\"device\":\"cuda\"") && ft_file_has(tmpdir, "b.json", "\"weights\":\"resident\""));
+    CHECK(ft_sh("grep -q '\"decode_tok_s\":[1-9]' %s/b.json", tmpdir) == 0);
+    CHECK(ft_sh("%s bench run --model %s --batch 2 --prompt-len 8 --gen-len 4 --device cuda --policy w=0,100 "
+             "--compress-weights q4 > %s/b.txt 2>/dev/null", ft_test_bin(), dir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "b.txt", "host-q4"));
     free(lg);
     free(lc);
     free(lr);

@@ -67,7 +67,7 @@ TEST(gpu_quant_frames_bit_exact)
                     uint64_t n;
                     CHECK_OK(ft_tensor_init(&t, idts[a], q->ndim, q->shape, NULL));
                     ft_tensor_numel(&t, &n);
-                    t.data = ut_make_data(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
+                    t.data = ft_test_mixed(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
                     size_t fs = 0;
                     uint8_t *f = ut_encode(cc(), (ft_codec_id)codec, 0, q->G, q->gdim, chunks[ch], &t, &fs);
                     CHECK(f != NULL);
@@ -94,7 +94,7 @@ TEST(gpu_quant_large)
         for (int gd = -1; gd <= 0; gd++) {
             ft_tensor t;
             CHECK_OK(ft_tensor_init(&t, FT_BF16, 2, shape, NULL));
-            t.data = ut_make_data(FT_BF16, 4096ull * 4352, 99 + (uint64_t)codec);
+            t.data = ft_test_mixed(FT_BF16, 4096ull * 4352, 99 + (uint64_t)codec);
             size_t fs = 0;
             uint8_t *f = ut_encode(cc(), (ft_codec_id)codec, 0, 64, gd, 0, &t, &fs);
             CHECK(f && gpu_vs_cpu(f, fs, FT_BF16, 1, "large bf16"));
@@ -168,7 +168,7 @@ TEST(gpu_bad_frames)
     int64_t shape[2] = {64, 100};
     ft_tensor t;
     CHECK_OK(ft_tensor_init(&t, FT_F32, 2, shape, NULL));
-    t.data = ut_make_data(FT_F32, 6400, 1);
+    t.data = ft_test_mixed(FT_F32, 6400, 1);
     static const ft_codec_id codecs[] = {FT_CODEC_Q4, FT_CODEC_Q8, FT_CODEC_RAW, FT_CODEC_ZSTD, FT_CODEC_BYTEPLANE};
     uint8_t *dd = NULL;
     uint8_t *host = malloc(6400 * 4);
@@ -248,7 +248,7 @@ TEST(gpu_qrow_bit_exact)
             size_t n = shapes[si].n;
             uint32_t g = shapes[si].g;
             size_t rb = ft_qrow_bytes(bits, n, g);
-            float *x = ut_make_data(FT_F32, rows * n, 17 * si + (uint64_t)bits);
+            float *x = ft_test_mixed(FT_F32, rows * n, 17 * si + (uint64_t)bits);
             for (size_t i = n; i < 2 * n; i++) x[i] *= 1e-6f;                   /* a row of tiny steps */
             for (size_t i = 2 * n; i < 3 * n; i++) x[i] = 3.25f;               /* a constant row */
             uint8_t *want = malloc(rows * rb), *got = malloc(rows * rb);

@@ -23,75 +23,14 @@
  *    reported).
  * Skipped (exit 77) without a device. */
 #include "cuda_test_util.h"
+#include "support/fixture.h"
 #include "flextier/engine.h"
-
-#include <json-c/json.h>
 
 CUDA_TEST_REQUIRE_DEVICE
 
-#define MAXP 8
+#define MAXP FT_FIXTURE_MAXP
 
 /* ------------------------------------------------------------ helpers */
-
-typedef struct {
-    int np;
-    int32_t prompt[MAXP][64];
-    size_t plen[MAXP];
-    int32_t greedy[MAXP][32];
-    size_t glen[MAXP];
-    float *logits;
-    size_t nlogits;
-} fixture;
-
-static int load_fixture(const char *dir, fixture *f)
-{
-    char path[1100];
-    memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, "%s/fixtures.json", dir);
-    json_object *root = json_object_from_file(path);
-    if (!root) return 0;
-    json_object *pr, *gr;
-    if (!json_object_object_get_ex(root, "prompts", &pr) || !json_object_object_get_ex(root, "greedy", &gr)) {
-        json_object_put(root);
-        return 0;
-    }
-    f->np = (int)json_object_array_length(pr);
-    for (int i = 0; i < f->np && i < MAXP; i++) {
-        json_object *p = json_object_array_get_idx(pr, i), *g = json_object_array_get_idx(gr, i);
-        f->plen[i] = json_object_array_length(p);
-        for (size_t k = 0; k < f->plen[i]; k++) f->prompt[i][k] = json_object_get_int(json_object_array_get_idx(p, k));
-        f->glen[i] = json_object_array_length(g);
-        for (size_t k = 0; k < f->glen[i]; k++) f->greedy[i][k] = json_object_get_int(json_object_array_get_idx(g, k));
-    }
-    json_object_put(root);
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return 0;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->logits = malloc((size_t)n);
-    f->nlogits = (size_t)n / 4;
-    size_t r = fread(f->logits, 1, (size_t)n, fp);
-    fclose(fp);
-    return r == (size_t)n;
-}
-
-static void fixture_dir(const char *name, char *dir, size_t n)
-{
-    const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, n, "%s/models/%s", data ? data : "tests/data", name);
-}
-
-static float max_abs_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = d;
-    }
-    return m;
-}
 
 /* max over rows of max|a - b| / max(1, max|b|) */
 static float row_rel_err(const float *a, const float *b, size_t rows, size_t V)
@@ -100,7 +39,7 @@ static float row_rel_err(const float *a, const float *b, size_t rows, size_t V)
     for (size_t r = 0; r < rows; r++) {
         float mx = 1.0f;
         for (size_t i = 0; i < V; i++) mx = fmaxf(mx, fabsf(b[r * V + i]));
-        float e = max_abs_diff(a + r * V, b + r * V, V) / mx;
+        float e = ft_max_abs_diff(a + r * V, b + r * V, V) / mx;
         if (!(e <= worst)) worst = e;
     }
     return worst;
@@ -216,9 +155,9 @@ static const char *const FIXTURES[] = {"opt-tiny", "opt-tiny-proj", "opt-tiny-po
 static void fixture_f32(const char *name)
 {
     char dir[512];
-    fixture_dir(name, dir, sizeof dir);
-    fixture f;
-    int loaded = load_fixture(dir, &f);
+    ft_fixture_dir("models", name, dir, sizeof dir);
+    ft_fixture f;
+    int loaded = ft_fixture_load(dir, &f);
     REQUIRE(loaded);
     ft_model *m = NULL;
     CHECK_OK(ft_model_load(dir, NULL, &m));
@@ -235,7 +174,7 @@ static void fixture_f32(const char *name)
     size_t nt[MAXP];
     for (int i = 0; i < f.np; i++) { slots[i] = i; tp[i] = f.prompt[i]; nt[i] = f.plen[i]; }
     CHECK_OK(ft_cuda_ctx_forward(c, (size_t)f.np, slots, tp, nt, lg, 1));
-    float d = max_abs_diff(lg, f.logits, rows * (size_t)V);
+    float d = ft_max_abs_diff(lg, f.logits, rows * (size_t)V);
     CHECK_MSG(d <= 1e-3f, "%s f32: prefill logits max |diff| vs transformers = %g", name, d);
     printf("  %s f32: max |logit diff| vs transformers %.3g\n", name, d);
     /* greedy decode as a batch, the device argmax */
@@ -276,11 +215,11 @@ static void fixture_f32(const char *name)
     for (int k = 0; k < n2; k++) {
         size_t o = 0;
         for (int q = 0; q <= idx[k]; q++) o += f.plen[q];
-        float dd = max_abs_diff(lg + (size_t)k * V, f.logits + (o - 1) * (size_t)V, (size_t)V);
+        float dd = ft_max_abs_diff(lg + (size_t)k * V, f.logits + (o - 1) * (size_t)V, (size_t)V);
         CHECK_MSG(dd <= 1e-3f, "%s f32: chunked prefill, prompt %d: max |diff| %g", name, idx[k], dd);
     }
     free(lg);
-    free(f.logits);
+    ft_fixture_free(&f);
     ft_cuda_ctx_free(c);
     ft_model_free(m);
 }
@@ -289,9 +228,9 @@ static void fixture_f32(const char *name)
 static void fixture_bf16(const char *name)
 {
     char dir[512];
-    fixture_dir(name, dir, sizeof dir);
-    fixture f;
-    int loaded = load_fixture(dir, &f);
+    ft_fixture_dir("models", name, dir, sizeof dir);
+    ft_fixture f;
+    int loaded = ft_fixture_load(dir, &f);
     REQUIRE(loaded);
     ft_model *m = NULL, *mr = NULL;
     CHECK_OK(ft_model_load(dir, NULL, &m));
@@ -348,7 +287,7 @@ static void fixture_bf16(const char *name)
     CHECK_MSG(compared > 0, "%s bf16: no greedy step had a clear margin", name);
     free(lg);
     free(lc);
-    free(f.logits);
+    ft_fixture_free(&f);
     ft_cuda_ctx_free(g);
     ft_ctx_free(c);
     ft_model_free(m);

@@ -63,7 +63,7 @@ TEST(hm_quant_frames_bit_exact)
                     uint64_t n;
                     CHECK_OK(ft_tensor_init(&t, idts[a], q->ndim, q->shape, NULL));
                     ft_tensor_numel(&t, &n);
-                    t.data = ut_make_data(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
+                    t.data = ft_test_mixed(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
                     size_t fs = 0;
                     uint8_t *f = ut_encode(cc(), (ft_codec_id)codec, 0, q->G, q->gdim, chunks[ch], &t, &fs);
                     CHECK(f != NULL);
@@ -161,7 +161,7 @@ TEST(hm_raw_frames)
     int64_t shape[2] = {33, 1000};
     ft_tensor t;
     CHECK_OK(ft_tensor_init(&t, FT_BF16, 2, shape, NULL));
-    t.data = ut_make_data(FT_BF16, 33000, 5);
+    t.data = ft_test_mixed(FT_BF16, 33000, 5);
     size_t fs = 0;
     uint8_t *f = ut_encode(cc(), FT_CODEC_RAW, 0, 0, -1, 4096, &t, &fs);
     ft_frame_info fi;
@@ -181,7 +181,7 @@ TEST(hm_corrupt_frames_rejected)
     int64_t shape[2] = {1, 33};
     ft_tensor t;
     CHECK_OK(ft_tensor_init(&t, FT_F32, 2, shape, NULL));
-    t.data = ut_make_data(FT_F32, 33, 9);
+    t.data = ft_test_mixed(FT_F32, 33, 9);
     size_t fs = 0;
     uint8_t *f = ut_encode(cc(), FT_CODEC_Q4, 0, 64, -1, 0, &t, &fs);
     ft_frame_info fi;
@@ -233,7 +233,7 @@ TEST(hm_qrow_bit_exact)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             for (int kind = 0; kind < 4; kind++) {
                 size_t n = shapes[si].n, ng = n / shapes[si].g, rb = ft_qrow_bytes(bits, n, shapes[si].g);
-                float *x = ut_make_data(FT_F32, n, 31 * si + (uint64_t)kind + 1000 * (uint64_t)bits);
+                float *x = ft_test_mixed(FT_F32, n, 31 * si + (uint64_t)kind + 1000 * (uint64_t)bits);
                 if (kind == 1) for (size_t i = 0; i < n; i++) x[i] *= 1e-6f;          /* subnormal steps */
                 if (kind == 2) for (size_t i = 0; i < n; i++) x[i] = x[i] * 900.0f;   /* large ranges */
                 if (kind == 3) for (size_t i = 0; i < n; i++) x[i] = 3.25f;            /* constant */

@@ -2,6 +2,7 @@
  * reads back, run generates from it (single prompt and a batch file),
  * --dump-logits equals the library's forward pass, bad use exits 2. */
 #include "ft_test.h"
+#include "support/cli_run.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -11,41 +12,12 @@
 
 static char tmpdir[256];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    size_t r = fread(b, 1, (size_t)sz, f);
-    b[r] = 0;
-    fclose(f);
-    if (n) *n = r;
-    return b;
-}
-
-static const char *bin(void) { const char *b = getenv("FT_BIN"); return b ? b : "./flextier"; }
-
 TEST(gen_model_and_run)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_engine_cli_%d", (int)getpid());
-    CHECK(sh("rm -rf %s && mkdir -p %s", tmpdir, tmpdir) == 0);
-    CHECK(sh("%s gen-model --arch llama --out %s/m --hidden 64 --layers 2 --heads 4 --kv-heads 2 "
-             "--ffn 96 --dtype f32 --seed 3 > /dev/null", bin(), tmpdir) == 0);
+    CHECK(ft_sh("rm -rf %s && mkdir -p %s", tmpdir, tmpdir) == 0);
+    CHECK(ft_sh("%s gen-model --arch llama --out %s/m --hidden 64 --layers 2 --heads 4 --kv-heads 2 "
+             "--ffn 96 --dtype f32 --seed 3 > /dev/null", ft_test_bin(), tmpdir) == 0);
     char dir[512];
     snprintf(dir, sizeof dir, "%s/m", tmpdir);
     ft_model *m = NULL;
@@ -55,24 +27,24 @@ TEST(gen_model_and_run)
     CHECK(cfg->arch == FT_ARCH_LLAMA && cfg->hidden == 64 && cfg->n_kv_heads == 2 && cfg->vocab == 320);
 
     /* single prompt, greedy: exit 0, prompt echoed, stats on stderr */
-    CHECK(sh("%s run --model %s --prompt 'Hello world' --max-new-tokens 8 --temperature 0 "
-             "> %s/out.txt 2> %s/err.txt", bin(), dir, tmpdir, tmpdir) == 0);
+    CHECK(ft_sh("%s run --model %s --prompt 'Hello world' --max-new-tokens 8 --temperature 0 "
+             "> %s/out.txt 2> %s/err.txt", ft_test_bin(), dir, tmpdir, tmpdir) == 0);
     char p[600];
     snprintf(p, sizeof p, "%s/out.txt", tmpdir);
-    char *out = slurp(p, NULL);
+    char *out = ft_slurp(p, NULL);
     CHECK(out && !strncmp(out, "Hello world", 11));
     free(out);
     snprintf(p, sizeof p, "%s/err.txt", tmpdir);
-    char *err = slurp(p, NULL);
+    char *err = ft_slurp(p, NULL);
     CHECK(err && strstr(err, "prefill:") && strstr(err, "tok/s"));
     free(err);
 
     /* batch from a file, and --dump-logits against the library */
-    CHECK(sh("printf 'The quick brown fox\\n\\nHello\\nBatch is the point\\n' > %s/prompts.txt", tmpdir) == 0);
-    CHECK(sh("%s run --model %s --prompt-file %s/prompts.txt --max-new-tokens 4 --seed 5 "
-             "--kv-dtype f32 --weights-dtype f32 --dump-logits %s/lg.bin > %s/out2.txt 2>/dev/null", bin(), dir, tmpdir, tmpdir, tmpdir) == 0);
+    CHECK(ft_sh("printf 'The quick brown fox\\n\\nHello\\nBatch is the point\\n' > %s/prompts.txt", tmpdir) == 0);
+    CHECK(ft_sh("%s run --model %s --prompt-file %s/prompts.txt --max-new-tokens 4 --seed 5 "
+             "--kv-dtype f32 --weights-dtype f32 --dump-logits %s/lg.bin > %s/out2.txt 2>/dev/null", ft_test_bin(), dir, tmpdir, tmpdir, tmpdir) == 0);
     snprintf(p, sizeof p, "%s/out2.txt", tmpdir);
-    out = slurp(p, NULL);
+    out = ft_slurp(p, NULL);
     CHECK(out && strstr(out, "=== prompt 1 ===\nThe quick brown fox") && strstr(out, "=== prompt 3 ===\nBatch"));
     CHECK(out && !strstr(out, "=== prompt 4 ==="));
     free(out);
@@ -98,7 +70,7 @@ TEST(gen_model_and_run)
     CHECK_OK(ft_ctx_forward(c, 3, slots, (const int32_t *const *)ids, n, lg, 1));
     snprintf(p, sizeof p, "%s/lg.bin", tmpdir);
     size_t sz = 0;
-    char *dumped = slurp(p, &sz);
+    char *dumped = ft_slurp(p, &sz);
     CHECK(dumped && sz == rows * 320 * sizeof(float));
     if (dumped && sz == rows * 320 * sizeof(float)) {
         float md = 0;
@@ -116,19 +88,19 @@ TEST(gen_model_and_run)
     ft_model_free(m);
 
     /* stop string: generation ends before it and it is not printed */
-    CHECK(sh("%s run --model %s --prompt 'ab' --max-new-tokens 30 --temperature 0 --ignore-eos "
-             "> %s/full.txt 2>/dev/null", bin(), dir, tmpdir) == 0);
+    CHECK(ft_sh("%s run --model %s --prompt 'ab' --max-new-tokens 30 --temperature 0 --ignore-eos "
+             "> %s/full.txt 2>/dev/null", ft_test_bin(), dir, tmpdir) == 0);
     snprintf(p, sizeof p, "%s/full.txt", tmpdir);
-    char *full = slurp(p, NULL);
+    char *full = ft_slurp(p, NULL);
     if (full && strlen(full) > 6) {
         /* use a 2-byte piece of the greedy continuation as the stop string */
         char stop[3] = {full[4], full[5], 0};
         if (stop[0] != '\'' && stop[1] != '\'' && stop[0] && stop[1] && (unsigned char)stop[0] < 128 &&
             (unsigned char)stop[1] < 128 && stop[0] != '\n' && stop[1] != '\n') {
-            CHECK(sh("%s run --model %s --prompt 'ab' --max-new-tokens 30 --temperature 0 --ignore-eos "
-                     "--stop '%s' > %s/stopped.txt 2>/dev/null", bin(), dir, stop, tmpdir) == 0);
+            CHECK(ft_sh("%s run --model %s --prompt 'ab' --max-new-tokens 30 --temperature 0 --ignore-eos "
+                     "--stop '%s' > %s/stopped.txt 2>/dev/null", ft_test_bin(), dir, stop, tmpdir) == 0);
             snprintf(p, sizeof p, "%s/stopped.txt", tmpdir);
-            char *s = slurp(p, NULL);
+            char *s = ft_slurp(p, NULL);
             const char *first = strstr(full, stop);
             CHECK(s && first && strlen(s) == (size_t)(first - full) + 1 /* newline */);
             CHECK(s && !strstr(s, stop));
@@ -138,13 +110,13 @@ TEST(gen_model_and_run)
     free(full);
 
     /* usage errors exit 2, runtime errors 1 */
-    CHECK(sh("%s run --prompt x 2>/dev/null", bin()) == 2);
-    CHECK(sh("%s run --model %s --prompt x --prompt-file y 2>/dev/null", bin(), dir) == 2);
-    CHECK(sh("%s run --model %s --prompt x --top-p 2 2>/dev/null", bin(), dir) == 2);
-    CHECK(sh("%s gen-model --arch gpt2 --out %s/x 2>/dev/null", bin(), tmpdir) == 2);
-    CHECK(sh("%s run --model %s/nonexistent --prompt x 2>/dev/null", bin(), tmpdir) == 1);
-    CHECK(sh("%s run --model %s --prompt x --max-new-tokens 5000 2>/dev/null", bin(), dir) == 1);
-    sh("rm -rf %s", tmpdir);
+    CHECK(ft_sh("%s run --prompt x 2>/dev/null", ft_test_bin()) == 2);
+    CHECK(ft_sh("%s run --model %s --prompt x --prompt-file y 2>/dev/null", ft_test_bin(), dir) == 2);
+    CHECK(ft_sh("%s run --model %s --prompt x --top-p 2 2>/dev/null", ft_test_bin(), dir) == 2);
+    CHECK(ft_sh("%s gen-model --arch gpt2 --out %s/x 2>/dev/null", ft_test_bin(), tmpdir) == 2);
+    CHECK(ft_sh("%s run --model %s/nonexistent --prompt x 2>/dev/null", ft_test_bin(), tmpdir) == 1);
+    CHECK(ft_sh("%s run --model %s --prompt x --max-new-tokens 5000 2>/dev/null", ft_test_bin(), dir) == 1);
+    ft_sh("rm -rf %s", tmpdir);
 }
 
 /* A copy of a fixture directory with one file edited by sed; run on it
@@ -156,11 +128,11 @@ static void bad_model(const char *set, const char *name, const char *file, const
     char d[512], err[600];
     snprintf(d, sizeof d, "%s/bad-%s", tmpdir, name);
     snprintf(err, sizeof err, "%s/bad-%s.err", tmpdir, name);
-    CHECK(sh("rm -rf %s && cp -r %s/%s/%s %s && sed -i %s %s/%s", d, data ? data : "tests/data", set, name, d, sed, d,
+    CHECK(ft_sh("rm -rf %s && cp -r %s/%s/%s %s && sed -i %s %s/%s", d, data ? data : "tests/data", set, name, d, sed, d,
              file) == 0);
-    int rc = sh("%s run --model %s --prompt 'Hello' --max-new-tokens 2 %s > /dev/null 2> %s", bin(), d, flags, err);
+    int rc = ft_sh("%s run --model %s --prompt 'Hello' --max-new-tokens 2 %s > /dev/null 2> %s", ft_test_bin(), d, flags, err);
     size_t n = 0;
-    char *e = slurp(err, &n);
+    char *e = ft_slurp(err, &n);
     CHECK_MSG(rc == 1, "%s (%s): exit %d", name, sed, rc);
     int lines = 0;
     for (size_t i = 0; e && i < n; i++) lines += e[i] == '\n';
@@ -172,7 +144,7 @@ static void bad_model(const char *set, const char *name, const char *file, const
 TEST(refuse_never_guess)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ft_engine_cli_bad_%d", (int)getpid());
-    CHECK(sh("rm -rf %s && mkdir -p %s", tmpdir, tmpdir) == 0);
+    CHECK(ft_sh("rm -rf %s && mkdir -p %s", tmpdir, tmpdir) == 0);
     /* an unknown rope type */
     bad_model("models", "llama-rope-linear", "config.json", "'s/\"rope_type\": \"linear\"/\"rope_type\": \"longrope\"/'",
               "", "rope_scaling.rope_type");
@@ -188,16 +160,16 @@ TEST(refuse_never_guess)
     bad_model("models", "llama-tiny", "config.json", "'1a \"use_qk_norm\": true,'", "--strict", "use_qk_norm");
     char d[512];
     snprintf(d, sizeof d, "%s/bad-llama-tiny", tmpdir);
-    CHECK(sh("env -u FLEXTIER_STRICT %s run --model %s --prompt Hello --max-new-tokens 2 > /dev/null 2> %s/warn.txt",
-             bin(), d, tmpdir) == 0);
+    CHECK(ft_sh("env -u FLEXTIER_STRICT %s run --model %s --prompt Hello --max-new-tokens 2 > /dev/null 2> %s/warn.txt",
+             ft_test_bin(), d, tmpdir) == 0);
     char w[600];
     snprintf(w, sizeof w, "%s/warn.txt", tmpdir);
-    char *e = slurp(w, NULL);
+    char *e = ft_slurp(w, NULL);
     CHECK(e && strstr(e, "use_qk_norm") && strstr(e, "warn"));
     free(e);
     /* Hub-style OPT files (vocab.json + merges.txt) run from the command line */
     const char *data = getenv("FT_TEST_DATA");
-    CHECK(sh("%s run --model %s/models/opt-tiny-hubtok --prompt 'Hello world!' --max-new-tokens 3 --temperature 0 "
-             "--strict > /dev/null 2>&1", bin(), data ? data : "tests/data") == 0);
-    sh("rm -rf %s", tmpdir);
+    CHECK(ft_sh("%s run --model %s/models/opt-tiny-hubtok --prompt 'Hello world!' --max-new-tokens 3 --temperature 0 "
+             "--strict > /dev/null 2>&1", ft_test_bin(), data ? data : "tests/data") == 0);
+    ft_sh("rm -rf %s", tmpdir);
 }

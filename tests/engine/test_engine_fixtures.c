@@ -14,6 +14,7 @@
  * weights (the engine converts bf16 -> f32 exactly at load), so the same
  * bound applies; greedy tokens must be identical. */
 #include "ft_test.h"
+#include "support/fixture.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -21,78 +22,14 @@
 #include <json-c/json.h>
 #include <math.h>
 
-#define MAXP 8
-
-typedef struct {
-    int np;
-    int ntexts, add_special;
-    char texts[MAXP][256];
-    int32_t prompt[MAXP][64];
-    size_t plen[MAXP];
-    int32_t greedy[MAXP][32];
-    size_t glen[MAXP];
-    float *logits;
-    size_t nlogits;
-} fixture;
-
-static int load_fixture(const char *dir, fixture *f)
-{
-    char path[1100];   /* dir (<= 1024) + file name */
-    memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, "%s/fixtures.json", dir);
-    json_object *root = json_object_from_file(path);
-    if (!root) return 0;
-    json_object *pr, *gr;
-    if (!json_object_object_get_ex(root, "prompts", &pr) || !json_object_object_get_ex(root, "greedy", &gr)) {
-        json_object_put(root);
-        return 0;
-    }
-    f->np = (int)json_object_array_length(pr);
-    for (int i = 0; i < f->np && i < MAXP; i++) {
-        json_object *p = json_object_array_get_idx(pr, i), *g = json_object_array_get_idx(gr, i);
-        f->plen[i] = json_object_array_length(p);
-        for (size_t k = 0; k < f->plen[i]; k++) f->prompt[i][k] = json_object_get_int(json_object_array_get_idx(p, k));
-        f->glen[i] = json_object_array_length(g);
-        for (size_t k = 0; k < f->glen[i]; k++) f->greedy[i][k] = json_object_get_int(json_object_array_get_idx(g, k));
-    }
-    json_object *tx, *as;
-    if (json_object_object_get_ex(root, "texts", &tx)) {
-        f->ntexts = (int)json_object_array_length(tx);
-        for (int i = 0; i < f->ntexts && i < MAXP; i++)
-            snprintf(f->texts[i], sizeof f->texts[i], "%s", json_object_get_string(json_object_array_get_idx(tx, i)));
-        f->add_special = json_object_object_get_ex(root, "add_special_tokens", &as) && json_object_get_boolean(as);
-    }
-    json_object_put(root);
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return 0;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->logits = malloc((size_t)n);
-    f->nlogits = (size_t)n / 4;
-    size_t r = fread(f->logits, 1, (size_t)n, fp);
-    fclose(fp);
-    return r == (size_t)n;
-}
-
-static float max_abs_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = d;   /* NaN propagates */
-    }
-    return m;
-}
+#define MAXP FT_FIXTURE_MAXP
 
 static float check_model_dir(const char *set, const char *name, float tol)
 {
     char dir[512];
-    const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/%s/%s", data ? data : "tests/data", set, name);
-    fixture f;
-    int loaded = load_fixture(dir, &f);   /* REQUIRE evaluates twice */
+    ft_fixture_dir(set, name, dir, sizeof dir);
+    ft_fixture f;
+    int loaded = ft_fixture_load(dir, &f);   /* REQUIRE evaluates twice */
     CHECK_MSG(loaded, "%s: fixture files", dir);
     if (!loaded) return INFINITY;
     /* text prompts: the directory's tokenizer gives transformers' ids */
@@ -113,18 +50,18 @@ static float check_model_dir(const char *set, const char *name, float tol)
     ft_model *m = NULL;
     ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
     CHECK_OK(ft_model_load(dir, &lp, &m));
-    if (!m) { free(f.logits); return INFINITY; }
+    if (!m) { ft_fixture_free(&f); return INFINITY; }
     const ft_model_config *cfg = ft_model_get_config(m);
     int V = cfg->vocab;
     size_t rows = 0;
     for (int i = 0; i < f.np; i++) rows += f.plen[i];
     CHECK_MSG(rows * (size_t)V == f.nlogits, "%s/%s: logits.bin size", set, name);
-    if (rows * (size_t)V != f.nlogits) { free(f.logits); ft_model_free(m); return INFINITY; }
+    if (rows * (size_t)V != f.nlogits) { ft_fixture_free(&f); ft_model_free(m); return INFINITY; }
 
     ft_ctx_params cp = {.max_batch = f.np, .max_seq = 64, .max_rows = (int)rows, .all_logits = 1, .threads = 2};
     ft_ctx *c = NULL;
     CHECK_OK(ft_ctx_create(m, &cp, &c));
-    if (!c) { free(f.logits); ft_model_free(m); return INFINITY; }
+    if (!c) { ft_fixture_free(&f); ft_model_free(m); return INFINITY; }
     float *lg = malloc(rows * (size_t)V * sizeof(float));
     int slots[MAXP];
     const int32_t *tp[MAXP];
@@ -133,7 +70,7 @@ static float check_model_dir(const char *set, const char *name, float tol)
 
     /* 1. whole batch, mixed lengths, logits of every position */
     CHECK_OK(ft_ctx_forward(c, (size_t)f.np, slots, tp, nt, lg, 1));
-    float d = max_abs_diff(lg, f.logits, rows * (size_t)V);
+    float d = ft_max_abs_diff(lg, f.logits, rows * (size_t)V);
     CHECK_MSG(d <= tol, "%s/%s: prefill logits max |diff| = %g > %g", set, name, d, tol);
 
     /* 2. greedy decode of the batch, one row per sequence per step */
@@ -189,12 +126,12 @@ static float check_model_dir(const char *set, const char *name, float tol)
         int i = idx[k];
         size_t off = 0;
         for (int q = 0; q <= i; q++) off += f.plen[q];
-        float dd = max_abs_diff(lg + (size_t)k * V, f.logits + (off - 1) * (size_t)V, (size_t)V);
+        float dd = ft_max_abs_diff(lg + (size_t)k * V, f.logits + (off - 1) * (size_t)V, (size_t)V);
         CHECK_MSG(dd <= tol, "%s/%s: chunked prefill, prompt %d: max |diff| %g", set, name, i, dd);
         if (dd > d) d = dd;
     }
     free(lg);
-    free(f.logits);
+    ft_fixture_free(&f);
     ft_ctx_free(c);
     ft_model_free(m);
     return d;

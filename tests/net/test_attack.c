@@ -6,6 +6,7 @@
 #define _GNU_SOURCE   /* memmem */
 #include "ft_test.h"
 #include "flextier/store.h"
+#include "support/cli_run.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -18,7 +19,7 @@
 #include <unistd.h>
 
 #include "net/raw_client.h"
-#include "net/server_util.h"
+#include "support/server_util.h"
 
 static const char TOKEN[] = "attack-test-token-0123456789abcdef";
 
@@ -61,7 +62,7 @@ static void victim_data(uint16_t *v, uint64_t seed)
 static int cli_victim(const srv_t *s, const char *token_file, const char *verb, const char *file)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s %s victim %s %s %s %s 2>/dev/null", getenv("FT_BIN"), verb,
+    snprintf(cmd, sizeof cmd, "'%s' %s %s victim %s %s %s %s 2>/dev/null", ft_test_bin(), verb,
              s->uri, file, strcmp(verb, "put") ? "" : "--dtype bf16",
              token_file ? "--token-file" : "", token_file ? token_file : "");
     int st = system(cmd);
@@ -552,7 +553,7 @@ TEST(attack_fake_node_learns_no_token)
             getsockname(f.lfd, (struct sockaddr *)&a, &al) == 0);
     pthread_t th;
     pthread_create(&th, NULL, fake_node_main, &f);
-    srv_t fake = {0, ntohs(a.sin_port), ""};
+    srv_t fake = {.pid = 0, .port = ntohs(a.sin_port)};
     snprintf(fake.uri, sizeof fake.uri, "ucx://127.0.0.1:%d", fake.port);
     ft_store *s = NULL;
     ft_status st = open_tok(&fake, tok, &s);
@@ -622,7 +623,7 @@ static int serve_exit(const char *args, char *err, size_t n)
     if (fd < 0) return -1;
     close(fd);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "timeout -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", getenv("FT_BIN"),
+    snprintf(cmd, sizeof cmd, "timeout -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", ft_test_bin(),
              args, path);
     int st = system(cmd);
     FILE *f = fopen(path, "r");

@@ -1,6 +1,6 @@
 /* The memory node: `flextier serve` started by the test (FT_BIN) on
  * 127.0.0.1 with a free port, and the ucx:// client in this process. */
-#include "store/store_common.h"
+#include "support/store_checks.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,7 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "net/server_util.h"
+#include "support/cli_run.h"
+#include "support/server_util.h"
 
 
 static ft_status open_client(const srv_t *s, const char *token_file, unsigned depth,
@@ -365,7 +366,7 @@ TEST(net_server_killed_then_restarted)
     double killed = ft_now();
     kill(srv.pid, SIGKILL);
     waitpid(srv.pid, NULL, 0);
-    track(srv.pid, 0);
+    ft_proc_forget(srv.pid);
     for (int i = 0; i < 150 && a.err == FT_OK; i++) usleep(100000);
     a.stop = 1;
     pthread_join(th, NULL);
@@ -426,7 +427,7 @@ TEST(net_client_killed_mid_write)
         if (pid == 0) {
             int null = open("/dev/null", O_WRONLY);
             if (null >= 0) { dup2(null, 1); dup2(null, 2); }
-            execl(getenv("FT_BIN"), "flextier", "put", srv.uri, "victim", path, "--dtype", "u8",
+            execl(ft_test_bin(), "flextier", "put", srv.uri, "victim", path, "--dtype", "u8",
                   (char *)NULL);
             _exit(127);
         }
@@ -466,7 +467,7 @@ TEST(net_client_killed_mid_write)
 TEST(net_connect_refused)
 {
     /* nothing listens on this port: an error within the timeout, no hang */
-    srv_t none = {0, 1, "ucx://127.0.0.1:1"};
+    srv_t none = {.pid = 0, .port = 1, .uri = "ucx://127.0.0.1:1"};
     ft_store *s = NULL;
     double t0 = ft_now();
     ft_status st = open_client(&none, NULL, 0, &s);
@@ -626,7 +627,7 @@ static int run_cli(const char *fmt, const char *a, const char *b, const char *c2
     char cmd[1024];
     char tail[700];
     snprintf(tail, sizeof tail, fmt, a, b, c2);
-    snprintf(cmd, sizeof cmd, "'%s' %s", getenv("FT_BIN"), tail);
+    snprintf(cmd, sizeof cmd, "'%s' %s", ft_test_bin(), tail);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -5,7 +5,7 @@
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "engine/engine_internal.h"
-#include "offload_util.h"
+#include "support/offload_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -327,7 +327,7 @@ TEST(device_budget_enforced)
 }
 
 
-#include "net/server_util.h"
+#include "support/server_util.h"
 
 static void remote_run(int kill_mid_run, const char *cache, double tol)
 {

@@ -11,43 +11,19 @@
  * weights in 16- to 64-wide layers, q4's worst case; both runs are fed the
  * in-memory run's greedy tokens, so the steps stay comparable. */
 #include "ft_test.h"
+#include "support/fixture.h"
 #include "flextier/offload.h"
-#include "offload_util.h"
+#include "support/offload_util.h"
 
-#include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#define MAXP 8
+#define MAXP FT_FIXTURE_MAXP
 #define STEPS 6
 
-typedef struct {
-    int np;
-    int32_t prompt[MAXP][64];
-    size_t plen[MAXP];
-} prompts;
-
-static int load_prompts(const char *dir, prompts *f)
-{
-    char path[600];
-    memset(f, 0, sizeof *f);
-    snprintf(path, sizeof path, "%s/fixtures.json", dir);
-    json_object *root = json_object_from_file(path), *pr;
-    if (!root) return 0;
-    if (!json_object_object_get_ex(root, "prompts", &pr)) { json_object_put(root); return 0; }
-    f->np = (int)json_object_array_length(pr);
-    if (f->np > MAXP) f->np = MAXP;
-    for (int i = 0; i < f->np; i++) {
-        json_object *p = json_object_array_get_idx(pr, i);
-        f->plen[i] = json_object_array_length(p);
-        if (f->plen[i] > 64) f->plen[i] = 64;
-        for (size_t k = 0; k < f->plen[i]; k++) f->prompt[i][k] = json_object_get_int(json_object_array_get_idx(p, k));
-    }
-    json_object_put(root);
-    return f->np > 0;
-}
+typedef ft_fixture prompts;   /* the prompts of a fixture (support/fixture.h) */
 
 /* Prefill, then STEPS decode steps. Without a scheduler (the in-memory
  * reference) the greedy tokens are picked and written to feed; with one,
@@ -94,11 +70,11 @@ out:
 static void check_model(const char *name)
 {
     char dir[512], disk[600];
-    const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
+    ft_fixture_dir("models", name, dir, sizeof dir);
     snprintf(disk, sizeof disk, "/tmp/ft-offload-fx-%d", (int)getpid());
     prompts f;
-    int ok = load_prompts(dir, &f);
+    int ok = ft_fixture_load(dir, &f) && f.np > 0;
+    ft_fixture_free(&f);   /* the prompts only: no logits needed */
     REQUIRE(ok);
     ft_model *ref_m = NULL;
     CHECK_OK(ft_model_load(dir, NULL, &ref_m));

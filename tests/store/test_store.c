@@ -1,6 +1,6 @@
 /* mem: and file: stores: round trips with every codec, async, overwrite
  * during read, corrupt files, key escaping, URIs. */
-#include "store/store_common.h"
+#include "support/store_checks.h"
 #include "store/store_internal.h"
 
 #include <fcntl.h>

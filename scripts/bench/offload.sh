@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-offload.sh - FlexGen-style offloading table, one run per row, same
+# offload.sh - FlexGen-style offloading table, one run per row, same
 # model and machine (run as root for the lab rows):
 #   (a) everything in memory            (b) weights on local SSD (file:)
 #   (c) weights on a memory node over loopback
@@ -9,7 +9,7 @@
 #       device; a longer prompt, so that the cache is what moves)
 # Each row: decode tok/s, overlap efficiency, and the planner's prediction
 # for that policy (flextier plan --policy), and their ratio.
-#   scripts/bench-offload.sh [-b BUILD] [-m MODEL_DIR] [--batch N] [--gen N] [--rate 1gbit]
+#   scripts/bench/offload.sh [-b BUILD] [-m MODEL_DIR] [--batch N] [--gen N] [--rate 1gbit]
 #                            [--cache-prompt N (row g, default 256)]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,13 +23,13 @@ while [ $# -gt 0 ]; do
     --cache-prompt) GPROMPT=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "bench-offload.sh: unknown option $1" >&2; exit 2 ;;
+    *) echo "offload.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 FT=$(readlink -f "$BUILD/flextier")
 work=$(mktemp -d /tmp/ft-bench-offload.XXXXXX)
 SRV_PID=""
-. "$here/lab-lib.sh"
+. "$here/../lab-lib.sh"
 cleanup() {
     set +e
     [ -n "$SRV_PID" ] && kill "$SRV_PID" 2>/dev/null && wait "$SRV_PID" 2>/dev/null

@@ -17,8 +17,8 @@
  * when the connection has also been idle that long); a dead agent fails
  * every pending request with FT_ERR_NET at once, and the next call
  * reconnects. */
-#include "agent_msg.h"
-#include "store/store_internal.h"
+#include "net/agent_msg.h"
+#include "store_internal.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -48,7 +48,7 @@ typedef struct apend {
     struct apend *next;
 } apend;
 
-/* A pending rendezvous receive (see src/net/client.c: a force-closed
+/* A pending rendezvous receive (see src/store/ucx_client.c: a force-closed
  * endpoint may never complete it, so the waiter abandons it). */
 typedef struct rx_token {
     apend *p;
@@ -699,7 +699,7 @@ static ft_status read_token(const char *path, char *buf, size_t cap, size_t *len
     return FT_OK;
 }
 
-ft_status ft_agent_backend_open(const char *spec, const ft_store_params *p, ft_store_backend **out)
+static ft_status agent_open(const char *spec, const ft_store_params *p, ft_store_backend **out)
 {
     agent_client *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "agent client");
@@ -785,3 +785,5 @@ fail:
         return ft_set_error(st, "%s", why);
     }
 }
+
+const ft_store_scheme ft_store_scheme_agent = {"agent://", NULL, "agent://HOST:PORT[/NODE]", agent_open};

@@ -1,7 +1,7 @@
 /* The agent's wire messages: encode and parse (untrusted input on both
  * sides; fuzzed by fuzz/fuzz_agent_msg.c). */
 #include "agent_msg.h"
-#include "store/store_internal.h"
+#include "core/keylist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -378,7 +378,7 @@ ft_status ft_amsg_list_parse(const void *buf, size_t len, char ***keys, size_t *
         for (uint16_t j = 0; j < kl; j++)
             if (p[off + j] < 0x21 || p[off + j] > 0x7e) goto bad;
         if (ft_keylist_add(&l, (const char *)p + off, kl) != FT_OK) {
-            ft_list_free(l.v, l.n);
+            ft_keylist_free(&l);
             return FT_ERR_NOMEM;
         }
         off += kl;
@@ -388,6 +388,6 @@ ft_status ft_amsg_list_parse(const void *buf, size_t len, char ***keys, size_t *
     *n = l.n;
     return FT_OK;
 bad:
-    ft_list_free(l.v, l.n);
+    ft_keylist_free(&l);
     return ft_set_error(FT_ERR_PROTOCOL, "malformed key list");
 }

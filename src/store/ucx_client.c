@@ -21,11 +21,11 @@
  * Every wait has a deadline (params.timeout_ms). A peer failure or a
  * timeout fails every pending request and closes the session; the next
  * call reconnects (and authenticates again). */
-#include "auth.h"
-#include "cma.h"
-#include "msg.h"
-#include "net.h"
-#include "store/store_internal.h"
+#include "net/auth.h"
+#include "net/cma.h"
+#include "net/msg.h"
+#include "net/net.h"
+#include "store_internal.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -1424,8 +1424,7 @@ static void cl_close(ft_store_backend *b)
 static const ft_store_ops ucx_ops = {cl_put, cl_get, cl_del, cl_stat, cl_list,
                                      cl_stats, cl_close, cl_read, cl_write};
 
-ft_status ft_ucx_backend_open(const char *hostport, const ft_store_params *p,
-                              ft_store_backend **out)
+static ft_status ucx_open(const char *hostport, const ft_store_params *p, ft_store_backend **out)
 {
     ucx_client *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "ucx client");
@@ -1462,3 +1461,5 @@ fail:
         return ft_set_error(st, "%s", why);
     }
 }
+
+const ft_store_scheme ft_store_scheme_ucx = {"ucx://", NULL, "ucx://HOST:PORT", ucx_open};

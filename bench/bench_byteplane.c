@@ -1,14 +1,13 @@
-/* Timing harness for the byte-plane codec (not a ctest; run by hand):
+/* Timing harness for the byte-plane codec (bench/, run by hand):
  *   bench_byteplane [codec=bp-zstd] [dtype=bf16] [elements=16777216] [reps=5] [level=0]
  *                   [chunk_size=262144]
- * Synthetic weights: rows of 4096 Gaussian values, sigma 0.02 with a
- * per-row scale 0.02*exp(0.25*N(0,1)), cast to dtype. One thread. Prints
- * the ratio and the median encode/decode speed in GB/s of raw tensor
+ * Synthetic weights (ft_synth_weights): rows of 4096 Gaussian values,
+ * sigma 0.02 with a per-row scale 0.02*exp(0.25*N(0,1)), cast to dtype.
+ * One thread. Prints the ratio and the median encode/decode speed in GB/s of raw tensor
  * bytes: wall-clock and process CPU time (the latter is robust to other
  * load on the machine). */
 #include "flextier/codec.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,18 +43,11 @@ int main(int argc, char **argv)
     if (argc > 6) p.chunk_size = (uint32_t)strtoul(argv[6], NULL, 0);
     if (reps < 1 || reps > 101) reps = 5;
     size_t es = ft_dtype_bits(dt) / 8, nb = n * es;
-    float *f = malloc(n * sizeof(float));
-    uint64_t s = 42;
-    double row = 0.02;
-    for (uint64_t i = 0; i < n; i++) {
-        if (i % 4096 == 0) row = 0.02 * exp(0.25 * ft_rand_gauss(&s));
-        f[i] = (float)(ft_rand_gauss(&s) * row);
-    }
     ft_tensor t = {0};
     int64_t shape[2] = {(int64_t)(n / 4096), 4096};
     if (n % 4096) { shape[0] = (int64_t)n; }
     ft_tensor_init(&t, dt, n % 4096 ? 1 : 2, shape, ft_malloc_aligned(nb + 64, 64));
-    ft_convert(t.data, dt, f, FT_F32, n);
+    if (!t.data || ft_synth_weights(dt, n, 4096, 42, t.data)) { fprintf(stderr, "synthetic data: %s\n", ft_last_error()); return 1; }
     ft_codec_ctx *ctx;
     ft_codec_ctx_create(1, &ctx);
     size_t bound = ft_encode_bound(&p, dt, t.ndim, t.shape), fs = 0;
@@ -86,7 +78,6 @@ int main(int argc, char **argv)
            nb / te[reps / 2] / 1e9, nb / td[reps / 2] / 1e9, nb / ce[reps / 2] / 1e9,
            nb / cd[reps / 2] / 1e9, reps);
     ft_codec_ctx_free(ctx);
-    free(f);
     ft_free_aligned(frame);
     ft_free_aligned(d.data);
     ft_free_aligned(t.data);

@@ -1,37 +1,20 @@
-/* Shared store checks run against every backend (mem:, file:, ucx://). */
-#ifndef FT_TEST_STORE_COMMON_H
-#define FT_TEST_STORE_COMMON_H
+/* Test support: the store checks run against every backend (mem:, file:,
+ * ucx://): test cases (CHECK/REQUIRE), so a header included by
+ * tests/store and tests/net. Data from support/synth.h. */
+#ifndef FT_SUPPORT_STORE_CHECKS_H
+#define FT_SUPPORT_STORE_CHECKS_H
 #include "ft_test.h"
 #include "flextier/store.h"
+#include "support/synth.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
 
-/* bf16/f32 Gaussian weights, sigma 0.02 */
-static void *tw_make(ft_dtype dt, uint64_t n, uint64_t seed)
-{
-    size_t es = ft_dtype_bits(dt) / 8;
-    uint8_t *p = ft_malloc_aligned(n * es + 64, 64);
-    uint64_t s = seed;
-    for (uint64_t i = 0; p && i < n; i++) {
-        double u1 = ((double)(ft_test_rand(&s) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(ft_test_rand(&s) >> 11) / 9007199254740992.0;
-        float v = (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2)) * 0.02f;
-        if (dt == FT_F32) ((float *)p)[i] = v;
-        else if (dt == FT_BF16) ((uint16_t *)p)[i] = ft_f32_to_bf16_1(v);
-        else if (dt == FT_F16) ((uint16_t *)p)[i] = ft_f32_to_f16_1(v);
-        else p[i] = (uint8_t)(ft_test_rand(&s) & 0x0f);   /* compressible bytes */
-    }
-    return p;
-}
+/* Weight-like data as dt (rows of 1000, like the tensors below). */
+static void *tw_make(ft_dtype dt, uint64_t n, uint64_t seed) { return ft_test_weights(dt, n, 1000, seed); }
 
-static float tw_get(const void *p, ft_dtype dt, uint64_t i)
-{
-    if (dt == FT_F32) return ((const float *)p)[i];
-    if (dt == FT_BF16) return ft_bf16_to_f32_1(((const uint16_t *)p)[i]);
-    return ft_f16_to_f32_1(((const uint16_t *)p)[i]);
-}
+static float tw_get(const void *p, ft_dtype dt, uint64_t i) { return ft_test_load_f(dt, p, (size_t)i); }
 
 static const ft_codec_id tw_codecs[] = {FT_CODEC_RAW, FT_CODEC_LZ4, FT_CODEC_ZSTD,
                                         FT_CODEC_DEFLATE, FT_CODEC_BYTEPLANE, FT_CODEC_Q8,

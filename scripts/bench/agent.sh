@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-agent.sh - the codec agent on the two-namespace lab (run as root).
+# agent.sh - the codec agent on the two-namespace lab (run as root).
 #
 # Memory node in one namespace, behind a rate-limited veth (default
 # 1 Gbit/s); the client and `flextier agent` in the other ("the host
@@ -8,7 +8,7 @@
 # (agent://) and in-process (ucx://): tensor GB/s and the client process's
 # CPU seconds per GB of tensors; then the offloading row (weights on the
 # lab node, q4) with `bench run`, decode tok/s both ways.
-#   scripts/bench-agent.sh [-b BUILD] [-r 1gbit] [-c "q4 bp"] [-s 64M] [-n 6] [-d 4] [--no-run]
+#   scripts/bench/agent.sh [-b BUILD] [-r 1gbit] [-c "q4 bp"] [-s 64M] [-n 6] [-d 4] [--no-run]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=build; RATE=1gbit; CODECS="q4 bp"; SIZE=64M; ITERS=6; DEPTH=4; RUNROW=1
@@ -22,14 +22,14 @@ while [ $# -gt 0 ]; do
     -d) DEPTH=$2; shift 2 ;;
     --no-run) RUNROW=0; shift ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "bench-agent.sh: unknown option $1" >&2; exit 2 ;;
+    *) echo "agent.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
-[ "$(id -u)" = 0 ] || { echo "bench-agent.sh: must run as root" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "agent.sh: must run as root" >&2; exit 1; }
 FT=$(readlink -f "$BUILD/flextier")
 work=$(mktemp -d /tmp/ft-bench-agent.XXXXXX)
 SRV_PID=""; AG_PID=""
-. "$here/lab-lib.sh"
+. "$here/../lab-lib.sh"
 cleanup() {
     set +e
     [ -n "$AG_PID" ] && kill "$AG_PID" 2>/dev/null && wait "$AG_PID" 2>/dev/null
@@ -77,7 +77,7 @@ for c in $CODECS; do
 done
 
 if [ "$RUNROW" = 1 ]; then
-    # the offloading row (e) of bench-offload.sh: weights on the lab node, q4
+    # the offloading row (e) of offload.sh: weights on the lab node, q4
     "$FT" gen-model --arch llama --out "$work/model" --hidden 1024 --layers 8 --heads 16 --kv-heads 8 \
         --ffn 2816 --vocab 4096 --dtype bf16 >&2
     common=(bench run --model "$work/model" --batch 8 --prompt-len 32 --gen-len 8 --threads 1

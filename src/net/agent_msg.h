@@ -1,5 +1,7 @@
 /* The codec agent's wire protocol (docs/agent.md), between the agent://
- * store backend (agent_client.c) and `flextier agent` (agent.c).
+ * store backend (src/store/agent_client.c) and `flextier agent`
+ * (src/agent/agent.c). It lives in net, with the memory node's messages,
+ * so that both ends depend on it and it on neither.
  *
  * Every message is one UCP active message: the AM header is a fixed
  * 64-byte little-endian header followed by key_len key bytes; the AM

@@ -10,7 +10,7 @@ unless --uri is given, then alternates, --rounds times:
     D in flight into preallocated arrays (D=1: plain read_tensor(out=)).
 Prints the median logical read GB/s of each and Python/C in percent.
 
-  build-py/venv/bin/python scripts/bench-python-transfer.py --cli build/flextier
+  build-py/venv/bin/python scripts/bench/python_transfer.py --cli build/flextier
 """
 import argparse
 import json
