@@ -59,6 +59,9 @@ static int ft_test_selected(const char *name, int argc, char **argv)
 int main(int argc, char **argv)
 {
     int passed = 0, failed = 0;
+    /* line by line: a test killed by ctest's timeout still shows how far
+     * it got (a pipe would hold the lines in a buffer that dies with it) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < ft_ntests; i++) {
         if (!ft_test_selected(ft_tests[i].name, argc, argv)) continue;
         ft_cur_failed = 0;
