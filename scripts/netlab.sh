@@ -106,7 +106,9 @@ stop_perftest_server() {   # the keeper first, so that it does not start another
     kids=$(pgrep -P "$PT_PID" 2>/dev/null || true)
     kill "$PT_PID" 2>/dev/null || true
     wait "$PT_PID" 2>/dev/null || true
-    [ -n "$kids" ] && kill $kids 2>/dev/null
+    # (a child may exit between pgrep and kill: under set -e, a failed
+    # kill as the function's last status ended the whole lab silently)
+    [ -z "$kids" ] || kill $kids 2>/dev/null || true
     PT_PID=""
 }
 
