@@ -30,6 +30,7 @@ typedef struct ft_net_ucx_opts {
     const char *net_devices;   /* UCX_NET_DEVICES to apply (NULL: the environment's) */
     const char *rndv_scheme;   /* UCX_RNDV_SCHEME unless the environment sets one */
     int         no_rcache;     /* registrations end with ucp_mem_unmap (the node) */
+    uint64_t    features;      /* UCP features (0: active messages + wakeup) */
 } ft_net_ucx_opts;
 
 /* The UCX_TLS value the policy allows, from the user's UCX_TLS (NULL:
