@@ -20,6 +20,10 @@ const char ft_cli_offload_usage[] =
     "  --compress-cache C     none, q8, q4: the offloaded KV cache, per token along head_dim\n"
     "  --device-mem SIZE      budget for decoded weights and the device share of the cache\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
+    "  --replicas N           every remote tensor on N of the nodes: a node that fails costs\n"
+    "                         a retry on a replica, and is filled again when it is back\n"
+    "  --failover-timeout MS  with replicas: give up on a node whose link moved nothing for\n"
+    "                         this long (default 1000; a killed node is noticed at once)\n"
     "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency\n";
 
 const char ft_cli_engine_usage[] =
@@ -139,6 +143,19 @@ int ft_cli_offload_arg(ft_cli_offload *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--offload-stats")) { o->stats = 1; return 1; }
+    if (!strcmp(a, "--replicas")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        snprintf(spec, sizeof spec, "rep=%s", v);
+        if (ft_policy_parse(spec, &o->p.policy)) goto bad;
+        return 1;
+    }
+    if (!strcmp(a, "--failover-timeout")) {
+        long ms;
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (ft_cli_parse_int(v, 10, 3600000, &ms)) goto bad;
+        o->p.failover_ms = (unsigned)ms;
+        return 1;
+    }
     if (!strcmp(a, "--weights-dtype")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         if (ft_cli_parse_weights(v, &o->weights)) goto bad;
@@ -249,6 +266,7 @@ ft_status ft_cli_offload_attach(ft_cli_offload *o, const ft_model *m, ft_ctx *c,
     kp.max_batch = cp->max_batch;
     kp.max_seq = cp->max_seq;
     kp.token_file = o->p.token_file;
+    kp.failover_ms = o->p.failover_ms;
     if (o->p.device_budget) {   /* what the weights left of the budget */
         ft_offload_stats s;
         memset(&s, 0, sizeof s);
@@ -337,6 +355,10 @@ void ft_cli_offload_report(const ft_cli_offload *o, double prefill_s, double dec
                 fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
                         mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
                         s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+        if (o->p.policy.replicas > 1)
+            fprintf(f, "offload: %u replicas: %llu nodes failed over, %llu reads retried on a replica, %llu nodes "
+                       "filled again (%.1f MiB)\n", o->p.policy.replicas, (unsigned long long)s->failovers,
+                    (unsigned long long)s->retries, (unsigned long long)s->repairs, mib(s->repaired_bytes));
     }
     if (o->kv) {
         const ft_kv_offload_stats *k = &d.kv;
@@ -386,6 +408,11 @@ void ft_cli_offload_report_json(const ft_cli_offload *o, double prefill_s, doubl
             (unsigned long long)d.w.resident_bytes, (unsigned long long)d.w.slot_bytes,
             (unsigned long long)d.w.uploaded_bytes, (unsigned long long)d.w.reused_bytes,
             (unsigned long long)d.w.layers_fetched, d.w.io_busy_s, d.w.wait_s);
+    fprintf(f, "\"replicas\":%u,\"failovers\":%llu,\"retries\":%llu,\"repairs\":%llu,\"repaired_bytes\":%llu,"
+               "\"failover_fetch_s\":%.4f,\"degraded_fetch_s\":%.4f,\"degraded_fetches\":%llu,",
+            o->p.policy.replicas ? o->p.policy.replicas : 1, (unsigned long long)d.w.failovers,
+            (unsigned long long)d.w.retries, (unsigned long long)d.w.repairs, (unsigned long long)d.w.repaired_bytes,
+            d.w.failover_fetch_s, d.w.degraded_fetch_s, (unsigned long long)d.w.degraded_fetches);
     json_tiers(f, "read_logical_bytes", d.w.logical_bytes);
     fputc(',', f);
     json_tiers(f, "read_wire_bytes", d.w.wire_bytes);
