@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "offload_opts.h"
 #include "cuda_opts.h"
+#include "pipe_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -30,6 +31,102 @@ static const char BENCH_USAGE[] =
     "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes;\n"
     "with --policy, the offloading metrics too.\n";
 
+static void load_progress(void *user, uint64_t done, uint64_t total);
+
+/* bench run --pipeline: the same workload over a pipeline of stages; this
+ * process is the last stage (the driver), or in MPI mode any rank. */
+static int bench_pipeline(ft_cli_pipe *pp, ft_cli_offload *off, const char *dir, long batch, long plen, long glen,
+                          long threads, long seed, int json, int strict_flags)
+{
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.config_flags = (unsigned)strict_flags;
+    ft_status st = ft_cli_engine_formats(off, 0, &lp);
+    if (st) return ft_cli_usage_error(BENCH_USAGE, "%s", ft_last_error());
+    int M = pp->mode == FT_PIPE_MPI ? 0 : ft_cli_pipe_micro(pp, (size_t)batch);
+    ft_pipe_stage_params base;
+    /* a micro-batch's prompt is one forward call: ceil(batch / M) prompts */
+    int mrows = (int)(((batch + (M ? M : 1) - 1) / (M ? M : 1)) * plen);
+    if (pp->mode == FT_PIPE_MPI) mrows = (int)(batch * plen);   /* the ring's size is known later */
+    if ((st = ft_cli_pipe_base(pp, dir, off, &lp, (int)batch, (int)(plen + glen), mrows, (unsigned)threads, &base)))
+        return ft_cli_fail("pipeline", st);
+    double t0 = ft_now();
+    int worker_done = 0;
+    st = ft_cli_pipe_start(pp, &base, &off->p, &worker_done);
+    if (worker_done) return st ? ft_cli_fail("pipeline stage", st) : FT_EXIT_OK;
+    int rc = FT_EXIT_ERR;
+    int32_t *prompts = NULL, *outs = NULL;
+    const int32_t **ppr = NULL;
+    int32_t **op = NULL;
+    size_t *pl = NULL, *no = NULL;
+    if (st) { ft_cli_fail("pipeline", st); goto done; }
+    double load_s = ft_now() - t0;
+    M = ft_cli_pipe_micro(pp, (size_t)batch);
+    ft_model_config mcfg = *ft_pipe_stage_config(pp->stage);   /* the stage goes at finish */
+    const ft_model_config *cfg = &mcfg;
+    prompts = malloc((size_t)(batch * plen) * sizeof *prompts);
+    outs = malloc((size_t)(batch * glen) * sizeof *outs);
+    ppr = malloc((size_t)batch * sizeof *ppr);
+    op = malloc((size_t)batch * sizeof *op);
+    pl = malloc((size_t)batch * sizeof *pl);
+    no = malloc((size_t)batch * sizeof *no);
+    if (!prompts || !outs || !ppr || !op || !pl || !no) { ft_cli_fail("bench", FT_ERR_NOMEM); goto done; }
+    uint64_t rng = (uint64_t)seed;
+    for (long i = 0; i < batch * plen; i++) prompts[i] = (int32_t)(ft_rand_u64(&rng) % (uint64_t)cfg->vocab);
+    for (long j = 0; j < batch; j++) {
+        ppr[j] = prompts + j * plen;
+        op[j] = outs + j * glen;
+        pl[j] = (size_t)plen;
+    }
+    ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
+    ft_pipe_gen_opts po = {.micro_batches = M, .timeout_ms = 600000};
+    ft_pipe_gen_stats gs;
+    if ((st = ft_pipe_generate(pp->stage, pp->link, (size_t)batch, ppr, pl, &gp, &po, op, no, &gs))) {
+        ft_cli_fail("pipeline generate", st);
+        goto done;
+    }
+    rc = FT_EXIT_OK;
+    double pre_tps = gs.gen.prefill_s > 0 ? (double)gs.gen.prefill_tokens / gs.gen.prefill_s : 0;
+    double dec_tps = gs.gen.decode_s > 0 ? (double)gs.gen.decode_tokens / gs.gen.decode_s : 0;
+    double e2e = (double)(batch * glen) / gs.wall_s;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss = (double)ru.ru_maxrss * 1024.0;
+    ft_cli_pipe_finish(pp);   /* MPI: gathers every stage's peak RSS */
+    if (json) {
+        printf("{\"model\":\"%s\",\"arch\":\"%s\",\"batch\":%ld,\"prompt_len\":%ld,\"gen_len\":%ld,"
+               "\"threads\":%ld,\"load_s\":%.3f,\"prefill_s\":%.4f,\"decode_s\":%.4f,\"prefill_tok_s\":%.1f,"
+               "\"decode_tok_s\":%.2f,\"throughput_tok_s\":%.2f,\"peak_rss_bytes\":%.0f,\"pipeline\":{"
+               "\"stages\":%d,\"micro_batches\":%d,\"transport\":\"%s\",\"layers\":[",
+               dir, cfg->model_type, batch, plen, glen, threads, load_s, gs.gen.prefill_s, gs.gen.decode_s, pre_tps,
+               dec_tps, e2e, rss, pp->n_stages, M, pp->transport);
+        for (int i = 0; i <= pp->n_stages; i++) printf("%s%d", i ? "," : "", pp->bounds[i]);
+        printf("],\"stage_peak_rss_bytes\":[");
+        for (int i = 0; i < pp->n_stages; i++)
+            printf("%s%.0f", i ? "," : "", pp->mode == FT_PIPE_MPI ? pp->rss[i] : i == pp->n_stages - 1 ? rss : 0);
+        printf("]}}\n");
+    } else {
+        char b[32];
+        ft_cli_fmt_bytes(rss, b, sizeof b);
+        printf("model %s (%s, %d layers, hidden %d), batch %ld, prompt %ld, gen %ld, %ld threads per stage\n", dir,
+               cfg->model_type, cfg->n_layers, cfg->hidden, batch, plen, glen, threads);
+        ft_cli_pipe_describe(pp, M, stdout);
+        printf("  load       %8.3f s\n", load_s);
+        printf("  prefill    %8.3f s  %10.1f tok/s (until every micro-batch has its first token)\n", gs.gen.prefill_s,
+               pre_tps);
+        printf("  decode     %8.3f s  %10.2f tok/s\n", gs.gen.decode_s, dec_tps);
+        printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
+        printf("  memory     peak RSS of this stage %s", b);
+        if (pp->mode == FT_PIPE_MPI)
+            for (int i = 0; i < pp->n_stages; i++) printf("%s%.1f MiB", i ? ", " : " (every stage: ", pp->rss[i] / 1048576.0);
+        printf("%s\n", pp->mode == FT_PIPE_MPI ? ")" : "");
+    }
+done:
+    if (rc != FT_EXIT_OK) ft_cli_pipe_finish(pp);
+    free(prompts); free(outs); free(ppr); free(op); free(pl); free(no);
+    return rc;
+}
+
 static void load_progress(void *user, uint64_t done, uint64_t total)
 {
     (void)user;
@@ -47,17 +144,21 @@ int ft_bench_run(int argc, char **argv)
     ft_cli_offload_init(&off);
     off.stats = 1;
     ft_cli_cuda gpu = {0};
+    ft_cli_pipe pipe;
+    ft_cli_pipe_init(&pipe);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(BENCH_USAGE, stdout);
             fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            ft_cli_pipe_print_usage(stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_offload_arg(&off, argc, argv, &i);
         if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
+        if (!r) r = ft_cli_pipe_arg(&pipe, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--json")) { json = 1; continue; }
@@ -76,6 +177,13 @@ int ft_bench_run(int argc, char **argv)
     }
     if (!dir || !plen || !glen)
         return ft_cli_usage_error(BENCH_USAGE, "--model, --prompt-len and --gen-len are required");
+    if (pipe.mode) {
+        if (gpu.on) return ft_cli_usage_error(BENCH_USAGE, "--pipeline runs on the CPU (no --device cuda)");
+        off.threads = (unsigned)threads;
+        return bench_pipeline(&pipe, &off, dir, batch, plen, glen, threads, seed, json, 0);
+    }
+    if (pipe.trusted || pipe.micro || pipe.n_counts || pipe.token_file)
+        return ft_cli_usage_error(BENCH_USAGE, "pipeline options need --pipeline");
     ft_model *m = NULL;
     ft_ctx *c = NULL;
     int32_t *prompts = NULL, *outs = NULL;
@@ -302,17 +410,21 @@ int ft_cmd_run(int argc, char **argv)
     ft_cli_offload off;
     ft_cli_offload_init(&off);
     ft_cli_cuda gpu = {0};
+    ft_cli_pipe pipe;
+    ft_cli_pipe_init(&pipe);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(RUN_USAGE, stdout);
             fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            ft_cli_pipe_print_usage(stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_offload_arg(&off, argc, argv, &i);
         if (!r) r = ft_cli_cuda_arg(&gpu, argc, argv, &i);
+        if (!r) r = ft_cli_pipe_arg(&pipe, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
@@ -345,6 +457,11 @@ int ft_cmd_run(int argc, char **argv)
     }
     if (!dir) return ft_cli_usage_error(RUN_USAGE, "--model is required");
     if (!prompt == !pfile) return ft_cli_usage_error(RUN_USAGE, "give exactly one of --prompt and --prompt-file");
+    if (pipe.mode && (gpu.on || dump))
+        return ft_cli_usage_error(RUN_USAGE, "--pipeline runs on the CPU and has no --dump-logits");
+    if (!pipe.mode && (pipe.trusted || pipe.micro || pipe.n_counts || pipe.token_file))
+        return ft_cli_usage_error(RUN_USAGE, "pipeline options need --pipeline");
+    ft_model_config pcfg;   /* --pipeline: the config only; the stages load the weights */
 
     int rc = FT_EXIT_ERR;
     ft_status st;
@@ -392,13 +509,14 @@ int ft_cmd_run(int argc, char **argv)
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);
         st = gpu.on ? ft_model_load(dir, &lp, &m)
+           : pipe.mode ? ft_model_config_load_ex(dir, lp.config_flags, &pcfg)
                     : ft_cli_offload_load(&off, dir, &lp, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &m);
         if (st) {
             ft_cli_fail(dir, st);
             goto done;
         }
     }
-    const ft_model_config *cfg = ft_model_get_config(m);
+    const ft_model_config *cfg = pipe.mode ? &pcfg : ft_model_get_config(m);
     /* tokenizer.json, or vocab.json + merges.txt (GPT-2 / OPT on the Hub) */
     if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail("tokenizer", st); goto done; }
 
@@ -443,7 +561,34 @@ int ft_cmd_run(int argc, char **argv)
     }
     ft_ctx_params cp = {.max_batch = (int)np, .max_seq = (int)(maxp + (size_t)max_new),
                         .max_rows = (int)sum, .all_logits = dump != NULL, .threads = (unsigned)threads};
-    if (gpu.on) {
+    int micro = 0;
+    if (pipe.mode) {
+        /* each micro-batch's prompts are one forward call of the stages */
+        size_t mrows = sum;
+        if (pipe.mode != FT_PIPE_MPI) {
+            micro = ft_cli_pipe_micro(&pipe, np);
+            mrows = 0;
+            for (int mb = 0; mb < micro; mb++) {
+                size_t r = 0;
+                for (size_t j = np * (size_t)mb / (size_t)micro; j < np * (size_t)(mb + 1) / (size_t)micro; j++) r += plen[j];
+                if (r > mrows) mrows = r;
+            }
+        }
+        ft_pipe_stage_params base;
+        int worker_done = 0;
+        if ((st = ft_cli_pipe_base(&pipe, dir, &off, &lp, cp.max_batch, cp.max_seq, (int)mrows, (unsigned)threads, &base))) {
+            ft_cli_fail("pipeline", st);
+            goto done;
+        }
+        st = ft_cli_pipe_start(&pipe, &base, &off.p, &worker_done);
+        if (worker_done) {
+            rc = st ? ft_cli_fail("pipeline stage", st) : FT_EXIT_OK;
+            pipe.mode = FT_PIPE_OFF;   /* nothing left to finish here */
+            goto done;
+        }
+        if (st) { ft_cli_fail("pipeline", st); goto done; }
+        micro = ft_cli_pipe_micro(&pipe, np);
+    } else if (gpu.on) {
         if ((st = ft_cli_cuda_create(&gpu, m, cp.max_batch, cp.max_seq, cp.max_rows, cp.all_logits, cp.threads))) {
             ft_cli_fail("CUDA context", st);
             goto done;
@@ -487,8 +632,15 @@ int ft_cmd_run(int argc, char **argv)
     rs.stream = np == 1;
     if (rs.stream) { fputs(lines[0], stdout); fflush(stdout); }
     ft_gen_stats gs;
-    st = gpu.on ? ft_cuda_generate(gpu.c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs)
-                : ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
+    if (pipe.mode) {
+        ft_pipe_gen_opts po = {.micro_batches = micro, .timeout_ms = 600000};
+        ft_pipe_gen_stats ps;
+        st = ft_pipe_generate(pipe.stage, pipe.link, np, (const int32_t *const *)ids, plen, &gp, &po, outs, nout, &ps);
+        gs = ps.gen;
+    } else {
+        st = gpu.on ? ft_cuda_generate(gpu.c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs)
+                    : ft_generate(c, np, (const int32_t *const *)ids, plen, &gp, outs, nout, &gs);
+    }
     if (!st && rs.err) st = rs.err;
     if (st) { if (rs.stream) putchar('\n'); ft_cli_fail("generate", st); goto done; }
     for (size_t j = 0; j < np; j++) {
@@ -508,10 +660,12 @@ int ft_cmd_run(int argc, char **argv)
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
             np, gen);
-    if (gpu.on) ft_cli_cuda_report(&gpu, stderr);
+    if (pipe.mode) ft_cli_pipe_describe(&pipe, micro, stderr);
+    else if (gpu.on) ft_cli_cuda_report(&gpu, stderr);
     else ft_cli_offload_report(&off, gs.prefill_s, gs.decode_s, stderr);
     rc = FT_EXIT_OK;
 done:
+    if (pipe.mode) ft_cli_pipe_finish(&pipe);
     for (size_t j = 0; j < np; j++) {
         if (ids) free(ids[j]);
         if (outs) free(outs[j]);

@@ -621,10 +621,28 @@ static ft_status fail_reset(ft_ctx *c, ft_status st)
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                          const size_t *ntok, float *logits, int all_rows)
 {
-    if (!c || !slots || !tokens || !ntok || n == 0)
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    return ft_ctx_forward_layers(c, n, slots, tokens, ntok, NULL, 0, c->m->cfg.n_layers, NULL, logits, all_rows);
+}
+
+/* A pipeline stage's share: the input is tokens (l0 == 0) or the previous
+ * stage's hidden rows; the output the hidden rows (hidden_out) or the
+ * logits. */
+ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                                const size_t *ntok, const float *hidden_in, int l0, int l1,
+                                float *hidden_out, float *logits, int all_rows)
+{
+    if (!c || !slots || !ntok || n == 0)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
     const ft_model *m = c->m;
     const ft_model_config *cfg = &m->cfg;
+    if (l0 < 0 || l1 > cfg->n_layers || l0 > l1)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d", l0, l1, cfg->n_layers);
+    if (l0 == 0 ? !tokens : !hidden_in)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers from %d need %s", l0,
+                            l0 == 0 ? "tokens" : "the previous stage's hidden states");
+    if (l1 < cfg->n_layers && !hidden_out)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers up to %d need a buffer for the hidden states", l1);
     if (n > (size_t)c->p.max_batch)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
     if (all_rows && !c->p.all_logits)
@@ -638,12 +656,12 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
             return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
         for (size_t i = 0; i < j; i++)
             if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || !tokens[j])
+        if (ntok[j] == 0 || (l0 == 0 && !tokens[j]))
             return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
         if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
             return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
                                 "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
-        for (size_t i = 0; i < ntok[j]; i++)
+        for (size_t i = 0; l0 == 0 && i < ntok[j]; i++)
             if (tokens[j][i] < 0 || tokens[j][i] >= cfg->vocab)
                 return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
                                     (int)tokens[j][i], cfg->vocab);
@@ -668,15 +686,16 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
     for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
     ft_kv_step step = {n, slots, c->past, ntok};
 
-    /* embeddings */
+    /* embeddings (or the previous stage's output) */
     int H = cfg->hidden, E = cfg->word_embed_proj_dim;
     int has_proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
     float *emb = has_proj_in ? c->xb : c->x;
-    for (size_t j = 0, rr = 0; j < n; j++)
+    if (l0 > 0) memcpy(c->x, hidden_in, rows * (size_t)H * sizeof(float));
+    for (size_t j = 0, rr = 0; l0 == 0 && j < n; j++)
         for (size_t i = 0; i < ntok[j]; i++, rr++)
             ft_wmat_row_f32(&m->g[GW_TOK_EMB], tokens[j][i], emb + rr * (size_t)E);
-    if (has_proj_in) linear(c->x, c->xb, (int)rows, &m->g[GW_PROJ_IN], NULL);
-    if (m->arch->pos == FT_POS_LEARNED) {
+    if (l0 == 0 && has_proj_in) linear(c->x, c->xb, (int)rows, &m->g[GW_PROJ_IN], NULL);
+    if (l0 == 0 && m->arch->pos == FT_POS_LEARNED) {
         float *pe = c->sel2;   /* free until the logits */
         for (size_t rr = 0; rr < rows; rr++) {
             ft_wmat_row_f32(&m->g[GW_POS_EMB], c->row_pos[rr] + m->arch->pos_offset, pe);
@@ -685,7 +704,7 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
     }
 
     c->ring_dirty = 0;
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         /* the model is not modified: a hook fills this layer's copy */
         ft_layer_weights local = m->layers[l];
         ft_layer_weights *w = &local;
@@ -712,6 +731,10 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
     }
 
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
+    if (hidden_out) {
+        memcpy(hidden_out, c->x, rows * (size_t)H * sizeof(float));
+        return FT_OK;
+    }
     if (!logits) return FT_OK;
 
     /* final norm, project_out, lm_head on the rows that need logits */
