@@ -142,6 +142,12 @@ float    ft_bf16_to_f32_1(uint16_t h);
 ft_status ft_convert(void *dst, ft_dtype dst_dt, const void *src,
                      ft_dtype src_dt, size_t n);
 
+/* Synthetic LLM-like weights for benchmarks and calibration: Gaussian,
+ * sigma 0.02 scaled per row of `row` values by exp(0.25 * N(0,1)) (the
+ * distribution the codec targets are stated on), n values of dtype dt (a
+ * float dtype) into out. Deterministic in seed. */
+ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
+
 /* CPU features detected at run time (after ft_cpu_init / first use).
  * neon: AArch64 Advanced SIMD (HWCAP_ASIMD; every AArch64 Linux CPU has
  * it), including the f16 <-> f32 conversions. */

@@ -234,6 +234,8 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out);
  * anything else copies the logits and samples with ft_sampler_sample, so
  * the same seed gives the same choices as the CPU engine given the same
  * logits. */
+/* The context as the generation loop sees it (flextier/engine.h). */
+void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out);
 ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts,
                            const size_t *prompt_len, const ft_gen_params *p,
                            int32_t *const *out, size_t *n_out, ft_gen_stats *stats);

@@ -293,13 +293,57 @@ size_t ft_model_tensor_count(const ft_model *m);
 ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
                           ft_tensor *view);
 
-/* Layer i's weights (NULL if out of range): the model's own table entry,
- * which a scheduler may overwrite (the model never frees what it points
- * to unless it allocated it). */
-ft_layer_weights *ft_model_layer(ft_model *m, int i);
+/* ------------------------------------------------------ layer layout */
+
+/* What a weight scheduler (flextier/offload.h) or another backend needs
+ * to supply a model's layers per call without touching its internals.
+ * Slots: the fields of ft_layer_weights in order (0 .. FT_LAYER_SLOTS-1);
+ * a slot holds a matrix (ft_wmat) or an f32 vector (norms, biases). */
+#define FT_LAYER_SLOTS 18
+int ft_layer_slot_is_matrix(int slot);
+ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot);        /* NULL: a vector slot */
+const float **ft_layer_weights_vec(ft_layer_weights *w, int slot);   /* NULL: a matrix slot */
+
+typedef struct ft_tensor_layout {
+    const char *name;       /* Hugging Face name                           */
+    int layer;              /* -1: model-wide                              */
+    int slot;               /* in its layer (or the model-wide table)      */
+    int ndim;
+    int64_t shape[2];
+    ft_wfmt fmt;            /* as the model keeps it (vectors: f32)        */
+    int group;              /* q8/q4                                       */
+    uint32_t n_chunks;      /* q8/q4: the chunks of its frame              */
+} ft_tensor_layout;
+
+/* Tensor i (0 .. ft_model_tensor_count - 1) as the model keeps it. */
+ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out);
+/* The format the model keeps tensor i in when its matrices are asked to
+ * be `want` (ft_load_params.weights' rules: vectors f32, embeddings and
+ * head bf16 for q8/q4, bf16 when no group divides a row); *group: the
+ * q8/q4 group. */
+ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group);
+/* The format the model's matrices were asked to be kept in. */
+ft_wfmt ft_model_format_requested(const ft_model *m);
+/* Tensor i's source in an open checkpoint (its name, or the architecture's
+ * alternative prefix: base-model checkpoints). */
+struct ft_checkpoint;
+ft_status ft_model_checkpoint_tensor(const ft_model *m, const struct ft_checkpoint *ck, size_t i, ft_tensor *t);
+
+/* Layer i's weights (NULL if out of range), read-only: the model is
+ * immutable once loaded. A scheduler gives a forward call other weights
+ * through the layer hook (ft_ctx_set_layer_hook), never by writing here. */
+const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
 uint64_t ft_model_layer_bytes(const ft_model *m);
+/* A pipeline stage (flextier/pipe.h) holds one end of the model: give the
+ * pages of the model-wide tensors it never reads back to the kernel. The
+ * input end (input_end: token and position embeddings, project_in) and
+ * the output end (output_end: final norm, project_out, LM head; a tied
+ * head keeps the embeddings) are kept. The released tensors read as zeros
+ * from then on: the model may only be used for such a stage's layers.
+ * Returns the bytes given back. */
+uint64_t ft_model_release_globals(ft_model *m, int input_end, int output_end);
 
 /* --------------------------------------------------------------- context */
 
@@ -470,6 +514,32 @@ typedef struct ft_gen_stats {
 ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
                       const size_t *prompt_len, const ft_gen_params *p,
                       int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+
+/* A compute context as the generation loop sees it: the CPU context
+ * (ft_ctx_forward_ops) and the CUDA context (ft_cuda_ctx_forward_ops,
+ * flextier/cuda.h) provide one, so generation is written once. forward:
+ * as ft_ctx_forward with the last row's logits of each sequence;
+ * forward_greedy (optional, NULL: not offered): the argmax of those rows
+ * instead, computed where the logits are; reset: empty a slot. */
+typedef struct ft_forward_ops {
+    void *ctx;
+    const ft_model_config *cfg;
+    int max_batch, max_seq;
+    ft_status (*forward)(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                         const size_t *ntok, float *logits);
+    ft_status (*forward_greedy)(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                const size_t *ntok, int32_t *next);
+    void (*reset)(void *ctx, int slot);
+} ft_forward_ops;
+
+void ft_ctx_forward_ops(ft_ctx *c, ft_forward_ops *out);
+
+/* ft_generate over any context: the one generation loop (greedy without a
+ * repetition penalty uses forward_greedy when the context offers it; the
+ * same seed gives the same choices as on the CPU given the same logits). */
+ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *const *prompts,
+                           const size_t *prompt_len, const ft_gen_params *p,
+                           int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
 
 #ifdef __cplusplus
 }

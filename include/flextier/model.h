@@ -137,6 +137,11 @@ ft_status ft_tokenizer_load(const char *tokenizer_json_path, ft_tokenizer **out)
  * (OPT: "</s>"); bos/eos/unk/pad tokens and added_tokens_decoder entries
  * become special added tokens. FT_ERR_NOT_FOUND if neither exists. */
 ft_status ft_tokenizer_load_dir(const char *model_dir, ft_tokenizer **out);
+/* As ft_tokenizer_load_dir; flags: FT_TOKENIZER_STRICT makes a field the
+ * loader does not know an error (as FLEXTIER_STRICT=1 does for every
+ * load), instead of a warning naming it. */
+#define FT_TOKENIZER_STRICT 1u
+ft_status ft_tokenizer_load_dir_ex(const char *model_dir, unsigned flags, ft_tokenizer **out);
 void ft_tokenizer_free(ft_tokenizer *t);                       /* NULL ok */
 /* max token id + 1, including added tokens (HF get_vocab_size(True)). */
 size_t ft_tokenizer_vocab_size(const ft_tokenizer *t);

@@ -176,6 +176,37 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
                   unsigned cache_tiers, ft_policy *best, ft_cost_estimate *est);
 
 
+/* ----------------------------------------------------------- calibration */
+
+/* Fill the model part of cost inputs from a model directory (config and
+ * checkpoint; no layer is loaded), for matrices kept in `weights` (an
+ * ft_wfmt or FT_WEIGHTS_AS_STORED). */
+ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in);
+
+typedef struct ft_calibrate_params {
+    const ft_policy *base;      /* remotes and disk directory to measure   */
+    uint64_t device_mem;        /* the device budget (0: unlimited)        */
+    uint32_t batch, prompt_len, gen_len;   /* the run planned for          */
+    unsigned threads;           /* compute threads (0: default)            */
+    unsigned decode_threads;    /* the scheduler's (0: every core)         */
+    unsigned codecs;            /* weight codecs to measure (1u << id)     */
+    const double *given_bw;     /* [FT_TIER_COUNT]: > 0 replaces a link's
+                                   measurement (NULL: measure all)         */
+} ft_calibrate_params;
+
+void ft_calibrate_default_params(ft_calibrate_params *p);
+
+/* Measure this machine and the policy's tiers into *in (whose model part
+ * ft_cost_inputs_load filled, and whose cap[] the caller may preset for
+ * host/disk/remote): memory bandwidth, the engine's per-layer and fixed
+ * times at batch 1 and `batch` and per prefill token with each compute
+ * format the codecs imply (on zero-weight 1- and 2-layer copies of the
+ * model), each codec's ratio and the cost of making a fetched frame
+ * usable, the disk tier's and the first memory node's read bandwidth.
+ * Takes seconds; logs at FT_LOG_INFO. FT_ERR_NET when a memory node
+ * cannot be measured. */
+ft_status ft_calibrate(const char *dir, const ft_calibrate_params *p, ft_cost_inputs *in);
+
 /* ------------------------------------------------------------- scheduler */
 
 #include "flextier/engine.h"

@@ -117,6 +117,9 @@ void ft_pipe_stage_free(ft_pipe_stage *s);
 const ft_model_config *ft_pipe_stage_config(const ft_pipe_stage *s);
 /* The offloading scheduler of its layers (stats), NULL if none. */
 ft_offload *ft_pipe_stage_offload(ft_pipe_stage *s);
+/* Its model (the stage's layers only are present) and parameters. */
+ft_model *ft_pipe_stage_model(ft_pipe_stage *s);
+const ft_pipe_stage_params *ft_pipe_stage_get_params(const ft_pipe_stage *s);
 
 /* A worker (stage < n_stages - 1): receive, compute, pass on, until the
  * driver ends the run (or a transport error). */

@@ -42,7 +42,7 @@ LIB_VERSION: str = _C.LIB_VERSION
 
 __all__ = [
     "encode", "decode", "frame_info", "codecs", "dtypes", "Status",
-    "Store", "Request", "serve", "parse_size",
+    "Store", "Request", "Session", "serve", "parse_size",
     "Error", "InvalidArgumentError", "OutOfMemoryError", "CorruptError",
     "UnsupportedError", "StorageIOError", "NotFoundError", "NoSpaceError",
     "BufferTooSmallError", "AuthError", "NetworkError", "RequestTimeoutError",
@@ -696,6 +696,138 @@ class Store:
 # ------------------------------------------------------------ memory node
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class Session:
+    """A model opened for generation (the C library's session API,
+    include/flextier/session.h): the model directory's weights in their
+    compute format, placed on the tiers of an offloading policy (given, or
+    planned for this machine with ``policy="auto"``), its tokenizer, and a
+    compute context on the CPU or a CUDA GPU.
+
+    Args:
+        model_dir: a Hugging Face model directory (config.json,
+            *.safetensors, tokenizer.json or vocab.json + merges.txt).
+        device: ``"cpu"`` or ``"cuda"``.
+        weights: ``"auto"`` (the checkpoint's dtype), ``"f32"``, ``"bf16"``,
+            ``"f16"``, ``"q8"``, ``"q4"``.
+        kv_dtype: the in-memory KV cache, ``"bf16"`` (default), ``"f16"``,
+            ``"f32"``.
+        policy: None (everything in memory), ``"auto"``, or a policy spec
+            such as ``"w=0,0,100 c=100"`` (docs/offload.md).
+        remotes, disk_dir, compress_weights, compress_cache: added to the
+            policy (``["ucx://host:7000"]``, ``"/nvme/ft"``, ``"q4"``, ...).
+        device_mem: the device budget (bytes or ``"2G"``).
+        token / token_file: the memory nodes' shared secret.
+        threads, decode_threads, max_batch, max_seq, strict: as the CLI's.
+
+    One thread at a time may use a session (another call raises
+    :class:`BusyError`); the GIL is released while generating.
+    """
+
+    def __init__(self, model_dir: str, *, device: str = "cpu", weights: str = "auto",
+                 kv_dtype: Optional[str] = None, policy: Optional[str] = None,
+                 remotes: Optional[List[str]] = None, disk_dir: Optional[str] = None,
+                 compress_weights: Optional[str] = None, compress_cache: Optional[str] = None,
+                 device_mem: Any = 0, token: Optional[str] = None, token_file: Optional[str] = None,
+                 threads: int = 0, decode_threads: int = 0, max_batch: int = 0, max_seq: int = 0,
+                 strict: bool = False) -> None:
+        items = []
+        if remotes:
+            items.append("remote=" + ",".join(remotes))
+        if disk_dir:
+            items.append("disk=file:" + disk_dir)
+        if compress_weights:
+            items.append("cw=" + compress_weights)
+        if compress_cache:
+            items.append("cc=" + compress_cache)
+        if items and policy is None:
+            raise InvalidArgumentError(Status.INVALID_ARG,
+                                       "remotes/disk_dir/compress_weights/compress_cache need a policy")
+        spec = None if policy is None else " ".join([policy] + items)
+        if token is not None and token_file is not None:
+            raise InvalidArgumentError(Status.INVALID_ARG, "pass token or token_file, not both")
+        self.stats: Dict[str, Any] = {}
+        args = dict(device=device, weights=weights, kv_dtype=kv_dtype, threads=threads, policy=spec,
+                    device_mem=parse_size(device_mem) if device_mem else 0, max_batch=max_batch,
+                    max_seq=max_seq, strict=strict, decode_threads=decode_threads)
+        if token is None:
+            self._s = _C.Session(model_dir, token_file=token_file, **args)
+            return
+        fd, path = tempfile.mkstemp(prefix="flextier-token-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(token.encode() if isinstance(token, str) else bytes(token))
+            self._s = _C.Session(model_dir, token_file=path, **args)
+        finally:
+            os.unlink(path)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the model and everything it holds (idempotent)."""
+        self._s.close()
+
+    def info(self) -> Dict[str, Any]:
+        """The model, its weight format and bytes, and the policy in force."""
+        return self._s.info()
+
+    def generate(self, prompts: Any, max_new_tokens: int = 64, *, temperature: float = -1.0,
+                 top_k: int = -1, top_p: float = -1.0, repetition_penalty: float = -1.0,
+                 seed: Optional[int] = None, stop: Optional[str] = None, ignore_eos: bool = False,
+                 on_text: Optional[Callable[[int, str], Any]] = None) -> Any:
+        """Generate from one prompt (returns its text) or a list of prompts
+        (one batch; returns a list of texts). Sampling values left negative
+        come from the model's generation_config.json (greedy when it does
+        not sample); ``temperature=0`` is greedy. ``on_text(seq, text)`` is
+        called with each piece of new text as it is decoded; returning a
+        true value stops that sequence. ``self.stats`` holds the prefill
+        and decode token counts and times of the call."""
+        single = isinstance(prompts, str)
+        texts, self.stats = self._s.generate([prompts] if single else list(prompts), max_new_tokens,
+                                             temperature, top_k, top_p, repetition_penalty, seed, stop,
+                                             ignore_eos, on_text)
+        return texts[0] if single else texts
+
+    def stream(self, prompt: str, max_new_tokens: int = 64, **kw: Any):
+        """Iterate over the text of one prompt's generation as it is
+        produced (the same keywords as :meth:`generate`)."""
+        import queue
+        q: "queue.Queue[Any]" = queue.Queue()
+        done = object()
+        box: Dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self.generate(prompt, max_new_tokens, on_text=lambda _s, t: q.put(t), **kw)
+            except BaseException as e:  # re-raised in the consumer
+                box["error"] = e
+            finally:
+                q.put(done)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        while True:
+            item = q.get()
+            if item is done:
+                break
+            yield item
+        t.join()
+        if "error" in box:
+            raise box["error"]
+
+    def generate_ids(self, prompts: List[List[int]], max_new_tokens: int = 64, *,
+                     temperature: float = -1.0, top_k: int = -1, top_p: float = -1.0,
+                     repetition_penalty: float = -1.0, seed: Optional[int] = None,
+                     ignore_eos: bool = False) -> List[List[int]]:
+        """Token ids in, token ids out (one batch)."""
+        ids, self.stats = self._s.generate_ids(prompts, max_new_tokens, temperature, top_k, top_p,
+                                               repetition_penalty, seed, ignore_eos)
+        return ids
 
 
 def parse_size(s: Any) -> int:

@@ -29,6 +29,7 @@
 #include "flextier/codec.h"
 #include "flextier/core.h"
 #include "flextier/store.h"
+#include "flextier/session.h"
 
 /* Callable(status:int, detail:str) -> exception instance, registered by
  * flextier/__init__.py so that the class hierarchy is defined in Python. */
@@ -1177,6 +1178,373 @@ static PyTypeObject StoreType = {
     .tp_doc = "Low-level tensor store (see flextier.Store).",
 };
 
+/* ----------------------------------------------------------- session */
+
+/* A model session (include/flextier/session.h): the C object is used by
+ * one thread at a time; `busy` refuses a second caller (BusyError). The
+ * GIL is released while generating; the on_text callback takes it back
+ * for each piece of text. */
+typedef struct {
+    PyObject_HEAD
+    ft_session *s;
+    int busy;
+} SessionObject;
+
+static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model_dir", "device", "weights", "kv_dtype", "threads", "policy", "device_mem",
+                             "token_file", "max_batch", "max_seq", "strict", "decode_threads", NULL};
+    const char *dir, *device = "cpu", *weights = "auto", *kv = NULL, *policy = NULL, *token = NULL;
+    unsigned long threads = 0, maxb = 0, maxs = 0, dthreads = 0;
+    unsigned long long devmem = 0;
+    int strict = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sszkzKzkkpk:Session", kwlist, &dir, &device, &weights, &kv,
+                                     &threads, &policy, &devmem, &token, &maxb, &maxs, &strict, &dthreads))
+        return -1;
+    if (so->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Session already open");
+        return -1;
+    }
+    if (ulong_arg(threads, 0, MAX_THREADS, "threads") || ulong_arg(dthreads, 0, MAX_THREADS, "decode_threads") ||
+        ulong_arg(maxb, 0, 65536, "max_batch") || ulong_arg(maxs, 0, 1u << 24, "max_seq"))
+        return -1;
+    ft_session_params p;
+    ft_session_default_params(&p);
+    if (!strcmp(device, "cpu")) p.device = FT_DEVICE_CPU;
+    else if (!strcmp(device, "cuda")) p.device = FT_DEVICE_CUDA;
+    else { raise_fmt(FT_ERR_INVALID_ARG, "device must be 'cpu' or 'cuda', not '%s'", device); return -1; }
+    static const char *const wn[] = {"f32", "bf16", "f16", "q8", "q4"};
+    if (!strcmp(weights, "auto")) p.weights = FT_WEIGHTS_AS_STORED;
+    else {
+        p.weights = -2;
+        for (int f = 0; f < 5; f++) if (!strcmp(weights, wn[f])) p.weights = f;
+        if (p.weights == -2) {
+            raise_fmt(FT_ERR_INVALID_ARG, "weights must be auto, f32, bf16, f16, q8 or q4, not '%s'", weights);
+            return -1;
+        }
+    }
+    if (kv) {
+        if (!strcmp(kv, "f32")) p.kv_dtype = FT_F32;
+        else if (!strcmp(kv, "bf16")) p.kv_dtype = FT_BF16;
+        else if (!strcmp(kv, "f16")) p.kv_dtype = FT_F16;
+        else { raise_fmt(FT_ERR_INVALID_ARG, "kv_dtype must be f32, bf16 or f16, not '%s'", kv); return -1; }
+    }
+    p.threads = (unsigned)threads;
+    p.decode_threads = (unsigned)dthreads;
+    p.max_batch = (uint32_t)maxb;
+    p.max_seq = (uint32_t)maxs;
+    p.strict = strict;
+    p.device_mem = devmem;
+    p.token_file = token;
+    if (policy) {
+        /* "auto", or a policy spec with its remotes/disk items */
+        const char *spec = policy;
+        if (!strncmp(policy, "auto", 4) && (policy[4] == 0 || policy[4] == ' ' || policy[4] == ';')) {
+            p.offload = FT_OFFLOAD_AUTO;
+            spec = policy + 4;
+        } else {
+            p.offload = FT_OFFLOAD_POLICY;
+        }
+        if (*spec && ft_policy_parse(spec, &p.policy)) { raise_last(FT_ERR_INVALID_ARG); return -1; }
+    }
+    ft_status st;
+    ft_session *s = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_session_open(dir, &p, &s);
+    Py_END_ALLOW_THREADS
+    if (st) { raise_last(st); return -1; }
+    so->s = s;
+    return 0;
+}
+
+static void session_dealloc(SessionObject *so)
+{
+    if (so->s) {
+        ft_session *s = so->s;
+        so->s = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        ft_session_close(s);
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(so)->tp_free((PyObject *)so);
+}
+
+static int session_usable(SessionObject *so)
+{
+    if (!so->s) { raise_fmt(FT_ERR_INVALID_ARG, "the session is closed"); return 0; }
+    if (so->busy) { raise_fmt(FT_ERR_BUSY, "the session is in use by another call"); return 0; }
+    return 1;
+}
+
+static PyObject *session_close(SessionObject *so, PyObject *unused)
+{
+    (void)unused;
+    if (!so->s) Py_RETURN_NONE;
+    if (so->busy) return raise_fmt(FT_ERR_BUSY, "the session is in use by another call");
+    ft_session *s = so->s;
+    so->s = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ft_session_close(s);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    PyObject *cb;        /* callable(seq, text) -> bool (stop) or None */
+    int failed;          /* the callback raised: its exception is kept */
+    PyObject *exc_type, *exc_val, *exc_tb;
+} text_cb_state;
+
+static int session_text_cb(void *user, size_t seq, const char *text, size_t len)
+{
+    text_cb_state *t = user;
+    if (t->failed) return 1;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = 0;
+    PyObject *str = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    PyObject *r = str ? PyObject_CallFunction(t->cb, "nO", (Py_ssize_t)seq, str) : NULL;
+    Py_XDECREF(str);
+    if (!r) {
+        t->failed = 1;
+        PyErr_Fetch(&t->exc_type, &t->exc_val, &t->exc_tb);
+        stop = 1;
+    } else {
+        stop = PyObject_IsTrue(r) > 0;
+        Py_DECREF(r);
+    }
+    PyGILState_Release(g);
+    return stop;
+}
+
+/* Sampling keyword arguments shared by generate and generate_ids. */
+typedef struct {
+    Py_ssize_t max_new;
+    double temperature, top_p, rep;
+    long top_k;
+    unsigned long long seed;
+    int ignore_eos, have_seed;
+    PyObject *seed_obj;
+} gen_kw;
+
+static int gen_params(SessionObject *so, const gen_kw *k, ft_gen_params *g)
+{
+    memset(g, 0, sizeof *g);
+    if (k->max_new < 0 || k->max_new > (1 << 20)) {
+        raise_fmt(FT_ERR_INVALID_ARG, "max_new_tokens must be in 0..%d", 1 << 20);
+        return -1;
+    }
+    g->max_new_tokens = (size_t)k->max_new;
+    g->ignore_eos = k->ignore_eos;
+    ft_session_default_sampling(so->s, &g->sampling);
+    if (k->temperature >= 0) g->sampling.temperature = (float)k->temperature;
+    if (k->top_k >= 0) g->sampling.top_k = (int)k->top_k;
+    if (k->top_p >= 0) g->sampling.top_p = (float)k->top_p;
+    if (k->rep >= 0) g->sampling.repetition_penalty = (float)k->rep;
+    if (k->top_p > 1) { raise_fmt(FT_ERR_INVALID_ARG, "top_p must be in 0..1"); return -1; }
+    g->sampling.seed = k->have_seed ? k->seed : (uint64_t)(ft_now() * 1e6);
+    return 0;
+}
+
+static PyObject *stats_dict(const ft_gen_stats *gs)
+{
+    return Py_BuildValue("{s:n,s:n,s:d,s:d,s:d,s:d}", "prefill_tokens", (Py_ssize_t)gs->prefill_tokens,
+                         "decode_tokens", (Py_ssize_t)gs->decode_tokens, "prefill_s", gs->prefill_s, "decode_s",
+                         gs->decode_s, "prefill_cpu_s", gs->prefill_cpu_s, "decode_cpu_s", gs->decode_cpu_s);
+}
+
+/* generate(prompts: list[str], max_new_tokens=64, temperature=-1, top_k=-1,
+ * top_p=-1, repetition_penalty=-1, seed=None, stop=None, ignore_eos=False,
+ * on_text=None) -> (list[str], stats dict). Negative sampling values: the
+ * model's generation_config.json. */
+static PyObject *session_generate(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"prompts", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+                             "seed", "stop", "ignore_eos", "on_text", NULL};
+    PyObject *prompts, *on_text = Py_None, *seed = Py_None;
+    const char *stop = NULL;
+    gen_kw k = {64, -1, -1, -1, -1, 0, 0, 0, NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ndlddOzpO:generate", kwlist, &prompts, &k.max_new,
+                                     &k.temperature, &k.top_k, &k.top_p, &k.rep, &seed, &stop, &k.ignore_eos,
+                                     &on_text))
+        return NULL;
+    if (!session_usable(so)) return NULL;
+    if (seed != Py_None) {
+        k.seed = PyLong_AsUnsignedLongLongMask(seed);
+        if (PyErr_Occurred()) return NULL;
+        k.have_seed = 1;
+    }
+    if (on_text != Py_None && !PyCallable_Check(on_text)) {
+        PyErr_SetString(PyExc_TypeError, "on_text must be callable");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(prompts, "prompts must be a list of str");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > 65536) {
+        Py_DECREF(seq);
+        return raise_fmt(FT_ERR_INVALID_ARG, "generate: 1..65536 prompts, not %zd", n);
+    }
+    const char **cp = calloc((size_t)n, sizeof *cp);
+    char **out = calloc((size_t)n, sizeof *out);
+    PyObject *res = NULL;
+    if (!cp || !out) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyUnicode_Check(o)) { PyErr_SetString(PyExc_TypeError, "prompts must be str"); goto done; }
+        if (!(cp[i] = PyUnicode_AsUTF8(o))) goto done;
+    }
+    ft_text_params tp;
+    memset(&tp, 0, sizeof tp);
+    if (gen_params(so, &k, &tp.gen)) goto done;
+    tp.stop = stop;
+    text_cb_state cbs = {on_text, 0, NULL, NULL, NULL};
+    if (on_text != Py_None) {
+        tp.on_text = session_text_cb;
+        tp.user = &cbs;
+    }
+    ft_gen_stats gs;
+    ft_status st;
+    so->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_session_generate_text(so->s, (size_t)n, cp, &tp, out, &gs);
+    Py_END_ALLOW_THREADS
+    so->busy = 0;
+    if (cbs.failed) {
+        PyErr_Restore(cbs.exc_type, cbs.exc_val, cbs.exc_tb);
+        goto done;
+    }
+    if (st) { raise_last(st); goto done; }
+    PyObject *texts = PyList_New(n);
+    if (!texts) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyUnicode_DecodeUTF8(out[i], (Py_ssize_t)strlen(out[i]), "replace");
+        if (!t) { Py_DECREF(texts); goto done; }
+        PyList_SET_ITEM(texts, i, t);
+    }
+    PyObject *stats = stats_dict(&gs);
+    if (!stats) { Py_DECREF(texts); goto done; }
+    res = Py_BuildValue("(NN)", texts, stats);
+done:
+    for (Py_ssize_t i = 0; out && i < n; i++) free(out[i]);
+    free(out);
+    free(cp);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* generate_ids(prompts: list[list[int]], ...same keywords but stop/on_text)
+ * -> (list[list[int]], stats dict) */
+static PyObject *session_generate_ids(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"prompts", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+                             "seed", "ignore_eos", NULL};
+    PyObject *prompts, *seed = Py_None;
+    gen_kw k = {64, -1, -1, -1, -1, 0, 0, 0, NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ndlddOp:generate_ids", kwlist, &prompts, &k.max_new,
+                                     &k.temperature, &k.top_k, &k.top_p, &k.rep, &seed, &k.ignore_eos))
+        return NULL;
+    if (!session_usable(so)) return NULL;
+    if (seed != Py_None) {
+        k.seed = PyLong_AsUnsignedLongLongMask(seed);
+        if (PyErr_Occurred()) return NULL;
+        k.have_seed = 1;
+    }
+    PyObject *seq = PySequence_Fast(prompts, "prompts must be a list of lists of int");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int32_t **ids = calloc(n > 0 ? (size_t)n : 1, sizeof *ids), **outs = calloc(n > 0 ? (size_t)n : 1, sizeof *outs);
+    size_t *plen = calloc(n > 0 ? (size_t)n : 1, sizeof *plen), *nout = calloc(n > 0 ? (size_t)n : 1, sizeof *nout);
+    PyObject *res = NULL;
+    if (n < 1 || n > 65536) { raise_fmt(FT_ERR_INVALID_ARG, "generate_ids: 1..65536 prompts, not %zd", n); goto done; }
+    if (!ids || !outs || !plen || !nout) { PyErr_NoMemory(); goto done; }
+    ft_gen_params g;
+    if (gen_params(so, &k, &g)) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pi = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "each prompt must be a list of int");
+        if (!pi) goto done;
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(pi);
+        ids[i] = malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+        outs[i] = malloc((g.max_new_tokens + 1) * sizeof(int32_t));
+        if (!ids[i] || !outs[i]) { Py_DECREF(pi); PyErr_NoMemory(); goto done; }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(pi, j));
+            if (v == -1 && PyErr_Occurred()) { Py_DECREF(pi); goto done; }
+            if (v < 0 || v > INT32_MAX) { Py_DECREF(pi); raise_fmt(FT_ERR_INVALID_ARG, "token id %ld", v); goto done; }
+            ids[i][j] = (int32_t)v;
+        }
+        plen[i] = (size_t)m;
+        Py_DECREF(pi);
+        if (!m) { raise_fmt(FT_ERR_INVALID_ARG, "prompt %zd is empty", i); goto done; }
+    }
+    ft_gen_stats gs;
+    ft_status st;
+    so->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_session_generate(so->s, (size_t)n, (const int32_t *const *)ids, plen, &g, outs, nout, &gs);
+    Py_END_ALLOW_THREADS
+    so->busy = 0;
+    if (st) { raise_last(st); goto done; }
+    PyObject *lists = PyList_New(n);
+    if (!lists) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *l = PyList_New((Py_ssize_t)nout[i]);
+        if (!l) { Py_DECREF(lists); goto done; }
+        for (size_t j = 0; j < nout[i]; j++) PyList_SET_ITEM(l, (Py_ssize_t)j, PyLong_FromLong(outs[i][j]));
+        PyList_SET_ITEM(lists, i, l);
+    }
+    PyObject *stats = stats_dict(&gs);
+    if (!stats) { Py_DECREF(lists); goto done; }
+    res = Py_BuildValue("(NN)", lists, stats);
+done:
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ids) free(ids[i]);
+        if (outs) free(outs[i]);
+    }
+    free(ids); free(outs); free(plen); free(nout);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* info() -> dict: the model, the formats and the policy in force. */
+static PyObject *session_info(SessionObject *so, PyObject *unused)
+{
+    (void)unused;
+    if (!so->s) return raise_fmt(FT_ERR_INVALID_ARG, "the session is closed");
+    const ft_model_config *c = ft_session_config(so->s);
+    double predicted = 0;
+    char pol[256];
+    ft_policy_format(ft_session_policy(so->s, &predicted), pol, sizeof pol);
+    ft_session_stats ss;
+    ft_session_get_stats(so->s, &ss);
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:s,s:K,s:s,s:d,s:O}", "model_type", c->model_type, "hidden",
+                         c->hidden, "layers", c->n_layers, "vocab", c->vocab, "max_position_embeddings", c->max_pos,
+                         "weights_format", ft_wfmt_name(ft_model_weights_format(ft_session_model(so->s))),
+                         "weight_bytes", (unsigned long long)ss.weight_bytes, "policy", pol, "predicted_tok_s",
+                         predicted, "has_tokenizer", ft_session_tokenizer(so->s) ? Py_True : Py_False);
+}
+
+static PyMethodDef session_methods[] = {
+    {"generate", (PyCFunction)(void (*)(void))session_generate, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"generate_ids", (PyCFunction)(void (*)(void))session_generate_ids, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"info", (PyCFunction)session_info, METH_NOARGS, NULL},
+    {"close", (PyCFunction)session_close, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject SessionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flextier._flextier.Session",
+    .tp_basicsize = sizeof(SessionObject),
+    .tp_dealloc = (destructor)session_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_methods = session_methods,
+    .tp_init = (initproc)session_init,
+    .tp_new = PyType_GenericNew,
+    .tp_doc = "Low-level model session (see flextier.Session).",
+};
+
 /* ------------------------------------------------------- memory node */
 
 static volatile int g_node_stop;
@@ -1308,7 +1676,7 @@ PyMODINIT_FUNC PyInit__flextier(void)
         once = 1;
     }
     if (PyType_Ready(&OwnedBufferType) < 0 || PyType_Ready(&RequestType) < 0 ||
-        PyType_Ready(&StoreType) < 0)
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&SessionType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
@@ -1320,6 +1688,11 @@ PyMODINIT_FUNC PyInit__flextier(void)
     Py_INCREF(&RequestType);
     if (PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0) {
         Py_DECREF(&RequestType);
+        goto fail;
+    }
+    Py_INCREF(&SessionType);
+    if (PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0) {
+        Py_DECREF(&SessionType);
         goto fail;
     }
     static const struct { const char *name; long v; } consts[] = {

@@ -250,7 +250,7 @@ int ft_bench_codec(int argc, char **argv)
         raw = (size_t)ft_dtype_nbytes(dt, nelem);
         data = ft_malloc_aligned(raw, 64);
         if (!data) { ft_cli_fail("allocate", FT_ERR_NOMEM); goto out; }
-        ft_cli_synth_weights(dt, nelem, (uint64_t)shape[ndim - 1], 1234, data);
+        ft_synth_weights(dt, nelem, (uint64_t)shape[ndim - 1], 1234, data);
     }
     ft_tensor t;
     if (ft_tensor_init(&t, dt, ndim, shape, data)) { ft_cli_fail("tensor", FT_ERR_INVALID_ARG); goto out; }

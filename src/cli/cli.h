@@ -47,8 +47,6 @@ int ft_cli_tensor_opt(int c, const char *arg, const ft_cli_tensor_args *a);
 /* Copy tensor NAME out of a .safetensors file or model directory into a
  * new aligned buffer (free out->data with ft_free_aligned). */
 ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *out);
-/* Synthetic Gaussian weights (sigma 0.02, per-row scale) in dt. */
-ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 /* A synthetic BPE tokenizer.json of exactly vocab tokens for gen-model
  * (gen_tokenizer.c): llama != 0: Llama 2-style (sentencepiece BPE with
  * byte fallback, <unk> <s> </s>); else OPT/GPT-2 byte-level (<s> <pad>

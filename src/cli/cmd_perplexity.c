@@ -9,7 +9,7 @@
  * `flextier run` apply, so weights and KV cache formats (q8/q4 cache:
  * --policy c=0,100 --compress-cache q4) are compared on the same text. */
 #include "cli.h"
-#include "offload_opts.h"
+#include "session_opts.h"
 #include "flextier/model.h"
 
 #include <math.h>
@@ -39,8 +39,8 @@ int ft_cmd_perplexity(int argc, char **argv)
     const char *dir = NULL, *text = NULL;
     long ctx = 512, batch = 1, threads = 0, max_windows = 0;
     int json = 0;
-    ft_cli_offload off;
-    ft_cli_offload_init(&off);
+    ft_cli_session off;
+    ft_cli_session_init(&off);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -49,7 +49,7 @@ int ft_cmd_perplexity(int argc, char **argv)
             fputs(ft_cli_offload_usage, stdout);
             return FT_EXIT_OK;
         }
-        int r = ft_cli_offload_arg(&off, argc, argv, &i);
+        int r = ft_cli_session_arg(&off, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (!strcmp(a, "--json")) { json = 1; continue; }
@@ -69,29 +69,24 @@ int ft_cmd_perplexity(int argc, char **argv)
 
     int rc = FT_EXIT_ERR;
     ft_status st;
-    ft_model *m = NULL;
-    ft_tokenizer *tok = NULL;
-    ft_ctx *c = NULL;
+    ft_session *s = NULL;
     uint8_t *raw = NULL;
     size_t rawn = 0, ntok = 0;
     int32_t *ids = NULL, *win = NULL;
     float *lg = NULL;
     double *losses = NULL;
     if ((st = ft_cli_read_file(text, &raw, &rawn))) return ft_cli_fail(text, st);
-    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
-    /* add_special: the tokenizer's BOS at the start of the text */
-    if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 0, &ids, &ntok))) { ft_cli_fail("encode", st); goto done; }
-
-    ft_load_params lp;
-    ft_load_params_default(&lp);
-    off.threads = (unsigned)threads;
-    if ((st = ft_cli_engine_formats(&off, 0, &lp))) {
-        ft_cli_usage_error(PPL_USAGE, "%s", ft_last_error());
-        rc = FT_EXIT_USAGE;
+    off.sp.threads = (unsigned)threads;
+    off.sp.max_seq = (uint32_t)ctx;
+    if ((st = ft_cli_session_open(&off, dir, (uint32_t)batch, (uint32_t)ctx, 1, &s))) { ft_cli_fail(dir, st); goto done; }
+    const ft_tokenizer *tok = ft_session_tokenizer(s);
+    if (!tok) {
+        ft_cli_fail(dir, ft_set_error(FT_ERR_NOT_FOUND, "%s: no tokenizer.json (or vocab.json + merges.txt)", dir));
         goto done;
     }
-    if ((st = ft_cli_offload_load(&off, dir, &lp, (uint32_t)batch, (uint32_t)ctx, 1, &m))) { ft_cli_fail(dir, st); goto done; }
-    const ft_model_config *cfg = ft_model_get_config(m);
+    /* the tokenizer's BOS is added per window below */
+    if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 0, &ids, &ntok))) { ft_cli_fail("encode", st); goto done; }
+    const ft_model_config *cfg = ft_session_config(s);
     int bos = cfg->bos_id;
     int with_bos = bos >= 0 && bos < cfg->vocab;
     if (ctx > cfg->max_pos) ctx = cfg->max_pos;
@@ -110,11 +105,6 @@ int ft_cmd_perplexity(int argc, char **argv)
                     cfg->vocab);
             goto done;
         }
-    ft_ctx_params cp = {.max_batch = (int)batch, .max_seq = (int)ctx, .max_rows = (int)(batch * ctx),
-                        .all_logits = 1, .threads = (unsigned)threads};
-    ft_cli_offload_ctx_params(&off, &cp);
-    if ((st = ft_ctx_create(m, &cp, &c))) { ft_cli_fail("context", st); goto done; }
-    if ((st = ft_cli_offload_attach(&off, m, c, &cp))) { ft_cli_fail("offloading", st); goto done; }
     lg = malloc((size_t)batch * (size_t)ctx * (size_t)cfg->vocab * sizeof(float));
     win = malloc((size_t)batch * (size_t)ctx * sizeof(int32_t));
     losses = malloc(nwin * (size_t)body * sizeof(double));
@@ -135,9 +125,9 @@ int ft_cmd_perplexity(int argc, char **argv)
             slots[j] = (int)j;
             tp[j] = t;
             nt[j] = (size_t)ctx;
-            ft_ctx_reset(c, (int)j);
         }
-        if ((st = ft_ctx_forward(c, nb, slots, tp, nt, lg, 1))) { ft_cli_fail("forward", st); goto done; }
+        ft_session_reset(s);
+        if ((st = ft_session_forward(s, nb, slots, tp, nt, lg, 1))) { ft_cli_fail("forward", st); goto done; }
         for (size_t j = 0; j < nb; j++) {
             const int32_t *t = win + j * (size_t)ctx;
             /* position p predicts t[p+1]; score the text's tokens from its second on */
@@ -145,14 +135,16 @@ int ft_cmd_perplexity(int argc, char **argv)
                 losses[scored++] = nll(lg + (j * (size_t)ctx + (size_t)p) * (size_t)cfg->vocab, cfg->vocab, t[p + 1]);
         }
         if (!json && (tty || w0 + nb == nwin)) {
-            double s = 0;
-            for (size_t k = 0; k < scored; k++) s += losses[k];
+            double sum = 0;
+            for (size_t k = 0; k < scored; k++) sum += losses[k];
             fprintf(stderr, "%swindow %zu/%zu: perplexity so far %.4f", tty ? "\r" : "", w0 + nb, nwin,
-                    exp(s / (double)scored));
+                    exp(sum / (double)scored));
             if (w0 + nb == nwin) fputc('\n', stderr);
         }
     }
     double el = ft_now() - t0, mean = 0, var = 0;
+    ft_session_stats ss;
+    ft_session_get_stats(s, &ss);
     for (size_t k = 0; k < scored; k++) mean += losses[k];
     mean /= (double)scored;
     for (size_t k = 0; k < scored; k++) var += (losses[k] - mean) * (losses[k] - mean);
@@ -162,19 +154,20 @@ int ft_cmd_perplexity(int argc, char **argv)
         printf("{\"model\":\"%s\",\"text\":\"%s\",\"weights_format\":\"%s\",\"kv_dtype\":\"%s\",\"ctx\":%ld,"
                "\"windows\":%zu,\"tokens_scored\":%zu,\"perplexity\":%.6f,\"stderr\":%.6f,\"mean_nll\":%.6f,"
                "\"seconds\":%.3f",
-               dir, text, ft_wfmt_name(ft_model_weights_format(m)), ft_dtype_name(cp.kv_dtype), ctx, nwin, scored, ppl,
+               dir, text, ft_wfmt_name(ft_model_weights_format(ft_session_model(s))), ft_dtype_name(ss.kv_dtype), ctx, nwin,
+               scored, ppl,
                se, mean, el);
         if (off.enabled) {
             char pol[256];
-            ft_policy_format(&off.p.policy, pol, sizeof pol);
+            ft_policy_format(ft_session_policy(s, NULL), pol, sizeof pol);
             printf(",\"policy\":\"%s\"", pol);
         }
         printf("}\n");
     } else {
         printf("perplexity %.4f +/- %.4f over %zu tokens (%zu windows of %ld; weights %s, KV cache %s%s%s), %.1f s\n",
-               ppl, se, scored, nwin, ctx, ft_wfmt_name(ft_model_weights_format(m)), ft_dtype_name(cp.kv_dtype),
-               off.enabled ? ", offloaded cache " : "",
-               off.enabled && cp.external_kv ? ft_codec_name(off.p.policy.compress_cache) : "", el);
+               ppl, se, scored, nwin, ctx, ft_wfmt_name(ft_model_weights_format(ft_session_model(s))),
+               ft_dtype_name(ss.kv_dtype), ss.has_kv ? ", offloaded cache " : "",
+               ss.has_kv ? ft_codec_name(ft_session_policy(s, NULL)->compress_cache) : "", el);
     }
     rc = FT_EXIT_OK;
 done:
@@ -183,9 +176,6 @@ done:
     free(win);
     free(lg);
     free(losses);
-    ft_ctx_free(c);
-    ft_cli_offload_free(&off);
-    ft_model_free(m);
-    ft_tokenizer_free(tok);
+    ft_session_close(s);
     return rc;
 }

@@ -243,8 +243,10 @@ ft_status ft_cli_pipe_start(ft_cli_pipe *p, const ft_pipe_stage_params *base, co
     return ft_pipe_stage_create(&sp[last], off, &p->stage);
 }
 
-void ft_cli_pipe_finish(ft_cli_pipe *p)
+void ft_cli_pipe_end(ft_cli_pipe *p)
 {
+    if (p->ended) return;
+    p->ended = 1;
     if (p->stage && p->link) {
         ft_status st = ft_pipe_end(p->stage, p->link, 30000);
         if (st) fprintf(stderr, "flextier: pipeline: ending the run: %s\n", ft_last_error());
@@ -253,12 +255,17 @@ void ft_cli_pipe_finish(ft_cli_pipe *p)
         ft_cli_mpi_abort();
         return;
     }
-    if (p->mode == FT_PIPE_MPI && p->stage) {
+    if (p->mode == FT_PIPE_MPI) {
         ft_pipe_link_close(p->link);
         p->link = NULL;
         if (ft_cli_mpi_allgather_double(peak_rss(), p->rss)) memset(p->rss, 0, sizeof p->rss);
         ft_cli_mpi_finalize();
     }
+}
+
+void ft_cli_pipe_finish(ft_cli_pipe *p)
+{
+    ft_cli_pipe_end(p);
     ft_pipe_link_close(p->link);
     p->link = NULL;
     for (int i = 0; i < p->nthr; i++) pthread_join(p->thr[i], NULL);
@@ -276,8 +283,8 @@ void ft_cli_pipe_describe(const ft_cli_pipe *p, int micro, FILE *f)
     fprintf(f, "), %d micro-batches, transport %s\n", micro, p->transport ? p->transport : "?");
 }
 
-ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_offload *off, const ft_load_params *lp,
-                           int max_batch, int max_seq, int max_rows, unsigned threads, ft_pipe_stage_params *out)
+ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_session *o, int max_batch, int max_seq,
+                           int max_rows, unsigned threads, ft_pipe_stage_params *out)
 {
     (void)p;
     ft_pipe_stage_default(out);
@@ -293,20 +300,24 @@ ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_offload
     for (const char *c = out->model_dir; *c; c++)
         if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
             return ft_set_error(FT_ERR_INVALID_ARG, "%s: a pipeline needs a printable model path", dir);
+    if (o->sp.device != FT_DEVICE_CPU)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "--pipeline: the stages compute on the CPU (no --device cuda)");
     out->max_batch = max_batch;
     out->max_seq = max_seq;
     out->max_rows = max_rows;
     out->threads = threads;
-    out->weights = lp->weights;
-    out->config_flags = lp->config_flags;
-    out->kv_dtype = off->kv_dtype >= 0 ? off->kv_dtype : FT_BF16;
-    if (off->enabled) {
-        if (off->auto_policy)
+    out->weights = o->sp.weights;
+    out->config_flags = o->sp.strict ? FT_CONFIG_STRICT : 0;
+    out->kv_dtype = o->sp.kv_dtype >= 0 ? o->sp.kv_dtype : FT_BF16;
+    if (o->enabled) {
+        if (o->auto_policy)
             return ft_set_error(FT_ERR_UNSUPPORTED, "--policy auto with --pipeline: give each stage's policy");
-        if (off->p.policy.c_pct[FT_TIER_DEVICE] != 100.0f)
+        const ft_policy *pol = &o->sp.policy;
+        ft_status st = ft_policy_validate(pol);
+        if (st) return st;
+        if (pol->c_pct[FT_TIER_DEVICE] != 100.0f)
             return ft_set_error(FT_ERR_UNSUPPORTED, "--pipeline: the stages keep the KV cache in memory (c=100); "
                                 "they may offload their weights (w=)");
-        const ft_policy *pol = &off->p.policy;
         char b[512];
         size_t n;
         ft_policy_format(pol, b, sizeof b);
@@ -319,6 +330,83 @@ ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_offload
         if (pol->disk_uri[0] && n < sizeof b) n += (size_t)snprintf(b + n, sizeof b - n, " disk=%s", pol->disk_uri);
         if (n >= sizeof out->policy) return ft_set_error(FT_ERR_INVALID_ARG, "--pipeline: the policy is too long");
         snprintf(out->policy, sizeof out->policy, "%s", b);
+    } else if (o->sp.policy.n_remotes || o->sp.policy.disk_uri[0] || o->codec_given || o->cache_codec_given) {
+        return ft_set_error(FT_ERR_INVALID_ARG, "--remote/--disk-dir/--compress-weights/--compress-cache need --policy");
     }
     return FT_OK;
+}
+
+void ft_cli_pipe_offload_params(const ft_cli_session *o, ft_offload_params *out)
+{
+    ft_offload_default_params(out);
+    out->token_file = o->sp.token_file;
+    out->device_budget = o->sp.device_mem;
+    out->decode_threads = o->sp.decode_threads ? o->sp.decode_threads : ft_default_threads();
+    if (o->sp.failover_ms) out->failover_ms = o->sp.failover_ms;
+}
+
+int ft_cli_pipe_stray(const ft_cli_pipe *p)
+{
+    return !p->mode && (p->trusted || p->micro || p->n_counts || p->token_file || !p->mpi_transport);
+}
+
+ft_status ft_cli_pipe_prompt_tokens(const char *dir, int strict, const char *const *prompts, size_t n, size_t *maxp,
+                                    size_t *sum)
+{
+    ft_tokenizer *tok = NULL;
+    ft_status st = ft_tokenizer_load_dir_ex(dir, strict ? FT_TOKENIZER_STRICT : 0, &tok);
+    if (st) return st;
+    *maxp = *sum = 0;
+    for (size_t j = 0; j < n && !st; j++) {
+        int32_t *ids = NULL;
+        size_t k = 0;
+        if ((st = ft_tokenizer_encode(tok, prompts[j], strlen(prompts[j]), 1, &ids, &k))) break;
+        free(ids);
+        if (k > *maxp) *maxp = k;
+        *sum += k;
+    }
+    ft_tokenizer_free(tok);
+    return st;
+}
+
+ft_status ft_cli_pipe_open(ft_cli_pipe *p, const ft_cli_session *o, const char *dir, size_t n, size_t rows,
+                           size_t maxp, size_t gen_len, int *micro, int *worker_done, ft_session **out)
+{
+    *worker_done = 0;
+    *out = NULL;
+    if (n == 0 || maxp == 0) return ft_set_error(FT_ERR_INVALID_ARG, "pipeline: no prompt tokens");
+    if (n > 65536 || rows > (1u << 24) || maxp + gen_len > (1u << 24))
+        return ft_set_error(FT_ERR_INVALID_ARG, "pipeline: %zu sequences of up to %zu + %zu tokens: too large", n,
+                            maxp, gen_len);
+    /* every micro-batch's prompts are one forward call of each stage: at
+     * most ceil(n / M) prompts (MPI: the ring's size is known later, so
+     * room for them all) */
+    size_t mrows = rows;
+    if (p->mode != FT_PIPE_MPI) {
+        size_t M = (size_t)ft_cli_pipe_micro(p, n), per = (n + M - 1) / M;
+        if (per * maxp < mrows) mrows = per * maxp;
+    }
+    ft_pipe_stage_params base;
+    ft_status st = ft_cli_pipe_base(p, dir, o, (int)n, (int)(maxp + gen_len), (int)mrows, o->sp.threads, &base);
+    if (st) return st;
+    ft_cli_pipe_offload_params(o, &p->off);
+    if ((st = ft_cli_pipe_start(p, &base, &p->off, worker_done))) return st;
+    if (*worker_done) return FT_OK;
+    *micro = ft_cli_pipe_micro(p, n);
+    ft_session_params sp = o->sp;
+    sp.offload = o->enabled ? FT_OFFLOAD_POLICY : FT_OFFLOAD_NONE;
+    return ft_session_open_pipeline(dir, &sp, p->stage, p->link, *micro, out);
+}
+
+void ft_cli_pipe_report_json(const ft_cli_pipe *p, int micro, double rss, FILE *f)
+{
+    fprintf(f, ",\"pipeline\":{\"stages\":%d,\"micro_batches\":%d,\"transport\":\"%s\",\"layers\":[", p->n_stages,
+            micro, p->transport ? p->transport : "?");
+    for (int i = 0; i <= p->n_stages; i++) fprintf(f, "%s%d", i ? "," : "", p->bounds[i]);
+    /* every stage's peak RSS where known (MPI gathers them; elsewhere the
+     * workers print their own): 0 = not known here */
+    fprintf(f, "],\"stage_peak_rss_bytes\":[");
+    for (int i = 0; i < p->n_stages; i++)
+        fprintf(f, "%s%.0f", i ? "," : "", p->mode == FT_PIPE_MPI ? p->rss[i] : i == p->n_stages - 1 ? rss : 0);
+    fprintf(f, "]}");
 }

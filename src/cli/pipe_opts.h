@@ -3,7 +3,7 @@
 #ifndef FT_CLI_PIPE_OPTS_H
 #define FT_CLI_PIPE_OPTS_H
 #include "flextier/pipe.h"
-#include "offload_opts.h"
+#include "session_opts.h"
 #include <pthread.h>
 #include <stdio.h>
 
@@ -32,6 +32,8 @@ typedef struct ft_cli_pipe {
     int nthr;
     double rss[FT_PIPE_MAX_STAGES];  /* MPI: every stage's peak RSS (bytes) */
     const char *transport;
+    ft_offload_params off;           /* this process's stages' offloading   */
+    int ended;                       /* ft_cli_pipe_end done                */
 } ft_cli_pipe;
 
 extern const char ft_cli_pipe_usage[];
@@ -51,10 +53,31 @@ ft_status ft_cli_pipe_start(ft_cli_pipe *p, const ft_pipe_stage_params *base, co
 /* The stages' common parameters for a run: the model (its absolute path:
  * workers open the same path), context sizes, formats, and the offloading
  * policy (weights only; with its memory nodes and disk directory). */
-ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_offload *off, const ft_load_params *lp,
-                           int max_batch, int max_seq, int max_rows, unsigned threads, ft_pipe_stage_params *out);
-/* Stop the ring (workers end), free everything; MPI: finalize. */
+ft_status ft_cli_pipe_base(ft_cli_pipe *p, const char *dir, const ft_cli_session *o, int max_batch, int max_seq,
+                           int max_rows, unsigned threads, ft_pipe_stage_params *out);
+/* The offloading parameters of this process's stages (their policy comes
+ * with the stage parameters): token file, decode threads, failover. */
+void ft_cli_pipe_offload_params(const ft_cli_session *o, ft_offload_params *out);
+/* Whether a pipeline option was given without --pipeline (an error). */
+int ft_cli_pipe_stray(const ft_cli_pipe *p);
+/* Build the ring for a run of n sequences (rows prompt tokens in all, the
+ * longest maxp, gen_len new tokens each) and open the driver's session
+ * over it (ft_session_open_pipeline); *micro: the micro-batches. In MPI
+ * mode a rank that is not the driver runs its stage to the end here and
+ * sets *worker_done (*out stays NULL). */
+ft_status ft_cli_pipe_open(ft_cli_pipe *p, const ft_cli_session *o, const char *dir, size_t n, size_t rows,
+                           size_t maxp, size_t gen_len, int *micro, int *worker_done, ft_session **out);
+/* The prompts' token counts as the session encodes them (special tokens
+ * added): the longest and the sum. */
+ft_status ft_cli_pipe_prompt_tokens(const char *dir, int strict, const char *const *prompts, size_t n, size_t *maxp,
+                                    size_t *sum);
+/* End the run: the workers finish; MPI: every stage's peak RSS gathered
+ * and MPI finalized. The driver's stage stays until ft_cli_pipe_finish. */
+void ft_cli_pipe_end(ft_cli_pipe *p);
+/* End the run if not yet, free everything. */
 void ft_cli_pipe_finish(ft_cli_pipe *p);
+/* ,"pipeline":{...} for bench run --json (rss: this process's peak). */
+void ft_cli_pipe_report_json(const ft_cli_pipe *p, int micro, double rss, FILE *f);
 /* "pipeline: 2 stages (layers 0-3 | 4-7), 2 micro-batches, ucx" */
 void ft_cli_pipe_describe(const ft_cli_pipe *p, int micro, FILE *f);
 #endif

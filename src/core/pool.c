@@ -1,12 +1,21 @@
 /* A small fork-join thread pool: ft_pool_run is a blocking parallel-for in
  * which the caller takes part. Work items are claimed with an atomic
- * counter, so uneven items balance themselves. */
+ * counter, so uneven items balance themselves.
+ *
+ * Decoding one token runs a few hundred short jobs (one per matrix
+ * product, norm and attention), microseconds apart: waking a sleeping
+ * thread through a condition variable costs tens of microseconds each
+ * time, so workers (and the caller waiting for them) first spin for a
+ * short while (FLEXTIER_SPIN_US, default 100 microseconds; 0 disables)
+ * and only then sleep. Between tokens, or when the pool is idle, they
+ * sleep as before. */
 #include "flextier/core.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ft_pool {
@@ -15,9 +24,10 @@ struct ft_pool {
     pthread_mutex_t mu;         /* protects the fields below */
     pthread_cond_t start_cv, done_cv;
     pthread_mutex_t run_mu;     /* serializes ft_pool_run callers */
-    uint64_t generation;
-    int stop;
-    unsigned active;            /* workers still in the current job */
+    _Atomic uint64_t generation;/* bumped (under mu) for every job      */
+    _Atomic int stop;
+    _Atomic unsigned active;    /* workers still in the current job     */
+    double spin_s;              /* spin this long before sleeping       */
     /* current job */
     ft_pool_fn fn;
     void *arg;
@@ -26,6 +36,39 @@ struct ft_pool {
 };
 
 typedef struct { ft_pool *pool; unsigned id; } worker_arg;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Spin until *v != old (ret 1) or spin_s elapses (ret 0). */
+static int spin_change_u64(_Atomic uint64_t *v, uint64_t old, _Atomic int *stop, double spin_s)
+{
+    if (spin_s <= 0) return 0;
+    double end = 0;
+    for (unsigned k = 0;; k++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != old || atomic_load_explicit(stop, memory_order_relaxed))
+            return 1;
+        cpu_relax();
+        if ((k & 63) == 63) {
+            double t = mono_now();
+            if (!end) end = t + spin_s;
+            else if (t > end) return 0;
+        }
+    }
+}
 
 static void run_items(ft_pool *p, unsigned worker)
 {
@@ -42,18 +85,22 @@ static void *worker_main(void *a)
     free(a);
     ft_pool *p = wa.pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->start_cv, &p->mu);
-        if (p->stop) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        if (!spin_change_u64(&p->generation, seen, &p->stop, p->spin_s)) {
+            pthread_mutex_lock(&p->mu);
+            while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen)
+                pthread_cond_wait(&p->start_cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         run_items(p, wa.id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) pthread_cond_signal(&p->done_cv);
+        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);   /* the caller may be asleep */
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -76,6 +123,12 @@ ft_status ft_pool_create(unsigned nthreads, ft_pool **out)
     ft_pool *p = calloc(1, sizeof *p);
     if (!p) return FT_ERR_NOMEM;
     p->nthreads = nthreads;
+    p->spin_s = 100e-6;
+    const char *sp = getenv("FLEXTIER_SPIN_US");
+    if (sp && *sp) {
+        long us = strtol(sp, NULL, 10);
+        p->spin_s = us >= 0 && us <= 1000000 ? (double)us * 1e-6 : p->spin_s;
+    }
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
@@ -102,7 +155,7 @@ void ft_pool_free(ft_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     if (p->threads)
@@ -130,13 +183,25 @@ void ft_pool_run(ft_pool *p, size_t n, ft_pool_fn fn, void *arg)
     p->arg = arg;
     p->n = n;
     atomic_store(&p->next, 0);
-    p->active = p->nthreads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
+    atomic_store(&p->active, p->nthreads - 1);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);   /* spinning workers start */
+    pthread_cond_broadcast(&p->start_cv);                                 /* sleeping ones wake */
     pthread_mutex_unlock(&p->mu);
     run_items(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->active) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (atomic_load_explicit(&p->active, memory_order_acquire)) {
+        /* spin a while for the workers, then sleep until the last signals */
+        double end = 0;
+        for (unsigned k = 0; p->spin_s > 0 && atomic_load_explicit(&p->active, memory_order_acquire); k++) {
+            cpu_relax();
+            if ((k & 63) == 63) {
+                double t = mono_now();
+                if (!end) end = t + p->spin_s;
+                else if (t > end) break;
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load_explicit(&p->active, memory_order_acquire)) pthread_cond_wait(&p->done_cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
     pthread_mutex_unlock(&p->run_mu);
 }

@@ -23,7 +23,7 @@
  * staging is still being copied from (byteplane and CPU-decoded frames). */
 #include "cuda_host.h"
 #include "cuda_prep.h"
-#include "engine/engine_internal.h"
+#include "engine/graph.h"
 
 #include <cublas_v2.h>
 #include <math.h>
@@ -75,6 +75,10 @@ struct ft_cuda_ctx {
     uint64_t weight_bytes, kv_bytes, scratch_bytes;
     uint64_t h2d_weight_bytes, layers_streamed;
     double hook_s, stall_s, forward_s;
+    /* the forward call in progress (graph ops) */
+    int call_n;
+    int pos_offset, swiglu;        /* the architecture's blocks */
+    struct { const void *t[LW_COUNT]; } cur;   /* the current layer's device tensors (a dev_layer) */
 };
 
 static ft_status blas_status(cublasStatus_t s, const char *what)
@@ -113,7 +117,7 @@ static uint64_t numel2(int ndim, const int64_t *s) { return ndim == 1 ? (uint64_
 ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_cuda_ctx **out)
 {
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: NULL argument");
-    const ft_model_config *cfg = &m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(m);
     if (p->max_batch < 1 || p->max_batch > 65536 || p->max_seq < 1)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: max_batch %d / max_seq %d out of range",
                             p->max_batch, p->max_seq);
@@ -126,12 +130,12 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
                             "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
     if (p->stream_weights && !p->hook)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
-    if (!p->stream_weights && !m->lbuf)
+    if (!p->stream_weights && !ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: the model's layers are not loaded "
                             "(external layers need stream_weights and a weight hook)");
-    if (m->wfmt != FT_WF_F32)
+    if (ft_model_format_requested(m) != FT_WF_F32)
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: the model is kept as %s; the CUDA backend packs "
-                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(m->wfmt));
+                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(ft_model_format_requested(m)));
     ft_status st = ft_cuda_require(p->device);
     if (st) return st;
 
@@ -154,8 +158,10 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     c->wdt = p->f32_weights ? FT_F32 : FT_BF16;
     const size_t R = (size_t)c->p.max_rows, B = (size_t)p->max_batch, S = (size_t)p->max_seq;
     const size_t selrows = p->all_logits ? R : B;
-    const ft_arch *a = m->arch;
-    char name[128];
+    ft_model_blocks blk;
+    ft_model_get_blocks(m, &blk);
+    c->pos_offset = blk.pos_offset;
+    c->swiglu = blk.ffn == FT_FFN_SWIGLU;
 
     if ((st = ft_cuda_dec_ws_init(&c->dec))) goto fail;
     if ((st = ft_cuda_status(cudaStreamCreateWithFlags(&c->cs, cudaStreamNonBlocking), "cudaStreamCreate")) ||
@@ -186,9 +192,9 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         size_t off[GW_COUNT], total = 0;
         for (int s = 0; s < GW_COUNT; s++) {
             off[s] = SIZE_MAX;
-            if (!m->g[s].data || (s == GW_LM_HEAD && m->g[s].data == m->g[GW_TOK_EMB].data)) continue;
+            if (!ft_model_global(m, s)->data || (s == GW_LM_HEAD && ft_model_global(m, s)->data == ft_model_global(m, GW_TOK_EMB)->data)) continue;
             int64_t shp[2];
-            int nd = ft_global_shape(cfg, a, s, shp);
+            int nd = ft_model_global_shape(m, s, shp);
             c->gdt[s] = nd == 2 ? c->wdt : FT_F32;
             off[s] = total;
             total += align_up((size_t)ft_dtype_nbytes(c->gdt[s], numel2(nd, shp)));
@@ -197,11 +203,11 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         for (int s = 0; s < GW_COUNT; s++) {
             if (off[s] == SIZE_MAX) continue;
             int64_t shp[2];
-            int nd = ft_global_shape(cfg, a, s, shp);
+            int nd = ft_model_global_shape(m, s, shp);
             c->g[s] = (uint8_t *)c->gbuf + off[s];
-            if ((st = upload_f32(c, c->g[s], c->gdt[s], m->g[s].data, numel2(nd, shp)))) goto fail;
+            if ((st = upload_f32(c, c->g[s], c->gdt[s], ft_model_global(m, s)->data, numel2(nd, shp)))) goto fail;
         }
-        if (m->g[GW_LM_HEAD].data && m->g[GW_LM_HEAD].data == m->g[GW_TOK_EMB].data) {
+        if (ft_model_global(m, GW_LM_HEAD)->data && ft_model_global(m, GW_LM_HEAD)->data == ft_model_global(m, GW_TOK_EMB)->data) {
             c->g[GW_LM_HEAD] = c->g[GW_TOK_EMB];
             c->gdt[GW_LM_HEAD] = c->gdt[GW_TOK_EMB];
         }
@@ -211,7 +217,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     c->lbytes = 0;
     for (int s = 0; s < LW_COUNT; s++) {
         c->loff[s] = SIZE_MAX;
-        if (!a->layer_name(cfg, 0, s, name, sizeof name)) continue;
+        if (!ft_model_layer_has(m, s)) continue;
         c->lndim[s] = ft_layer_shape(cfg, s, c->lshape[s]);
         c->lnumel[s] = numel2(c->lndim[s], c->lshape[s]);
         c->ldt[s] = c->lndim[s] == 2 ? c->wdt : FT_F32;
@@ -226,7 +232,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             for (int l = 0; l < cfg->n_layers; l++)
                 for (int s = 0; s < LW_COUNT; s++) {
                     if (c->loff[s] == SIZE_MAX) continue;
-                    const float *src = ft_layer_f32(&m->layers[l], s);
+                    const float *src = ft_layer_f32(ft_model_layer(m, l), s);
                     if (!src) {
                         st = ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d tensor %d is not loaded", l, s);
                         goto fail;
@@ -274,7 +280,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
                                      "cudaHostAlloc (per-call arrays)")))
                 goto fail;
     }
-    if (a->pos == FT_POS_ROPE) {
+    if (blk.pos == FT_POS_ROPE) {
         int half = cfg->head_dim / 2;
         float *hc = malloc(S * (size_t)half * sizeof(float)), *hs = malloc(S * (size_t)half * sizeof(float));
         if (!hc || !hs) {
@@ -327,7 +333,7 @@ void ft_cuda_ctx_free(ft_cuda_ctx *c)
         if (c->ev_loaded[i]) (void)cudaEventDestroy(c->ev_loaded[i]);
         if (c->ev_free[i]) (void)cudaEventDestroy(c->ev_free[i]);
     }
-    for (int l = 0; l < c->m->cfg.n_layers; l++) {
+    for (int l = 0; l < ft_model_get_config(c->m)->n_layers; l++) {
         if (c->stall0 && c->stall0[l]) (void)cudaEventDestroy(c->stall0[l]);
         if (c->stall1 && c->stall1[l]) (void)cudaEventDestroy(c->stall1[l]);
     }
@@ -358,7 +364,7 @@ static float *kv_layer(const ft_cuda_ctx *c, int layer, int which)
 
 ft_status ft_cuda_ctx_kv(ft_cuda_ctx *c, int layer, int slot, float *k, float *v, int *len, int *kv_dim)
 {
-    if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)
+    if (!c || layer < 0 || layer >= ft_model_get_config(c->m)->n_layers || slot < 0 || slot >= c->p.max_batch)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: layer %d / slot %d out of range", layer, slot);
     FT_CU(cudaSetDevice(c->p.device), "cudaSetDevice");
     size_t bytes = (size_t)c->seq_len[slot] * (size_t)c->kvdim * sizeof(float);
@@ -427,8 +433,10 @@ static ft_status gemm(ft_cuda_ctx *c, float *y, const void *x, int rows, int in,
 
 static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, const void *w, const void *b)
 {
-    const ft_model_config *cfg = &c->m->cfg;
-    if (c->m->arch->norm == FT_NORM_RMS)
+    const ft_model_config *cfg = ft_model_get_config(c->m);
+    ft_model_blocks blk;
+    ft_model_get_blocks(c->m, &blk);
+    if (blk.norm == FT_NORM_RMS)
         FT_CU(ftk_rmsnorm(out, in, w, rows, c->H, cfg->norm_eps, c->cs), "RMSNorm kernel");
     else
         FT_CU(ftk_layernorm(out, in, w, b, rows, c->H, cfg->norm_eps, c->cs), "LayerNorm kernel");
@@ -436,58 +444,6 @@ static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, con
 }
 
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
-
-static ft_status layer_forward(ft_cuda_ctx *c, int l, const dev_layer *w, int rows)
-{
-    const ft_model_config *cfg = &c->m->cfg;
-    const ft_arch *a = c->m->arch;
-    const int H = c->H, F = c->F;
-    const int pre = a->norm == FT_NORM_RMS || cfg->do_layer_norm_before;
-    const uint64_t xn = (uint64_t)rows * H;
-    float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
-    const void *gin;
-
-    /* attention block */
-    const float *in = c->x;
-    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B])); in = c->xb; }
-    TRY(gemm_input(c, in, xn, &gin));
-    TRY(gemm(c, c->q, gin, rows, H, w->t[LW_Q], c->qdim, w->t[LW_QB]));
-    TRY(gemm(c, c->k, gin, rows, H, w->t[LW_K], c->kvdim, w->t[LW_KB]));
-    TRY(gemm(c, c->v, gin, rows, H, w->t[LW_V], c->kvdim, w->t[LW_VB]));
-    if (a->pos == FT_POS_ROPE) {
-        FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
-              "RoPE kernel");
-        FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
-              "RoPE kernel");
-    }
-    FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
-          "KV append kernel");
-    FT_CU(ftk_attention(c->att, c->q, kc, vc, c->d_row_slot, c->d_row_pos, rows, cfg->n_heads, cfg->n_kv_heads,
-                        c->hd, c->p.max_seq, 1.0f / sqrtf((float)c->hd), c->cs),
-          "attention kernel");
-    TRY(gemm_input(c, c->att, (uint64_t)rows * c->qdim, &gin));
-    TRY(gemm(c, c->xb, gin, rows, c->qdim, w->t[LW_O], H, w->t[LW_OB]));
-    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
-    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM1_W], w->t[LW_NORM1_B]));
-
-    /* feed-forward block */
-    in = c->x;
-    if (pre) { TRY(norm(c, c->xb, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B])); in = c->xb; }
-    TRY(gemm_input(c, in, xn, &gin));
-    if (a->ffn == FT_FFN_SWIGLU) {
-        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_GATE], F, w->t[LW_GATE_B]));
-        TRY(gemm(c, c->h2, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
-        FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * F, c->cs), "SiLU kernel");
-    } else {
-        TRY(gemm(c, c->h1, gin, rows, H, w->t[LW_UP], F, w->t[LW_UP_B]));
-        FT_CU(ftk_relu(c->h1, (uint64_t)rows * F, c->cs), "ReLU kernel");
-    }
-    TRY(gemm_input(c, c->h1, (uint64_t)rows * F, &gin));
-    TRY(gemm(c, c->xb, gin, rows, F, w->t[LW_DOWN], H, w->t[LW_DOWN_B]));
-    FT_CU(ftk_add(c->x, c->xb, xn, c->cs), "residual kernel");
-    if (!pre) TRY(norm(c, c->x, c->x, rows, w->t[LW_NORM2_W], w->t[LW_NORM2_B]));
-    return FT_OK;
-}
 
 /* Enqueue layer `l`'s weights into slot l % 2 on the load stream. */
 static ft_status load_layer(ft_cuda_ctx *c, int l)
@@ -541,39 +497,168 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
     return FT_OK;
 }
 
-/* Validation as ft_ctx_forward. */
+/* ------------------------------------------- the CUDA backend ops */
+
+/* The forward pass is the engine's (src/engine/graph.c); these are its
+ * operations on the GPU: buffers in device memory, matrices in the
+ * context's weight dtype (bf16 with f32 accumulation, or f32) through
+ * cuBLAS, the rest in this backend's kernels. */
+
+static float *gbuf(ft_cuda_ctx *c, ft_gbuf id)
+{
+    switch (id) {
+    case FT_GB_X: return c->x;
+    case FT_GB_XB: return c->xb;
+    case FT_GB_Q: return c->q;
+    case FT_GB_K: return c->k;
+    case FT_GB_V: return c->v;
+    case FT_GB_ATT: return c->att;
+    case FT_GB_H1: return c->h1;
+    case FT_GB_H2: return c->h2;
+    case FT_GB_SEL: return c->sel;
+    case FT_GB_SEL2: return c->sel2;
+    case FT_GB_LOGITS: return c->logits;
+    default: return NULL;
+    }
+}
+
+/* A tensor by (layer handle, slot): the layer's device block, or the
+ * model-wide tensors; NULL when absent (or slot < 0). */
+static const void *gten(const ft_cuda_ctx *c, const void *w, int slot)
+{
+    if (slot < 0) return NULL;
+    return w ? ((const dev_layer *)w)->t[slot] : c->g[slot];
+}
+
+static void gshape(const ft_cuda_ctx *c, const void *w, int slot, int64_t shp[2])
+{
+    if (w) {
+        shp[0] = c->lshape[slot][0];
+        shp[1] = c->lshape[slot][1];
+    } else {
+        ft_model_global_shape(c->m, slot, shp);
+    }
+}
+
+static ft_status cu_embed(void *b, ft_gbuf out, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_embed(gbuf(c, out), c->g[GW_TOK_EMB], (int)c->gdt[GW_TOK_EMB], c->d_tokens, rows, c->E, c->cs),
+          "embedding kernel");
+    return FT_OK;
+}
+
+static ft_status cu_add_positions(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, c->pos_offset, rows,
+                      c->H, c->cs),
+          "position kernel");
+    return FT_OK;
+}
+
+/* Streaming: layer l + 1 is loaded on the load stream while l computes;
+ * the compute stream waits for l's slot (timed by the stall events). */
+static ft_status cu_layer_begin(void *b, int l, const void **w)
+{
+    ft_cuda_ctx *c = b;
+    if (c->p.stream_weights) {
+        if (l == 0) TRY(load_layer(c, 0));
+        if (l + 1 < ft_model_get_config(c->m)->n_layers) TRY(load_layer(c, l + 1));
+        FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
+        FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
+        FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
+        layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, (dev_layer *)(void *)&c->cur);
+    } else {
+        layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, (dev_layer *)(void *)&c->cur);
+    }
+    *w = &c->cur;
+    return FT_OK;
+}
+
+static ft_status cu_layer_end(void *b, int l)
+{
+    ft_cuda_ctx *c = b;
+    if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
+    return FT_OK;
+}
+
+static ft_status cu_norm(void *b, ft_gbuf out, ft_gbuf in, int rows, const void *w, int sw, int sb)
+{
+    ft_cuda_ctx *c = b;
+    return norm(c, gbuf(c, out), gbuf(c, in), rows, gten(c, w, sw), gten(c, w, sb));
+}
+
+static ft_status cu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *w, int slot, int sb)
+{
+    ft_cuda_ctx *c = b;
+    int64_t shp[2];
+    gshape(c, w, slot, shp);
+    const void *gin;
+    TRY(gemm_input(c, gbuf(c, x), (uint64_t)rows * (uint64_t)shp[1], &gin));
+    return gemm(c, gbuf(c, y), gin, rows, (int)shp[1], gten(c, w, slot), (int)shp[0], gten(c, w, sb));
+}
+
+static ft_status cu_rope(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    const ft_model_config *cfg = ft_model_get_config(c->m);
+    FT_CU(ftk_rope(c->q, rows, c->qdim, cfg->n_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+          "RoPE kernel");
+    FT_CU(ftk_rope(c->k, rows, c->kvdim, cfg->n_kv_heads, c->hd, c->d_row_pos, c->rope_cos, c->rope_sin, c->cs),
+          "RoPE kernel");
+    return FT_OK;
+}
+
+static ft_status cu_attention(void *b, int l, int rows)
+{
+    ft_cuda_ctx *c = b;
+    const ft_model_config *cfg = ft_model_get_config(c->m);
+    float *kc = kv_layer(c, l, 0), *vc = kv_layer(c, l, 1);
+    FT_CU(ftk_kv_append(kc, vc, c->k, c->v, c->d_row_slot, c->d_row_pos, rows, c->kvdim, c->p.max_seq, c->cs),
+          "KV append kernel");
+    FT_CU(ftk_attention(c->att, c->q, kc, vc, c->d_row_slot, c->d_row_pos, rows, cfg->n_heads, cfg->n_kv_heads,
+                        c->hd, c->p.max_seq, 1.0f / sqrtf((float)c->hd), c->cs),
+          "attention kernel");
+    return FT_OK;
+}
+
+static ft_status cu_ffn_act(void *b, int rows)
+{
+    ft_cuda_ctx *c = b;
+    if (c->swiglu)
+        FT_CU(ftk_silu_mul(c->h1, c->h2, (uint64_t)rows * c->F, c->cs), "SiLU kernel");
+    else
+        FT_CU(ftk_relu(c->h1, (uint64_t)rows * c->F, c->cs), "ReLU kernel");
+    return FT_OK;
+}
+
+static ft_status cu_add(void *b, ft_gbuf y, ft_gbuf x, int rows)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_add(gbuf(c, y), gbuf(c, x), (uint64_t)rows * c->H, c->cs), "residual kernel");
+    return FT_OK;
+}
+
+static ft_status cu_gather_last(void *b, ft_gbuf out, ft_gbuf in, int n)
+{
+    ft_cuda_ctx *c = b;
+    FT_CU(ftk_gather_rows(gbuf(c, out), gbuf(c, in), c->d_sel, n, c->H, c->cs), "gather kernel");
+    return FT_OK;
+}
+
+static const ft_backend_ops cuda_ops = {
+    cu_embed, cu_add_positions, cu_layer_begin, cu_layer_end, cu_norm, cu_linear,
+    cu_rope, cu_attention, cu_ffn_act, cu_add, cu_gather_last,
+};
+
+/* Validation as ft_ctx_forward (the engine's checks). */
 static ft_status check_call(const ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                             const size_t *ntok, int all_rows, size_t *rows_out)
 {
-    if (!c || !slots || !tokens || !ntok || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
-    if (all_rows && !c->p.all_logits)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
-    size_t rows = 0;
-    for (size_t j = 0; j < n; j++) {
-        int s = slots[j];
-        if (s < 0 || s >= c->p.max_batch)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
-        for (size_t i = 0; i < j; i++)
-            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || !tokens[j])
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
-        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
-                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
-        for (size_t i = 0; i < ntok[j]; i++)
-            if (tokens[j][i] < 0 || tokens[j][i] >= c->V)
-                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
-                                    (int)tokens[j][i], c->V);
-        rows += ntok[j];
-        if (rows > (size_t)c->p.max_rows)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
-                                c->p.max_rows);
-    }
-    *rows_out = rows;
-    return FT_OK;
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
+    ft_call_limits lim = {c->V, c->p.max_batch, c->p.max_seq, c->p.max_rows, c->p.all_logits, c->seq_len};
+    return ft_graph_check_call(&lim, n, slots, tokens, ntok, all_rows, rows_out);
 }
 
 /* Everything up to the last layer, enqueued; then the rows that want
@@ -583,8 +668,6 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
                      const size_t *ntok, int rows, int want, int *nsel_out)
 {
     const ft_model *m = c->m;
-    const ft_model_config *cfg = &m->cfg;
-    const int H = c->H, E = c->E;
     int r = 0;
     for (size_t j = 0; j < n; j++) {
         for (size_t i = 0; i < ntok[j]; i++, r++) {
@@ -599,62 +682,9 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
     FT_CU(cudaMemcpyAsync(c->d_row_pos, c->h_row_pos, (size_t)rows * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
     FT_CU(cudaMemcpyAsync(c->d_sel, c->h_sel, n * 4, cudaMemcpyHostToDevice, c->cs), "cudaMemcpyAsync");
 
-    /* embeddings (+ project_in, + learned positions) */
-    float *emb = c->g[GW_PROJ_IN] ? c->xb : c->x;
-    FT_CU(ftk_embed(emb, c->g[GW_TOK_EMB], (int)c->gdt[GW_TOK_EMB], c->d_tokens, rows, E, c->cs), "embedding kernel");
-    if (c->g[GW_PROJ_IN]) {
-        const void *gin;
-        TRY(gemm_input(c, c->xb, (uint64_t)rows * E, &gin));
-        TRY(gemm(c, c->x, gin, rows, E, c->g[GW_PROJ_IN], H, NULL));
-    }
-    if (m->arch->pos == FT_POS_LEARNED)
-        FT_CU(ftk_add_pos(c->x, c->g[GW_POS_EMB], (int)c->gdt[GW_POS_EMB], c->d_row_pos, m->arch->pos_offset, rows,
-                          H, c->cs),
-              "position kernel");
-
-    if (c->p.stream_weights) TRY(load_layer(c, 0));
-    for (int l = 0; l < cfg->n_layers; l++) {
-        dev_layer w;
-        if (c->p.stream_weights) {
-            if (l + 1 < cfg->n_layers) TRY(load_layer(c, l + 1));
-            FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
-            FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
-            FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
-            layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, &w);
-        } else {
-            layer_ptrs(c, c->lbuf + (size_t)l * c->lbytes, &w);
-        }
-        TRY(layer_forward(c, l, &w, rows));
-        if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
-    }
-    if (!want) { *nsel_out = 0; return FT_OK; }
-
-    /* final norm, project_out, lm_head on the rows that need logits */
-    int nsel;
-    const float *src;
-    if (want == 2) {
-        nsel = rows;
-        src = c->x;
-    } else {
-        nsel = (int)n;
-        FT_CU(ftk_gather_rows(c->sel, c->x, c->d_sel, nsel, H, c->cs), "gather kernel");
-        src = c->sel;
-    }
-    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
-        TRY(norm(c, c->sel2, src, nsel, c->g[GW_FINAL_NORM_W], c->g[GW_FINAL_NORM_B]));
-        src = c->sel2;
-    }
-    const void *gin;
-    if (c->g[GW_PROJ_OUT]) {
-        float *dst = src == c->sel ? c->sel2 : c->sel;
-        TRY(gemm_input(c, src, (uint64_t)nsel * H, &gin));
-        TRY(gemm(c, dst, gin, nsel, H, c->g[GW_PROJ_OUT], E, NULL));
-        src = dst;
-    }
-    TRY(gemm_input(c, src, (uint64_t)nsel * E, &gin));
-    TRY(gemm(c, c->logits, gin, nsel, E, c->g[GW_LM_HEAD], c->V, NULL));
-    *nsel_out = nsel;
-    return FT_OK;
+    c->call_n = (int)n;
+    int failed = -1;
+    return ft_graph_forward(&cuda_ops, c, m, rows, (int)n, want, nsel_out, &failed);
 }
 
 /* After an error: let enqueued work finish (it may read the hook's host
@@ -673,7 +703,7 @@ static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t
     if (st) { drain(c); return st; }
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
     /* how long the compute stream waited for each layer's weights */
-    for (int l = 0; c->p.stream_weights && l < c->m->cfg.n_layers; l++) {
+    for (int l = 0; c->p.stream_weights && l < ft_model_get_config(c->m)->n_layers; l++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, c->stall0[l], c->stall1[l]) == cudaSuccess) c->stall_s += ms * 1e-3;
         else (void)cudaGetLastError();
@@ -724,119 +754,39 @@ ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
 
 /* ------------------------------------------------------------ generate */
 
-static double cpu_now(void)
+/* The one generation loop (ft_generate_with, src/engine/sample.c) over
+ * the GPU's forward; greedy decoding takes the argmax on the device. */
+static ft_status cuda_forward_last(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                   const size_t *ntok, float *logits)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return ft_cuda_ctx_forward(ctx, n, slots, tokens, ntok, logits, 0);
 }
 
-static int is_eos(const ft_model_config *cfg, int32_t t)
+static ft_status cuda_forward_greedy(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                                     const size_t *ntok, int32_t *next)
 {
-    for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos_ids[i] == t) return 1;
-    return 0;
+    return ft_cuda_ctx_forward_greedy(ctx, n, slots, tokens, ntok, next);
 }
 
-/* ft_generate (src/engine/sample.c) with the forward on the GPU. */
+static void cuda_reset(void *ctx, int slot) { ft_cuda_ctx_reset(ctx, slot); }
+
+void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ctx = c;
+    out->cfg = ft_model_get_config(c->m);
+    out->max_batch = c->p.max_batch;
+    out->max_seq = c->p.max_seq;
+    out->forward = cuda_forward_last;
+    out->forward_greedy = cuda_forward_greedy;
+    out->reset = cuda_reset;
+}
+
 ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
                            const ft_gen_params *p, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
 {
-    if (!c || !prompts || !prompt_len || !p || !out || !n_out || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or empty batch");
-    const ft_model_config *cfg = &c->m->cfg;
-    int max_seq = c->p.max_seq;
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %zu prompts > max_batch %d", n, c->p.max_batch);
-    size_t maxlen = 0;
-    for (size_t j = 0; j < n; j++) {
-        if (prompt_len[j] == 0) return ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is empty", j);
-        if (prompt_len[j] + (p->max_new_tokens ? p->max_new_tokens - 1 : 0) > (size_t)max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "generate: prompt %zu has %zu tokens; with %zu new "
-                                "tokens it exceeds the context of %d", j, prompt_len[j], p->max_new_tokens,
-                                max_seq);
-        if (prompt_len[j] > maxlen) maxlen = prompt_len[j];
-    }
-    const int greedy = !(p->sampling.temperature > 0) &&
-                       !(p->sampling.repetition_penalty > 0 && p->sampling.repetition_penalty != 1.0f);
-    size_t hist_cap = maxlen + p->max_new_tokens + 1;
-    float *logits = greedy ? NULL : malloc(n * (size_t)cfg->vocab * sizeof(float));
-    int32_t *hist = malloc(n * hist_cap * sizeof(int32_t));
-    int32_t *next = malloc(n * sizeof(int32_t));
-    int *slots = malloc(n * sizeof(int));
-    int *rowseq = malloc(n * sizeof(int));
-    size_t *hlen = calloc(n, sizeof(size_t));
-    const int32_t **tp = malloc(n * sizeof *tp);
-    size_t *nt = malloc(n * sizeof *nt);
-    uint64_t *rng = malloc(n * sizeof *rng);
-    ft_sampler *smp = NULL;
-    ft_status st = greedy ? FT_OK : ft_sampler_create(cfg->vocab, &smp);
-    if (!st && ((!greedy && !logits) || !hist || !next || !slots || !rowseq || !hlen || !tp || !nt || !rng))
-        st = ft_set_error(FT_ERR_NOMEM, "generate: buffers");
-    if (st) goto done;
-    ft_gen_stats gs;
-    memset(&gs, 0, sizeof gs);
-    for (size_t j = 0; j < n; j++) {
-        ft_cuda_ctx_reset(c, (int)j);
-        slots[j] = (int)j;
-        rowseq[j] = (int)j;
-        tp[j] = prompts[j];
-        nt[j] = prompt_len[j];
-        memcpy(hist + j * hist_cap, prompts[j], prompt_len[j] * sizeof(int32_t));
-        hlen[j] = prompt_len[j];
-        n_out[j] = 0;
-        rng[j] = p->sampling.seed ^ (0x9e3779b97f4a7c15ull * (j + 1));
-        gs.prefill_tokens += prompt_len[j];
-    }
-    if (p->max_new_tokens == 0) goto finish_stats;
-    double t0 = ft_now(), c0 = cpu_now();
-    st = greedy ? ft_cuda_ctx_forward_greedy(c, n, slots, tp, nt, next)
-                : ft_cuda_ctx_forward(c, n, slots, tp, nt, logits, 0);
-    if (st) goto done;
-    gs.prefill_s = ft_now() - t0;
-    gs.prefill_cpu_s = cpu_now() - c0;
-    size_t nrows = n;
-    t0 = ft_now();
-    c0 = cpu_now();
-    for (;;) {
-        size_t nact = 0;
-        for (size_t r = 0; r < nrows; r++) {
-            int j = rowseq[r];
-            int32_t tok;
-            if (greedy) {
-                tok = next[r];
-            } else {
-                ft_sampling sp = p->sampling;
-                tok = ft_sampler_sample(smp, &sp, logits + r * (size_t)cfg->vocab, hist + (size_t)j * hist_cap,
-                                        hlen[j], &rng[j]);
-            }
-            out[j][n_out[j]++] = tok;
-            hist[(size_t)j * hist_cap + hlen[j]++] = tok;
-            int stop = (!p->ignore_eos && is_eos(cfg, tok)) || n_out[j] >= p->max_new_tokens;
-            if (p->on_token && p->on_token(p->user, (size_t)j, tok)) stop = 1;
-            if (!stop) {
-                slots[nact] = j;
-                rowseq[nact] = j;
-                nact++;
-            }
-        }
-        if (!nact) break;
-        for (size_t i = 0; i < nact; i++) {
-            int j = slots[i];
-            tp[i] = hist + (size_t)j * hist_cap + hlen[j] - 1;
-            nt[i] = 1;
-        }
-        st = greedy ? ft_cuda_ctx_forward_greedy(c, nact, slots, tp, nt, next)
-                    : ft_cuda_ctx_forward(c, nact, slots, tp, nt, logits, 0);
-        if (st) goto done;
-        gs.decode_tokens += nact;
-        nrows = nact;
-    }
-    gs.decode_s = ft_now() - t0;
-    gs.decode_cpu_s = cpu_now() - c0;
-finish_stats:
-    if (stats) *stats = gs;
-done:
-    ft_sampler_free(smp);
-    free(logits); free(hist); free(next); free(slots); free(rowseq); free(hlen); free(tp); free(nt); free(rng);
-    return st;
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL context");
+    ft_forward_ops f;
+    ft_cuda_ctx_forward_ops(c, &f);
+    return ft_generate_with(&f, n, prompts, prompt_len, p, out, n_out, stats);
 }

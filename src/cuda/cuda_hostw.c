@@ -2,7 +2,7 @@
  * streaming (ft_cuda_host_weights_*): the "weights on the host tier"
  * placement, raw bf16 or compressed frames that the GPU decodes. */
 #include "cuda_host.h"
-#include "engine/engine_internal.h"
+#include "engine/graph.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +24,13 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
         p->codec != FT_CODEC_BYTEPLANE)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: codec %s (raw, q8, q4 or byteplane)",
                             ft_codec_name(p->codec));
-    if (!m->lbuf) return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: the model's layers are not loaded");
-    if (m->wfmt != FT_WF_F32)
+    if (!ft_model_layers_loaded(m)) return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: the model's layers are not loaded");
+    if (ft_model_format_requested(m) != FT_WF_F32)
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda host weights: the model is kept as %s (an f32 model is "
-                            "packed)", ft_wfmt_name(m->wfmt));
+                            "packed)", ft_wfmt_name(ft_model_format_requested(m)));
     ft_status st = ft_cuda_available(NULL, 0);   /* pinned memory needs a CUDA driver */
     if (st) return st;
-    const ft_model_config *cfg = &m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(m);
     ft_codec_params cp;
     ft_codec_default_params(&cp);
     cp.codec = p->codec;
@@ -52,9 +52,8 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
     size_t cap[LW_COUNT] = {0}, total = 0;
     int nd[LW_COUNT] = {0};
     int64_t shape[LW_COUNT][2];
-    char name[128];
     for (int s = 0; s < LW_COUNT; s++) {
-        if (!m->arch->layer_name(cfg, 0, s, name, sizeof name)) continue;
+        if (!ft_model_layer_has(m, s)) continue;
         nd[s] = ft_layer_shape(cfg, s, shape[s]);
         uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
         if (nd[s] == 1) cap[s] = (size_t)n * 4;
@@ -72,7 +71,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
     for (int l = 0; l < cfg->n_layers; l++)
         for (int s = 0; s < LW_COUNT; s++) {
             if (!cap[s]) continue;
-            const float *w = ft_layer_f32(&m->layers[l], s);
+            const float *w = ft_layer_f32(ft_model_layer(m, l), s);
             uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
             uint8_t *dst = hw->buf + pos;
             ft_cuda_wsrc *o = &hw->src[l][s];

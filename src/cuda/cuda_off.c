@@ -1,6 +1,7 @@
 /* The CUDA backend's API in a build without CUDA (no CUDA compiler at
  * configure time, or -DFT_CUDA=OFF): every entry point reports why, so
  * callers (the CLI's --device cuda, the tests) need no #ifdef. */
+#include <string.h>
 #include "flextier/cuda.h"
 
 #define OFF_DETAIL "built without CUDA (configured with FT_CUDA=OFF, as a sanitizer/fuzzing/Python build, " \
@@ -92,6 +93,12 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out)
 {
     (void)c;
     if (out) *out = (ft_cuda_stats){0};
+}
+
+void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
+{
+    (void)c;
+    if (out) memset(out, 0, sizeof *out);   /* no context exists without CUDA */
 }
 
 ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,

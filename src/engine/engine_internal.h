@@ -2,27 +2,12 @@
 #ifndef FT_ENGINE_INTERNAL_H
 #define FT_ENGINE_INTERNAL_H
 #include "flextier/engine.h"
+#include "graph.h"
 
 #include <errno.h>
 #include <stddef.h>
 
 #define LIM_HALF_HEAD 512   /* head_dim <= 1024 (config.c) */
-
-/* Per-layer weight slots, in the field order of ft_layer_weights. */
-enum {
-    LW_NORM1_W, LW_NORM1_B, LW_Q, LW_QB, LW_K, LW_KB, LW_V, LW_VB, LW_O, LW_OB,
-    LW_NORM2_W, LW_NORM2_B, LW_GATE, LW_GATE_B, LW_UP, LW_UP_B, LW_DOWN, LW_DOWN_B,
-    LW_COUNT
-};
-/* Model-wide weight slots. */
-enum {
-    GW_TOK_EMB, GW_POS_EMB, GW_PROJ_IN, GW_PROJ_OUT, GW_FINAL_NORM_W, GW_FINAL_NORM_B,
-    GW_LM_HEAD, GW_COUNT
-};
-
-enum { FT_NORM_LAYER = 0, FT_NORM_RMS = 1 };
-enum { FT_POS_LEARNED = 0, FT_POS_ROPE = 1 };
-enum { FT_FFN_RELU = 0, FT_FFN_SWIGLU = 1 };
 
 /* An architecture: which building blocks it uses and what its tensors are
  * called. Everything else (shapes, the forward pass) is shared. A third
@@ -48,19 +33,12 @@ const ft_arch *ft_arch_get(ft_arch_id id);
 
 /* Shape (2 dims at most) of a slot; returns ndim. */
 int ft_global_shape(const ft_model_config *c, const ft_arch *a, int slot, int64_t shape[2]);
-int ft_layer_shape(const ft_model_config *c, int slot, int64_t shape[2]);
 
 /* Slot accessors: a matrix slot (Q, K, V, O, GATE, UP, DOWN) has an
  * ft_wmat, every other slot (norms, biases) an f32 vector. */
 int ft_slot_is_matrix(int slot);
 ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot);        /* NULL: vector slot */
 const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slot */
-
-/* A tensor of an f32 model as a plain pointer (NULL if absent). */
-static inline const float *ft_layer_f32(ft_layer_weights *w, int slot)
-{
-    return ft_slot_is_matrix(slot) ? (const float *)ft_layer_mat(w, slot)->data : *ft_layer_vec(w, slot);
-}
 
 typedef struct ft_model_tensor_entry {
     char name[128];
@@ -119,14 +97,6 @@ const ft_model *ft_ctx_model(const ft_ctx *c);
 int ft_ctx_max_seq(const ft_ctx *c);
 int ft_ctx_max_batch(const ft_ctx *c);
 
-/* RoPE inverse frequencies (head_dim/2 of them), with llama3 scaling, in
- * f32 exactly as transformers computes them (forward.c; the CUDA backend
- * builds its tables from the same function). */
-void ft_rope_inv_freq(const ft_model_config *cfg, float *inv, int half);
-/* cos/sin tables [npos][head_dim/2] from those frequencies, times yarn's
- * attention factor (the CPU and CUDA contexts both build theirs here). */
-void ft_rope_tables(const ft_model_config *cfg, size_t npos, float *cos, float *sin);
-/* The smallest attention window of any layer (0: none). */
-int ft_config_min_window(const ft_model_config *cfg);
+
 
 #endif

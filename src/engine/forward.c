@@ -9,6 +9,7 @@
 #include "engine_internal.h"
 #include "kernels.h"
 #include "wkernels.h"
+#include "graph.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ struct ft_ctx {
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
     int *row_seq, *row_pos, *row0;
+    int32_t *row_tok;               /* the call's token per row */
     uint64_t scratch_bytes;
     ft_layer_hook hook;
     void *hook_user;
@@ -47,7 +49,9 @@ struct ft_ctx {
     const int *slots;
     const size_t *ntok;
     int rows;
-    const ft_layer_weights *w;
+    ft_layer_weights lw;            /* the current layer's weights (hook-filled copy) */
+    const ft_kv_step *step;         /* external KV: the call's sequences */
+    float *out_logits;              /* the caller's logits (FT_GB_LOGITS) */
 };
 
 static float *falloc(ft_ctx *c, size_t n)
@@ -239,6 +243,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if (c->kv_esize != 4 && ft_config_min_window(cfg))
         c->kvt = falloc(c, (size_t)c->threads * 2 * S * (size_t)cfg->head_dim);
     c->row_seq = calloc(R, sizeof(int));
+    c->row_tok = calloc(R, sizeof(int32_t));
     c->row_pos = calloc(R, sizeof(int));
     c->row0 = calloc(B + 1, sizeof(int));
     if (m->arch->pos == FT_POS_ROPE) {
@@ -250,7 +255,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
         (c->kv_esize != 4 && ft_config_min_window(cfg) && !c->kvt) || !c->x || !c->xb ||
         !c->q || !c->k || !c->v || !c->att ||
-        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_pos ||
+        !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_tok || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
         ft_ctx_free(c);
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
@@ -274,7 +279,7 @@ void ft_ctx_free(ft_ctx *c)
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
     ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
-    free(c->row_seq); free(c->row_pos); free(c->row0);
+    free(c->row_seq); free(c->row_tok); free(c->row_pos); free(c->row0);
     free(c);
 }
 
@@ -562,23 +567,115 @@ static void add_into(float *x, const float *y, size_t n)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
-{
-    const ft_model_config *cfg = &c->m->cfg;
-    const ft_arch *a = c->m->arch;
-    int rows = c->rows, H = cfg->hidden;
-    int pre = a->norm == FT_NORM_RMS || cfg->do_layer_norm_before;
-    size_t xn = (size_t)rows * H;
-    c->layer = l;
-    c->w = w;
+/* ------------------------------------------------ the CPU backend ops */
 
-    /* attention block */
-    const float *in = c->x;
-    if (pre) { norm(c, c->xb, c->x, rows, H, w->norm1_w, w->norm1_b); in = c->xb; }
-    linear(c->q, in, rows, &w->wq, w->bq);
-    linear(c->k, in, rows, &w->wk, w->bk);
-    linear(c->v, in, rows, &w->wv, w->bv);
-    if (a->pos == FT_POS_ROPE) par_rows(c, rows, rope_rows, NULL);
+static float *cbuf(ft_ctx *c, ft_gbuf id)
+{
+    switch (id) {
+    case FT_GB_X: return c->x;
+    case FT_GB_XB: return c->xb;
+    case FT_GB_Q: return c->q;
+    case FT_GB_K: return c->k;
+    case FT_GB_V: return c->v;
+    case FT_GB_ATT: return c->att;
+    case FT_GB_H1: return c->h1;
+    case FT_GB_H2: return c->h2;
+    case FT_GB_SEL: return c->sel;
+    case FT_GB_SEL2: return c->sel2;
+    case FT_GB_LOGITS: return c->out_logits;
+    default: return NULL;
+    }
+}
+
+static const ft_wmat *cmat(ft_ctx *c, const void *w, int slot)
+{
+    return w ? ft_layer_mat((ft_layer_weights *)(uintptr_t)w, slot) : &c->m->g[slot];
+}
+
+static const float *cvec(ft_ctx *c, const void *w, int slot)
+{
+    if (slot < 0) return NULL;
+    return w ? *ft_layer_vec((ft_layer_weights *)(uintptr_t)w, slot) : (const float *)c->m->g[slot].data;
+}
+
+static ft_status cpu_embed(void *b, ft_gbuf out, int rows)
+{
+    ft_ctx *c = b;
+    int E = c->m->cfg.word_embed_proj_dim;
+    float *o = cbuf(c, out);
+    for (int r = 0; r < rows; r++) ft_wmat_row_f32(&c->m->g[GW_TOK_EMB], c->row_tok[r], o + (size_t)r * E);
+    return FT_OK;
+}
+
+static ft_status cpu_add_positions(void *b, int rows)
+{
+    ft_ctx *c = b;
+    int H = c->m->cfg.hidden;
+    float *pe = c->sel2;   /* free until the logits */
+    for (int r = 0; r < rows; r++) {
+        ft_wmat_row_f32(&c->m->g[GW_POS_EMB], c->row_pos[r] + c->m->arch->pos_offset, pe);
+        add_into(c->x + (size_t)r * H, pe, (size_t)H);
+    }
+    return FT_OK;
+}
+
+static ft_status cpu_layer_begin(void *b, int l, const void **w)
+{
+    ft_ctx *c = b;
+    /* the model is not modified: a hook fills this layer's copy */
+    c->lw = c->m->layers[l];
+    if (c->hook) {
+        ft_status st = c->hook(c->hook_user, l, &c->lw);
+        if (st) return st;
+    }
+    if (c->p.external_kv) {
+        ft_status st = c->kvh.load(c->kvh.user, l, c->step, c->kk, c->vv);
+        if (st) return st;
+        for (size_t j = 0; j < c->n; j++) {
+            c->ck[j] = c->kk[j];
+            c->cv[j] = c->vv[j];
+        }
+    } else {
+        for (size_t j = 0; j < c->n; j++) {
+            c->ck[j] = kv_ptr(c, l, 0, c->slots[j]);
+            c->cv[j] = kv_ptr(c, l, 1, c->slots[j]);
+        }
+    }
+    c->layer = l;
+    *w = &c->lw;
+    return FT_OK;
+}
+
+static ft_status cpu_layer_end(void *b, int l)
+{
+    ft_ctx *c = b;
+    if (c->p.external_kv) return c->kvh.store(c->kvh.user, l, c->step, c->kk, c->vv);
+    return FT_OK;
+}
+
+static ft_status cpu_norm(void *b, ft_gbuf out, ft_gbuf in, int rows, const void *w, int sw, int sb)
+{
+    ft_ctx *c = b;
+    norm(c, cbuf(c, out), cbuf(c, in), rows, c->m->cfg.hidden, cvec(c, w, sw), cvec(c, w, sb));
+    return FT_OK;
+}
+
+static ft_status cpu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *w, int slot, int sb)
+{
+    ft_ctx *c = b;
+    return linear_ctx(c, cbuf(c, y), cbuf(c, x), rows, cmat(c, w, slot), cvec(c, w, sb));
+}
+
+static ft_status cpu_rope(void *b, int rows)
+{
+    par_rows(b, rows, rope_rows, NULL);
+    return FT_OK;
+}
+
+static ft_status cpu_attention(void *b, int l, int rows)
+{
+    ft_ctx *c = b;
+    (void)rows;
     int ring = is_ring(c, l);
     for (size_t j = 0; j < c->n && !ring; j++) {  /* append K/V to the caches */
         int r0 = c->row0[j], pos0 = c->row_pos[r0];
@@ -587,27 +684,39 @@ static ft_status layer_forward(ft_ctx *c, int l, ft_layer_weights *w)
         ft_convert((uint8_t *)c->ck[j] + at, c->p.kv_dtype, c->k + (size_t)r0 * c->kvdim, FT_F32, n);
         ft_convert((uint8_t *)c->cv[j] + at, c->p.kv_dtype, c->v + (size_t)r0 * c->kvdim, FT_F32, n);
     }
-    ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)cfg->n_heads, attn_task, c);
+    ft_pool_run(c->threads == 1 ? NULL : c->pool, c->n * (size_t)c->m->cfg.n_heads, attn_task, c);
     if (ring) ring_write(c, l);
-    linear(c->xb, c->att, rows, &w->wo, w->bo);
-    add_into(c->x, c->xb, xn);
-    if (!pre) norm(c, c->x, c->x, rows, H, w->norm1_w, w->norm1_b);
-
-    /* feed-forward block */
-    in = c->x;
-    if (pre) { norm(c, c->xb, c->x, rows, H, w->norm2_w, w->norm2_b); in = c->xb; }
-    if (a->ffn == FT_FFN_SWIGLU) {
-        linear(c->h1, in, rows, &w->w_gate, w->b_gate);
-        linear(c->h2, in, rows, &w->w_up, w->b_up);
-    } else {
-        linear(c->h1, in, rows, &w->w_up, w->b_up);
-    }
-    par_rows(c, rows, ffn_act_rows, NULL);
-    linear(c->xb, c->h1, rows, &w->w_down, w->b_down);
-    add_into(c->x, c->xb, xn);
-    if (!pre) norm(c, c->x, c->x, rows, H, w->norm2_w, w->norm2_b);
     return FT_OK;
 }
+
+static ft_status cpu_ffn_act(void *b, int rows)
+{
+    par_rows(b, rows, ffn_act_rows, NULL);
+    return FT_OK;
+}
+
+static ft_status cpu_add(void *b, ft_gbuf y, ft_gbuf x, int rows)
+{
+    ft_ctx *c = b;
+    add_into(cbuf(c, y), cbuf(c, x), (size_t)rows * (size_t)c->m->cfg.hidden);
+    return FT_OK;
+}
+
+static ft_status cpu_gather_last(void *b, ft_gbuf out, ft_gbuf in, int n)
+{
+    ft_ctx *c = b;
+    int H = c->m->cfg.hidden;
+    float *o = cbuf(c, out);
+    const float *x = cbuf(c, in);
+    for (int j = 0; j < n; j++)
+        memcpy(o + (size_t)j * H, x + (size_t)(c->row0[j + 1] - 1) * H, (size_t)H * sizeof(float));
+    return FT_OK;
+}
+
+static const ft_backend_ops cpu_ops = {
+    cpu_embed, cpu_add_positions, cpu_layer_begin, cpu_layer_end, cpu_norm, cpu_linear,
+    cpu_rope, cpu_attention, cpu_ffn_act, cpu_add, cpu_gather_last,
+};
 
 /* An error after a ring layer advanced: its overwritten rows are gone, so
  * the sequences of the call are reset rather than left inconsistent. */
@@ -621,55 +730,32 @@ static ft_status fail_reset(ft_ctx *c, ft_status st)
 ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                          const size_t *ntok, float *logits, int all_rows)
 {
-    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
     return ft_ctx_forward_layers(c, n, slots, tokens, ntok, NULL, 0, c->m->cfg.n_layers, NULL, logits, all_rows);
 }
 
-/* A pipeline stage's share: the input is tokens (l0 == 0) or the previous
- * stage's hidden rows; the output the hidden rows (hidden_out) or the
- * logits. */
+/* A pipeline stage's share (the whole model for ft_ctx_forward): the input
+ * is tokens (l0 == 0) or the previous stage's hidden rows, put where the
+ * embeddings would be; the output the hidden rows or the logits. */
 ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
                                 const size_t *ntok, const float *hidden_in, int l0, int l1,
                                 float *hidden_out, float *logits, int all_rows)
 {
-    if (!c || !slots || !ntok || n == 0)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
     const ft_model *m = c->m;
-    const ft_model_config *cfg = &m->cfg;
-    if (l0 < 0 || l1 > cfg->n_layers || l0 > l1)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d", l0, l1, cfg->n_layers);
-    if (l0 == 0 ? !tokens : !hidden_in)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers from %d need %s", l0,
-                            l0 == 0 ? "tokens" : "the previous stage's hidden states");
-    if (l1 < cfg->n_layers && !hidden_out)
+    const int L = m->cfg.n_layers, H = m->cfg.hidden;
+    if (l0 < 0 || l1 > L || l0 > l1)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d", l0, l1, L);
+    if (l0 > 0 && !hidden_in)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers from %d need the previous stage's hidden states", l0);
+    if (l1 < L && !hidden_out)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers up to %d need a buffer for the hidden states", l1);
-    if (n > (size_t)c->p.max_batch)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, c->p.max_batch);
-    if (all_rows && !c->p.all_logits)
-        return ft_set_error(FT_ERR_INVALID_ARG, "forward: all-row logits need ctx all_logits");
     if (c->p.external_kv && (!c->kvh.load || !c->kvh.store))
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: the context's KV cache is external but no KV hooks are set");
+    ft_call_limits lim = {m->cfg.vocab, c->p.max_batch, c->p.max_seq, c->p.max_rows, c->p.all_logits, c->seq_len};
     size_t rows = 0;
-    for (size_t j = 0; j < n; j++) {
-        int s = slots[j];
-        if (s < 0 || s >= c->p.max_batch)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
-        for (size_t i = 0; i < j; i++)
-            if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || (l0 == 0 && !tokens[j]))
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
-        if ((size_t)c->seq_len[s] + ntok[j] > (size_t)c->p.max_seq)
-            return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
-                                "exceed the context of %d", j, c->seq_len[s], ntok[j], c->p.max_seq);
-        for (size_t i = 0; l0 == 0 && i < ntok[j]; i++)
-            if (tokens[j][i] < 0 || tokens[j][i] >= cfg->vocab)
-                return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
-                                    (int)tokens[j][i], cfg->vocab);
-        rows += ntok[j];
-        if (rows > (size_t)c->p.max_rows)
-            return ft_set_error(FT_ERR_INVALID_ARG, "forward: more than max_rows = %d new tokens",
-                                c->p.max_rows);
-    }
+    ft_status cst = ft_graph_check_call_ex(&lim, n, slots, tokens, ntok, all_rows, l0 == 0, &rows);
+    if (cst) return cst;
     c->n = n;
     c->slots = slots;
     c->ntok = ntok;
@@ -680,84 +766,22 @@ ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int
         for (size_t i = 0; i < ntok[j]; i++, r++) {
             c->row_seq[r] = (int)j;
             c->row_pos[r] = c->seq_len[slots[j]] + (int)i;
+            c->row_tok[r] = l0 == 0 ? tokens[j][i] : 0;
         }
     }
     c->row0[n] = r;
     for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
-    ft_kv_step step = {n, slots, c->past, ntok};
-
-    /* embeddings (or the previous stage's output) */
-    int H = cfg->hidden, E = cfg->word_embed_proj_dim;
-    int has_proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
-    float *emb = has_proj_in ? c->xb : c->x;
     if (l0 > 0) memcpy(c->x, hidden_in, rows * (size_t)H * sizeof(float));
-    for (size_t j = 0, rr = 0; l0 == 0 && j < n; j++)
-        for (size_t i = 0; i < ntok[j]; i++, rr++)
-            ft_wmat_row_f32(&m->g[GW_TOK_EMB], tokens[j][i], emb + rr * (size_t)E);
-    if (l0 == 0 && has_proj_in) linear(c->x, c->xb, (int)rows, &m->g[GW_PROJ_IN], NULL);
-    if (l0 == 0 && m->arch->pos == FT_POS_LEARNED) {
-        float *pe = c->sel2;   /* free until the logits */
-        for (size_t rr = 0; rr < rows; rr++) {
-            ft_wmat_row_f32(&m->g[GW_POS_EMB], c->row_pos[rr] + m->arch->pos_offset, pe);
-            add_into(c->x + rr * (size_t)H, pe, (size_t)H);
-        }
-    }
-
+    ft_kv_step step = {n, slots, c->past, ntok};
+    c->step = &step;
+    c->out_logits = l1 == L && !hidden_out ? logits : NULL;
     c->ring_dirty = 0;
-    for (int l = l0; l < l1; l++) {
-        /* the model is not modified: a hook fills this layer's copy */
-        ft_layer_weights local = m->layers[l];
-        ft_layer_weights *w = &local;
-        if (c->hook) {
-            ft_status st = c->hook(c->hook_user, l, &local);
-            if (st) return fail_reset(c, st);
-        }
-        if (c->p.external_kv) {
-            ft_status st = c->kvh.load(c->kvh.user, l, &step, c->kk, c->vv);
-            if (st) return st;
-            for (size_t j = 0; j < n; j++) {
-                c->ck[j] = c->kk[j];
-                c->cv[j] = c->vv[j];
-            }
-        } else {
-            for (size_t j = 0; j < n; j++) {
-                c->ck[j] = kv_ptr(c, l, 0, slots[j]);
-                c->cv[j] = kv_ptr(c, l, 1, slots[j]);
-            }
-        }
-        ft_status st = layer_forward(c, l, w);
-        if (st) return fail_reset(c, st);
-        if (c->p.external_kv && (st = c->kvh.store(c->kvh.user, l, &step, c->kk, c->vv))) return st;
-    }
-
+    int nsel = 0, failed = -1;
+    int want = l1 == L && logits && !hidden_out ? (all_rows ? 2 : 1) : 0;
+    ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
+    c->step = NULL;
+    if (st) return fail_reset(c, st);
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
-    if (hidden_out) {
-        memcpy(hidden_out, c->x, rows * (size_t)H * sizeof(float));
-        return FT_OK;
-    }
-    if (!logits) return FT_OK;
-
-    /* final norm, project_out, lm_head on the rows that need logits */
-    int nsel;
-    const float *src;
-    if (all_rows) {
-        nsel = (int)rows;
-        src = c->x;
-    } else {
-        nsel = (int)n;
-        for (size_t j = 0; j < n; j++)
-            memcpy(c->sel + j * (size_t)H, c->x + (size_t)(c->row0[j + 1] - 1) * H, (size_t)H * sizeof(float));
-        src = c->sel;
-    }
-    if (m->g[GW_FINAL_NORM_W].data || (cfg->arch == FT_ARCH_OPT && cfg->final_norm)) {
-        norm(c, c->sel2, src, nsel, H, m->g[GW_FINAL_NORM_W].data, m->g[GW_FINAL_NORM_B].data);
-        src = c->sel2;
-    }
-    if (ft_wmat_present(&m->g[GW_PROJ_OUT])) {
-        float *dst = src == c->sel ? c->sel2 : c->sel;
-        linear(dst, src, nsel, &m->g[GW_PROJ_OUT], NULL);
-        src = dst;
-    }
-    linear(logits, src, nsel, &m->g[GW_LM_HEAD], NULL);
+    if (hidden_out) memcpy(hidden_out, c->x, rows * (size_t)H * sizeof(float));
     return FT_OK;
 }

@@ -64,6 +64,13 @@ static ft_status checkpoint_format(const ft_checkpoint *ck, const ft_model_confi
     return FT_OK;
 }
 
+ft_status ft_model_checkpoint_tensor(const ft_model *m, const ft_checkpoint *ck, size_t i, ft_tensor *t)
+{
+    if (!m || !ck || !t || i >= m->n_tensors) return ft_set_error(FT_ERR_INVALID_ARG, "model: tensor %zu", i);
+    char used[160];
+    return ft_model_find_tensor(ck, m->arch, m->tensors[i].name, t, used, sizeof used);
+}
+
 ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model **out)
 {
     if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "load: NULL argument");

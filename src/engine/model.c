@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 const ft_arch *ft_arch_get(ft_arch_id id)
 {
@@ -487,7 +489,7 @@ ft_wfmt ft_model_weights_format(const ft_model *m)
     return best;
 }
 
-ft_layer_weights *ft_model_layer(ft_model *m, int i)
+const ft_layer_weights *ft_model_layer(const ft_model *m, int i)
 {
     if (!m || i < 0 || i >= m->cfg.n_layers) return NULL;
     return &m->layers[i];
@@ -521,4 +523,100 @@ void ft_load_params_default(ft_load_params *p)
 {
     memset(p, 0, sizeof *p);
     p->weights = FT_WEIGHTS_AS_STORED;
+}
+
+/* ------------------------------------------------- public layer layout */
+
+_Static_assert(FT_LAYER_SLOTS == LW_COUNT, "FT_LAYER_SLOTS is the number of ft_layer_weights fields");
+
+int ft_layer_slot_is_matrix(int slot) { return slot >= 0 && slot < LW_COUNT && ft_slot_is_matrix(slot); }
+
+ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot)
+{
+    return w && slot >= 0 && slot < LW_COUNT ? ft_layer_mat(w, slot) : NULL;
+}
+
+const float **ft_layer_weights_vec(ft_layer_weights *w, int slot)
+{
+    return w && slot >= 0 && slot < LW_COUNT ? ft_layer_vec(w, slot) : NULL;
+}
+
+ft_status ft_model_tensor_layout(const ft_model *m, size_t i, ft_tensor_layout *out)
+{
+    if (!m || !out || i >= m->n_tensors) return ft_set_error(FT_ERR_NOT_FOUND, "model: tensor %zu", i);
+    const ft_model_tensor_entry *e = &m->tensors[i];
+    memset(out, 0, sizeof *out);
+    out->name = e->name;
+    out->layer = e->layer;
+    out->slot = e->slot;
+    out->ndim = e->ndim;
+    out->shape[0] = e->shape[0];
+    out->shape[1] = e->ndim == 2 ? e->shape[1] : 0;
+    out->fmt = e->fmt;
+    out->group = e->group;
+    out->n_chunks = e->n_chunks;
+    return FT_OK;
+}
+
+ft_wfmt ft_model_format_for(const ft_model *m, size_t i, ft_wfmt want, int *group)
+{
+    int g = 0;
+    if (!m || i >= m->n_tensors) { if (group) *group = 0; return FT_WF_F32; }
+    const ft_model_tensor_entry *e = &m->tensors[i];
+    ft_wfmt f = ft_tensor_format(&m->cfg, e->layer < 0, e->slot, e->ndim, e->shape, want, &g);
+    if (group) *group = g;
+    return f;
+}
+
+ft_wfmt ft_model_format_requested(const ft_model *m) { return m ? m->wfmt : FT_WF_F32; }
+
+/* --------------------------------------------- the backend interface */
+
+void ft_model_get_blocks(const ft_model *m, ft_model_blocks *out)
+{
+    out->norm = m->arch->norm;
+    out->pos = m->arch->pos;
+    out->ffn = m->arch->ffn;
+    out->pos_offset = m->arch->pos_offset;
+}
+
+int ft_model_global_shape(const ft_model *m, int slot, int64_t shape[2])
+{
+    return ft_global_shape(&m->cfg, m->arch, slot, shape);
+}
+
+const ft_wmat *ft_model_global(const ft_model *m, int slot) { return &m->g[slot]; }
+
+int ft_model_layer_has(const ft_model *m, int slot)
+{
+    char name[128];
+    return m->arch->layer_name(&m->cfg, 0, slot, name, sizeof name);
+}
+
+int ft_model_layers_loaded(const ft_model *m) { return m->lbuf != NULL; }
+
+/* The model-wide tensors each end of a pipeline reads. */
+static int global_needed(const ft_model *m, int slot, int input_end, int output_end)
+{
+    switch (slot) {
+    case GW_TOK_EMB: return input_end || (output_end && m->cfg.tie_word_embeddings);
+    case GW_POS_EMB: case GW_PROJ_IN: return input_end;
+    default: return output_end;
+    }
+}
+
+uint64_t ft_model_release_globals(ft_model *m, int input_end, int output_end)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    uint64_t dropped = 0;
+    if (!m || ps <= 0) return 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const ft_model_tensor_entry *e = &m->tensors[i];
+        if (e->layer >= 0 || !e->data || global_needed(m, e->slot, input_end, output_end)) continue;
+        /* whole pages inside the tensor only: a neighbour's bytes stay */
+        uintptr_t a = ((uintptr_t)e->data + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+        uintptr_t z = ((uintptr_t)e->data + e->bytes) & ~((uintptr_t)ps - 1);
+        if (z > a && madvise((void *)a, z - a, MADV_DONTNEED) == 0) dropped += z - a;
+    }
+    return dropped;
 }

@@ -136,16 +136,16 @@ static int is_eos(const ft_model_config *cfg, int32_t t)
     return 0;
 }
 
-ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
-                      const size_t *prompt_len, const ft_gen_params *p,
-                      int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
+ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *const *prompts,
+                           const size_t *prompt_len, const ft_gen_params *p,
+                           int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
 {
-    if (!c || !prompts || !prompt_len || !p || !out || !n_out || n == 0)
+    if (!f || !f->forward || !f->reset || !f->cfg || !prompts || !prompt_len || !p || !out || !n_out || n == 0)
         return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or empty batch");
-    const ft_model_config *cfg = &ft_ctx_model(c)->cfg;
-    int max_seq = ft_ctx_max_seq(c);
-    if (n > (size_t)ft_ctx_max_batch(c))
-        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %zu prompts > max_batch %d", n, ft_ctx_max_batch(c));
+    const ft_model_config *cfg = f->cfg;
+    int max_seq = f->max_seq;
+    if (n > (size_t)f->max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %zu prompts > max_batch %d", n, f->max_batch);
     size_t maxlen = 0;
     for (size_t j = 0; j < n; j++) {
         if (prompt_len[j] == 0)
@@ -156,24 +156,30 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
                                 p->max_new_tokens, max_seq);
         if (prompt_len[j] > maxlen) maxlen = prompt_len[j];
     }
+    /* Greedy without a repetition penalty needs only the argmax: a device
+     * that can take it there (forward_greedy) sends no logits back. */
+    const int greedy = f->forward_greedy && !(p->sampling.temperature > 0) &&
+                       !(p->sampling.repetition_penalty > 0 && p->sampling.repetition_penalty != 1.0f);
     size_t hist_cap = maxlen + p->max_new_tokens + 1;
-    float *logits = malloc(n * (size_t)cfg->vocab * sizeof(float));
+    float *logits = greedy ? NULL : malloc(n * (size_t)cfg->vocab * sizeof(float));
     int32_t *hist = malloc(n * hist_cap * sizeof(int32_t));
+    int32_t *next = malloc(n * sizeof(int32_t));
     size_t *hlen = calloc(n, sizeof(size_t));
     int *slots = malloc(n * sizeof(int));
-    int *act = malloc(n * sizeof(int));
+    int *rowseq = malloc(n * sizeof(int));
     const int32_t **tp = malloc(n * sizeof *tp);
     size_t *nt = malloc(n * sizeof *nt);
     uint64_t *rng = malloc(n * sizeof *rng);
     ft_sampler *smp = NULL;
-    ft_status st = ft_sampler_create(cfg->vocab, &smp);
-    if (!st && (!logits || !hist || !hlen || !slots || !act || !tp || !nt || !rng))
+    ft_status st = greedy ? FT_OK : ft_sampler_create(cfg->vocab, &smp);
+    if (!st && ((!greedy && !logits) || !hist || !next || !hlen || !slots || !rowseq || !tp || !nt || !rng))
         st = ft_set_error(FT_ERR_NOMEM, "generate: buffers");
     if (st) goto done;
     ft_gen_stats gs = {0};
     for (size_t j = 0; j < n; j++) {
-        ft_ctx_reset(c, (int)j);
+        f->reset(f->ctx, (int)j);
         slots[j] = (int)j;
+        rowseq[j] = (int)j;
         tp[j] = prompts[j];
         nt[j] = prompt_len[j];
         memcpy(hist + j * hist_cap, prompts[j], prompt_len[j] * sizeof(int32_t));
@@ -184,23 +190,26 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
     }
     if (p->max_new_tokens == 0) goto finish;
     double t0 = ft_now(), c0 = cpu_now();
-    if ((st = ft_ctx_forward(c, n, slots, tp, nt, logits, 0))) goto done;
+    st = greedy ? f->forward_greedy(f->ctx, n, slots, tp, nt, next) : f->forward(f->ctx, n, slots, tp, nt, logits);
+    if (st) goto done;
     gs.prefill_s = ft_now() - t0;
     gs.prefill_cpu_s = cpu_now() - c0;
-    size_t nact = 0;
     /* sample from rows in the order of the slots just forwarded */
     size_t nrows = n;
-    int *rowseq = act;        /* reused: act[i] = sequence of row i */
-    for (size_t j = 0; j < n; j++) rowseq[j] = (int)j;
     t0 = ft_now();
     c0 = cpu_now();
     for (;;) {
-        nact = 0;
+        size_t nact = 0;
         for (size_t r = 0; r < nrows; r++) {
             int j = rowseq[r];
-            ft_sampling sp = p->sampling;
-            int32_t tok = ft_sampler_sample(smp, &sp, logits + r * (size_t)cfg->vocab,
-                                            hist + (size_t)j * hist_cap, hlen[j], &rng[j]);
+            int32_t tok;
+            if (greedy) {
+                tok = next[r];
+            } else {
+                ft_sampling sp = p->sampling;
+                tok = ft_sampler_sample(smp, &sp, logits + r * (size_t)cfg->vocab, hist + (size_t)j * hist_cap,
+                                        hlen[j], &rng[j]);
+            }
             out[j][n_out[j]++] = tok;
             hist[(size_t)j * hist_cap + hlen[j]++] = tok;
             int stop = (!p->ignore_eos && is_eos(cfg, tok)) || n_out[j] >= p->max_new_tokens;
@@ -217,7 +226,9 @@ ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
             tp[i] = hist + (size_t)j * hist_cap + hlen[j] - 1;
             nt[i] = 1;
         }
-        if ((st = ft_ctx_forward(c, nact, slots, tp, nt, logits, 0))) goto done;
+        st = greedy ? f->forward_greedy(f->ctx, nact, slots, tp, nt, next)
+                    : f->forward(f->ctx, nact, slots, tp, nt, logits);
+        if (st) goto done;
         gs.decode_tokens += nact;
         nrows = nact;
     }
@@ -227,6 +238,35 @@ finish:
     if (stats) *stats = gs;
 done:
     ft_sampler_free(smp);
-    free(logits); free(hist); free(hlen); free(slots); free(act); free(tp); free(nt); free(rng);
+    free(logits); free(hist); free(next); free(hlen); free(slots); free(rowseq); free(tp); free(nt); free(rng);
     return st;
+}
+
+static ft_status cpu_forward(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
+                             const size_t *ntok, float *logits)
+{
+    return ft_ctx_forward(ctx, n, slots, tokens, ntok, logits, 0);
+}
+
+static void cpu_reset(void *ctx, int slot) { ft_ctx_reset(ctx, slot); }
+
+void ft_ctx_forward_ops(ft_ctx *c, ft_forward_ops *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ctx = c;
+    out->cfg = &ft_ctx_model(c)->cfg;
+    out->max_batch = ft_ctx_max_batch(c);
+    out->max_seq = ft_ctx_max_seq(c);
+    out->forward = cpu_forward;
+    out->reset = cpu_reset;
+}
+
+ft_status ft_generate(ft_ctx *c, size_t n, const int32_t *const *prompts,
+                      const size_t *prompt_len, const ft_gen_params *p,
+                      int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
+{
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL context");
+    ft_forward_ops f;
+    ft_ctx_forward_ops(c, &f);
+    return ft_generate_with(&f, n, prompts, prompt_len, p, out, n_out, stats);
 }

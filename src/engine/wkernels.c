@@ -5,7 +5,6 @@
 #include "kernels.h"
 #include "flextier/core.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>

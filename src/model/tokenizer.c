@@ -373,10 +373,12 @@ static char *jdup(json_object *v, size_t *len)
 /* Every field of a component must be one the loader implements: an
  * unknown one is a warning naming it, an error with FLEXTIER_STRICT=1
  * (`flextier run --strict`, the test suite). */
+static _Thread_local int tls_strict;   /* ft_tokenizer_load_dir_ex(FT_TOKENIZER_STRICT) */
+
 static ft_status check_fields(json_object *n, const char *fn, const char *what, const char *const *keys)
 {
     const char *e = getenv("FLEXTIER_STRICT");
-    int strict = e && *e && strcmp(e, "0");
+    int strict = tls_strict || (e && *e && strcmp(e, "0"));
     json_object_object_foreach(n, k, v) {
         (void)v;
         int ok = !strcmp(k, "type");
@@ -1948,6 +1950,15 @@ out:
     json_object_put(root);
     json_object_put(vocab);
     json_object_put(cfg);
+    return st;
+}
+
+ft_status ft_tokenizer_load_dir_ex(const char *dir, unsigned flags, ft_tokenizer **out)
+{
+    int saved = tls_strict;
+    tls_strict = (flags & FT_TOKENIZER_STRICT) != 0;
+    ft_status st = ft_tokenizer_load_dir(dir, out);
+    tls_strict = saved;
     return st;
 }
 

@@ -77,12 +77,14 @@ typedef struct pend {
 
 /* User data of a UCX rendezvous receive. In UCX 1.13 force-closing the
  * endpoint of a dead peer does not complete a pending AM rendezvous
- * receive, so the waiter abandons it instead (the token is marked and the
- * pend released); if UCX ever calls back, the callback only frees the
+ * receive, so the waiter abandons it instead (the token is marked, kept on
+ * the client's list and the pend released) and the worker is destroyed
+ * (close_ep_locked); if UCX ever calls back, the callback only frees the
  * token. Accessed under the client lock (callbacks run in progress). */
 typedef struct rx_token {
     pend *p;
     int abandoned;
+    struct rx_token *next;   /* on ucx_client.dropped once abandoned */
 } rx_token;
 
 enum { MODE_AUTO, MODE_TCP, MODE_CMA, MODE_UCX };
@@ -120,6 +122,7 @@ typedef struct ucx_client {
     ucp_context_h    ctx;
     ucp_worker_h     w;
     int              efd;
+    rx_token        *dropped;   /* abandoned receives, freed with the worker */
     int              ctx_tcp;     /* the context may use TCP              */
     ucp_ep_h         ep;
     int              use_ucx;
@@ -175,7 +178,7 @@ static void recv_cb(void *req, ucs_status_t status, size_t length, void *user)
     rx_token *t = user;
     (void)length;
     if (t->abandoned) {
-        free(t);
+        t->abandoned = 2;   /* called back: freed when the worker goes */
         ucp_request_free(req);
         return;
     }
@@ -443,16 +446,38 @@ static void close_ep_locked(ucx_client *c)
             ucp_worker_progress(c->w);
         ucp_request_free(r);
     }
+    int abandoned = 0;
     for (pend *q = c->pending; q; q = q->next)
         if (q->via_ucx && q->recv_pending && q->rx) {
             q->rx->abandoned = 1;
+            q->rx->next = c->dropped;
+            c->dropped = q->rx;
             q->rx = NULL;
             q->recv_pending = 0;
+            abandoned++;
             if (q->st == FT_OK) {
                 q->st = FT_ERR_NET;
                 snprintf(q->detail, sizeof q->detail, "connection closed during a receive");
             }
         }
+    /* A receive still posted after a force close can yet be written: UCX
+     * (1.13) keeps the rendezvous request on the worker, and fragments
+     * already taken off the wire, or an RDMA put of a live peer, land in
+     * its buffer, which our caller frees when we return the error. Only
+     * destroying the worker (its requests, its memory registrations) ends
+     * them: the next call opens a new one. */
+    if (abandoned && c->w) {
+        ucp_worker_destroy(c->w);
+        ucp_cleanup(c->ctx);
+        c->w = NULL;
+        c->ctx = NULL;
+        c->efd = -1;
+        while (c->dropped) {
+            rx_token *t = c->dropped;
+            c->dropped = t->next;
+            free(t);
+        }
+    }
 }
 
 /* Close the session: fail every pending request, drop the UCX endpoint

@@ -26,7 +26,6 @@
  * on one is issued again on the next, and a node that comes back gets the
  * chunks it missed from the others. */
 #include "flextier/offload.h"
-#include "engine/engine_internal.h"
 #include "offload_internal.h"
 #include "replica.h"
 
@@ -614,8 +613,8 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     if (!o) return FT_ERR_NOMEM;
     o->p = *p;
     o->fd = -1;
-    o->n_layers = m->cfg.n_layers;
-    o->kvdim = m->cfg.n_kv_heads * m->cfg.head_dim;
+    o->n_layers = ft_model_get_config(m)->n_layers;
+    o->kvdim = ft_model_get_config(m)->n_kv_heads * ft_model_get_config(m)->head_dim;
     o->row_f32 = (size_t)o->kvdim;
     o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 64;
     o->n_remote = (int)pol->n_remotes;
@@ -632,7 +631,7 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
         /* groups along head_dim (FlexGen: 64); a head_dim that 64 does not
          * divide is one group per head */
         uint32_t g = p->group_size ? p->group_size : FT_DEFAULT_GROUP_SIZE;
-        if ((uint32_t)m->cfg.head_dim % g) g = (uint32_t)m->cfg.head_dim;
+        if ((uint32_t)ft_model_get_config(m)->head_dim % g) g = (uint32_t)ft_model_get_config(m)->head_dim;
         o->group = g;
         o->rec = ft_qrow_bytes(o->bits, o->row_f32, g);
     } else if (cc == FT_CODEC_RAW) {

@@ -16,7 +16,6 @@
  * decode_threads threads. */
 #include "flextier/offload.h"
 #include "flextier/model.h"
-#include "engine/engine_internal.h"
 #include "offload_internal.h"
 #include "replica.h"
 
@@ -27,7 +26,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_SLOTS LW_COUNT
+#define MAX_SLOTS FT_LAYER_SLOTS
 #define MAX_PIECES FT_MAX_REMOTES
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
@@ -124,11 +123,6 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, int fai
     return FT_OK;
 }
 
-static ft_status ck_get(const ft_model *m, const ft_checkpoint *ck, const char *name, ft_tensor *t)
-{
-    char used[160];
-    return ft_model_find_tensor(ck, m->arch, name, t, used, sizeof used);
-}
 
 static int is_q(ft_wfmt f) { return f == FT_WF_Q8 || f == FT_WF_Q4; }
 
@@ -188,10 +182,10 @@ static ft_status bind_view(const slot_info *si, int s, ft_layer_weights *w, cons
                            const uint8_t **chunks)
 {
     if (!si->matrix) {
-        *ft_layer_vec(w, s) = (const float *)(const void *)data;
+        *ft_layer_weights_vec(w, s) = (const float *)(const void *)data;
         return FT_OK;
     }
-    ft_wmat *wm = ft_layer_mat(w, s);
+    ft_wmat *wm = ft_layer_weights_mat(w, s);
     if (is_q(si->fmt)) {
         ft_status st = ft_wmat_from_frame(data, size, wm, chunks, si->n_chunks);
         if (st) return st;
@@ -571,8 +565,8 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
     for (int s = 0; s < MAX_SLOTS; s++) {
         const slot_info *si = &o->slot[s];
         if (!si->present || si->use != USE_FETCH) continue;
-        if (si->matrix) *ft_layer_mat(w, s) = *ft_layer_mat(&o->slot_w[b], s);
-        else *ft_layer_vec(w, s) = *ft_layer_vec(&o->slot_w[b], s);
+        if (si->matrix) *ft_layer_weights_mat(w, s) = *ft_layer_weights_mat(&o->slot_w[b], s);
+        else *ft_layer_weights_vec(w, s) = *ft_layer_weights_vec(&o->slot_w[b], s);
     }
     return FT_OK;
 }
@@ -596,7 +590,7 @@ static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
 /* Place one remote tensor: every piece of its frame (one, or one per
  * node: piece_span) on `replicas` nodes, each replica written unless that
  * node already holds it (content-addressed keys). */
-static ft_status place_remote(ft_offload *o, slot_info *si, size_t idx, const ft_model_tensor_entry *e,
+static ft_status place_remote(ft_offload *o, slot_info *si, size_t idx, const ft_tensor_layout *e,
                               const ft_tensor *t, const ft_codec_params *cp, ft_codec_ctx *cc, uint64_t nb)
 {
     int np = si->np, missing = 0;
@@ -698,7 +692,7 @@ static ft_status repair_keys(void *user, int node, ft_rset_visit visit, void *vc
 
 /* Place one streamed layer tensor (source `src`, in an aligned buffer):
  * encoded into host memory, or into its store. */
-static ft_status place_tensor(ft_offload *o, const ft_model_tensor_entry *e, ft_tensor *src, void **conv,
+static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tensor *src, void **conv,
                               size_t *conv_cap, ft_codec_ctx *cc)
 {
     slot_info *si = &o->slot[e->slot];
@@ -771,7 +765,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->m = m;
     o->p = *p;
     if (!o->p.decode_threads) o->p.decode_threads = 1;
-    o->n_layers = m->cfg.n_layers;
+    o->n_layers = ft_model_get_config(m)->n_layers;
     o->lb = p->layer_begin;
     o->le = p->layer_end ? p->layer_end : o->n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
@@ -796,24 +790,25 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     uint64_t bytes[MAX_SLOTS];
     int slot_ids[MAX_SLOTS], n = 0;
     if ((st = ft_checkpoint_open(model_dir, &ck))) goto fail;
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        ft_model_tensor_entry *e = &m->tensors[i];
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        ft_tensor_layout lay, *e = &lay;
+        ft_model_tensor_layout(m, i, e);
         if (e->layer != 0) continue;
         ft_tensor src;
-        if ((st = ck_get(m, ck, e->name, &src))) {
+        if ((st = ft_model_checkpoint_tensor(m, ck, i, &src))) {
             st = ft_set_error(st, "offload: %s: %s", e->name, ft_last_error());
             goto fail;
         }
         slot_info *si = &o->slot[e->slot];
         si->present = 1;
-        si->matrix = ft_slot_is_matrix(e->slot);
+        si->matrix = ft_layer_slot_is_matrix(e->slot);
         si->fmt = e->fmt;
         /* a q8/q4 policy keeps the layer matrices quantized everywhere
          * (resident ones too): they are computed on as stored */
         if ((cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4) && si->matrix && !is_q(si->fmt)) {
             int g;
             ft_wfmt want = cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4;
-            si->fmt = ft_tensor_format(&m->cfg, 0, e->slot, e->ndim, e->shape, want, &g);
+            si->fmt = ft_model_format_for(m, i, want, &g);
             if (!is_q(si->fmt)) si->fmt = e->fmt;   /* no group divides it: stays as loaded */
         }
         si->pdt = e->fmt == FT_WF_BF16 ? FT_BF16 : e->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
@@ -905,12 +900,13 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     uint64_t total = 0, done = 0;
     for (int s = 0; s < MAX_SLOTS; s++)
         if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)(o->le - o->lb);
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        ft_model_tensor_entry *e = &m->tensors[i];
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        ft_tensor_layout lay, *e = &lay;
+        ft_model_tensor_layout(m, i, e);
         if (e->layer < o->lb || e->layer >= o->le) continue;   /* globals; another stage's layers */
         slot_info *si = &o->slot[e->slot];
         ft_tensor src;
-        if ((st = ck_get(m, ck, e->name, &src))) {
+        if ((st = ft_model_checkpoint_tensor(m, ck, i, &src))) {
             st = ft_set_error(st, "offload: %s: %s", e->name, ft_last_error());
             goto fail;
         }
@@ -1069,12 +1065,12 @@ void ft_offload_reset_stats(ft_offload *o)
 }
 
 /* Bytes of an entry as the scheduler keeps it under weight codec cw. */
-static uint64_t kept_bytes(const ft_model *m, const ft_model_tensor_entry *e, ft_codec_id cw)
+static uint64_t kept_bytes(const ft_model *m, size_t i, const ft_tensor_layout *e, ft_codec_id cw)
 {
     ft_wfmt f = e->fmt;
-    if ((cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4) && ft_slot_is_matrix(e->slot) && !is_q(f)) {
+    if ((cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4) && ft_layer_slot_is_matrix(e->slot) && !is_q(f)) {
         int g;
-        ft_wfmt q = ft_tensor_format(&m->cfg, 0, e->slot, e->ndim, e->shape, cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4, &g);
+        ft_wfmt q = ft_model_format_for(m, i, cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4, &g);
         if (is_q(q)) f = q;
     }
     if (is_q(f)) {
@@ -1089,21 +1085,23 @@ static uint64_t kept_bytes(const ft_model *m, const ft_model_tensor_entry *e, ft
 ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
 {
     if (!m || !in) return FT_ERR_INVALID_ARG;
-    in->n_layers = (uint32_t)m->cfg.n_layers;
-    in->hidden = (uint32_t)m->cfg.hidden;
-    in->kv_bytes_per_token = 2ull * (uint64_t)m->cfg.n_kv_heads * (uint64_t)m->cfg.head_dim * 4;
-    in->kv_group = (uint32_t)m->cfg.head_dim % FT_DEFAULT_GROUP_SIZE ? (uint32_t)m->cfg.head_dim : FT_DEFAULT_GROUP_SIZE;
-    in->weights_fmt = m->wfmt;
+    const ft_model_config *cfg = ft_model_get_config(m);
+    in->n_layers = (uint32_t)cfg->n_layers;
+    in->hidden = (uint32_t)cfg->hidden;
+    in->kv_bytes_per_token = 2ull * (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->head_dim * 4;
+    in->kv_group = (uint32_t)cfg->head_dim % FT_DEFAULT_GROUP_SIZE ? (uint32_t)cfg->head_dim : FT_DEFAULT_GROUP_SIZE;
+    in->weights_fmt = ft_model_format_requested(m);
     in->layer_params = 0;
     in->n_tensors = 0;
     /* the scheduler's order: layer 0's entries as the model lists them */
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        const ft_model_tensor_entry *e = &m->tensors[i];
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        ft_tensor_layout lay, *e = &lay;
+        ft_model_tensor_layout(m, i, e);
         if (e->layer != 0) continue;
         uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
         if (in->n_tensors == FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INTERNAL, "too many tensors per layer");
         for (int c = 0; c < FT_CODEC_COUNT; c++)
-            in->tensor_bytes[c][in->n_tensors] = kept_bytes(m, e, (ft_codec_id)c);
+            in->tensor_bytes[c][in->n_tensors] = kept_bytes(m, i, e, (ft_codec_id)c);
         in->n_tensors++;
         in->layer_params += n;
     }

@@ -1,15 +1,12 @@
 /* A pipeline stage: the part of a model one process computes, its
  * parameters and their text form (flextier/pipe.h). */
 #include "flextier/pipe.h"
-#include "engine/engine_internal.h"
 #include "pipe_internal.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 void ft_pipe_stage_default(ft_pipe_stage_params *p)
 {
@@ -140,36 +137,6 @@ ft_status ft_pipe_stage_parse(const char *text, size_t len, ft_pipe_stage_params
 
 /* ----------------------------------------------------------------- stage */
 
-/* The global tensors a stage uses: the input end (embeddings, learned
- * positions, project_in) on the first stage, the output end (final norm,
- * project_out, LM head; a tied head is the embedding) on the last. */
-static int global_needed(const ft_model *m, int slot, int first, int last)
-{
-    switch (slot) {
-    case GW_TOK_EMB: return first || (last && m->cfg.tie_word_embeddings);
-    case GW_POS_EMB: case GW_PROJ_IN: return first;
-    default: return last;
-    }
-}
-
-/* Give the pages of the global tensors this stage never reads back to the
- * kernel (they read as zeros from then on and are never read), so a stage
- * holds only its end of the model. */
-static uint64_t drop_globals(ft_model *m, int first, int last)
-{
-    long ps = sysconf(_SC_PAGESIZE);
-    uint64_t dropped = 0;
-    if (ps <= 0) return 0;
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        ft_model_tensor_entry *e = &m->tensors[i];
-        if (e->layer >= 0 || !e->data || global_needed(m, e->slot, first, last)) continue;
-        uintptr_t a = ((uintptr_t)e->data + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
-        uintptr_t z = ((uintptr_t)e->data + e->bytes) & ~((uintptr_t)ps - 1);
-        if (z > a && madvise((void *)a, z - a, MADV_DONTNEED) == 0) dropped += z - a;
-    }
-    return dropped;
-}
-
 ft_status ft_pipe_stage_create(const ft_pipe_stage_params *p, const ft_offload_params *off, ft_pipe_stage **out)
 {
     if (!p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "stage: NULL argument");
@@ -185,7 +152,7 @@ ft_status ft_pipe_stage_create(const ft_pipe_stage_params *p, const ft_offload_p
     lp.weights = p->weights;
     lp.config_flags = p->config_flags;
     if ((st = ft_model_load(p->model_dir, &lp, &s->m))) goto fail;
-    const ft_model_config *cfg = &s->m->cfg;
+    const ft_model_config *cfg = ft_model_get_config(s->m);
     if (p->l0 < 0 || p->l1 > cfg->n_layers || p->l0 > p->l1 || (p->stage == 0) != (p->l0 == 0) ||
         (p->stage == 0 && p->l1 == 0) || (p->stage == p->n_stages - 1 && p->l1 != cfg->n_layers)) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "stage %d of %d: layers [%d, %d) of a model of %d layers (stage 0 "
@@ -193,7 +160,7 @@ ft_status ft_pipe_stage_create(const ft_pipe_stage_params *p, const ft_offload_p
                           p->stage, p->n_stages, p->l0, p->l1, cfg->n_layers);
         goto fail;
     }
-    drop_globals(s->m, p->l0 == 0, p->l1 == cfg->n_layers);
+    ft_model_release_globals(s->m, p->l0 == 0, p->l1 == cfg->n_layers);
     ft_offload_params op;
     if (off) op = *off;
     else ft_offload_default_params(&op);
@@ -257,8 +224,10 @@ void ft_pipe_stage_free(ft_pipe_stage *s)
     free(s);
 }
 
-const ft_model_config *ft_pipe_stage_config(const ft_pipe_stage *s) { return s ? &s->m->cfg : NULL; }
+const ft_model_config *ft_pipe_stage_config(const ft_pipe_stage *s) { return s ? ft_model_get_config(s->m) : NULL; }
 ft_offload *ft_pipe_stage_offload(ft_pipe_stage *s) { return s ? s->off : NULL; }
+ft_model *ft_pipe_stage_model(ft_pipe_stage *s) { return s ? s->m : NULL; }
+const ft_pipe_stage_params *ft_pipe_stage_get_params(const ft_pipe_stage *s) { return s ? &s->p : NULL; }
 
 /* Unpack a parsed STEP/HIDDEN message's sequences (and tokens) into the
  * stage's arrays. */

@@ -98,12 +98,12 @@ TEST(cuda_unavailable_is_explained)
 
     CHECK(sh("%s run --model %s --prompt hi --max-new-tokens 4 --device cuda > %s/o1 2> %s/e1", bin(), dir, tmpdir,
              tmpdir) == 1);
-    CHECK(file_has("e1", "--device cuda: ") && file_has("e1", expect));
+    CHECK(file_has("e1", "CUDA device: ") && file_has("e1", expect));
     CHECK(sh("%s bench run --model %s --prompt-len 4 --gen-len 4 --device cuda > %s/o2 2> %s/e2", bin(), dir, tmpdir,
              tmpdir) == 1);
     CHECK(file_has("e2", expect));
     CHECK(sh("%s run --model %s --prompt hi --device tpu > /dev/null 2> %s/e3", bin(), dir, tmpdir) == 2);
-    CHECK(file_has("e3", "--device must be cpu or cuda"));
+    CHECK(file_has("e3", "--device: must be cpu or cuda"));
     CHECK(sh("%s run --model %s --prompt hi --device 2> /dev/null", bin(), dir) == 2);
     CHECK(sh("%s run --model %s --prompt hi --max-new-tokens 4 --temperature 0 --device cpu > /dev/null 2>&1", bin(),
              dir) == 0);

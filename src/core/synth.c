@@ -1,11 +1,11 @@
 /* Synthetic LLM-like weights for benchmarks: Gaussian, sigma 0.02 scaled
  * per row by exp(0.25 * N(0,1)) (the distribution the codec targets are
  * stated on; see shared/notes/compression.md). Deterministic in seed. */
-#include "cli.h"
+#include "flextier/core.h"
 
 #include <math.h>
 
-ft_status ft_cli_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out)
+ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out)
 {
     if (!ft_dtype_is_float(dt) || !row) return FT_ERR_INVALID_ARG;
     uint64_t s = seed;

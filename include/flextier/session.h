@@ -1,0 +1,187 @@
+/*
+ * flextier/session.h - the library's front door: open a model directory
+ * with a device, weight and cache formats, and an offloading policy (given,
+ * or planned for this machine); generate from token ids or text, batched,
+ * streaming, with sampling; read the metrics; close.
+ *
+ * A session owns everything a run needs: the model (loaded in its compute
+ * format, or with its layers placed on the policy's tiers), the tokenizer,
+ * the compute context on the chosen device, the weight scheduler and the
+ * KV cache offloader. `flextier run`, `bench run`, `perplexity` and the
+ * Python binding's flextier.Session are thin callers of this API.
+ *
+ * Contexts are sized lazily: the first call that needs more sequences,
+ * positions or rows per call than the current context holds builds a
+ * larger one (the model, the weights on the tiers and the plan are kept).
+ * max_batch / max_seq in the parameters size it up front and are what an
+ * automatic policy is planned for.
+ *
+ * Thread-safety: a session is used by one thread at a time. Different
+ * sessions are independent (each has its own thread pools).
+ */
+#ifndef FLEXTIER_SESSION_H
+#define FLEXTIER_SESSION_H
+
+#include "flextier/core.h"
+#include "flextier/engine.h"
+#include "flextier/model.h"
+#include "flextier/offload.h"
+#include "flextier/cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ft_device_kind {
+    FT_DEVICE_CPU = 0,
+    FT_DEVICE_CUDA = 1       /* one NVIDIA GPU (flextier/cuda.h)             */
+} ft_device_kind;
+
+typedef enum ft_offload_mode {
+    FT_OFFLOAD_NONE = 0,     /* every weight in memory (the device)          */
+    FT_OFFLOAD_POLICY = 1,   /* ft_session_params.policy as given            */
+    FT_OFFLOAD_AUTO = 2      /* planned: measure this machine and the tiers,
+                                then ft_plan for max_batch / plan_* lengths */
+} ft_offload_mode;
+
+typedef struct ft_session_params {
+    ft_device_kind device;
+    /* Matrix format: an ft_wfmt, or FT_WEIGHTS_AS_STORED (the default:
+     * the checkpoint's dtype). With a q8/q4 weight compression policy the
+     * matrices are kept in that format. CUDA packs its own device formats
+     * (leave it FT_WEIGHTS_AS_STORED). */
+    int weights;
+    /* The in-memory KV cache: FT_F32, FT_BF16 or FT_F16; -1 (default):
+     * bf16 on the CPU (an offloaded cache exchanges f32 rows). */
+    int kv_dtype;
+    unsigned threads;        /* compute threads; 0: ft_default_threads()     */
+    int strict;              /* unknown config.json keys and tokenizer fields
+                                are errors (default: a warning naming them)  */
+    /* What the first context is sized for (0: 1 sequence, min(2048,
+     * max_position_embeddings) positions); calls needing more grow it. */
+    uint32_t max_batch, max_seq;
+    /* Offloading. POLICY: `policy` (tiers, codecs, remotes, disk). AUTO:
+     * `policy` supplies the remotes and disk directory, weight_codecs and
+     * cache_codecs (masks of 1u << ft_codec_id; 0: none, bp, q4 and none,
+     * q4) the codecs to consider, plan_prompt_len / plan_gen_len the run
+     * to plan for. device_mem: the device budget (0: unlimited). */
+    ft_offload_mode offload;
+    ft_policy policy;
+    unsigned weight_codecs, cache_codecs;
+    uint32_t plan_prompt_len, plan_gen_len;
+    uint64_t device_mem;
+    const char *token_file;  /* memory nodes' / agents' shared secret       */
+    unsigned decode_threads; /* streamed frames' checks and decoding;
+                                0: every core                               */
+    /* With policy.replicas > 1: a memory node whose link moves nothing
+     * this long while a request waits is given up on (0: 1000 ms; a
+     * killed node is noticed at once). ft_offload_params.failover_ms. */
+    unsigned failover_ms;
+    /* Long steps report here (NULL: silent): stage is "load", "place"
+     * (weights onto tiers) or "plan"; done/total in bytes (plan: 0/0). */
+    void (*progress)(void *user, const char *stage, uint64_t done, uint64_t total);
+    void *user;
+} ft_session_params;
+
+void ft_session_default_params(ft_session_params *p);
+
+typedef struct ft_session ft_session;
+
+/* Open a Hugging Face model directory (config.json, *.safetensors,
+ * tokenizer.json or vocab.json + merges.txt). Errors: those of model and
+ * tokenizer loading (naming the file and field), of the policy
+ * (FT_ERR_INVALID_ARG / FT_ERR_UNSUPPORTED with the reason), of the tiers
+ * (opening a disk directory or a memory node), FT_ERR_NO_SPACE when the
+ * policy does not fit device_mem, FT_ERR_UNSUPPORTED for a device this
+ * build or machine does not have. */
+ft_status ft_session_open(const char *model_dir, const ft_session_params *p, ft_session **out);
+void ft_session_close(ft_session *s);                          /* NULL ok */
+
+/* A session that is the driver of a pipeline across processes
+ * (flextier/pipe.h, docs/pipeline.md): the caller has built the ring (the
+ * stages before this one: `flextier worker` processes, MPI ranks or
+ * threads) and hands over the last stage and its link; the session loads
+ * the tokenizer, and ft_session_generate / ft_session_generate_text run
+ * through ft_pipe_generate with micro_batches groups (0: one per stage).
+ * The stage keeps owning its model and weight scheduler (stats come from
+ * it); free the stage and link after ft_session_close. ft_session_forward
+ * is FT_ERR_UNSUPPORTED (the driver holds the last layers only). The
+ * parameters' device must be the CPU and the offload mode not AUTO;
+ * their policy is reported by ft_session_policy when the stage offloads. */
+struct ft_pipe_stage;
+struct ft_pipe_link;
+ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_params *p, struct ft_pipe_stage *driver,
+                                   struct ft_pipe_link *link, int micro_batches, ft_session **out);
+
+const ft_model_config *ft_session_config(const ft_session *s);
+const ft_model *ft_session_model(const ft_session *s);
+const ft_tokenizer *ft_session_tokenizer(const ft_session *s);
+/* The policy in force ("everything on the device" without offloading)
+ * and, for FT_OFFLOAD_AUTO, the planner's predicted decode tok/s (else 0). */
+const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps);
+/* The sampling the model's generation_config.json asks for (greedy when
+ * it does not sample). */
+void ft_session_default_sampling(const ft_session *s, ft_sampling *out);
+
+/* Token level, as ft_ctx_forward / ft_generate (include/flextier/engine.h)
+ * on the session's device. forward's all_rows needs all_logits: the
+ * context is rebuilt with it when asked. */
+ft_status ft_session_forward(ft_session *s, size_t n, const int *slots, const int32_t *const *tokens,
+                             const size_t *ntok, float *logits, int all_rows);
+ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
+                              const ft_gen_params *gp, int32_t *const *out, size_t *n_out, ft_gen_stats *stats);
+/* Forget every sequence (slots empty). */
+void ft_session_reset(ft_session *s);
+
+/* Text level. Each prompt is encoded with the tokenizer (its special
+ * tokens added, as Hugging Face's add_special_tokens=True), generated as
+ * one batch, and decoded as it goes (complete UTF-8 characters only).
+ * on_text (may be NULL) receives each sequence's new text; returning
+ * nonzero stops that sequence. stop (NULL/"": none): a string that ends a
+ * sequence, cut from its text. out_text (may be NULL): per prompt, the
+ * generated text (malloc'd, NUL-terminated; free each with free()).
+ * gen.on_token is called too when set. */
+typedef int (*ft_text_cb)(void *user, size_t seq, const char *text, size_t len);
+
+typedef struct ft_text_params {
+    ft_gen_params gen;
+    const char *stop;
+    ft_text_cb on_text;
+    void *user;
+} ft_text_params;
+
+ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *p,
+                                   char **out_text, ft_gen_stats *stats);
+
+/* Metrics since open (or the last reset_stats): the weight scheduler's
+ * and the KV cache offloader's (has_* = 0 when not offloaded), and the
+ * phase split (decode_mark: the counters when the first token of the last
+ * generate call came out). */
+typedef struct ft_session_stats {
+    int has_weights, has_kv;
+    ft_offload_stats weights, weights_at_decode;
+    ft_kv_offload_stats kv, kv_at_decode;
+    uint64_t weight_bytes;     /* the model's weights as stored             */
+    uint64_t kv_bytes;         /* the in-memory KV cache                    */
+    ft_dtype kv_dtype;
+    /* FT_DEVICE_CUDA: the GPU, its context's counters, and where the
+     * weights are (streamed from pinned host memory in codec cuda_codec,
+     * host_weight_bytes of it, or resident) */
+    int cuda, cuda_stream;
+    ft_cuda_device_info device;
+    ft_cuda_stats cuda_stats;
+    ft_codec_id cuda_codec;
+    uint64_t host_weight_bytes;
+    /* a pipeline's driver (ft_session_open_pipeline): the ring's stages,
+     * the last generation's micro-batches and messages received */
+    int pipe_stages, pipe_micro_batches;
+    uint64_t pipe_messages;
+} ft_session_stats;
+
+void ft_session_get_stats(const ft_session *s, ft_session_stats *out);
+void ft_session_reset_stats(ft_session *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

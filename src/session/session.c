@@ -1,0 +1,692 @@
+/* The session (include/flextier/session.h): one object that opens a model
+ * directory with a device, formats and a policy, plans the policy when
+ * asked, places the weights on their tiers, sizes the compute context on
+ * demand, generates (tokens or text), and keeps the metrics. Everything a
+ * front end used to assemble itself (the CLI, the Python binding) is
+ * here, in one place. */
+#include "flextier/session.h"
+#include "flextier/cuda.h"
+#include "flextier/pipe.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ft_session {
+    char dir[4096];
+    ft_session_params p;
+    ft_model *m;
+    ft_tokenizer *tok;
+    ft_status tok_status;         /* why there is no tokenizer            */
+    char tok_error[256];
+    ft_policy policy;             /* in force                             */
+    double predicted_tps;
+    int offloaded;                /* a policy: layers on the tiers        */
+    ft_offload *wo;
+    ft_kv_offload *kvo;
+    ft_offload_params op;         /* what the scheduler was created with  */
+    /* the compute context: CPU or CUDA */
+    ft_ctx *c;
+    ft_cuda_ctx *g;
+    ft_cuda_host_weights *hw;
+    int cuda_stream;              /* CUDA: weights streamed from host      */
+    ft_codec_id cuda_codec;
+    ft_ctx_params cp;             /* the current context's shape           */
+    /* metrics: counters when decoding began */
+    int marked;
+    ft_offload_stats wmark;
+    ft_kv_offload_stats kvmark;
+    ft_token_cb user_cb;
+    void *user_cb_user;
+    /* a pipeline's driver (ft_session_open_pipeline): the stage owns the
+     * model and its scheduler (m, wo borrowed), generation goes around
+     * the ring */
+    ft_pipe_stage *pipe;
+    ft_pipe_link *link;
+    int micro_batches;
+    ft_pipe_gen_stats pipe_stats; /* the last generation's               */
+};
+
+void ft_session_default_params(ft_session_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->weights = FT_WEIGHTS_AS_STORED;
+    p->kv_dtype = -1;
+    ft_policy_default(&p->policy);
+}
+
+static int is_q(int f) { return f == FT_WF_Q8 || f == FT_WF_Q4; }
+
+static int cache_offloaded(const ft_session *s)
+{
+    return s->offloaded && s->policy.c_pct[FT_TIER_DEVICE] < 100;
+}
+
+/* The matrices' format: the caller's, or the q8/q4 a policy keeps them in. */
+static ft_status resolve_weights(ft_session *s, const ft_policy *pol, int offload, int *weights)
+{
+    const ft_session_params *p = &s->p;
+    ft_codec_id cw = pol->compress_weights;
+    int w = p->weights;
+    if (p->device == FT_DEVICE_CUDA) {
+        /* the CUDA backend packs its device formats from an f32 model */
+        if (w != FT_WEIGHTS_AS_STORED && w != FT_WF_F32)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "weights %s: the CUDA backend converts the weights itself "
+                                "(leave the weight format automatic)", ft_wfmt_name((ft_wfmt)w));
+        *weights = FT_WF_F32;
+        return FT_OK;
+    }
+    if (offload && (cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4)) {
+        int q = cw == FT_CODEC_Q8 ? FT_WF_Q8 : FT_WF_Q4;
+        if (w != FT_WEIGHTS_AS_STORED && w != q)
+            return ft_set_error(FT_ERR_INVALID_ARG, "weight compression %s keeps the matrices as %s: it conflicts "
+                                "with weights %s", ft_codec_name(cw), ft_wfmt_name((ft_wfmt)q),
+                                ft_wfmt_name((ft_wfmt)w));
+        w = q;
+    } else if (offload && cw == FT_CODEC_BYTEPLANE && is_q(w)) {
+        return ft_set_error(FT_ERR_INVALID_ARG, "lossless (byte-plane) weight compression of %s weights: use "
+                            "weight compression %s or none", ft_wfmt_name((ft_wfmt)w), ft_wfmt_name((ft_wfmt)w));
+    }
+    *weights = w;
+    return FT_OK;
+}
+
+/* The CUDA path's placements: every weight on the GPU, or every weight in
+ * pinned host memory streamed over PCIe; the cache on the GPU. */
+static ft_status check_cuda(ft_session *s)
+{
+    char why[512];
+    ft_status st = ft_cuda_available(why, sizeof why);
+    if (st) return ft_set_error(st, "CUDA device: %s", why);
+    const ft_policy *p = &s->policy;
+    s->cuda_codec = FT_CODEC_RAW;
+    if (s->p.offload == FT_OFFLOAD_NONE) return FT_OK;
+    if (s->p.offload == FT_OFFLOAD_AUTO)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: automatic policies (--policy auto) are not implemented for the GPU; "
+                            "use w=100 (weights on the GPU) or w=0,100 (streamed from host memory)");
+    if (p->w_pct[FT_TIER_DEVICE] == 100) s->cuda_stream = 0;
+    else if (p->w_pct[FT_TIER_HOST] == 100) s->cuda_stream = 1;
+    else
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: weights must be all on the device (w=100) or all in "
+                            "host memory (w=0,100); disk and remote tiers and split placements are not "
+                            "implemented for the GPU");
+    if (p->c_pct[FT_TIER_DEVICE] != 100)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: the KV cache must be on the device (c=100)");
+    if (s->p.device_mem)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: a device memory budget is not implemented for the GPU");
+    s->cuda_codec = p->compress_weights;
+    if (s->cuda_codec != FT_CODEC_RAW && !s->cuda_stream)
+        return ft_set_error(FT_ERR_INVALID_ARG, "CUDA device: weight compression needs the weights in host "
+                            "memory (w=0,100)");
+    return FT_OK;
+}
+
+typedef struct { ft_session *s; const char *stage; } prog_ctx;
+
+static void load_progress(void *user, uint64_t done, uint64_t total)
+{
+    prog_ctx *pc = user;
+    pc->s->p.progress(pc->s->p.user, pc->stage, done, total);
+}
+
+static ft_status plan(ft_session *s, int weights)
+{
+    const ft_session_params *p = &s->p;
+    ft_cost_inputs in;
+    memset(&in, 0, sizeof in);
+    if (p->progress) p->progress(p->user, "plan", 0, 0);
+    ft_status st = ft_cost_inputs_load(s->dir, weights, &in);
+    if (st) return st;
+    unsigned codecs = p->weight_codecs ? p->weight_codecs
+                                       : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q4);
+    unsigned ccodecs = p->cache_codecs ? p->cache_codecs : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4);
+    ft_calibrate_params cp;
+    ft_calibrate_default_params(&cp);
+    cp.base = &s->policy;
+    cp.device_mem = p->device_mem;
+    cp.batch = p->max_batch ? p->max_batch : 1;
+    cp.prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
+    cp.gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
+    cp.threads = p->threads;
+    cp.decode_threads = p->decode_threads;
+    cp.codecs = codecs | ccodecs;
+    if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
+    ft_policy best;
+    ft_cost_estimate e;
+    if ((st = ft_plan(&in, &s->policy, cp.batch, 1, codecs, ccodecs, FT_CACHE_TIERS, &best, &e))) return st;
+    s->policy = best;
+    s->predicted_tps = e.decode_tps;
+    return FT_OK;
+}
+
+ft_status ft_session_open(const char *model_dir, const ft_session_params *params, ft_session **out)
+{
+    if (!model_dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
+    ft_session_params defaults;
+    if (!params) {
+        ft_session_default_params(&defaults);
+        params = &defaults;
+    }
+    if (params->device != FT_DEVICE_CPU && params->device != FT_DEVICE_CUDA)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: device %d", (int)params->device);
+    if (params->kv_dtype != -1 && params->kv_dtype != FT_F32 && params->kv_dtype != FT_BF16 &&
+        params->kv_dtype != FT_F16)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: KV cache dtype %d (f32, bf16 or f16)", params->kv_dtype);
+    if ((unsigned)params->offload > FT_OFFLOAD_AUTO)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: offload mode %d", (int)params->offload);
+    if (strlen(model_dir) >= sizeof ((ft_session *)0)->dir)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: model directory path too long");
+    ft_session *s = calloc(1, sizeof *s);
+    if (!s) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
+    snprintf(s->dir, sizeof s->dir, "%s", model_dir);
+    s->p = *params;
+    s->policy = params->policy;
+    ft_status st = FT_OK;
+    int weights = FT_WEIGHTS_AS_STORED;
+    prog_ctx pc_load = {s, "load"}, pc_place = {s, "place"};
+
+    if (s->p.offload == FT_OFFLOAD_NONE &&
+        (s->policy.n_remotes || s->policy.disk_uri[0] || s->policy.compress_weights != FT_CODEC_RAW ||
+         s->policy.compress_cache != FT_CODEC_RAW)) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "session: memory nodes, a disk tier or compression given "
+                          "without an offloading policy");
+        goto fail;
+    }
+    if (s->p.offload == FT_OFFLOAD_POLICY && (st = ft_policy_validate(&s->policy))) goto fail;
+    if (s->p.device == FT_DEVICE_CUDA && (st = check_cuda(s))) goto fail;
+    /* the format decides what the planner measures; a planned q8/q4 policy
+     * re-resolves it below */
+    if ((st = resolve_weights(s, &s->policy, s->p.offload == FT_OFFLOAD_POLICY, &weights))) goto fail;
+    if (s->p.offload == FT_OFFLOAD_AUTO) {
+        if ((st = plan(s, weights))) goto fail;
+        if ((st = resolve_weights(s, &s->policy, 1, &weights))) goto fail;
+    }
+
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.weights = weights;
+    if (s->p.strict) lp.config_flags = FT_CONFIG_STRICT;
+    if (s->p.progress) {
+        lp.progress = load_progress;
+        lp.user = &pc_load;
+    }
+    /* the CUDA path streams from its own pinned copy: it loads in memory */
+    s->offloaded = s->p.offload != FT_OFFLOAD_NONE && s->p.device == FT_DEVICE_CPU;
+    if (s->offloaded) {
+        lp.external_layers = 1;
+        if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
+        ft_offload_default_params(&s->op);
+        s->op.policy = s->policy;
+        s->op.device_budget = s->p.device_mem;
+        s->op.token_file = s->p.token_file;
+        s->op.decode_threads = s->p.decode_threads ? s->p.decode_threads : ft_default_threads();
+        if (s->p.failover_ms) s->op.failover_ms = s->p.failover_ms;
+        if (s->p.progress) {
+            s->op.progress = load_progress;
+            s->op.user = &pc_place;
+        }
+        if ((st = ft_offload_create(s->m, s->dir, &s->op, &s->wo))) goto fail;
+        s->op.progress = NULL;
+        s->op.user = NULL;
+    } else {
+        if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
+    }
+    /* The tokenizer is optional for token-level use (benchmarks on random
+     * ids); a broken one is an error now, a missing one when text is
+     * asked for. */
+    s->tok_status = ft_tokenizer_load_dir_ex(s->dir, s->p.strict ? FT_TOKENIZER_STRICT : 0, &s->tok);
+    if (s->tok_status == FT_ERR_NOT_FOUND) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s", ft_last_error());
+    } else if (s->tok_status) {
+        st = s->tok_status;
+        goto fail;
+    }
+    ft_clear_error();
+    *out = s;
+    return FT_OK;
+fail:
+    ft_session_close(s);
+    return st;
+}
+
+ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_params *params, ft_pipe_stage *driver,
+                                   ft_pipe_link *link, int micro_batches, ft_session **out)
+{
+    if (!model_dir || !driver || !out) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
+    if (strlen(model_dir) >= sizeof ((ft_session *)0)->dir)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: model directory path too long");
+    ft_session_params defaults;
+    if (!params) {
+        ft_session_default_params(&defaults);
+        params = &defaults;
+    }
+    if (params->device != FT_DEVICE_CPU)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: a pipeline's stages compute on the CPU");
+    if (params->offload == FT_OFFLOAD_AUTO)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: automatic policies are not planned for pipeline stages: "
+                            "give each stage's policy");
+    if (micro_batches < 0) return ft_set_error(FT_ERR_INVALID_ARG, "session: %d micro-batches", micro_batches);
+    ft_session *s = calloc(1, sizeof *s);
+    if (!s) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
+    snprintf(s->dir, sizeof s->dir, "%s", model_dir);
+    s->p = *params;
+    s->pipe = driver;
+    s->link = link;
+    s->micro_batches = micro_batches;
+    s->m = ft_pipe_stage_model(driver);
+    s->wo = ft_pipe_stage_offload(driver);
+    s->offloaded = s->wo != NULL;
+    s->policy = params->policy;
+    if (!s->offloaded) ft_policy_default(&s->policy);
+    s->tok_status = ft_tokenizer_load_dir_ex(s->dir, s->p.strict ? FT_TOKENIZER_STRICT : 0, &s->tok);
+    if (s->tok_status == FT_ERR_NOT_FOUND) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s", ft_last_error());
+    } else if (s->tok_status) {
+        ft_status st = s->tok_status;
+        ft_session_close(s);
+        return st;
+    }
+    ft_clear_error();
+    *out = s;
+    return FT_OK;
+}
+
+static void free_ctx(ft_session *s)
+{
+    ft_kv_offload_free(s->kvo);
+    s->kvo = NULL;
+    ft_ctx_free(s->c);
+    s->c = NULL;
+    ft_cuda_ctx_free(s->g);
+    s->g = NULL;
+    memset(&s->cp, 0, sizeof s->cp);
+}
+
+void ft_session_close(ft_session *s)
+{
+    if (!s) return;
+    free_ctx(s);
+    ft_cuda_host_weights_free(s->hw);
+    if (!s->pipe) {   /* a pipeline stage's model and scheduler are the stage's */
+        ft_offload_free(s->wo);
+        ft_model_free(s->m);
+    }
+    ft_tokenizer_free(s->tok);
+    free(s);
+}
+
+const ft_model_config *ft_session_config(const ft_session *s) { return s ? ft_model_get_config(s->m) : NULL; }
+const ft_model *ft_session_model(const ft_session *s) { return s ? s->m : NULL; }
+const ft_tokenizer *ft_session_tokenizer(const ft_session *s) { return s ? s->tok : NULL; }
+
+const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps)
+{
+    if (!s) return NULL;
+    if (predicted_tps) *predicted_tps = s->predicted_tps;
+    return &s->policy;
+}
+
+void ft_session_default_sampling(const ft_session *s, ft_sampling *out)
+{
+    memset(out, 0, sizeof *out);
+    const ft_model_config *cfg = ft_model_get_config(s->m);
+    if (cfg->gen_do_sample) {
+        out->temperature = cfg->gen_temperature > 0 ? cfg->gen_temperature : 1.0f;
+        out->top_k = cfg->gen_top_k;
+        out->top_p = cfg->gen_top_p;
+    }
+    out->repetition_penalty = cfg->gen_repetition_penalty;
+}
+
+/* A context of at least this shape (rebuilt when a call needs more: the
+ * sequences' caches are lost then). */
+static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows, int all_logits)
+{
+    const ft_model_config *cfg = ft_model_get_config(s->m);
+    if ((s->c || s->g) && (size_t)s->cp.max_batch >= batch && (size_t)s->cp.max_seq >= seq &&
+        (size_t)s->cp.max_rows >= rows && (s->cp.all_logits || !all_logits))
+        return FT_OK;
+    ft_ctx_params cp = s->cp;
+    size_t b = batch, q = seq;
+    if (!s->c && !s->g) {   /* first: at least what the session was opened for */
+        if (s->p.max_batch > b) b = s->p.max_batch;
+        size_t dflt = cfg->max_pos < 2048 ? (size_t)cfg->max_pos : 2048;
+        if ((s->p.max_seq ? s->p.max_seq : dflt) > q) q = s->p.max_seq ? s->p.max_seq : dflt;
+    }
+    if ((size_t)cp.max_batch > b) b = (size_t)cp.max_batch;
+    if ((size_t)cp.max_seq > q) q = (size_t)cp.max_seq;
+    if (q > (size_t)cfg->max_pos) {
+        if (seq > (size_t)cfg->max_pos)
+            return ft_set_error(FT_ERR_NO_SPACE, "%zu positions exceed the model's context (max_position_embeddings "
+                                "= %d in %s/config.json)", seq, cfg->max_pos, s->dir);
+        q = (size_t)cfg->max_pos;
+    }
+    if (b > 65536) return ft_set_error(FT_ERR_INVALID_ARG, "%zu sequences in one batch (at most 65536)", b);
+    size_t r = rows > (size_t)cp.max_rows ? rows : (size_t)cp.max_rows;
+    if (r < b) r = b;
+    if (r > (1u << 24)) return ft_set_error(FT_ERR_INVALID_ARG, "%zu tokens in one call (at most 16M)", r);
+    free_ctx(s);
+    memset(&cp, 0, sizeof cp);
+    cp.max_batch = (int)b;
+    cp.max_seq = (int)q;
+    cp.max_rows = (int)r;
+    cp.all_logits = all_logits || s->cp.all_logits;
+    cp.threads = s->p.threads;
+    cp.external_kv = cache_offloaded(s);
+    if (cp.external_kv && s->p.kv_dtype >= 0 && s->p.kv_dtype != FT_F32)
+        return ft_set_error(FT_ERR_INVALID_ARG, "KV cache dtype %s: the policy offloads the KV cache, which is "
+                            "stored as its cache compression says (none: f32 rows)",
+                            ft_dtype_name((ft_dtype)s->p.kv_dtype));
+    cp.kv_dtype = cp.external_kv ? FT_F32 : s->p.kv_dtype >= 0 ? (ft_dtype)s->p.kv_dtype : FT_BF16;
+    ft_status st;
+    if (s->p.device == FT_DEVICE_CUDA) {
+        ft_cuda_ctx_params gp;
+        memset(&gp, 0, sizeof gp);
+        gp.max_batch = cp.max_batch;
+        gp.max_seq = cp.max_seq;
+        gp.max_rows = cp.max_rows;
+        gp.all_logits = cp.all_logits;
+        if (s->cuda_stream) {
+            if (!s->hw) {
+                ft_cuda_host_weights_params hp = {s->cuda_codec, 0, -1, s->p.threads};
+                if ((st = ft_cuda_host_weights_create(s->m, &hp, &s->hw))) return st;
+            }
+            gp.stream_weights = 1;
+            gp.hook = ft_cuda_host_weights_hook;
+            gp.hook_user = s->hw;
+        }
+        if ((st = ft_cuda_ctx_create(s->m, &gp, &s->g))) return st;
+        s->cp = cp;
+        return FT_OK;
+    }
+    if ((st = ft_ctx_create(s->m, &cp, &s->c))) return st;
+    if (s->wo) {
+        ft_ctx_set_layer_hook(s->c, ft_offload_hook, s->wo);
+        ft_offload_reset_stats(s->wo);
+    }
+    if (cp.external_kv) {
+        ft_kv_offload_params kp;
+        ft_kv_offload_default_params(&kp);
+        kp.policy = s->policy;
+        kp.max_batch = cp.max_batch;
+        kp.max_seq = cp.max_seq;
+        kp.token_file = s->p.token_file;
+        kp.failover_ms = s->p.failover_ms;
+        if (s->p.device_mem) {   /* what the weights left of the budget */
+            ft_offload_stats w;
+            memset(&w, 0, sizeof w);
+            if (s->wo) ft_offload_get_stats(s->wo, &w);
+            uint64_t used = w.resident_bytes + w.slot_bytes;
+            kp.device_budget = used < s->p.device_mem ? s->p.device_mem - used : 1;
+        }
+        if ((st = ft_kv_offload_create(s->m, &kp, &s->kvo))) {
+            ft_ctx_free(s->c);
+            s->c = NULL;
+            return st;
+        }
+        ft_kv_hooks h;
+        ft_kv_offload_hooks(s->kvo, &h);
+        ft_ctx_set_kv_hooks(s->c, &h);
+    }
+    s->cp = cp;
+    return FT_OK;
+}
+
+ft_status ft_session_forward(ft_session *s, size_t n, const int *slots, const int32_t *const *tokens,
+                             const size_t *ntok, float *logits, int all_rows)
+{
+    if (!s || !slots || !tokens || !ntok || !n) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument");
+    if (s->pipe)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "forward: a pipeline's driver holds the last stage only (logits of "
+                            "every position are not implemented over a pipeline; generate instead)");
+    size_t rows = 0, seq = 0;
+    int maxslot = 0;
+    for (size_t j = 0; j < n; j++) {
+        rows += ntok[j];
+        if (slots[j] > maxslot) maxslot = slots[j];
+        /* a context that holds these slots keeps their caches */
+        size_t have = s->c ? (size_t)ft_ctx_seq_len(s->c, slots[j]) : 0;
+        if (have + ntok[j] > seq) seq = have + ntok[j];
+    }
+    if (maxslot < 0) return ft_set_error(FT_ERR_INVALID_ARG, "forward: negative slot");
+    ft_status st = ensure_ctx(s, (size_t)maxslot + 1, seq, rows, all_rows);
+    if (st) return st;
+    return s->g ? ft_cuda_ctx_forward(s->g, n, slots, tokens, ntok, logits, all_rows)
+                : ft_ctx_forward(s->c, n, slots, tokens, ntok, logits, all_rows);
+}
+
+void ft_session_reset(ft_session *s)
+{
+    if (!s) return;
+    for (int j = 0; j < s->cp.max_batch; j++) {
+        if (s->c) ft_ctx_reset(s->c, j);
+        if (s->g) ft_cuda_ctx_reset(s->g, j);
+    }
+}
+
+static void mark(ft_session *s)
+{
+    if (s->marked) return;
+    if (s->wo) ft_offload_get_stats(s->wo, &s->wmark);
+    if (s->kvo) ft_kv_offload_get_stats(s->kvo, &s->kvmark);
+    s->marked = 1;
+}
+
+/* The first generated token marks the start of decoding. */
+static int mark_cb(void *user, size_t seq, int32_t token)
+{
+    ft_session *s = user;
+    mark(s);
+    return s->user_cb ? s->user_cb(s->user_cb_user, seq, token) : 0;
+}
+
+ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
+                              const ft_gen_params *gp, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
+{
+    if (!s || !prompts || !prompt_len || !gp || !out || !n_out || !n)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or no prompt");
+    size_t seq = 0, rows = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (prompt_len[j] + gp->max_new_tokens > seq) seq = prompt_len[j] + gp->max_new_tokens;
+        rows += prompt_len[j];
+    }
+    /* a pipeline's stages were sized when the ring was built */
+    ft_status st = s->pipe ? FT_OK : ensure_ctx(s, n, seq, rows, 0);
+    if (st) return st;
+    ft_gen_params g = *gp;
+    s->user_cb = gp->on_token;
+    s->user_cb_user = gp->user;
+    g.on_token = mark_cb;
+    g.user = s;
+    s->marked = 0;
+    ft_gen_stats local;
+    if (s->pipe) {
+        ft_pipe_gen_opts po;
+        memset(&po, 0, sizeof po);
+        po.micro_batches = s->micro_batches;
+        po.timeout_ms = 600000;   /* per message: a stage that hangs ends the run */
+        ft_pipe_gen_stats ps;
+        st = ft_pipe_generate(s->pipe, s->link, n, prompts, prompt_len, &g, &po, out, n_out, &ps);
+        if (!st) {
+            if (stats) *stats = ps.gen;
+            s->pipe_stats = ps;
+        }
+        mark(s);
+        return st;
+    }
+    st = s->g ? ft_cuda_generate(s->g, n, prompts, prompt_len, &g, out, n_out, stats ? stats : &local)
+              : ft_generate(s->c, n, prompts, prompt_len, &g, out, n_out, stats ? stats : &local);
+    mark(s);   /* a run without a decode step */
+    return st;
+}
+
+/* ---------------------------------------------------------------- text */
+
+typedef struct {
+    ft_session *s;
+    const ft_text_params *tp;
+    ft_detok **dt;
+    char **text;
+    size_t *len, *cap, *shown;
+    ft_status err;
+} text_run;
+
+static int text_append(text_run *r, size_t j, const char *b, size_t n)
+{
+    if (r->len[j] + n + 1 > r->cap[j]) {
+        size_t nc = (r->cap[j] + n + 1) * 2;
+        char *t = realloc(r->text[j], nc);
+        if (!t) return -1;
+        r->text[j] = t;
+        r->cap[j] = nc;
+    }
+    memcpy(r->text[j] + r->len[j], b, n);
+    r->len[j] += n;
+    r->text[j][r->len[j]] = 0;
+    return 0;
+}
+
+/* Cut at the stop string and hand on what is settled (text that could
+ * still be the start of the stop string is held back). 1: stop. */
+static int text_settle(text_run *r, size_t j, int final)
+{
+    const char *stop = r->tp->stop;
+    int stopped = 0;
+    if (!r->text[j]) return 0;
+    if (stop && *stop) {
+        char *p = strstr(r->text[j], stop);
+        if (p) {
+            r->len[j] = (size_t)(p - r->text[j]);
+            *p = 0;
+            stopped = 1;
+        }
+    }
+    size_t hold = (!stopped && !final && stop && *stop) ? strlen(stop) - 1 : 0;
+    size_t upto = r->len[j] > hold ? r->len[j] - hold : 0;
+    if (upto > r->shown[j]) {
+        size_t from = r->shown[j];
+        r->shown[j] = upto;
+        if (r->tp->on_text && r->tp->on_text(r->tp->user, j, r->text[j] + from, upto - from)) stopped = 1;
+    }
+    return stopped;
+}
+
+static int text_token(void *user, size_t j, int32_t tok)
+{
+    text_run *r = user;
+    if (r->tp->gen.on_token && r->tp->gen.on_token(r->tp->gen.user, j, tok)) return 1;
+    char buf[256];
+    size_t w = 0;
+    ft_status st = ft_detok_push(r->dt[j], tok, buf, sizeof buf, &w);
+    if (st) { r->err = st; return 1; }
+    if (w && text_append(r, j, buf, w)) { r->err = ft_set_error(FT_ERR_NOMEM, "generated text"); return 1; }
+    return text_settle(r, j, 0);
+}
+
+ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *tp,
+                                   char **out_text, ft_gen_stats *stats)
+{
+    if (!s || !prompts || !tp || !n) return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL argument or no prompt");
+    if (!s->tok)
+        return ft_set_error(s->tok_status ? s->tok_status : FT_ERR_NOT_FOUND, "generate text: the model has no "
+                            "tokenizer (%s)", s->tok_error[0] ? s->tok_error : "not loaded");
+    const ft_model_config *cfg = ft_model_get_config(s->m);
+    ft_status st = FT_OK;
+    int32_t **ids = calloc(n, sizeof *ids), **outs = calloc(n, sizeof *outs);
+    size_t *plen = calloc(n, sizeof *plen), *nout = calloc(n, sizeof *nout);
+    text_run r = {s, tp, calloc(n, sizeof(ft_detok *)), calloc(n, sizeof(char *)), calloc(n, sizeof(size_t)),
+                  calloc(n, sizeof(size_t)), calloc(n, sizeof(size_t)), FT_OK};
+    if (!ids || !outs || !plen || !nout || !r.dt || !r.text || !r.len || !r.cap || !r.shown) {
+        st = ft_set_error(FT_ERR_NOMEM, "generate: allocation");
+        goto done;
+    }
+    for (size_t j = 0; j < n && st == FT_OK; j++) {
+        if (!prompts[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is NULL", j); break; }
+        if ((st = ft_tokenizer_encode(s->tok, prompts[j], strlen(prompts[j]), 1, &ids[j], &plen[j]))) break;
+        if (!plen[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu encodes to no tokens", j + 1); break; }
+        for (size_t k = 0; k < plen[j]; k++)
+            if (ids[j][k] < 0 || ids[j][k] >= cfg->vocab) {
+                st = ft_set_error(FT_ERR_CORRUPT, "the tokenizer gives id %d, outside the model's vocab_size %d",
+                                  (int)ids[j][k], cfg->vocab);
+                break;
+            }
+        if (st) break;
+        if (!(outs[j] = malloc((tp->gen.max_new_tokens + 1) * sizeof(int32_t))))
+            st = ft_set_error(FT_ERR_NOMEM, "generate: allocation");
+        else st = ft_detok_create(s->tok, 1, &r.dt[j]);
+    }
+    if (st) goto done;
+    ft_gen_params g = tp->gen;
+    g.on_token = text_token;
+    g.user = &r;
+    st = ft_session_generate(s, n, (const int32_t *const *)ids, plen, &g, outs, nout, stats);
+    if (!st && r.err) st = r.err;
+    if (st) goto done;
+    for (size_t j = 0; j < n; j++) {
+        char buf[256];
+        size_t w = 0;
+        if (!ft_detok_flush(r.dt[j], buf, sizeof buf, &w) && w && text_append(&r, j, buf, w)) {
+            st = ft_set_error(FT_ERR_NOMEM, "generated text");
+            goto done;
+        }
+        text_settle(&r, j, 1);
+    }
+    if (out_text)
+        for (size_t j = 0; j < n; j++) {
+            out_text[j] = r.text[j] ? r.text[j] : calloc(1, 1);
+            r.text[j] = NULL;
+            if (!out_text[j]) {
+                for (size_t k = 0; k < j; k++) { free(out_text[k]); out_text[k] = NULL; }
+                st = ft_set_error(FT_ERR_NOMEM, "generated text");
+                goto done;
+            }
+        }
+done:
+    for (size_t j = 0; j < n; j++) {
+        if (ids) free(ids[j]);
+        if (outs) free(outs[j]);
+        if (r.dt) ft_detok_free(r.dt[j]);
+        if (r.text) free(r.text[j]);
+    }
+    free(ids); free(outs); free(plen); free(nout);
+    free(r.dt); free(r.text); free(r.len); free(r.cap); free(r.shown);
+    return st;
+}
+
+/* ------------------------------------------------------------- metrics */
+
+void ft_session_get_stats(const ft_session *s, ft_session_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    out->has_weights = s->wo != NULL;
+    out->has_kv = s->kvo != NULL;
+    if (s->wo) ft_offload_get_stats(s->wo, &out->weights);
+    if (s->kvo) ft_kv_offload_get_stats(s->kvo, &out->kv);
+    out->weights_at_decode = s->marked ? s->wmark : out->weights;
+    out->kv_at_decode = s->marked ? s->kvmark : out->kv;
+    out->weight_bytes = ft_model_weight_bytes(s->m);
+    if (s->pipe) {
+        out->pipe_stages = ft_pipe_stage_get_params(s->pipe)->n_stages;
+        out->pipe_micro_batches = s->pipe_stats.micro_batches;
+        out->pipe_messages = s->pipe_stats.messages;
+    }
+    out->kv_bytes = s->c ? ft_ctx_kv_bytes(s->c) : 0;
+    out->kv_dtype = s->cp.kv_dtype;
+    if (s->p.device == FT_DEVICE_CUDA) {
+        out->cuda = 1;
+        out->cuda_stream = s->cuda_stream;
+        out->cuda_codec = s->cuda_codec;
+        ft_cuda_device_info_get(0, &out->device);
+        if (s->g) ft_cuda_ctx_get_stats(s->g, &out->cuda_stats);
+        out->host_weight_bytes = ft_cuda_host_weights_bytes(s->hw);
+    }
+}
+
+void ft_session_reset_stats(ft_session *s)
+{
+    if (!s) return;
+    if (s->wo) ft_offload_reset_stats(s->wo);
+    if (s->kvo) ft_kv_offload_reset_stats(s->kvo);
+    s->marked = 0;
+}
