@@ -100,8 +100,8 @@ if [[ " $PARTS " == *" failover "* ]]; then
         sleep 5; kill -9 "$S2" 2>/dev/null || true
         if wait $cli; then
             killed+=("$(jget "$work/k.json" '"%.4f" % d["offload"]["weights"]["failover_fetch_s"]')")
-            normal+=("$(jget "$work/k.json" 'w=d["offload"]["weights"]; "%.4f" % ((w["io_busy_s"] - w["degraded_fetch_s"] - w["failover_fetch_s"]) / (w["layer_fetches"] - w["degraded_fetches"] - 1))')")
-            degraded+=("$(jget "$work/k.json" 'w=d["offload"]["weights"]; "%.4f" % (w["degraded_fetch_s"] / max(1, w["degraded_fetches"]))')")
+            normal+=("$(jget "$work/k.json" '(lambda w: "%.4f" % ((w["io_busy_s"] - w["degraded_fetch_s"] - w["failover_fetch_s"]) / (w["layer_fetches"] - w["degraded_fetches"] - 1)))(d["offload"]["weights"])')")
+            degraded+=("$(jget "$work/k.json" '(lambda w: "%.4f" % (w["degraded_fetch_s"] / max(1, w["degraded_fetches"])))(d["offload"]["weights"])')")
         else
             echo "  kill run failed: $(tail -2 "$work/k.err")"
         fi
