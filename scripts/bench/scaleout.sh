@@ -126,40 +126,53 @@ fi
 
 if [[ " $PARTS " == *" pipeline "* ]]; then
     echo "## pipeline: batch $PBATCH, prompt $PPROMPT, $PGEN new tokens, one compute thread per process"
+    # Wall-clock throughput needs a free core per stage; on a shared machine
+    # the CPU-time figures say what dedicated cores would give: the run's
+    # CPU time in one process over the busiest stage's CPU time (each
+    # stage's process CPU during the run: the driver's from its JSON, the
+    # workers' from their logs).
     export UCX_TLS=tcp
     pb=(bench run --model "$MODEL" --batch "$PBATCH" --prompt-len "$PPROMPT" --gen-len "$PGEN" --threads 1 --json)
     worker() {   # host address port (c: its pipeline NIC, 10.212.3.1)
         rm -f "$work/w-$1.log"
-        sl_exec "$1" "$FT" worker --listen "$2:$3" --token-file "$work/tok" --trusted-network --once \
-            > "$work/w-$1.log" 2>&1 &
+        sl_exec "$1" env FLEXTIER_LOG=info "$FT" worker --listen "$2:$3" --token-file "$work/tok" --trusted-network \
+            --once > "$work/w-$1.log" 2>&1 &
         for _ in $(seq 200); do grep -q "listening on" "$work/w-$1.log" 2>/dev/null && break; sleep 0.05; done
     }
     wrss() { sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' "$work/w-$1.log" | tail -1; }
-    s1=(); s2=(); s3=(); r1=(); r2=(); r3=()
+    wcpu() { sed -n 's/.*run ended (CPU \([0-9.]*\) s.*/\1/p' "$work/w-$1.log" | tail -1; }
+    dcpu() { jget "$1" '"%.3f" % (d["prefill_cpu_s"] + d["decode_cpu_s"])'; }
+    s1=(); s2=(); s3=(); r1=(); r2=(); r3=(); q2=(); q3=()
     for r in $(seq "$REPS"); do
+        c1=""
         sl_exec p2 "$FT" "${pb[@]}" > "$work/p1.json" 2>/dev/null && {
-            s1+=("$(jget "$work/p1.json" 'd["throughput_tok_s"]')"); r1+=("$(jget "$work/p1.json" 'd["peak_rss_bytes"] / 1048576')"); }
+            s1+=("$(jget "$work/p1.json" 'd["throughput_tok_s"]')"); r1+=("$(jget "$work/p1.json" 'd["peak_rss_bytes"] / 1048576')")
+            c1=$(dcpu "$work/p1.json"); }
         worker p1 10.212.3.11 7400
         sl_exec p2 "$FT" "${pb[@]}" --pipeline 10.212.3.11:7400 --worker-token-file "$work/tok" --trusted-network \
             ${MICRO:+--micro-batches $MICRO} > "$work/p2.json" 2>"$work/p2.err" && {
             sleep 0.5
             s2+=("$(jget "$work/p2.json" 'd["throughput_tok_s"]')")
-            r2+=("$(python3 -c "print(max(float('$(jget "$work/p2.json" 'd["peak_rss_bytes"] / 1048576')'), float('$(wrss p1)' or 0)))")"); } \
+            r2+=("$(python3 -c "print(max(float('$(jget "$work/p2.json" 'd["peak_rss_bytes"] / 1048576')'), float('$(wrss p1)' or 0)))")")
+            q2+=("$(python3 -c "print('%.2f' % (float('$c1') / max(float('$(dcpu "$work/p2.json")'), float('$(wcpu p1)' or 0))))" 2>/dev/null)"); } \
             || echo "  2 stages failed: $(tail -2 "$work/p2.err")"
         worker c 10.212.3.1 7401; worker p1 10.212.3.11 7400
         sl_exec p2 "$FT" "${pb[@]}" --pipeline 10.212.3.1:7401,10.212.3.11:7400 --worker-token-file "$work/tok" \
-            --trusted-network > "$work/p3.json" 2>"$work/p3.err" && {
+            --trusted-network ${MICRO:+--micro-batches $MICRO} > "$work/p3.json" 2>"$work/p3.err" && {
             sleep 0.5
             s3+=("$(jget "$work/p3.json" 'd["throughput_tok_s"]')")
-            r3+=("$(python3 -c "print(max(float('$(jget "$work/p3.json" 'd["peak_rss_bytes"] / 1048576')'), float('$(wrss c)' or 0), float('$(wrss p1)' or 0)))")"); } \
+            r3+=("$(python3 -c "print(max(float('$(jget "$work/p3.json" 'd["peak_rss_bytes"] / 1048576')'), float('$(wrss c)' or 0), float('$(wrss p1)' or 0)))")")
+            q3+=("$(python3 -c "print('%.2f' % (float('$c1') / max(float('$(dcpu "$work/p3.json")'), float('$(wcpu c)' or 0), float('$(wcpu p1)' or 0))))" 2>/dev/null)"); } \
             || echo "  3 stages failed: $(tail -2 "$work/p3.err")"
-        echo "  round $r: 1 process ${s1[-1]:-?} tok/s (${r1[-1]:-?} MiB); 2 stages ${s2[-1]:-?} tok/s (largest stage ${r2[-1]:-?} MiB); 3 stages ${s3[-1]:-?} tok/s (${r3[-1]:-?} MiB)"
+        echo "  round $r: 1 process ${s1[-1]:-?} tok/s (${r1[-1]:-?} MiB, CPU $c1 s); 2 stages ${s2[-1]:-?} tok/s (largest stage ${r2[-1]:-?} MiB; CPU-bound ${q2[-1]:-?}x; worker CPU $(wcpu p1) s); 3 stages ${s3[-1]:-?} tok/s (${r3[-1]:-?} MiB; CPU-bound ${q3[-1]:-?}x)"
     done
     a=$(median "${s1[@]}"); b2=$(median "${s2[@]}"); c3=$(median "${s3[@]}")
     ra=$(median "${r1[@]}"); rb=$(median "${r2[@]}"); rc=$(median "${r3[@]}")
-    echo "| processes | generated tok/s | vs one process | largest peak RSS of a stage, MiB | vs one process |"
-    echo "|---|---|---|---|---|"
-    echo "| 1 (single process) | $a | 1.00x | $ra | 1.00x |"
-    echo "| 2 stages (p1, p2) | $b2 | $(python3 -c "print('%.2fx' % (float('$b2')/float('$a')))" 2>/dev/null) | $rb | $(python3 -c "print('%.2fx' % (float('$rb')/float('$ra')))" 2>/dev/null) |"
-    echo "| 3 stages (c, p1, p2) | $c3 | $(python3 -c "print('%.2fx' % (float('$c3')/float('$a')))" 2>/dev/null) | $rc | $(python3 -c "print('%.2fx' % (float('$rc')/float('$ra')))" 2>/dev/null) |"
+    qb=$(median "${q2[@]}"); qc=$(median "${q3[@]}")
+    echo "load average during the runs: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+    echo "| processes | generated tok/s (wall) | vs one process | CPU-bound ratio (one core per stage) | largest peak RSS of a stage, MiB | vs one process |"
+    echo "|---|---|---|---|---|---|"
+    echo "| 1 (single process) | $a | 1.00x | 1.00x | $ra | 1.00x |"
+    echo "| 2 stages (p1, p2) | $b2 | $(python3 -c "print('%.2fx' % (float('$b2')/float('$a')))" 2>/dev/null) | ${qb}x | $rb | $(python3 -c "print('%.2fx' % (float('$rb')/float('$ra')))" 2>/dev/null) |"
+    echo "| 3 stages (c, p1, p2) | $c3 | $(python3 -c "print('%.2fx' % (float('$c3')/float('$a')))" 2>/dev/null) | ${qc}x | $rc | $(python3 -c "print('%.2fx' % (float('$rc')/float('$ra')))" 2>/dev/null) |"
 fi

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,7 +188,14 @@ static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
     if ((st = ft_pipe_ucx_connect(link, addr, alen))) goto fail;
     if ((st = ctl_send(fd, CTL_READY, NULL, 0, ft_now() + JOB_S, peer))) goto out;
     ft_pipe_ucx_watch(link, fd);
+    /* the run's CPU time and wall time (benchmarks: a stage's busy share
+     * on a machine whose cores are shared) */
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    double w0 = ft_now();
     st = ft_pipe_worker_run(stage, link);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9, wall = ft_now() - w0;
     if (st == FT_OK) {
         /* The end message is on its way around the ring: keep this
          * connection (whose closing would end the driver's wait) until the
@@ -198,7 +206,7 @@ static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
             struct pollfd pf = {fd, POLLIN, 0};
             if (poll(&pf, 1, 1000) > 0 && recv(fd, &b, 1, MSG_DONTWAIT) <= 0) break;
         }
-        FT_LOG(FT_LOG_INFO, "worker: %s: run ended", peer);
+        FT_LOG(FT_LOG_INFO, "worker: %s: run ended (CPU %.3f s in %.3f s)", peer, cpu, wall);
     }
     goto out;
 fail:
