@@ -11,13 +11,16 @@
 #             compute thread, then 2 stages (p1 worker, p2 driver) and 3
 #             stages (c, p1 workers, p2 driver), one compute thread each,
 #             activations over UCX on the 1 Gbit/s pipeline network.
-#   scripts/bench/scaleout.sh [-b BUILD] [-p "rails failover pipeline"] [--reps N]
+#   transports the pipeline's activations as MPI messages (Open MPI, btl
+#             tcp) or UCX tag messages (TCP), 2 ranks of one mpirun on
+#             this host (loopback: the transports' own cost, no link)
+#   scripts/bench/scaleout.sh [-b BUILD] [-p "rails failover pipeline transports"] [--reps N]
 #                             [--batch B] [--gen G] [--micro M]
 # Prints a markdown table per part (medians of --reps runs; the raw runs
 # above them). The machine is shared: figures are provisional.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-BUILD=build; PARTS="rails failover pipeline"; REPS=3; PBATCH=64; PGEN=32; PPROMPT=16; MICRO=""
+BUILD=build; PARTS="rails failover pipeline transports"; REPS=3; PBATCH=64; PGEN=32; PPROMPT=16; MICRO=""
 while [ $# -gt 0 ]; do
     case "$1" in
     -b) BUILD=$2; shift 2 ;;
@@ -175,4 +178,31 @@ if [[ " $PARTS " == *" pipeline "* ]]; then
     echo "| 1 (single process) | $a | 1.00x | 1.00x | $ra | 1.00x |"
     echo "| 2 stages (p1, p2) | $b2 | $(python3 -c "print('%.2fx' % (float('$b2')/float('$a')))" 2>/dev/null) | ${qb}x | $rb | $(python3 -c "print('%.2fx' % (float('$rb')/float('$ra')))" 2>/dev/null) |"
     echo "| 3 stages (c, p1, p2) | $c3 | $(python3 -c "print('%.2fx' % (float('$c3')/float('$a')))" 2>/dev/null) | ${qc}x | $rc | $(python3 -c "print('%.2fx' % (float('$rc')/float('$ra')))" 2>/dev/null) |"
+fi
+
+if [[ " $PARTS " == *" transports "* ]]; then
+    if ! command -v mpirun >/dev/null || ! "$FT" run --help | grep -q "MPI: built in"; then
+        echo "## transports: skipped (no mpirun, or a CLI without MPI)"
+    else
+        echo "## transports: 2 stages as ranks of one mpirun on this host, batch $PBATCH, prompt $PPROMPT, $PGEN new tokens"
+        mpi=(mpirun --allow-run-as-root --oversubscribe -n 2 --mca btl self,tcp --mca pml ob1 -x UCX_TLS=tcp)
+        tb=(bench run --model "$MODEL" --batch "$PBATCH" --prompt-len "$PPROMPT" --gen-len "$PGEN" --threads 1 --json
+            --pipeline mpi --trusted-network ${MICRO:+--micro-batches $MICRO})
+        declare -A T
+        for t in mpi ucx; do
+            vals=()
+            for r in $(seq "$REPS"); do
+                "${mpi[@]}" "$FT" "${tb[@]}" --pipe-transport "$t" > "$work/t.json" 2> "$work/t.err" \
+                    || { echo "  $t run failed: $(tail -2 "$work/t.err")"; continue; }
+                v=$(jget "$work/t.json" 'd["throughput_tok_s"]'); vals+=("$v")
+                echo "  $t run $r: $v generated tok/s"
+            done
+            T[$t]=$(median "${vals[@]}")
+        done
+        echo "| activations over | generated tok/s | vs MPI |"
+        echo "|---|---|---|"
+        for t in mpi ucx; do
+            echo "| $t | ${T[$t]} | $(python3 -c "print('%.2fx' % (float('${T[$t]}') / float('${T[mpi]}')))" 2>/dev/null) |"
+        done
+    fi
 fi
