@@ -120,6 +120,8 @@ ft_offload *ft_pipe_stage_offload(ft_pipe_stage *s);
 /* Its model (the stage's layers only are present) and parameters. */
 ft_model *ft_pipe_stage_model(ft_pipe_stage *s);
 const ft_pipe_stage_params *ft_pipe_stage_get_params(const ft_pipe_stage *s);
+/* Bytes of its in-memory KV cache (its layers only). */
+uint64_t ft_pipe_stage_kv_bytes(const ft_pipe_stage *s);
 
 /* A worker (stage < n_stages - 1): receive, compute, pass on, until the
  * driver ends the run (or a transport error). */

@@ -228,6 +228,7 @@ const ft_model_config *ft_pipe_stage_config(const ft_pipe_stage *s) { return s ?
 ft_offload *ft_pipe_stage_offload(ft_pipe_stage *s) { return s ? s->off : NULL; }
 ft_model *ft_pipe_stage_model(ft_pipe_stage *s) { return s ? s->m : NULL; }
 const ft_pipe_stage_params *ft_pipe_stage_get_params(const ft_pipe_stage *s) { return s ? &s->p : NULL; }
+uint64_t ft_pipe_stage_kv_bytes(const ft_pipe_stage *s) { return s ? ft_ctx_kv_bytes(s->ctx) : 0; }
 
 /* Unpack a parsed STEP/HIDDEN message's sequences (and tokens) into the
  * stage's arrays. */

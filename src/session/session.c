@@ -666,13 +666,15 @@ void ft_session_get_stats(const ft_session *s, ft_session_stats *out)
     out->weights_at_decode = s->marked ? s->wmark : out->weights;
     out->kv_at_decode = s->marked ? s->kvmark : out->kv;
     out->weight_bytes = ft_model_weight_bytes(s->m);
-    if (s->pipe) {
+    out->kv_bytes = s->c ? ft_ctx_kv_bytes(s->c) : 0;
+    out->kv_dtype = s->cp.kv_dtype;
+    if (s->pipe) {   /* the driver's stage: its layers' cache */
+        out->kv_bytes = ft_pipe_stage_kv_bytes(s->pipe);
+        out->kv_dtype = (ft_dtype)ft_pipe_stage_get_params(s->pipe)->kv_dtype;
         out->pipe_stages = ft_pipe_stage_get_params(s->pipe)->n_stages;
         out->pipe_micro_batches = s->pipe_stats.micro_batches;
         out->pipe_messages = s->pipe_stats.messages;
     }
-    out->kv_bytes = s->c ? ft_ctx_kv_bytes(s->c) : 0;
-    out->kv_dtype = s->cp.kv_dtype;
     if (s->p.device == FT_DEVICE_CUDA) {
         out->cuda = 1;
         out->cuda_stream = s->cuda_stream;

@@ -5,6 +5,7 @@
  * parameters' parsers refuse what they must. */
 #include "ft_test.h"
 #include "flextier/pipe.h"
+#include "flextier/session.h"
 #include "pipe/pipe_msg.h"
 
 #include <dirent.h>
@@ -572,4 +573,81 @@ TEST(stage_offloads_its_layers)
     free(got);
     free(ref);
     ft_pipe_stage_free(drv);
+}
+
+/* A session over a pipeline's driver (ft_session_open_pipeline): text in,
+ * text out, the same as a single-process session (one micro-batch: the
+ * whole batch is one forward call in both). */
+TEST(session_over_pipeline)
+{
+    char dir[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models/llama-tiny", data ? data : "tests/data");
+    const char *texts[2] = {"Hello there", "The quick brown fox"};
+    ft_text_params tp;
+    memset(&tp, 0, sizeof tp);
+    tp.gen.max_new_tokens = 8;
+    tp.gen.ignore_eos = 1;   /* greedy: sampling zeroed */
+    ft_session_params sp;
+    ft_session_default_params(&sp);
+    sp.threads = 1;
+    sp.max_batch = 2;
+    ft_session *ref = NULL;
+    REQUIRE(ft_session_open(dir, &sp, &ref) == FT_OK);
+    char *want[2] = {0}, *got[2] = {0};
+    ft_gen_stats gs;
+    CHECK_OK(ft_session_generate_text(ref, 2, texts, &tp, want, &gs));
+    ft_session_close(ref);
+
+    ft_model_config cfg;
+    CHECK_OK(ft_model_config_load(dir, &cfg));
+    int bounds[3];
+    ft_pipe_split_layers(cfg.n_layers, 2, bounds);
+    ft_pipe_link *links[2];
+    REQUIRE(ft_pipe_local_ring(2, links) == FT_OK);
+    thr_arg a;
+    memset(&a, 0, sizeof a);
+    ft_pipe_stage_params p0;
+    ft_pipe_stage_default(&p0);
+    snprintf(p0.model_dir, sizeof p0.model_dir, "%s", dir);
+    p0.n_stages = 2;
+    p0.max_batch = 2;
+    p0.max_seq = 64;
+    p0.max_rows = 64;
+    p0.threads = 1;
+    p0.kv_dtype = FT_BF16;
+    p0.job = 7;
+    ft_pipe_stage_params p1 = p0;
+    p0.stage = 0, p0.l0 = bounds[0], p0.l1 = bounds[1];
+    p1.stage = 1, p1.l0 = bounds[1], p1.l1 = bounds[2];
+    a.p = p0;
+    a.link = links[0];
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, stage_thread, &a) == 0);
+    ft_pipe_stage *drv = NULL;
+    ft_session *s = NULL;
+    CHECK_OK(ft_pipe_stage_create(&p1, NULL, &drv));
+    if (drv) CHECK_OK(ft_session_open_pipeline(dir, &sp, drv, links[1], 1, &s));
+    if (s) {
+        CHECK_OK(ft_session_generate_text(s, 2, texts, &tp, got, &gs));
+        for (int j = 0; j < 2; j++)
+            CHECK_MSG(want[j] && got[j] && !strcmp(want[j], got[j]), "prompt %d: '%s' vs '%s'", j,
+                      got[j] ? got[j] : "(none)", want[j] ? want[j] : "(none)");
+        ft_session_stats ss;
+        ft_session_get_stats(s, &ss);
+        CHECK(ss.pipe_stages == 2 && ss.pipe_micro_batches == 1 && ss.pipe_messages > 0 && ss.kv_bytes > 0);
+        /* the driver has the last layers only: no logits of every position */
+        int slot = 0;
+        const int32_t tok = 1, *tp1 = &tok;
+        size_t one = 1;
+        float lg[8];
+        CHECK(ft_session_forward(s, 1, &slot, &tp1, &one, lg, 1) == FT_ERR_UNSUPPORTED);
+    }
+    ft_session_close(s);
+    if (drv) CHECK_OK(ft_pipe_end(drv, links[1], 30000));
+    ft_pipe_link_close(links[1]);
+    pthread_join(t, NULL);
+    CHECK_MSG(a.st == FT_OK, "stage 0: %s", a.err);
+    ft_pipe_stage_free(drv);
+    for (int j = 0; j < 2; j++) { free(want[j]); free(got[j]); }
 }
