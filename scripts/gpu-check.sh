@@ -225,11 +225,14 @@ if [ $bench = 1 ]; then
             echo "transformers: $why" >> "$out/hf.log"
             printf '{"error": "%s"}\n' "$why" > "$work/hf.json"
         fi
-        for c in none q4; do
+        for c in none q4 disk-q4; do
+            # disk-q4: the disk tier through the offloading scheduler (ft_cuda_layer_source)
+            pol="--policy w=0,100 --compress-weights $c"
+            [ "$c" = disk-q4 ] && pol="--policy w=0,0,100 --disk-dir '$work/disk' --compress-weights q4"
             for b in 1 "$BIG"; do
                 step "flextier cuda streamed $c batch $b" 150 "$out/bench.log" bash -c \
                     "'$bin' bench run --model '$model' --batch $b --prompt-len $P --gen-len $GS --device cuda \
-                     --policy w=0,100 --compress-weights $c --json > '$work/ft_stream_${c}_b$b.json'"
+                     $pol --json > '$work/ft_stream_${c}_b$b.json'"
             done
         done
     fi
@@ -329,7 +332,9 @@ L.append("")
 L.append("| weights on the host | batch | copied over PCIe per forward pass | prefill tok/s | decode tok/s | "
          "copies hidden behind compute |")
 L.append("|---|---|---|---|---|---|")
-for c in ("none", "q4"):
+labels = {"none": "raw bf16", "q4": "q4 (group 64), decoded on the GPU",
+          "disk-q4": "q4 on the disk tier, streamed by the scheduler, decoded on the GPU"}
+for c in ("none", "q4", "disk-q4"):
     for k in sorted(k for k in ft if k.startswith(f"ft_stream_{c}_b")):
         r = ft[k]
         b = k.split("_b")[-1]
@@ -339,7 +344,7 @@ for c in ("none", "q4"):
         per_pass = r.get("host_weight_bytes")
         fw, stall = r.get("forward_s"), r.get("stall_s")
         hidden = f"{100 * (1 - min(stall / fw, 1)):.0f}% (waited {stall:.3f} s of {fw:.3f} s)" if fw else "-"
-        L.append(f"| {'raw bf16' if c == 'none' else 'q4 (group 64), decoded on the GPU'} | {b} | "
+        L.append(f"| {labels[c]} | {b} | "
                  f"{fmt(per_pass / 2**20 if per_pass else None, 2)} MiB | {fmt(r.get('prefill_tok_s'))} | "
                  f"{fmt(r.get('decode_tok_s'))} | {hidden} |")
 L.append("")

@@ -132,8 +132,12 @@ typedef enum ft_cuda_wsrc_kind {
     FT_CUDA_WSRC_ABSENT = 0,    /* the architecture has no such tensor     */
     FT_CUDA_WSRC_RAW = 1,       /* data: numel values of `dtype` (f32, bf16
                                    or f16), row-major (out, in) layout     */
-    FT_CUDA_WSRC_FRAME = 2      /* data: one frame (any codec) of the tensor,
+    FT_CUDA_WSRC_FRAME = 2,     /* data: one frame (any codec) of the tensor,
                                    with the tensor's exact shape           */
+    FT_CUDA_WSRC_WMAT = 3       /* wmat: a matrix in a CPU engine compute
+                                   format (f32/bf16/f16, or q8/q4 row
+                                   chunks: what an offloading scheduler
+                                   streams), dequantized on the GPU        */
 } ft_cuda_wsrc_kind;
 
 /* Where one tensor of a streamed layer comes from: host memory. Pinned
@@ -147,13 +151,30 @@ typedef struct ft_cuda_wsrc {
     int trusted;                /* FRAME: 1 = skip the chunk hashes (the
                                    caller made or checked the frame; the
                                    header is always validated)             */
+    const ft_wmat *wmat;        /* WMAT only                                */
 } ft_cuda_wsrc;
 
 /* Called by ft_cuda_ctx_forward for layer `layer` (in order 0, 1, ...,
  * while the previous layer computes): fill src[0..FT_CUDA_LAYER_TENSORS).
  * Entries are preset to ABSENT. The memory must stay valid and unchanged
- * until ft_cuda_ctx_forward returns. An error aborts the forward. */
+ * until the layer's copies are done: the context waits for them before it
+ * calls the hook for the next layer (so a scheduler may reuse layer l's
+ * buffers once it is asked for layer l + 1). An error aborts the forward. */
 typedef ft_status (*ft_cuda_weight_hook)(void *user, int layer, ft_cuda_wsrc *src);
+
+/* Any engine layer hook as a CUDA weight hook: the offloading scheduler
+ * (ft_offload_hook: weights on the host, disk and memory-node tiers, raw,
+ * byte-plane or q8/q4) feeds the GPU exactly as it feeds the CPU engine;
+ * its matrices go to the device as FT_CUDA_WSRC_WMAT, its vectors as raw
+ * f32. Set hook/user/model, then pass ft_cuda_layer_source_hook and the
+ * struct as ft_cuda_ctx_params.hook / hook_user. */
+typedef struct ft_cuda_layer_source {
+    ft_layer_hook hook;
+    void *user;
+    const ft_model *model;
+    ft_layer_weights w;           /* the current layer's views (internal)   */
+} ft_cuda_layer_source;
+ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src);
 
 typedef struct ft_cuda_ctx_params {
     int max_batch;        /* sequence slots (KV caches)                      */

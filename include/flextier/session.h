@@ -168,6 +168,9 @@ typedef struct ft_session_stats {
      * weights are (streamed from pinned host memory in codec cuda_codec,
      * host_weight_bytes of it, or resident) */
     int cuda, cuda_stream;
+    int cuda_sched;         /* streamed by the offloading scheduler from its
+                               tiers (host, disk, memory nodes): `weights`
+                               has its statistics                         */
     ft_cuda_device_info device;
     ft_cuda_stats cuda_stats;
     ft_codec_id cuda_codec;

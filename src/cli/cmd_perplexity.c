@@ -5,7 +5,10 @@
  * adds one) and scores each token from the second on:
  *     ppl = exp(mean over scored tokens of -log p(token | its window so far)).
  * Windows run --batch at a time through one forward call each (their
- * logits are all wanted). The same formats and offloading options as
+ * logits are all wanted), or with --step N through calls of N tokens, so
+ * that later tokens attend to the cache as stored (a whole-window call
+ * attends to its own fresh rows: a q8/q4 or offloaded cache is only read
+ * by later calls). The same formats and offloading options as
  * `flextier run` apply, so weights and KV cache formats (q8/q4 cache:
  * --policy c=0,100 --compress-cache q4) are compared on the same text. */
 #include "cli.h"
@@ -18,11 +21,14 @@
 #include <unistd.h>
 
 static const char PPL_USAGE[] =
-    "usage: flextier perplexity --model DIR --text FILE [--ctx N] [--batch B] [--max-windows N]\n"
-    "         [--threads N] [--json] [formats] [offloading options]\n"
+    "usage: flextier perplexity --model DIR --text FILE [--ctx N] [--batch B] [--step N]\n"
+    "         [--max-windows N] [--threads N] [--json] [formats] [offloading options]\n"
     "Perplexity of the model on a text: non-overlapping windows of --ctx tokens (default\n"
     "512, at most the model's context), each token after a window's first one scored.\n"
-    "Prints the perplexity with its standard error (from the per-token losses).\n";
+    "Prints the perplexity with its standard error (from the per-token losses).\n"
+    "--step N feeds each window N tokens per forward call (default: the whole window in\n"
+    "one call), so that the KV cache is read as stored: use it to judge cache formats\n"
+    "(--kv-dtype, or --policy c=0,100 --compress-cache q8|q4).\n";
 
 /* log-softmax of one row at `tok` (in double, stable) */
 static double nll(const float *row, int V, int32_t tok)
@@ -37,7 +43,7 @@ static double nll(const float *row, int V, int32_t tok)
 int ft_cmd_perplexity(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL;
-    long ctx = 512, batch = 1, threads = 0, max_windows = 0;
+    long ctx = 512, batch = 1, threads = 0, max_windows = 0, step = 0;
     int json = 0;
     ft_cli_session off;
     ft_cli_session_init(&off);
@@ -62,6 +68,7 @@ int ft_cmd_perplexity(int argc, char **argv)
         else if (!strcmp(a, "--batch")) { dst = &batch; hi = 4096; }
         else if (!strcmp(a, "--threads")) { dst = &threads; hi = 1024; }
         else if (!strcmp(a, "--max-windows")) { dst = &max_windows; lo = 0; }
+        else if (!strcmp(a, "--step")) { dst = &step; }
         else return ft_cli_usage_error(PPL_USAGE, "unknown option %s", a);
         if (dst && ft_cli_parse_int(v, lo, hi, dst)) return ft_cli_usage_error(PPL_USAGE, "bad value for %s: %s", a, v);
     }
@@ -73,7 +80,7 @@ int ft_cmd_perplexity(int argc, char **argv)
     uint8_t *raw = NULL;
     size_t rawn = 0, ntok = 0;
     int32_t *ids = NULL, *win = NULL;
-    float *lg = NULL;
+    float *lg = NULL, *lgs = NULL;
     double *losses = NULL;
     if ((st = ft_cli_read_file(text, &raw, &rawn))) return ft_cli_fail(text, st);
     off.sp.threads = (unsigned)threads;
@@ -105,7 +112,12 @@ int ft_cmd_perplexity(int argc, char **argv)
                     cfg->vocab);
             goto done;
         }
+    if (step <= 0 || step > ctx) step = ctx;
     lg = malloc((size_t)batch * (size_t)ctx * (size_t)cfg->vocab * sizeof(float));
+    if (step < ctx && !(lgs = malloc((size_t)batch * (size_t)step * (size_t)cfg->vocab * sizeof(float)))) {
+        ft_cli_fail("perplexity", FT_ERR_NOMEM);
+        goto done;
+    }
     win = malloc((size_t)batch * (size_t)ctx * sizeof(int32_t));
     losses = malloc(nwin * (size_t)body * sizeof(double));
     if (!lg || !win || !losses) { ft_cli_fail("perplexity", FT_ERR_NOMEM); goto done; }
@@ -123,11 +135,22 @@ int ft_cmd_perplexity(int argc, char **argv)
             if (with_bos) t[0] = bos;
             memcpy(t + with_bos, ids + (w0 + j) * (size_t)body, (size_t)body * sizeof(int32_t));
             slots[j] = (int)j;
-            tp[j] = t;
-            nt[j] = (size_t)ctx;
         }
         ft_session_reset(s);
-        if ((st = ft_session_forward(s, nb, slots, tp, nt, lg, 1))) { ft_cli_fail("forward", st); goto done; }
+        /* calls of `step` tokens per window: call c's rows are sequence-major */
+        for (long p0 = 0; p0 < ctx; p0 += step) {
+            size_t n = (size_t)(ctx - p0 < step ? ctx - p0 : step);
+            for (size_t j = 0; j < nb; j++) {
+                tp[j] = win + j * (size_t)ctx + (size_t)p0;
+                nt[j] = n;
+            }
+            float *out = step < ctx ? lgs : lg;
+            if ((st = ft_session_forward(s, nb, slots, tp, nt, out, 1))) { ft_cli_fail("forward", st); goto done; }
+            if (out == lgs)
+                for (size_t j = 0; j < nb; j++)
+                    memcpy(lg + (j * (size_t)ctx + (size_t)p0) * (size_t)cfg->vocab,
+                           lgs + j * n * (size_t)cfg->vocab, n * (size_t)cfg->vocab * sizeof(float));
+        }
         for (size_t j = 0; j < nb; j++) {
             const int32_t *t = win + j * (size_t)ctx;
             /* position p predicts t[p+1]; score the text's tokens from its second on */
@@ -175,6 +198,7 @@ done:
     free(ids);
     free(win);
     free(lg);
+    free(lgs);
     free(losses);
     ft_session_close(s);
     return rc;

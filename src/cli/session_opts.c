@@ -52,7 +52,9 @@ const char ft_cli_cuda_usage[] =
     "  --device cpu|cuda      compute device (default cpu). cuda: weights in device memory as\n"
     "                         bf16, cuBLAS GEMMs; with --policy w=0,100 the weights stay in\n"
     "                         pinned host memory and stream over PCIe layer by layer\n"
-    "                         (--compress-weights q4|q8|bp: compressed, decoded on the GPU)\n";
+    "                         (--compress-weights q4|q8|bp: compressed, decoded on the GPU);\n"
+    "                         with disk or remote tiers (e.g. w=0,0,100 --disk-dir D) the\n"
+    "                         offloading scheduler streams them to the GPU as to the CPU\n";
 
 static int take(int argc, char **argv, int *i, const char **val)
 {
@@ -376,6 +378,14 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
 static const char *placement(const ft_session_stats *g)
 {
     if (!g->cuda_stream) return "resident";
+    if (g->cuda_sched) {
+        switch (g->cuda_codec) {
+        case FT_CODEC_Q4: return "tiers-q4";
+        case FT_CODEC_Q8: return "tiers-q8";
+        case FT_CODEC_BYTEPLANE: return "tiers-bp";
+        default: return "tiers-raw";
+        }
+    }
     switch (g->cuda_codec) {
     case FT_CODEC_Q4: return "host-q4";
     case FT_CODEC_Q8: return "host-q8";
@@ -391,7 +401,10 @@ void ft_cli_cuda_report(const ft_session *ses, FILE *f)
     ft_cuda_stats s = ss.cuda_stats;
     fprintf(f, "  device     %s (cc %d.%d), weights %s: device %.1f MiB (bf16)", g->device.name, g->device.cc_major,
             g->device.cc_minor, placement(g), (double)(s.weight_bytes + s.slot_bytes) / 1048576.0);
-    if (g->cuda_stream)
+    if (g->cuda_sched)
+        fprintf(f, ", streamed by the scheduler: %.1f MiB copied over PCIe in %llu layer loads",
+                (double)s.h2d_weight_bytes / 1048576.0, (unsigned long long)s.layers_streamed);
+    else if (g->cuda_stream)
         fprintf(f, ", host %.1f MiB pinned, %.1f MiB copied over PCIe in %llu layer loads",
                 (double)g->host_weight_bytes / 1048576.0, (double)s.h2d_weight_bytes / 1048576.0,
                 (unsigned long long)s.layers_streamed);

@@ -188,6 +188,65 @@ ft_status ft_cuda_dec_frame_async(ft_cuda_dec_ws *w, const uint8_t *frame, const
     }
 }
 
+ft_status ft_cuda_dec_wmat_async(ft_cuda_dec_ws *w, const ft_wmat *m, ft_dtype out_dt, void *dst, cudaStream_t s,
+                                 uint64_t *h2d)
+{
+    if (m->rows < 1 || m->cols < 1) return ft_set_error(FT_ERR_INVALID_ARG, "cuda: a %d x %d matrix", m->rows, m->cols);
+    const uint64_t numel = (uint64_t)m->rows * (uint64_t)m->cols;
+    switch (m->fmt) {
+    case FT_WF_F32: return ft_cuda_dec_raw_async(w, m->data, FT_F32, numel, out_dt, dst, s, h2d);
+    case FT_WF_BF16: return ft_cuda_dec_raw_async(w, m->data, FT_BF16, numel, out_dt, dst, s, h2d);
+    case FT_WF_F16: return ft_cuda_dec_raw_async(w, m->data, FT_F16, numel, out_dt, dst, s, h2d);
+    case FT_WF_Q8: case FT_WF_Q4: break;
+    default: return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: matrix format %d", (int)m->fmt);
+    }
+    if (!is_float(out_dt)) return ft_set_error(FT_ERR_UNSUPPORTED, "cuda: cannot decode to %s", ft_dtype_name(out_dt));
+    if (!m->chunk || m->group < 1 || m->cols % m->group || m->rows_per_chunk < 1 ||
+        (m->fmt == FT_WF_Q4 && m->cols % 2))
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda: a %s matrix of %d x %d in groups of %d, %d rows per chunk",
+                            ft_wfmt_name(m->fmt), m->rows, m->cols, m->group, m->rows_per_chunk);
+    /* the frame kernels' geometry of a (rows, cols) tensor grouped along
+     * its rows, with no header: chunk c's payload at the sum of those
+     * before it */
+    ftk_qgeom g;
+    memset(&g, 0, sizeof g);
+    g.numel = numel;
+    g.outer = (uint64_t)m->rows;
+    g.D = (uint64_t)m->cols;
+    g.inner = 1;
+    g.G = (uint64_t)m->group;
+    g.ngroups = g.D / g.G;
+    g.spc = (uint64_t)m->rows_per_chunk * g.ngroups;
+    g.n_chunks = (uint32_t)(((uint64_t)m->rows + (uint64_t)m->rows_per_chunk - 1) / (uint64_t)m->rows_per_chunk);
+    g.bits = m->fmt == FT_WF_Q8 ? 8 : 4;
+    uint64_t total = 0;
+    for (uint32_t c = 0; c < g.n_chunks; c++) {
+        if (!m->chunk[c]) return ft_set_error(FT_ERR_INVALID_ARG, "cuda: %s matrix chunk %u is NULL", ft_wfmt_name(m->fmt), c);
+        total += km_q_chunk_bytes(&g, c);
+    }
+    ft_status st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)total, s, "device staging (cudaMalloc)");
+    if (st) return st;
+    size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
+    st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)g.n_chunks * sizeof(uint64_t), s,
+                     "chunk table (cudaMalloc)");
+    w->table_cap = tcap_bytes / sizeof(uint64_t);
+    if (st) return st;
+    uint64_t pos = 0;
+    for (uint32_t c = 0; c < g.n_chunks;) {
+        const uint8_t *run = m->chunk[c];
+        uint64_t len = km_q_chunk_bytes(&g, c);
+        uint32_t e = c + 1;
+        while (e < g.n_chunks && m->chunk[e] == run + len) len += km_q_chunk_bytes(&g, e++);
+        FT_CU(cudaMemcpyAsync(w->d_stage + pos, run, (size_t)len, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (chunks)");
+        pos += len;
+        c = e;
+    }
+    if (h2d) *h2d += total;
+    FT_CU(ftk_q_table(&g, w->d_table, s), "chunk table kernel");
+    FT_CU(ftk_q_dequant(&g, w->d_stage, w->d_table, (int)out_dt, dst, s), "dequantize kernel");
+    return FT_OK;
+}
+
 /* ------------------------------------------------------------ public API */
 
 struct ft_cuda_decoder {

@@ -100,16 +100,35 @@ static ft_status dalloc(ft_cuda_ctx *c, void **p, size_t bytes, uint64_t *acct, 
 
 /* Upload n f32 values from the model (pageable host memory) to dst as dt,
  * in steps through the decoder's device staging. */
-static ft_status upload_f32(ft_cuda_ctx *c, void *dst, ft_dtype dt, const float *src, uint64_t n)
+static ft_status upload(ft_cuda_ctx *c, void *dst, ft_dtype dt, const void *src, ft_dtype src_dt, uint64_t n)
 {
-    size_t es = ft_dtype_bits(dt) / 8;
+    size_t es = ft_dtype_bits(dt) / 8, ses = ft_dtype_bits(src_dt) / 8;
     for (uint64_t i = 0; i < n; i += UPLOAD_CHUNK) {
         uint64_t k = n - i < UPLOAD_CHUNK ? n - i : UPLOAD_CHUNK;
-        ft_status st = ft_cuda_dec_raw_async(&c->dec, src + i, FT_F32, k, dt, (uint8_t *)dst + i * es,
-                                             c->cs, NULL);
+        ft_status st = ft_cuda_dec_raw_async(&c->dec, (const uint8_t *)src + i * ses, src_dt, k, dt,
+                                             (uint8_t *)dst + i * es, c->cs, NULL);
         if (st) return st;
     }
     return FT_OK;
+}
+
+static ft_status upload_f32(ft_cuda_ctx *c, void *dst, ft_dtype dt, const float *src, uint64_t n)
+{
+    return upload(c, dst, dt, src, FT_F32, n);
+}
+
+/* A model-wide tensor as the model keeps it: f32, or a bf16/f16 matrix
+ * (embeddings and LM head of a model kept as stored or quantized). */
+static ft_status upload_global(ft_cuda_ctx *c, void *dst, ft_dtype dt, const ft_wmat *w, uint64_t n)
+{
+    switch (w->fmt) {
+    case FT_WF_F32: return upload(c, dst, dt, w->data, FT_F32, n);
+    case FT_WF_BF16: return upload(c, dst, dt, w->data, FT_BF16, n);
+    case FT_WF_F16: return upload(c, dst, dt, w->data, FT_F16, n);
+    default:
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: a model-wide %s tensor (embeddings and the LM head are "
+                            "kept in f32, bf16 or f16)", ft_wfmt_name(w->fmt));
+    }
 }
 
 static uint64_t numel2(int ndim, const int64_t *s) { return ndim == 1 ? (uint64_t)s[0] : (uint64_t)(s[0] * s[1]); }
@@ -133,9 +152,12 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (!p->stream_weights && !ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: the model's layers are not loaded "
                             "(external layers need stream_weights and a weight hook)");
-    if (ft_model_format_requested(m) != FT_WF_F32)
+    /* resident layers are packed from an f32 model; streamed ones come in
+     * whatever format the hook gives (and model-wide tensors as kept) */
+    if (!p->stream_weights && ft_model_format_requested(m) != FT_WF_F32)
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: the model is kept as %s; the CUDA backend packs "
-                            "its device formats from an f32 model (load it with weights f32)", ft_wfmt_name(ft_model_format_requested(m)));
+                            "resident weights from an f32 model (load it with weights f32)",
+                            ft_wfmt_name(ft_model_format_requested(m)));
     ft_status st = ft_cuda_require(p->device);
     if (st) return st;
 
@@ -205,7 +227,7 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
             int64_t shp[2];
             int nd = ft_model_global_shape(m, s, shp);
             c->g[s] = (uint8_t *)c->gbuf + off[s];
-            if ((st = upload_f32(c, c->g[s], c->gdt[s], ft_model_global(m, s)->data, numel2(nd, shp)))) goto fail;
+            if ((st = upload_global(c, c->g[s], c->gdt[s], ft_model_global(m, s), numel2(nd, shp)))) goto fail;
         }
         if (ft_model_global(m, GW_LM_HEAD)->data && ft_model_global(m, GW_LM_HEAD)->data == ft_model_global(m, GW_TOK_EMB)->data) {
             c->g[GW_LM_HEAD] = c->g[GW_TOK_EMB];
@@ -452,6 +474,10 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
     ft_cuda_wsrc src[FT_CUDA_LAYER_TENSORS];
     memset(src, 0, sizeof src);
     double t0 = ft_now();
+    /* the previous layer's copies are done before the hook may reuse its
+     * host buffers (ft_cuda_weight_hook's contract); that layer computes
+     * next, so they normally are */
+    if (l > 0) FT_CU(cudaEventSynchronize(c->ev_loaded[(l - 1) & 1]), "cudaEventSynchronize (weights)");
     ft_status st = c->p.hook(c->p.hook_user, l, src);
     if (st) return st;
     FT_CU(cudaStreamWaitEvent(c->ls, c->ev_free[slot], 0), "cudaStreamWaitEvent");
@@ -486,6 +512,12 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
                                     "not match the model", l, s);
             st = ft_cuda_dec_frame_async(&c->dec, w->data, &fi, w->trusted, c->ldt[s], dst, c->ls,
                                          &c->h2d_weight_bytes);
+        } else if (w->kind == FT_CUDA_WSRC_WMAT) {
+            const ft_wmat *m = w->wmat;
+            if (!m || c->lndim[s] != 2 || m->rows != c->lshape[s][0] || m->cols != c->lshape[s][1])
+                return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d: a matrix of another "
+                                    "shape", l, s);
+            st = ft_cuda_dec_wmat_async(&c->dec, m, c->ldt[s], dst, c->ls, &c->h2d_weight_bytes);
         } else {
             return ft_set_error(FT_ERR_INVALID_ARG, "weight hook: layer %d tensor %d missing", l, s);
         }

@@ -44,4 +44,13 @@ ft_status ft_cuda_dec_frame_async(ft_cuda_dec_ws *w, const uint8_t *frame, const
 ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src_dt, uint64_t n,
                                 ft_dtype out_dt, void *dst, cudaStream_t s, uint64_t *h2d);
 
+/* A matrix in a CPU engine compute format (flextier/engine.h ft_wmat: the
+ * offloading scheduler's view of a streamed layer) into device memory as
+ * out_dt: f32/bf16/f16 copied and converted; q8/q4 row chunks gathered
+ * into the device staging (runs of contiguous chunks in one copy) and
+ * dequantized there by the frame kernels. The host memory may be reused
+ * once the copies are done (pageable memory: when this returns). */
+ft_status ft_cuda_dec_wmat_async(ft_cuda_dec_ws *w, const ft_wmat *m, ft_dtype out_dt, void *dst, cudaStream_t s,
+                                 uint64_t *h2d);
+
 #endif

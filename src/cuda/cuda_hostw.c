@@ -38,6 +38,11 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
         cp.group_size = p->group_size ? p->group_size : FT_DEFAULT_GROUP_SIZE;
         cp.group_dim = p->group_dim;
     }
+    /* q8/q4 by default in the CPU engine's groups (ft_wmat_group_for: 64,
+     * or 32 where 64 does not divide the rows), so q4 means the same
+     * weights on either device and on every path to the GPU */
+    const int auto_group = (p->codec == FT_CODEC_Q8 || p->codec == FT_CODEC_Q4) && !p->group_size &&
+                           p->group_dim == -1;
     ft_cuda_host_weights *hw = calloc(1, sizeof *hw);
     if (!hw) return ft_set_error(FT_ERR_NOMEM, "cuda host weights: allocation");
     hw->n_layers = cfg->n_layers;
@@ -56,6 +61,9 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
         if (!ft_model_layer_has(m, s)) continue;
         nd[s] = ft_layer_shape(cfg, s, shape[s]);
         uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
+        if (nd[s] == 2 && auto_group)
+            cp.group_size = ft_wmat_group_for((int)shape[s][1]) ? (uint32_t)ft_wmat_group_for((int)shape[s][1])
+                                                                 : FT_DEFAULT_GROUP_SIZE;
         if (nd[s] == 1) cap[s] = (size_t)n * 4;
         else if (p->codec == FT_CODEC_RAW) cap[s] = (size_t)n * 2;
         else cap[s] = ft_encode_bound(&cp, p->codec == FT_CODEC_BYTEPLANE ? FT_BF16 : FT_F32, 2,
@@ -79,7 +87,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
             if (nd[s] == 1 || p->codec == FT_CODEC_RAW) {
                 ft_dtype dt = nd[s] == 1 ? FT_F32 : FT_BF16;
                 if ((st = ft_convert(dst, dt, w, FT_F32, (size_t)n))) goto fail;
-                *o = (ft_cuda_wsrc){FT_CUDA_WSRC_RAW, dt, dst, (size_t)ft_dtype_nbytes(dt, n), 0};
+                *o = (ft_cuda_wsrc){FT_CUDA_WSRC_RAW, dt, dst, (size_t)ft_dtype_nbytes(dt, n), 0, NULL};
             } else {
                 ft_tensor t;
                 if (p->codec == FT_CODEC_BYTEPLANE) {
@@ -97,9 +105,12 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
                 } else {
                     st = ft_tensor_init(&t, FT_F32, 2, shape[s], (void *)w);
                 }
+                if (auto_group)
+                    cp.group_size = ft_wmat_group_for((int)shape[s][1]) ? (uint32_t)ft_wmat_group_for((int)shape[s][1])
+                                                                         : FT_DEFAULT_GROUP_SIZE;
                 if (!st) st = ft_encode(cc, &cp, &t, dst, cap[s], &bytes);
                 if (st) goto fail;
-                *o = (ft_cuda_wsrc){FT_CUDA_WSRC_FRAME, FT_F32, dst, bytes, 1};
+                *o = (ft_cuda_wsrc){FT_CUDA_WSRC_FRAME, FT_F32, dst, bytes, 1, NULL};
             }
             hw->used += o->bytes;
             pos += pad64(cap[s]);
@@ -131,5 +142,40 @@ ft_status ft_cuda_host_weights_hook(void *user, int layer, ft_cuda_wsrc *src)
     if (!hw || !src || layer < 0 || layer >= hw->n_layers)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda host weights: layer %d out of range", layer);
     memcpy(src, hw->src[layer], sizeof hw->src[layer]);
+    return FT_OK;
+}
+
+/* The engine's hook fills a whole ft_layer_weights (the scheduler starts
+ * from its resident and host views and points the streamed slots at its
+ * buffers); each present tensor becomes a source: matrices as they are
+ * computed on, vectors as f32 of the layer's shape. */
+ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src)
+{
+    ft_cuda_layer_source *ls = source;
+    if (!ls || !ls->hook || !ls->model || !src)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda layer source: hook, user and model are required");
+    const ft_model_config *cfg = ft_model_get_config(ls->model);
+    if (layer < 0 || layer >= cfg->n_layers)
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda layer source: layer %d out of range", layer);
+    memset(&ls->w, 0, sizeof ls->w);
+    ft_status st = ls->hook(ls->user, layer, &ls->w);
+    if (st) return st;
+    for (int s = 0; s < FT_LAYER_SLOTS && s < FT_CUDA_LAYER_TENSORS; s++) {
+        ft_cuda_wsrc *o = &src[s];
+        memset(o, 0, sizeof *o);
+        if (ft_layer_slot_is_matrix(s)) {
+            const ft_wmat *m = ft_layer_weights_mat(&ls->w, s);
+            if (!m->data && !m->chunk) continue;   /* absent */
+            o->kind = FT_CUDA_WSRC_WMAT;
+            o->wmat = m;
+            continue;
+        }
+        const float *v = *ft_layer_weights_vec(&ls->w, s);
+        if (!v) continue;
+        int64_t shape[2];
+        if (ft_layer_shape(cfg, s, shape) != 1)
+            return ft_set_error(FT_ERR_INTERNAL, "cuda layer source: slot %d is not a vector", s);
+        *o = (ft_cuda_wsrc){FT_CUDA_WSRC_RAW, FT_F32, v, (size_t)shape[0] * sizeof(float), 1, NULL};
+    }
     return FT_OK;
 }

@@ -123,3 +123,9 @@ ft_status ft_cuda_host_weights_hook(void *hw, int layer, ft_cuda_wsrc *src)
     (void)hw; (void)layer; (void)src;
     return off();
 }
+
+ft_status ft_cuda_layer_source_hook(void *source, int layer, ft_cuda_wsrc *src)
+{
+    (void)source; (void)layer; (void)src;
+    return off();
+}

@@ -30,6 +30,9 @@ struct ft_session {
     ft_cuda_ctx *g;
     ft_cuda_host_weights *hw;
     int cuda_stream;              /* CUDA: weights streamed from host      */
+    int cuda_sched;               /* CUDA: streamed by the offloading
+                                     scheduler from its tiers              */
+    ft_cuda_layer_source lsrc;    /* the scheduler as the GPU's weight hook */
     ft_codec_id cuda_codec;
     ft_ctx_params cp;             /* the current context's shape           */
     /* metrics: counters when decoding began */
@@ -68,7 +71,7 @@ static ft_status resolve_weights(ft_session *s, const ft_policy *pol, int offloa
     const ft_session_params *p = &s->p;
     ft_codec_id cw = pol->compress_weights;
     int w = p->weights;
-    if (p->device == FT_DEVICE_CUDA) {
+    if (p->device == FT_DEVICE_CUDA && !s->cuda_sched) {
         /* the CUDA backend packs its device formats from an f32 model */
         if (w != FT_WEIGHTS_AS_STORED && w != FT_WF_F32)
             return ft_set_error(FT_ERR_UNSUPPORTED, "weights %s: the CUDA backend converts the weights itself "
@@ -91,8 +94,10 @@ static ft_status resolve_weights(ft_session *s, const ft_policy *pol, int offloa
     return FT_OK;
 }
 
-/* The CUDA path's placements: every weight on the GPU, or every weight in
- * pinned host memory streamed over PCIe; the cache on the GPU. */
+/* The CUDA path's placements: every weight on the GPU; every weight in
+ * pinned host memory streamed over PCIe (the backend's own copy); or the
+ * weights on the host, disk and memory-node tiers streamed by the same
+ * scheduler as on the CPU (ft_cuda_layer_source). The cache on the GPU. */
 static ft_status check_cuda(ft_session *s)
 {
     char why[512];
@@ -106,10 +111,11 @@ static ft_status check_cuda(ft_session *s)
                             "use w=100 (weights on the GPU) or w=0,100 (streamed from host memory)");
     if (p->w_pct[FT_TIER_DEVICE] == 100) s->cuda_stream = 0;
     else if (p->w_pct[FT_TIER_HOST] == 100) s->cuda_stream = 1;
+    else if (p->w_pct[FT_TIER_DEVICE] == 0) s->cuda_stream = s->cuda_sched = 1;
     else
-        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: weights must be all on the device (w=100) or all in "
-                            "host memory (w=0,100); disk and remote tiers and split placements are not "
-                            "implemented for the GPU");
+        return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: weights split between the GPU and other tiers are "
+                            "not implemented (w=100: all on the GPU; w=0,...: all streamed from the host, "
+                            "disk and remote tiers)");
     if (p->c_pct[FT_TIER_DEVICE] != 100)
         return ft_set_error(FT_ERR_UNSUPPORTED, "CUDA device: the KV cache must be on the device (c=100)");
     if (s->p.device_mem)
@@ -210,8 +216,9 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         lp.progress = load_progress;
         lp.user = &pc_load;
     }
-    /* the CUDA path streams from its own pinned copy: it loads in memory */
-    s->offloaded = s->p.offload != FT_OFFLOAD_NONE && s->p.device == FT_DEVICE_CPU;
+    /* the CUDA path with every weight on the GPU or in host memory streams
+     * from its own pinned copy: it loads in memory */
+    s->offloaded = s->p.offload != FT_OFFLOAD_NONE && (s->p.device == FT_DEVICE_CPU || s->cuda_sched);
     if (s->offloaded) {
         lp.external_layers = 1;
         if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
@@ -386,7 +393,15 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
         gp.max_seq = cp.max_seq;
         gp.max_rows = cp.max_rows;
         gp.all_logits = cp.all_logits;
-        if (s->cuda_stream) {
+        if (s->cuda_sched) {
+            s->lsrc.hook = ft_offload_hook;
+            s->lsrc.user = s->wo;
+            s->lsrc.model = s->m;
+            gp.stream_weights = 1;
+            gp.hook = ft_cuda_layer_source_hook;
+            gp.hook_user = &s->lsrc;
+            ft_offload_reset_stats(s->wo);
+        } else if (s->cuda_stream) {
             if (!s->hw) {
                 ft_cuda_host_weights_params hp = {s->cuda_codec, 0, -1, s->p.threads};
                 if ((st = ft_cuda_host_weights_create(s->m, &hp, &s->hw))) return st;
@@ -678,6 +693,7 @@ void ft_session_get_stats(const ft_session *s, ft_session_stats *out)
     if (s->p.device == FT_DEVICE_CUDA) {
         out->cuda = 1;
         out->cuda_stream = s->cuda_stream;
+        out->cuda_sched = s->cuda_sched;
         out->cuda_codec = s->cuda_codec;
         ft_cuda_device_info_get(0, &out->device);
         if (s->g) ft_cuda_ctx_get_stats(s->g, &out->cuda_stats);
