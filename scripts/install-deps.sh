@@ -9,6 +9,8 @@ PKGS=(
   libucx-dev ucx-utils libssl-dev
   libopenblas-dev libjson-c-dev libpcre2-dev libutf8proc-dev
   iproute2 python3 python3-venv python3-dev
+  # the pipeline's MPI mode (mpirun -n S flextier run --pipeline mpi)
+  libopenmpi-dev openmpi-bin
   # the aarch64 (BlueField Arm cores) cross build and its tests under
   # qemu-user (make test-aarch64): Debian's cross toolchain and the
   # multiarch :arm64 libraries

@@ -336,6 +336,14 @@ FT_API const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
 FT_API uint64_t ft_model_layer_bytes(const ft_model *m);
+/* A pipeline stage (flextier/pipe.h) holds one end of the model: give the
+ * pages of the model-wide tensors it never reads back to the kernel. The
+ * input end (input_end: token and position embeddings, project_in) and
+ * the output end (output_end: final norm, project_out, LM head; a tied
+ * head keeps the embeddings) are kept. The released tensors read as zeros
+ * from then on: the model may only be used for such a stage's layers.
+ * Returns the bytes given back. */
+FT_API uint64_t ft_model_release_globals(ft_model *m, int input_end, int output_end);
 
 /* --------------------------------------------------------------- context */
 
@@ -431,6 +439,27 @@ FT_API ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v,
 FT_API ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots,
                                 const int32_t *const *tokens, const size_t *ntok,
                                 float *logits, int all_rows);
+
+/* A pipeline stage's share of one forward step (flextier/pipe.h): layers
+ * [l0, l1) of the step that ft_ctx_forward(c, n, slots, tokens, ntok, ...)
+ * describes; ft_ctx_forward is ft_ctx_forward_layers(..., 0, n_layers, ...).
+ * Input: with l0 == 0 the tokens (embeddings computed here; hidden_in
+ * unused), else hidden_in: the hidden states the previous stage returned,
+ * rows x hidden floats (rows = sum ntok, sequences in order; tokens may
+ * be NULL). Output: with hidden_out the hidden states after layer l1 - 1
+ * (rows x hidden floats, before any final norm; logits unused), else (l1
+ * must then be n_layers) the logits as ft_ctx_forward. Hooks see absolute
+ * layer indices. The
+ * context's sequence lengths advance as in ft_ctx_forward, so every stage
+ * of a pipeline keeps its own (equal) lengths. An empty range (l0 == l1)
+ * is allowed: the embeddings alone (l0 == 0), the head alone (l0 ==
+ * n_layers), or the hidden states passed through. The KV cache of a layer the
+ * stage never computes is never written (its pages stay untouched).
+ * Errors as ft_ctx_forward, and FT_ERR_INVALID_ARG for a bad range or a
+ * missing input or output buffer. */
+FT_API ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                                const size_t *ntok, const float *hidden_in, int l0, int l1,
+                                float *hidden_out, float *logits, int all_rows);
 
 /* -------------------------------------------------------------- sampling */
 

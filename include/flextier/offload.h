@@ -45,6 +45,11 @@ typedef struct ft_policy {
     uint32_t n_remotes;           /* remote memory nodes (ucx://HOST:PORT) */
     char remotes[FT_MAX_REMOTES][FT_URI_MAX];
     char disk_uri[FT_URI_MAX];    /* file:DIR for the disk tier        */
+    uint32_t replicas;            /* copies of every remote tensor on
+                                     distinct memory nodes (rep=N; 0 or 1:
+                                     one). With 2 or more a node that fails
+                                     costs a retry on a replica, and the
+                                     node is filled again when it is back */
 } ft_policy;
 
 /* Default: everything on the device, batch 1, no compression. */
@@ -54,7 +59,7 @@ FT_API void ft_policy_default(ft_policy *p);
  *   w=D,H,S,R   c=D,H,S,R   a=D,H,S,R   (percentages; 2 or 3 values are
  *                                        accepted, the rest default to 0)
  *   gbs=N  ngb=N  cw=none|bp|q8|q4  cc=none|q8|q4
- *   remote=ucx://a:7000,ucx://b:7000   disk=file:/path
+ *   remote=ucx://a:7000,ucx://b:7000   disk=file:/path   rep=N (replicas)
  * Items not given keep their current value in *p (so callers can apply CLI
  * flags on top of a default). FT_ERR_INVALID_ARG with a message naming the
  * item on any error; *p is unchanged then. */
@@ -229,6 +234,19 @@ typedef struct ft_offload_params {
     /* progress of the first upload: done/total bytes of source tensors */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *user;
+    /* A pipeline stage (flextier/pipe.h) holds only layers [layer_begin,
+     * layer_end) (0, 0: all): only those are placed, uploaded and served
+     * by the hook, which prefetches layer_begin after the last one. */
+    int layer_begin, layer_end;
+    /* With policy.replicas > 1: a memory node whose connection has moved
+     * no byte for this long while a request waits is given up on and its
+     * replicas serve (default 1000 ms; a killed node is noticed at once) */
+    unsigned failover_ms;
+    /* With several memory nodes a remote tensor's frame is striped over
+     * all of them in equal pieces, so that N links carry each layer
+     * together, when the pieces are at least this big (0: 64 KiB;
+     * smaller tensors go whole to one node, the nodes taken in turn). */
+    uint32_t stripe_min;
 } ft_offload_params;
 
 FT_API void ft_offload_default_params(ft_offload_params *p);
@@ -244,6 +262,13 @@ typedef struct ft_offload_stats {
     double io_busy_s;        /* I/O thread time fetching + decoding          */
     double wait_s;           /* compute thread time waiting for weights      */
     uint64_t layers_fetched;
+    /* replicas (policy.replicas > 1): reads issued again on a replica,
+     * memory nodes given up on, nodes filled again once back and the
+     * bytes copied to them (since creation) */
+    uint64_t retries, failovers, repairs, repaired_bytes;
+    double failover_fetch_s; /* the longest layer fetch that retried reads */
+    double degraded_fetch_s; /* fetches that began with a node down (and  */
+    uint64_t degraded_fetches;/* retried nothing): time, count            */
 } ft_offload_stats;
 
 /* model_dir: the checkpoint the model was loaded from (source of the
@@ -288,6 +313,7 @@ typedef struct ft_kv_offload_params {
     uint64_t device_budget;   /* resident cache + staging; 0 = no limit    */
     const char *token_file;   /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE) */
     uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 64)    */
+    unsigned failover_ms;     /* policy.replicas > 1: as ft_offload_params (0 = 1000) */
 } ft_kv_offload_params;
 
 typedef struct ft_kv_offload_stats {
@@ -298,6 +324,7 @@ typedef struct ft_kv_offload_stats {
     double io_busy_s, wait_s;                 /* I/O thread busy; compute waited */
     uint64_t fetches, prefetch_hits;
     uint64_t chunks_put, chunks_read;         /* remote tier                 */
+    uint64_t retries;                         /* chunk reads issued again on a replica */
 } ft_kv_offload_stats;
 
 FT_API void ft_kv_offload_default_params(ft_kv_offload_params *p);

@@ -73,6 +73,10 @@ typedef struct ft_session_params {
     const char *token_file;  /* memory nodes' / agents' shared secret       */
     unsigned decode_threads; /* streamed frames' checks and decoding;
                                 0: every core                               */
+    /* With policy.replicas > 1: a memory node whose link moves nothing
+     * this long while a request waits is given up on (0: 1000 ms; a
+     * killed node is noticed at once). ft_offload_params.failover_ms. */
+    unsigned failover_ms;
     /* Long steps report here (NULL: silent): stage is "load", "place"
      * (weights onto tiers) or "plan"; done/total in bytes (plan: 0/0). */
     void (*progress)(void *user, const char *stage, uint64_t done, uint64_t total);
@@ -92,6 +96,22 @@ typedef struct ft_session ft_session;
  * build or machine does not have. */
 FT_API ft_status ft_session_open(const char *model_dir, const ft_session_params *p, ft_session **out);
 FT_API void ft_session_close(ft_session *s);                          /* NULL ok */
+
+/* A session that is the driver of a pipeline across processes
+ * (flextier/pipe.h, docs/pipeline.md): the caller has built the ring (the
+ * stages before this one: `flextier worker` processes, MPI ranks or
+ * threads) and hands over the last stage and its link; the session loads
+ * the tokenizer, and ft_session_generate / ft_session_generate_text run
+ * through ft_pipe_generate with micro_batches groups (0: one per stage).
+ * The stage keeps owning its model and weight scheduler (stats come from
+ * it); free the stage and link after ft_session_close. ft_session_forward
+ * is FT_ERR_UNSUPPORTED (the driver holds the last layers only). The
+ * parameters' device must be the CPU and the offload mode not AUTO;
+ * their policy is reported by ft_session_policy when the stage offloads. */
+struct ft_pipe_stage;
+struct ft_pipe_link;
+FT_API ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_params *p, struct ft_pipe_stage *driver,
+                                   struct ft_pipe_link *link, int micro_batches, ft_session **out);
 
 FT_API const ft_model_config *ft_session_config(const ft_session *s);
 FT_API const ft_model *ft_session_model(const ft_session *s);
@@ -155,6 +175,10 @@ typedef struct ft_session_stats {
     ft_cuda_stats cuda_stats;
     ft_codec_id cuda_codec;
     uint64_t host_weight_bytes;
+    /* a pipeline's driver (ft_session_open_pipeline): the ring's stages,
+     * the last generation's micro-batches and messages received */
+    int pipe_stages, pipe_micro_batches;
+    uint64_t pipe_messages;
 } ft_session_stats;
 
 FT_API void ft_session_get_stats(const ft_session *s, ft_session_stats *out);

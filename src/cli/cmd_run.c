@@ -1,6 +1,7 @@
 /* flextier run | bench run: the inference engine's commands (gen-model: gen_model.c). */
 #include "cli.h"
 #include "session_opts.h"
+#include "pipe_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 
@@ -37,16 +38,20 @@ int ft_bench_run(int argc, char **argv)
     ft_cli_session o;
     ft_cli_session_init(&o);
     o.stats = 1;
+    ft_cli_pipe pipe;
+    ft_cli_pipe_init(&pipe);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(BENCH_USAGE, stdout);
             fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            ft_cli_pipe_print_usage(stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_session_arg(&o, argc, argv, &i);
+        if (!r) r = ft_cli_pipe_arg(&pipe, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--json")) { json = 1; continue; }
@@ -65,6 +70,7 @@ int ft_bench_run(int argc, char **argv)
     }
     if (!dir || !plen || !glen)
         return ft_cli_usage_error(BENCH_USAGE, "--model, --prompt-len and --gen-len are required");
+    if (ft_cli_pipe_stray(&pipe)) return ft_cli_usage_error(BENCH_USAGE, "pipeline options need --pipeline");
     ft_session *s = NULL;
     int32_t *prompts = NULL, *outs = NULL;
     const int32_t **pp = NULL;
@@ -74,8 +80,18 @@ int ft_bench_run(int argc, char **argv)
     double t0 = ft_now();
     o.sp.threads = (unsigned)threads;
     o.sp.max_seq = (uint32_t)(plen + glen);
-    ft_status st = ft_cli_session_open(&o, dir, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &s);
-    if (st) return ft_cli_fail(dir, st);
+    ft_status st;
+    int micro = 0;
+    if (pipe.mode) {
+        /* the stages are sized for a micro-batch's prompts in one call */
+        int worker_done = 0;
+        if ((st = ft_cli_pipe_open(&pipe, &o, dir, (size_t)batch, (size_t)(batch * plen), (size_t)plen,
+                                   (size_t)glen, &micro, &worker_done, &s)))
+            return worker_done ? ft_cli_fail("pipeline stage", st) : ft_cli_fail("pipeline", st);
+        if (worker_done) return FT_EXIT_OK;   /* an MPI rank that ran a stage */
+    } else if ((st = ft_cli_session_open(&o, dir, (uint32_t)batch, (uint32_t)plen, (uint32_t)glen, &s))) {
+        return ft_cli_fail(dir, st);
+    }
     double load_s = ft_now() - t0;
     const ft_model_config *cfg = ft_session_config(s);
     int gpu = o.sp.device == FT_DEVICE_CUDA;
@@ -96,6 +112,7 @@ int ft_bench_run(int argc, char **argv)
     ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
     ft_gen_stats gs;
     if ((st = ft_session_generate(s, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
+    if (pipe.mode) ft_cli_pipe_end(&pipe);   /* the workers finish; MPI: every stage's peak RSS */
     ft_session_stats ss;
     ft_session_get_stats(s, &ss);
     double pre_tps = gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0;
@@ -117,6 +134,7 @@ int ft_bench_run(int argc, char **argv)
                gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, wfmt, kvb,
                ft_dtype_name(ss.kv_dtype), rss, gpu ? "cuda" : "cpu");
         if (gpu) ft_cli_cuda_report_json(s, stdout);
+        if (pipe.mode) ft_cli_pipe_report_json(&pipe, micro, rss, stdout);
         if (o.enabled) {
             printf(",\"offload\":");
             ft_cli_session_report_json(&o, s, gs.prefill_s, gs.decode_s, stdout);
@@ -136,6 +154,14 @@ int ft_bench_run(int argc, char **argv)
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
         if (gpu) {
             ft_cli_cuda_report(s, stdout);
+        } else if (pipe.mode) {
+            ft_cli_pipe_describe(&pipe, micro, stdout);
+            printf("  memory     peak RSS of this stage (the last) %s", b3);
+            if (pipe.mode == FT_PIPE_MPI)
+                for (int i = 0; i < pipe.n_stages; i++)
+                    printf("%s%.1f MiB", i ? ", " : "; every stage: ", pipe.rss[i] / 1048576.0);
+            printf("\n");
+            ft_cli_session_report(&o, s, gs.prefill_s, gs.decode_s, stdout);
         } else {
             printf("  memory     weights %s (%s), KV cache %s (%s), peak RSS %s (%.2fx weights + KV cache)\n",
                    b1, wfmt, b2, ft_dtype_name(ss.kv_dtype), b3, rss / (wbytes + kvb));
@@ -146,6 +172,7 @@ int ft_bench_run(int argc, char **argv)
 done:
     free(prompts); free(outs); free(pp); free(op); free(pl); free(no);
     ft_session_close(s);
+    if (pipe.mode) ft_cli_pipe_finish(&pipe);
     return rc;
 }
 /* ------------------------------------------------------------------ run */
@@ -210,16 +237,20 @@ int ft_cmd_run(int argc, char **argv)
     int ignore_eos = 0, have_seed = 0;
     ft_cli_session o;
     ft_cli_session_init(&o);
+    ft_cli_pipe pipe;
+    ft_cli_pipe_init(&pipe);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) {
             fputs(RUN_USAGE, stdout);
             fputs(ft_cli_engine_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
+            ft_cli_pipe_print_usage(stdout);
             fputs(ft_cli_cuda_usage, stdout);
             return FT_EXIT_OK;
         }
         int r = ft_cli_session_arg(&o, argc, argv, &i);
+        if (!r) r = ft_cli_pipe_arg(&pipe, argc, argv, &i);
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
@@ -251,6 +282,9 @@ int ft_cmd_run(int argc, char **argv)
     }
     if (!dir) return ft_cli_usage_error(RUN_USAGE, "--model is required");
     if (!prompt == !pfile) return ft_cli_usage_error(RUN_USAGE, "give exactly one of --prompt and --prompt-file");
+    if (pipe.mode && dump)
+        return ft_cli_usage_error(RUN_USAGE, "--pipeline has no --dump-logits (the driver holds the last layers only)");
+    if (ft_cli_pipe_stray(&pipe)) return ft_cli_usage_error(RUN_USAGE, "pipeline options need --pipeline");
 
     int rc = FT_EXIT_ERR;
     ft_status st;
@@ -276,7 +310,23 @@ int ft_cmd_run(int argc, char **argv)
         np = 1;
     }
     o.sp.threads = (unsigned)threads;
-    {
+    int micro = 0;
+    if (pipe.mode) {
+        /* the stages are sized for the prompts as the session will encode them */
+        size_t maxp = 0, sum = 0;
+        if ((st = ft_cli_pipe_prompt_tokens(dir, o.sp.strict, (const char *const *)lines, np, &maxp, &sum))) {
+            ft_cli_fail("tokenizer", st);
+            goto done;
+        }
+        int worker_done = 0;
+        st = ft_cli_pipe_open(&pipe, &o, dir, np, sum, maxp, (size_t)max_new, &micro, &worker_done, &s);
+        if (worker_done) {   /* an MPI rank that ran a stage (and finalized MPI) */
+            rc = st ? ft_cli_fail("pipeline stage", st) : FT_EXIT_OK;
+            pipe.mode = FT_PIPE_OFF;
+            goto done;
+        }
+        if (st) { ft_cli_fail("pipeline", st); goto done; }
+    } else {
         size_t longest = 0;   /* prompt length estimate for --policy auto */
         for (size_t j = 0; j < np; j++) if (strlen(lines[j]) > longest) longest = strlen(lines[j]);
         if ((st = ft_cli_session_open(&o, dir, (uint32_t)np, (uint32_t)(longest / 3 + 1), (uint32_t)max_new, &s))) {
@@ -348,6 +398,7 @@ int ft_cmd_run(int argc, char **argv)
             np, (max_new > 0 ? np : 0) + gs.decode_tokens);
     if (o.sp.device == FT_DEVICE_CUDA) ft_cli_cuda_report(s, stderr);
     else ft_cli_session_report(&o, s, gs.prefill_s, gs.decode_s, stderr);
+    if (pipe.mode) ft_cli_pipe_describe(&pipe, micro, stderr);
     rc = FT_EXIT_OK;
 done:
     for (size_t j = 0; texts && j < np; j++) free(texts[j]);
@@ -355,5 +406,6 @@ done:
     free(lines);
     free(fdata);
     ft_session_close(s);
+    if (pipe.mode) ft_cli_pipe_finish(&pipe);
     return rc;
 }

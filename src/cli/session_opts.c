@@ -22,6 +22,10 @@ const char ft_cli_offload_usage[] =
     "  --device-mem SIZE      budget for decoded weights and the device share of the cache\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
     "  --decode-threads N     threads checking and decoding streamed weights (default: every core)\n"
+    "  --replicas N           every remote tensor on N of the nodes: a node that fails costs\n"
+    "                         a retry on a replica, and is filled again when it is back\n"
+    "  --failover-timeout MS  with replicas: give up on a node whose link moved nothing for\n"
+    "                         this long (default 1000; a killed node is noticed at once)\n"
     "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency\n";
 
 const char ft_cli_engine_usage[] =
@@ -118,6 +122,19 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--offload-stats")) { o->stats = 1; return 1; }
+    if (!strcmp(a, "--replicas")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        snprintf(spec, sizeof spec, "rep=%s", v);
+        if (ft_policy_parse(spec, &o->sp.policy)) goto bad;
+        return 1;
+    }
+    if (!strcmp(a, "--failover-timeout")) {
+        long ms;
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (ft_cli_parse_int(v, 10, 3600000, &ms)) goto bad;
+        o->sp.failover_ms = (unsigned)ms;
+        return 1;
+    }
     if (!strcmp(a, "--weights-dtype")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         if (ft_cli_parse_weights(v, &o->sp.weights)) goto bad;
@@ -272,6 +289,12 @@ void ft_cli_session_report(const ft_cli_session *o, const ft_session *ses, doubl
                 fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
                         mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
                         s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+        const ft_policy *pol = ft_session_policy(ses, NULL);
+        if (pol->replicas > 1)
+            fprintf(f, "offload: %u replicas: %llu nodes failed over, %llu reads retried on a replica, %llu nodes "
+                       "filled again (%.1f MiB)\n", pol->replicas, (unsigned long long)s->failovers,
+                    (unsigned long long)(s->retries + d.kv.retries), (unsigned long long)s->repairs,
+                    mib(s->repaired_bytes));
     }
     if (d.has_kv) {
         const ft_kv_offload_stats *k = &d.kv;
@@ -322,6 +345,12 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
             (unsigned long long)d.w.resident_bytes, (unsigned long long)d.w.slot_bytes,
             (unsigned long long)d.w.uploaded_bytes, (unsigned long long)d.w.reused_bytes,
             (unsigned long long)d.w.layers_fetched, d.w.io_busy_s, d.w.wait_s);
+    const ft_policy *inforce = ft_session_policy(s, NULL);
+    fprintf(f, "\"replicas\":%u,\"failovers\":%llu,\"retries\":%llu,\"repairs\":%llu,\"repaired_bytes\":%llu,"
+               "\"failover_fetch_s\":%.4f,\"degraded_fetch_s\":%.4f,\"degraded_fetches\":%llu,",
+            inforce->replicas ? inforce->replicas : 1, (unsigned long long)d.w.failovers, (unsigned long long)d.w.retries,
+            (unsigned long long)d.w.repairs, (unsigned long long)d.w.repaired_bytes, d.w.failover_fetch_s,
+            d.w.degraded_fetch_s, (unsigned long long)d.w.degraded_fetches);
     json_tiers(f, "read_logical_bytes", d.w.logical_bytes);
     fputc(',', f);
     json_tiers(f, "read_wire_bytes", d.w.wire_bytes);
@@ -329,6 +358,7 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
                "\"prefetch_hits\":%llu,\"io_busy_s\":%.4f,\"wait_s\":%.4f,",
             (unsigned long long)d.kv.resident_bytes, (unsigned long long)d.kv.staging_bytes,
             (unsigned long long)d.kv.fetches, (unsigned long long)d.kv.prefetch_hits, d.kv.io_busy_s, d.kv.wait_s);
+    fprintf(f, "\"retries\":%llu,", (unsigned long long)d.kv.retries);
     json_tiers(f, "tier_bytes", d.kv.tier_bytes);
     fputc(',', f);
     json_tiers(f, "read_logical_bytes", d.kv.read_logical);

@@ -731,12 +731,30 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
                          const size_t *ntok, float *logits, int all_rows)
 {
     if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
+    return ft_ctx_forward_layers(c, n, slots, tokens, ntok, NULL, 0, c->m->cfg.n_layers, NULL, logits, all_rows);
+}
+
+/* A pipeline stage's share (the whole model for ft_ctx_forward): the input
+ * is tokens (l0 == 0) or the previous stage's hidden rows, put where the
+ * embeddings would be; the output the hidden rows or the logits. */
+ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int32_t *const *tokens,
+                                const size_t *ntok, const float *hidden_in, int l0, int l1,
+                                float *hidden_out, float *logits, int all_rows)
+{
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL context");
     const ft_model *m = c->m;
+    const int L = m->cfg.n_layers, H = m->cfg.hidden;
+    if (l0 < 0 || l1 > L || l0 > l1)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d", l0, l1, L);
+    if (l0 > 0 && !hidden_in)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers from %d need the previous stage's hidden states", l0);
+    if (l1 < L && !hidden_out)
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers up to %d need a buffer for the hidden states", l1);
     if (c->p.external_kv && (!c->kvh.load || !c->kvh.store))
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: the context's KV cache is external but no KV hooks are set");
     ft_call_limits lim = {m->cfg.vocab, c->p.max_batch, c->p.max_seq, c->p.max_rows, c->p.all_logits, c->seq_len};
     size_t rows = 0;
-    ft_status cst = ft_graph_check_call(&lim, n, slots, tokens, ntok, all_rows, &rows);
+    ft_status cst = ft_graph_check_call_ex(&lim, n, slots, tokens, ntok, all_rows, l0 == 0, &rows);
     if (cst) return cst;
     c->n = n;
     c->slots = slots;
@@ -748,20 +766,22 @@ ft_status ft_ctx_forward(ft_ctx *c, size_t n, const int *slots, const int32_t *c
         for (size_t i = 0; i < ntok[j]; i++, r++) {
             c->row_seq[r] = (int)j;
             c->row_pos[r] = c->seq_len[slots[j]] + (int)i;
-            c->row_tok[r] = tokens[j][i];
+            c->row_tok[r] = l0 == 0 ? tokens[j][i] : 0;
         }
     }
     c->row0[n] = r;
     for (size_t j = 0; j < n; j++) c->past[j] = c->seq_len[slots[j]];
+    if (l0 > 0) memcpy(c->x, hidden_in, rows * (size_t)H * sizeof(float));
     ft_kv_step step = {n, slots, c->past, ntok};
     c->step = &step;
-    c->out_logits = logits;
+    c->out_logits = l1 == L && !hidden_out ? logits : NULL;
     c->ring_dirty = 0;
     int nsel = 0, failed = -1;
-    ft_status st = ft_graph_forward(&cpu_ops, c, m, (int)rows, (int)n, logits ? (all_rows ? 2 : 1) : 0, &nsel,
-                                    &failed);
+    int want = l1 == L && logits && !hidden_out ? (all_rows ? 2 : 1) : 0;
+    ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
     c->step = NULL;
     if (st) return fail_reset(c, st);
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];
+    if (hidden_out) memcpy(hidden_out, c->x, rows * (size_t)H * sizeof(float));
     return FT_OK;
 }

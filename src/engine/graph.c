@@ -47,16 +47,27 @@ static ft_status layer(const ft_backend_ops *o, void *b, const ft_model *m, cons
 ft_status ft_graph_forward(const ft_backend_ops *o, void *b, const ft_model *m, int rows, int n, int want,
                            int *nsel, int *failed_layer)
 {
+    return ft_graph_forward_layers(o, b, m, rows, n, 0, m->cfg.n_layers, want, nsel, failed_layer);
+}
+
+ft_status ft_graph_forward_layers(const ft_backend_ops *o, void *b, const ft_model *m, int rows, int n, int l0,
+                                  int l1, int want, int *nsel, int *failed_layer)
+{
     const ft_model_config *cfg = &m->cfg;
     *failed_layer = -1;
     *nsel = 0;
-    /* embeddings (+ project_in, + learned positions) */
-    int proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
-    TRY(o->embed(b, proj_in ? FT_GB_XB : FT_GB_X, rows));
-    if (proj_in) TRY(o->linear(b, FT_GB_X, FT_GB_XB, rows, NULL, GW_PROJ_IN, -1));
-    if (m->arch->pos == FT_POS_LEARNED) TRY(o->add_positions(b, rows));
+    if (l0 < 0 || l1 > cfg->n_layers || l0 > l1 || (want && l1 != cfg->n_layers))
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d%s", l0, l1, cfg->n_layers,
+                            want && l1 != cfg->n_layers ? " cannot give logits" : "");
+    /* embeddings (+ project_in, + learned positions): the first stage's */
+    if (l0 == 0) {
+        int proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
+        TRY(o->embed(b, proj_in ? FT_GB_XB : FT_GB_X, rows));
+        if (proj_in) TRY(o->linear(b, FT_GB_X, FT_GB_XB, rows, NULL, GW_PROJ_IN, -1));
+        if (m->arch->pos == FT_POS_LEARNED) TRY(o->add_positions(b, rows));
+    }
 
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         const void *w = NULL;
         ft_status st = o->layer_begin(b, l, &w);
         if (!st) st = layer(o, b, m, w, l, rows);
@@ -95,7 +106,13 @@ ft_status ft_graph_forward(const ft_backend_ops *o, void *b, const ft_model *m, 
 ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
                               const size_t *ntok, int all_rows, size_t *rows_out)
 {
-    if (!slots || !tokens || !ntok || n == 0)
+    return ft_graph_check_call_ex(lim, n, slots, tokens, ntok, all_rows, 1, rows_out);
+}
+
+ft_status ft_graph_check_call_ex(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
+                                 const size_t *ntok, int all_rows, int need_tokens, size_t *rows_out)
+{
+    if (!slots || (need_tokens && !tokens) || !ntok || n == 0)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument or empty batch");
     if (n > (size_t)lim->max_batch)
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: %zu sequences > max_batch %d", n, lim->max_batch);
@@ -108,12 +125,12 @@ ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *sl
             return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d out of range", s);
         for (size_t i = 0; i < j; i++)
             if (slots[i] == s) return ft_set_error(FT_ERR_INVALID_ARG, "forward: slot %d twice", s);
-        if (ntok[j] == 0 || !tokens[j])
+        if (ntok[j] == 0 || (need_tokens && !tokens[j]))
             return ft_set_error(FT_ERR_INVALID_ARG, "forward: sequence %zu has no tokens", j);
         if ((size_t)lim->seq_len[s] + ntok[j] > (size_t)lim->max_seq)
             return ft_set_error(FT_ERR_NO_SPACE, "forward: sequence %zu: %d cached + %zu new tokens "
                                 "exceed the context of %d", j, lim->seq_len[s], ntok[j], lim->max_seq);
-        for (size_t i = 0; i < ntok[j]; i++)
+        for (size_t i = 0; need_tokens && i < ntok[j]; i++)
             if (tokens[j][i] < 0 || tokens[j][i] >= lim->vocab)
                 return ft_set_error(FT_ERR_INVALID_ARG, "forward: token id %d outside vocab of %d",
                                     (int)tokens[j][i], lim->vocab);

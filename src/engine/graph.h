@@ -115,6 +115,11 @@ typedef struct ft_call_limits {
 
 ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
                               const size_t *ntok, int all_rows, size_t *rows);
+/* The same for a call whose input is not tokens (need_tokens 0: a
+ * pipeline stage after the first takes hidden states; tokens may be NULL
+ * and are not looked at). */
+ft_status ft_graph_check_call_ex(const ft_call_limits *lim, size_t n, const int *slots, const int32_t *const *tokens,
+                                 const size_t *ntok, int all_rows, int need_tokens, size_t *rows);
 
 /* One forward call on a backend whose row metadata (tokens, positions,
  * sequences) is set up: embeddings, every layer, then for want 1 (the
@@ -124,4 +129,10 @@ ft_status ft_graph_check_call(const ft_call_limits *lim, size_t n, const int *sl
  * before or after the layers). */
 ft_status ft_graph_forward(const ft_backend_ops *o, void *b, const ft_model *m, int rows, int n, int want,
                            int *nsel, int *failed_layer);
+/* A pipeline stage's part of that call (ft_ctx_forward_layers): layers
+ * [l0, l1). With l0 > 0 the embeddings are skipped (the backend has put
+ * the previous stage's hidden states in FT_GB_X); want must be 0 unless
+ * l1 is the last layer. ft_graph_forward is the range [0, n_layers). */
+ft_status ft_graph_forward_layers(const ft_backend_ops *o, void *b, const ft_model *m, int rows, int n, int l0,
+                                  int l1, int want, int *nsel, int *failed_layer);
 #endif

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 const ft_arch *ft_arch_get(ft_arch_id id)
 {
@@ -592,3 +594,29 @@ int ft_model_layer_has(const ft_model *m, int slot)
 }
 
 int ft_model_layers_loaded(const ft_model *m) { return m->lbuf != NULL; }
+
+/* The model-wide tensors each end of a pipeline reads. */
+static int global_needed(const ft_model *m, int slot, int input_end, int output_end)
+{
+    switch (slot) {
+    case GW_TOK_EMB: return input_end || (output_end && m->cfg.tie_word_embeddings);
+    case GW_POS_EMB: case GW_PROJ_IN: return input_end;
+    default: return output_end;
+    }
+}
+
+uint64_t ft_model_release_globals(ft_model *m, int input_end, int output_end)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    uint64_t dropped = 0;
+    if (!m || ps <= 0) return 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const ft_model_tensor_entry *e = &m->tensors[i];
+        if (e->layer >= 0 || !e->data || global_needed(m, e->slot, input_end, output_end)) continue;
+        /* whole pages inside the tensor only: a neighbour's bytes stay */
+        uintptr_t a = ((uintptr_t)e->data + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+        uintptr_t z = ((uintptr_t)e->data + e->bytes) & ~((uintptr_t)ps - 1);
+        if (z > a && madvise((void *)a, z - a, MADV_DONTNEED) == 0) dropped += z - a;
+    }
+    return dropped;
+}

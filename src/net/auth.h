@@ -23,7 +23,7 @@
 /* Read a token file: a regular file owned by this user (or root) that
  * neither group nor others may access (like ssh's private keys);
  * trailing newlines and spaces dropped; min_len..FT_TOKEN_MAX bytes. */
-ft_status ft_net_read_token(const char *path, size_t min_len, uint8_t *buf, size_t cap,
+FT_API ft_status ft_net_read_token(const char *path, size_t min_len, uint8_t *buf, size_t cap,
                             size_t *len);
 
 /* n bytes from the system's CSPRNG (OpenSSL RAND_bytes). */
@@ -59,12 +59,12 @@ typedef struct ft_hs_reply {
 } ft_hs_reply;
 
 /* ns: NULL to draw the node's nonce at HELLO (normal use). */
-void ft_hs_server_init(ft_hs_server *hs, const uint8_t *token, size_t token_len,
+FT_API void ft_hs_server_init(ft_hs_server *hs, const uint8_t *token, size_t token_len,
                        const uint8_t *ns);
 /* Process one request of an unauthenticated connection (already parsed
  * with ft_msg_parse; payload holds its m->data_len bytes). Any opcode but
  * the next expected step fails the handshake. Returns r->status. */
-ft_status ft_hs_server_step(ft_hs_server *hs, const ft_msg *m, const uint8_t *payload,
+FT_API ft_status ft_hs_server_step(ft_hs_server *hs, const ft_msg *m, const uint8_t *payload,
                             ft_hs_reply *r);
 
 /* ---------------------------------------------------------- client side */
@@ -77,15 +77,15 @@ typedef struct ft_hs_client {
 } ft_hs_client;
 
 /* Start: draws Nc (HELLO's payload is hs->nc). */
-ft_status ft_hs_client_init(ft_hs_client *hs, const uint8_t *token, size_t token_len);
+FT_API ft_status ft_hs_client_init(ft_hs_client *hs, const uint8_t *token, size_t token_len);
 /* The HELLO reply (header already parsed): the client's proof to send in
  * AUTH (*plen = 0 without a token). FT_ERR_AUTH with a clear detail when
  * the two sides disagree about having a token (mutual authentication: a
  * client with a token refuses a node that cannot prove it). */
-ft_status ft_hs_client_challenge(ft_hs_client *hs, const ft_msg *reply, const uint8_t *payload,
+FT_API ft_status ft_hs_client_challenge(ft_hs_client *hs, const ft_msg *reply, const uint8_t *payload,
                                  uint8_t proof[FT_MSG_PROOF], size_t *plen);
 /* The AUTH reply: checks the node's proof; *rest_off = where what follows
  * the proof (the node's UCX address, if any) starts in payload. */
-ft_status ft_hs_client_finish(ft_hs_client *hs, const ft_msg *reply, const uint8_t *payload,
+FT_API ft_status ft_hs_client_finish(ft_hs_client *hs, const ft_msg *reply, const uint8_t *payload,
                               size_t *rest_off);
 #endif

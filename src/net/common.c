@@ -175,6 +175,28 @@ void ft_net_ucx_tls(const char *user, int allow_tcp, char *out, size_t n)
     }
 }
 
+/* The user's UCX_NET_DEVICES names a device of the rail (its own choice
+ * among the devices that reach the peer: kept). Unset, "all", or only
+ * other interfaces: the rail's devices are used, since a multi-rail
+ * client has one context per rail and a device of another rail cannot
+ * reach this peer (UCX's wireup then ends in "Endpoint timeout"). */
+static int rail_named(const char *env, const char *rail)
+{
+    if (!env || !*env || !strcmp(env, "all")) return 0;
+    for (const char *p = rail; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char tok[128];
+        if (l && l < sizeof tok) {
+            memcpy(tok, p, l);
+            tok[l] = 0;
+            if (tls_has(env, tok)) return 1;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
 ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_context_h *ctx,
                              ucp_worker_h *w, int *efd)
 {
@@ -186,8 +208,13 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
     ucp_config_t *cfg = NULL;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
     if (s == UCS_OK) s = ucp_config_modify(cfg, "TLS", tls);
-    if (s == UCS_OK && o && o->net_devices && o->net_devices[0] && !getenv("UCX_NET_DEVICES"))
+    if (s == UCS_OK && o && o->net_devices && o->net_devices[0] && !rail_named(getenv("UCX_NET_DEVICES"), o->net_devices)) {
+        const char *env = getenv("UCX_NET_DEVICES");
+        if (env && *env)
+            FT_LOG(FT_LOG_DEBUG, "%s: UCX_NET_DEVICES=%s does not name the interface that routes to the peer: "
+                   "using %s", name, env, o->net_devices);
         s = ucp_config_modify(cfg, "NET_DEVICES", o->net_devices);
+    }
     if (s == UCS_OK && o && o->rndv_scheme && !getenv("UCX_RNDV_SCHEME"))
         s = ucp_config_modify(cfg, "RNDV_SCHEME", o->rndv_scheme);
     if (s == UCS_OK && o && o->no_rcache) {
@@ -202,7 +229,7 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
         ucp_params_t up;
         memset(&up, 0, sizeof up);
         up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-        up.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+        up.features = o && o->features ? o->features : UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
         up.name = name;
         s = ucp_init(&up, cfg, ctx);
     }

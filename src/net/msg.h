@@ -83,7 +83,7 @@ typedef struct ft_msg {
 /* Encode m's header + key (m->key_len bytes at m->key) into buf (>=
  * FT_MSG_HDR_SIZE + key_len); returns the header length. m->version is
  * ignored (FT_MSG_VERSION is written). */
-size_t ft_msg_encode(void *buf, const ft_msg *m);
+FT_API size_t ft_msg_encode(void *buf, const ft_msg *m);
 
 /* The header length a stream must deliver, from its first
  * FT_MSG_HDR_SIZE bytes: checks magic, version and key_len only.
@@ -97,7 +97,7 @@ ft_status ft_msg_header_len(const void *hdr, size_t *hlen);
  * payload sizes, data_len <= max_data for frame payloads, xid).
  * FT_ERR_PROTOCOL on any violation. The payload itself (data_len bytes)
  * is not looked at: a datagram transport checks that data_len bytes came. */
-ft_status ft_msg_parse(const void *hdr, size_t hdr_len, int reply, uint64_t max_data,
+FT_API ft_status ft_msg_parse(const void *hdr, size_t hdr_len, int reply, uint64_t max_data,
                        ft_msg *out);
 
 /* GETR request payload: u64 version (0 = whichever is current), u64

@@ -9,14 +9,14 @@
 /* "host:port" or "[v6]:port" -> a socket address (passive: for bind). The
  * port must be a decimal number 0..65535 (no service names: 99999 is an
  * error, not another port). */
-ft_status ft_net_resolve(const char *hostport, int passive,
+FT_API ft_status ft_net_resolve(const char *hostport, int passive,
                          struct sockaddr_storage *addr, socklen_t *alen);
 /* 127.0.0.0/8, ::1 or ::ffff:127.x */
-int ft_net_is_loopback(const struct sockaddr_storage *a);
+FT_API int ft_net_is_loopback(const struct sockaddr_storage *a);
 /* 0.0.0.0 or :: */
 int ft_net_is_any(const struct sockaddr_storage *a);
 /* "1.2.3.4:5" / "[::1]:5" */
-void ft_net_addr_str(const struct sockaddr_storage *a, char *buf, size_t n);
+FT_API void ft_net_addr_str(const struct sockaddr_storage *a, char *buf, size_t n);
 
 /* How a UCP context may reach its peers (docs/protocol.md, "Trust model").
  * UCX's TCP transport executes any peer's RMA PUT to any address it names
@@ -30,6 +30,7 @@ typedef struct ft_net_ucx_opts {
     const char *net_devices;   /* UCX_NET_DEVICES to apply (NULL: the environment's) */
     const char *rndv_scheme;   /* UCX_RNDV_SCHEME unless the environment sets one */
     int         no_rcache;     /* registrations end with ucp_mem_unmap (the node) */
+    uint64_t    features;      /* UCP features (0: active messages + wakeup) */
 } ft_net_ucx_opts;
 
 /* The UCX_TLS value the policy allows, from the user's UCX_TLS (NULL:
@@ -42,22 +43,22 @@ void ft_net_ucx_tls(const char *user_tls, int allow_tcp, char *out, size_t n);
  * transport that reaches other hosts (no RDMA device, TCP not allowed). On error whatever was created is left in *ctx / *w for the
  * caller to destroy. One call per rail: a multi-rail client calls it once
  * per network interface (opts->net_devices). */
-ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *opts, ucp_context_h *ctx,
+FT_API ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *opts, ucp_context_h *ctx,
                              ucp_worker_h *w, int *efd);
 
 /* An endpoint to the worker at addr, error mode PEER (a dead peer fails
  * its operations; the endpoint can be force-closed). */
-ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, ucp_err_handler_cb_t cb,
+FT_API ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, ucp_err_handler_cb_t cb,
                                 void *arg, ucp_ep_h *ep);
 
 /* The UCX_NET_DEVICES value for the interface that owns address a: the
  * interface itself plus the RDMA ports behind it (RoCE / IPoIB), e.g.
  * "eth2,mlx5_0:1". For a wildcard address: "" (all devices). FT_OK and ""
  * also when no interface holds the address (UCX then picks). */
-ft_status ft_net_devices_for(const struct sockaddr_storage *a, char *out, size_t n);
+FT_API ft_status ft_net_devices_for(const struct sockaddr_storage *a, char *out, size_t n);
 
 /* Non-blocking, close-on-exec TCP socket connected to addr within
  * timeout_ms; TCP_NODELAY and keepalive set. */
-ft_status ft_net_tcp_connect(const struct sockaddr_storage *addr, socklen_t alen, int timeout_ms,
+FT_API ft_status ft_net_tcp_connect(const struct sockaddr_storage *addr, socklen_t alen, int timeout_ms,
                              const char *what, int *fd);
 #endif

@@ -1804,9 +1804,15 @@ static ft_status check_params(server *S, const struct sockaddr_storage *addr)
 /* The UCX data path: none when the policy leaves no transport. */
 static void open_ucx(server *S, const struct sockaddr_storage *addr)
 {
+    /* the interface of --listen (and the RDMA ports behind it): one rail */
     char devs[512] = "";
-    if (S->p.trusted_network && ft_net_devices_for(addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
-    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1};
+    if (ft_net_devices_for(addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
+    if (!S->p.trusted_network) {   /* RDMA only: the ports, not the netdev */
+        char *comma = strchr(devs, ',');
+        if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
+        else devs[0] = 0;
+    }
+    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0};
     ucs_status_t s = ft_net_ucp_open("flextier-serve", &uo, &S->ctx, &S->w, &S->efd);
     if (s == UCS_OK) {
         ucp_am_handler_param_t hp;

@@ -20,9 +20,14 @@
  * chunks of chunk_tokens tokens (default 64; K and V rows of a chunk in one tensor), put
  * once when the chunk's last row is written; the rows of the chunk being
  * filled stay encoded in host memory (the tail), so every row crosses
- * the link once and a fetch reads whole chunks, all in flight at once. */
+ * the link once and a fetch reads whole chunks, all in flight at once.
+ * With replicas (policy rep=R) a chunk goes to R nodes (replica.h's rule,
+ * placed at the slot's index among the remote slots); a fetch that fails
+ * on one is issued again on the next, and a node that comes back gets the
+ * chunks it missed from the others. */
 #include "flextier/offload.h"
 #include "offload_internal.h"
+#include "replica.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,7 +73,10 @@ struct ft_kv_offload {
     int *chunks_put;              /* [layer][remote slot]: highest chunk put + 1 */
     uint64_t session;             /* key prefix: this offloader's own chunks */
     int chunk;                    /* tokens per remote chunk */
+    int n_remote, replicas;       /* memory nodes; copies of each chunk */
+    ft_rset *rset;                /* replicas > 1: failover, re-replication */
     uint64_t io_put, io_read;     /* I/O thread's chunk counts for the current job */
+    uint64_t io_retries;          /* ... and reads issued again on a replica */
     /* buffer tags (compute thread, under mu): layer and rows per streamed
      * slot that the buffer holds once job tag_job[b] is done */
     int tag_layer[2];
@@ -186,9 +194,15 @@ static void chunk_key(const ft_kv_offload *o, int layer, int slot, int chunk, ch
     snprintf(key, n, "kvc-%016llx-l%d-s%d-c%d", (unsigned long long)o->session, layer, slot, chunk);
 }
 
-static ft_store *slot_node(const ft_kv_offload *o, int slot)
+/* Node of replica j of a slot's chunks. */
+static int slot_node_idx(const ft_kv_offload *o, int slot, int j)
 {
-    return o->remote[(uint32_t)o->tidx[slot] % o->p.policy.n_remotes];
+    return (int)(((uint32_t)o->tidx[slot] + (uint32_t)j) % (uint32_t)o->n_remote);
+}
+
+static int *chunks_put_of(const ft_kv_offload *o, int layer, int slot)
+{
+    return &o->chunks_put[(size_t)layer * (size_t)o->n_tier[FT_TIER_REMOTE] + (size_t)o->tidx[slot]];
 }
 
 /* Row r (within its chunk: r % o->chunk) of (layer, slot, which) in the tail. */
@@ -215,7 +229,8 @@ static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
         if (o->tier[j->slot[i]] == FT_TIER_REMOTE) cap += (size_t)(j->a[i] / o->chunk);
     ft_request **req = cap ? calloc(cap, sizeof *req) : NULL;
     ft_tensor *dst = cap ? calloc(cap, sizeof *dst) : NULL;
-    if (cap && (!req || !dst)) { free(req); free(dst); return FT_ERR_NOMEM; }
+    int *node = cap ? calloc(cap, sizeof *node) : NULL;
+    if (cap && (!req || !dst || !node)) { free(req); free(dst); free(node); return FT_ERR_NOMEM; }
     ft_status st = FT_OK;
     size_t cb = chunk_bytes(o);
     for (int i = 0; i < j->n && st == FT_OK; i++) {
@@ -226,7 +241,9 @@ static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
             chunk_key(o, j->layer, slot, c, key, sizeof key);
             dst[nreq].dtype = FT_U8;
             dst[nreq].data = o->rbuf + nreq * cb;
-            st = ft_read_tensor_async(slot_node(o, slot), key, &dst[nreq], cb, &req[nreq]);
+            node[nreq] = o->rset ? ft_rset_pick(o->rset, (uint32_t)o->tidx[slot], -1) : slot_node_idx(o, slot, 0);
+            st = node[nreq] < 0 ? ft_set_error(FT_ERR_NET, "no live memory node holds %s", key)
+                                : ft_read_tensor_async(o->remote[node[nreq]], key, &dst[nreq], cb, &req[nreq]);
             if (st) st = ft_set_error(st, "reading %s: %s", key, ft_last_error());
             else nreq++;
         }
@@ -239,6 +256,23 @@ static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
         int full = n / o->chunk;
         for (int c = 0; c < full && k < nreq; c++, k++) {
             ft_status r = ft_request_wait(req[k], -1);
+            /* a failed node: the same chunk from the next replica */
+            for (int tries = 1; r != FT_OK && tries < o->replicas && ft_rset_failed(o->rset, node[k], r); tries++) {
+                char key[96];
+                chunk_key(o, j->layer, slot, c, key, sizeof key);
+                ft_request_free(req[k]);
+                req[k] = NULL;
+                node[k] = ft_rset_pick(o->rset, (uint32_t)o->tidx[slot], node[k]);
+                if (node[k] < 0) break;
+                memset(&dst[k], 0, sizeof dst[k]);
+                dst[k].dtype = FT_U8;
+                dst[k].data = o->rbuf + k * cb;
+                r = ft_read_tensor_async(o->remote[node[k]], key, &dst[k], cb, &req[k]);
+                if (r == FT_OK) {
+                    o->io_retries++;
+                    r = ft_request_wait(req[k], -1);
+                }
+            }
             uint64_t ne = 0;
             if (r == FT_OK && (ft_tensor_numel(&dst[k], &ne) || ne != cb))
                 r = ft_set_error(FT_ERR_CORRUPT, "a KV cache chunk of layer %d has %llu bytes, not %zu", j->layer,
@@ -259,6 +293,7 @@ static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
     for (size_t q = 0; q < nreq; q++) ft_request_free(req[q]);
     free(req);
     free(dst);
+    free(node);
     return st;
 }
 
@@ -266,12 +301,19 @@ static ft_status remote_fetch(ft_kv_offload *o, const kv_job *j, uint64_t *rd)
  * complete is put (all puts in flight at once, waited for here). */
 static ft_status remote_store(ft_kv_offload *o, const kv_job *j, uint64_t *wr)
 {
-    size_t cb = chunk_bytes(o), nreq = 0, cap = 0;
+    size_t cb = chunk_bytes(o), nreq = 0, cap = 0, nbuf = 0;
     for (int i = 0; i < j->n; i++)
         if (o->tier[j->slot[i]] == FT_TIER_REMOTE) cap += (size_t)(j->b[i] / o->chunk + 1);
+    size_t chunks_cap = cap;
+    cap *= (size_t)o->replicas;
     ft_request **req = cap ? calloc(cap, sizeof *req) : NULL;
     ft_tensor *src = cap ? calloc(cap, sizeof *src) : NULL;
-    if (cap && (!req || !src)) { free(req); free(src); return FT_ERR_NOMEM; }
+    int *node = cap ? calloc(cap, sizeof *node) : NULL, *chunk_of = cap ? calloc(cap, sizeof *chunk_of) : NULL;
+    int *ok = chunks_cap ? calloc(chunks_cap, sizeof *ok) : NULL;
+    if (cap && (!req || !src || !node || !chunk_of || !ok)) {
+        free(req); free(src); free(node); free(chunk_of); free(ok);
+        return FT_ERR_NOMEM;
+    }
     ft_status st = FT_OK;
     for (int i = 0; i < j->n && st == FT_OK; i++) {
         int slot = j->slot[i], si = o->sidx[slot], a = j->a[i], n = j->b[i];
@@ -284,33 +326,54 @@ static ft_status remote_store(ft_kv_offload *o, const kv_job *j, uint64_t *wr)
                 else memcpy(t, f, o->rec);
             }
             if (st || r % o->chunk != o->chunk - 1) continue;
-            /* chunk complete: K rows then V rows, contiguous in the tail */
+            /* chunk complete: K rows then V rows, contiguous in the tail;
+             * to every replica whose node takes writes */
             int c = r / o->chunk;
-            uint8_t *buf = o->rbuf + nreq * cb;
+            uint8_t *buf = o->rbuf + nbuf * cb;
             memcpy(buf, tail_row(o, j->layer, slot, 0, 0), o->chunk * o->rec);
             memcpy(buf + o->chunk * o->rec, tail_row(o, j->layer, slot, 1, 0), o->chunk * o->rec);
             char key[96];
             chunk_key(o, j->layer, slot, c, key, sizeof key);
-            src[nreq].dtype = FT_U8;
-            src[nreq].ndim = 1;
-            src[nreq].shape[0] = (int64_t)cb;
-            src[nreq].data = buf;
-            st = ft_write_tensor_async(slot_node(o, slot), key, &src[nreq], NULL, &req[nreq]);
-            if (st) st = ft_set_error(st, "writing %s: %s", key, ft_last_error());
-            else nreq++;
-            int *cp = &o->chunks_put[(size_t)j->layer * (size_t)o->n_tier[FT_TIER_REMOTE] + (size_t)o->tidx[slot]];
+            for (int rj = 0; rj < o->replicas && st == FT_OK; rj++) {
+                int nd = slot_node_idx(o, slot, rj);
+                if (o->rset && !ft_rset_writable(o->rset, nd)) continue;
+                src[nreq].dtype = FT_U8;
+                src[nreq].ndim = 1;
+                src[nreq].shape[0] = (int64_t)cb;
+                src[nreq].data = buf;
+                node[nreq] = nd;
+                chunk_of[nreq] = (int)nbuf;
+                st = ft_write_tensor_async(o->remote[nd], key, &src[nreq], NULL, &req[nreq]);
+                if (st) st = ft_set_error(st, "writing %s: %s", key, ft_last_error());
+                else nreq++;
+            }
+            nbuf++;
+            pthread_mutex_lock(&o->mu);   /* the repair thread reads it */
+            int *cp = chunks_put_of(o, j->layer, slot);
             if (*cp < c + 1) *cp = c + 1;
+            pthread_mutex_unlock(&o->mu);
         }
         wr[FT_TIER_REMOTE] += (uint64_t)n;
     }
-    o->io_put += nreq;
+    o->io_put += nbuf;
+    /* a chunk is stored once one replica has it; a node that failed is
+     * left to the repair thread, which copies what it missed */
+    ft_status first = FT_OK;
     for (size_t q = 0; q < nreq; q++) {
         ft_status r = ft_request_wait(req[q], -1);
-        if (r && st == FT_OK) st = ft_set_error(r, "writing a KV cache chunk of layer %d: %s", j->layer, ft_last_error());
         ft_request_free(req[q]);
+        if (r == FT_OK) ok[chunk_of[q]] = 1;
+        else if (!ft_rset_failed(o->rset, node[q], r) && first == FT_OK)
+            first = ft_set_error(r, "writing a KV cache chunk of layer %d: %s", j->layer, ft_last_error());
     }
+    for (size_t q = 0; q < nbuf && st == FT_OK && first == FT_OK; q++)
+        if (!ok[q]) st = ft_set_error(FT_ERR_NET, "a KV cache chunk of layer %d reached no memory node", j->layer);
+    if (st == FT_OK) st = first;
     free(req);
     free(src);
+    free(node);
+    free(chunk_of);
+    free(ok);
     return st;
 }
 
@@ -363,7 +426,8 @@ static void *io_main(void *arg)
         o->st.io_busy_s += dt;
         o->st.chunks_put += o->io_put;
         o->st.chunks_read += o->io_read;
-        o->io_put = o->io_read = 0;
+        o->st.retries += o->io_retries;
+        o->io_put = o->io_read = o->io_retries = 0;
         if (j->type == JOB_FETCH) o->st.fetches++;
         if (st && !o->err) {
             o->err = st;
@@ -513,6 +577,30 @@ void ft_kv_offload_hooks(ft_kv_offload *o, ft_kv_hooks *out)
     out->user = o;
 }
 
+/* The chunks node `node` should hold (replica.h): of every remote slot
+ * one of whose replicas it is, every chunk put so far. */
+static ft_status repair_chunks(void *user, int node, ft_rset_visit visit, void *vctx)
+{
+    ft_kv_offload *o = user;
+    for (int l = 0; l < o->n_layers; l++)
+        for (int s = 0; s < o->p.max_batch; s++) {
+            if (o->tier[s] != FT_TIER_REMOTE) continue;
+            int mine = 0;
+            for (int j = 0; j < o->replicas; j++) mine |= slot_node_idx(o, s, j) == node;
+            if (!mine) continue;
+            pthread_mutex_lock(&o->mu);
+            int n = *chunks_put_of(o, l, s);
+            pthread_mutex_unlock(&o->mu);
+            for (int c = 0; c < n; c++) {
+                char key[96];
+                chunk_key(o, l, s, c, key, sizeof key);
+                ft_status st = visit(vctx, key, (uint32_t)o->tidx[s]);
+                if (st) return st;
+            }
+        }
+    return FT_OK;
+}
+
 ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p, ft_kv_offload **out)
 {
     if (!m || !p || !out) return FT_ERR_INVALID_ARG;
@@ -529,6 +617,8 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
     o->kvdim = ft_model_get_config(m)->n_kv_heads * ft_model_get_config(m)->head_dim;
     o->row_f32 = (size_t)o->kvdim;
     o->chunk = p->chunk_tokens ? (int)p->chunk_tokens : 64;
+    o->n_remote = (int)pol->n_remotes;
+    o->replicas = pol->replicas > 1 ? (int)pol->replicas : 1;
     o->tag_layer[0] = o->tag_layer[1] = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
@@ -644,11 +734,20 @@ ft_status ft_kv_offload_create(const ft_model *m, const ft_kv_offload_params *p,
         sp.token_file = p->token_file;
         sp.codec_threads = 1;
         sp.queue_depth = 16;   /* small chunks: many in flight */
-        for (uint32_t r = 0; r < pol->n_remotes && r < (uint32_t)o->n_tier[FT_TIER_REMOTE]; r++)
+        /* with replicas a node whose link went silent is given up on */
+        if (o->replicas > 1) sp.timeout_ms = p->failover_ms ? (int)p->failover_ms : 1000;
+        for (uint32_t r = 0; r < pol->n_remotes && (o->replicas > 1 || r < (uint32_t)o->n_tier[FT_TIER_REMOTE]); r++)
             if ((st = ft_store_open(pol->remotes[r], &sp, &o->remote[r]))) {
                 st = ft_set_error(st, "KV offload: cannot open %s: %s", pol->remotes[r], ft_last_error());
                 goto fail;
             }
+        if (o->replicas > 1) {
+            const char *names[FT_MAX_REMOTES];
+            for (int r = 0; r < o->n_remote; r++) names[r] = pol->remotes[r];
+            ft_rset_params rp = {.n = o->n_remote, .replicas = o->replicas, .stores = o->remote, .names = names,
+                                 .each = repair_chunks, .user = o, .what = "offload (KV cache)"};
+            if ((st = ft_rset_create(&rp, &o->rset))) goto fail;
+        }
     }
     if (o->n_streamed) {
         if (pthread_create(&o->io, NULL, io_main, o)) {
@@ -668,16 +767,21 @@ void ft_kv_offload_free(ft_kv_offload *o)
 {
     if (!o) return;
     if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
+    ft_rset_free(o->rset);
     if (o->fd >= 0) close(o->fd);
-    /* the remote chunks are this run's only: delete them (best effort) */
+    /* the remote chunks are this run's only: delete them (best effort),
+     * from every replica of a node that is up */
     for (int l = 0; o->chunks_put && l < o->n_layers; l++)
         for (int s = 0; s < o->p.max_batch; s++) {
             if (o->tier[s] != FT_TIER_REMOTE) continue;
-            int n = o->chunks_put[(size_t)l * (size_t)o->n_tier[FT_TIER_REMOTE] + (size_t)o->tidx[s]];
+            int n = *chunks_put_of(o, l, s);
             for (int c = 0; c < n; c++) {
                 char key[96];
                 chunk_key(o, l, s, c, key, sizeof key);
-                ft_delete_tensor(slot_node(o, s), key);
+                for (int j = 0; j < o->replicas; j++) {
+                    int nd = slot_node_idx(o, s, j);
+                    if (o->remote[nd]) ft_delete_tensor(o->remote[nd], key);
+                }
             }
         }
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);

@@ -24,6 +24,7 @@ void ft_policy_default(ft_policy *p)
     p->num_gpu_batches = 1;
     p->compress_weights = FT_CODEC_RAW;
     p->compress_cache = FT_CODEC_RAW;
+    p->replicas = 1;
 }
 
 static ft_status parse_pcts(const char *key, const char *v, float *out)
@@ -110,6 +111,11 @@ ft_status ft_policy_parse(const char *spec, ft_policy *out)
                 st = ft_set_error(FT_ERR_INVALID_ARG, "policy %s=%s: an integer in 1..65536", k, v);
             else if (k[0] == 'g') p.gpu_batch_size = (uint32_t)n;
             else p.num_gpu_batches = (uint32_t)n;
+        } else if (!strcmp(k, "rep")) {
+            n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > FT_MAX_REMOTES)
+                st = ft_set_error(FT_ERR_INVALID_ARG, "policy rep=%s: replicas are an integer in 1..%d", v, FT_MAX_REMOTES);
+            else p.replicas = (uint32_t)n;
         } else if (!strcmp(k, "cw")) st = parse_codec(k, v, 0, &p.compress_weights);
         else if (!strcmp(k, "cc")) st = parse_codec(k, v, 1, &p.compress_cache);
         else if (!strcmp(k, "remote")) st = parse_remotes(v, &p);
@@ -117,7 +123,7 @@ ft_status ft_policy_parse(const char *spec, ft_policy *out)
             if (strncmp(v, "file:", 5) || strlen(v) >= FT_URI_MAX)
                 st = ft_set_error(FT_ERR_INVALID_ARG, "policy disk=%s: expected file:DIR", v);
             else snprintf(p.disk_uri, sizeof p.disk_uri, "%s", v);
-        } else st = ft_set_error(FT_ERR_INVALID_ARG, "unknown policy item '%s' (w, c, a, gbs, ngb, cw, cc, remote, disk)", k);
+        } else st = ft_set_error(FT_ERR_INVALID_ARG, "unknown policy item '%s' (w, c, a, gbs, ngb, cw, cc, remote, disk, rep)", k);
     }
     free(buf);
     if (st) return st;
@@ -149,6 +155,9 @@ ft_status ft_policy_validate(const ft_policy *p)
         return ft_set_error(FT_ERR_INVALID_ARG, "the policy puts data on the remote tier but no --remote node is given");
     if ((p->w_pct[FT_TIER_DISK] > 0 || p->c_pct[FT_TIER_DISK] > 0) && !p->disk_uri[0])
         return ft_set_error(FT_ERR_INVALID_ARG, "the policy puts data on the disk tier but no disk directory is given");
+    if (p->replicas > 1 && p->replicas > p->n_remotes)
+        return ft_set_error(FT_ERR_INVALID_ARG, "%u replicas need at least %u memory nodes (--remote gives %u)",
+                            p->replicas, p->replicas, p->n_remotes);
     return FT_OK;
 }
 
@@ -161,6 +170,10 @@ void ft_policy_format(const ft_policy *p, char *buf, size_t n)
              p->gpu_batch_size, p->num_gpu_batches,
              p->compress_weights == FT_CODEC_RAW ? "none" : p->compress_weights == FT_CODEC_BYTEPLANE ? "bp" : ft_codec_name(p->compress_weights),
              p->compress_cache == FT_CODEC_RAW ? "none" : ft_codec_name(p->compress_cache));
+    if (p->replicas > 1) {
+        size_t l = strlen(buf);
+        if (l < n) snprintf(buf + l, n - l, " rep=%u", p->replicas);
+    }
 }
 
 void ft_policy_place(const ft_policy *p, const uint64_t *bytes, size_t n, ft_tier *out)

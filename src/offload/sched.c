@@ -17,6 +17,7 @@
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "offload_internal.h"
+#include "replica.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -26,6 +27,10 @@
 #include <unistd.h>
 
 #define MAX_SLOTS FT_LAYER_SLOTS
+#define MAX_PIECES FT_MAX_REMOTES
+/* A remote frame is striped over the memory nodes in pieces of at least
+ * this many bytes (smaller tensors go whole to one node). */
+#define PIECE_MIN (64u << 10)
 
 /* How a tensor of a slot reaches the compute. */
 enum { USE_RESIDENT = 0,   /* device tier                                   */
@@ -49,11 +54,13 @@ typedef struct {
     size_t res_off;                   /* device tier: offset in a resident block */
     size_t frame_off, dec_off;        /* fetched: offsets in a slot buffer */
     size_t tab_off;                   /* q8/q4: its chunk pointers in a layer's table */
+    int np;                           /* remote tier: pieces its frame is striped in */
 } slot_info;
 
 struct ft_offload {
     ft_model *m;
     int n_layers;
+    int lb, le;                       /* the layers held: [lb, le)        */
     ft_offload_params p;
     size_t res_stride;                /* bytes of a layer's resident block */
     size_t slot_stride;               /* bytes of one slot buffer          */
@@ -62,6 +69,8 @@ struct ft_offload {
     /* stores */
     ft_store *disk, *remote[FT_MAX_REMOTES];
     int agent_remote;                 /* the remotes are codec agents (agent://) */
+    int n_remote, replicas;
+    ft_rset *rset;                    /* failover and re-replication      */
     /* per (layer, slot) */
     char (*keys)[112];
     ft_store **stores;
@@ -96,15 +105,19 @@ void ft_offload_default_params(ft_offload_params *p)
     p->group_size = FT_DEFAULT_GROUP_SIZE;
     p->group_dim = -1;
     p->decode_threads = 1;
+    p->failover_ms = 1000;
 }
 
-static ft_status open_store(const char *uri, const ft_offload_params *p, ft_store **out)
+static ft_status open_store(const char *uri, const ft_offload_params *p, int failover, ft_store **out)
 {
     ft_store_params sp;
     ft_store_default_params(&sp);
     sp.token_file = p->token_file;
     sp.codec_threads = 1;
     sp.queue_depth = 8;     /* a layer's tensors are read at once */
+    /* with replicas a node whose link went silent is given up on after
+     * failover_ms without a byte moving (then a replica serves) */
+    if (failover) sp.timeout_ms = p->failover_ms > 0 ? (int)p->failover_ms : 1000;
     ft_status st = ft_store_open(uri, &sp, out);
     if (st) return ft_set_error(st, "offload: cannot open %s: %s", uri, ft_last_error());
     return FT_OK;
@@ -223,32 +236,168 @@ static int agent_decodes(const ft_offload *o, const slot_info *si)
     return o->agent_remote && si->tier == FT_TIER_REMOTE && si->codec == FT_CODEC_BYTEPLANE;
 }
 
+/* ------------------------------------------------- the remote tier */
+
+/* Node of replica j of an object placed at base (replica.h's rule). */
+static int rnode(const ft_offload *o, uint32_t base, int j)
+{
+    return (int)((base + (uint32_t)j) % (uint32_t)o->n_remote);
+}
+
+/* Piece k of np of a frame of `size` bytes: [off, off + len). */
+static void piece_span(uint64_t size, int np, int k, uint64_t *off, uint64_t *len)
+{
+    uint64_t a = size * (uint64_t)k / (uint64_t)np, e = size * (uint64_t)(k + 1) / (uint64_t)np;
+    *off = a;
+    *len = e - a;
+}
+
+static void piece_key(const char *key, int k, int np, char *out, size_t n)
+{
+    if (np == 1) snprintf(out, n, "%s", key);
+    else snprintf(out, n, "%s.p%dof%d", key, k, np);
+}
+
+/* How many pieces a remote tensor's frame is striped in: one per node so
+ * that N links carry a layer together (each node serves 1/N of every
+ * tensor), unless the pieces would be small; whole frames through codec
+ * agents (they decode byte-plane frames themselves). */
+static int n_pieces(const ft_offload *o, const slot_info *si)
+{
+    if (si->tier != FT_TIER_REMOTE || o->agent_remote || o->n_remote < 2) return 1;
+    uint64_t min = o->p.stripe_min ? o->p.stripe_min : PIECE_MIN;
+    int np = o->n_remote;
+    while (np > 1 && si->compute_bytes / (uint64_t)np < min) np--;
+    return np;
+}
+
+/* One read of the remote tier in flight: piece k of (layer, slot). */
+typedef struct {
+    ft_request *req;
+    int node;
+    size_t got;
+    ft_tensor dst;
+    int retry;
+} remote_read;
+
+/* Start reading piece k of (layer, s) into buffer buf from the first live
+ * replica (not `avoid`). */
+static ft_status issue_remote(ft_offload *o, int layer, int s, int k, uint8_t *buf, remote_read *rr, int avoid)
+{
+    const slot_info *si = &o->slot[s];
+    size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+    uint32_t base = (uint32_t)(layer + s + k);
+    int node = o->rset ? ft_rset_pick(o->rset, base, avoid) : rnode(o, base, 0);
+    if (node < 0)
+        return ft_set_error(FT_ERR_NET, "layer %d: no live memory node holds a replica of %s", layer, o->keys[idx]);
+    rr->node = node;
+    rr->req = NULL;
+    memset(&rr->dst, 0, sizeof rr->dst);
+    ft_store *store = o->remote[node];
+    if (si->np == 1 && agent_decodes(o, si)) {
+        rr->dst.dtype = si->pdt;
+        rr->dst.data = buf + si->dec_off;
+        return ft_read_tensor_async(store, o->keys[idx], &rr->dst, (size_t)si->compute_bytes, &rr->req);
+    }
+    if (si->np == 1)
+        return ft_read_frame_async(store, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &rr->got,
+                                   &rr->req);
+    /* a piece: stored as a raw byte tensor, read in place into its part of
+     * the frame (the frame's own chunk checksums are verified below) */
+    uint64_t off, len;
+    char pk[160];
+    piece_span(o->wire[idx], si->np, k, &off, &len);
+    piece_key(o->keys[idx], k, si->np, pk, sizeof pk);
+    rr->dst.dtype = FT_U8;
+    rr->dst.data = buf + si->frame_off + off;
+    rr->got = (size_t)len;
+    return ft_read_tensor_async(store, pk, &rr->dst, (size_t)len, &rr->req);
+}
+
+/* Wait for a remote read; check a piece's size. */
+static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *rr)
+{
+    ft_status r = ft_request_wait(rr->req, -1);
+    ft_request_free(rr->req);
+    rr->req = NULL;
+    if (r == FT_OK && si->np > 1) {
+        uint64_t ne = 0;
+        if (ft_tensor_numel(&rr->dst, &ne) || ne != rr->got)
+            r = ft_set_error(FT_ERR_CORRUPT, "a piece of %zu bytes arrived as %llu", rr->got, (unsigned long long)ne);
+    }
+    (void)o;
+    return r;
+}
+
 /* Make every fetched tensor of a layer present in buffer b: reads from
  * disk and memory nodes all at once (asynchronous, so the link never
- * idles between tensors and nodes move in parallel), then verification
- * or decoding on the I/O codec context. */
-static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire)
+ * idles between tensors and nodes move in parallel; a remote frame comes
+ * in pieces from every node), then verification or decoding on the I/O
+ * codec context. A remote read that fails on a node with replicas
+ * elsewhere is issued again there (all such reads at once), and the node
+ * is left to the repair thread. */
+static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *retries)
 {
     ft_request *req[MAX_SLOTS] = {0};
+    remote_read rr[MAX_SLOTS][MAX_PIECES];
+    int started[MAX_SLOTS] = {0};
     size_t got[MAX_SLOTS] = {0};
-    ft_tensor dec[MAX_SLOTS];
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
+    memset(rr, 0, sizeof rr);
     for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
         size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
-        if (agent_decodes(o, si)) {
-            memset(&dec[s], 0, sizeof dec[s]);
-            dec[s].dtype = si->pdt;
-            dec[s].data = buf + si->dec_off;
-            st = ft_read_tensor_async(o->stores[idx], o->keys[idx], &dec[s], (size_t)si->compute_bytes, &req[s]);
+        if (si->tier == FT_TIER_REMOTE) {
+            for (int k = 0; k < si->np && st == FT_OK; k++) {
+                st = issue_remote(o, layer, s, k, buf, &rr[s][k], -1);
+                if (st == FT_OK) started[s] = k + 1;
+            }
         } else {
-            st = ft_read_frame_async(o->stores[idx], o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap,
-                                     &got[s], &req[s]);
+            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &got[s],
+                                     &req[s]);
+            if (st == FT_OK) started[s] = 1;
         }
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
+    }
+    /* Remote reads: wait for all; reissue the failed ones on replicas, all
+     * at once, until each has succeeded or no replica is left. */
+    for (int round = 0;; round++) {
+        int again = 0;
+        for (int s = 0; s < MAX_SLOTS; s++) {
+            slot_info *si = &o->slot[s];
+            if (!si->present || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+            for (int k = 0; k < started[s]; k++) {
+                remote_read *q = &rr[s][k];
+                q->retry = 0;
+                if (!q->req) continue;
+                ft_status r = finish_remote(o, si, q);
+                if (r == FT_OK) continue;
+                if (st == FT_OK && round < o->replicas && ft_rset_failed(o->rset, q->node, r)) {
+                    q->retry = 1;
+                    again = 1;
+                    continue;
+                }
+                if (st == FT_OK)
+                    st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
+                                      ft_tier_name(si->tier), ft_last_error());
+            }
+        }
+        if (!again) break;
+        for (int s = 0; s < MAX_SLOTS; s++)
+            for (int k = 0; k < started[s]; k++) {
+                remote_read *q = &rr[s][k];
+                if (!q->retry) continue;
+                ft_status r = st ? st : issue_remote(o, layer, s, k, buf, q, q->node);
+                if (r == FT_OK) {
+                    (*retries)++;
+                } else if (st == FT_OK) {
+                    st = ft_set_error(r, "layer %d: %s", layer, ft_last_error());
+                }
+            }
     }
     for (int s = 0; s < MAX_SLOTS; s++) {
         slot_info *si = &o->slot[s];
@@ -259,6 +408,22 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         if (si->tier == FT_TIER_HOST) {
             frame = o->host[idx];
             size = (size_t)o->wire[idx];
+        } else if (si->tier == FT_TIER_REMOTE) {
+            if (st || started[s] < si->np) continue;
+            if (si->np == 1 && agent_decodes(o, si)) {   /* decoded (and checked) by the agent */
+                uint64_t ne = 0;
+                ft_status r;
+                if (ft_tensor_numel(&rr[s][0].dst, &ne) || ne != si->numel)
+                    st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
+                else if ((r = bind_view(si, s, &o->slot_w[b], buf + si->dec_off, (size_t)si->compute_bytes,
+                                        o->slot_chunks[b] + si->tab_off)))
+                    st = r;
+                logical[si->tier] += si->compute_bytes;
+                wire[si->tier] += o->wire[idx];
+                continue;
+            }
+            frame = buf + si->frame_off;
+            size = si->np == 1 ? rr[s][0].got : (size_t)o->wire[idx];
         } else {
             if (!req[s]) continue;   /* not started: an earlier submit failed */
             ft_status r = ft_request_wait(req[s], -1);
@@ -270,27 +435,19 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                                       ft_tier_name(si->tier), ft_last_error());
                 continue;
             }
-            if (agent_decodes(o, si)) {   /* decoded (and checked) by the agent */
-                uint64_t ne = 0;
-                if (st == FT_OK && (ft_tensor_numel(&dec[s], &ne) || ne != si->numel))
-                    st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
-                if (st == FT_OK && (r = bind_view(si, s, &o->slot_w[b], buf + si->dec_off, (size_t)si->compute_bytes,
-                                                  o->slot_chunks[b] + si->tab_off)))
-                    st = r;
-                logical[si->tier] += si->compute_bytes;
-                wire[si->tier] += o->wire[idx];
-                continue;
-            }
             frame = buf + si->frame_off;
             size = got[s];
-            /* in-place use trusts nothing it has not checked */
-            if (st == FT_OK && si->codec != FT_CODEC_BYTEPLANE && (r = ft_frame_verify(o->io_cc, frame, size, NULL)))
-                st = ft_set_error(r, "layer %d: %s from the %s tier: %s", layer, o->keys[idx], ft_tier_name(si->tier),
-                                  ft_last_error());
         }
         if (st) continue;
-        ft_status r = use_frame(o, si, s, &o->slot_w[b], frame, size, buf + si->dec_off,
-                                o->slot_chunks[b] + si->tab_off);
+        ft_status r;
+        /* in-place use trusts nothing it has not checked */
+        if (si->tier != FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE &&
+            (r = ft_frame_verify(o->io_cc, frame, size, NULL))) {
+            st = ft_set_error(r, "layer %d: %s from the %s tier: %s", layer, o->keys[idx], ft_tier_name(si->tier),
+                              ft_last_error());
+            continue;
+        }
+        r = use_frame(o, si, s, &o->slot_w[b], frame, size, buf + si->dec_off, o->slot_chunks[b] + si->tab_off);
         if (r) {
             st = ft_set_error(r, "layer %d: %s (%s tier): %s", layer, o->keys[idx], ft_tier_name(si->tier),
                               ft_last_error());
@@ -299,7 +456,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         logical[si->tier] += si->compute_bytes;
         wire[si->tier] += size;
     }
-    for (int s = 0; s < MAX_SLOTS; s++) ft_request_free(req[s]);
+    for (int s = 0; s < MAX_SLOTS; s++) {
+        ft_request_free(req[s]);
+        for (int k = 0; k < MAX_PIECES; k++) ft_request_free(rr[s][k].req);
+    }
     return st;
 }
 
@@ -315,10 +475,11 @@ static void *io_main(void *arg)
         o->busy_layer = layer;
         o->busy_buf = b;
         pthread_mutex_unlock(&o->mu);
-        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0};
+        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, retries = 0;
+        int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, b, logical, wire);
+        ft_status st = fetch_layer(o, layer, b, logical, wire, &retries);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
@@ -327,6 +488,12 @@ static void *io_main(void *arg)
         }
         o->st.io_busy_s += dt;
         o->st.layers_fetched++;
+        o->st.retries += retries;
+        if (retries && dt > o->st.failover_fetch_s) o->st.failover_fetch_s = dt;
+        if (degraded && !retries) {
+            o->st.degraded_fetch_s += dt;
+            o->st.degraded_fetches++;
+        }
         o->busy_layer = -1;
         if (st == FT_OK) {
             o->slot_layer[b] = layer;
@@ -360,6 +527,9 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 {
     ft_offload *o = arg;
     if (!o || layer < 0 || layer >= o->n_layers) return FT_ERR_INVALID_ARG;
+    if (layer < o->lb || layer >= o->le)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: layer %d asked of a scheduler that holds layers [%d, %d)",
+                            layer, o->lb, o->le);
     *w = o->fixed[layer];
     if (!o->n_fetched) return FT_OK;
     double t0 = ft_now();
@@ -384,9 +554,9 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         }
         pthread_cond_wait(&o->cv, &o->mu);
     }
-    /* Prefetch the next layer (wrapping to 0 for the next step) into the
-     * other buffer, whose layer has been computed. */
-    int next = (layer + 1) % o->n_layers;
+    /* Prefetch the next layer (wrapping to the first one held, for the
+     * next step) into the other buffer, whose layer has been computed. */
+    int next = layer + 1 < o->le ? layer + 1 : o->lb;
     if (next != layer && o->slot_layer[1 - b] != next && !pending(o, next) && o->want_layer < 0 &&
         !(o->busy_layer >= 0 && o->busy_buf == 1 - b))
         request(o, next, 1 - b);
@@ -403,14 +573,6 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 
 /* ---------------------------------------------------------------- setup */
 
-static ft_store *tier_store(ft_offload *o, ft_tier t, int layer, int slot)
-{
-    switch (t) {
-    case FT_TIER_DISK: return o->disk;
-    case FT_TIER_REMOTE: return o->remote[(size_t)(layer + slot) % o->p.policy.n_remotes];
-    default: return NULL;
-    }
-}
 
 /* The checkpoint's pages are read once: drop them (the mapping stays
  * valid), so loading holds one tensor's source at a time. */
@@ -424,6 +586,109 @@ static void drop_pages(const void *p, size_t n)
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
+
+/* Place one remote tensor: every piece of its frame (one, or one per
+ * node: piece_span) on `replicas` nodes, each replica written unless that
+ * node already holds it (content-addressed keys). */
+static ft_status place_remote(ft_offload *o, slot_info *si, size_t idx, const ft_tensor_layout *e,
+                              const ft_tensor *t, const ft_codec_params *cp, ft_codec_ctx *cc, uint64_t nb)
+{
+    int np = si->np, missing = 0;
+    uint64_t size = 0, plen[MAX_PIECES] = {0};
+    uint8_t have[MAX_PIECES][FT_MAX_REMOTES];
+    char pk[160];
+    ft_status st;
+    o->stores[idx] = o->remote[rnode(o, (uint32_t)(e->layer + e->slot), 0)];
+    for (int k = 0; k < np; k++) {
+        piece_key(o->keys[idx], k, np, pk, sizeof pk);
+        for (int j = 0; j < o->replicas; j++) {
+            int node = rnode(o, (uint32_t)(e->layer + e->slot + k), j);
+            ft_tensor_stat ts;
+            st = ft_stat_tensor(o->remote[node], pk, &ts);
+            have[k][j] = st == FT_OK;
+            if (st == FT_OK) {
+                uint64_t n = np == 1 ? ts.stored_bytes : ts.raw_bytes;
+                if (plen[k] && plen[k] != n)
+                    return ft_set_error(FT_ERR_CORRUPT, "offload: %s has %llu bytes on %s, %llu elsewhere", pk,
+                                        (unsigned long long)n, o->p.policy.remotes[node], (unsigned long long)plen[k]);
+                plen[k] = n;
+            } else if (st == FT_ERR_NOT_FOUND) {
+                missing = 1;
+            } else {
+                return ft_set_error(st, "offload: stat %s on %s: %s", pk, o->p.policy.remotes[node], ft_last_error());
+            }
+        }
+    }
+    if (!missing) {
+        for (int k = 0; k < np; k++) size += plen[k];
+        o->wire[idx] = size;
+        o->st.reused_bytes += nb;
+        return FT_OK;
+    }
+    uint8_t *f = NULL;
+    if (np > 1) {   /* the frame itself, to be cut into pieces */
+        size_t bound = ft_encode_bound(cp, t->dtype, t->ndim, t->shape), fs = 0;
+        if (!(f = ft_malloc_aligned(bound ? bound : 64, 64))) return ft_set_error(FT_ERR_NOMEM, "offload: %s", e->name);
+        if ((st = ft_encode(cc, cp, t, f, bound, &fs))) { ft_free_aligned(f); return st; }
+        size = fs;
+    }
+    for (int k = 0; k < np; k++) {
+        piece_key(o->keys[idx], k, np, pk, sizeof pk);
+        for (int j = 0; j < o->replicas; j++) {
+            if (have[k][j]) continue;
+            ft_store *store = o->remote[rnode(o, (uint32_t)(e->layer + e->slot + k), j)];
+            if (np == 1) {
+                st = ft_write_tensor(store, pk, t, cp);
+            } else {
+                uint64_t off, len;
+                piece_span(size, np, k, &off, &len);
+                ft_tensor u;
+                memset(&u, 0, sizeof u);
+                u.dtype = FT_U8;
+                u.ndim = 1;
+                u.shape[0] = (int64_t)len;
+                u.data = f + off;
+                st = ft_write_tensor(store, pk, &u, NULL);
+            }
+            if (st) {
+                ft_free_aligned(f);
+                return ft_set_error(st, "offload: writing %s to the remote tier: %s", e->name, ft_last_error());
+            }
+        }
+    }
+    ft_free_aligned(f);
+    if (np == 1) {
+        ft_tensor_stat ts;
+        if ((st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts))) return st;
+        size = ts.stored_bytes;
+    }
+    o->wire[idx] = size;
+    o->st.uploaded_bytes += nb;
+    return FT_OK;
+}
+
+/* The keys the repair of `node` has to check (replica.h): every piece
+ * one of whose replicas that node holds. */
+static ft_status repair_keys(void *user, int node, ft_rset_visit visit, void *vctx)
+{
+    ft_offload *o = user;
+    char pk[160];
+    for (int l = o->lb; l < o->le; l++)
+        for (int s = 0; s < MAX_SLOTS; s++) {
+            const slot_info *si = &o->slot[s];
+            if (!si->present || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)l * MAX_SLOTS + (size_t)s;
+            for (int k = 0; k < si->np; k++)
+                for (int j = 0; j < o->replicas; j++) {
+                    uint32_t base = (uint32_t)(l + s + k);
+                    if (rnode(o, base, j) != node) continue;
+                    piece_key(o->keys[idx], k, si->np, pk, sizeof pk);
+                    ft_status st = visit(vctx, pk, base);
+                    if (st) return st;
+                }
+        }
+    return FT_OK;
+}
 
 /* Place one streamed layer tensor (source `src`, in an aligned buffer):
  * encoded into host memory, or into its store. */
@@ -462,7 +727,8 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
         o->st.uploaded_bytes += nb;
         return FT_OK;
     }
-    o->stores[idx] = tier_store(o, si->tier, e->layer, e->slot);
+    if (si->tier == FT_TIER_REMOTE) return place_remote(o, si, idx, e, &t, &cp, cc, nb);
+    o->stores[idx] = o->disk;
     ft_tensor_stat ts;
     st = ft_stat_tensor(o->stores[idx], o->keys[idx], &ts);
     if (st == FT_OK) {
@@ -500,14 +766,24 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->p = *p;
     if (!o->p.decode_threads) o->p.decode_threads = 1;
     o->n_layers = ft_model_get_config(m)->n_layers;
+    o->lb = p->layer_begin;
+    o->le = p->layer_end ? p->layer_end : o->n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
+    o->n_remote = (int)p->policy.n_remotes;
+    o->replicas = p->policy.replicas > 1 ? (int)p->policy.replicas : 1;
+    /* a policy's remotes are all memory nodes or all codec agents */
+    o->agent_remote = p->policy.n_remotes && !strncmp(p->policy.remotes[0], "agent://", 8);
     ft_checkpoint *ck = NULL;
     ft_codec_ctx *cc = NULL;
     void *tmp = NULL, *conv = NULL;
     size_t tmp_cap = 0, conv_cap = 0;
+    if (o->lb < 0 || o->le > o->n_layers || o->lb >= o->le) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "offload: layers [%d, %d) of a model of %d", o->lb, o->le, o->n_layers);
+        goto fail;
+    }
 
     /* Layout of one layer (same for all layers): compute formats, sizes
      * and tiers, placed by the bytes they take as computed on. */
@@ -573,6 +849,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         si->use = si->tier == FT_TIER_DEVICE ? USE_RESIDENT
                 : si->tier == FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE ? USE_HOST_INPLACE : USE_FETCH;
         if (si->use == USE_FETCH) o->n_fetched++;
+        si->np = n_pieces(o, si);
     }
     /* Resident block layout; chunk-pointer tables. */
     size_t nkeys = (size_t)o->n_layers * MAX_SLOTS, chunk_per_layer = 0;
@@ -598,7 +875,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
         goto fail;
     }
-    o->st.resident_bytes = (uint64_t)o->res_stride * (uint64_t)o->n_layers;
+    o->st.resident_bytes = (uint64_t)o->res_stride * (uint64_t)(o->le - o->lb);
     if (p->device_budget && o->st.resident_bytes > p->device_budget) {
         st = ft_set_error(FT_ERR_NO_SPACE,
                           "offload: the policy keeps %.1f MiB of weights on the device, budget %.1f MiB",
@@ -606,15 +883,13 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         goto fail;
     }
     if (o->res_stride) {
-        o->resident = ft_malloc_aligned(o->res_stride * (size_t)o->n_layers, 64);
+        o->resident = ft_malloc_aligned(o->res_stride * (size_t)(o->le - o->lb), 64);
         if (!o->resident) { st = ft_set_error(FT_ERR_NOMEM, "offload: resident weights"); goto fail; }
     }
-    if (p->policy.w_pct[FT_TIER_DISK] > 0 && (st = open_store(p->policy.disk_uri, p, &o->disk))) goto fail;
+    if (p->policy.w_pct[FT_TIER_DISK] > 0 && (st = open_store(p->policy.disk_uri, p, 0, &o->disk))) goto fail;
     if (p->policy.w_pct[FT_TIER_REMOTE] > 0)
         for (uint32_t r = 0; r < p->policy.n_remotes; r++)
-            if ((st = open_store(p->policy.remotes[r], p, &o->remote[r]))) goto fail;
-    /* a policy's remotes are all memory nodes or all codec agents */
-    o->agent_remote = p->policy.n_remotes && !strncmp(p->policy.remotes[0], "agent://", 8);
+            if ((st = open_store(p->policy.remotes[r], p, o->replicas > 1, &o->remote[r]))) goto fail;
     if ((st = ft_codec_ctx_create(0, &cc))) goto fail;
 
     /* Place every layer tensor, one at a time from the checkpoint (so
@@ -623,11 +898,12 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
      * uploaded unless the store already holds the same encoding. The
      * chunk tables are bound per layer: fixed_chunks[layer][...]. */
     uint64_t total = 0, done = 0;
-    for (int s = 0; s < MAX_SLOTS; s++) if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)o->n_layers;
+    for (int s = 0; s < MAX_SLOTS; s++)
+        if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)(o->le - o->lb);
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
-        if (e->layer < 0) continue;
+        if (e->layer < o->lb || e->layer >= o->le) continue;   /* globals; another stage's layers */
         slot_info *si = &o->slot[e->slot];
         ft_tensor src;
         if ((st = ft_model_checkpoint_tensor(m, ck, i, &src))) {
@@ -647,7 +923,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         /* the chunk table of this (layer, slot) for fixed views */
         const uint8_t **tab = o->fixed_chunks + (size_t)e->layer * chunk_per_layer + si->tab_off;
         if (si->use == USE_RESIDENT) {
-            uint8_t *dst = o->resident + (size_t)e->layer * o->res_stride + si->res_off;
+            uint8_t *dst = o->resident + (size_t)(e->layer - o->lb) * o->res_stride + si->res_off;
             ft_tensor t = src;
             ft_codec_params cp;
             size_t size = (size_t)si->compute_bytes;
@@ -690,7 +966,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             slot_info *si = &o->slot[s];
             if (!si->present || si->use != USE_FETCH) continue;
             uint64_t cap = 0;
-            for (int l = 0; l < o->n_layers; l++) {
+            for (int l = o->lb; l < o->le; l++) {
                 uint64_t w = o->wire[(size_t)l * MAX_SLOTS + (size_t)s];
                 if (w > cap) cap = w;
             }
@@ -718,6 +994,13 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         if (pthread_create(&o->io, NULL, io_main, o)) { st = ft_set_error(FT_ERR_NOMEM, "offload: I/O thread"); goto fail; }
         o->io_started = 1;
     }
+    if (o->replicas > 1 && p->policy.w_pct[FT_TIER_REMOTE] > 0) {
+        const char *names[FT_MAX_REMOTES];
+        for (int r = 0; r < o->n_remote; r++) names[r] = p->policy.remotes[r];
+        ft_rset_params rp = {.n = o->n_remote, .replicas = o->replicas, .stores = o->remote, .names = names,
+                             .each = repair_keys, .user = o, .what = "offload (weights)"};
+        if ((st = ft_rset_create(&rp, &o->rset))) goto fail;
+    }
     *out = o;
     return FT_OK;
 fail:
@@ -733,6 +1016,7 @@ void ft_offload_free(ft_offload *o)
 {
     if (!o) return;
     if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
+    ft_rset_free(o->rset);
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
     if (o->host)
@@ -760,6 +1044,11 @@ void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out)
     pthread_mutex_lock(&mo->mu);
     *out = o->st;
     pthread_mutex_unlock(&mo->mu);
+    ft_rset_stats rs;
+    ft_rset_get_stats(o->rset, &rs);
+    out->failovers = rs.failovers;
+    out->repairs = rs.repairs;
+    out->repaired_bytes = rs.repaired_bytes;
 }
 
 void ft_offload_reset_stats(ft_offload *o)

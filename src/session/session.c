@@ -6,6 +6,7 @@
  * here, in one place. */
 #include "flextier/session.h"
 #include "flextier/cuda.h"
+#include "flextier/pipe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,13 @@ struct ft_session {
     ft_kv_offload_stats kvmark;
     ft_token_cb user_cb;
     void *user_cb_user;
+    /* a pipeline's driver (ft_session_open_pipeline): the stage owns the
+     * model and its scheduler (m, wo borrowed), generation goes around
+     * the ring */
+    ft_pipe_stage *pipe;
+    ft_pipe_link *link;
+    int micro_batches;
+    ft_pipe_gen_stats pipe_stats; /* the last generation's               */
 };
 
 void ft_session_default_params(ft_session_params *p)
@@ -219,6 +227,7 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         s->op.device_budget = s->p.device_mem;
         s->op.token_file = s->p.token_file;
         s->op.decode_threads = s->p.decode_threads ? s->p.decode_threads : ft_default_threads();
+        if (s->p.failover_ms) s->op.failover_ms = s->p.failover_ms;
         if (s->p.progress) {
             s->op.progress = load_progress;
             s->op.user = &pc_place;
@@ -247,6 +256,48 @@ fail:
     return st;
 }
 
+ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_params *params, ft_pipe_stage *driver,
+                                   ft_pipe_link *link, int micro_batches, ft_session **out)
+{
+    if (!model_dir || !driver || !out) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
+    if (strlen(model_dir) >= sizeof ((ft_session *)0)->dir)
+        return ft_set_error(FT_ERR_INVALID_ARG, "session: model directory path too long");
+    ft_session_params defaults;
+    if (!params) {
+        ft_session_default_params(&defaults);
+        params = &defaults;
+    }
+    if (params->device != FT_DEVICE_CPU)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: a pipeline's stages compute on the CPU");
+    if (params->offload == FT_OFFLOAD_AUTO)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: automatic policies are not planned for pipeline stages: "
+                            "give each stage's policy");
+    if (micro_batches < 0) return ft_set_error(FT_ERR_INVALID_ARG, "session: %d micro-batches", micro_batches);
+    ft_session *s = calloc(1, sizeof *s);
+    if (!s) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
+    snprintf(s->dir, sizeof s->dir, "%s", model_dir);
+    s->p = *params;
+    s->pipe = driver;
+    s->link = link;
+    s->micro_batches = micro_batches;
+    s->m = ft_pipe_stage_model(driver);
+    s->wo = ft_pipe_stage_offload(driver);
+    s->offloaded = s->wo != NULL;
+    s->policy = params->policy;
+    if (!s->offloaded) ft_policy_default(&s->policy);
+    s->tok_status = ft_tokenizer_load_dir_ex(s->dir, s->p.strict ? FT_TOKENIZER_STRICT : 0, &s->tok);
+    if (s->tok_status == FT_ERR_NOT_FOUND) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s", ft_last_error());
+    } else if (s->tok_status) {
+        ft_status st = s->tok_status;
+        ft_session_close(s);
+        return st;
+    }
+    ft_clear_error();
+    *out = s;
+    return FT_OK;
+}
+
 static void free_ctx(ft_session *s)
 {
     ft_kv_offload_free(s->kvo);
@@ -263,8 +314,10 @@ void ft_session_close(ft_session *s)
     if (!s) return;
     free_ctx(s);
     ft_cuda_host_weights_free(s->hw);
-    ft_offload_free(s->wo);
-    ft_model_free(s->m);
+    if (!s->pipe) {   /* a pipeline stage's model and scheduler are the stage's */
+        ft_offload_free(s->wo);
+        ft_model_free(s->m);
+    }
     ft_tokenizer_free(s->tok);
     free(s);
 }
@@ -373,6 +426,7 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
         kp.max_batch = cp.max_batch;
         kp.max_seq = cp.max_seq;
         kp.token_file = s->p.token_file;
+        kp.failover_ms = s->p.failover_ms;
         if (s->p.device_mem) {   /* what the weights left of the budget */
             ft_offload_stats w;
             memset(&w, 0, sizeof w);
@@ -397,6 +451,9 @@ ft_status ft_session_forward(ft_session *s, size_t n, const int *slots, const in
                              const size_t *ntok, float *logits, int all_rows)
 {
     if (!s || !slots || !tokens || !ntok || !n) return ft_set_error(FT_ERR_INVALID_ARG, "forward: NULL argument");
+    if (s->pipe)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "forward: a pipeline's driver holds the last stage only (logits of "
+                            "every position are not implemented over a pipeline; generate instead)");
     size_t rows = 0, seq = 0;
     int maxslot = 0;
     for (size_t j = 0; j < n; j++) {
@@ -448,7 +505,8 @@ ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *pro
         if (prompt_len[j] + gp->max_new_tokens > seq) seq = prompt_len[j] + gp->max_new_tokens;
         rows += prompt_len[j];
     }
-    ft_status st = ensure_ctx(s, n, seq, rows, 0);
+    /* a pipeline's stages were sized when the ring was built */
+    ft_status st = s->pipe ? FT_OK : ensure_ctx(s, n, seq, rows, 0);
     if (st) return st;
     ft_gen_params g = *gp;
     s->user_cb = gp->on_token;
@@ -457,6 +515,20 @@ ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *const *pro
     g.user = s;
     s->marked = 0;
     ft_gen_stats local;
+    if (s->pipe) {
+        ft_pipe_gen_opts po;
+        memset(&po, 0, sizeof po);
+        po.micro_batches = s->micro_batches;
+        po.timeout_ms = 600000;   /* per message: a stage that hangs ends the run */
+        ft_pipe_gen_stats ps;
+        st = ft_pipe_generate(s->pipe, s->link, n, prompts, prompt_len, &g, &po, out, n_out, &ps);
+        if (!st) {
+            if (stats) *stats = ps.gen;
+            s->pipe_stats = ps;
+        }
+        mark(s);
+        return st;
+    }
     st = s->g ? ft_cuda_generate(s->g, n, prompts, prompt_len, &g, out, n_out, stats ? stats : &local)
               : ft_generate(s->c, n, prompts, prompt_len, &g, out, n_out, stats ? stats : &local);
     mark(s);   /* a run without a decode step */
@@ -611,6 +683,13 @@ void ft_session_get_stats(const ft_session *s, ft_session_stats *out)
     out->weight_bytes = ft_model_weight_bytes(s->m);
     out->kv_bytes = s->c ? ft_ctx_kv_bytes(s->c) : 0;
     out->kv_dtype = s->cp.kv_dtype;
+    if (s->pipe) {   /* the driver's stage: its layers' cache */
+        out->kv_bytes = ft_pipe_stage_kv_bytes(s->pipe);
+        out->kv_dtype = (ft_dtype)ft_pipe_stage_get_params(s->pipe)->kv_dtype;
+        out->pipe_stages = ft_pipe_stage_get_params(s->pipe)->n_stages;
+        out->pipe_micro_batches = s->pipe_stats.micro_batches;
+        out->pipe_messages = s->pipe_stats.messages;
+    }
     if (s->p.device == FT_DEVICE_CUDA) {
         out->cuda = 1;
         out->cuda_stream = s->cuda_stream;

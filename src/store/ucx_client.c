@@ -758,17 +758,24 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
         c->ctx = NULL;
     }
     if (!c->w) {
+        /* One context per node, on the rail that reaches it: the interface
+         * the kernel routed this session's TCP connection through (and,
+         * for RDMA, the ports behind it). A client with several NICs
+         * (rails) reaches each node through its own; UCX left to choose
+         * among all devices tries unreachable ones. UCX over TCP also
+         * listens only there. */
         char devs[512] = "";
-        if (allow_tcp) {
-            /* UCX over TCP listens: only on the interface that reaches the node */
-            struct sockaddr_storage local;
-            socklen_t ll = sizeof local;
-            if (getsockname(c->fd, (struct sockaddr *)&local, &ll) == 0)
-                ft_net_devices_for(&local, devs, sizeof devs);
+        struct sockaddr_storage local;
+        socklen_t ll = sizeof local;
+        if (getsockname(c->fd, (struct sockaddr *)&local, &ll) == 0) ft_net_devices_for(&local, devs, sizeof devs);
+        if (!allow_tcp) {   /* RDMA only: the ports behind the netdev, not the netdev itself */
+            char *comma = strchr(devs, ',');
+            if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
+            else devs[0] = 0;
         }
         /* the node writes reply data into our buffers: this thread only
          * checks and decodes what has landed */
-        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0};
+        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0, 0};
         ucs_status_t s = ft_net_ucp_open("flextier-client", &uo, &c->ctx, &c->w, &c->efd);
         if (s == UCS_OK) {
             ucp_am_handler_param_t hp;

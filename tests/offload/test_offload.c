@@ -83,6 +83,9 @@ static int write_checkpoint(ft_model *m)
  * concatenated (caller frees). With kvp, the KV cache is offloaded by that
  * policy (and *kvs receives its stats). */
 #define N_ROWS (4 * 3 + 2 + 2)
+/* A layer hook to install instead of the scheduler's (it calls it). */
+static ft_layer_hook g_hook;
+static void *g_hook_user;
 static float *run_kv(ft_model *m, ft_offload *o, const ft_policy *kvp, ft_kv_offload_stats *kvs,
                      ft_status *out_st)
 {
@@ -92,6 +95,7 @@ static float *run_kv(ft_model *m, ft_offload *o, const ft_policy *kvp, ft_kv_off
     ft_kv_offload *kv;
     /* groups of 16 (head_dim), chunks of 4 tokens: the remote tier puts several */
     if ((*out_st = offload_ctx(m, cp, o, kvp, 16, 4, &c, &kv))) return NULL;
+    if (g_hook) ft_ctx_set_layer_hook(c, g_hook, g_hook_user);
     int vocab = ft_model_get_config(m)->vocab;
     float *all = calloc((size_t)N_ROWS * vocab, sizeof(float));
     int32_t p0[5] = {1, 5, 9, 33, 7}, p1[2] = {1, 100}, p2[7] = {1, 3, 3, 3, 60, 61, 62};
@@ -409,6 +413,315 @@ TEST(remote_node_killed_mid_run) { remote_run(1, NULL, 0); }
 TEST(remote_cache_two_nodes_lossless) { remote_run(0, "c=0,0,0,100", 0); }
 TEST(remote_cache_split_q4) { remote_run(0, "c=0,34,0,66 cc=q4", 0.3 * 1.4); }
 TEST(remote_cache_node_killed) { remote_run(1, "c=0,0,0,100", 0); }
+
+/* ------------------------------------------ striping, replicas, failover */
+
+/* A model with external layers holding g_model's other tensors. */
+static ft_model *ext_model(void)
+{
+    ft_model_config c = llama_cfg();
+    ft_model *m;
+    if (ft_model_create_ex(&c, 1, &m)) return NULL;
+    for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
+        const char *name;
+        ft_tensor v, src;
+        ft_model_tensor(m, i, &name, &v);
+        ft_model_tensor(g_model, i, NULL, &src);
+        if (v.data) {
+            uint64_t nb;
+            ft_tensor_nbytes(&v, &nb);
+            memcpy(v.data, src.data, nb);
+        }
+    }
+    return m;
+}
+
+static size_t count_diff(const float *got, double *maxd)
+{
+    size_t bad = 0;
+    *maxd = 0;
+    for (size_t i = 0; got && i < n_logits(); i++) {
+        double d = fabs((double)got[i] - (double)g_ref[i]);
+        *maxd = d > *maxd ? d : *maxd;
+        bad += got[i] != g_ref[i];
+    }
+    return got ? bad : n_logits();
+}
+
+static uint64_t node_bytes_out(const char *uri)
+{
+    ft_store *s;
+    ft_store_stats ss;
+    memset(&ss, 0, sizeof ss);
+    if (ft_store_open(uri, NULL, &s)) return 0;
+    ft_store_stats_get(s, &ss);
+    ft_store_close(s);
+    return ss.bytes_out;
+}
+
+/* Two nodes: every frame of 1 KiB or more is striped in two pieces, one
+ * per node, so each node serves half of every layer; the logits are the
+ * in-memory engine's. */
+TEST(remote_striped_two_nodes)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    srv_t a, b;
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    REQUIRE(srv_start(&a, "127.0.0.1:0", args) == 0);
+    if (srv_start(&b, "127.0.0.1:0", args) != 0) { srv_stop(&a); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    p.stripe_min = 1024;
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=0,0,0,100 remote=%s,%s", a.uri, b.uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_model *m = ext_model();
+    ft_offload *o = NULL;
+    CHECK_OK(ft_offload_create(m, dir, &p, &o));
+    uint64_t a0 = node_bytes_out(a.uri), b0 = node_bytes_out(b.uri);
+    if (o) {
+        ft_status st;
+        float *got = run(m, o, &st);
+        CHECK_OK(st);
+        double maxd;
+        size_t bad = count_diff(got, &maxd);
+        CHECK_MSG(bad == 0, "%zu logits differ (max %g)", bad, maxd);
+        free(got);
+        uint64_t da = node_bytes_out(a.uri) - a0, db = node_bytes_out(b.uri) - b0;
+        double bal = da && db ? (double)(da < db ? da : db) / (double)(da > db ? da : db) : 0;
+        printf("  striped over two nodes: %.1f and %.1f KiB served (balance %.2f)\n", da / 1024.0, db / 1024.0, bal);
+        CHECK(bal > 0.85);
+        ft_store *s;
+        char **keys = NULL;
+        size_t nk = 0, pieces = 0;
+        if (ft_store_open(a.uri, NULL, &s) == FT_OK) {
+            if (ft_list_tensors(s, &keys, &nk) == FT_OK)
+                for (size_t i = 0; i < nk; i++) pieces += strstr(keys[i], ".p1of2") != NULL || strstr(keys[i], ".p0of2") != NULL;
+            ft_list_free(keys, nk);
+            ft_store_close(s);
+        }
+        CHECK(pieces > 0);
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    srv_stop(&a);
+    srv_stop(&b);
+}
+
+/* Calls the scheduler's hook; at call `at` sends `sig` to a node. */
+typedef struct {
+    ft_offload *o;
+    int calls, at, sig;
+    pid_t pid;
+} fault_hook;
+
+static ft_status fault_hook_fn(void *u, int layer, ft_layer_weights *w)
+{
+    fault_hook *f = u;
+    if (++f->calls == f->at && f->pid > 0) kill(f->pid, f->sig);
+    return ft_offload_hook(f->o, layer, w);
+}
+
+static float *run_fault(ft_model *m, ft_offload *o, pid_t pid, int sig, int at, ft_status *st)
+{
+    fault_hook f = {o, 0, at, sig, pid};
+    g_hook = fault_hook_fn;
+    g_hook_user = &f;
+    float *got = run(m, o, st);
+    g_hook = NULL;
+    g_hook_user = NULL;
+    return got;
+}
+
+static int wait_repairs(ft_offload *o, uint64_t want, double seconds, ft_offload_stats *s)
+{
+    double dl = ft_now() + seconds;
+    do {
+        ft_offload_get_stats(o, s);
+        if (s->repairs >= want) return 1;
+        usleep(20000);
+    } while (ft_now() < dl);
+    return 0;
+}
+
+/* Three nodes, every piece on two of them. A node killed at a random point
+ * of the run (several seeds) changes no logit; restarted (empty) it is
+ * filled again from the replicas, so that killing another node afterwards
+ * changes nothing either. */
+TEST(replicas_node_killed_at_random_points)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    for (int seed = 1; seed <= 4; seed++) {
+        srv_t n[3];
+        int up = 0;
+        for (int i = 0; i < 3; i++) up += srv_start(&n[i], "127.0.0.1:0", args) == 0;
+        if (up < 3) { for (int i = 0; i < up; i++) srv_stop(&n[i]); REQUIRE(0); }
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        p.stripe_min = 512;
+        p.failover_ms = 2000;
+        char spec[512];
+        snprintf(spec, sizeof spec, "w=0,0,0,100 rep=2 remote=%s,%s,%s", n[0].uri, n[1].uri, n[2].uri);
+        CHECK_OK(ft_policy_parse(spec, &p.policy));
+        ft_model *m = ext_model();
+        ft_offload *o = NULL;
+        CHECK_OK(ft_offload_create(m, dir, &p, &o));
+        uint64_t rs = (uint64_t)seed * 7919;
+        int victim = (int)(ft_test_rand(&rs) % 3), at = 1 + (int)(ft_test_rand(&rs) % 20);
+        if (o) {
+            ft_status st;
+            float *got = run_fault(m, o, n[victim].pid, SIGKILL, at, &st);
+            waitpid(n[victim].pid, NULL, 0);
+            ft_proc_forget(n[victim].pid);
+            CHECK_MSG(st == FT_OK, "seed %d: %s", seed, ft_last_error());
+            double maxd;
+            size_t bad = count_diff(got, &maxd);
+            CHECK_MSG(bad == 0, "seed %d: %zu logits differ (max %g)", seed, bad, maxd);
+            free(got);
+            ft_offload_stats s;
+            ft_offload_get_stats(o, &s);
+            CHECK(s.failovers == 1);
+            /* the node comes back, empty: the repair thread fills it */
+            char listen[64];
+            snprintf(listen, sizeof listen, "127.0.0.1:%d", n[victim].port);
+            srv_t back;
+            int restarted = srv_start(&back, listen, args) == 0;
+            CHECK(restarted);
+            if (restarted) {
+                n[victim] = back;
+                CHECK_MSG(wait_repairs(o, 1, 15, &s), "seed %d: node not repaired", seed);
+                CHECK(s.repaired_bytes > 0);
+                /* another node dies: the repaired one serves its pieces */
+                int second = (victim + 1) % 3;
+                got = run_fault(m, o, n[second].pid, SIGKILL, 1 + (int)(ft_test_rand(&rs) % 20), &st);
+                waitpid(n[second].pid, NULL, 0);
+                ft_proc_forget(n[second].pid);
+                n[second].pid = 0;
+                CHECK_MSG(st == FT_OK, "seed %d, second kill: %s", seed, ft_last_error());
+                bad = count_diff(got, &maxd);
+                CHECK_MSG(bad == 0, "seed %d, second kill: %zu logits differ", seed, bad);
+                free(got);
+            }
+            printf("  seed %d: node %d killed at layer call %d: logits unchanged; restarted and refilled with "
+                   "%.1f KiB; then node %d killed: unchanged\n", seed, victim, at, s.repaired_bytes / 1024.0,
+                   (victim + 1) % 3);
+            ft_offload_free(o);
+        }
+        ft_model_free(m);
+        for (int i = 0; i < 3; i++) if (n[i].pid > 0) srv_stop(&n[i]);
+    }
+}
+
+/* A node that stops answering (SIGSTOP: the connection stays open and
+ * silent, as when a link is cut) is given up on after failover_ms; the
+ * logits do not change; when it answers again it still holds its pieces
+ * (nothing to copy) and serves again. */
+TEST(replicas_node_stalled)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    srv_t n[2];
+    REQUIRE(srv_start(&n[0], "127.0.0.1:0", args) == 0);
+    if (srv_start(&n[1], "127.0.0.1:0", args) != 0) { srv_stop(&n[0]); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    p.stripe_min = 512;
+    p.failover_ms = 300;
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=0,0,0,100 rep=2 remote=%s,%s", n[0].uri, n[1].uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_model *m = ext_model();
+    ft_offload *o = NULL;
+    CHECK_OK(ft_offload_create(m, dir, &p, &o));
+    if (o) {
+        ft_status st;
+        double t0 = ft_now();
+        float *got = run_fault(m, o, n[1].pid, SIGSTOP, 5, &st);
+        double dt = ft_now() - t0;
+        CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+        double maxd;
+        size_t bad = count_diff(got, &maxd);
+        CHECK_MSG(bad == 0, "%zu logits differ (max %g)", bad, maxd);
+        free(got);
+        ft_offload_stats s;
+        ft_offload_get_stats(o, &s);
+        CHECK(s.failovers == 1);
+        kill(n[1].pid, SIGCONT);
+        CHECK(wait_repairs(o, 1, 15, &s));
+        CHECK(s.repaired_bytes == 0);   /* it kept everything */
+        printf("  a node stalled mid-run: run took %.2f s (failover after 0.3 s of silence), logits unchanged; "
+               "back with its pieces intact\n", dt);
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    srv_stop(&n[0]);
+    srv_stop(&n[1]);
+}
+
+TEST(replicas_config_errors)
+{
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,0,0,100 rep=3 remote=ucx://127.0.0.1:1,ucx://127.0.0.1:2", &p));
+    CHECK(ft_policy_validate(&p) == FT_ERR_INVALID_ARG);
+    CHECK(strstr(ft_last_error(), "3 replicas") != NULL);
+    CHECK(ft_policy_parse("rep=0", &p) == FT_ERR_INVALID_ARG);
+    char buf[512];
+    CHECK_OK(ft_policy_parse("rep=2", &p));
+    ft_policy_format(&p, buf, sizeof buf);
+    CHECK(strstr(buf, " rep=2") != NULL);
+}
+
+/* Weights and KV cache on two nodes with two replicas: a node killed
+ * mid-run changes no logit (the cache chunks it held are read from the
+ * other), and once restarted it gets the chunks back. */
+TEST(replicas_kv_cache_node_killed)
+{
+    setup();
+    REQUIRE(g_model && g_ref);
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    srv_t n[2];
+    REQUIRE(srv_start(&n[0], "127.0.0.1:0", args) == 0);
+    if (srv_start(&n[1], "127.0.0.1:0", args) != 0) { srv_stop(&n[0]); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    p.stripe_min = 512;
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=0,0,0,100 c=0,0,0,100 rep=2 remote=%s,%s", n[0].uri, n[1].uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_model *m = ext_model();
+    ft_offload *o = NULL;
+    CHECK_OK(ft_offload_create(m, dir, &p, &o));
+    if (o) {
+        ft_status st;
+        fault_hook f = {o, 0, 14, SIGKILL, n[1].pid};   /* after a few steps: chunks were put */
+        g_hook = fault_hook_fn;
+        g_hook_user = &f;
+        ft_kv_offload_stats ks;
+        memset(&ks, 0, sizeof ks);
+        float *got = run_kv(m, o, &p.policy, &ks, &st);
+        g_hook = NULL;
+        g_hook_user = NULL;
+        waitpid(n[1].pid, NULL, 0);
+        ft_proc_forget(n[1].pid);
+        n[1].pid = 0;
+        CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+        double maxd;
+        size_t bad = count_diff(got, &maxd);
+        CHECK_MSG(bad == 0, "%zu logits differ (max %g)", bad, maxd);
+        CHECK(ks.chunks_put > 0 && ks.retries > 0);
+        printf("  KV cache and weights with two replicas, a node killed: logits unchanged (%llu chunk reads "
+               "retried)\n", (unsigned long long)ks.retries);
+        free(got);
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    srv_stop(&n[0]);
+}
 
 /* The planner's device memory for weights equals what the scheduler
  * allocates (same whole-tensor placement, packed slots), so a policy the

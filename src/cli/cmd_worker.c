@@ -1,0 +1,89 @@
+/* flextier worker: a pipeline stage for drivers on other machines
+ * (flextier/pipe.h, docs/pipeline.md). */
+#include "cli.h"
+#include "flextier/pipe.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static const char worker_usage[] =
+    "usage: flextier worker [--listen HOST:PORT] [--token-file FILE] [--trusted-network]\n"
+    "                       [--node-token-file FILE] [--decode-threads N] [--once]\n"
+    "\n"
+    "Runs one stage of a pipelined model for a driver (`flextier run|bench run\n"
+    "--pipeline HOST:PORT,...`): the driver authenticates with the token, names the\n"
+    "model directory (the same path on this machine), the stage's layers and its\n"
+    "offloading policy; activations then travel over UCX. One driver at a time.\n"
+    "  --listen           where drivers connect (default 127.0.0.1:13350; port 0 = any\n"
+    "                     free port, printed as 'listening on HOST:PORT')\n"
+    "  --token-file       the token drivers must prove (required off loopback)\n"
+    "  --trusted-network  UCX may use TCP between the stages (no RDMA: the lab, a\n"
+    "                     private network); without it only RDMA devices\n"
+    "  --node-token-file  this stage's token for memory nodes its policy uses\n"
+    "  --decode-threads   threads verifying and decoding streamed weights (1)\n"
+    "  --once             exit after one run\n"
+    "Prints its peak RSS after each run.\n";
+
+static volatile int g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void on_ready(void *arg, const char *bound)
+{
+    (void)arg;
+    printf("flextier worker: listening on %s\n", bound);
+    fflush(stdout);
+}
+
+int ft_cmd_worker(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"listen", required_argument, 0, 'L'}, {"token-file", required_argument, 0, 't'},
+        {"trusted-network", no_argument, 0, 'T'}, {"node-token-file", required_argument, 0, 'n'},
+        {"decode-threads", required_argument, 0, 'd'}, {"once", no_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    ft_worker_params p;
+    memset(&p, 0, sizeof p);
+    p.listen = "127.0.0.1:13350";
+    ft_offload_params off;
+    ft_offload_default_params(&off);
+    int c;
+    long v;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'L': p.listen = optarg; break;
+        case 't': p.token_file = optarg; break;
+        case 'T': p.trusted_network = 1; break;
+        case 'n': off.token_file = optarg; break;
+        case 'd':
+            if (ft_cli_parse_int(optarg, 1, 256, &v)) return ft_cli_usage_error(worker_usage, "--decode-threads: %s", ft_last_error());
+            off.decode_threads = (unsigned)v;
+            break;
+        case 'o': p.once = 1; break;
+        case 'h': fputs(worker_usage, stdout); return FT_EXIT_OK;
+        default:
+            return ft_cli_usage_error(worker_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return ft_cli_usage_error(worker_usage, "worker takes no arguments");
+    if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    p.stop = &g_stop;
+    p.on_ready = on_ready;
+    p.off = &off;
+    ft_status st = ft_worker_run(&p);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "flextier worker: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
+    if (st != FT_OK) return ft_cli_fail("worker", st);
+    return FT_EXIT_OK;
+}
