@@ -35,8 +35,8 @@ echo "   and the KV cache offloaded to host memory (f32 rows, lossless)"
 "$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 80 "${sampling[@]}" \
     --policy "w=0,0,0,100 c=0,100,0,0" --remote "ucx://$addr" --compress-weights bp --device-mem 64M \
     --offload-stats --dump-logits "$work/remote.logits" | tee "$work/remote.txt"
-echo "== the same prompt with all weights in memory"
-"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 80 "${sampling[@]}" \
+echo "== the same prompt with all weights in memory (and an f32 KV cache, as the offloaded one: f32 rows)"
+"$bin" run --model "$model" --prompt "$prompt" --max-new-tokens 80 "${sampling[@]}" --kv-dtype f32 \
     --dump-logits "$work/local.logits" | tee "$work/local.txt"
 if cmp -s "$work/remote.txt" "$work/local.txt" && cmp -s "$work/remote.logits" "$work/local.logits"; then
     echo "== identical text and prompt logits: streaming compressed weights and the cache changed nothing"
