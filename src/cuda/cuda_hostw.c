@@ -16,6 +16,14 @@ struct ft_cuda_host_weights {
 
 static size_t pad64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* The CPU engine's q8/q4 group for rows of `cols` (ft_wmat_group_for), or
+ * the codec's default where none divides them. */
+static uint32_t engine_group(int64_t cols)
+{
+    int g = ft_wmat_group_for((int)cols);
+    return g ? (uint32_t)g : FT_DEFAULT_GROUP_SIZE;
+}
+
 ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weights_params *p,
                                       ft_cuda_host_weights **out)
 {
@@ -61,9 +69,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
         if (!ft_model_layer_has(m, s)) continue;
         nd[s] = ft_layer_shape(cfg, s, shape[s]);
         uint64_t n = nd[s] == 1 ? (uint64_t)shape[s][0] : (uint64_t)(shape[s][0] * shape[s][1]);
-        if (nd[s] == 2 && auto_group)
-            cp.group_size = ft_wmat_group_for((int)shape[s][1]) ? (uint32_t)ft_wmat_group_for((int)shape[s][1])
-                                                                 : FT_DEFAULT_GROUP_SIZE;
+        if (nd[s] == 2 && auto_group) cp.group_size = engine_group(shape[s][1]);
         if (nd[s] == 1) cap[s] = (size_t)n * 4;
         else if (p->codec == FT_CODEC_RAW) cap[s] = (size_t)n * 2;
         else cap[s] = ft_encode_bound(&cp, p->codec == FT_CODEC_BYTEPLANE ? FT_BF16 : FT_F32, 2,
@@ -105,9 +111,7 @@ ft_status ft_cuda_host_weights_create(const ft_model *m, const ft_cuda_host_weig
                 } else {
                     st = ft_tensor_init(&t, FT_F32, 2, shape[s], (void *)w);
                 }
-                if (auto_group)
-                    cp.group_size = ft_wmat_group_for((int)shape[s][1]) ? (uint32_t)ft_wmat_group_for((int)shape[s][1])
-                                                                         : FT_DEFAULT_GROUP_SIZE;
+                if (auto_group) cp.group_size = engine_group(shape[s][1]);
                 if (!st) st = ft_encode(cc, &cp, &t, dst, cap[s], &bytes);
                 if (st) goto fail;
                 *o = (ft_cuda_wsrc){FT_CUDA_WSRC_FRAME, FT_F32, dst, bytes, 1, NULL};
