@@ -138,7 +138,7 @@ FT_API ft_status ft_frame_chunk(const void *frame, size_t size,
 
 typedef struct ft_codec_ctx ft_codec_ctx;
 
-/* nthreads: 0 = default (FLEXTIER_THREADS or online CPUs). */
+/* nthreads: 0 = ft_default_threads() (FLEXTIER_THREADS, else the usable CPUs). */
 FT_API ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out);
 FT_API void      ft_codec_ctx_free(ft_codec_ctx *ctx);
 FT_API unsigned  ft_codec_ctx_threads(const ft_codec_ctx *ctx);

@@ -199,8 +199,8 @@ FT_API void  ft_free_aligned(void *p);
 
 typedef struct ft_pool ft_pool;
 
-/* nthreads == 0: number of online CPUs (or FLEXTIER_THREADS if set).
- * The calling thread participates, so nthreads == 1 spawns no threads. */
+/* nthreads == 0: ft_default_threads(). The calling thread participates,
+ * so nthreads == 1 spawns no threads. */
 FT_API ft_status ft_pool_create(unsigned nthreads, ft_pool **out);
 FT_API void      ft_pool_free(ft_pool *pool);
 FT_API unsigned  ft_pool_size(const ft_pool *pool);
@@ -210,7 +210,15 @@ FT_API unsigned  ft_pool_size(const ft_pool *pool);
  * pool == NULL runs serially on the caller. */
 typedef void (*ft_pool_fn)(void *arg, size_t i, unsigned worker);
 FT_API void ft_pool_run(ft_pool *pool, size_t n, ft_pool_fn fn, void *arg);
+/* The default thread count: FLEXTIER_THREADS if set (1..1024), else
+ * ft_usable_cpus(). */
 FT_API unsigned ft_default_threads(void);
+/* The CPUs this process may use: those of its affinity mask
+ * (sched_getaffinity: taskset, cpusets), capped by its cgroup's CPU quota
+ * rounded up (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us,
+ * the smallest along the cgroup's ancestors); at least 1. Read at each
+ * call. */
+FT_API unsigned ft_usable_cpus(void);
 
 /* ------------------------------------------------------------- checksums */
 

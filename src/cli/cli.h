@@ -54,6 +54,10 @@ ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *o
  * the NUL. vocab must be >= ft_cli_gen_tokenizer_min_vocab(llama). */
 ft_status ft_cli_gen_tokenizer(int llama, long vocab, char **json, size_t *len);
 long ft_cli_gen_tokenizer_min_vocab(int llama);
+/* An explicit --threads N above the CPUs this process may use
+ * (ft_usable_cpus: affinity, cgroup CPU quota) is honoured, with a warning
+ * on stderr that the threads will share CPUs. threads 0: nothing. */
+void ft_cli_warn_threads(long threads);
 /* Median of n doubles (sorts in place). */
 double ft_cli_median(double *v, size_t n);
 

@@ -84,6 +84,7 @@ int ft_cmd_perplexity(int argc, char **argv)
     double *losses = NULL;
     if ((st = ft_cli_read_file(text, &raw, &rawn))) return ft_cli_fail(text, st);
     off.sp.threads = (unsigned)threads;
+    ft_cli_warn_threads(threads);
     off.sp.max_seq = (uint32_t)ctx;
     if ((st = ft_cli_session_open(&off, dir, (uint32_t)batch, (uint32_t)ctx, 1, &s))) { ft_cli_fail(dir, st); goto done; }
     const ft_tokenizer *tok = ft_session_tokenizer(s);

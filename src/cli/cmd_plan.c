@@ -176,6 +176,7 @@ int ft_cmd_plan(int argc, char **argv)
     calp.prompt_len = (uint32_t)plen;
     calp.gen_len = (uint32_t)glen;
     calp.threads = (unsigned)threads;
+    ft_cli_warn_threads(threads);
     calp.codecs = wmask | cmask;
     calp.given_bw = given;
     if (!json) fprintf(stderr, "plan: measuring compute, memory, codecs and links...\n");

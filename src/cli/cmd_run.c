@@ -79,6 +79,7 @@ int ft_bench_run(int argc, char **argv)
     int rc = FT_EXIT_ERR;
     double t0 = ft_now();
     o.sp.threads = (unsigned)threads;
+    ft_cli_warn_threads(threads);
     o.sp.max_seq = (uint32_t)(plen + glen);
     ft_status st;
     int micro = 0;
@@ -310,6 +311,7 @@ int ft_cmd_run(int argc, char **argv)
         np = 1;
     }
     o.sp.threads = (unsigned)threads;
+    ft_cli_warn_threads(threads);
     int micro = 0;
     if (pipe.mode) {
         /* the stages are sized for the prompts as the session will encode them */
@@ -391,11 +393,12 @@ int ft_cmd_run(int argc, char **argv)
     else
         for (size_t j = 0; j < np; j++) printf("=== prompt %zu ===\n%s%s\n", j + 1, lines[j], texts[j]);
     fflush(stdout);
+    unsigned nthreads = threads ? (unsigned)threads : ft_default_threads();
     fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
-            "(%.1f tok/s); %zu sequences, %zu tokens generated\n",
+            "(%.1f tok/s); %zu sequences, %zu tokens generated; %u compute thread%s\n",
             gs.prefill_tokens, gs.prefill_s, gs.prefill_s > 0 ? (double)gs.prefill_tokens / gs.prefill_s : 0,
             gs.decode_tokens, gs.decode_s, gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0,
-            np, (max_new > 0 ? np : 0) + gs.decode_tokens);
+            np, (max_new > 0 ? np : 0) + gs.decode_tokens, nthreads, nthreads == 1 ? "" : "s");
     if (o.sp.device == FT_DEVICE_CUDA) ft_cli_cuda_report(s, stderr);
     else ft_cli_session_report(&o, s, gs.prefill_s, gs.decode_s, stderr);
     if (pipe.mode) ft_cli_pipe_describe(&pipe, micro, stderr);

@@ -237,3 +237,12 @@ ft_status ft_cli_load_st_tensor(const char *path, const char *name, ft_tensor *o
     *out = v;
     return FT_OK;
 }
+
+void ft_cli_warn_threads(long threads)
+{
+    unsigned usable = ft_usable_cpus();
+    if (threads > 0 && (unsigned long)threads > usable)
+        fprintf(stderr, "flextier: warning: --threads %ld is more than the %u CPU%s this process may use "
+                        "(affinity and cgroup CPU quota): the threads will share CPUs\n",
+                threads, usable, usable == 1 ? "" : "s");
+}

@@ -111,8 +111,7 @@ unsigned ft_default_threads(void)
         long v = strtol(e, NULL, 10);
         if (v > 0 && v <= 1024) return (unsigned)v;
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
+    return ft_usable_cpus();
 }
 
 ft_status ft_pool_create(unsigned nthreads, ft_pool **out)

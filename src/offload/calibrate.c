@@ -281,8 +281,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
     in->bw[FT_TIER_HOST] = given && given[FT_TIER_HOST] > 0 ? given[FT_TIER_HOST] : in->mem_bw / 2;
     measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
     /* Compute and the I/O workers share the cores. */
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    in->cores = ncpu > 0 ? (uint32_t)ncpu : 1;
+    in->cores = ft_usable_cpus();   /* affinity and cgroup CPU quota */
     in->compute_threads = threads ? threads : ft_default_threads();
     in->decode_threads = cp->decode_threads ? cp->decode_threads : ft_default_threads();
     if (base->disk_uri[0])
