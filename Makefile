@@ -51,7 +51,7 @@ test-python: deps
 
 # The CUDA backend's host code and GPU tests over a CPU emulation of CUDA
 # (-DFT_CUDA=FAKE, tests/cuda/fake): no GPU needed, nothing runs on one.
-CUDA_TESTS = flextier_cli test_cuda_hostmath test_cuda_cli test_cuda_codec test_cuda_forward test_cuda_kernels
+CUDA_TESTS = flextier_cli flextier-cuda test_cuda_hostmath test_cuda_cli test_cuda_plugin test_cuda_codec test_cuda_forward test_cuda_kernels
 test-cuda-fake: deps
 	@cmake -S . -B $(BUILD_FAKE) -G Ninja -DCMAKE_BUILD_TYPE=Release -DFT_WERROR=ON -DFT_CUDA=FAKE >/dev/null
 	@cmake --build $(BUILD_FAKE) -j $(JOBS) --target $(CUDA_TESTS)

@@ -3,6 +3,7 @@
 # and a CMake package:
 #   include/flextier/*.h
 #   lib/libflextier{,-store,-codec}.a  lib/libflextier{,-store,-codec}.so*
+#   lib/flextier/libflextier-cuda.so (the CUDA backend plugin, CUDA builds)
 #   lib/pkgconfig/flextier{,-store,-codec}.pc
 #   lib/cmake/flextier/flextierConfig.cmake (+ Version, Targets)
 #   bin/flextier
@@ -33,6 +34,12 @@ install(TARGETS ${_ft_install_targets} EXPORT flextierTargets
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/flextier
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+# The CUDA backend plugin (src/cuda), opened by the library on --device
+# cuda from lib/flextier/ (relative to libflextier.so or to bin/flextier).
+# Not the FT_CUDA=FAKE one: that emulation is for tests only.
+if(FT_HAVE_CUDA AND NOT FT_CUDA_FAKE)
+  install(TARGETS flextier-cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/flextier)
+endif()
 if(FLEXTIER_BUILD_CLI)
   set_target_properties(flextier_cli PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS flextier_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -48,10 +55,6 @@ foreach(pair FT_LZ4=liblz4 FT_ZSTD=libzstd FT_DEFLATE=libdeflate FT_XXHASH=libxx
              FT_PCRE2=libpcre2-8 FT_UTF8PROC=libutf8proc)
   string(APPEND FT_PKG_DEPS "  ${pair}\n")
 endforeach()
-set(FT_WITH_CUDA ${FT_HAVE_CUDA})
-if(FT_CUDA_FAKE)
-  set(FT_WITH_CUDA OFF)   # the emulation is compiled in: no CUDA libraries
-endif()
 set(FT_WITH_SHARED ${FLEXTIER_BUILD_SHARED})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flextierConfig.cmake.in
   ${PROJECT_BINARY_DIR}/flextierConfig.cmake INSTALL_DESTINATION ${FT_CMAKE_DIR})
@@ -71,10 +74,6 @@ install(FILES ${PROJECT_BINARY_DIR}/flextierConfig.cmake
 # the third-party modules are Requires.private (only a static link needs
 # them: no public header exposes their types).
 file(RELATIVE_PATH FT_PC_PREFIX_REL "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
-set(FT_PC_LIBS_PRIVATE_CUDA "")
-if(FT_HAVE_CUDA AND NOT FT_CUDA_FAKE)
-  set(FT_PC_LIBS_PRIVATE_CUDA "-L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart -lstdc++")
-endif()
 foreach(pc flextier-codec flextier-store flextier)
   configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/${pc}.pc @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -786,39 +786,12 @@ ft_status ft_cuda_ctx_forward_greedy(ft_cuda_ctx *c, size_t n, const int *slots,
 
 /* ------------------------------------------------------------ generate */
 
-/* The one generation loop (ft_generate_with, src/engine/sample.c) over
- * the GPU's forward; greedy decoding takes the argmax on the device. */
-static ft_status cuda_forward_last(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
-                                   const size_t *ntok, float *logits)
+/* What ft_cuda_ctx_forward_ops needs besides the forward functions (the
+ * loader builds the ops, and ft_cuda_generate runs the one generation
+ * loop over them: src/cuda/cuda_loader.c). */
+void ft_cuda_ctx_shape(const ft_cuda_ctx *c, const ft_model **m, int *max_batch, int *max_seq)
 {
-    return ft_cuda_ctx_forward(ctx, n, slots, tokens, ntok, logits, 0);
-}
-
-static ft_status cuda_forward_greedy(void *ctx, size_t n, const int *slots, const int32_t *const *tokens,
-                                     const size_t *ntok, int32_t *next)
-{
-    return ft_cuda_ctx_forward_greedy(ctx, n, slots, tokens, ntok, next);
-}
-
-static void cuda_reset(void *ctx, int slot) { ft_cuda_ctx_reset(ctx, slot); }
-
-void ft_cuda_ctx_forward_ops(ft_cuda_ctx *c, ft_forward_ops *out)
-{
-    memset(out, 0, sizeof *out);
-    out->ctx = c;
-    out->cfg = ft_model_get_config(c->m);
-    out->max_batch = c->p.max_batch;
-    out->max_seq = c->p.max_seq;
-    out->forward = cuda_forward_last;
-    out->forward_greedy = cuda_forward_greedy;
-    out->reset = cuda_reset;
-}
-
-ft_status ft_cuda_generate(ft_cuda_ctx *c, size_t n, const int32_t *const *prompts, const size_t *prompt_len,
-                           const ft_gen_params *p, int32_t *const *out, size_t *n_out, ft_gen_stats *stats)
-{
-    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "generate: NULL context");
-    ft_forward_ops f;
-    ft_cuda_ctx_forward_ops(c, &f);
-    return ft_generate_with(&f, n, prompts, prompt_len, p, out, n_out, stats);
+    *m = c->m;
+    *max_batch = c->p.max_batch;
+    *max_seq = c->p.max_seq;
 }

@@ -3,11 +3,11 @@
 #include "cuda_internal.h"
 #include "flextier/cuda.h"
 
+#include <dirent.h>
+#include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-
-int ft_cuda_built(void) { return 1; }
 
 ft_status ft_cuda_status(cudaError_t e, const char *what)
 {
@@ -26,17 +26,39 @@ ft_status ft_cuda_status(cudaError_t e, const char *what)
     return ft_set_error(st, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* An NVIDIA device node and the driver's library (libcuda.so.1). Without
+ * both, the runtime's "no device" or "driver version is insufficient"
+ * (what cudart answers when it finds no libcuda at all) means no GPU or no
+ * driver, and is said so. */
+static int driver_present(void)
+{
+    int node = 0;
+    DIR *d = opendir("/dev");
+    if (d) {
+        struct dirent *e;
+        while (!node && (e = readdir(d)))
+            node = !strncmp(e->d_name, "nvidia", 6) && e->d_name[6] >= '0' && e->d_name[6] <= '9';
+        closedir(d);
+    }
+    if (!node) return 0;
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h) dlclose(h);
+    return h != NULL;
+}
+
 ft_status ft_cuda_available(char *detail, size_t n)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     char why[512];
     if (e != cudaSuccess) {
-        snprintf(why, sizeof why, "no CUDA device (cudaGetDeviceCount: %s: %s)", cudaGetErrorName(e),
+        int none = (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) && !driver_present();
+        snprintf(why, sizeof why, "%s (cudaGetDeviceCount: %s: %s)",
+                 none ? "no NVIDIA GPU or driver found" : "no usable CUDA device", cudaGetErrorName(e),
                  cudaGetErrorString(e));
         (void)cudaGetLastError();
     } else if (count < 1) {
-        snprintf(why, sizeof why, "no CUDA device (cudaGetDeviceCount: 0 devices)");
+        snprintf(why, sizeof why, "no NVIDIA GPU or driver found (cudaGetDeviceCount: 0 devices)");
     } else {
         if (detail && n) snprintf(detail, n, "%d CUDA device%s", count, count == 1 ? "" : "s");
         return FT_OK;

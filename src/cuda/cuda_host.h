@@ -53,4 +53,8 @@ ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src
 ft_status ft_cuda_dec_wmat_async(ft_cuda_dec_ws *w, const ft_wmat *m, ft_dtype out_dt, void *dst, cudaStream_t s,
                                  uint64_t *h2d);
 
+/* The context's model and sizes (cuda_ctx.c; the plugin's ctx_shape, from
+ * which the loader builds ft_cuda_ctx_forward_ops). */
+void ft_cuda_ctx_shape(const ft_cuda_ctx *c, const ft_model **m, int *max_batch, int *max_seq);
+
 #endif

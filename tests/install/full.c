@@ -2,7 +2,8 @@
  * a tensor through a mem: store, a model config parsed and a model built
  * from it, an offloading policy parsed, the CUDA entry point asked, and
  * (full MODEL_DIR) a session opened on a model directory that generates
- * text greedily, twice, with the same result. */
+ * text greedily, twice, with the same result; full MODEL_DIR cuda also
+ * asks the CUDA backend whether a device can be used (the plugin). */
 #include "flextier/flextier.h"
 
 #include <stdio.h>
@@ -49,6 +50,11 @@ int main(int argc, char **argv)
     ft_policy pol;
     if (ft_policy_parse("w=0,50,50 c=0,100", &pol)) return fail("policy");
     printf("cuda built: %d\n", ft_cuda_built());
+    if (argc > 2 && !strcmp(argv[2], "cuda")) {   /* opens the CUDA backend plugin */
+        char why[512];
+        ft_status cs = ft_cuda_available(why, sizeof why);
+        printf("cuda: %s: %s\n", ft_status_str(cs), why);
+    }
     if (argc > 1) {
         ft_session_params sp;
         ft_session_default_params(&sp);

@@ -11,11 +11,16 @@
 # the other FlexTier libraries (ldd, nm); every function declared FT_API
 # in the installed headers must be exported by the shared libraries, and
 # they export nothing but ft_* symbols.
-#   test_install.sh BUILD_DIR C_COMPILER [CMAKE]
+# The CUDA backend: no installed program or library loads a CUDA library
+# or libstdc++ by itself; with PLUGIN=1 (a CUDA build) the plugin is
+# installed in lib/flextier/ and the installed program and a program
+# linking the installed libflextier.so open that one.
+#   test_install.sh BUILD_DIR C_COMPILER [CMAKE [PLUGIN]]
 set -euo pipefail
 build=$1
 cc=$2
 cmake=${3:-cmake}
+plugin=${4:-0}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work=$(mktemp -d /tmp/ft_install.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -87,6 +92,27 @@ grep -q "^session: " full.out || fail "pc_full_shared"
 "$cc" -std=c11 -Wall -Werror "$here/full.c" $(pkg-config --cflags flextier) \
     $(static_libs flextier) $(rpath_of flextier) -o pc_full_static || fail "full (pkg-config, static) does not build"
 ./pc_full_static "$model" > /dev/null || fail "pc_full_static"
+
+# --- the CUDA backend: a plugin, loaded only when asked
+for p in "$prefix/bin/flextier" "$libdir/libflextier.so" pc_full_shared pc_full_static; do
+    if grep -E 'libcudart|libcublas|libstdc\+\+' <<< "$(ldd "$p")"; then fail "$(basename "$p") loads CUDA or libstdc++"; fi
+done
+if [ "$plugin" = 1 ]; then
+    [ -e "$libdir/flextier/libflextier-cuda.so" ] || fail "lib/flextier/libflextier-cuda.so not installed"
+    # found relative to the installed program (bin/../lib/flextier) ...
+    LD_DEBUG=files env -u FLEXTIER_CUDA_PLUGIN "$prefix/bin/flextier" run --model "$model" --prompt hi \
+        --max-new-tokens 2 --device cuda > /dev/null 2> cuda_run.err || true
+    grep -qF "file=$libdir/flextier/libflextier-cuda.so" cuda_run.err || { grep -E 'file=|flextier:' cuda_run.err; fail "installed flextier did not open the installed plugin"; }
+    grep -q 'CUDA device: \(no NVIDIA GPU or driver found\|no usable CUDA device\)' cuda_run.err \
+        || grep -q 'weights resident' cuda_run.err || { tail -3 cuda_run.err; fail "installed flextier --device cuda"; }
+    # ... and relative to the installed libflextier.so (lib/flextier)
+    LD_DEBUG=files env -u FLEXTIER_CUDA_PLUGIN ./pc_full_shared "$model" cuda > cuda_full.out 2> cuda_full.err \
+        || { cat cuda_full.out; fail "pc_full_shared cuda"; }
+    grep -qF "file=$libdir/flextier/libflextier-cuda.so" cuda_full.err || fail "pc_full_shared did not open the installed plugin"
+    grep -q '^cuda: ' cuda_full.out || fail "pc_full_shared cuda"
+else
+    [ ! -e "$libdir/flextier/libflextier-cuda.so" ] || fail "a CUDA plugin was installed by a build without one"
+fi
 
 # --- find_package(flextier)
 "$cmake" -S "$here/consumer" -B cm -DCMAKE_PREFIX_PATH="$prefix" -DFT_SRC="$here" \

@@ -2,8 +2,8 @@
 # The one-way arrows of docs/architecture.md, checked on the objects: an
 # object of a layer may use symbols defined by its own layer or the layers
 # below it, never one defined by a layer above. The layer of an object is
-# the src/<layer>/ directory of its source (FT_CUDA=FAKE's emulation,
-# tests/cuda/fake, counts as cuda).
+# the src/<layer>/ directory of its source, or of the CMakeLists.txt of
+# its target (FT_CUDA=FAKE's emulation, tests/cuda/fake, counts as cuda).
 #   check_layers.sh OBJECT...
 set -euo pipefail
 order="core codec net store agent model engine offload pipe cuda session"
@@ -14,6 +14,8 @@ rank() {   # layer name -> position in $order, or nothing
 layer_of() {
     case "$1" in
     */tests/cuda/fake/*) echo cuda ;;
+    # a target defined in src/<layer>/CMakeLists.txt (the CUDA plugin's)
+    */src/*/CMakeFiles/*) echo "$1" | sed -nE 's#.*/src/([a-z]+)/CMakeFiles/.*#\1#p' ;;
     *) echo "$1" | sed -nE 's#.*/src/([a-z]+)/[^/]+$#\1#p' ;;
     esac
 }
