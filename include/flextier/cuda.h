@@ -4,11 +4,17 @@
  * quantization) and a compute context with the semantics of ft_ctx
  * (flextier/engine.h) running on one GPU with cuBLAS.
  *
- * Every function exists in every build. A build without CUDA (no nvcc at
+ * Every function exists in every build. The backend itself is a plugin,
+ * libflextier-cuda.so, that the library opens (dlopen) the first time one
+ * of these functions needs it, so a process that never asks for CUDA maps
+ * no CUDA library (docs/cuda.md, "The plugin": where it is looked for;
+ * FLEXTIER_CUDA_PLUGIN overrides). A build without CUDA (no nvcc at
  * configure time, or -DFT_CUDA=OFF) returns FT_ERR_UNSUPPORTED with the
- * detail "built without CUDA ..."; a CUDA build on a machine without a
- * usable GPU returns FT_ERR_UNSUPPORTED with "no CUDA device
- * (cudaGetDeviceCount: ...)". Other CUDA runtime and cuBLAS failures become
+ * detail "this build has no CUDA backend ..."; a plugin that cannot be
+ * found or loaded says so; a machine without an NVIDIA GPU or driver
+ * gives FT_ERR_UNSUPPORTED with "no NVIDIA GPU or driver found
+ * (cudaGetDeviceCount: ...)", one whose GPU the runtime cannot use "no
+ * usable CUDA device (...)". Other CUDA runtime and cuBLAS failures become
  * FT_ERR_NOMEM (out of device or pinned memory) or FT_ERR_INTERNAL with the
  * call, the CUDA error name and its string in ft_last_error().
  *
@@ -31,14 +37,17 @@ extern "C" {
 
 /* ---------------------------------------------------------------- device */
 
-/* 1 if this library was compiled with the CUDA backend, else 0. */
+/* 1 if this library was built with the CUDA backend (its plugin), else 0.
+ * Loads nothing. */
 FT_API int ft_cuda_built(void);
 
-/* FT_OK if at least one CUDA device can be used. Otherwise
- * FT_ERR_UNSUPPORTED, and detail (if not NULL, n bytes) receives why:
- * "built without CUDA (...)" or "no CUDA device (cudaGetDeviceCount:
- * cudaErrorNoDevice: no CUDA-capable device is detected)". Also sets
- * ft_last_error. Tests use it to skip; the CLI to explain. */
+/* FT_OK if at least one CUDA device can be used (loads the plugin).
+ * Otherwise FT_ERR_UNSUPPORTED, and detail (if not NULL, n bytes) receives
+ * why: "this build has no CUDA backend (...)", "the CUDA backend
+ * libflextier-cuda.so was not found (...)", "no NVIDIA GPU or driver found
+ * (cudaGetDeviceCount: cudaErrorInsufficientDriver: ...)" or "no usable
+ * CUDA device (...)". Also sets ft_last_error. Tests use it to skip; the
+ * CLI to explain. */
 FT_API ft_status ft_cuda_available(char *detail, size_t n);
 
 typedef struct ft_cuda_device_info {
