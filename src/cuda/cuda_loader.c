@@ -205,8 +205,12 @@ static void load(void)
 static const ft_cuda_plugin_api *plugin(void)
 {
     pthread_once(&g_once, load);
-    if (!g_api) ft_set_error(g_status, "%s", g_why);
-    else g_api->clear_error();
+    if (!g_api) {
+        ft_set_error(g_status, "%s", g_why);
+        return NULL;
+    }
+    g_api->clear_error();
+    g_api->set_log_level(ft_log_get_level());
     return g_api;
 }
 

@@ -7,8 +7,9 @@
  * CUDA library. The plugin (cuda_plugin_entry.c with the backend's sources
  * and a private copy of the layers it calls) exports one symbol,
  * FT_CUDA_PLUGIN_ENTRY, and keeps everything else local: its error detail
- * is its own, so the loader clears it before each call and copies it into
- * the caller's ft_last_error() after a failure.
+ * and log level are its own, so the loader clears the one and sets the
+ * other before each call, and copies the detail into the caller's
+ * ft_last_error() after a failure.
  *
  * The plugin reads the caller's ft_model with its own copy of the engine,
  * so both must come from the same build: `build_id` (FT_CUDA_BUILD_ID, made
@@ -28,9 +29,11 @@ typedef struct ft_cuda_plugin_api {
     uint32_t size;              /* sizeof(ft_cuda_plugin_api)                */
     const char *build_id;       /* FT_CUDA_BUILD_ID of the plugin's build    */
     const char *version;        /* FT_VERSION_STRING                         */
-    /* the plugin's per-thread error detail */
+    /* the plugin's per-thread error detail, and its log level (the
+     * loader passes the caller's before each call) */
     const char *(*last_error)(void);
     void (*clear_error)(void);
+    void (*set_log_level)(ft_log_level lvl);
     /* flextier/cuda.h, one entry per function (ft_cuda_built,
      * ft_cuda_ctx_forward_ops and ft_cuda_generate live in the loader) */
     ft_status (*available)(char *detail, size_t n);

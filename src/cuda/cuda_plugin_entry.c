@@ -15,6 +15,7 @@ static const ft_cuda_plugin_api api = {
     .version = FT_VERSION_STRING,
     .last_error = ft_last_error,
     .clear_error = ft_clear_error,
+    .set_log_level = ft_log_set_level,
     .available = ft_cuda_available,
     .device_info_get = ft_cuda_device_info_get,
     .malloc_ = ft_cuda_malloc,
