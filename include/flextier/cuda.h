@@ -45,8 +45,8 @@ FT_API int ft_cuda_built(void);
  * Otherwise FT_ERR_UNSUPPORTED, and detail (if not NULL, n bytes) receives
  * why: "this build has no CUDA backend (...)", "the CUDA backend
  * libflextier-cuda.so was not found (...)", "no NVIDIA GPU or driver found
- * (cudaGetDeviceCount: cudaErrorInsufficientDriver: ...)" or "no usable
- * CUDA device (...)". Also sets ft_last_error. Tests use it to skip; the
+ * (no /dev/nvidia<N> device; cudaGetDeviceCount: ...)" or "no usable CUDA
+ * device (cudaGetDeviceCount: ...)". Also sets ft_last_error. Tests use it to skip; the
  * CLI to explain. */
 FT_API ft_status ft_cuda_available(char *detail, size_t n);
 

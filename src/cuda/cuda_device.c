@@ -26,11 +26,12 @@ ft_status ft_cuda_status(cudaError_t e, const char *what)
     return ft_set_error(st, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/* An NVIDIA device node and the driver's library (libcuda.so.1). Without
- * both, the runtime's "no device" or "driver version is insufficient"
- * (what cudart answers when it finds no libcuda at all) means no GPU or no
- * driver, and is said so. */
-static int driver_present(void)
+/* What is missing for a GPU: NULL when an NVIDIA device node and the
+ * driver's library (libcuda.so.1) are both there. Without them the
+ * runtime's "no device" or "driver version is insufficient" (what cudart
+ * answers when it finds no libcuda at all) means no GPU or no driver, and
+ * is said so. */
+static const char *gpu_missing(void)
 {
     int node = 0;
     DIR *d = opendir("/dev");
@@ -40,10 +41,11 @@ static int driver_present(void)
             node = !strncmp(e->d_name, "nvidia", 6) && e->d_name[6] >= '0' && e->d_name[6] <= '9';
         closedir(d);
     }
-    if (!node) return 0;
+    if (!node) return "no /dev/nvidia<N> device";
     void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (h) dlclose(h);
-    return h != NULL;
+    if (!h) return "the NVIDIA driver library libcuda.so.1 cannot be loaded";
+    dlclose(h);
+    return NULL;
 }
 
 ft_status ft_cuda_available(char *detail, size_t n)
@@ -51,11 +53,15 @@ ft_status ft_cuda_available(char *detail, size_t n)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     char why[512];
+    const char *missing = NULL;
     if (e != cudaSuccess) {
-        int none = (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) && !driver_present();
-        snprintf(why, sizeof why, "%s (cudaGetDeviceCount: %s: %s)",
-                 none ? "no NVIDIA GPU or driver found" : "no usable CUDA device", cudaGetErrorName(e),
-                 cudaGetErrorString(e));
+        if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) missing = gpu_missing();
+        if (missing)
+            snprintf(why, sizeof why, "no NVIDIA GPU or driver found (%s; cudaGetDeviceCount: %s)", missing,
+                     cudaGetErrorName(e));
+        else
+            snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s: %s)", cudaGetErrorName(e),
+                     cudaGetErrorString(e));
         (void)cudaGetLastError();
     } else if (count < 1) {
         snprintf(why, sizeof why, "no NVIDIA GPU or driver found (cudaGetDeviceCount: 0 devices)");
