@@ -106,3 +106,14 @@ def test_ids_and_errors(tmp_path):
         flextier.Session(DEMO, disk_dir="/tmp/x")   # a tier without a policy
     with pytest.raises(flextier.InvalidArgumentError):
         flextier.Session(DEMO, policy="w=60,60")
+
+
+def test_device_cuda_without_a_backend_says_why():
+    # The Python extension is built without the CUDA backend (docs/cuda.md):
+    # device="cuda" is refused with the same words as the CLI, and opening
+    # it loads no CUDA library into the interpreter.
+    with pytest.raises(flextier.UnsupportedError, match="this build has no CUDA backend|no NVIDIA GPU or driver found"):
+        flextier.Session(DEMO, device="cuda")
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    assert "libcudart" not in maps and "libcublas" not in maps
