@@ -191,6 +191,17 @@ double ft_cgroup_cpu_limit_at(const char *root)
     return best;
 }
 
+unsigned ft_cpus_limit(unsigned affinity, double quota)
+{
+    unsigned n = affinity ? affinity : 1;
+    if (quota > 0) {
+        double c = ceil(quota - 1e-9);   /* 1.5 CPUs of time: 2 threads; 0.5: 1 */
+        if (c < 1) c = 1;
+        if (c < (double)n) n = (unsigned)c;
+    }
+    return n;
+}
+
 unsigned ft_usable_cpus(void)
 {
     unsigned n = ft_affinity_cpus();
@@ -198,11 +209,5 @@ unsigned ft_usable_cpus(void)
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n = c > 0 ? (unsigned)c : 1;
     }
-    double q = ft_cgroup_cpu_limit_at("");
-    if (q > 0) {
-        double c = ceil(q - 1e-9);
-        unsigned lim = c < 1 ? 1 : c > (double)n ? n : (unsigned)c;
-        if (lim < n) n = lim;
-    }
-    return n ? n : 1;
+    return ft_cpus_limit(n, ft_cgroup_cpu_limit_at(""));
 }

@@ -18,4 +18,8 @@ double ft_cgroup_cpu_limit_at(const char *root);
  * 0 if it cannot be read. */
 unsigned ft_affinity_cpus(void);
 
+/* affinity CPUs (0 counts as 1) capped by a quota of `quota` CPUs (0:
+ * none) rounded up, at least 1: what ft_usable_cpus returns. */
+unsigned ft_cpus_limit(unsigned affinity, double quota);
+
 #endif

@@ -123,6 +123,17 @@ TEST(cgroup_malformed_or_missing)
     ft_sh("rm -rf %s", root);
 }
 
+TEST(quota_caps_affinity)
+{
+    CHECK(ft_cpus_limit(4, 0) == 4);        /* no quota */
+    CHECK(ft_cpus_limit(4, 1.5) == 2);      /* rounded up */
+    CHECK(ft_cpus_limit(4, 2.0) == 2);      /* exact */
+    CHECK(ft_cpus_limit(4, 0.25) == 1);     /* at least one */
+    CHECK(ft_cpus_limit(2, 8.0) == 2);      /* affinity is the smaller */
+    CHECK(ft_cpus_limit(0, 0) == 1);
+    CHECK(ft_cpus_limit(64, 63.5) == 64 && ft_cpus_limit(64, 62.5) == 63);
+}
+
 TEST(usable_cpus_follow_affinity)
 {
     unsigned aff = ft_affinity_cpus();
@@ -133,8 +144,7 @@ TEST(usable_cpus_follow_affinity)
     double q = ft_cgroup_cpu_limit_at("");
     printf("  affinity %u CPUs, cgroup quota %s%.2f, usable %u, default threads %u\n", aff, q > 0 ? "" : "none ",
            q, u, ft_default_threads());
-    if (q <= 0) CHECK(u == aff);
-    else CHECK(u == (unsigned)fmin((double)aff, fmax(1.0, ceil(q - 1e-9))));
+    CHECK(u == ft_cpus_limit(aff, q));
     /* pinned to one CPU, this thread's answer is 1 */
     cpu_set_t old, one;
     REQUIRE(sched_getaffinity(0, sizeof old, &old) == 0);
