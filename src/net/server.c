@@ -163,8 +163,9 @@ struct conn {
     double        t_out;                /* last output progress */
     /* shared-memory path (cma.h): the client's process, verified */
     uint64_t      peer_inode;           /* its socket, when on this host */
-    pid_t         cma_pid;
-    int           pidfd;                /* -1: path not open */
+    ft_cma_peer   cma;                  /* pidfd -1: path not open */
+    uint8_t       cma_nonce[FT_CMA_NONCE];
+    int           cma_offered;          /* the nonce is this session's */
     /* UCX */
     ucp_ep_h      uep;
     ucs_status_ptr_t close_req;
@@ -211,6 +212,7 @@ struct server {
     int            has_token;
     double         lease_s, auth_s;
     ft_pool       *copiers;               /* shared-memory copies (cma.c) */
+    ft_cma_door   *cma_door;              /* NULL: no shared-memory path */
 };
 
 /* ------------------------------------------------------------ allocator */
@@ -916,8 +918,7 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
         ft_status st = FT_OK;
         if (r_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
                                            (unsigned long long)r_len, (unsigned long long)cap);
-        else if (!ft_cma_alive(c->pidfd)) st = ft_set_error(FT_ERR_NET, "client process exited");
-        else st = ft_cma_write(S->copiers, c->cma_pid, S->pool + e->off + r_off, addr, (size_t)r_len);
+        else st = ft_cma_write(S->copiers, &c->cma, S->pool + e->off + r_off, addr, (size_t)r_len);
         if (st != FT_OK) {
             FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                    ft_last_error());
@@ -1017,24 +1018,46 @@ static void handle_ucxb(server *S, conn *c, const ft_msg *m, const uint8_t *addr
 }
 
 /* CMAB: open the shared-memory path once the kernel vouches for the
- * client process (cma.h). */
-static void handle_cmab(server *S, conn *c, const ft_msg *m, const uint8_t *probe)
+ * client process (cma.h): arg 1 asks for the offer (this session's
+ * nonce and the Unix socket's name), arg 2 confirms that the client has
+ * presented the nonce there. */
+static void handle_cmab(server *S, conn *c, const ft_msg *m)
 {
     ft_status st;
-    if (c->pidfd >= 0) {
+    uint8_t offer[FT_CMA_OFFER_SIZE];
+    int offering = m->arg == FT_CMAB_OFFER;
+    if (ft_cma_peer_open(&c->cma)) {
         st = ft_set_error(FT_ERR_PROTOCOL, "shared-memory path already open");
+    } else if (!S->cma_door) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "this node has no shared-memory path");
     } else if (!c->peer_inode) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "the client is not on this host");
-    } else if (ft_get_le64(probe + 8) != FT_CMA_COOKIE) {
-        st = ft_set_error(FT_ERR_PROTOCOL, "probe of %llu bytes",
-                          (unsigned long long)ft_get_le64(probe + 8));
+    } else if (offering) {
+        st = ft_cma_door_offer(S->cma_door, c->cma_nonce, offer);
+        c->cma_offered = st == FT_OK;
+    } else if (!c->cma_offered) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "CMAB confirmed before it was offered");
     } else {
-        st = ft_cma_verify((pid_t)m->arg, c->peer_inode, ft_get_le64(probe), probe + 16, &c->pidfd);
+        /* one try per offer */
+        c->cma_offered = 0;
+        st = ft_cma_door_claim(S->cma_door, c->cma_nonce, 1.0, &c->cma);
+        memset(c->cma_nonce, 0, sizeof c->cma_nonce);
+    }
+    if (st == FT_OK && offering) {
+        op *o = op_new(S, c, m->req_id, 0);
+        if (!o) return;
+        if (!(o->heap = malloc(sizeof offer))) {
+            op_finish(o, UCS_OK);
+            reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_NOMEM, "out of memory");
+            return;
+        }
+        memcpy(o->heap, offer, sizeof offer);
+        send_reply(c, o, m->opcode, FT_OK, o->heap, sizeof offer, 0, 0);
+        return;
     }
     if (st == FT_OK) {
-        c->cma_pid = (pid_t)m->arg;
         FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): shared-memory path open (process %d)",
-               (unsigned long long)c->id, c->peer, (int)c->cma_pid);
+               (unsigned long long)c->id, c->peer, (int)c->cma.pid);
     } else {
         FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): no shared-memory path: %s",
                (unsigned long long)c->id, c->peer, ft_last_error());
@@ -1055,10 +1078,8 @@ static void handle_putdv(server *S, conn *c, const ft_msg *m, const uint8_t *ref
         st = ft_set_error(x->fail, "pipelined write failed");
     } else if (x->committing || len == 0 || m->arg != x->pos || len > x->reserve - x->pos) {
         st = x->fail = ft_set_error(FT_ERR_PROTOCOL, "PUTDV out of order or beyond the reservation");
-    } else if (!ft_cma_alive(c->pidfd)) {
-        st = x->fail = ft_set_error(FT_ERR_NET, "client process exited");
     } else {
-        st = ft_cma_read(S->copiers, c->cma_pid, S->pool + x->off + x->pos, addr, (size_t)len);
+        st = ft_cma_read(S->copiers, &c->cma, S->pool + x->off + x->pos, addr, (size_t)len);
         x->pos += len;
         if (st != FT_OK) {
             x->fail = st;
@@ -1080,16 +1101,16 @@ static void dispatch(server *S, conn *c, int via_ucx, const ft_msg *m, const uin
         handle_get(S, c, via_ucx, m, 0, payload, NULL);
         return;
     case FT_OP_GETRV:
-        if (via_ucx || c->pidfd < 0) break;
+        if (via_ucx || !ft_cma_peer_open(&c->cma)) break;
         handle_get(S, c, via_ucx, m, 0, payload, payload + FT_MSG_RANGE_SIZE);
         return;
     case FT_OP_PUTDV:
-        if (via_ucx || c->pidfd < 0) break;
+        if (via_ucx || !ft_cma_peer_open(&c->cma)) break;
         handle_putdv(S, c, m, payload);
         return;
     case FT_OP_CMAB:
         if (via_ucx) break;
-        handle_cmab(S, c, m, payload);
+        handle_cmab(S, c, m);
         return;
     case FT_OP_STAT:
         if (m->key_len) {
@@ -1526,8 +1547,7 @@ static void conn_close(server *S, conn *c, const char *why)
     }
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
-    if (c->pidfd >= 0) close(c->pidfd);
-    c->pidfd = -1;
+    ft_cma_peer_close(&c->cma);
     if (c->authed) S->nauthed--; else S->npreauth--;
 }
 
@@ -1612,7 +1632,7 @@ static void accept_conns(server *S)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
         c->fd = fd;
-        c->pidfd = -1;
+        ft_cma_peer_init(&c->cma);
         c->sa = sa;
         c->id = ++S->next_conn_id;
         ft_net_addr_str(&sa, c->peer, sizeof c->peer);
@@ -1698,6 +1718,7 @@ static void cleanup(server *S)
     if (S->ctx) ucp_cleanup(S->ctx);
     free(S->addrs);
     ft_pool_free(S->copiers);
+    ft_cma_door_close(S->cma_door);
     memset(S->token, 0, sizeof S->token);
     free(S);
 }
@@ -1920,6 +1941,11 @@ ft_status ft_node_run(const ft_node_params *params)
     /* threads for the shared-memory path's copies (FLEXTIER_THREADS) */
     if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
         S->copiers = NULL;
+    if (ft_cma_door_open(&S->cma_door) != FT_OK) {
+        FT_LOG(FT_LOG_INFO, "serve: no shared-memory path: %s", ft_last_error());
+        S->cma_door = NULL;
+        ft_clear_error();
+    }
     open_ucx(S, &addr);
     FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s%s", bound,
            (unsigned long long)S->cap, p.spill_dir ? ", spill to " : "",
