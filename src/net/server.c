@@ -87,6 +87,7 @@ typedef struct entry {
     uint64_t      id;
     uint64_t      off, size, alloc, header_size;
     uint64_t      spill_hash;  /* XXH3 of the bytes written to its spill file */
+    uint64_t      spill_id;    /* its spill file's number (ftspill-N.bin)  */
     int           resident;    /* in the pool (else in a spill file) */
     int           dead;        /* unlinked; free when leases drop to 0 */
     unsigned      leases;
@@ -198,6 +199,7 @@ struct server {
     entry         *tab[BUCKETS];
     entry         *lru_head, *lru_tail;   /* head = most recent */
     uint64_t       next_entry_id;
+    uint64_t       next_spill_id;         /* spill file names, never reused */
     uint64_t       tensors, spilled, spill_used;
     int            spill_dfd;
     conn          *conns;
@@ -299,7 +301,21 @@ static void lru_push(server *S, entry *e)
 
 static void spill_name(const entry *e, char *buf, size_t n)
 {
-    snprintf(buf, n, "ftspill-%llu.bin", (unsigned long long)e->id);
+    snprintf(buf, n, "ftspill-%llu.bin", (unsigned long long)e->spill_id);
+}
+
+/* Open a spill file of ours for reading: never a link, never blocking on
+ * a FIFO or device put in its place, only a regular file. -1 otherwise. */
+static int open_spill_file(server *S, const char *name)
+{
+    int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))) {
+        close(fd);
+        errno = EINVAL;
+        fd = -1;
+    }
+    return fd;
 }
 
 /* Release an unlinked entry's storage. */
@@ -363,8 +379,21 @@ static int spill_one(server *S, const entry *exclude, uint64_t credit)
         if (!e->resident || e->leases || e == exclude) continue;
         if (S->spill_used + e->size > S->p.spill_capacity + credit) return 0;
         char name[64];
-        spill_name(e, name, sizeof name);
-        if (write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash) != 0) {
+        int rc = -1;
+        /* a name taken by something else (a file, a directory, a FIFO
+         * planted there): the next name, rather than failing every later
+         * spill on this one */
+        for (int tries = 0; rc != 0 && tries < 8; tries++) {
+            e->spill_id = ++S->next_spill_id;
+            spill_name(e, name, sizeof name);
+            rc = write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash);
+            if (rc != 0 && errno == EEXIST)
+                FT_LOG(FT_LOG_WARN, "serve: something is in the way of spill file %s/%s: skipped",
+                       S->p.spill_dir, name);
+            else if (rc != 0)
+                break;
+        }
+        if (rc != 0) {
             FT_LOG(FT_LOG_ERROR, "serve: spill to %s/%s failed: %s", S->p.spill_dir, name,
                    strerror(errno));
             return 0;
@@ -400,7 +429,7 @@ static ft_status reload(server *S, entry *e)
         return ft_set_error(FT_ERR_NO_SPACE, "no pool space to reload '%s'", e->key);
     char name[64];
     spill_name(e, name, sizeof name);
-    int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_spill_file(S, name);
     size_t n = 0;
     while (fd >= 0 && n < e->size) {
         ssize_t r = pread(fd, S->pool + off + n, e->size - n, (off_t)n);
@@ -884,9 +913,17 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
         r_off = off;
         r_len = e->size - off < len ? e->size - off : len;
     }
+    int direct = 0;   /* served straight from its spill file */
     if (!e->resident && !header_only) {
         ft_status st = reload(S, e);
-        if (st != FT_OK) {
+        if (st == FT_ERR_NO_SPACE) {
+            /* the pool is full and nothing more can be spilled (the spill
+             * file system may be full): the tensor stays readable, read
+             * from its file without a pool copy */
+            FT_LOG(FT_LOG_INFO, "serve: %s: reading it from its spill file", ft_last_error());
+            ft_clear_error();
+            direct = 1;
+        } else if (st != FT_OK) {
             FT_LOG(FT_LOG_ERROR, "serve: %s", ft_last_error());
             if (st == FT_ERR_CORRUPT) entry_unlink(S, pp);
             reply_status(S, c, via_ucx, m->opcode, m->req_id, st, ft_last_error());
@@ -897,19 +934,45 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
     if (!o) return;
     lru_unlink(S, e);
     lru_push(S, e);
-    if (header_only && !e->resident) {
+    if ((header_only || direct) && !e->resident) {
+        /* the header, or (direct) the range: from the spill file */
+        uint64_t f_off = header_only ? 0 : r_off, f_len = header_only ? e->header_size : r_len;
         char name[64];
         spill_name(e, name, sizeof name);
-        o->heap = malloc(e->header_size);
-        int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        ssize_t r = (fd >= 0 && o->heap) ? pread(fd, o->heap, e->header_size, 0) : -1;
+        o->heap = malloc(f_len ? f_len : 1);
+        int fd = o->heap ? open_spill_file(S, name) : -1;
+        size_t n = 0;
+        while (fd >= 0 && n < f_len) {
+            ssize_t r = pread(fd, (uint8_t *)o->heap + n, f_len - n, (off_t)(f_off + n));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            n += (size_t)r;
+        }
         if (fd >= 0) close(fd);
-        if (r != (ssize_t)e->header_size) {
+        /* a whole read is checked against the hash taken at spill time;
+         * a range is checked by the client against the frame's own chunk
+         * hashes */
+        int bad = n != f_len || (direct && f_off == 0 && f_len == e->size &&
+                                 ft_xxh3(o->heap, f_len) != e->spill_hash);
+        ft_status st = !o->heap ? FT_ERR_NOMEM : bad ? FT_ERR_IO : FT_OK;
+        if (st == FT_OK && direct && ref) {
+            uint64_t addr = ft_get_le64(ref), cap = ft_get_le64(ref + 8);
+            if (f_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
+                                               (unsigned long long)f_len, (unsigned long long)cap);
+            else st = ft_cma_write(S->copiers, &c->cma, o->heap, addr, (size_t)f_len);
+        }
+        if (st != FT_OK) {
             op_finish(o, UCS_OK);
-            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_IO, "spill file unreadable");
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, st,
+                         st == FT_ERR_IO ? "spill file unreadable" : ft_last_error());
             return;
         }
-        send_reply(c, o, m->opcode, FT_OK, o->heap, e->header_size, e->id, 0);
+        if (!header_only) {
+            if (r_off == 0) S->gets++;
+            o->count_out = f_len;
+        }
+        if (direct && ref) send_reply(c, o, m->opcode, FT_OK, NULL, 0, e->id, f_len);
+        else send_reply(c, o, m->opcode, FT_OK, o->heap, f_len, e->id, 0);
         return;
     }
     if (ref) {
