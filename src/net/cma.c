@@ -384,18 +384,27 @@ ft_status ft_cma_door_claim(ft_cma_door *d, const uint8_t nonce[FT_CMA_NONCE], d
 
 /* ---------------------------------------------------------- client side */
 
-ft_status ft_cma_present(const uint8_t offer[FT_CMA_OFFER_SIZE], int *out)
+ft_status ft_cma_offer_name(const uint8_t offer[FT_CMA_OFFER_SIZE], char name[FT_CMA_NAME + 1])
 {
-    char name[FT_CMA_NAME + 1];
+    static const char prefix[] = "flextier-cma-";
     memcpy(name, offer + FT_CMA_NONCE, FT_CMA_NAME);
     name[FT_CMA_NAME] = 0;
     size_t n = strlen(name);
-    static const char prefix[] = "flextier-cma-";
-    if (n < sizeof prefix || strncmp(name, prefix, sizeof prefix - 1))
+    int ok = n >= sizeof prefix && !strncmp(name, prefix, sizeof prefix - 1);
+    for (size_t i = 0; ok && i < n; i++) ok = name[i] >= 0x21 && name[i] <= 0x7e;
+    for (size_t i = n; ok && i < FT_CMA_NAME; i++) ok = offer[FT_CMA_NONCE + i] == 0;   /* NUL-padded */
+    if (!ok) {
+        name[0] = 0;
         return ft_set_error(FT_ERR_PROTOCOL, "the server's offer names no cross-memory socket");
-    for (size_t i = 0; i < n; i++)
-        if (name[i] < 0x21 || name[i] > 0x7e)
-            return ft_set_error(FT_ERR_PROTOCOL, "the server's offer names no cross-memory socket");
+    }
+    return FT_OK;
+}
+
+ft_status ft_cma_present(const uint8_t offer[FT_CMA_OFFER_SIZE], int *out)
+{
+    char name[FT_CMA_NAME + 1];
+    ft_status st0 = ft_cma_offer_name(offer, name);
+    if (st0 != FT_OK) return st0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return ft_set_error(FT_ERR_NET, "Unix socket: %s", strerror(errno));
     struct sockaddr_un a;

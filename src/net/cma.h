@@ -111,6 +111,10 @@ ft_status ft_cma_peer_from_socket(int fd, ft_cma_peer *peer);
 
 /* ---------------------------------------------------------- client side */
 
+/* The socket name an offer carries: "flextier-cma-" then printable
+ * bytes, NUL-padded to FT_CMA_NAME. FT_ERR_PROTOCOL otherwise (name ""). */
+ft_status ft_cma_offer_name(const uint8_t offer[FT_CMA_OFFER_SIZE], char name[FT_CMA_NAME + 1]);
+
 /* Step 2: connect to the socket named in offer and present its nonce;
  * *fd stays open until the server has confirmed (then close it).
  * FT_ERR_PROTOCOL for an offer that names no flextier socket. */
