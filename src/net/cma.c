@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -99,36 +100,68 @@ static int pidfd_alive(int pidfd)
     return poll(&q, 1, 0) == 0;   /* readable once the process exits */
 }
 
-/* Uid: real effective saved fs, from /proc/<pid>/status read through the
- * process's own directory; the file's owner tells dumpable (a
- * non-dumpable process's /proc files belong to root, proc(5)). */
-static ft_status check_creds(const ft_cma_peer *p)
+/* The uids the kernel holds for the process behind pidfd: PIDFD_GET_INFO
+ * (Linux 6.13; extensible by size, so the first version's layout is
+ * asked for). 1 done, 0 not available, -1 the process is gone. */
+struct ft_pidfd_info {
+    uint64_t mask, cgroupid;
+    uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+    uint32_t spare0;
+};
+#define FT_PIDFD_GET_INFO _IOWR(0xFF, 11, struct ft_pidfd_info)
+#define FT_PIDFD_INFO_CREDS 2u
+
+static int pidfd_uids(int pidfd, unsigned long id[4])
+{
+    struct ft_pidfd_info in;
+    memset(&in, 0, sizeof in);
+    in.mask = FT_PIDFD_INFO_CREDS;
+    if (ioctl(pidfd, FT_PIDFD_GET_INFO, &in) != 0) return errno == ESRCH ? -1 : 0;
+    if (!(in.mask & FT_PIDFD_INFO_CREDS)) return 0;
+    id[0] = in.ruid;
+    id[1] = in.euid;
+    id[2] = in.suid;
+    id[3] = in.fsuid;
+    return 1;
+}
+
+/* The same from /proc/<pid>/status, read through the process's own
+ * directory (kernels before 6.13). */
+static int status_uids(const ft_cma_peer *p, unsigned long id[4])
 {
     int fd = openat(p->procfd, "status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ft_set_error(FT_ERR_AUTH, "process %d is gone (%s)", (int)p->pid, strerror(errno));
-    struct stat sb;
+    if (fd < 0) return -1;
     char buf[4096];
     size_t n = 0;
     ssize_t r;
-    int ok = fstat(fd, &sb) == 0;
-    while (ok && n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) != 0) {
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) != 0) {
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { ok = 0; break; }
+        if (r < 0) break;
         n += (size_t)r;
     }
     close(fd);
-    if (!ok) return ft_set_error(FT_ERR_AUTH, "process %d is gone", (int)p->pid);
     buf[n] = 0;
     const char *u = strstr(buf, "\nUid:");
+    return u && sscanf(u + 5, "%lu %lu %lu %lu", &id[0], &id[1], &id[2], &id[3]) == 4 ? 1 : -1;
+}
+
+/* All four uids the server's; dumpable: the kernel makes a non-dumpable
+ * process's /proc files root's (proc(5)), and a lookup refreshes that. */
+static ft_status check_creds(const ft_cma_peer *p)
+{
     unsigned long id[4];
-    if (!u || sscanf(u + 5, "%lu %lu %lu %lu", &id[0], &id[1], &id[2], &id[3]) != 4)
-        return ft_set_error(FT_ERR_AUTH, "process %d: no user ids in /proc", (int)p->pid);
+    int r = pidfd_uids(p->pidfd, id);
+    if (r == 0) r = status_uids(p, id);
+    if (r < 0) return ft_set_error(FT_ERR_AUTH, "process %d is gone", (int)p->pid);
     for (int i = 0; i < 4; i++)
         if (id[i] != (unsigned long)p->uid)
             return ft_set_error(FT_ERR_AUTH,
                                 "process %d runs as uids %lu/%lu/%lu/%lu (real/effective/saved/fs), "
                                 "not as this server's user %lu",
                                 (int)p->pid, id[0], id[1], id[2], id[3], (unsigned long)p->uid);
+    struct stat sb;
+    if (fstatat(p->procfd, "environ", &sb, AT_SYMLINK_NOFOLLOW) != 0)
+        return ft_set_error(FT_ERR_AUTH, "process %d is gone", (int)p->pid);
     if (sb.st_uid != p->uid)
         return ft_set_error(FT_ERR_AUTH, "process %d is not dumpable", (int)p->pid);
     return FT_OK;
@@ -153,7 +186,10 @@ static ft_status check_mm(const ft_cma_peer *p, uint64_t addr)
 ft_status ft_cma_check(const ft_cma_peer *p, uint64_t addr)
 {
     if (p->pidfd < 0) return ft_set_error(FT_ERR_AUTH, "no verified client process");
-    if (!pidfd_alive(p->pidfd)) return ft_set_error(FT_ERR_AUTH, "client process %d exited", (int)p->pid);
+    /* the address-space check also fails for a process that exited (its
+     * mm is gone), so the pidfd is polled only without an address */
+    if (!addr && !pidfd_alive(p->pidfd))
+        return ft_set_error(FT_ERR_AUTH, "client process %d exited", (int)p->pid);
     ft_status st = check_mm(p, addr);
     if (st == FT_OK) st = check_creds(p);
     return st;
@@ -519,7 +555,10 @@ static ft_status checked_copy(ft_pool *pool, const ft_cma_peer *p, int write, vo
 {
     ft_status st = ft_cma_check(p, addr);
     if (st == FT_OK) st = cma_copy(pool, p->pid, write, local, addr, n);
-    if (st == FT_OK) st = ft_cma_check(p, addr);
+    /* an exec during the copy (the uids and dumpable change only with a
+     * new program or by the process itself, which the next copy sees) */
+    if (st == FT_OK && check_mm(p, addr) != FT_OK)
+        st = ft_set_error(FT_ERR_AUTH, "process %d exec'd or exited during the copy", (int)p->pid);
     return st;
 }
 
