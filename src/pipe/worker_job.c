@@ -34,7 +34,7 @@ static ft_status check_model(const char *root, ft_pipe_stage_params *sp)
     size_t rl = strlen(rroot);
     int under = !strcmp(rroot, "/") || (!strncmp(real, rroot, rl) && (real[rl] == '/' || real[rl] == 0));
     if (!under || strlen(real) >= sizeof sp->model_dir) return no_model(m);
-    snprintf(sp->model_dir, sizeof sp->model_dir, "%s", real);
+    memcpy(sp->model_dir, real, strlen(real) + 1);   /* fits: checked above */
     return FT_OK;
 }
 
