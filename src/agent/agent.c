@@ -72,7 +72,7 @@ typedef struct aconn {
                                     move by process_vm_readv/writev (closed:
                                     by UCX RMA on rma_ep) */
     uint8_t       cma_nonce[FT_CMA_NONCE];
-    int           cma_offered;
+    int           cma_offered;   /* 1 offered, -1 claimed (once per conn) */
     uint8_t       challenge[FT_AMSG_CHALLENGE];
     unsigned      refs;          /* jobs and replies outstanding */
     unsigned      proto_errors;
@@ -746,12 +746,12 @@ static void handle_cma(agent *A, aconn *c, const ft_amsg *m, const void *data)
         st = ft_set_error(FT_ERR_PROTOCOL, "cross-memory attach already set up");
     } else if (!A->cma_door) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "this agent has no cross-memory attach");
-    } else if (step == 1) {
+    } else if (step == 1 && !c->cma_offered) {
         st = ft_cma_door_offer(A->cma_door, c->cma_nonce, offer);
         c->cma_offered = st == FT_OK;
-    } else if (step == 2 && c->cma_offered) {
-        c->cma_offered = 0;   /* one try per offer */
-        st = ft_cma_door_claim(A->cma_door, c->cma_nonce, 1.0, &c->cma);
+    } else if (step == 2 && c->cma_offered == 1) {
+        c->cma_offered = -1;   /* one try per connection */
+        st = ft_cma_door_claim(A->cma_door, c->cma_nonce, 0.25, &c->cma);
         memset(c->cma_nonce, 0, sizeof c->cma_nonce);
     } else {
         st = ft_set_error(FT_ERR_PROTOCOL, "cross-memory attach step %llu out of order",

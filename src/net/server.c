@@ -166,7 +166,8 @@ struct conn {
     uint64_t      peer_inode;           /* its socket, when on this host */
     ft_cma_peer   cma;                  /* pidfd -1: path not open */
     uint8_t       cma_nonce[FT_CMA_NONCE];
-    int           cma_offered;          /* the nonce is this session's */
+    int           cma_offered;          /* 1: the nonce is this session's;
+                                           -1: claimed (once per conn) */
     /* UCX */
     ucp_ep_h      uep;
     ucs_status_ptr_t close_req;
@@ -1095,15 +1096,19 @@ static void handle_cmab(server *S, conn *c, const ft_msg *m)
         st = ft_set_error(FT_ERR_UNSUPPORTED, "this node has no shared-memory path");
     } else if (!c->peer_inode) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "the client is not on this host");
+    } else if (offering && c->cma_offered) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "CMAB offered once per connection");
     } else if (offering) {
         st = ft_cma_door_offer(S->cma_door, c->cma_nonce, offer);
         c->cma_offered = st == FT_OK;
-    } else if (!c->cma_offered) {
+    } else if (c->cma_offered != 1) {
         st = ft_set_error(FT_ERR_PROTOCOL, "CMAB confirmed before it was offered");
     } else {
-        /* one try per offer */
-        c->cma_offered = 0;
-        st = ft_cma_door_claim(S->cma_door, c->cma_nonce, 1.0, &c->cma);
+        /* one try per connection; the client wrote the nonce before it
+         * confirmed, so it is there already (a short wait covers a full
+         * accept queue) */
+        c->cma_offered = -1;
+        st = ft_cma_door_claim(S->cma_door, c->cma_nonce, 0.25, &c->cma);
         memset(c->cma_nonce, 0, sizeof c->cma_nonce);
     }
     if (st == FT_OK && offering) {

@@ -10,7 +10,10 @@
  * they say so and pass without checking anything otherwise. */
 #define _GNU_SOURCE
 #include "ft_test.h"
+#include "flextier/store.h"
 #include "net/cma.h"
+#include "net/raw_client.h"
+#include "support/server_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -426,6 +429,110 @@ TEST(cma_other_uid_refused)
     CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "server step %d", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
     client_stop(&c);
     close(sp[0]); close(sp[1]); close(cp_[0]); close(cp_[1]);
+}
+
+/* ---------------------------------------------- through the memory node */
+
+/* GETRV of key's first n bytes into addr (in the verified process). */
+static ft_status node_getrv(int fd, const char *key, uint64_t addr, uint64_t n)
+{
+    uint8_t b[FT_MSG_GETRV_SIZE];
+    memset(b, 0, sizeof b);
+    ft_put_le64(b + 16, n);
+    ft_put_le64(b + 24, addr);
+    ft_put_le64(b + 32, n);
+    ft_msg m;
+    uint8_t r[FT_MSG_MAX_DETAIL];
+    if (raw_send(fd, FT_OP_GETRV, 9, key, b, sizeof b, 0, 0, 0) || raw_recv(fd, &m, r, sizeof r, 5000))
+        return FT_ERR_NET;
+    return (ft_status)m.status;
+}
+
+static ft_status node_cmab(int fd, uint64_t step, uint8_t *offer)
+{
+    ft_msg m;
+    uint8_t r[FT_MSG_MAX_DETAIL];
+    if (raw_send(fd, FT_OP_CMAB, 3, NULL, NULL, 0, 0, step, 0) || raw_recv(fd, &m, r, sizeof r, 5000))
+        return FT_ERR_NET;
+    if (m.status == FT_OK && offer) {
+        if (m.data_len != FT_CMA_OFFER_SIZE) return FT_ERR_PROTOCOL;
+        memcpy(offer, r, FT_CMA_OFFER_SIZE);
+    }
+    return (ft_status)m.status;
+}
+
+/* The attacks through `flextier serve` with a raw client: the old form
+ * (a pid the client names), a process presenting another session's
+ * nonce, then a verified process that exits (and, as root, one that
+ * execs the setuid helper): the node's next copy is refused. */
+TEST(cma_node_end_to_end)
+{
+    if (!supported()) return;
+    srv_t srv;
+    const char *args[] = {"--capacity", "64M", NULL};
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);
+    REQUIRE(up_ == 0);
+    /* a tensor to read */
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    setenv("FLEXTIER_TRANSPORT", "tcp", 1);
+    CHECK_OK(ft_store_open(srv.uri, &sp, &s));
+    unsetenv("FLEXTIER_TRANSPORT");
+    static uint8_t data[4096];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 13 + 5);
+    int64_t shape[1] = {sizeof data};
+    ft_tensor t;
+    ft_tensor_init(&t, FT_U8, 1, shape, data);
+    CHECK_OK(ft_write_tensor(s, "k", &t, NULL));
+    ft_store_close(s);
+
+    int fd = raw_connect(srv.port, NULL);
+    REQUIRE(fd >= 0);
+    REQUIRE(raw_handshake(fd, NULL, NULL, NULL) == FT_OK);
+    /* protocol 2's CMAB: a pid and a probe address the client names */
+    uint8_t probe[48] = {0};
+    ft_msg m;
+    uint8_t r[FT_MSG_MAX_DETAIL];
+    CHECK(raw_send(fd, FT_OP_CMAB, 4, NULL, probe, sizeof probe, 0, (uint64_t)getpid(), 0) == 0);
+    int rr = raw_recv(fd, &m, r, sizeof r, 5000);
+    CHECK(rr != 0 || m.status != FT_OK);
+    close(fd);
+    /* another session's nonce: refused; a second offer on the connection
+     * too */
+    fd = raw_connect(srv.port, NULL);
+    REQUIRE(fd >= 0 && raw_handshake(fd, NULL, NULL, NULL) == FT_OK);
+    int fd2 = raw_connect(srv.port, NULL);
+    REQUIRE(fd2 >= 0 && raw_handshake(fd2, NULL, NULL, NULL) == FT_OK);
+    uint8_t o1[FT_CMA_OFFER_SIZE], o2[FT_CMA_OFFER_SIZE];
+    CHECK_OK(node_cmab(fd, FT_CMAB_OFFER, o1));
+    CHECK_OK(node_cmab(fd2, FT_CMAB_OFFER, o2));
+    client c;
+    REQUIRE(client_start(&c, o2, 0, NULL) == 0 && c.presented);
+    CHECK(node_cmab(fd, FT_CMAB_CLAIM, NULL) == FT_ERR_AUTH);
+    CHECK(node_cmab(fd, FT_CMAB_OFFER, o1) == FT_ERR_PROTOCOL);
+    CHECK(node_getrv(fd, "k", c.addr, 64) != FT_OK);   /* no path: refused */
+    close(fd);
+    /* session 2 is the one: its process verified, copies work */
+    CHECK_OK(node_cmab(fd2, FT_CMAB_CLAIM, NULL));
+    CHECK_OK(node_getrv(fd2, "k", c.addr, 64));
+    if (need_root("exec of a setuid helper through the node")) {
+        uint64_t sa = 0;
+        REQUIRE(client_exec_victim(&c, &sa) == 0);
+        CHECK(node_getrv(fd2, "k", sa, 16) == FT_ERR_AUTH);
+        char got[16];
+        CHECK(kernel_read(c.pid, sa, got, 16) == 0 && memcmp(got, "root-only secret", 16) == 0);
+    }
+    /* the process exits: no copy reaches whatever has its pid next */
+    client_stop(&c);
+    pid_t kids[8];
+    for (int i = 0; i < 8; i++)
+        if ((kids[i] = fork()) == 0) { pause(); _exit(0); }
+    CHECK(node_getrv(fd2, "k", c.addr, 64) == FT_ERR_AUTH);
+    for (int i = 0; i < 8; i++)
+        if (kids[i] > 0) { kill(kids[i], SIGKILL); waitpid(kids[i], NULL, 0); }
+    close(fd2);
+    CHECK(srv_stop(&srv) == 0);
 }
 
 /* Install the setuid-root helper (root only). */
