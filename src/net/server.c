@@ -388,11 +388,23 @@ static int spill_one(server *S, const entry *exclude, uint64_t credit)
             e->spill_id = ++S->next_spill_id;
             spill_name(e, name, sizeof name);
             rc = write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash);
-            if (rc != 0 && errno == EEXIST)
+            int err = rc != 0 ? errno : 0;
+            if (err == EEXIST && unlinkat(S->spill_dfd, name, 0) == 0) {   /* a file, FIFO, link */
+                rc = write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash);
+                err = rc != 0 ? errno : 0;
+            }
+            if (err == EEXIST) {
+                /* a directory: skip a random stretch of names, so that
+                 * planting a run of them does not stall spilling */
+                uint32_t jump = 0;
+                if (ft_net_random(&jump, sizeof jump) != FT_OK) jump = 0;
+                S->next_spill_id += jump & 0xfffff;
                 FT_LOG(FT_LOG_WARN, "serve: something is in the way of spill file %s/%s: skipped",
                        S->p.spill_dir, name);
-            else if (rc != 0)
+            } else if (rc != 0) {
+                errno = err;
                 break;
+            }
         }
         if (rc != 0) {
             FT_LOG(FT_LOG_ERROR, "serve: spill to %s/%s failed: %s", S->p.spill_dir, name,

@@ -78,9 +78,10 @@ TEST(spill_planted_names)
     int up_ = srv_start(&srv, "127.0.0.1:0", args);
     REQUIRE(up_ == 0);
     char p[512];
-    for (int i = 1; i <= 6; i++) {
+    for (int i = 1; i <= 40; i++) {   /* a run of names, more than one try's worth */
         snprintf(p, sizeof p, "%s/ftspill-%d.bin", dir, i);
         if (i == 4) CHECK(mkfifo(p, 0600) == 0);
+        else if (i == 7) CHECK(ft_sh("echo planted > %s", p) == 0);
         else CHECK(mkdir(p, 0700) == 0);
     }
     snprintf(p, sizeof p, "%s/ftspill-5.bin/keep", dir);   /* not even empty */
