@@ -40,8 +40,14 @@
  * Spill: when an allocation fails and a spill dir is configured, the
  * least-recently-used resident entries without leases are written to
  * files (O_EXCL|O_NOFOLLOW, in a 0700 directory held open) and their
- * blocks freed; a GET of a spilled entry reads it back. Spill is a cache
- * of this process's pool: files of an earlier run are deleted at start. */
+ * blocks freed; a GET of a spilled entry reads it back, or, when neither
+ * the pool nor the spill file system has room for that, is served from
+ * its file directly. Spill is a cache of this process's pool: files of an
+ * earlier run are deleted at start.
+ *
+ * Shared memory (cma.h): a client on this host presents its session's
+ * nonce on our Unix socket (CMAB offer / claim); the kernel names the
+ * process, and every copy to or from it is checked first. */
 #define _GNU_SOURCE   /* accept4 */
 #include "auth.h"
 #include "cma.h"
