@@ -554,6 +554,13 @@ static ft_status checked_copy(ft_pool *pool, const ft_cma_peer *p, int write, vo
                               uint64_t addr, size_t n)
 {
     ft_status st = ft_cma_check(p, addr);
+    /* process_vm_* names a pid: should the client die and its pid go to
+     * another process between the check and the copy, a read is caught
+     * by the check after it (and discarded); a write reaches the other
+     * process only if the kernel lets this server ptrace it, and since a
+     * client must run as the server's user, the client could have reached
+     * that process itself (through /proc/PID/mem, which binds a copy to an
+     * address space, writes were measured 3x slower: not worth it). */
     if (st == FT_OK) st = cma_copy(pool, p->pid, write, local, addr, n);
     /* an exec during the copy (the uids and dumpable change only with a
      * new program or by the process itself, which the next copy sees) */
