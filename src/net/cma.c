@@ -19,6 +19,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
@@ -443,6 +444,10 @@ ft_status ft_cma_present(const uint8_t offer[FT_CMA_OFFER_SIZE], int *out)
     if (st0 != FT_OK) return st0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return ft_set_error(FT_ERR_NET, "Unix socket: %s", strerror(errno));
+    /* a server's accept queue filled by someone else must not hang us in
+     * connect() (it bounds the write too) */
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_un a;
     socklen_t al = abstract_addr(name, &a);
     ft_status st = FT_OK;

@@ -23,7 +23,10 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <stddef.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -240,6 +243,54 @@ TEST(cma_nonce_bound_to_session)
     memcpy(bad + FT_CMA_NONCE, "/tmp/x", 7);
     int fd = -1;
     CHECK(ft_cma_present(bad, &fd) == FT_ERR_PROTOCOL);
+    ft_cma_door_close(d);
+}
+
+/* Anyone in the network namespace can connect to the door: a flood of
+ * silent connections costs a client its shared-memory path at worst (it
+ * falls back), never a hang, and the door works again afterwards. */
+TEST(cma_door_flood_does_not_hang)
+{
+    if (!supported()) return;
+    ft_cma_door *d = NULL;
+    REQUIRE(ft_cma_door_open(&d) == FT_OK);
+    uint8_t n[FT_CMA_NONCE], o[FT_CMA_OFFER_SIZE];
+    CHECK_OK(ft_cma_door_offer(d, n, o));
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    size_t nl = strnlen((const char *)o + FT_CMA_NONCE, FT_CMA_NAME);
+    memcpy(a.sun_path + 1, o + FT_CMA_NONCE, nl);
+    socklen_t al = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    int flood[300], nf = 0;
+    for (int i = 0; i < 300; i++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fd < 0) break;
+        if (connect(fd, (struct sockaddr *)&a, al) != 0 && errno != EAGAIN && errno != EINPROGRESS) {
+            close(fd);
+            continue;
+        }
+        flood[nf++] = fd;
+    }
+    double t0 = ft_now();
+    client c;
+    REQUIRE(client_start(&c, o, 0, NULL) == 0);
+    ft_cma_peer p;
+    ft_cma_peer_init(&p);
+    ft_status st = ft_cma_door_claim(d, n, 0.5, &p);
+    CHECK_MSG(ft_now() - t0 < 10, "%.1f s", ft_now() - t0);
+    CHECK(st == FT_OK || st == FT_ERR_AUTH);
+    ft_cma_peer_close(&p);
+    client_stop(&c);
+    for (int i = 0; i < nf; i++) close(flood[i]);
+    /* afterwards the door serves again */
+    client c2;
+    ft_cma_peer_init(&p);
+    CHECK_OK(ft_cma_door_offer(d, n, o));
+    REQUIRE(client_start(&c2, o, 0, NULL) == 0 && c2.presented);
+    CHECK_OK(ft_cma_door_claim(d, n, 2.0, &p));
+    ft_cma_peer_close(&p);
+    client_stop(&c2);
     ft_cma_door_close(d);
 }
 
