@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 static const char worker_usage[] =
-    "usage: flextier worker --models DIR [--listen HOST:PORT] [--token-file FILE]\n"
+    "usage: flextier worker [--models DIR] [--listen HOST:PORT] [--token-file FILE]\n"
     "                       [--trusted-network] [--remote URI]... [--disk file:DIR]...\n"
     "                       [--node-token-file FILE] [--decode-threads N] [--once]\n"
     "\n"
@@ -20,8 +20,9 @@ static const char worker_usage[] =
     "model directory (under --models on this machine), the stage's layers and its\n"
     "offloading policy; activations then travel over UCX. One driver at a time.\n"
     "A job is data, not configuration: it may name only what this command line allows.\n"
-    "  --models           the directory whose models drivers may name (required; a\n"
-    "                     path resolving outside it is refused as not found)\n"
+    "  --models           the directory whose models drivers may name (without it every\n"
+    "                     job is refused; a path resolving outside it is refused as\n"
+    "                     not found)\n"
     "  --remote           a memory node (ucx://HOST:PORT, agent://...) a job's policy\n"
     "                     may use (remote=); repeat for more; none by default\n"
     "  --disk             a disk directory (file:DIR) a job's policy may use (disk=)\n"
@@ -93,16 +94,17 @@ int ft_cmd_worker(int argc, char **argv)
         }
     }
     if (optind < argc) return ft_cli_usage_error(worker_usage, "worker takes no arguments");
-    if (!p.models_dir)
-        return ft_cli_usage_error(worker_usage, "--models DIR is required (the models drivers may name)");
     struct stat msb;
-    if (stat(p.models_dir, &msb) != 0 || !S_ISDIR(msb.st_mode))
+    if (p.models_dir && (stat(p.models_dir, &msb) != 0 || !S_ISDIR(msb.st_mode)))
         return ft_cli_usage_error(worker_usage, "--models %s is not a directory", p.models_dir);
     p.remotes = remotes;
     p.n_remotes = n_remotes;
     p.disks = disks;
     p.n_disks = n_disks;
     if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
+    if (!p.models_dir)
+        FT_LOG(FT_LOG_WARN, "worker: no --models DIR: every job will be refused (a job may name only "
+                            "models under it)");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

@@ -277,15 +277,19 @@ typedef struct {
 
 /* A worker serving the test models (extra: more options, NULL-ended,
  * or NULL; without --once it keeps serving). */
-static int worker_start_args(worker_t *w, const char *const *extra)
+static int worker_start_models(worker_t *w, int with_models, const char *const *extra)
 {
     const char *bin = getenv("FT_BIN");
     if (!bin) return -1;
     char models[512];
     const char *data = getenv("FT_TEST_DATA");
     snprintf(models, sizeof models, "%s/models", data ? data : "tests/data");
-    const char *argv[24] = {bin, "worker", "--models", models, "--listen", "127.0.0.1:0", "--trusted-network"};
-    int na = 7;
+    const char *argv[24] = {bin, "worker", "--listen", "127.0.0.1:0", "--trusted-network"};
+    int na = 5;
+    if (with_models) {
+        argv[na++] = "--models";
+        argv[na++] = models;
+    }
     if (!extra) argv[na++] = "--once";
     for (int i = 0; extra && extra[i] && na < 23; i++) argv[na++] = extra[i];
     argv[na] = NULL;
@@ -332,6 +336,7 @@ static int worker_start_args(worker_t *w, const char *const *extra)
     return 0;
 }
 
+static int worker_start_args(worker_t *w, const char *const *extra) { return worker_start_models(w, 1, extra); }
 static int worker_start(worker_t *w) { return worker_start_args(w, NULL); }
 
 static int worker_wait(worker_t *w)
@@ -551,6 +556,14 @@ TEST(worker_job_names_only_what_is_allowed)
     worker_wait(&w);
     close(lfd);
     rmdir(tmp);
+    /* a worker without --models serves no model at all */
+    const char *none[] = {NULL};
+    REQUIRE(worker_start_models(&w, 0, none) == 0);
+    snprintf(sp[0].model_dir, sizeof sp[0].model_dir, "%s", dir);
+    CHECK(try_job(&w, sp) != FT_OK);
+    CHECK_MSG(strstr(ft_last_error(), "serves no models") != NULL, "%s", ft_last_error());
+    kill(w.pid, SIGTERM);
+    worker_wait(&w);
 }
 
 /* ------------------------------------------------------------- parsers */
