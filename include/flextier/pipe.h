@@ -169,6 +169,15 @@ typedef struct ft_worker_params {
     int trusted_network;         /* UCX may use TCP (the lab, no RDMA)     */
     int once;                    /* exit after one job                     */
     const ft_offload_params *off;/* for the stage's own offloading         */
+    /* What a job may name (a job is data, not configuration): models only
+     * under models_dir (NULL: none is served); memory nodes (policy
+     * remote=) only those in remotes, disk directories (policy disk=
+     * file:DIR) only those in disks; anything else refuses the job. */
+    const char *models_dir;
+    const char *const *remotes;
+    int n_remotes;
+    const char *const *disks;
+    int n_disks;
     volatile int *stop;
     void (*on_ready)(void *arg, const char *bound);
     void *arg;

@@ -831,15 +831,21 @@ class Session:
 
 
 def parse_size(s: Any) -> int:
-    """'256M', '4G', '1048576', 1024 -> bytes (binary units; optional 'iB'/'B')."""
-    if isinstance(s, int):
+    """'256M', '4G', '1048576', 1024 -> bytes (binary units; optional 'iB'/'B').
+    Only finite, non-negative sizes: nan, inf and negative numbers are refused."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        if s < 0:
+            raise InvalidArgumentError(Status.INVALID_ARG, f"bad size {s!r}")
         return s
     t = str(s).strip().upper().removesuffix("IB").removesuffix("B")
     unit = t[-1:] if t[-1:] in _SIZE_UNITS and not t[-1:].isdigit() else ""
     num = t[: len(t) - len(unit)] if unit else t
     try:
-        return int(float(num) * _SIZE_UNITS[unit])
-    except ValueError:
+        v = float(num) * _SIZE_UNITS[unit]
+        if not (0 <= v <= 9.0e18):   # also false for nan
+            raise ValueError(num)
+        return int(v)
+    except (ValueError, OverflowError):
         raise InvalidArgumentError(Status.INVALID_ARG, f"bad size {s!r}") from None
 
 

@@ -138,7 +138,7 @@ if [[ " $PARTS " == *" pipeline "* ]]; then
     pb=(bench run --model "$MODEL" --batch "$PBATCH" --prompt-len "$PPROMPT" --gen-len "$PGEN" --threads 1 --json)
     worker() {   # host address port (c: its pipeline NIC, 10.212.3.1)
         rm -f "$work/w-$1.log"
-        sl_exec "$1" env FLEXTIER_LOG=info "$FT" worker --listen "$2:$3" --token-file "$work/tok" --trusted-network \
+        sl_exec "$1" env FLEXTIER_LOG=info "$FT" worker --models "$(dirname "$MODEL")" --listen "$2:$3" --token-file "$work/tok" --trusted-network \
             --once > "$work/w-$1.log" 2>&1 &
         for _ in $(seq 200); do grep -q "listening on" "$work/w-$1.log" 2>/dev/null && break; sleep 0.05; done
     }

@@ -15,11 +15,13 @@
  *          put into the client's buffer, flush (remote completion) -> reply
  *   others worker: the store call -> main: reply (with its body)
  *
- * Data path. A client on this machine proves it (FT_AOP_CMA: it holds
- * the random challenge of our HELLO reply at the address it names) and
- * its tensors then move by cross-memory attach, process_vm_readv/writev,
- * on the worker threads: one kernel copy, charged to the agent, none of
- * it on the client's cores. Any other client (a host seen from a DPU) is
+ * Data path. A client on this machine is identified by the kernel
+ * (FT_AOP_CMA: it presents its session's nonce on our Unix socket, and the
+ * kernel names the process; net/cma.h) and its tensors then move by
+ * cross-memory attach, process_vm_readv/writev, on the worker threads,
+ * each copy after the checks of ft_cma_check (same process, not exec'd,
+ * our uid, dumpable): one kernel copy, charged to the agent, none of it on
+ * the client's cores. Any other client (a host seen from a DPU) is
  * served by UCX RMA on an endpoint to its worker address (RDMA where the
  * fabric has it); UCX 1.13 emulates RMA with active messages on TCP and
  * shared memory, which the client's worker then serves, so on one machine
@@ -34,6 +36,7 @@
  * its READ's put fails and the staging is freed. */
 #define _GNU_SOURCE   /* process_vm_readv/writev */
 #include "net/agent_msg.h"
+#include "net/cma.h"
 #include "flextier/agent.h"
 #include "flextier/store.h"
 
@@ -65,9 +68,11 @@ typedef struct aconn {
     char          peer[64];
     int           authed, dead, closed;
     unsigned      node;          /* memory node chosen at HELLO */
-    pid_t         cma_pid;       /* verified same-machine client: tensors
-                                    move by process_vm_readv/writev (0: by
-                                    UCX RMA on rma_ep) */
+    ft_cma_peer   cma;           /* verified same-machine client: tensors
+                                    move by process_vm_readv/writev (closed:
+                                    by UCX RMA on rma_ep) */
+    uint8_t       cma_nonce[FT_CMA_NONCE];
+    int           cma_offered;   /* 1 offered, -1 claimed (once per conn) */
     uint8_t       challenge[FT_AMSG_CHALLENGE];
     unsigned      refs;          /* jobs and replies outstanding */
     unsigned      proto_errors;
@@ -119,6 +124,7 @@ struct agent {
     ucp_context_h  ctx;
     ucp_worker_h   w;
     ucp_listener_h listener;
+    ft_cma_door   *cma_door;     /* NULL: no cross-memory attach */
     int            efd, evfd;
     aconn         *conns;
     unsigned       nconns;
@@ -219,26 +225,8 @@ static void staging_release(agent *A, job *j)
 
 /* ------------------------------------------------------------------- CMA */
 
-/* Move n bytes between our buffer and the client's [raddr, raddr + n):
- * process_vm_readv (write == 0) or process_vm_writev, resuming partial
- * transfers. */
-static ft_status cma_copy(pid_t pid, int write, void *local, uint64_t raddr, uint64_t n)
-{
-    uint64_t done = 0;
-    while (done < n) {
-        size_t part = n - done > (1u << 30) ? (1u << 30) : (size_t)(n - done);
-        struct iovec l = {(uint8_t *)local + done, part};
-        struct iovec r = {(void *)(uintptr_t)(raddr + done), part};
-        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return ft_set_error(FT_ERR_NET, "%s the client's buffer (pid %d): %s",
-                                write ? "writing into" : "reading", (int)pid,
-                                k < 0 ? strerror(errno) : "no progress");
-        done += (uint64_t)k;
-    }
-    return FT_OK;
-}
+/* Copies go through ft_cma_read/ft_cma_write (net/cma.c): each one
+ * checks first that the process is still the one the kernel named. */
 
 /* ---------------------------------------------------------------- workers */
 
@@ -329,8 +317,8 @@ static int do_read(agent *A, job *j, ft_store *up)
     ft_tensor_numel(&j->t, &numel);
     j->need = ft_dtype_nbytes(j->t.dtype, numel);
     j->phase = P_PUT;
-    if (j->c->cma_pid) {
-        st = cma_copy(j->c->cma_pid, 1, j->staging, j->raddr, j->need);
+    if (ft_cma_peer_open(&j->c->cma)) {
+        st = ft_cma_write(NULL, &j->c->cma, j->staging, j->raddr, (size_t)j->need);
         if (st != FT_OK) detail_from_error(j, st);
         j->phase = P_REPLY;
     }
@@ -428,9 +416,9 @@ static void *worker_main(void *arg)
                 break;
             }
             j->phase = P_GET;
-            if (!j->c->cma_pid) break;   /* the main thread gets it by RMA */
+            if (!ft_cma_peer_open(&j->c->cma)) break;   /* the main thread gets it by RMA */
             {
-                ft_status st = cma_copy(j->c->cma_pid, 0, j->staging, j->raddr, j->need);
+                ft_status st = ft_cma_read(NULL, &j->c->cma, j->staging, j->raddr, (size_t)j->need);
                 if (st != FT_OK) {
                     job_fail(j, st, ft_last_error());
                     break;
@@ -744,35 +732,53 @@ static void handle_hello(agent *A, aconn *c, const ft_amsg *m, const void *data)
     send_reply(j);
 }
 
-/* The client names its pid and where it put our challenge; reading it
- * back proves it is a process of this machine that we may reach. */
+/* Cross-memory attach (net/cma.h): step 1 (body u64 1) answers with
+ * this session's nonce and our Unix socket's name; step 2 (u64 2): the
+ * client has presented the nonce there, the kernel names its process. */
 static void handle_cma(agent *A, aconn *c, const ft_amsg *m, const void *data)
 {
     const uint8_t *b = data;
-    uint64_t pid = 0, addr = 0;
-    for (int i = 7; i >= 0; i--) {
-        pid = (pid << 8) | b[i];
-        addr = (addr << 8) | b[8 + i];
+    uint64_t step = 0;
+    for (int i = 7; i >= 0; i--) step = (step << 8) | b[i];
+    uint8_t offer[FT_CMA_OFFER_SIZE];
+    ft_status st;
+    if (ft_cma_peer_open(&c->cma)) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "cross-memory attach already set up");
+    } else if (!A->cma_door) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "this agent has no cross-memory attach");
+    } else if (step == 1 && !c->cma_offered) {
+        st = ft_cma_door_offer(A->cma_door, c->cma_nonce, offer);
+        c->cma_offered = st == FT_OK;
+    } else if (step == 2 && c->cma_offered == 1) {
+        c->cma_offered = -1;   /* one try per connection */
+        st = ft_cma_door_claim(A->cma_door, c->cma_nonce, 0.25, &c->cma);
+        memset(c->cma_nonce, 0, sizeof c->cma_nonce);
+    } else {
+        st = ft_set_error(FT_ERR_PROTOCOL, "cross-memory attach step %llu out of order",
+                          (unsigned long long)step);
     }
-    uint8_t got[FT_AMSG_CHALLENGE];
-    unsigned diff = 1;
-    if (pid > 0 && pid <= INT32_MAX && !c->cma_pid &&
-        cma_copy((pid_t)pid, 0, got, addr, sizeof got) == FT_OK) {
-        diff = 0;
-        for (unsigned i = 0; i < sizeof got; i++) diff |= got[i] ^ c->challenge[i];
-    }
-    /* one try per connection */
-    memset(c->challenge, 0, sizeof c->challenge);
-    if (diff) {
-        reply_error(A, c, m, FT_AOP_CMA, FT_ERR_UNSUPPORTED,
+    if (st != FT_OK) {
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): no CMA: %s", (unsigned long long)c->id, c->peer,
+               ft_last_error());
+        reply_error(A, c, m, FT_AOP_CMA, st == FT_ERR_PROTOCOL ? st : FT_ERR_UNSUPPORTED,
                     "cross-memory attach to the client is not possible; using UCX RMA");
         return;
     }
-    c->cma_pid = (pid_t)pid;
-    FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): same machine, tensors move by CMA (pid %d)",
-           (unsigned long long)c->id, c->peer, (int)c->cma_pid);
     job *j = job_new(A, c, m);
-    if (j) { j->phase = P_REPLY; send_reply(j); }
+    if (!j) return;
+    j->phase = P_REPLY;
+    if (step == 1) {
+        if ((j->body = malloc(sizeof offer))) {
+            memcpy(j->body, offer, sizeof offer);
+            j->body_len = sizeof offer;
+        } else {
+            job_fail(j, FT_ERR_NOMEM, "agent: out of memory");
+        }
+    } else {
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): same machine, tensors move by CMA (pid %d)",
+               (unsigned long long)c->id, c->peer, (int)c->cma.pid);
+    }
+    send_reply(j);
 }
 
 static void putf_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
@@ -845,7 +851,7 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
         if (st == FT_OK && nb > A->p.max_staging)
             st = ft_set_error(FT_ERR_NO_SPACE, "tensor of %llu bytes over the agent's staging (%llu, --max-staging)",
                               (unsigned long long)nb, (unsigned long long)A->p.max_staging);
-        if (st == FT_OK && nb && rkl == 0 && !c->cma_pid)
+        if (st == FT_OK && nb && rkl == 0 && !ft_cma_peer_open(&c->cma))
             st = ft_set_error(FT_ERR_PROTOCOL, "WRITE without a remote key");
         if (st == FT_OK && ft_encode_bound(&j->cp, j->t.dtype, j->t.ndim, j->t.shape) == 0)
             st = ft_set_error(FT_ERR_INVALID_ARG, "invalid codec params or shape for '%s'", j->key);
@@ -860,7 +866,7 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
     }
     case FT_AOP_READ:
         st = ft_amsg_read_parse(data, m.data_len, &j->out_dtype, &rk, &rkl);
-        if (st == FT_OK && m.len && rkl == 0 && !c->cma_pid)
+        if (st == FT_OK && m.len && rkl == 0 && !ft_cma_peer_open(&c->cma))
             st = ft_set_error(FT_ERR_PROTOCOL, "READ without a remote key");
         if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return UCS_OK; }
         memcpy(j->rkey_buf, rk, rkl);
@@ -950,6 +956,7 @@ static void accept_conns(agent *A)
         ucp_conn_request_h req = A->pending_conn[i];
         aconn *c = calloc(1, sizeof *c);
         if (!c) { ucp_listener_reject(A->listener, req); continue; }
+        ft_cma_peer_init(&c->cma);
         c->id = ++A->next_conn_id;
         snprintf(c->peer, sizeof c->peer, "?");
         ucp_conn_request_attr_t a;
@@ -1007,6 +1014,7 @@ static void reap_conns(agent *A, int force_all)
         }
         if (c->closed && !c->close_req && !c->rma_close_req && c->refs == 0) {
             *pp = c->next;
+            ft_cma_peer_close(&c->cma);
             free(c);
             continue;
         }
@@ -1132,6 +1140,7 @@ static void shutdown_agent(agent *A)
         free(A->threads);
     }
     if (A->listener) ucp_listener_destroy(A->listener);
+    ft_cma_door_close(A->cma_door);
     if (A->w) ucp_worker_destroy(A->w);
     if (A->ctx) ucp_cleanup(A->ctx);
     for (unsigned i = 0; i < FT_AGENT_MAX_NODES; i++) ft_store_close(A->up[i]);
@@ -1190,6 +1199,11 @@ ft_status ft_agent_run(const ft_agent_params *params)
     }
     A->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (A->evfd < 0) { st = ft_set_error(FT_ERR_IO, "eventfd: %s", strerror(errno)); goto out; }
+    if (ft_cma_door_open(&A->cma_door) != FT_OK) {
+        FT_LOG(FT_LOG_INFO, "agent: no cross-memory attach: %s", ft_last_error());
+        A->cma_door = NULL;
+        ft_clear_error();
+    }
     setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ucs_status_t s = ucp_open(A);
     if (s != UCS_OK) { st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s)); goto out; }

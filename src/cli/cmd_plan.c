@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,7 +53,7 @@ static ft_status parse_rate(const char *s, double *out)
     case 'g': case 'G': mul = 1e9; end++; break;
     default: break;
     }
-    if (end == buf || *end || d <= 0) return ft_set_error(FT_ERR_INVALID_ARG, "bad rate '%s' (e.g. 1gbit, 125M)", s);
+    if (end == buf || *end || !(d > 0) || !isfinite(d)) return ft_set_error(FT_ERR_INVALID_ARG, "bad rate '%s' (e.g. 1gbit, 125M)", s);
     *out = d * mul / (bits ? 8.0 : 1.0);
     return FT_OK;
 }

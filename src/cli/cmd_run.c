@@ -380,6 +380,12 @@ int ft_cmd_run(int argc, char **argv)
     tp.stop = stop;
     int stream = np == 1;
     if (stream) {
+        /* a prompt that cannot be tokenized fails before it is echoed */
+        int32_t *ids = NULL;
+        size_t nids = 0;
+        st = ft_tokenizer_encode(ft_session_tokenizer(s), lines[0], strlen(lines[0]), 1, &ids, &nids);
+        free(ids);
+        if (st) { ft_cli_fail("encode", st); goto done; }
         tp.on_text = stream_text;
         fputs(lines[0], stdout);
         fflush(stdout);

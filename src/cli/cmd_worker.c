@@ -8,15 +8,24 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 static const char worker_usage[] =
-    "usage: flextier worker [--listen HOST:PORT] [--token-file FILE] [--trusted-network]\n"
+    "usage: flextier worker [--models DIR] [--listen HOST:PORT] [--token-file FILE]\n"
+    "                       [--trusted-network] [--remote URI]... [--disk file:DIR]...\n"
     "                       [--node-token-file FILE] [--decode-threads N] [--once]\n"
     "\n"
     "Runs one stage of a pipelined model for a driver (`flextier run|bench run\n"
     "--pipeline HOST:PORT,...`): the driver authenticates with the token, names the\n"
-    "model directory (the same path on this machine), the stage's layers and its\n"
+    "model directory (under --models on this machine), the stage's layers and its\n"
     "offloading policy; activations then travel over UCX. One driver at a time.\n"
+    "A job is data, not configuration: it may name only what this command line allows.\n"
+    "  --models           the directory whose models drivers may name (without it every\n"
+    "                     job is refused; a path resolving outside it is refused as\n"
+    "                     not found)\n"
+    "  --remote           a memory node (ucx://HOST:PORT, agent://...) a job's policy\n"
+    "                     may use (remote=); repeat for more; none by default\n"
+    "  --disk             a disk directory (file:DIR) a job's policy may use (disk=)\n"
     "  --listen           where drivers connect (default 127.0.0.1:13350; port 0 = any\n"
     "                     free port, printed as 'listening on HOST:PORT')\n"
     "  --token-file       the token drivers must prove (required off loopback)\n"
@@ -43,7 +52,11 @@ int ft_cmd_worker(int argc, char **argv)
         {"listen", required_argument, 0, 'L'}, {"token-file", required_argument, 0, 't'},
         {"trusted-network", no_argument, 0, 'T'}, {"node-token-file", required_argument, 0, 'n'},
         {"decode-threads", required_argument, 0, 'd'}, {"once", no_argument, 0, 'o'},
+        {"models", required_argument, 0, 'm'}, {"remote", required_argument, 0, 'r'},
+        {"disk", required_argument, 0, 'D'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const char *remotes[16], *disks[16];
+    int n_remotes = 0, n_disks = 0;
     ft_worker_params p;
     memset(&p, 0, sizeof p);
     p.listen = "127.0.0.1:13350";
@@ -64,13 +77,34 @@ int ft_cmd_worker(int argc, char **argv)
             off.decode_threads = (unsigned)v;
             break;
         case 'o': p.once = 1; break;
+        case 'm': p.models_dir = optarg; break;
+        case 'r':
+            if (n_remotes == 16) return ft_cli_usage_error(worker_usage, "at most 16 --remote");
+            remotes[n_remotes++] = optarg;
+            break;
+        case 'D':
+            if (strncmp(optarg, "file:", 5) || !optarg[5])
+                return ft_cli_usage_error(worker_usage, "--disk %s: expected file:DIR", optarg);
+            if (n_disks == 16) return ft_cli_usage_error(worker_usage, "at most 16 --disk");
+            disks[n_disks++] = optarg;
+            break;
         case 'h': fputs(worker_usage, stdout); return FT_EXIT_OK;
         default:
             return ft_cli_usage_error(worker_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return ft_cli_usage_error(worker_usage, "worker takes no arguments");
+    struct stat msb;
+    if (p.models_dir && (stat(p.models_dir, &msb) != 0 || !S_ISDIR(msb.st_mode)))
+        return ft_cli_usage_error(worker_usage, "--models %s is not a directory", p.models_dir);
+    p.remotes = remotes;
+    p.n_remotes = n_remotes;
+    p.disks = disks;
+    p.n_disks = n_disks;
     if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
+    if (!p.models_dir)
+        FT_LOG(FT_LOG_WARN, "worker: no --models DIR: every job will be refused (a job may name only "
+                            "models under it)");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

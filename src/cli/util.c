@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -118,7 +119,9 @@ ft_status ft_cli_parse_size(const char *s, uint64_t *out)
     errno = 0;
     if (!s || !*s || *s == '-') return ft_set_error(FT_ERR_INVALID_ARG, "bad size '%s'", s ? s : "");
     double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return ft_set_error(FT_ERR_INVALID_ARG, "bad size '%s'", s);
+    /* finite and not negative only: nan, inf and -0x1p3 are no sizes */
+    if (errno || end == s || !(v >= 0) || !isfinite(v))
+        return ft_set_error(FT_ERR_INVALID_ARG, "bad size '%s' (a finite number of bytes, e.g. 64M, 1G, 4096)", s);
     double mul = 1;
     switch (*end) {
     case 'k': case 'K': mul = 1024.0; end++; break;
@@ -131,7 +134,7 @@ ft_status ft_cli_parse_size(const char *s, uint64_t *out)
     if (*end == 'b' || *end == 'B') end++;
     if (*end) return ft_set_error(FT_ERR_INVALID_ARG, "bad size '%s' (e.g. 64M, 1G, 4096)", s);
     double r = v * mul;
-    if (r > 9.0e18) return ft_set_error(FT_ERR_INVALID_ARG, "size '%s' too large", s);
+    if (!(r <= 9.0e18)) return ft_set_error(FT_ERR_INVALID_ARG, "size '%s' too large", s);
     *out = (uint64_t)r;
     return FT_OK;
 }

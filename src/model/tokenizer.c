@@ -1342,8 +1342,22 @@ static int regex_split(enc_ctx *c, pcre2_code *re, const char *s, size_t n, size
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT)
             rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT) {
+            /* catastrophic backtracking of the model's own pattern on this
+             * input: the input cannot be split as the tokenizer says */
+            c->err = ft_set_error(FT_ERR_UNSUPPORTED,
+                                  "the tokenizer's split pattern (tokenizer.json) backtracks without "
+                                  "end on this text (PCRE2 %s limit at byte %zu): the text cannot be "
+                                  "tokenized; shorten or change it, or fix the pattern",
+                                  rc == PCRE2_ERROR_MATCHLIMIT ? "match" : rc == PCRE2_ERROR_DEPTHLIMIT ? "depth" : "heap",
+                                  base + pos);
+            free(seg.p);
+            return 0;
+        }
         if (rc < 0) {
-            c->err = ft_set_error(FT_ERR_INTERNAL, "regex match failed (%d)", rc);
+            PCRE2_UCHAR why[120];
+            if (pcre2_get_error_message(rc, why, sizeof why) < 0) snprintf((char *)why, sizeof why, "code %d", rc);
+            c->err = ft_set_error(FT_ERR_CORRUPT, "the tokenizer's split pattern failed on this text: %s", (char *)why);
             free(seg.p);
             return 0;
         }

@@ -26,8 +26,9 @@
 #define FT_AMSG_MAX_NODE 255u
 #define FT_AMSG_MAX_RKEY 4096u        /* packed UCX remote key */
 #define FT_AMSG_ERR_MAX  200u         /* error detail text in a reply */
-#define FT_AMSG_CHALLENGE 16u         /* HELLO reply body: CMA challenge */
-#define FT_AMSG_CMA_SIZE 16u          /* CMA request body: pid, address  */
+#define FT_AMSG_CHALLENGE 16u         /* HELLO reply body (random): the agent
+                                         offers cross-memory attach      */
+#define FT_AMSG_CMA_SIZE 16u          /* CMA request body: u64 step, u64 0 */
 
 /* UCP AM ids (distinct from the memory node's 17/18) */
 #define FT_AM_AGENT_REQUEST 33u
@@ -47,10 +48,11 @@ enum ft_amsg_op {
     FT_AOP_STATS = 7,  /* reply body: 12 x u64 node statistics              */
     FT_AOP_PUTF  = 8,  /* key; body: an encoded frame (no codec work)       */
     FT_AOP_GETF  = 9,  /* key; reply body: the stored frame                 */
-    FT_AOP_CMA   = 10, /* body: u64 pid, u64 address of the 16-byte challenge
-                          the HELLO reply carried: proves the client is a
-                          process on the agent's machine that the agent may
-                          reach with process_vm_readv/writev (CMA)         */
+    FT_AOP_CMA   = 10, /* body: u64 step, u64 0. Step 1: reply body = the
+                          offer (nonce, Unix socket name: net/cma.h); step
+                          2: the client presented the nonce there, the
+                          kernel names its process, the agent reaches it
+                          with process_vm_readv/writev (CMA)               */
     FT_AOP_MAX   = 10
 };
 #define FT_AOP_REPLY 0x8000u

@@ -15,7 +15,12 @@
 ft_status ft_net_read_token(const char *path, size_t min_len, uint8_t *buf, size_t cap,
                             size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or device put there must not hang us in open();
+     * O_NOFOLLOW: the file itself, not where a link points; only a
+     * regular file passes the fstat below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ELOOP)
+        return ft_set_error(FT_ERR_INVALID_ARG, "token file %s is a symbolic link: name the file itself", path);
     if (fd < 0) return ft_set_error(FT_ERR_IO, "token file %s: %s", path, strerror(errno));
     struct stat sb;
     ft_status st = FT_OK;

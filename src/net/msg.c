@@ -92,8 +92,8 @@ static ft_status check_request(const ft_msg *m, uint64_t max_data)
         if (n != FT_MSG_GETRV_SIZE) return ft_set_error(FT_ERR_PROTOCOL, "GETRV needs %u bytes", FT_MSG_GETRV_SIZE);
         break;
     case FT_OP_CMAB:
-        if (n != FT_MSG_CMAB_SIZE || m->arg == 0 || m->arg > 0x7fffffffu)
-            return ft_set_error(FT_ERR_PROTOCOL, "CMAB of %llu bytes for pid %llu",
+        if (n != 0 || (m->arg != FT_CMAB_OFFER && m->arg != FT_CMAB_CLAIM))
+            return ft_set_error(FT_ERR_PROTOCOL, "CMAB of %llu bytes, step %llu",
                                 (unsigned long long)n, (unsigned long long)m->arg);
         break;
     case FT_OP_PUTDV:

@@ -24,7 +24,6 @@
 #define FT_MSG_MAX_DETAIL   200u            /* error reply text          */
 #define FT_MSG_MAX_RANGE    (64ull << 20)   /* GETR length               */
 #define FT_MSG_RANGE_SIZE   24u             /* GETR payload              */
-#define FT_MSG_CMAB_SIZE    48u             /* CMAB payload              */
 #define FT_MSG_REF_SIZE     16u             /* PUTDV payload: addr, len  */
 #define FT_MSG_GETRV_SIZE   40u             /* GETRV payload             */
 
@@ -47,8 +46,9 @@ enum ft_msg_op {
     FT_OP_PUTD  = 11,  /* xid, arg = frame offset, payload: frame bytes                         */
     FT_OP_PUTC  = 12,  /* key, xid, arg = frame size, payload: the frame header -> commit       */
     FT_OP_PING  = 13,  /* nothing                                                               */
-    FT_OP_CMAB  = 14,  /* arg = client pid, payload: probe (u64 addr, u64 32, 32-byte cookie):
-                          open the shared-memory data path (same host, same user)               */
+    FT_OP_CMAB  = 14,  /* arg = FT_CMAB_OFFER -> the offer (nonce, Unix socket name: cma.h);
+                          arg = FT_CMAB_CLAIM: the nonce was presented there, open the
+                          shared-memory data path (same host, same user, kernel's word)         */
     FT_OP_PUTDV = 15,  /* xid, arg = frame offset, payload: u64 addr, u64 len in the client's
                           memory: the node reads the bytes itself                               */
     FT_OP_GETRV = 16,  /* key, payload: range (24 bytes) + u64 addr, u64 cap in the client's
@@ -64,6 +64,9 @@ enum ft_msg_op {
                                   trusted, UCX may run over TCP                 */
 #define FT_NODE_LOCAL   0x8u   /* AUTH reply: the client is on the node's host;
                                   arg bits 32..63 = the node's pid (CMAB)       */
+/* CMAB request steps (arg) */
+#define FT_CMAB_OFFER   1u
+#define FT_CMAB_CLAIM   2u
 /* AUTH request flags (arg) */
 #define FT_CLIENT_UCX   0x1u   /* send the node's UCX address if it has one    */
 

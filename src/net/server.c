@@ -40,8 +40,14 @@
  * Spill: when an allocation fails and a spill dir is configured, the
  * least-recently-used resident entries without leases are written to
  * files (O_EXCL|O_NOFOLLOW, in a 0700 directory held open) and their
- * blocks freed; a GET of a spilled entry reads it back. Spill is a cache
- * of this process's pool: files of an earlier run are deleted at start. */
+ * blocks freed; a GET of a spilled entry reads it back, or, when neither
+ * the pool nor the spill file system has room for that, is served from
+ * its file directly. Spill is a cache of this process's pool: files of an
+ * earlier run are deleted at start.
+ *
+ * Shared memory (cma.h): a client on this host presents its session's
+ * nonce on our Unix socket (CMAB offer / claim); the kernel names the
+ * process, and every copy to or from it is checked first. */
 #define _GNU_SOURCE   /* accept4 */
 #include "auth.h"
 #include "cma.h"
@@ -87,6 +93,7 @@ typedef struct entry {
     uint64_t      id;
     uint64_t      off, size, alloc, header_size;
     uint64_t      spill_hash;  /* XXH3 of the bytes written to its spill file */
+    uint64_t      spill_id;    /* its spill file's number (ftspill-N.bin)  */
     int           resident;    /* in the pool (else in a spill file) */
     int           dead;        /* unlinked; free when leases drop to 0 */
     unsigned      leases;
@@ -163,8 +170,10 @@ struct conn {
     double        t_out;                /* last output progress */
     /* shared-memory path (cma.h): the client's process, verified */
     uint64_t      peer_inode;           /* its socket, when on this host */
-    pid_t         cma_pid;
-    int           pidfd;                /* -1: path not open */
+    ft_cma_peer   cma;                  /* pidfd -1: path not open */
+    uint8_t       cma_nonce[FT_CMA_NONCE];
+    int           cma_offered;          /* 1: the nonce is this session's;
+                                           -1: claimed (once per conn) */
     /* UCX */
     ucp_ep_h      uep;
     ucs_status_ptr_t close_req;
@@ -197,6 +206,7 @@ struct server {
     entry         *tab[BUCKETS];
     entry         *lru_head, *lru_tail;   /* head = most recent */
     uint64_t       next_entry_id;
+    uint64_t       next_spill_id;         /* spill file names, never reused */
     uint64_t       tensors, spilled, spill_used;
     int            spill_dfd;
     conn          *conns;
@@ -211,6 +221,7 @@ struct server {
     int            has_token;
     double         lease_s, auth_s;
     ft_pool       *copiers;               /* shared-memory copies (cma.c) */
+    ft_cma_door   *cma_door;              /* NULL: no shared-memory path */
 };
 
 /* ------------------------------------------------------------ allocator */
@@ -297,7 +308,21 @@ static void lru_push(server *S, entry *e)
 
 static void spill_name(const entry *e, char *buf, size_t n)
 {
-    snprintf(buf, n, "ftspill-%llu.bin", (unsigned long long)e->id);
+    snprintf(buf, n, "ftspill-%llu.bin", (unsigned long long)e->spill_id);
+}
+
+/* Open a spill file of ours for reading: never a link, never blocking on
+ * a FIFO or device put in its place, only a regular file. -1 otherwise. */
+static int open_spill_file(server *S, const char *name)
+{
+    int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))) {
+        close(fd);
+        errno = EINVAL;
+        fd = -1;
+    }
+    return fd;
 }
 
 /* Release an unlinked entry's storage. */
@@ -361,8 +386,33 @@ static int spill_one(server *S, const entry *exclude, uint64_t credit)
         if (!e->resident || e->leases || e == exclude) continue;
         if (S->spill_used + e->size > S->p.spill_capacity + credit) return 0;
         char name[64];
-        spill_name(e, name, sizeof name);
-        if (write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash) != 0) {
+        int rc = -1;
+        /* a name taken by something else (a file, a directory, a FIFO
+         * planted there): the next name, rather than failing every later
+         * spill on this one */
+        for (int tries = 0; rc != 0 && tries < 8; tries++) {
+            e->spill_id = ++S->next_spill_id;
+            spill_name(e, name, sizeof name);
+            rc = write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash);
+            int err = rc != 0 ? errno : 0;
+            if (err == EEXIST && unlinkat(S->spill_dfd, name, 0) == 0) {   /* a file, FIFO, link */
+                rc = write_spill(S, name, S->pool + e->off, e->size, &e->spill_hash);
+                err = rc != 0 ? errno : 0;
+            }
+            if (err == EEXIST) {
+                /* a directory: skip a random stretch of names, so that
+                 * planting a run of them does not stall spilling */
+                uint32_t jump = 0;
+                if (ft_net_random(&jump, sizeof jump) != FT_OK) jump = 0;
+                S->next_spill_id += jump & 0xfffff;
+                FT_LOG(FT_LOG_WARN, "serve: something is in the way of spill file %s/%s: skipped",
+                       S->p.spill_dir, name);
+            } else if (rc != 0) {
+                errno = err;
+                break;
+            }
+        }
+        if (rc != 0) {
             FT_LOG(FT_LOG_ERROR, "serve: spill to %s/%s failed: %s", S->p.spill_dir, name,
                    strerror(errno));
             return 0;
@@ -398,7 +448,7 @@ static ft_status reload(server *S, entry *e)
         return ft_set_error(FT_ERR_NO_SPACE, "no pool space to reload '%s'", e->key);
     char name[64];
     spill_name(e, name, sizeof name);
-    int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_spill_file(S, name);
     size_t n = 0;
     while (fd >= 0 && n < e->size) {
         ssize_t r = pread(fd, S->pool + off + n, e->size - n, (off_t)n);
@@ -882,9 +932,17 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
         r_off = off;
         r_len = e->size - off < len ? e->size - off : len;
     }
+    int direct = 0;   /* served straight from its spill file */
     if (!e->resident && !header_only) {
         ft_status st = reload(S, e);
-        if (st != FT_OK) {
+        if (st == FT_ERR_NO_SPACE) {
+            /* the pool is full and nothing more can be spilled (the spill
+             * file system may be full): the tensor stays readable, read
+             * from its file without a pool copy */
+            FT_LOG(FT_LOG_INFO, "serve: %s: reading it from its spill file", ft_last_error());
+            ft_clear_error();
+            direct = 1;
+        } else if (st != FT_OK) {
             FT_LOG(FT_LOG_ERROR, "serve: %s", ft_last_error());
             if (st == FT_ERR_CORRUPT) entry_unlink(S, pp);
             reply_status(S, c, via_ucx, m->opcode, m->req_id, st, ft_last_error());
@@ -895,19 +953,45 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
     if (!o) return;
     lru_unlink(S, e);
     lru_push(S, e);
-    if (header_only && !e->resident) {
+    if ((header_only || direct) && !e->resident) {
+        /* the header, or (direct) the range: from the spill file */
+        uint64_t f_off = header_only ? 0 : r_off, f_len = header_only ? e->header_size : r_len;
         char name[64];
         spill_name(e, name, sizeof name);
-        o->heap = malloc(e->header_size);
-        int fd = openat(S->spill_dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        ssize_t r = (fd >= 0 && o->heap) ? pread(fd, o->heap, e->header_size, 0) : -1;
+        o->heap = malloc(f_len ? f_len : 1);
+        int fd = o->heap ? open_spill_file(S, name) : -1;
+        size_t n = 0;
+        while (fd >= 0 && n < f_len) {
+            ssize_t r = pread(fd, (uint8_t *)o->heap + n, f_len - n, (off_t)(f_off + n));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            n += (size_t)r;
+        }
         if (fd >= 0) close(fd);
-        if (r != (ssize_t)e->header_size) {
+        /* a whole read is checked against the hash taken at spill time;
+         * a range is checked by the client against the frame's own chunk
+         * hashes */
+        int bad = n != f_len || (direct && f_off == 0 && f_len == e->size &&
+                                 ft_xxh3(o->heap, f_len) != e->spill_hash);
+        ft_status st = !o->heap ? FT_ERR_NOMEM : bad ? FT_ERR_IO : FT_OK;
+        if (st == FT_OK && direct && ref) {
+            uint64_t addr = ft_get_le64(ref), cap = ft_get_le64(ref + 8);
+            if (f_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
+                                               (unsigned long long)f_len, (unsigned long long)cap);
+            else st = ft_cma_write(S->copiers, &c->cma, o->heap, addr, (size_t)f_len);
+        }
+        if (st != FT_OK) {
             op_finish(o, UCS_OK);
-            reply_status(S, c, via_ucx, m->opcode, m->req_id, FT_ERR_IO, "spill file unreadable");
+            reply_status(S, c, via_ucx, m->opcode, m->req_id, st,
+                         st == FT_ERR_IO ? "spill file unreadable" : ft_last_error());
             return;
         }
-        send_reply(c, o, m->opcode, FT_OK, o->heap, e->header_size, e->id, 0);
+        if (!header_only) {
+            if (r_off == 0) S->gets++;
+            o->count_out = f_len;
+        }
+        if (direct && ref) send_reply(c, o, m->opcode, FT_OK, NULL, 0, e->id, f_len);
+        else send_reply(c, o, m->opcode, FT_OK, o->heap, f_len, e->id, 0);
         return;
     }
     if (ref) {
@@ -916,8 +1000,7 @@ static void handle_get(server *S, conn *c, int via_ucx, const ft_msg *m, int hea
         ft_status st = FT_OK;
         if (r_len > cap) st = ft_set_error(FT_ERR_PROTOCOL, "range of %llu bytes, buffer %llu",
                                            (unsigned long long)r_len, (unsigned long long)cap);
-        else if (!ft_cma_alive(c->pidfd)) st = ft_set_error(FT_ERR_NET, "client process exited");
-        else st = ft_cma_write(S->copiers, c->cma_pid, S->pool + e->off + r_off, addr, (size_t)r_len);
+        else st = ft_cma_write(S->copiers, &c->cma, S->pool + e->off + r_off, addr, (size_t)r_len);
         if (st != FT_OK) {
             FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                    ft_last_error());
@@ -1017,24 +1100,50 @@ static void handle_ucxb(server *S, conn *c, const ft_msg *m, const uint8_t *addr
 }
 
 /* CMAB: open the shared-memory path once the kernel vouches for the
- * client process (cma.h). */
-static void handle_cmab(server *S, conn *c, const ft_msg *m, const uint8_t *probe)
+ * client process (cma.h): arg 1 asks for the offer (this session's
+ * nonce and the Unix socket's name), arg 2 confirms that the client has
+ * presented the nonce there. */
+static void handle_cmab(server *S, conn *c, const ft_msg *m)
 {
     ft_status st;
-    if (c->pidfd >= 0) {
+    uint8_t offer[FT_CMA_OFFER_SIZE];
+    int offering = m->arg == FT_CMAB_OFFER;
+    if (ft_cma_peer_open(&c->cma)) {
         st = ft_set_error(FT_ERR_PROTOCOL, "shared-memory path already open");
+    } else if (!S->cma_door) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "this node has no shared-memory path");
     } else if (!c->peer_inode) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "the client is not on this host");
-    } else if (ft_get_le64(probe + 8) != FT_CMA_COOKIE) {
-        st = ft_set_error(FT_ERR_PROTOCOL, "probe of %llu bytes",
-                          (unsigned long long)ft_get_le64(probe + 8));
+    } else if (offering && c->cma_offered) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "CMAB offered once per connection");
+    } else if (offering) {
+        st = ft_cma_door_offer(S->cma_door, c->cma_nonce, offer);
+        c->cma_offered = st == FT_OK;
+    } else if (c->cma_offered != 1) {
+        st = ft_set_error(FT_ERR_PROTOCOL, "CMAB confirmed before it was offered");
     } else {
-        st = ft_cma_verify((pid_t)m->arg, c->peer_inode, ft_get_le64(probe), probe + 16, &c->pidfd);
+        /* one try per connection; the client wrote the nonce before it
+         * confirmed, so it is there already (a short wait covers a full
+         * accept queue) */
+        c->cma_offered = -1;
+        st = ft_cma_door_claim(S->cma_door, c->cma_nonce, 0.25, &c->cma);
+        memset(c->cma_nonce, 0, sizeof c->cma_nonce);
+    }
+    if (st == FT_OK && offering) {
+        op *o = op_new(S, c, m->req_id, 0);
+        if (!o) return;
+        if (!(o->heap = malloc(sizeof offer))) {
+            op_finish(o, UCS_OK);
+            reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_NOMEM, "out of memory");
+            return;
+        }
+        memcpy(o->heap, offer, sizeof offer);
+        send_reply(c, o, m->opcode, FT_OK, o->heap, sizeof offer, 0, 0);
+        return;
     }
     if (st == FT_OK) {
-        c->cma_pid = (pid_t)m->arg;
         FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): shared-memory path open (process %d)",
-               (unsigned long long)c->id, c->peer, (int)c->cma_pid);
+               (unsigned long long)c->id, c->peer, (int)c->cma.pid);
     } else {
         FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): no shared-memory path: %s",
                (unsigned long long)c->id, c->peer, ft_last_error());
@@ -1055,10 +1164,8 @@ static void handle_putdv(server *S, conn *c, const ft_msg *m, const uint8_t *ref
         st = ft_set_error(x->fail, "pipelined write failed");
     } else if (x->committing || len == 0 || m->arg != x->pos || len > x->reserve - x->pos) {
         st = x->fail = ft_set_error(FT_ERR_PROTOCOL, "PUTDV out of order or beyond the reservation");
-    } else if (!ft_cma_alive(c->pidfd)) {
-        st = x->fail = ft_set_error(FT_ERR_NET, "client process exited");
     } else {
-        st = ft_cma_read(S->copiers, c->cma_pid, S->pool + x->off + x->pos, addr, (size_t)len);
+        st = ft_cma_read(S->copiers, &c->cma, S->pool + x->off + x->pos, addr, (size_t)len);
         x->pos += len;
         if (st != FT_OK) {
             x->fail = st;
@@ -1080,16 +1187,16 @@ static void dispatch(server *S, conn *c, int via_ucx, const ft_msg *m, const uin
         handle_get(S, c, via_ucx, m, 0, payload, NULL);
         return;
     case FT_OP_GETRV:
-        if (via_ucx || c->pidfd < 0) break;
+        if (via_ucx || !ft_cma_peer_open(&c->cma)) break;
         handle_get(S, c, via_ucx, m, 0, payload, payload + FT_MSG_RANGE_SIZE);
         return;
     case FT_OP_PUTDV:
-        if (via_ucx || c->pidfd < 0) break;
+        if (via_ucx || !ft_cma_peer_open(&c->cma)) break;
         handle_putdv(S, c, m, payload);
         return;
     case FT_OP_CMAB:
         if (via_ucx) break;
-        handle_cmab(S, c, m, payload);
+        handle_cmab(S, c, m);
         return;
     case FT_OP_STAT:
         if (m->key_len) {
@@ -1526,8 +1633,7 @@ static void conn_close(server *S, conn *c, const char *why)
     }
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
-    if (c->pidfd >= 0) close(c->pidfd);
-    c->pidfd = -1;
+    ft_cma_peer_close(&c->cma);
     if (c->authed) S->nauthed--; else S->npreauth--;
 }
 
@@ -1612,7 +1718,7 @@ static void accept_conns(server *S)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
         c->fd = fd;
-        c->pidfd = -1;
+        ft_cma_peer_init(&c->cma);
         c->sa = sa;
         c->id = ++S->next_conn_id;
         ft_net_addr_str(&sa, c->peer, sizeof c->peer);
@@ -1698,6 +1804,7 @@ static void cleanup(server *S)
     if (S->ctx) ucp_cleanup(S->ctx);
     free(S->addrs);
     ft_pool_free(S->copiers);
+    ft_cma_door_close(S->cma_door);
     memset(S->token, 0, sizeof S->token);
     free(S);
 }
@@ -1920,6 +2027,11 @@ ft_status ft_node_run(const ft_node_params *params)
     /* threads for the shared-memory path's copies (FLEXTIER_THREADS) */
     if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
         S->copiers = NULL;
+    if (ft_cma_door_open(&S->cma_door) != FT_OK) {
+        FT_LOG(FT_LOG_INFO, "serve: no shared-memory path: %s", ft_last_error());
+        S->cma_door = NULL;
+        ft_clear_error();
+    }
     open_ucx(S, &addr);
     FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s%s", bound,
            (unsigned long long)S->cap, p.spill_dir ? ", spill to " : "",

@@ -20,4 +20,11 @@ struct ft_pipe_stage {
 };
 
 void ft_pipe_stage_unpack(ft_pipe_stage *s, const ft_pipe_msg *m);
+
+/* A job is data, not configuration (worker_job.c): refuse a job whose
+ * model is not under the worker's models_dir (one error for "not allowed"
+ * and "not found"), or whose policy names a memory node or disk directory
+ * that the worker's command line did not give. On success sp->model_dir is
+ * the resolved path under models_dir. FT_ERR_AUTH otherwise. */
+FT_API ft_status ft_worker_job_check(const ft_worker_params *p, ft_pipe_stage_params *sp);
 #endif

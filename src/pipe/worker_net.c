@@ -17,6 +17,7 @@
  * Control frame: u32 magic "FTPC", u32 type, u32 length (<= 64 KiB),
  * u32 zero, then the payload. One driver at a time. */
 #include "flextier/pipe.h"
+#include "pipe_internal.h"
 #include "net/auth.h"
 #include "net/msg.h"
 #include "net/net.h"
@@ -170,6 +171,7 @@ static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
     uint8_t addr[FT_MSG_MAX_ADDR];
     size_t alen = 0;
     if ((st = ft_pipe_stage_parse(text, n, &sp))) goto fail;
+    if ((st = ft_worker_job_check(p, &sp))) goto fail;   /* what a job may name */
     if (sp.stage == sp.n_stages - 1) {
         st = ft_set_error(FT_ERR_PROTOCOL, "a worker runs stage 0..S-2, not the last (the driver's)");
         goto fail;

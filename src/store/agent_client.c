@@ -18,6 +18,7 @@
  * every pending request with FT_ERR_NET at once, and the next call
  * reconnects. */
 #include "net/agent_msg.h"
+#include "net/cma.h"
 #include "store_internal.h"
 
 #include <errno.h>
@@ -347,6 +348,34 @@ static ft_status call_locked(agent_client *c, apend *p, uint16_t op, const char 
     return st != FT_OK ? pend_error(c, p) : FT_OK;
 }
 
+/* FT_AOP_CMA body: u64 step (1: offer, 2: claim), u64 0. */
+static ft_status cma_step_locked(agent_client *c, uint64_t step, uint8_t *reply, size_t cap)
+{
+    uint8_t body[FT_AMSG_CMA_SIZE];
+    memset(body, 0, sizeof body);
+    for (int i = 0; i < 8; i++) body[i] = (uint8_t)(step >> (8 * i));
+    apend q;
+    memset(&q, 0, sizeof q);
+    q.fixed = reply;
+    q.fixed_cap = cap;
+    ft_status st = call_locked(c, &q, FT_AOP_CMA, NULL, body, sizeof body, 0, 0);
+    if (st == FT_OK && reply && q.rlen != cap)
+        st = ft_set_error(FT_ERR_PROTOCOL, "agent://%s: CMA offer of %zu bytes", c->where, q.rlen);
+    return st;
+}
+
+static ft_status cma_setup_locked(agent_client *c)
+{
+    uint8_t offer[FT_CMA_OFFER_SIZE];
+    int ufd = -1;
+    ft_status st = cma_step_locked(c, 1, offer, sizeof offer);
+    if (st == FT_OK) st = ft_cma_present(offer, &ufd);
+    memset(offer, 0, sizeof offer);
+    if (st == FT_OK) st = cma_step_locked(c, 2, NULL, 0);
+    if (ufd >= 0) close(ufd);
+    return st;
+}
+
 static ft_status connect_locked(agent_client *c)
 {
     ucp_ep_params_t ep;
@@ -391,22 +420,14 @@ static ft_status connect_locked(agent_client *c)
         close_ep_locked(c);
         return ft_set_error(st, "%s", why);
     }
-    /* Same machine? Show the agent its challenge in our memory: if it can
-     * read it back, it moves our tensors by CMA (no work on our cores);
-     * otherwise by UCX RMA. */
+    /* Same machine? Present the session's nonce on the agent's Unix
+     * socket (net/cma.h): the kernel tells the agent who we are, and it
+     * moves our tensors by CMA (no work on our cores); otherwise by UCX
+     * RMA. */
     c->cma = 0;
     const char *no_cma = getenv("FLEXTIER_AGENT_NO_CMA");   /* tests: force UCX RMA */
     if (p.rlen == FT_AMSG_CHALLENGE && !(no_cma && *no_cma && strcmp(no_cma, "0"))) {
-        uint8_t body[FT_AMSG_CMA_SIZE];
-        uint64_t pid = (uint64_t)getpid(), addr = (uint64_t)(uintptr_t)c->challenge;
-        for (int i = 0; i < 8; i++) {
-            body[i] = (uint8_t)(pid >> (8 * i));
-            body[8 + i] = (uint8_t)(addr >> (8 * i));
-        }
-        apend q;
-        memset(&q, 0, sizeof q);
-        c->cma = call_locked(c, &q, FT_AOP_CMA, NULL, body, sizeof body, 0, 0) == FT_OK;
-        memset(c->challenge, 0, sizeof c->challenge);
+        c->cma = cma_setup_locked(c) == FT_OK;
         ft_clear_error();
     }
     FT_LOG(FT_LOG_INFO, "agent://%s: connected (tensors move by %s)", c->where,

@@ -67,7 +67,7 @@ typedef struct pend {
     size_t       rlen;
     uint8_t      hdr[FT_MSG_MAX_HDR];
     size_t       hlen;
-    uint8_t      body[FT_MSG_CMAB_SIZE];    /* small request payloads     */
+    uint8_t      body[FT_MSG_GETRV_SIZE];   /* small request payloads     */
     const uint8_t *data;      /* TCP: payload being written              */
     size_t       dlen, sent;
     struct pend *qnext;       /* TCP send queue                           */
@@ -128,7 +128,6 @@ typedef struct ucx_client {
     int              use_ucx;
     /* shared-memory path: the node copies to/from our memory (cma.h) */
     int              cma;
-    uint8_t          cookie[FT_CMA_COOKIE];
 } ucx_client;
 
 static ft_status st_from_ucs(ucs_status_t s)
@@ -838,22 +837,26 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
     return FT_OK;
 }
 
-/* Open the shared-memory path: let the node (pid) reach our memory, and
- * have it check, with a probe it reads from us, that we are the process
- * holding this connection. */
-static ft_status cma_setup_locked(ucx_client *c, pid_t node_pid, double deadline)
+/* Open the shared-memory path (net/cma.h): take the session's offer,
+ * present its nonce on the node's Unix socket (the kernel tells the node
+ * who we are; ft_cma_present lets that process reach our memory where
+ * Yama asks for it), then confirm. */
+static ft_status cma_setup_locked(ucx_client *c, double deadline)
 {
-    ft_status st = ft_cma_allow(node_pid);
-    if (st != FT_OK) return st;
-    if ((st = ft_net_random(c->cookie, sizeof c->cookie)) != FT_OK) return st;
-    uint8_t probe[FT_MSG_CMAB_SIZE];
-    ft_put_le64(probe, (uint64_t)(uintptr_t)c->cookie);
-    ft_put_le64(probe + 8, FT_CMA_COOKIE);
-    memcpy(probe + 16, c->cookie, FT_CMA_COOKIE);
-    st = hs_send(c, FT_OP_CMAB, (uint64_t)getpid(), probe, sizeof probe, deadline, "CMAB");
+    ft_status st;
     ft_msg m;
-    uint8_t buf[FT_MSG_MAX_DETAIL];
+    uint8_t buf[FT_MSG_MAX_DETAIL > FT_CMA_OFFER_SIZE ? FT_MSG_MAX_DETAIL : FT_CMA_OFFER_SIZE];
+    int ufd = -1;
+    st = hs_send(c, FT_OP_CMAB, FT_CMAB_OFFER, NULL, 0, deadline, "CMAB");
     if (st == FT_OK) st = hs_recv(c, &m, buf, sizeof buf, deadline, "CMAB");
+    if (st == FT_OK && m.data_len != FT_CMA_OFFER_SIZE)
+        st = ft_set_error(FT_ERR_PROTOCOL, "ucx://%s: CMAB offer of %llu bytes", c->where,
+                          (unsigned long long)m.data_len);
+    if (st == FT_OK) st = ft_cma_present(buf, &ufd);
+    memset(buf, 0, sizeof buf);
+    if (st == FT_OK) st = hs_send(c, FT_OP_CMAB, FT_CMAB_CLAIM, NULL, 0, deadline, "CMAB");
+    if (st == FT_OK) st = hs_recv(c, &m, buf, sizeof buf, deadline, "CMAB");
+    if (ufd >= 0) close(ufd);
     if (st == FT_OK) c->cma = 1;
     return st;
 }
@@ -893,7 +896,7 @@ static ft_status connect_locked(ucx_client *c)
         const int offered = (m.arg & FT_NODE_UCX) && m.data_len > rest;
         const int local = (m.arg & FT_NODE_LOCAL) != 0;
         if (local && (c->mode == MODE_AUTO || c->mode == MODE_CMA)) {
-            ft_status cs = cma_setup_locked(c, (pid_t)(m.arg >> 32), deadline);
+            ft_status cs = cma_setup_locked(c, deadline);
             if (cs != FT_OK) {
                 if (c->mode == MODE_CMA) st = ft_set_error(cs, "ucx://%s: shared-memory path: %s", c->where, ft_last_error());
                 else FT_LOG(FT_LOG_INFO, "ucx://%s: no shared-memory path (%s)", c->where, ft_last_error());

@@ -29,7 +29,7 @@ run --pipeline local:3 --micro-batches 2 > "$work/l3m.txt" 2> "$work/l3m.err" \
 # flextier worker processes on loopback (UCX's TCP: --trusted-network)
 export UCX_TLS=tcp
 start_worker() {
-    "$bin" worker --listen 127.0.0.1:0 --trusted-network --once > "$work/w$1.log" 2>&1 &
+    "$bin" worker --models "$work" --listen 127.0.0.1:0 --trusted-network --once > "$work/w$1.log" 2>&1 &
     pids="$pids $!"
     for _ in $(seq 100); do grep -q "listening on" "$work/w$1.log" && break; sleep 0.05; done
     sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/w$1.log" | head -1

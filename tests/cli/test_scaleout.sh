@@ -102,7 +102,7 @@ kill ${pids[@]} 2>/dev/null; wait ${pids[@]} 2>/dev/null
 # --- a pipeline across the hosts ---------------------------------------------
 worker() {   # host, address, port: a flextier worker for one run
     rm -f "$work/w-$1.log"
-    sl_exec "$1" "$bin" worker --listen "$2:$3" --token-file "$work/tok" --trusted-network --once \
+    sl_exec "$1" "$bin" worker --models "$work" --listen "$2:$3" --token-file "$work/tok" --trusted-network --once \
         > "$work/w-$1.log" 2>&1 &
     for _ in $(seq 100); do grep -q "listening on" "$work/w-$1.log" 2>/dev/null && break; sleep 0.05; done
 }

@@ -272,6 +272,34 @@ TEST(bad_tokenizers)
     ft_tokenizer_free(t);
 }
 
+/* A split pattern that backtracks without end on some text (issue 21):
+ * a clear error naming the cause, not "internal error". */
+TEST(catastrophic_split_pattern)
+{
+    ft_tokenizer *t = NULL;
+    CHECK_OK(load_str("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+                      "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a|aa)+$\"},"
+                      " \"behavior\": \"Isolated\"}}", &t));
+    REQUIRE(t);
+    char text[64];
+    memset(text, 'a', 48);
+    text[48] = 'b';
+    text[49] = 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    double t0 = ft_now();
+    ft_status st = ft_tokenizer_encode(t, text, 49, 0, &ids, &n);
+    CHECK_MSG(st == FT_ERR_UNSUPPORTED, "%s: %s", ft_status_str(st), ft_last_error());
+    CHECK_MSG(strstr(ft_last_error(), "backtracks") != NULL, "%s", ft_last_error());
+    CHECK(ft_now() - t0 < 30);
+    if (st == FT_OK) free(ids);
+    /* the same pattern on text it handles */
+    ids = NULL;
+    CHECK_OK(ft_tokenizer_encode(t, "ab", 2, 0, &ids, &n));
+    free(ids);
+    ft_tokenizer_free(t);
+}
+
 TEST(speed)
 {
     /* not a timed test: prints throughput for the report */

@@ -16,6 +16,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,10 +275,24 @@ typedef struct {
     char addr[64];
 } worker_t;
 
-static int worker_start(worker_t *w)
+/* A worker serving the test models (extra: more options, NULL-ended,
+ * or NULL; without --once it keeps serving). */
+static int worker_start_models(worker_t *w, int with_models, const char *const *extra)
 {
     const char *bin = getenv("FT_BIN");
     if (!bin) return -1;
+    char models[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(models, sizeof models, "%s/models", data ? data : "tests/data");
+    const char *argv[24] = {bin, "worker", "--listen", "127.0.0.1:0", "--trusted-network"};
+    int na = 5;
+    if (with_models) {
+        argv[na++] = "--models";
+        argv[na++] = models;
+    }
+    if (!extra) argv[na++] = "--once";
+    for (int i = 0; extra && extra[i] && na < 23; i++) argv[na++] = extra[i];
+    argv[na] = NULL;
     int fds[2];
     if (pipe(fds)) return -1;
     pid_t pid = fork();
@@ -286,7 +304,7 @@ static int worker_start(worker_t *w)
             if (null >= 0) dup2(null, 2);
         }
         close(fds[0]);
-        execl(bin, bin, "worker", "--listen", "127.0.0.1:0", "--trusted-network", "--once", (char *)NULL);
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     close(fds[1]);
@@ -317,6 +335,9 @@ static int worker_start(worker_t *w)
     }
     return 0;
 }
+
+static int worker_start_args(worker_t *w, const char *const *extra) { return worker_start_models(w, 1, extra); }
+static int worker_start(worker_t *w) { return worker_start_args(w, NULL); }
 
 static int worker_wait(worker_t *w)
 {
@@ -430,6 +451,118 @@ TEST(worker_refuses_and_dies)
     ft_pipe_stage_free(drv);
     ft_pipe_link_close(link);
     ft_pipe_disconnect(rem);
+    worker_wait(&w);
+}
+
+/* A job is data, not configuration (issue 21): a driver holding only the
+ * worker token cannot make the worker read a model outside --models (one
+ * error for "outside" and "not found"), log in to a memory node or write
+ * to a disk directory its command line did not give; the worker refuses
+ * the job and keeps serving. */
+static ft_status try_job(const worker_t *w, ft_pipe_stage_params *sp)
+{
+    const char *addrs[1] = {w->addr};
+    ft_pipe_link *link = NULL;
+    ft_pipe_remote *rem = NULL;
+    ft_status st = ft_pipe_connect(addrs, 1, sp, NULL, 1, sp[0].job, &link, &rem);
+    ft_pipe_link_close(link);
+    ft_pipe_disconnect(rem);
+    return st;
+}
+
+TEST(worker_job_names_only_what_is_allowed)
+{
+    char dir[512], tmp[] = "/tmp/ft-wjob-XXXXXX";
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models/llama-tiny", data ? data : "tests/data");
+    REQUIRE(mkdtemp(tmp) != NULL);
+    prompts f;
+    REQUIRE(load_prompts(dir, &f));
+    setenv("UCX_TLS", "tcp", 1);
+    /* a memory node the operator did not name: must never be contacted */
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t ll = sizeof la;
+    REQUIRE(lfd >= 0 && bind(lfd, (struct sockaddr *)&la, sizeof la) == 0 && listen(lfd, 4) == 0 &&
+            getsockname(lfd, (struct sockaddr *)&la, &ll) == 0);
+    char allowed_disk[200], evil_disk[200], evil_remote[64];
+    snprintf(allowed_disk, sizeof allowed_disk, "file:%s/ok", tmp);
+    snprintf(evil_disk, sizeof evil_disk, "file:%s/evil", tmp);
+    snprintf(evil_remote, sizeof evil_remote, "ucx://127.0.0.1:%d", ntohs(la.sin_port));
+    const char *extra[] = {"--remote", "ucx://127.0.0.1:1", "--disk", allowed_disk, NULL};
+    worker_t w;
+    REQUIRE(worker_start_args(&w, extra) == 0);
+    ft_model_config cfg;
+    CHECK_OK(ft_model_config_load(dir, &cfg));
+    int bounds[3];
+    ft_pipe_split_layers(cfg.n_layers, 2, bounds);
+    ft_pipe_stage_params sp[2] = {stage_params(dir, &f, 2, 2, 0, bounds), stage_params(dir, &f, 2, 2, 1, bounds)};
+    ft_pipe_stage_params bad[2];
+    char err_outside[400], err_missing[400];
+
+    /* a model outside --models, and one that does not exist: one answer */
+    memcpy(bad, sp, sizeof bad);
+    snprintf(bad[0].model_dir, sizeof bad[0].model_dir, "/etc");
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    snprintf(err_outside, sizeof err_outside, "%s", ft_last_error());
+    CHECK_MSG(strstr(err_outside, "not available on this worker") != NULL, "%s", err_outside);
+    snprintf(bad[0].model_dir, sizeof bad[0].model_dir, "/etc/no-such-model-dir");
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    snprintf(err_missing, sizeof err_missing, "%s", ft_last_error());
+    CHECK_MSG(strstr(err_missing, "not available on this worker") != NULL, "%s", err_missing);
+    /* ".." out of the root, relative and absolute */
+    snprintf(bad[0].model_dir, sizeof bad[0].model_dir, "../../../../../../etc");
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    snprintf(bad[0].model_dir, sizeof bad[0].model_dir, "%s/models/../..", data ? data : "tests/data");
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    CHECK_MSG(strstr(ft_last_error(), "not available on this worker") != NULL, "%s", ft_last_error());
+
+    /* a memory node the operator did not allow */
+    memcpy(bad, sp, sizeof bad);
+    snprintf(bad[0].policy, sizeof bad[0].policy, "w=0,0,0,100 remote=%s", evil_remote);
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    CHECK_MSG(strstr(ft_last_error(), "did not allow") != NULL, "%s", ft_last_error());
+    int got = accept(lfd, NULL, NULL);
+    CHECK_MSG(got < 0, "the worker contacted a memory node the job named");
+    if (got >= 0) close(got);
+
+    /* a disk directory the operator did not allow: nothing created */
+    snprintf(bad[0].policy, sizeof bad[0].policy, "w=0,50,50 disk=%s", evil_disk);
+    CHECK(try_job(&w, bad) != FT_OK);   /* the driver sees the worker's reason */
+    CHECK_MSG(strstr(ft_last_error(), "did not allow") != NULL, "%s", ft_last_error());
+    struct stat sb;
+    CHECK(stat(evil_disk + 5, &sb) != 0);
+
+    /* and it still serves a job within its limits, the model named
+     * relative to --models */
+    snprintf(sp[0].model_dir, sizeof sp[0].model_dir, "llama-tiny");
+    const char *addrs[1] = {w.addr};
+    ft_pipe_link *link = NULL;
+    ft_pipe_remote *rem = NULL;
+    ft_status st = ft_pipe_connect(addrs, 1, sp, NULL, 1, sp[0].job, &link, &rem);
+    CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+    ft_pipe_stage *drv = NULL;
+    if (!st) CHECK_OK(st = ft_pipe_stage_create(&sp[1], NULL, &drv));
+    if (!st) {
+        int32_t tok[MAXP * (STEPS + 1)];
+        float *out = drive(drv, link, &f, 2, tok, &st);
+        CHECK_MSG(st == FT_OK, "the worker stopped serving: %s", ft_last_error());
+        free(out);
+    }
+    ft_pipe_stage_free(drv);
+    ft_pipe_link_close(link);
+    ft_pipe_disconnect(rem);
+    kill(w.pid, SIGTERM);
+    worker_wait(&w);
+    close(lfd);
+    rmdir(tmp);
+    /* a worker without --models serves no model at all */
+    const char *none[] = {NULL};
+    REQUIRE(worker_start_models(&w, 0, none) == 0);
+    snprintf(sp[0].model_dir, sizeof sp[0].model_dir, "%s", dir);
+    CHECK(try_job(&w, sp) != FT_OK);
+    CHECK_MSG(strstr(ft_last_error(), "serves no models") != NULL, "%s", ft_last_error());
+    kill(w.pid, SIGTERM);
     worker_wait(&w);
 }
 

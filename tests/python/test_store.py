@@ -315,3 +315,12 @@ def test_request_timeout_and_exception():
     assert r.exception() is None and r.done()       # waits, then succeeds
     assert r.result(timeout=0) is None
     st.close()
+
+
+def test_parse_size_finite_only():
+    """Sizes are finite numbers of bytes (issue 21: --capacity nan read as 2^63)."""
+    assert flextier.parse_size("64M") == 64 << 20
+    assert flextier.parse_size(4096) == 4096
+    for bad in ["nan", "NaN", "inf", "-inf", "infinity", "-1", "1e400", -5, "x"]:
+        with pytest.raises(flextier.InvalidArgumentError):
+            flextier.parse_size(bad)
