@@ -1004,7 +1004,15 @@ static void handle_ucxb(server *S, conn *c, const ft_msg *m, const uint8_t *addr
         reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_PROTOCOL, "UCX path already open");
         return;
     }
-    ucs_status_t s = ft_net_ucp_connect(S->w, addr, uep_err_cb, c, &c->uep);
+    if (ft_net_ucx_addr_check(addr, (size_t)m->data_len) != FT_OK) {
+        /* a protocol error: this connection ends, the node goes on */
+        char why[160];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_PROTOCOL, "malformed UCX worker address");
+        conn_close(S, c, why);
+        return;
+    }
+    ucs_status_t s = ft_net_ucp_connect(S->w, addr, (size_t)m->data_len, uep_err_cb, c, &c->uep);
     if (s != UCS_OK) {
         c->uep = NULL;
         char why[128];

@@ -13,11 +13,16 @@
  *   worker -> driver   READY
  *
  * after which activations flow over UCX and the connection stays open
- * and silent: either side closing it ends the run on the other.
+ * and silent: either side closing it ends the run on the other. The
+ * listening side is the memory node's front door (src/net/door.h): the
+ * handshakes of any number of connecting peers run concurrently on the
+ * door's thread, while a job runs too (a driver that authenticates then
+ * is told the worker is busy).
  * Control frame: u32 magic "FTPC", u32 type, u32 length (<= 64 KiB),
  * u32 zero, then the payload. One driver at a time. */
 #include "flextier/pipe.h"
 #include "net/auth.h"
+#include "net/door.h"
 #include "net/msg.h"
 #include "net/net.h"
 
@@ -136,26 +141,6 @@ static ft_status load_token(const char *file, uint8_t *tok, size_t *len)
 
 /* ---------------------------------------------------------------- worker */
 
-static ft_status worker_auth(int fd, const uint8_t *tok, size_t tlen, const char *peer)
-{
-    ft_hs_server hs;
-    ft_hs_server_init(&hs, tlen ? tok : NULL, tlen, NULL);
-    double dl = ft_now() + HS_S;
-    while (hs.state != FT_HS_DONE) {
-        ft_msg m;
-        uint8_t payload[FT_MSG_PROOF];
-        ft_status st = hs_recv(fd, 0, &m, payload, sizeof payload, dl, peer);
-        if (st) return st;
-        ft_hs_reply r;
-        st = ft_hs_server_step(&hs, &m, payload, &r);
-        ft_status s2 = hs_send(fd, (uint16_t)(m.opcode | FT_OP_REPLY), st, r.arg, st ? r.detail : (const char *)r.payload,
-                               st ? strlen(r.detail) : r.len, dl, peer);
-        if (st) return ft_set_error(st, "%s: %s", peer, r.detail);
-        if (s2) return s2;
-    }
-    return FT_OK;
-}
-
 /* One driver's job, start to end. */
 static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
 {
@@ -222,51 +207,52 @@ out:
     return st;
 }
 
+/* The front door's admission (door.h): one driver at a time. */
+static ft_status worker_admit(void *arg, const ft_door_conn *c, uint8_t *extra, size_t cap, size_t *len,
+                              uint64_t *aux, uint64_t *flags, const char **detail)
+{
+    (void)c; (void)extra; (void)cap; (void)aux; (void)flags;
+    *len = 0;
+    if (__atomic_load_n((const int *)arg, __ATOMIC_ACQUIRE)) {
+        *detail = "this worker runs another driver's job";
+        return FT_ERR_BUSY;
+    }
+    return FT_OK;
+}
+
 ft_status ft_worker_run(const ft_worker_params *p)
 {
     if (!p || !p->listen) return ft_set_error(FT_ERR_INVALID_ARG, "worker: no listen address");
-    uint8_t tok[FT_TOKEN_MAX];
-    size_t tlen = 0;
-    struct sockaddr_storage sa;
-    socklen_t alen;
-    ft_status st = ft_net_resolve(p->listen, 1, &sa, &alen);
+    /* the node's front door: concurrent handshakes with deadlines, a cap,
+     * back-off, token-file checks, protected mode (src/net/door.h) */
+    int busy = 0;
+    const char *tf = p->token_file ? p->token_file : getenv("FLEXTIER_TOKEN_FILE");
+    ft_door_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.what = "worker";
+    dp.listen = p->listen;
+    dp.token_file = tf && *tf ? tf : NULL;
+    dp.admit = worker_admit;
+    dp.arg = &busy;
+    ft_door *door = NULL;
+    ft_status st = ft_door_open(&dp, &door);
     if (st) return st;
-    if ((st = load_token(p->token_file, tok, &tlen))) return st;
-    if (!tlen && !ft_net_is_loopback(&sa))
-        return ft_set_error(FT_ERR_INVALID_ARG, "worker: %s is not a loopback address: give --token-file (drivers "
-                            "authenticate with it)", p->listen);
-    int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (lfd < 0) return ft_set_error(FT_ERR_NET, "worker: socket: %s", strerror(errno));
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&sa, alen) != 0 || listen(lfd, 8) != 0) {
-        st = ft_set_error(FT_ERR_NET, "worker: cannot listen on %s: %s", p->listen, strerror(errno));
-        close(lfd);
-        return st;
-    }
-    struct sockaddr_storage bound;
-    socklen_t bl = sizeof bound;
-    char bs[96];
-    getsockname(lfd, (struct sockaddr *)&bound, &bl);
-    ft_net_addr_str(&bound, bs, sizeof bs);
-    if (p->on_ready) p->on_ready(p->arg, bs);
+    if (p->on_ready) p->on_ready(p->arg, ft_door_bound(door));
     while (!(p->stop && *p->stop)) {
-        struct pollfd pf = {lfd, POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0) continue;
-        struct sockaddr_storage peer;
-        socklen_t pl = sizeof peer;
-        int fd = accept(lfd, (struct sockaddr *)&peer, &pl);
-        if (fd < 0) continue;
-        char ps[96];
-        ft_net_addr_str(&peer, ps, sizeof ps);
-        ft_status js = worker_auth(fd, tok, tlen, ps);
-        if (js == FT_OK) js = worker_job(p, fd, ps);
-        if (js != FT_OK) FT_LOG(FT_LOG_WARN, "worker: %s: %s", ps, ft_last_error());
-        close(fd);
+        ft_door_conn dc;
+        if (!ft_door_take(door, &dc)) {
+            struct pollfd pf = {ft_door_fd(door), POLLIN, 0};
+            poll(&pf, 1, 100);
+            continue;
+        }
+        __atomic_store_n(&busy, 1, __ATOMIC_RELEASE);
+        ft_status js = worker_job(p, dc.fd, dc.peer);
+        if (js != FT_OK) FT_LOG(FT_LOG_WARN, "worker: %s: %s", dc.peer, ft_last_error());
+        close(dc.fd);
+        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
         if (p->once) break;
     }
-    memset(tok, 0, sizeof tok);
-    close(lfd);
+    ft_door_close(door);
     return FT_OK;
 }
 

@@ -807,8 +807,7 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
     uint8_t buf[FT_MSG_MAX_DETAIL];
     if (st == FT_OK) st = hs_recv(c, &m, buf, sizeof buf, deadline, "UCXB");
     if (st != FT_OK) return st;
-    (void)nlen;
-    s = ft_net_ucp_connect(c->w, naddr, ep_err_cb, c, &c->ep);
+    s = ft_net_ucp_connect(c->w, naddr, nlen, ep_err_cb, c, &c->ep);
     if (s != UCS_OK) {
         c->ep = NULL;
         return ft_set_error(FT_ERR_NET, "cannot reach the node over UCX: %s", ucs_status_string(s));
