@@ -201,7 +201,7 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
                              ucp_worker_h *w, int *efd)
 {
     char tls[512];
-    ft_net_ucx_tls(getenv("UCX_TLS"), o && o->allow_tcp, tls, sizeof tls);
+    ft_net_ucx_tls(o && o->user_tls ? o->user_tls : getenv("UCX_TLS"), o && o->allow_tcp, tls, sizeof tls);
     /* nothing to reach a peer with: no RDMA device, TCP not allowed */
     if (!tls[0] || (!(o && o->allow_tcp) && access("/sys/class/infiniband", F_OK) != 0))
         return UCS_ERR_UNSUPPORTED;

@@ -24,6 +24,7 @@
 #define FAIL_MEMORY 300.0         /* s: older failures are forgiven */
 #define OK_MEMORY 3600.0          /* s: an address with a success this recent is never refused */
 #define ACCEPTS_PER_TURN 256u
+#define MAX_HELD 64u              /* failed connections held back at once */
 
 typedef struct addr_slot {
     uint8_t  key[16];
@@ -42,6 +43,7 @@ typedef struct dconn {
     uint8_t      *tx;                 /* reply being sent */
     size_t        tx_len, tx_off;
     int           then;               /* after tx: 0 read on, 1 close, 2 hand off */
+    double        hold_until;         /* > 0: a failed connection held back (back-off) */
     struct dconn *next;
 } dconn;
 
@@ -59,7 +61,7 @@ struct ft_door {
     volatile int    stop;
     /* door thread only */
     dconn          *conns;
-    unsigned        nconns;
+    unsigned        nconns, nheld;    /* unauthenticated; held back after failing */
     addr_slot      *addrs;
     uint64_t        next_id;
     /* shared (lock) */
@@ -103,7 +105,18 @@ static addr_slot *addr_find(ft_door *d, const struct sockaddr_storage *a, int cr
     return victim;
 }
 
-static void addr_failed(ft_door *d, dconn *k, const char *why)
+/* Addresses whose clients the back-off must not lock out: loopback (every
+ * local user shares it) and any address a client authenticated from
+ * within the last hour (a NAT, a shared host). Their failing connections
+ * are held back instead (hold_for). */
+static int addr_exempt(const addr_slot *s, const struct sockaddr_storage *a, double now)
+{
+    return ft_net_is_loopback(a) || now - s->last_ok < OK_MEMORY;
+}
+
+/* Count a failure; the back-off (s) its connection is to be held for when
+ * the address is exempt from refusal (0: none). */
+static double addr_failed(ft_door *d, dconn *k, const char *why)
 {
     double now = ft_now();
     addr_slot *s = addr_find(d, &k->c.sa, 1);
@@ -113,16 +126,23 @@ static void addr_failed(ft_door *d, dconn *k, const char *why)
     pthread_mutex_lock(&d->lock);
     d->failed++;
     pthread_mutex_unlock(&d->lock);
-    if (now - s->last_ok < OK_MEMORY || s->fails < FAILS_BEFORE_BACKOFF) {
+    if (s->fails < FAILS_BEFORE_BACKOFF) {
         FT_LOG(FT_LOG_WARN, "%s: conn %llu (%s): %s", d->what, (unsigned long long)k->c.id, k->c.peer,
                why);
-        return;
+        return 0;
     }
     unsigned e = s->fails - FAILS_BEFORE_BACKOFF;
     double b = e >= 6 ? MAX_BACKOFF : (double)(1u << e);
+    if (addr_exempt(s, &k->c.sa, now)) {
+        FT_LOG(FT_LOG_WARN, "%s: conn %llu (%s): %s; %u failures from this address: holding this "
+               "connection back for %.0f s (clients of the address are not refused)", d->what,
+               (unsigned long long)k->c.id, k->c.peer, why, s->fails, b);
+        return b;
+    }
     s->backoff_until = now + b;
     FT_LOG(FT_LOG_WARN, "%s: conn %llu (%s): %s; %u failures from this address, none authenticated: "
            "refusing it for %.0f s", d->what, (unsigned long long)k->c.id, k->c.peer, why, s->fails, b);
+    return 0;
 }
 
 static void addr_succeeded(ft_door *d, dconn *k)
@@ -142,7 +162,7 @@ static void conn_drop(ft_door *d, dconn *k)
             *pp = k->next;
             break;
         }
-    d->nconns--;
+    if (k->hold_until > 0) d->nheld--; else d->nconns--;
     if (k->c.fd >= 0) close(k->c.fd);
     free(k->tx);
     memset(&k->hs, 0, sizeof k->hs);
@@ -172,11 +192,27 @@ static int conn_reply(dconn *k, uint16_t op, ft_status st, uint64_t aux, uint64_
     return 0;
 }
 
+/* A failed handshake: answer (generic detail) and close; from an exempt
+ * address over its failure threshold, only after holding the connection
+ * back (it leaves the unauthenticated slots meanwhile). */
 static void fail(ft_door *d, dconn *k, ft_status st, const char *detail, const char *why)
 {
-    addr_failed(d, k, why);
+    double hold = addr_failed(d, k, why);
     uint16_t op = k->m.opcode ? k->m.opcode : FT_OP_HELLO;
-    if (conn_reply(k, op, st, 0, 0, detail, strlen(detail), NULL, 0, 1) != 0) conn_drop(d, k);
+    if (conn_reply(k, op, st, 0, 0, detail, strlen(detail), NULL, 0, 1) != 0) {
+        conn_drop(d, k);
+        return;
+    }
+    if (hold <= 0) return;
+    if (d->nheld >= MAX_HELD) {   /* too many held: the oldest held goes now */
+        dconn *v = NULL;
+        for (dconn *q = d->conns; q; q = q->next)
+            if (q->hold_until > 0 && (!v || q->t_accept < v->t_accept)) v = q;
+        if (v) conn_drop(d, v);
+    }
+    d->nconns--;
+    d->nheld++;
+    k->hold_until = ft_now() + hold;
 }
 
 /* A whole message is in rx: step the handshake. Returns 0 if k was freed. */
@@ -320,9 +356,9 @@ static int evict_oldest(ft_door *d)
     double now = ft_now();
     dconn *v = NULL;
     for (dconn *k = d->conns; k; k = k->next)
-        if (now - k->t_accept >= STALL_GRACE && (!v || k->t_accept < v->t_accept)) v = k;
+        if (k->hold_until <= 0 && now - k->t_accept >= STALL_GRACE && (!v || k->t_accept < v->t_accept)) v = k;
     if (!v) return 0;
-    addr_failed(d, v, "dropped: not authenticated within 1 s while others waited");
+    (void)addr_failed(d, v, "dropped: not authenticated within 1 s while others waited");
     conn_drop(d, v);
     return 1;
 }
@@ -374,6 +410,10 @@ static void check_deadlines(ft_door *d)
     double now = ft_now();
     for (dconn *k = d->conns, *next; k; k = next) {
         next = k->next;
+        if (k->hold_until > 0) {
+            if (now > k->hold_until + d->auth_s) conn_drop(d, k);   /* its answer is not taken */
+            continue;
+        }
         if (now - k->t_accept <= d->auth_s) continue;
         if (k->tx && k->then == 1) {   /* an error reply nobody takes */
             conn_drop(d, k);
@@ -387,8 +427,8 @@ static void check_deadlines(ft_door *d)
 static void *door_main(void *arg)
 {
     ft_door *d = arg;
-    struct pollfd *pf = calloc((size_t)d->p.max_unauth + 2, sizeof *pf);
-    dconn **who = calloc((size_t)d->p.max_unauth + 2, sizeof *who);
+    struct pollfd *pf = calloc((size_t)d->p.max_unauth + MAX_HELD + 2, sizeof *pf);
+    dconn **who = calloc((size_t)d->p.max_unauth + MAX_HELD + 2, sizeof *who);
     if (!pf || !who) {
         FT_LOG(FT_LOG_ERROR, "%s: the front door has no memory", d->what);
         free(pf);
@@ -403,7 +443,9 @@ static void *door_main(void *arg)
         pf[n].fd = d->lfd;
         pf[n].events = POLLIN;
         who[n++] = NULL;
-        for (dconn *k = d->conns; k && n < d->p.max_unauth + 2; k = k->next) {
+        double now = ft_now();
+        for (dconn *k = d->conns; k && n < d->p.max_unauth + MAX_HELD + 2; k = k->next) {
+            if (k->hold_until > now) continue;
             pf[n].fd = k->c.fd;
             pf[n].events = k->tx ? POLLOUT : POLLIN;
             who[n++] = k;
@@ -426,6 +468,101 @@ static void *door_main(void *arg)
 }
 
 /* ------------------------------------------------------------------ API */
+
+ft_status ft_net_io_full(int fd, int out, void *buf, size_t n, double dl, const char *what)
+{
+    uint8_t *b = buf;
+    while (n) {
+        ssize_t r = out ? send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, n, MSG_DONTWAIT);
+        if (r > 0) {
+            b += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return ft_set_error(FT_ERR_NET, "%s: the connection closed (%s)", what,
+                                r == 0 ? "end of stream" : strerror(errno));
+        int left = (int)((dl - ft_now()) * 1000);
+        if (left <= 0) return ft_set_error(FT_ERR_TIMEOUT, "%s: no progress before the deadline", what);
+        struct pollfd p = {fd, (short)(out ? POLLOUT : POLLIN), 0};
+        poll(&p, 1, left > 1000 ? 1000 : left);
+    }
+    return FT_OK;
+}
+
+/* One handshake reply: header + payload (<= cap, else a protocol error). */
+static ft_status cl_recv(int fd, ft_msg *m, uint8_t *payload, size_t cap, double dl, const char *what)
+{
+    uint8_t h[FT_MSG_HDR_SIZE];
+    ft_status st = ft_net_io_full(fd, 0, h, sizeof h, dl, what);
+    size_t hl = 0;
+    if (st == FT_OK && (st = ft_msg_header_len(h, &hl)) == FT_OK && hl != FT_MSG_HDR_SIZE)
+        st = ft_set_error(FT_ERR_PROTOCOL, "a handshake reply with a key");
+    if (st == FT_OK) st = ft_msg_parse(h, sizeof h, 1, cap, m);
+    if (st == FT_OK && m->data_len > cap)
+        st = ft_set_error(FT_ERR_PROTOCOL, "a handshake reply of %llu bytes", (unsigned long long)m->data_len);
+    if (st == FT_OK && m->data_len) st = ft_net_io_full(fd, 0, payload, (size_t)m->data_len, dl, what);
+    if (st != FT_OK) return ft_set_error(st, "%s: %s", what, ft_last_error());
+    if (m->status != FT_OK) {
+        char text[FT_MSG_MAX_DETAIL + 1];
+        size_t k = m->data_len < FT_MSG_MAX_DETAIL ? (size_t)m->data_len : FT_MSG_MAX_DETAIL;
+        for (size_t i = 0; i < k; i++) text[i] = payload[i] >= 0x20 && payload[i] < 0x7f ? (char)payload[i] : '?';
+        text[k] = 0;
+        return ft_set_error((ft_status)m->status, "%s: refused: %s", what, k ? text : ft_status_str((ft_status)m->status));
+    }
+    return FT_OK;
+}
+
+static ft_status cl_send(int fd, uint16_t op, uint64_t arg, const void *p, size_t n, double dl, const char *what)
+{
+    uint8_t h[FT_MSG_HDR_SIZE];
+    ft_msg m;
+    memset(&m, 0, sizeof m);
+    m.opcode = op;
+    m.req_id = op;
+    m.data_len = n;
+    m.arg = arg;
+    ft_msg_encode(h, &m);
+    ft_status st = ft_net_io_full(fd, 1, h, sizeof h, dl, what);
+    if (st == FT_OK && n) st = ft_net_io_full(fd, 1, (void *)p, n, dl, what);
+    return st;
+}
+
+ft_status ft_door_client_auth(int fd, const uint8_t *tok, size_t tlen, uint64_t client_flags, double dl,
+                              const char *what, uint8_t *extra, size_t cap, size_t *elen, uint64_t *flags,
+                              uint64_t *aux)
+{
+    ft_hs_client hs;
+    uint8_t proof[FT_MSG_PROOF];
+    size_t plen = 0, rest = 0, room = FT_MSG_PROOF + cap;
+    if (room < FT_MSG_MAX_DETAIL) room = FT_MSG_MAX_DETAIL;
+    uint8_t *buf = malloc(room);
+    if (!buf) return ft_set_error(FT_ERR_NOMEM, "%s: handshake", what);
+    ft_msg m;
+    ft_status st = ft_hs_client_init(&hs, tlen ? tok : NULL, tlen);
+    if (st == FT_OK) st = cl_send(fd, FT_OP_HELLO, 0, hs.nc, FT_MSG_NONCE, dl, what);
+    if (st == FT_OK) st = cl_recv(fd, &m, buf, room < FT_MSG_MAX_DETAIL ? room : FT_MSG_MAX_DETAIL, dl, what);
+    if (st == FT_OK && (st = ft_hs_client_challenge(&hs, &m, buf, proof, &plen)) != FT_OK)
+        st = ft_set_error(st, "%s: %s", what, ft_last_error());
+    if (st == FT_OK) st = cl_send(fd, FT_OP_AUTH, client_flags, proof, plen, dl, what);
+    if (st == FT_OK) st = cl_recv(fd, &m, buf, room, dl, what);
+    if (st == FT_OK && (st = ft_hs_client_finish(&hs, &m, buf, &rest)) != FT_OK)
+        st = ft_set_error(st, "%s: %s", what, ft_last_error());
+    if (st == FT_OK) {
+        size_t n = (size_t)m.data_len - rest;
+        if (n > cap) st = ft_set_error(FT_ERR_PROTOCOL, "%s: %zu bytes after the proof", what, n);
+        else {
+            if (n) memcpy(extra, buf + rest, n);
+            if (elen) *elen = n;
+            if (flags) *flags = m.arg;
+            if (aux) *aux = m.aux;
+        }
+    }
+    memset(&hs, 0, sizeof hs);
+    memset(proof, 0, sizeof proof);
+    free(buf);
+    return st;
+}
 
 ft_status ft_door_check_listen(const char *what, const char *listen, const struct sockaddr_storage *a,
                                int has_token, int insecure)

@@ -90,6 +90,22 @@ FT_API void ft_door_stats(ft_door *d, uint64_t *refused, uint64_t *failed);
  * taken. NULL is fine. */
 FT_API void ft_door_close(ft_door *d);
 
+/* The client's side of the door, blocking on fd (non-blocking socket,
+ * poll) until deadline (ft_now() seconds): HELLO, AUTH with client_flags,
+ * the peer's proof checked (auth.h). What follows the proof in the AUTH
+ * reply is copied to extra (up to cap bytes, *elen; NULL/0: none
+ * accepted); the reply's arg and aux to *flags and *aux (may be NULL).
+ * Errors name `what`. */
+FT_API ft_status ft_door_client_auth(int fd, const uint8_t *token, size_t token_len,
+                                     uint64_t client_flags, double deadline, const char *what,
+                                     uint8_t *extra, size_t cap, size_t *elen, uint64_t *flags,
+                                     uint64_t *aux);
+
+/* All of n bytes out (out != 0) or in on a non-blocking socket by
+ * deadline. FT_ERR_NET (closed), FT_ERR_TIMEOUT. */
+FT_API ft_status ft_net_io_full(int fd, int out, void *buf, size_t n, double deadline,
+                                const char *what);
+
 /* Protected mode, for processes that check before they open their door:
  * FT_ERR_INVALID_ARG unless a is loopback, or a token is given, or
  * insecure. */

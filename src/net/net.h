@@ -31,6 +31,8 @@ typedef struct ft_net_ucx_opts {
     const char *rndv_scheme;   /* UCX_RNDV_SCHEME unless the environment sets one */
     int         no_rcache;     /* registrations end with ucp_mem_unmap (the node) */
     uint64_t    features;      /* UCP features (0: active messages + wakeup) */
+    const char *user_tls;      /* the transports asked for (NULL: UCX_TLS of the
+                                  environment); the policy filters them too */
 } ft_net_ucx_opts;
 
 /* The UCX_TLS value the policy allows, from the user's UCX_TLS (NULL:

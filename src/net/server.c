@@ -1820,7 +1820,7 @@ static void open_ucx(server *S, const struct sockaddr_storage *addr)
         if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
         else devs[0] = 0;
     }
-    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0};
+    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0, NULL};
     ucs_status_t s = ft_net_ucp_open("flextier-serve", &uo, &S->ctx, &S->w, &S->efd);
     if (s == UCS_OK) {
         ucp_am_handler_param_t hp;

@@ -44,27 +44,6 @@ enum { CTL_JOB = 1, CTL_JOBOK = 2, CTL_ERR = 3, CTL_NEXT = 4, CTL_READY = 5 };
 #define JOB_S 30.0        /* the job after authenticating             */
 #define LOAD_S 1800.0     /* a stage loading its model                */
 
-/* All of n bytes in or out by deadline. */
-static ft_status io_full(int fd, int out, void *buf, size_t n, double dl, const char *what)
-{
-    uint8_t *b = buf;
-    while (n) {
-        ssize_t r = out ? send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, n, MSG_DONTWAIT);
-        if (r > 0) {
-            b += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ft_set_error(FT_ERR_NET, "%s: the connection closed (%s)", what, r == 0 ? "end of stream" : strerror(errno));
-        int left = (int)((dl - ft_now()) * 1000);
-        if (left <= 0) return ft_set_error(FT_ERR_TIMEOUT, "%s: no progress before the deadline", what);
-        struct pollfd p = {fd, (short)(out ? POLLOUT : POLLIN), 0};
-        poll(&p, 1, left > 1000 ? 1000 : left);
-    }
-    return FT_OK;
-}
-
 static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double dl, const char *what)
 {
     uint8_t h[16];
@@ -72,8 +51,8 @@ static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double
     ft_put_le32(h + 4, type);
     ft_put_le32(h + 8, (uint32_t)n);
     ft_put_le32(h + 12, 0);
-    ft_status st = io_full(fd, 1, h, sizeof h, dl, what);
-    if (!st && n) st = io_full(fd, 1, (void *)p, n, dl, what);
+    ft_status st = ft_net_io_full(fd, 1, h, sizeof h, dl, what);
+    if (!st && n) st = ft_net_io_full(fd, 1, (void *)p, n, dl, what);
     return st;
 }
 
@@ -81,7 +60,7 @@ static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double
 static ft_status ctl_recv(int fd, uint32_t want, void *buf, size_t cap, size_t *n, double dl, const char *what)
 {
     uint8_t h[16];
-    ft_status st = io_full(fd, 0, h, sizeof h, dl, what);
+    ft_status st = ft_net_io_full(fd, 0, h, sizeof h, dl, what);
     if (st) return st;
     uint32_t type = ft_get_le32(h + 4), len = ft_get_le32(h + 8);
     if (ft_get_le32(h) != CTL_MAGIC || ft_get_le32(h + 12) || len > CTL_MAX || (type != want && type != CTL_ERR))
@@ -90,45 +69,15 @@ static ft_status ctl_recv(int fd, uint32_t want, void *buf, size_t cap, size_t *
     if (type == CTL_ERR) {
         uint8_t t[200];
         size_t k = len < sizeof t ? len : sizeof t;
-        if ((st = io_full(fd, 0, t, k, dl, what))) return st;
+        if ((st = ft_net_io_full(fd, 0, t, k, dl, what))) return st;
         for (size_t i = 0; i < k; i++) text[i] = t[i] >= 0x20 && t[i] < 0x7f ? (char)t[i] : '?';
         text[k] = 0;
         return ft_set_error(FT_ERR_NET, "%s: %s", what, text);
     }
     if (len > cap) return ft_set_error(FT_ERR_PROTOCOL, "%s: a control frame of %u bytes (room for %zu)", what, len, cap);
-    if (len && (st = io_full(fd, 0, buf, len, dl, what))) return st;
+    if (len && (st = ft_net_io_full(fd, 0, buf, len, dl, what))) return st;
     *n = len;
     return FT_OK;
-}
-
-/* One handshake message: header (+ payload <= cap). */
-static ft_status hs_recv(int fd, int reply, ft_msg *m, uint8_t *payload, size_t cap, double dl, const char *what)
-{
-    uint8_t h[FT_MSG_HDR_SIZE];
-    ft_status st = io_full(fd, 0, h, sizeof h, dl, what);
-    if (st) return st;
-    if ((st = ft_msg_parse(h, sizeof h, reply, cap, m))) return ft_set_error(st, "%s: %s", what, ft_last_error());
-    if (m->data_len > cap) return ft_set_error(FT_ERR_PROTOCOL, "%s: %llu bytes", what, (unsigned long long)m->data_len);
-    if (m->data_len && (st = io_full(fd, 0, payload, (size_t)m->data_len, dl, what))) return st;
-    if (reply && m->status != FT_OK)
-        return ft_set_error((ft_status)m->status, "%s: refused (%s)", what, ft_status_str((ft_status)m->status));
-    return FT_OK;
-}
-
-static ft_status hs_send(int fd, uint16_t op, int32_t status, uint64_t arg, const void *p, size_t n, double dl,
-                         const char *what)
-{
-    uint8_t h[FT_MSG_HDR_SIZE];
-    ft_msg m;
-    memset(&m, 0, sizeof m);
-    m.opcode = op;
-    m.status = status;
-    m.data_len = n;
-    m.arg = arg;
-    ft_msg_encode(h, &m);
-    ft_status st = io_full(fd, 1, h, sizeof h, dl, what);
-    if (!st && n) st = io_full(fd, 1, (void *)p, n, dl, what);
-    return st;
 }
 
 static ft_status load_token(const char *file, uint8_t *tok, size_t *len)
@@ -273,20 +222,7 @@ void ft_pipe_disconnect(ft_pipe_remote *r)
 
 static ft_status driver_auth(int fd, const uint8_t *tok, size_t tlen, const char *who)
 {
-    double dl = ft_now() + HS_S;
-    ft_hs_client hs;
-    uint8_t buf[FT_MSG_PROOF + 64], proof[FT_MSG_PROOF];
-    size_t plen = 0, rest = 0;
-    ft_msg m;
-    ft_status st = ft_hs_client_init(&hs, tlen ? tok : NULL, tlen);
-    if (!st) st = hs_send(fd, FT_OP_HELLO, 0, 0, hs.nc, FT_MSG_NONCE, dl, who);
-    if (!st) st = hs_recv(fd, 1, &m, buf, FT_MSG_NONCE, dl, who);
-    if (!st && (st = ft_hs_client_challenge(&hs, &m, buf, proof, &plen))) st = ft_set_error(st, "%s: %s", who, ft_last_error());
-    if (!st) st = hs_send(fd, FT_OP_AUTH, 0, 0, proof, plen, dl, who);
-    if (!st) st = hs_recv(fd, 1, &m, buf, sizeof buf, dl, who);
-    if (!st && (st = ft_hs_client_finish(&hs, &m, buf, &rest))) st = ft_set_error(st, "%s: %s", who, ft_last_error());
-    memset(&hs, 0, sizeof hs);
-    return st;
+    return ft_door_client_auth(fd, tok, tlen, 0, ft_now() + HS_S, who, NULL, 0, NULL, NULL, NULL);
 }
 
 ft_status ft_pipe_connect(const char *const *workers, int n_workers, const ft_pipe_stage_params *params,

@@ -775,7 +775,7 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
         }
         /* the node writes reply data into our buffers: this thread only
          * checks and decodes what has landed */
-        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0, 0};
+        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0, 0, NULL};
         ucs_status_t s = ft_net_ucp_open("flextier-client", &uo, &c->ctx, &c->w, &c->efd);
         if (s == UCS_OK) {
             ucp_am_handler_param_t hp;
