@@ -907,7 +907,7 @@ static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 /* The door's admission (door.h, on its thread): the connection limit, and
  * what UCX the agent offers. */
-static ft_status agent_admit(void *arg, const ft_door_conn *dc, uint8_t *extra, size_t cap, size_t *len,
+static ft_status agent_admit(void *arg, ft_door_conn *dc, uint8_t *extra, size_t cap, size_t *len,
                              uint64_t *aux, uint64_t *flags, const char **detail)
 {
     agent *A = arg;

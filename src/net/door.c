@@ -17,7 +17,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define STALL_GRACE 1.0           /* s: a connection this old may be dropped under pressure */
+#define STALL_GRACE 1.0           /* s: under pressure, a connection whose last message is
+                                     this old may be dropped ... */
+#define SILENT_GRACE 0.25         /* ... and one that sent nothing at all this long */
 #define ADDR_SLOTS 4096u
 #define FAILS_BEFORE_BACKOFF 3u
 #define MAX_BACKOFF 60.0
@@ -36,8 +38,9 @@ typedef struct addr_slot {
 typedef struct dconn {
     ft_door_conn  c;
     ft_hs_server  hs;
-    double        t_accept;
-    uint8_t       rx[FT_MSG_HDR_SIZE + FT_MSG_PROOF];
+    double        t_accept, t_msg;    /* accepted; last complete message */
+    int           msgs;               /* complete messages so far */
+    uint8_t       rx[FT_MSG_MAX_HDR + FT_MSG_PROOF];   /* header, key, payload */
     size_t        rx_have, rx_need;   /* header, then header + payload */
     ft_msg        m;
     uint8_t      *tx;                 /* reply being sent */
@@ -148,7 +151,8 @@ static double addr_failed(ft_door *d, dconn *k, const char *why)
 static void addr_succeeded(ft_door *d, dconn *k)
 {
     addr_slot *s = addr_find(d, &k->c.sa, 1);
-    s->fails = 0;
+    /* the failures stay counted (they are forgiven after 5 quiet minutes):
+     * a guesser among real clients keeps being held back */
     s->backoff_until = 0;
     s->last_ok = ft_now();
 }
@@ -218,6 +222,8 @@ static void fail(ft_door *d, dconn *k, ft_status st, const char *detail, const c
 /* A whole message is in rx: step the handshake. Returns 0 if k was freed. */
 static int conn_step(ft_door *d, dconn *k)
 {
+    k->t_msg = ft_now();
+    k->msgs++;
     ft_hs_reply r;
     ft_status st = ft_hs_server_step(&k->hs, &k->m, k->rx + FT_MSG_HDR_SIZE, &r);
     k->rx_have = 0;
@@ -286,12 +292,17 @@ static void conn_read(ft_door *d, dconn *k)
                 fail(d, k, FT_ERR_UNSUPPORTED, "protocol version 2 required", "another protocol version");
                 return;
             }
-            /* HELLO and AUTH have no key and at most a proof: read nothing
-             * of anything else */
-            if (st == FT_OK && hlen == FT_MSG_HDR_SIZE)
-                st = ft_msg_parse(k->rx, FT_MSG_HDR_SIZE, 0, FT_MSG_PROOF, &k->m);
-            else if (st == FT_OK)
-                st = FT_ERR_PROTOCOL;
+            if (st != FT_OK) {
+                fail(d, k, FT_ERR_PROTOCOL, "protocol error", "malformed header before authenticating");
+                return;
+            }
+            k->rx_need = hlen;   /* the key (<= FT_KEY_MAX), if any */
+            if (hlen > k->rx_have) continue;
+        }
+        if (k->rx_need == k->rx_have && !k->m.opcode) {
+            /* the header (+ key) is in: HELLO and AUTH have no key and at
+             * most a proof; of anything else no payload is read */
+            ft_status st = ft_msg_parse(k->rx, k->rx_need, 0, FT_MSG_PROOF, &k->m);
             if (st != FT_OK) {
                 fail(d, k, FT_ERR_PROTOCOL, "protocol error", "malformed header before authenticating");
                 return;
@@ -308,6 +319,7 @@ static void conn_read(ft_door *d, dconn *k)
             if (k->rx_need > k->rx_have) continue;
         }
         if (!conn_step(d, k)) return;
+        memset(&k->m, 0, sizeof k->m);
     }
 }
 
@@ -356,9 +368,12 @@ static int evict_oldest(ft_door *d)
     double now = ft_now();
     dconn *v = NULL;
     for (dconn *k = d->conns; k; k = k->next)
-        if (k->hold_until <= 0 && now - k->t_accept >= STALL_GRACE && (!v || k->t_accept < v->t_accept)) v = k;
+        if (k->hold_until <= 0 && !k->tx && now - k->t_msg >= (k->msgs ? STALL_GRACE : SILENT_GRACE) &&
+            (!v || k->t_msg < v->t_msg))
+            v = k;
     if (!v) return 0;
-    (void)addr_failed(d, v, "dropped: not authenticated within 1 s while others waited");
+    (void)addr_failed(d, v, v->msgs ? "dropped: stalled in the handshake while others waited"
+                                    : "dropped: silent while others waited");
     conn_drop(d, v);
     return 1;
 }
@@ -395,7 +410,7 @@ static void accept_conns(ft_door *d)
         k->c.sa = sa;
         k->c.id = ++d->next_id;
         ft_net_addr_str(&sa, k->c.peer, sizeof k->c.peer);
-        k->t_accept = ft_now();
+        k->t_accept = k->t_msg = ft_now();
         k->rx_need = FT_MSG_HDR_SIZE;
         ft_hs_server_init(&k->hs, d->token_len ? d->token : NULL, d->token_len, NULL);
         k->next = d->conns;

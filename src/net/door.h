@@ -14,14 +14,17 @@
  *     size; anything else gets a generic error and the connection closes
  *     (one guess per connection);
  *   - when every unauthenticated slot is taken and others wait in the
- *     kernel's accept queue, the oldest connection that has had
- *     STALL_GRACE to finish is dropped: a real client needs two round
- *     trips, so newcomers get in behind any number of slow ones;
+ *     kernel's accept queue, the connection whose last complete message
+ *     (or accept) is oldest, if at least 1 s old, is dropped: a real
+ *     client sends HELLO at once and AUTH one round trip later, so a
+ *     newcomer gets in behind any number of silent or trickling ones;
  *   - failures (wrong proof, protocol error, deadline, dropped) are
  *     counted per address (IPv4 /32, IPv6 /64); from the third within 5
  *     minutes an address is refused at accept for 1 s, 2, 4 ... 60 s --
- *     unless a client from that address authenticated within the last
- *     hour: then only the failing connections fail, so an attacker that
+ *     unless it is a loopback address or a client authenticated from it
+ *     within the last hour: then the failing connection is held back
+ *     that long before its answer (out of the unauthenticated slots, at
+ *     most 64 held), and the address stays open, so an attacker that
  *     shares an address with real clients (127.0.0.1, a NAT) cannot lock
  *     them out;
  *   - token files are checked (ft_net_read_token: a private regular file
@@ -47,6 +50,7 @@ typedef struct ft_door_conn {
     char     peer[64];      /* "ip:port" */
     uint64_t client_flags;  /* AUTH's arg (FT_CLIENT_*) */
     uint64_t aux, flags;    /* what admit put in the AUTH reply */
+    uint64_t tag;           /* admit's own note for the owner */
 } ft_door_conn;
 
 /* Called on the door's thread when c proved it knows the token, before
@@ -54,7 +58,7 @@ typedef struct ft_door_conn {
  * *aux and *flags the reply's aux and arg (FT_NODE_TOKEN is added by the
  * door). Return FT_OK to admit, or a status with *detail (a static text)
  * to refuse (the connection is closed; it counts as no failure). */
-typedef ft_status (*ft_door_admit_fn)(void *arg, const ft_door_conn *c, uint8_t *extra, size_t cap,
+typedef ft_status (*ft_door_admit_fn)(void *arg, ft_door_conn *c, uint8_t *extra, size_t cap,
                                       size_t *len, uint64_t *aux, uint64_t *flags,
                                       const char **detail);
 

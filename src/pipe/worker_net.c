@@ -157,7 +157,7 @@ out:
 }
 
 /* The front door's admission (door.h): one driver at a time. */
-static ft_status worker_admit(void *arg, const ft_door_conn *c, uint8_t *extra, size_t cap, size_t *len,
+static ft_status worker_admit(void *arg, ft_door_conn *c, uint8_t *extra, size_t cap, size_t *len,
                               uint64_t *aux, uint64_t *flags, const char **detail)
 {
     (void)c; (void)extra; (void)cap; (void)aux; (void)flags;
