@@ -262,12 +262,17 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
  *       5 bits, v2: 31 = the next byte), [paths], [sys dev], address
  *     per interface (unless no interfaces): u16 transport checksum,
  *       attributes (v1 16 bytes, v2 8), length byte (0x80 last, 0x40
- *       endpoint addresses follow; length 6 bits, v2: 63 = the next
- *       byte), address, then per endpoint address: u8 length, bytes, lane
- *       byte (0x80 last)
+ *       endpoint addresses follow: never in a worker address; length 6
+ *       bits, v2: 63 = the next byte), address
+ *
+ * Beyond the layout: the md index must be < 64 (wireup.c writes
+ * ae_cmpts[md_index], an array of UCP_MAX_MDS = 64), v1 attributes must
+ * be finite with a nonzero bandwidth. What an interface address means
+ * to its transport (a TCP sockaddr, an IB LID) is the transport's
+ * business; only authenticated peers get this far.
  */
 #define UA_MAX_IFACES 128u   /* UCP_MAX_RESOURCES */
-#define UA_MAX_EPS    6u     /* UCP_MAX_LANES     */
+#define UA_MAX_MDS    64u    /* UCP_MAX_MDS: UCX indexes arrays of 64 by it */
 
 typedef struct { const uint8_t *p, *end; const char *err; } ua_cur;
 
@@ -322,7 +327,8 @@ ft_status ft_net_ucx_addr_check(const void *addr, size_t len)
         while (!last_dev && !c.err) {
             if (c.p >= c.end) { c.err = "device"; break; }
             const int empty = (*c.p & 0x80u) != 0;
-            ua_ext(&c, v2 ? 0x7fu : 0x1fu, v2, "md index");
+            unsigned md = ua_ext(&c, v2 ? 0x7fu : 0x1fu, v2, "md index");
+            if (!c.err && md >= UA_MAX_MDS) { c.err = "memory domain index over 63"; break; }
             if (c.p >= c.end) { c.err = "device length"; break; }
             const uint8_t dflags = *c.p & 0xe0u;
             last_dev = dflags & 0x80u;
@@ -336,11 +342,13 @@ ft_status ft_net_ucx_addr_check(const void *addr, size_t len)
                 ua_skip(&c, 2, "transport checksum");
                 const uint8_t *attr = c.p;
                 if (!ua_skip(&c, v2 ? 8 : 16, "interface attributes")) break;
-                if (!v2) {
-                    float bw;   /* UCX divides by it: a NaN or 0 has no meaning */
-                    memcpy(&bw, attr + 4, sizeof bw);
-                    if (!(bw == bw) || bw == 0.0f || bw > 1e30f || bw < -1e30f) {
-                        c.err = "interface bandwidth";
+                if (!v2) {   /* overhead, bandwidth, latency: UCX scores lanes with them */
+                    float f[3];
+                    memcpy(f, attr, sizeof f);
+                    int bad = f[1] == 0.0f;   /* UCX divides by the bandwidth */
+                    for (int i = 0; i < 3; i++) bad |= !(f[i] == f[i]) || f[i] > 1e30f || f[i] < -1e30f;
+                    if (bad) {
+                        c.err = "interface attributes (not finite, or no bandwidth)";
                         break;
                     }
                 }
@@ -349,15 +357,9 @@ ft_status ft_net_ucx_addr_check(const void *addr, size_t len)
                 last_if = (iflags & 0x80u) != 0;
                 unsigned ilen = ua_ext(&c, 0x3fu, v2, "interface length");
                 ua_skip(&c, ilen, "interface address");
-                unsigned eps = 0;
-                int last_ep = !(iflags & 0x40u);
-                while (!last_ep && !c.err) {
-                    if (++eps > UA_MAX_EPS) { c.err = "more than 6 endpoint addresses"; break; }
-                    uint8_t el = 0;
-                    ua_byte(&c, &el, "endpoint address length");
-                    ua_skip(&c, el, "endpoint address");
-                    if (ua_byte(&c, &b, "endpoint lane")) last_ep = (b & 0x80u) != 0;
-                }
+                /* a worker address (ucp_worker_get_address) has no
+                 * endpoint addresses: those are for UCX's own wireup */
+                if (iflags & 0x40u) c.err = "endpoint addresses in a worker address";
             }
         }
     }

@@ -122,6 +122,7 @@ static int addr_exempt(const addr_slot *s, const struct sockaddr_storage *a, dou
 static double addr_failed(ft_door *d, dconn *k, const char *why)
 {
     double now = ft_now();
+    if (d->p.no_backoff) return 0;
     addr_slot *s = addr_find(d, &k->c.sa, 1);
     if (now - s->last > FAIL_MEMORY) s->fails = 0;
     s->fails++;

@@ -70,6 +70,7 @@ typedef struct ft_door_params {
     unsigned         max_unauth;      /* 0: 64 */
     int              auth_timeout_ms; /* 0: 5000 */
     size_t           max_extra;       /* admit's room after the proof (0: none) */
+    int              no_backoff;      /* fuzzing: count no failures, hold nothing */
     ft_door_admit_fn admit;           /* NULL: admit everyone who authenticates */
     void            *arg;
 } ft_door_params;

@@ -53,10 +53,10 @@ FT_API ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *opt
  * Checks the header version (v1 or v2: UCX asserts on any other), then
  * walks every field the unpacker reads (uuid, client id, worker name,
  * each device's md index, length, paths, system device and address, each
- * interface's transport checksum, attributes, length and address, each
- * endpoint address and lane) within len bytes, with UCX's own limits (128
- * interfaces, 6 endpoint addresses per interface), and requires the walk
- * to end exactly at len. Non-unified mode, the address flags of
+ * interface's transport checksum, attributes, length and address) within
+ * len bytes, with UCX's own limits (128 interfaces, md index < 64, no
+ * endpoint addresses in a worker address, finite v1 attributes), and
+ * requires the walk to end exactly at len. Non-unified mode, the address flags of
  * ucp_worker_get_address (docs/protocol.md, "UCX addresses"). FT_OK or
  * FT_ERR_PROTOCOL with what is wrong. Fuzzed: fuzz/fuzz_ucx_addr.c. */
 FT_API ft_status ft_net_ucx_addr_check(const void *addr, size_t len);
