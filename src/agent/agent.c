@@ -1068,10 +1068,10 @@ void ft_agent_default_params(ft_agent_params *p)
  * under the node's policy (net.h): no shared memory, TCP only on a
  * trusted network and only on the --listen interface. None when the
  * policy leaves no transport: clients on this machine use CMA. */
-static void ucp_open(agent *A)
+static void ucp_open(agent *A, const struct sockaddr_storage *listen_addr)
 {
     char devs[512] = "";
-    if (ft_net_devices_for(ft_door_addr(A->door), devs, sizeof devs) != FT_OK) devs[0] = 0;
+    if (ft_net_devices_for(listen_addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
     if (!A->p.trusted_network) {   /* RDMA only: the ports, not the netdev */
         char *comma = strchr(devs, ',');
         if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
@@ -1155,8 +1155,8 @@ ft_status ft_agent_run(const ft_agent_params *params)
     aconn **who = NULL;
     /* the configuration first (listen address, token file, protected
      * mode): the front door refuses what the node refuses */
+    struct sockaddr_storage la;
     {
-        struct sockaddr_storage la;
         socklen_t ll;
         if ((st = ft_net_resolve(p.listen, 1, &la, &ll)) != FT_OK) goto out;
         if ((st = ft_door_check_listen("agent", p.listen, &la, p.token_file != NULL, p.insecure)) != FT_OK) goto out;
@@ -1197,11 +1197,11 @@ ft_status ft_agent_run(const ft_agent_params *params)
     dp.insecure = p.insecure;
     dp.admit = agent_admit;
     dp.arg = A;
-    /* the UCX context is opened after the door (its interface), before
-     * any connection is admitted: admission reads A->w */
+    /* the UCX context (on the --listen interface) before the door:
+     * admission, on the door's thread, reads A->w */
+    ucp_open(A, &la);
     dp.max_unauth = 64;
     if ((st = ft_door_open(&dp, &A->door)) != FT_OK) goto out;
-    ucp_open(A);
     A->threads = calloc(p.threads, sizeof *A->threads);
     if (!A->threads) { st = ft_set_error(FT_ERR_NOMEM, "threads"); goto out; }
     for (unsigned i = 0; i < p.threads; i++) {

@@ -351,13 +351,16 @@ static void conn_write(ft_door *d, dconn *k)
         d->nconns--;
         memset(&k->hs, 0, sizeof k->hs);
         k->next = NULL;
+        /* queue and signal under the lock: ft_door_take resets the
+         * eventfd under it only when the queue is empty, so no hand-off
+         * is left without a signal */
         pthread_mutex_lock(&d->lock);
         if (d->ready_tail) d->ready_tail->next = k; else d->ready_head = k;
         d->ready_tail = k;
-        pthread_mutex_unlock(&d->lock);
         uint64_t one = 1;
         ssize_t r = write(d->efd, &one, sizeof one);
         (void)r;
+        pthread_mutex_unlock(&d->lock);
         FT_LOG(FT_LOG_INFO, "%s: conn %llu (%s): authenticated%s", d->what, (unsigned long long)k->c.id,
                k->c.peer, d->token_len ? "" : " (no token)");
     }

@@ -1759,6 +1759,7 @@ ft_status ft_node_run(const ft_node_params *params)
     conn **pconn = NULL;
     size_t pcap = 0;
     while (!(p.stop && *p.stop)) {
+        accept_conns(S);   /* what the door authenticated (cheap when none) */
         check_timers(S);
         reap_conns(S);
         int busy = 0;
