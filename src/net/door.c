@@ -47,6 +47,7 @@ typedef struct dconn {
     size_t        tx_len, tx_off;
     int           then;               /* after tx: 0 read on, 1 close, 2 hand off */
     double        hold_until;         /* > 0: a failed connection held back (back-off) */
+    int           dead;               /* closed; freed by sweep (pointers to it may be in use) */
     struct dconn *next;
 } dconn;
 
@@ -61,7 +62,7 @@ struct ft_door {
     double          auth_s;
     pthread_t       thread;
     int             started;
-    volatile int    stop;
+    int             stop;             /* atomic */
     /* door thread only */
     dconn          *conns;
     unsigned        nconns, nheld;    /* unauthenticated; held back after failing */
@@ -160,18 +161,30 @@ static void addr_succeeded(ft_door *d, dconn *k)
 
 /* ------------------------------------------------------------ connections */
 
+/* Close a connection; its memory is freed by sweep, at the end of the
+ * door's turn (the turn may still hold a pointer to it). */
 static void conn_drop(ft_door *d, dconn *k)
 {
-    for (dconn **pp = &d->conns; *pp; pp = &(*pp)->next)
-        if (*pp == k) {
-            *pp = k->next;
-            break;
-        }
+    if (k->dead) return;
+    k->dead = 1;
     if (k->hold_until > 0) d->nheld--; else d->nconns--;
     if (k->c.fd >= 0) close(k->c.fd);
-    free(k->tx);
-    memset(&k->hs, 0, sizeof k->hs);
-    free(k);
+    k->c.fd = -1;
+}
+
+static void sweep(ft_door *d)
+{
+    for (dconn **pp = &d->conns; *pp;) {
+        dconn *k = *pp;
+        if (!k->dead) {
+            pp = &k->next;
+            continue;
+        }
+        *pp = k->next;
+        free(k->tx);
+        memset(&k->hs, 0, sizeof k->hs);
+        free(k);
+    }
 }
 
 /* Queue a reply: header (+ payload). then: what happens once it is out. */
@@ -212,7 +225,7 @@ static void fail(ft_door *d, dconn *k, ft_status st, const char *detail, const c
     if (d->nheld >= MAX_HELD) {   /* too many held: the oldest held goes now */
         dconn *v = NULL;
         for (dconn *q = d->conns; q; q = q->next)
-            if (q->hold_until > 0 && (!v || q->t_accept < v->t_accept)) v = q;
+            if (!q->dead && q->hold_until > 0 && (!v || q->t_accept < v->t_accept)) v = q;
         if (v) conn_drop(d, v);
     }
     d->nconns--;
@@ -342,15 +355,22 @@ static void conn_write(ft_door *d, dconn *k)
     if (k->then == 1) {
         conn_drop(d, k);
     } else if (k->then == 2) {
-        /* authenticated: to the owner */
-        for (dconn **pp = &d->conns; *pp; pp = &(*pp)->next)
-            if (*pp == k) {
-                *pp = k->next;
-                break;
-            }
-        d->nconns--;
-        memset(&k->hs, 0, sizeof k->hs);
-        k->next = NULL;
+        /* authenticated: a copy to the owner; this one is swept */
+        dconn *h = malloc(sizeof *h);
+        if (!h) {
+            conn_drop(d, k);
+            return;
+        }
+        *h = *k;
+        memset(&h->hs, 0, sizeof h->hs);
+        h->tx = NULL;
+        h->next = NULL;
+        k->c.fd = -1;     /* the owner's now */
+        conn_drop(d, k);
+        k = h;
+        /* (logged before the hand-off: the owner frees it once taken) */
+        FT_LOG(FT_LOG_INFO, "%s: conn %llu (%s): authenticated%s", d->what, (unsigned long long)k->c.id,
+               k->c.peer, d->token_len ? "" : " (no token)");
         /* queue and signal under the lock: ft_door_take resets the
          * eventfd under it only when the queue is empty, so no hand-off
          * is left without a signal */
@@ -361,8 +381,6 @@ static void conn_write(ft_door *d, dconn *k)
         ssize_t r = write(d->efd, &one, sizeof one);
         (void)r;
         pthread_mutex_unlock(&d->lock);
-        FT_LOG(FT_LOG_INFO, "%s: conn %llu (%s): authenticated%s", d->what, (unsigned long long)k->c.id,
-               k->c.peer, d->token_len ? "" : " (no token)");
     }
 }
 
@@ -372,7 +390,7 @@ static int evict_oldest(ft_door *d)
     double now = ft_now();
     dconn *v = NULL;
     for (dconn *k = d->conns; k; k = k->next)
-        if (k->hold_until <= 0 && !k->tx && now - k->t_msg >= (k->msgs ? STALL_GRACE : SILENT_GRACE) &&
+        if (!k->dead && k->hold_until <= 0 && !k->tx && now - k->t_msg >= (k->msgs ? STALL_GRACE : SILENT_GRACE) &&
             (!v || k->t_msg < v->t_msg))
             v = k;
     if (!v) return 0;
@@ -429,6 +447,7 @@ static void check_deadlines(ft_door *d)
     double now = ft_now();
     for (dconn *k = d->conns, *next; k; k = next) {
         next = k->next;
+        if (k->dead) continue;
         if (k->hold_until > 0) {
             if (now > k->hold_until + d->auth_s) conn_drop(d, k);   /* its answer is not taken */
             continue;
@@ -454,7 +473,7 @@ static void *door_main(void *arg)
         free(who);
         return NULL;
     }
-    while (!d->stop) {
+    while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         unsigned n = 0;
         pf[n].fd = d->wake[0];
         pf[n].events = POLLIN;
@@ -464,7 +483,7 @@ static void *door_main(void *arg)
         who[n++] = NULL;
         double now = ft_now();
         for (dconn *k = d->conns; k && n < d->p.max_unauth + MAX_HELD + 2; k = k->next) {
-            if (k->hold_until > now) continue;
+            if (k->dead || k->hold_until > now) continue;
             pf[n].fd = k->c.fd;
             pf[n].events = k->tx ? POLLOUT : POLLIN;
             who[n++] = k;
@@ -475,11 +494,13 @@ static void *door_main(void *arg)
         for (unsigned i = 2; r > 0 && i < n; i++) {
             if (!pf[i].revents) continue;
             dconn *k = who[i];
+            if (k->dead) continue;
             if (k->tx) conn_write(d, k);
             else conn_read(d, k);
         }
         if (r > 0 && (pf[1].revents & POLLIN)) accept_conns(d);
         check_deadlines(d);
+        sweep(d);
     }
     free(pf);
     free(who);
@@ -687,12 +708,13 @@ void ft_door_close(ft_door *d)
 {
     if (!d) return;
     if (d->started) {
-        d->stop = 1;
+        __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
         ssize_t r = write(d->wake[1], "x", 1);
         (void)r;
         pthread_join(d->thread, NULL);
     }
-    while (d->conns) conn_drop(d, d->conns);
+    for (dconn *k = d->conns; k; k = k->next) conn_drop(d, k);
+    sweep(d);
     for (dconn *k = d->ready_head, *n; k; k = n) {
         n = k->next;
         close(k->c.fd);
