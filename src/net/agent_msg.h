@@ -26,7 +26,6 @@
 #define FT_AMSG_VERSION  2u            /* 1: over UCX sockaddr, token in clear */
 #define FT_AMSG_HDR_SIZE 64u
 #define FT_AMSG_MAX_HDR  (FT_AMSG_HDR_SIZE + FT_KEY_MAX)
-#define FT_AMSG_MAX_TOKEN 4096u
 #define FT_AMSG_MAX_NODE 255u
 #define FT_AMSG_MAX_RKEY 4096u        /* packed UCX remote key */
 #define FT_AMSG_ERR_MAX  200u         /* error detail text in a reply */
