@@ -15,6 +15,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *h = data + 1, *body = data + 1 + hl;
     size_t bl = size - 1 - hl;
     ft_amsg m;
+    /* as the agent's TCP reader does: the header length, then the header
+     * with the data length it states */
+    size_t hlen = 0;
+    if (size - 1 >= FT_AMSG_HDR_SIZE && ft_amsg_header_len(data + 1, &hlen) == FT_OK && hlen <= size - 1) {
+        uint64_t dl = 0;
+        for (int i = 7; i >= 0; i--) dl = (dl << 8) | data[1 + 24 + i];
+        ft_amsg_parse(data + 1, hlen, (size_t)dl, 0, 1u << 20, &m);
+        ft_amsg_parse(data + 1, hlen, (size_t)dl, 1, UINT64_MAX, &m);
+    }
     ft_amsg_parse(h, hl, bl, 0, 1u << 20, &m);
     ft_amsg_parse(h, hl, bl, 1, UINT64_MAX, &m);
     ft_amsg_parse(data + 1, size - 1, 0, 0, 1u << 20, &m);

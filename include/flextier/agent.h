@@ -8,10 +8,11 @@
  *     agent://AGENT_HOST:PORT[/NODE_HOST:PORT]
  *
  * and uses ft_write_tensor / ft_read_tensor (and everything else in
- * flextier/store.h) unchanged. The client library registers the tensor's
- * buffer with UCX and sends its address and remote key; the agent reads
- * the raw tensor out of it (UCP RMA get: CMA on one machine, RDMA from a
- * DPU), encodes it with the client's codec params and stores the frame on
+ * flextier/store.h) unchanged. The client connects to the agent's TCP
+ * port (the memory node's front door: mutual HMAC challenge-response) and
+ * names the tensor's buffer; the agent reads the raw tensor out of it
+ * (cross-memory attach on one machine; UCP RMA get from a DPU over RDMA,
+ * or over TCP on a network named trusted), encodes it with the client's codec params and stores the frame on
  * the memory node; on reads it fetches the frame (pipelined ranges,
  * decoded chunk by chunk as they arrive, every chunk hash verified) and
  * writes the decoded tensor straight into the client's buffer (RMA put).
@@ -59,8 +60,15 @@ typedef struct ft_agent_params {
     int         timeout_ms;      /* upstream operations (0 = store default)  */
     const char *client_tls;      /* UCX transports toward the clients (NULL:
                                     the UCX_TLS of the environment), e.g.
-                                    "sm,self,tcp" when UCX_TLS pins the
-                                    upstream to one transport               */
+                                    "rc,tcp" when UCX_TLS pins the upstream
+                                    to one transport; filtered by the trust
+                                    policy (no shared memory, TCP only with
+                                    trusted_network)                        */
+    int         trusted_network; /* UCX RMA toward clients may use TCP (on
+                                    the --listen interface): only where
+                                    every host is trusted (docs/protocol.md) */
+    int         insecure;        /* allow a non-loopback listen without a
+                                    token                                   */
     volatile int *stop;          /* polled ~every 100 ms; exit when set     */
     void (*on_ready)(void *arg, const char *bound);
     void *arg;

@@ -45,11 +45,15 @@ wait_listen() {   # log file
 lab_up
 lab_rate "$RATE"
 export FLEXTIER_TIMEOUT_MS=120000
-lab_srv "$FT" serve --listen "$LAB_IP_S:13500" --capacity 3G > "$work/srv.log" 2>&1 &
+# off loopback, the node and the agent require a token (protected mode):
+# one lab token for both, clients and the agent find it in the environment
+lab_token "$work/token"
+export FLEXTIER_TOKEN_FILE="$work/token"
+lab_srv "$FT" serve --listen "$LAB_IP_S:13500" --capacity 3G --token-file "$work/token" > "$work/srv.log" 2>&1 &
 SRV_PID=$!
 wait_listen "$work/srv.log"
 NODE="ucx://$LAB_IP_S:13500"
-lab_cli taskset -c 1 "$FT" agent --listen "$LAB_IP_C:13501" --node "$NODE" > "$work/agent.log" 2>&1 &
+lab_cli taskset -c 1 "$FT" agent --listen "$LAB_IP_C:13501" --node "$NODE" --token-file "$work/token" > "$work/agent.log" 2>&1 &
 AG_PID=$!
 wait_listen "$work/agent.log"
 AGENT="agent://$LAB_IP_C:13501"   # own address: local traffic, not over the veth

@@ -1,8 +1,19 @@
 /* `flextier agent`: the codec agent (flextier/agent.h, docs/agent.md).
  *
- * Threads. The main thread owns the UCP worker toward the clients (AM
- * requests and replies, RMA get/put into the clients' registered
- * buffers), single-threaded like the memory node. `threads` worker
+ * Front door. The agent listens on one TCP port, the memory node's front
+ * door (src/net/door.h): the node's mutual HMAC challenge-response on the
+ * door's thread, concurrent, with deadlines, a cap, back-off, token-file
+ * checks and protected mode. Only authenticated connections reach the
+ * main thread; their requests and replies are the agent's messages
+ * (net/agent_msg.h) on that connection. UCX listens on nothing: the
+ * agent's UCP context has no listener, no shared-memory transports and no
+ * TCP unless --trusted-network (and then only on the --listen
+ * interface); it only opens RMA endpoints to the worker addresses that
+ * authenticated clients send (checked by ft_net_ucx_addr_check first).
+ *
+ * Threads. The main thread owns the connections and the UCP worker (RMA
+ * get/put into the clients' registered buffers), single-threaded like
+ * the memory node. `threads` worker
  * threads do what blocks: the codec work and the memory-node I/O, through
  * the public store API (ft_*_async on one ucx:// store per memory node,
  * whose own worker threads encode/decode with one core each). A request
@@ -37,6 +48,10 @@
 #define _GNU_SOURCE   /* process_vm_readv/writev */
 #include "net/agent_msg.h"
 #include "net/cma.h"
+#include "net/auth.h"
+#include "net/door.h"
+#include "net/msg.h"
+#include "net/net.h"
 #include "flextier/agent.h"
 #include "flextier/store.h"
 
@@ -55,15 +70,16 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
-#define MAX_PROTO_ERRORS 16u
 #define MAX_OPS_PER_CONN 256u
-#define MAX_PENDING_CONN 64u
+#define READ_BUDGET (16u << 20)   /* bytes read from one conn per loop turn */
 
 typedef struct agent agent;
 
+typedef struct job job;
+
 typedef struct aconn {
-    ucp_ep_h      ep;            /* sockaddr endpoint: requests and replies */
-    ucp_ep_h      rma_ep;        /* to the client's worker address: RMA    */
+    int           fd;            /* the authenticated TCP connection     */
+    ucp_ep_h      rma_ep;        /* to the client's worker address: RMA  */
     uint64_t      id;
     char          peer[64];
     int           authed, dead, closed;
@@ -75,8 +91,15 @@ typedef struct aconn {
     int           cma_offered;   /* 1 offered, -1 claimed (once per conn) */
     uint8_t       challenge[FT_AMSG_CHALLENGE];
     unsigned      refs;          /* jobs and replies outstanding */
-    unsigned      proto_errors;
-    ucs_status_ptr_t close_req, rma_close_req;
+    ucs_status_ptr_t rma_close_req;
+    /* input: header (+ key), then body */
+    uint8_t       rx_hdr[FT_AMSG_MAX_HDR];
+    size_t        rx_have, rx_need;
+    int           rx_body;
+    uint8_t      *rx_buf;
+    uint64_t      rx_len, rx_done;
+    /* output: replies in order */
+    job          *tx_head, *tx_tail;
     struct aconn *next;
 } aconn;
 
@@ -90,7 +113,7 @@ enum phase {
     P_REPLY      /* main: reply                           */
 };
 
-typedef struct job {
+struct job {
     agent        *A;
     aconn        *c;
     uint16_t      op;
@@ -114,26 +137,23 @@ typedef struct job {
     ft_status     st;
     char          detail[FT_AMSG_ERR_MAX + 1];
     uint8_t       hdr[FT_AMSG_MAX_HDR];
+    size_t        tx_hlen;       /* reply on the wire: hdr, then tx_body */
+    const void   *tx_body;
+    size_t        tx_blen, tx_off;
     struct job   *next;
-} job;
+};
 
 struct agent {
     ft_agent_params p;
     ft_store      *up[FT_AGENT_MAX_NODES];
     char           node_names[FT_AGENT_MAX_NODES][FT_AMSG_MAX_NODE + 1]; /* HOST:PORT */
-    ucp_context_h  ctx;
+    ft_door       *door;
+    ucp_context_h  ctx;           /* NULL: no UCX toward clients (CMA only) */
     ucp_worker_h   w;
-    ucp_listener_h listener;
     ft_cma_door   *cma_door;     /* NULL: no cross-memory attach */
     int            efd, evfd;
     aconn         *conns;
-    unsigned       nconns;
-    uint64_t       next_conn_id;
-    ucp_conn_request_h pending_conn[MAX_PENDING_CONN];
-    unsigned       npending_conn;
-    char           token[FT_AMSG_MAX_TOKEN];
-    size_t         token_len;
-    int            has_token;
+    unsigned       nconns;        /* read by the door's thread (admission) */
     /* queues (q_lock) */
     pthread_mutex_t q_lock;
     pthread_cond_t  q_cond;
@@ -465,15 +485,7 @@ static void job_free(job *j)
     free(j);
 }
 
-static void reply_sent_cb(void *req, ucs_status_t status, void *user)
-{
-    job *j = user;
-    if (status != UCS_OK)
-        FT_LOG(FT_LOG_INFO, "agent: conn %llu: reply not delivered: %s", (unsigned long long)j->c->id,
-               ucs_status_string(status));
-    job_free(j);
-    ucp_request_free(req);
-}
+static void conn_flush(aconn *c);
 
 static void send_reply(job *j)
 {
@@ -502,15 +514,56 @@ static void send_reply(job *j)
         blen = j->body_len;
         if (j->op == FT_AOP_WRITE) aux = j->aux;
     }
-    size_t hlen = ft_amsg_encode(j->hdr, (uint16_t)(j->op | FT_AOP_REPLY), j->req_id,
-                                 (int32_t)j->st, NULL, 0, blen, 0, 0, aux);
-    ucp_request_param_t rp;
-    memset(&rp, 0, sizeof rp);
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.send = reply_sent_cb;
-    rp.user_data = j;
-    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_AGENT_REPLY, j->hdr, hlen, body, blen, &rp);
-    if (UCS_PTR_IS_ERR(r) || !r) job_free(j);
+    j->tx_hlen = ft_amsg_encode(j->hdr, (uint16_t)(j->op | FT_AOP_REPLY), j->req_id, (int32_t)j->st, NULL, 0,
+                                blen, 0, 0, aux);
+    j->tx_body = body;
+    j->tx_blen = blen;
+    j->tx_off = 0;
+    j->next = NULL;
+    if (c->tx_tail) c->tx_tail->next = j; else c->tx_head = j;
+    c->tx_tail = j;
+    conn_flush(c);
+}
+
+/* Write queued replies until the socket is full. */
+static void conn_flush(aconn *c)
+{
+    while (c->tx_head && !c->dead) {
+        job *j = c->tx_head;
+        size_t total = j->tx_hlen + j->tx_blen;
+        while (j->tx_off < total) {
+            struct iovec iov[2];
+            int n = 0;
+            if (j->tx_off < j->tx_hlen) {
+                iov[n].iov_base = j->hdr + j->tx_off;
+                iov[n++].iov_len = j->tx_hlen - j->tx_off;
+                if (j->tx_blen) {
+                    iov[n].iov_base = (void *)j->tx_body;
+                    iov[n++].iov_len = j->tx_blen;
+                }
+            } else {
+                iov[n].iov_base = (uint8_t *)j->tx_body + (j->tx_off - j->tx_hlen);
+                iov[n++].iov_len = total - j->tx_off;
+            }
+            struct msghdr mh;
+            memset(&mh, 0, sizeof mh);
+            mh.msg_iov = iov;
+            mh.msg_iovlen = (size_t)n;
+            ssize_t w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (w <= 0) {
+                FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): reply not delivered: %s", (unsigned long long)c->id,
+                       c->peer, strerror(errno));
+                c->dead = 1;
+                return;
+            }
+            j->tx_off += (size_t)w;
+        }
+        c->tx_head = j->next;
+        if (!c->tx_head) c->tx_tail = NULL;
+        job_free(j);
+    }
 }
 
 static ft_status unpack_rkey(job *j)
@@ -658,29 +711,17 @@ static void reply_error(agent *A, aconn *c, const ft_amsg *m, uint16_t op, ft_st
     send_reply(j);
 }
 
-static int token_ok(const agent *A, const uint8_t *t, size_t n)
-{
-    if (n == 0) return 0;
-    /* time independent of the token's contents */
-    unsigned diff = n != A->token_len;
-    for (size_t i = 0; i < A->token_len; i++) diff |= (unsigned)(t[i % n] ^ (uint8_t)A->token[i]);
-    return diff == 0;
-}
-
 static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
 
+/* The first message after the front door: the memory node to use and the
+ * client's UCX worker address (for RMA). The token was checked at the
+ * door. */
 static void handle_hello(agent *A, aconn *c, const ft_amsg *m, const void *data)
 {
     ft_amsg_hello h;
     ft_status st = ft_amsg_hello_parse(data, m->data_len, &h);
     if (st != FT_OK) { reply_error(A, c, m, FT_AOP_HELLO, st, ft_last_error()); return; }
-    if (A->has_token && !token_ok(A, h.token, h.token_len)) {
-        c->authed = 0;
-        FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): authentication failed", (unsigned long long)c->id,
-               c->peer);
-        reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_AUTH, "wrong or missing agent token");
-        return;
-    }
+    if (c->authed) { reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_PROTOCOL, "HELLO twice"); return; }
     unsigned node = 0;
     if (h.node[0]) {
         const char *want = strncmp(h.node, "ucx://", 6) ? h.node : h.node + 6;
@@ -693,33 +734,28 @@ static void handle_hello(agent *A, aconn *c, const ft_amsg *m, const void *data)
             return;
         }
     }
-    if (!c->rma_ep) {
-        ucp_ep_params_t ep;
-        memset(&ep, 0, sizeof ep);
-        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep.address = (const ucp_address_t *)h.waddr;
+    if (h.waddr_len && A->w) {
+        if (ft_net_ucx_addr_check(h.waddr, h.waddr_len) != FT_OK) {
+            /* a protocol error: this connection ends, the agent goes on */
+            FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): %s; closing it", (unsigned long long)c->id, c->peer,
+                   ft_last_error());
+            c->dead = 1;
+            return;
+        }
         /* PEER mode: a client that dies must fail our operations, not
          * leave UCX with an endpoint in undefined state (seen crashing
-         * under qemu). UCX 1.13 then uses no shared-memory RMA lanes, which
-         * only matters on one machine, where clients use CMA instead. */
-        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        ep.err_handler.cb = conn_err_cb;
-        ep.err_handler.arg = c;
-        ucs_status_t s = h.waddr_len ? ucp_ep_create(A->w, &ep, &c->rma_ep) : UCS_ERR_INVALID_PARAM;
+         * under qemu). */
+        ucs_status_t s = ft_net_ucp_connect(A->w, h.waddr, h.waddr_len, conn_err_cb, c, &c->rma_ep);
         if (s != UCS_OK) {
             c->rma_ep = NULL;
-            char d[FT_AMSG_ERR_MAX];
-            snprintf(d, sizeof d, "cannot reach the client's worker address for RMA: %s",
-                     ucs_status_string(s));
-            reply_error(A, c, m, FT_AOP_HELLO, FT_ERR_PROTOCOL, d);
-            return;
+            FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): no UCX endpoint to the client: %s",
+                   (unsigned long long)c->id, c->peer, ucs_status_string(s));
         }
     }
     c->node = node;
     c->authed = 1;
-    FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): authenticated, node %s", (unsigned long long)c->id,
-           c->peer, A->node_names[node]);
+    FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): node %s%s", (unsigned long long)c->id, c->peer,
+           A->node_names[node], c->rma_ep ? ", UCX RMA possible" : "");
     job *j = job_new(A, c, m);
     if (!j) return;
     j->phase = P_REPLY;
@@ -781,61 +817,34 @@ static void handle_cma(agent *A, aconn *c, const ft_amsg *m, const void *data)
     send_reply(j);
 }
 
-static void putf_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+/* One whole request of an authenticated connection (header hdr of hlen
+ * bytes, body of m.data_len bytes, heap). *taken: the job keeps body. */
+static void on_request(agent *A, aconn *c, const uint8_t *hdr, size_t hlen, uint8_t *body, int *taken)
 {
-    job *j = user;
-    if (status != UCS_OK || length != j->body_len) {
-        free(j->body);
-        j->body = NULL;
-        j->body_len = 0;
-        job_fail(j, FT_ERR_NET, "frame not received");
-    }
-    ucp_request_free(req);
-    main_step(j->A, j);
-}
-
-static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void *data, size_t len,
-                               const ucp_am_recv_param_t *param)
-{
-    agent *A = arg;
-    aconn *c = NULL;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-        for (aconn *k = A->conns; k; k = k->next)
-            if (k->ep == param->reply_ep && !k->dead) { c = k; break; }
-    if (!c) return UCS_OK;
     ft_amsg m;
-    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    ft_status st = ft_amsg_parse(header, hlen, len, 0, A->p.max_staging, &m);
+    const void *data = body;
+    ft_status st = ft_amsg_parse(hdr, hlen, (size_t)ft_get_le64(hdr + 24), 0, A->p.max_staging, &m);
     if (st != FT_OK) {
-        FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): bad message: %s", (unsigned long long)c->id,
-               c->peer, ft_last_error());
-        if (hlen >= 16) {
-            ft_amsg e;
-            memset(&e, 0, sizeof e);
-            const uint8_t *h = header;
-            for (int i = 7; i >= 0; i--) e.req_id = (e.req_id << 8) | h[8 + i];
-            reply_error(A, c, &e, FT_AOP_HELLO, st == FT_ERR_UNSUPPORTED ? st : FT_ERR_PROTOCOL,
-                        ft_last_error());
-        }
-        if (++c->proto_errors > MAX_PROTO_ERRORS) c->dead = 1;
-        return UCS_OK;
+        /* the framing held (the reader checked the lengths), the message
+         * did not: answer it and close (one protocol error ends the
+         * connection, as on the node's TCP path) */
+        FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): bad message: %s", (unsigned long long)c->id, c->peer,
+               ft_last_error());
+        c->dead = 1;
+        return;
     }
     if (c->refs >= MAX_OPS_PER_CONN) {
         reply_error(A, c, &m, m.opcode, FT_ERR_BUSY, "too many requests in flight");
-        return UCS_OK;
+        return;
     }
-    if (m.opcode != FT_AOP_PUTF && m.data_len && rndv) {
-        reply_error(A, c, &m, m.opcode, FT_ERR_PROTOCOL, "request body must be eager");
-        return UCS_OK;
-    }
-    if (m.opcode == FT_AOP_HELLO) { handle_hello(A, c, &m, data); return UCS_OK; }
+    if (m.opcode == FT_AOP_HELLO) { handle_hello(A, c, &m, data); return; }
     if (!c->authed) {
-        reply_error(A, c, &m, m.opcode, FT_ERR_AUTH, "not authenticated (HELLO first)");
-        return UCS_OK;
+        reply_error(A, c, &m, m.opcode, FT_ERR_PROTOCOL, "HELLO first");
+        return;
     }
-    if (m.opcode == FT_AOP_CMA) { handle_cma(A, c, &m, data); return UCS_OK; }
+    if (m.opcode == FT_AOP_CMA) { handle_cma(A, c, &m, data); return; }
     job *j = job_new(A, c, &m);
-    if (!j) return UCS_OK;
+    if (!j) return;
     const uint8_t *rk = NULL;
     size_t rkl = 0;
     switch (m.opcode) {
@@ -851,60 +860,42 @@ static ucs_status_t on_request(void *arg, const void *header, size_t hlen, void 
         if (st == FT_OK && nb > A->p.max_staging)
             st = ft_set_error(FT_ERR_NO_SPACE, "tensor of %llu bytes over the agent's staging (%llu, --max-staging)",
                               (unsigned long long)nb, (unsigned long long)A->p.max_staging);
-        if (st == FT_OK && nb && rkl == 0 && !ft_cma_peer_open(&c->cma))
-            st = ft_set_error(FT_ERR_PROTOCOL, "WRITE without a remote key");
+        if (st == FT_OK && nb && !ft_cma_peer_open(&c->cma) && (rkl == 0 || !c->rma_ep))
+            st = ft_set_error(FT_ERR_PROTOCOL, "WRITE without a data path (no CMA, no remote key or UCX endpoint)");
         if (st == FT_OK && ft_encode_bound(&j->cp, j->t.dtype, j->t.ndim, j->t.shape) == 0)
             st = ft_set_error(FT_ERR_INVALID_ARG, "invalid codec params or shape for '%s'", j->key);
-        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return UCS_OK; }
+        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return; }
         memcpy(j->rkey_buf, rk, rkl);
         j->rkey_len = rkl;
         j->raddr = m.addr;
         j->need = nb;
         j->phase = P_RESERVE;
         to_workers(A, j);
-        return UCS_OK;
+        return;
     }
     case FT_AOP_READ:
         st = ft_amsg_read_parse(data, m.data_len, &j->out_dtype, &rk, &rkl);
-        if (st == FT_OK && m.len && rkl == 0 && !ft_cma_peer_open(&c->cma))
-            st = ft_set_error(FT_ERR_PROTOCOL, "READ without a remote key");
-        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return UCS_OK; }
+        if (st == FT_OK && m.len && !ft_cma_peer_open(&c->cma) && (rkl == 0 || !c->rma_ep))
+            st = ft_set_error(FT_ERR_PROTOCOL, "READ without a data path (no CMA, no remote key or UCX endpoint)");
+        if (st != FT_OK) { job_fail(j, st, ft_last_error()); send_reply(j); return; }
         memcpy(j->rkey_buf, rk, rkl);
         j->rkey_len = rkl;
         j->raddr = m.addr;
         j->rlen = m.len;
         j->phase = P_READ;
         to_workers(A, j);
-        return UCS_OK;
+        return;
     case FT_AOP_PUTF:
-        j->body = malloc(m.data_len);
-        j->body_len = m.data_len;
-        if (!j->body) { job_fail(j, FT_ERR_NOMEM, "agent: no memory for the frame"); send_reply(j); return UCS_OK; }
+        j->body = body;   /* the frame, received whole */
+        j->body_len = (size_t)m.data_len;
+        *taken = 1;
         j->phase = P_EXEC;
-        if (rndv) {
-            ucp_request_param_t rp;
-            memset(&rp, 0, sizeof rp);
-            rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-            rp.cb.recv_am = putf_recv_cb;
-            rp.user_data = j;
-            ucs_status_ptr_t r = ucp_am_recv_data_nbx(A->w, data, j->body, m.data_len, &rp);
-            if (UCS_PTR_IS_ERR(r)) {
-                free(j->body);
-                j->body = NULL;
-                job_fail(j, FT_ERR_NET, "frame not received");
-                send_reply(j);
-            } else if (!r) {
-                to_workers(A, j);
-            }
-            return UCS_INPROGRESS;
-        }
-        memcpy(j->body, data, m.data_len);
         to_workers(A, j);
-        return UCS_OK;
+        return;
     default:
         j->phase = P_EXEC;
         to_workers(A, j);
-        return UCS_OK;
+        return;
     }
 }
 
@@ -915,73 +906,119 @@ static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     aconn *c = arg;
     (void)ep;
     if (!c->dead)
-        FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s) closed: %s", (unsigned long long)c->id, c->peer,
-               ucs_status_string(status));
+        FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s): UCX endpoint failed: %s", (unsigned long long)c->id,
+               c->peer, ucs_status_string(status));
     c->dead = 1;
 }
 
-static void conn_req_cb(ucp_conn_request_h req, void *arg)
+/* The door's admission (door.h, on its thread): the connection limit, and
+ * what UCX the agent offers. */
+static ft_status agent_admit(void *arg, ft_door_conn *dc, uint8_t *extra, size_t cap, size_t *len,
+                             uint64_t *aux, uint64_t *flags, const char **detail)
 {
     agent *A = arg;
-    if (A->npending_conn >= MAX_PENDING_CONN || A->nconns >= A->p.max_connections) {
-        FT_LOG(FT_LOG_WARN, "agent: connection limit reached, rejecting");
-        ucp_listener_reject(A->listener, req);
-        return;
+    (void)dc; (void)extra; (void)cap; (void)aux;
+    *len = 0;
+    if (__atomic_load_n(&A->nconns, __ATOMIC_ACQUIRE) >= A->p.max_connections) {
+        *detail = "connection limit reached";
+        return FT_ERR_BUSY;
     }
-    A->pending_conn[A->npending_conn++] = req;
-}
-
-static void addr_str(const struct sockaddr_storage *ss, char *buf, size_t n)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (ss->ss_family == AF_INET) {
-        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
-        inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
-        port = ntohs(sin->sin_port);
-        snprintf(buf, n, "%s:%d", host, port);
-    } else if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
-        inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof host);
-        port = ntohs(s6->sin6_port);
-        snprintf(buf, n, "[%s]:%d", host, port);
-    } else {
-        snprintf(buf, n, "?");
-    }
+    *flags = (A->w ? FT_NODE_UCX : 0) | (A->w && A->p.trusted_network ? FT_NODE_UCX_TCP : 0);
+    return FT_OK;
 }
 
 static void accept_conns(agent *A)
 {
-    for (unsigned i = 0; i < A->npending_conn; i++) {
-        ucp_conn_request_h req = A->pending_conn[i];
+    ft_door_conn dc;
+    while (ft_door_take(A->door, &dc)) {
         aconn *c = calloc(1, sizeof *c);
-        if (!c) { ucp_listener_reject(A->listener, req); continue; }
-        ft_cma_peer_init(&c->cma);
-        c->id = ++A->next_conn_id;
-        snprintf(c->peer, sizeof c->peer, "?");
-        ucp_conn_request_attr_t a;
-        a.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-        if (ucp_conn_request_query(req, &a) == UCS_OK) addr_str(&a.client_address, c->peer, sizeof c->peer);
-        ucp_ep_params_t ep;
-        memset(&ep, 0, sizeof ep);
-        ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep.conn_request = req;
-        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        ep.err_handler.cb = conn_err_cb;
-        ep.err_handler.arg = c;
-        ucs_status_t s = ucp_ep_create(A->w, &ep, &c->ep);
-        if (s != UCS_OK) {
-            FT_LOG(FT_LOG_WARN, "agent: accepting %s failed: %s", c->peer, ucs_status_string(s));
-            free(c);
+        if (!c) {
+            close(dc.fd);
             continue;
         }
+        ft_cma_peer_init(&c->cma);
+        c->fd = dc.fd;
+        c->id = dc.id;
+        snprintf(c->peer, sizeof c->peer, "%s", dc.peer);
+        c->rx_need = FT_AMSG_HDR_SIZE;
         c->next = A->conns;
         A->conns = c;
-        A->nconns++;
-        FT_LOG(FT_LOG_INFO, "agent: conn %llu from %s", (unsigned long long)c->id, c->peer);
+        __atomic_add_fetch(&A->nconns, 1, __ATOMIC_RELEASE);
     }
-    A->npending_conn = 0;
+}
+
+/* Read what a connection sent: whole requests go to on_request. */
+static void conn_read(agent *A, aconn *c)
+{
+    size_t budget = READ_BUDGET;
+    while (!c->dead && budget) {
+        if (c->refs >= MAX_OPS_PER_CONN + 1) return;   /* it waits for its replies */
+        uint8_t *dst;
+        size_t want;
+        if (!c->rx_body) {
+            dst = c->rx_hdr + c->rx_have;
+            want = c->rx_need - c->rx_have;
+        } else {
+            dst = c->rx_buf + c->rx_done;
+            want = (size_t)(c->rx_len - c->rx_done);
+        }
+        if (want > budget) want = budget;
+        ssize_t r = want ? recv(c->fd, dst, want, MSG_DONTWAIT) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0 && want) {
+            FT_LOG(FT_LOG_INFO, "agent: conn %llu (%s) closed%s%s", (unsigned long long)c->id, c->peer,
+                   r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
+            c->dead = 1;
+            return;
+        }
+        budget -= (size_t)r;
+        if (!c->rx_body) {
+            c->rx_have += (size_t)r;
+            if (c->rx_have < c->rx_need) continue;
+            if (c->rx_need == FT_AMSG_HDR_SIZE) {
+                size_t hl = 0;
+                if (ft_amsg_header_len(c->rx_hdr, &hl) != FT_OK) {
+                    FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): %s; closing it", (unsigned long long)c->id,
+                           c->peer, ft_last_error());
+                    c->dead = 1;
+                    return;
+                }
+                c->rx_need = hl;
+                if (hl > c->rx_have) continue;
+            }
+            /* the body: bounded before a byte of it is buffered */
+            uint64_t dl = ft_get_le64(c->rx_hdr + 24);
+            ft_amsg m;
+            if (ft_amsg_parse(c->rx_hdr, c->rx_need, (size_t)(dl > SIZE_MAX ? SIZE_MAX : dl), 0,
+                              A->p.max_staging, &m) != FT_OK) {
+                FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): bad message: %s; closing it",
+                       (unsigned long long)c->id, c->peer, ft_last_error());
+                c->dead = 1;
+                return;
+            }
+            c->rx_len = m.data_len;
+            c->rx_done = 0;
+            c->rx_buf = malloc(m.data_len ? (size_t)m.data_len : 1);
+            if (!c->rx_buf) {
+                FT_LOG(FT_LOG_WARN, "agent: conn %llu (%s): no memory for a %llu-byte message; closing it",
+                       (unsigned long long)c->id, c->peer, (unsigned long long)m.data_len);
+                c->dead = 1;
+                return;
+            }
+            c->rx_body = 1;
+        } else {
+            c->rx_done += (uint64_t)r;
+        }
+        if (c->rx_done < c->rx_len) continue;
+        int taken = 0;
+        on_request(A, c, c->rx_hdr, c->rx_need, c->rx_buf, &taken);
+        if (!taken) free(c->rx_buf);
+        c->rx_buf = NULL;
+        c->rx_body = 0;
+        c->rx_have = 0;
+        c->rx_need = FT_AMSG_HDR_SIZE;
+    }
 }
 
 static void reap_conns(agent *A, int force_all)
@@ -990,29 +1027,33 @@ static void reap_conns(agent *A, int force_all)
         aconn *c = *pp;
         if (force_all) c->dead = 1;
         if (c->dead && !c->closed) {
-            ucp_request_param_t p;
-            memset(&p, 0, sizeof p);
-            p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-            c->close_req = ucp_ep_close_nbx(c->ep, &p);
-            if (UCS_PTR_IS_ERR(c->close_req)) c->close_req = NULL;
+            while (c->tx_head) {   /* replies not sent */
+                job *j = c->tx_head;
+                c->tx_head = j->next;
+                job_free(j);
+            }
+            c->tx_tail = NULL;
+            if (c->fd >= 0) close(c->fd);
+            c->fd = -1;
+            free(c->rx_buf);
+            c->rx_buf = NULL;
             if (c->rma_ep) {
+                ucp_request_param_t p;
+                memset(&p, 0, sizeof p);
+                p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+                p.flags = UCP_EP_CLOSE_FLAG_FORCE;
                 c->rma_close_req = ucp_ep_close_nbx(c->rma_ep, &p);
                 if (UCS_PTR_IS_ERR(c->rma_close_req)) c->rma_close_req = NULL;
             }
             c->closed = 1;
-            A->nconns--;
-        }
-        if (c->closed && c->close_req && ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
-            ucp_request_free(c->close_req);
-            c->close_req = NULL;
+            __atomic_sub_fetch(&A->nconns, 1, __ATOMIC_RELEASE);
         }
         if (c->closed && c->rma_close_req &&
             ucp_request_check_status(c->rma_close_req) != UCS_INPROGRESS) {
             ucp_request_free(c->rma_close_req);
             c->rma_close_req = NULL;
         }
-        if (c->closed && !c->close_req && !c->rma_close_req && c->refs == 0) {
+        if (c->closed && !c->rma_close_req && c->refs == 0) {
             *pp = c->next;
             ft_cma_peer_close(&c->cma);
             free(c);
@@ -1031,104 +1072,54 @@ void ft_agent_default_params(ft_agent_params *p)
     p->max_connections = 256;
 }
 
-static ft_status resolve(const char *hostport, struct sockaddr_storage *addr, socklen_t *alen)
+/* The UCP context toward the clients: RMA into their buffers (wakeup),
+ * under the node's policy (net.h): no shared memory, TCP only on a
+ * trusted network and only on the --listen interface. None when the
+ * policy leaves no transport: clients on this machine use CMA. */
+static void ucp_open(agent *A, const struct sockaddr_storage *listen_addr)
 {
-    char host[256];
-    const char *colon, *h = hostport;
-    size_t hl;
-    if (hostport[0] == '[') {
-        const char *e = strchr(hostport, ']');
-        if (!e || e[1] != ':') goto bad;
-        h = hostport + 1;
-        hl = (size_t)(e - h);
-        colon = e + 1;
-    } else {
-        colon = strrchr(hostport, ':');
-        if (!colon) goto bad;
-        hl = (size_t)(colon - hostport);
+    char devs[512] = "";
+    if (ft_net_devices_for(listen_addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
+    if (!A->p.trusted_network) {   /* RDMA only: the ports, not the netdev */
+        char *comma = strchr(devs, ',');
+        if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
+        else devs[0] = 0;
     }
-    if (hl == 0 || hl >= sizeof host || !colon[1]) goto bad;
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int e = getaddrinfo(host, colon + 1, &hints, &res);
-    if (e != 0 || !res) return ft_set_error(FT_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
-    memcpy(addr, res->ai_addr, res->ai_addrlen);
-    *alen = res->ai_addrlen;
-    freeaddrinfo(res);
-    return FT_OK;
-bad:
-    return ft_set_error(FT_ERR_INVALID_ARG, "expected HOST:PORT, got '%s'", hostport);
-}
-
-static ft_status read_token(const char *path, char *buf, size_t cap, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return ft_set_error(FT_ERR_IO, "token file %s: %s", path, strerror(errno));
-    size_t n = fread(buf, 1, cap, f);
-    int big = n == cap && fgetc(f) != EOF;
-    fclose(f);
-    if (big) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s over %zu bytes", path, cap - 1);
-    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
-    if (n == 0) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s is empty", path);
-    *len = n;
-    return FT_OK;
-}
-
-/* The UCP context toward the clients: active messages and RMA (the
- * clients' buffers), wakeup; optionally its own transport list. */
-static ucs_status_t ucp_open(agent *A)
-{
-    ucp_config_t *cfg = NULL;
-    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
-    if (s == UCS_OK && A->p.client_tls) s = ucp_config_modify(cfg, "TLS", A->p.client_tls);
-    if (s == UCS_OK) {
-        ucp_params_t up;
-        memset(&up, 0, sizeof up);
-        up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-        up.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-        up.name = "flextier-agent";
-        s = ucp_init(&up, cfg, &A->ctx);
+    ft_net_ucx_opts uo = {A->p.trusted_network, devs, NULL, 0,
+                          UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, A->p.client_tls};
+    ucs_status_t s = ft_net_ucp_open("flextier-agent", &uo, &A->ctx, &A->w, &A->efd);
+    if (s != UCS_OK) {
+        if (s == UCS_ERR_UNSUPPORTED)
+            FT_LOG(FT_LOG_INFO, "agent: no UCX toward clients (no RDMA device; UCX over TCP needs "
+                   "--trusted-network): clients on this machine only (cross-memory attach)");
+        else
+            FT_LOG(FT_LOG_WARN, "agent: no UCX toward clients (%s): clients on this machine only",
+                   ucs_status_string(s));
+        if (A->w) ucp_worker_destroy(A->w);
+        if (A->ctx) ucp_cleanup(A->ctx);
+        A->w = NULL;
+        A->ctx = NULL;
+        A->efd = -1;
+        return;
     }
-    if (cfg) ucp_config_release(cfg);
-    if (s == UCS_OK) {
-        ucp_worker_params_t wp;
-        memset(&wp, 0, sizeof wp);
-        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-        s = ucp_worker_create(A->ctx, &wp, &A->w);
-    }
-    if (s == UCS_OK) s = ucp_worker_get_efd(A->w, &A->efd);
-    if (s == UCS_OK) {
-        ucp_am_handler_param_t hp;
-        memset(&hp, 0, sizeof hp);
-        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        hp.id = FT_AM_AGENT_REQUEST;
-        hp.cb = on_request;
-        hp.arg = A;
-        s = ucp_worker_set_am_recv_handler(A->w, &hp);
-    }
-    return s;
+    FT_LOG(FT_LOG_INFO, "agent: UCX RMA toward authenticated clients (%s%s%s)",
+           A->p.trusted_network ? "TCP allowed on the trusted network" : "RDMA only",
+           devs[0] ? ", devices " : "", devs);
 }
 
 static void shutdown_agent(agent *A)
 {
-    if (A->w) {
-        reap_conns(A, 1);
-        /* jobs finish (their upstream operations end, bounded by the store
-         * timeouts); the main-thread steps see dead connections and free */
-        double dl = ft_now() + 30.0;
-        while ((A->conns || A->jobs) && ft_now() < dl) {
-            ucp_worker_progress(A->w);
-            drain_done(A);
-            reap_conns(A, 0);
-            if (A->jobs) usleep(1000);
-        }
+    ft_door_close(A->door);   /* no new connections */
+    A->door = NULL;
+    reap_conns(A, 1);
+    /* jobs finish (their upstream operations end, bounded by the store
+     * timeouts); the main-thread steps see dead connections and free */
+    double dl = ft_now() + 30.0;
+    while ((A->conns || A->jobs) && ft_now() < dl) {
+        if (A->w) ucp_worker_progress(A->w);
+        drain_done(A);
+        reap_conns(A, 0);
+        if (A->jobs) usleep(1000);
     }
     if (A->threads) {
         pthread_mutex_lock(&A->q_lock);
@@ -1139,7 +1130,6 @@ static void shutdown_agent(agent *A)
         for (unsigned i = 0; i < A->nthreads; i++) pthread_join(A->threads[i], NULL);
         free(A->threads);
     }
-    if (A->listener) ucp_listener_destroy(A->listener);
     ft_cma_door_close(A->cma_door);
     if (A->w) ucp_worker_destroy(A->w);
     if (A->ctx) ucp_cleanup(A->ctx);
@@ -1147,7 +1137,6 @@ static void shutdown_agent(agent *A)
     if (A->evfd >= 0) close(A->evfd);
     pthread_mutex_destroy(&A->q_lock);
     pthread_cond_destroy(&A->q_cond);
-    memset(A->token, 0, sizeof A->token);
     free(A);
 }
 
@@ -1171,12 +1160,22 @@ ft_status ft_agent_run(const ft_agent_params *params)
     pthread_mutex_init(&A->q_lock, NULL);
     pthread_cond_init(&A->q_cond, NULL);
     ft_status st = FT_OK;
-    struct sockaddr_storage addr;
-    socklen_t alen = 0;
-    if ((st = resolve(p.listen, &addr, &alen)) != FT_OK) goto out;
-    if (p.token_file) {
-        if ((st = read_token(p.token_file, A->token, sizeof A->token, &A->token_len)) != FT_OK) goto out;
-        A->has_token = 1;
+    struct pollfd *pf = NULL;
+    aconn **who = NULL;
+    /* the configuration first (listen address, token file, protected
+     * mode): the front door refuses what the node refuses */
+    struct sockaddr_storage la;
+    {
+        socklen_t ll;
+        if ((st = ft_net_resolve(p.listen, 1, &la, &ll)) != FT_OK) goto out;
+        if ((st = ft_door_check_listen("agent", p.listen, &la, p.token_file != NULL, p.insecure)) != FT_OK) goto out;
+        if (p.token_file) {
+            uint8_t tok[FT_TOKEN_MAX];
+            size_t tl = 0;
+            st = ft_net_read_token(p.token_file, FT_TOKEN_MIN, tok, sizeof tok, &tl);
+            memset(tok, 0, sizeof tok);
+            if (st != FT_OK) goto out;
+        }
     }
     /* the memory nodes, through the public store API with our own token */
     for (unsigned i = 0; i < p.n_nodes; i++) {
@@ -1204,22 +1203,19 @@ ft_status ft_agent_run(const ft_agent_params *params)
         A->cma_door = NULL;
         ft_clear_error();
     }
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    ucs_status_t s = ucp_open(A);
-    if (s != UCS_OK) { st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s)); goto out; }
-    ucp_listener_params_t lp;
-    memset(&lp, 0, sizeof lp);
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = (const struct sockaddr *)&addr;
-    lp.sockaddr.addrlen = alen;
-    lp.conn_handler.cb = conn_req_cb;
-    lp.conn_handler.arg = A;
-    s = ucp_listener_create(A->w, &lp, &A->listener);
-    if (s != UCS_OK) {
-        A->listener = NULL;
-        st = ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", p.listen, ucs_status_string(s));
-        goto out;
-    }
+    ft_door_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.what = "agent";
+    dp.listen = p.listen;
+    dp.token_file = p.token_file;
+    dp.insecure = p.insecure;
+    dp.admit = agent_admit;
+    dp.arg = A;
+    /* the UCX context (on the --listen interface) before the door:
+     * admission, on the door's thread, reads A->w */
+    ucp_open(A, &la);
+    dp.max_unauth = 64;
+    if ((st = ft_door_open(&dp, &A->door)) != FT_OK) goto out;
     A->threads = calloc(p.threads, sizeof *A->threads);
     if (!A->threads) { st = ft_set_error(FT_ERR_NOMEM, "threads"); goto out; }
     for (unsigned i = 0; i < p.threads; i++) {
@@ -1227,28 +1223,47 @@ ft_status ft_agent_run(const ft_agent_params *params)
         A->nthreads = i + 1;
     }
     if (!A->nthreads) { st = ft_set_error(FT_ERR_NOMEM, "pthread_create failed"); goto out; }
-    char bound[128];
-    snprintf(bound, sizeof bound, "%s", p.listen);
-    ucp_listener_attr_t la;
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    if (ucp_listener_query(A->listener, &la) == UCS_OK) addr_str(&la.sockaddr, bound, sizeof bound);
-    FT_LOG(FT_LOG_INFO, "agent: listening on %s, %u worker threads, %u memory node(s), staging %llu bytes",
-           bound, A->nthreads, p.n_nodes, (unsigned long long)p.max_staging);
-    if (p.on_ready) p.on_ready(p.arg, bound);
+    size_t cap = (size_t)p.max_connections + 4;
+    pf = calloc(cap, sizeof *pf);
+    who = calloc(cap, sizeof *who);
+    if (!pf || !who) { st = ft_set_error(FT_ERR_NOMEM, "agent"); goto out; }
+    FT_LOG(FT_LOG_INFO, "agent: listening on %s%s, %u worker threads, %u memory node(s), staging %llu bytes",
+           ft_door_bound(A->door), ft_door_has_token(A->door) ? "" : " (no token)", A->nthreads, p.n_nodes,
+           (unsigned long long)p.max_staging);
+    if (p.on_ready) p.on_ready(p.arg, ft_door_bound(A->door));
 
     while (!(p.stop && *p.stop)) {
-        if (A->npending_conn) accept_conns(A);
+        accept_conns(A);
         reap_conns(A, 0);
         drain_done(A);
-        if (ucp_worker_progress(A->w)) continue;
-        if (A->npending_conn) continue;
-        s = ucp_worker_arm(A->w);
-        if (s == UCS_ERR_BUSY) continue;
-        struct pollfd pfd[2] = {{A->efd, POLLIN, 0}, {A->evfd, POLLIN, 0}};
-        poll(pfd, 2, 100);
+        if (A->w && ucp_worker_progress(A->w)) continue;
+        if (A->w && ucp_worker_arm(A->w) == UCS_ERR_BUSY) continue;
+        size_t n = 0;
+        pf[n] = (struct pollfd){ft_door_fd(A->door), POLLIN, 0};
+        who[n++] = NULL;
+        pf[n] = (struct pollfd){A->evfd, POLLIN, 0};
+        who[n++] = NULL;
+        pf[n] = (struct pollfd){A->w ? A->efd : -1, POLLIN, 0};
+        who[n++] = NULL;
+        for (aconn *c = A->conns; c && n < cap; c = c->next) {
+            if (c->closed || c->dead) continue;
+            short ev = c->refs >= MAX_OPS_PER_CONN + 1 ? 0 : POLLIN;
+            if (c->tx_head) ev |= POLLOUT;
+            pf[n] = (struct pollfd){c->fd, ev, 0};
+            who[n++] = c;
+        }
+        int r = poll(pf, n, 100);
+        for (size_t i = 3; r > 0 && i < n; i++) {
+            aconn *c = who[i];
+            if (!pf[i].revents || c->dead) continue;
+            if (pf[i].revents & POLLOUT) conn_flush(c);
+            if (pf[i].revents & (POLLIN | POLLERR | POLLHUP)) conn_read(A, c);
+        }
     }
     FT_LOG(FT_LOG_INFO, "agent: shutting down");
 out:
+    free(pf);
+    free(who);
     shutdown_agent(A);
     return st;
 }

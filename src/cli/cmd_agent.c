@@ -11,23 +11,28 @@ static const char agent_usage[] =
     "usage: flextier agent --node ucx://HOST:PORT [--node ...] [--listen HOST:PORT]\n"
     "                      [--token-file FILE] [--node-token-file FILE] [--threads N]\n"
     "                      [--max-staging SIZE] [--client-tls LIST] [--max-connections N]\n"
+    "                      [--trusted-network] [--insecure]\n"
     "\n"
     "Encodes and decodes tensors for local clients (store URI\n"
     "agent://HOST:PORT[/NODE_HOST:PORT]) and moves the frames to and from the\n"
     "memory nodes, as a DPU's cores would: clients hand over raw tensors by\n"
-    "registered memory (UCX RMA: CMA on one machine, RDMA from a DPU).\n"
+    "cross-memory attach on one machine, UCX RMA from a DPU (RDMA).\n"
     "  --listen          where clients connect (default 127.0.0.1:13340; port 0 =\n"
     "                    any free port, printed as 'listening on HOST:PORT')\n"
     "  --node            a memory node (flextier serve); the first is the default\n"
-    "  --token-file      the token clients must present (their --token-file)\n"
+    "  --token-file      the token clients must prove (their --token-file; a private\n"
+    "                    file of >= 16 bytes); required off loopback\n"
     "  --node-token-file the agent's own token for the memory nodes (default\n"
     "                    FLEXTIER_TOKEN_FILE)\n"
     "  --threads         requests handled at once (default 8; each encodes or decodes\n"
     "                    a tensor and waits for its memory-node transfer; pin the\n"
     "                    agent's cores with taskset)\n"
     "  --max-staging     bytes of tensors in flight in the agent (default 2G)\n"
-    "  --client-tls      UCX transports toward the clients (default: UCX_TLS),\n"
-    "                    e.g. sm,self,tcp when UCX_TLS=tcp pins the memory nodes\n";
+    "  --client-tls      UCX transports toward the clients (default: UCX_TLS);\n"
+    "                    never shared memory, TCP only with --trusted-network\n"
+    "  --trusted-network UCX RMA toward clients may use TCP (only where every host\n"
+    "                    is trusted: UCX's TCP transport obeys any peer's RMA)\n"
+    "  --insecure        listen off loopback without a token\n";
 
 static volatile int g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
@@ -46,6 +51,7 @@ int ft_cmd_agent(int argc, char **argv)
         {"token-file", required_argument, 0, 't'}, {"node-token-file", required_argument, 0, 'T'},
         {"threads", required_argument, 0, 'j'}, {"max-staging", required_argument, 0, 'S'},
         {"client-tls", required_argument, 0, 'C'}, {"max-connections", required_argument, 0, 'M'},
+        {"trusted-network", no_argument, 0, 'R'}, {"insecure", no_argument, 0, 'I'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     ft_agent_params p;
     ft_agent_default_params(&p);
@@ -77,6 +83,8 @@ int ft_cmd_agent(int argc, char **argv)
             p.max_staging = sz;
             break;
         case 'C': p.client_tls = optarg; break;
+        case 'R': p.trusted_network = 1; break;
+        case 'I': p.insecure = 1; break;
         case 'M':
             if (ft_cli_parse_int(optarg, 1, 65536, &v))
                 return ft_cli_usage_error(agent_usage, "--max-connections: %s", ft_last_error());

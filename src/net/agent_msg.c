@@ -39,6 +39,20 @@ size_t ft_amsg_encode(void *buf, uint16_t opcode, uint64_t req_id, int32_t statu
     return FT_AMSG_HDR_SIZE + key_len;
 }
 
+ft_status ft_amsg_header_len(const void *hdr, size_t *hlen)
+{
+    const uint8_t *p = hdr;
+    if (get32(p) != FT_AMSG_MAGIC)
+        return ft_set_error(FT_ERR_PROTOCOL, "bad agent message magic 0x%08x", get32(p));
+    if (get16(p + 4) != FT_AMSG_VERSION)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "agent protocol version %u (this side speaks %u)",
+                            get16(p + 4), FT_AMSG_VERSION);
+    uint32_t kl = get32(p + 20);
+    if (kl > FT_KEY_MAX) return ft_set_error(FT_ERR_PROTOCOL, "key length %u", kl);
+    *hlen = FT_AMSG_HDR_SIZE + kl;
+    return FT_OK;
+}
+
 ft_status ft_amsg_parse(const void *hdr, size_t hdr_len, size_t data_len, int reply,
                         uint64_t max_data, ft_amsg *out)
 {
@@ -115,34 +129,24 @@ ft_status ft_amsg_parse(const void *hdr, size_t hdr_len, size_t data_len, int re
 
 /* ------------------------------------------------------------------ hello */
 
-size_t ft_amsg_hello_encode(uint8_t *buf, size_t cap, const void *token, size_t token_len,
-                            const char *node, const void *waddr, size_t waddr_len)
+size_t ft_amsg_hello_encode(uint8_t *buf, size_t cap, const char *node, const void *waddr,
+                            size_t waddr_len)
 {
     size_t nl = node ? strlen(node) : 0;
-    if (token_len > FT_AMSG_MAX_TOKEN || nl > FT_AMSG_MAX_NODE || waddr_len > FT_AMSG_MAX_WADDR ||
-        cap < 6 + token_len + nl + waddr_len)
-        return 0;
+    if (nl > FT_AMSG_MAX_NODE || waddr_len > FT_AMSG_MAX_WADDR || cap < 4 + nl + waddr_len) return 0;
     uint8_t *p = buf;
-    put16(p, (uint16_t)token_len);
-    if (token_len) memcpy(p + 2, token, token_len);
-    p += 2 + token_len;
     put16(p, (uint16_t)nl);
     if (nl) memcpy(p + 2, node, nl);
     p += 2 + nl;
     put16(p, (uint16_t)waddr_len);
     if (waddr_len) memcpy(p + 2, waddr, waddr_len);
-    return 6 + token_len + nl + waddr_len;
+    return 4 + nl + waddr_len;
 }
 
 ft_status ft_amsg_hello_parse(const void *buf, size_t len, ft_amsg_hello *out)
 {
     const uint8_t *p = buf, *end = p + len;
-    if (len < 6) return ft_set_error(FT_ERR_PROTOCOL, "HELLO of %zu bytes", len);
-    size_t tl = get16(p);
-    if (tl > FT_AMSG_MAX_TOKEN || (size_t)(end - p) < 6 + tl)
-        return ft_set_error(FT_ERR_PROTOCOL, "HELLO token length %zu", tl);
-    const uint8_t *token = p + 2;
-    p += 2 + tl;
+    if (len < 4) return ft_set_error(FT_ERR_PROTOCOL, "HELLO of %zu bytes", len);
     size_t nl = get16(p);
     if (nl > FT_AMSG_MAX_NODE || (size_t)(end - p) < 4 + nl)
         return ft_set_error(FT_ERR_PROTOCOL, "HELLO node length %zu", nl);
@@ -154,8 +158,6 @@ ft_status ft_amsg_hello_parse(const void *buf, size_t len, ft_amsg_hello *out)
     size_t al = get16(p);
     if (al > FT_AMSG_MAX_WADDR || (size_t)(end - p) != 2 + al)
         return ft_set_error(FT_ERR_PROTOCOL, "HELLO worker address length %zu", al);
-    out->token = token;
-    out->token_len = tl;
     memcpy(out->node, node, nl);
     out->node[nl] = 0;
     out->waddr = p + 2;

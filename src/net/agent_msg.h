@@ -3,15 +3,19 @@
  * (src/agent/agent.c). It lives in net, with the memory node's messages,
  * so that both ends depend on it and it on neither.
  *
- * Every message is one UCP active message: the AM header is a fixed
- * 64-byte little-endian header followed by key_len key bytes; the AM
- * payload carries data_len bytes (a body: token, tensor descriptor with a
- * packed UCX remote key, a frame, a list, stats). Tensor bytes do not
- * travel in messages: the client registers its buffer and sends its
- * address and remote key; the agent reads it (WRITE) or writes the
- * decoded tensor into it (READ) with UCP RMA (CMA on one machine, RDMA
- * from a DPU). Every field is bounds-checked by ft_amsg_parse and the
- * body parsers (fuzzed: fuzz/fuzz_agent_msg.c). */
+ * A client connects to the agent's TCP port, which is the memory node's
+ * front door (src/net/door.h: the node's HMAC challenge-response, HELLO
+ * and AUTH in the node's header; the token never crosses the wire). Then
+ * messages follow each other on that connection: a fixed 64-byte
+ * little-endian header, key_len key bytes, data_len body bytes (node
+ * name and UCX worker address, tensor descriptor with a packed UCX
+ * remote key, a frame, a list, stats). Tensor bytes do not travel in
+ * messages: the agent reads the client's tensor (WRITE) or writes the
+ * decoded tensor into the client's buffer (READ) by cross-memory attach
+ * (same machine) or UCP RMA (RDMA from a DPU; TCP only on a network the
+ * operator named trusted). Every field is bounds-checked by
+ * ft_amsg_header_len, ft_amsg_parse and the body parsers (fuzzed:
+ * fuzz/fuzz_agent_msg.c, the agent's handshake by fuzz/fuzz_door.c). */
 #ifndef FT_AGENT_MSG_H
 #define FT_AGENT_MSG_H
 #include "flextier/core.h"
@@ -19,10 +23,9 @@
 #include "flextier/store.h"
 
 #define FT_AMSG_MAGIC    0x47415446u   /* "FTAG" */
-#define FT_AMSG_VERSION  1u
+#define FT_AMSG_VERSION  2u            /* 1: over UCX sockaddr, token in clear */
 #define FT_AMSG_HDR_SIZE 64u
 #define FT_AMSG_MAX_HDR  (FT_AMSG_HDR_SIZE + FT_KEY_MAX)
-#define FT_AMSG_MAX_TOKEN 4096u
 #define FT_AMSG_MAX_NODE 255u
 #define FT_AMSG_MAX_RKEY 4096u        /* packed UCX remote key */
 #define FT_AMSG_ERR_MAX  200u         /* error detail text in a reply */
@@ -30,12 +33,9 @@
                                          offers cross-memory attach      */
 #define FT_AMSG_CMA_SIZE 16u          /* CMA request body: u64 step, u64 0 */
 
-/* UCP AM ids (distinct from the memory node's 17/18) */
-#define FT_AM_AGENT_REQUEST 33u
-#define FT_AM_AGENT_REPLY   34u
-
 enum ft_amsg_op {
-    FT_AOP_HELLO = 1,  /* body: hello (token, memory node)                  */
+    FT_AOP_HELLO = 1,  /* body: hello (memory node, UCX worker address); the
+                          reply body: the CMA challenge                     */
     FT_AOP_WRITE = 2,  /* key; body: tensor desc + codec params + rkey;
                           addr/len: the client's tensor bytes               */
     FT_AOP_READ  = 3,  /* key; body: output dtype + rkey; addr/len: the
@@ -74,7 +74,12 @@ size_t ft_amsg_encode(void *buf, uint16_t opcode, uint64_t req_id, int32_t statu
                       const char *key, uint32_t key_len, uint64_t data_len, uint64_t addr,
                       uint64_t len, uint64_t aux);
 
-/* Parse an AM header of hdr_len bytes that came with a payload of
+/* The header length (64 + key_len) a stream must deliver, from its first
+ * FT_AMSG_HDR_SIZE bytes: magic, version, key_len. FT_ERR_PROTOCOL /
+ * FT_ERR_UNSUPPORTED. */
+ft_status ft_amsg_header_len(const void *hdr, size_t *hlen);
+
+/* Parse a header of hdr_len bytes that came with a payload of
  * data_len bytes. reply: expect a reply opcode. FT_ERR_PROTOCOL on any
  * violation (magic, reserved bits, opcode and direction, status range,
  * header length, key rules, per-opcode key/body presence, data_len over
@@ -82,22 +87,20 @@ size_t ft_amsg_encode(void *buf, uint16_t opcode, uint64_t req_id, int32_t statu
 ft_status ft_amsg_parse(const void *hdr, size_t hdr_len, size_t data_len, int reply,
                         uint64_t max_data, ft_amsg *out);
 
-/* HELLO body: u16 token_len, token, u16 node_len, node ("" = the agent's
- * default memory node), u16 addr_len, the client's UCP worker address
- * (the agent connects to it for RMA: a worker-address endpoint gets the
- * shared-memory/CMA or RDMA lanes that a sockaddr endpoint of UCX 1.13
- * does not). Pointers into buf. */
+/* HELLO body (the first message after the front door's handshake): u16
+ * node_len, node ("" = the agent's default memory node), u16 addr_len,
+ * the client's UCP worker address (0 bytes: the client has no UCX; the
+ * agent checks it with ft_net_ucx_addr_check and opens an RMA endpoint
+ * to it). Pointers into buf. */
 #define FT_AMSG_MAX_WADDR 4096u
 typedef struct ft_amsg_hello {
-    const uint8_t *token;
-    size_t token_len;
     char node[FT_AMSG_MAX_NODE + 1];
     const uint8_t *waddr;
     size_t waddr_len;
 } ft_amsg_hello;
-#define FT_AMSG_MAX_HELLO (6u + FT_AMSG_MAX_TOKEN + FT_AMSG_MAX_NODE + FT_AMSG_MAX_WADDR)
-size_t ft_amsg_hello_encode(uint8_t *buf, size_t cap, const void *token, size_t token_len,
-                            const char *node, const void *waddr, size_t waddr_len);
+#define FT_AMSG_MAX_HELLO (4u + FT_AMSG_MAX_NODE + FT_AMSG_MAX_WADDR)
+size_t ft_amsg_hello_encode(uint8_t *buf, size_t cap, const char *node, const void *waddr,
+                            size_t waddr_len);
 ft_status ft_amsg_hello_parse(const void *buf, size_t len, ft_amsg_hello *out);
 
 /* Tensor descriptor: u32 dtype, u32 ndim, FT_MAX_DIMS x i64 shape. */

@@ -201,7 +201,7 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
                              ucp_worker_h *w, int *efd)
 {
     char tls[512];
-    ft_net_ucx_tls(getenv("UCX_TLS"), o && o->allow_tcp, tls, sizeof tls);
+    ft_net_ucx_tls(o && o->user_tls ? o->user_tls : getenv("UCX_TLS"), o && o->allow_tcp, tls, sizeof tls);
     /* nothing to reach a peer with: no RDMA device, TCP not allowed */
     if (!tls[0] || (!(o && o->allow_tcp) && access("/sys/class/infiniband", F_OK) != 0))
         return UCS_ERR_UNSUPPORTED;
@@ -245,9 +245,141 @@ ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *o, ucp_con
     return s;
 }
 
-ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, ucp_err_handler_cb_t cb,
+/* ---------------------------------------------- UCX worker addresses */
+
+/* The packed worker address of UCX 1.13 (src/ucp/wireup/address.c at
+ * v1.13.1, non-unified mode, unpack flags WORKER_UUID | WORKER_NAME |
+ * DEVICE_ADDR | IFACE_ADDR | EP_ADDR [| SYS_DEVICE]):
+ *
+ *   header: v1: 1 byte, version (0) in the low 4 bits, flags in the high
+ *           4; v2: 2 bytes, version (1) in the low 4 bits, then flags
+ *   uuid (8, v1 always; v2 with flag 0x2), client id (8, flag 0x4),
+ *   worker name (u8 length + bytes, flag 0x1)
+ *   0xff: no devices; else per device:
+ *     md index byte (0x80: no interfaces; index: v1 5 bits, v2 7 bits,
+ *       127 = the next byte), device length byte (0x80 last device,
+ *       0x40 paths byte follows, 0x20 system-device byte follows; length
+ *       5 bits, v2: 31 = the next byte), [paths], [sys dev], address
+ *     per interface (unless no interfaces): u16 transport checksum,
+ *       attributes (v1 16 bytes, v2 8), length byte (0x80 last, 0x40
+ *       endpoint addresses follow: never in a worker address; length 6
+ *       bits, v2: 63 = the next byte), address
+ *
+ * Beyond the layout: the md index must be < 64 (wireup.c writes
+ * ae_cmpts[md_index], an array of UCP_MAX_MDS = 64), v1 attributes must
+ * be finite with a nonzero bandwidth. What an interface address means
+ * to its transport (a TCP sockaddr, an IB LID) is the transport's
+ * business; only authenticated peers get this far.
+ */
+#define UA_MAX_IFACES 128u   /* UCP_MAX_RESOURCES */
+#define UA_MAX_MDS    64u    /* UCP_MAX_MDS: UCX indexes arrays of 64 by it */
+
+typedef struct { const uint8_t *p, *end; const char *err; } ua_cur;
+
+static int ua_byte(ua_cur *c, uint8_t *v, const char *what)
+{
+    if (c->err) return 0;
+    if (c->p >= c->end) { c->err = what; return 0; }
+    *v = *c->p++;
+    return 1;
+}
+
+static int ua_skip(ua_cur *c, size_t n, const char *what)
+{
+    if (c->err) return 0;
+    if ((size_t)(c->end - c->p) < n) { c->err = what; return 0; }
+    c->p += n;
+    return 1;
+}
+
+/* A length/index byte under mask; v2 extends mask-valued ones by a byte. */
+static unsigned ua_ext(ua_cur *c, unsigned mask, int v2, const char *what)
+{
+    uint8_t b = 0;
+    if (!ua_byte(c, &b, what)) return 0;
+    unsigned v = b & mask;
+    if (v2 && v == mask && ua_byte(c, &b, what)) v = b;
+    return v;
+}
+
+ft_status ft_net_ucx_addr_check(const void *addr, size_t len)
+{
+    if (!addr || len == 0) return ft_set_error(FT_ERR_PROTOCOL, "empty UCX worker address");
+    if (len > 65536) return ft_set_error(FT_ERR_PROTOCOL, "UCX worker address of %zu bytes", len);
+    ua_cur c = {addr, (const uint8_t *)addr + len, NULL};
+    uint8_t h = 0, flags = 0, b = 0;
+    ua_byte(&c, &h, "header");
+    unsigned version = h & 0xfu;
+    if (version > 1)
+        return ft_set_error(FT_ERR_PROTOCOL, "UCX worker address of version %u (UCX 1.13 reads 0 and 1)",
+                            version + 1);
+    const int v2 = version == 1;
+    if (v2) ua_byte(&c, &flags, "header");
+    else flags = (uint8_t)(h >> 4);
+    if (!v2 || (flags & 0x2u)) ua_skip(&c, 8, "worker uuid");
+    if (flags & 0x4u) ua_skip(&c, 8, "client id");
+    if ((flags & 0x1u) && ua_byte(&c, &b, "worker name")) ua_skip(&c, b, "worker name");
+    if (c.err) goto bad;
+    if (c.p < c.end && *c.p == 0xffu) {   /* UCP_NULL_RESOURCE: no devices */
+        c.p++;
+    } else {
+        unsigned ifaces = 0, last_dev = 0;
+        while (!last_dev && !c.err) {
+            if (c.p >= c.end) { c.err = "device"; break; }
+            const int empty = (*c.p & 0x80u) != 0;
+            unsigned md = ua_ext(&c, v2 ? 0x7fu : 0x1fu, v2, "md index");
+            if (!c.err && md >= UA_MAX_MDS) { c.err = "memory domain index over 63"; break; }
+            if (c.p >= c.end) { c.err = "device length"; break; }
+            const uint8_t dflags = *c.p & 0xe0u;
+            last_dev = dflags & 0x80u;
+            unsigned dlen = ua_ext(&c, 0x1fu, v2, "device length");
+            if (dflags & 0x40u) ua_skip(&c, 1, "device paths");
+            if (dflags & 0x20u) ua_skip(&c, 1, "system device");
+            ua_skip(&c, dlen, "device address");
+            int last_if = empty;
+            while (!last_if && !c.err) {
+                if (++ifaces > UA_MAX_IFACES) { c.err = "more than 128 interfaces"; break; }
+                ua_skip(&c, 2, "transport checksum");
+                const uint8_t *attr = c.p;
+                if (!ua_skip(&c, v2 ? 8 : 16, "interface attributes")) break;
+                if (!v2) {   /* overhead, bandwidth, latency: UCX scores lanes with them */
+                    float f[3];
+                    memcpy(f, attr, sizeof f);
+                    int bad = f[1] == 0.0f;   /* UCX divides by the bandwidth */
+                    for (int i = 0; i < 3; i++) bad |= !(f[i] == f[i]) || f[i] > 1e30f || f[i] < -1e30f;
+                    if (bad) {
+                        c.err = "interface attributes (not finite, or no bandwidth)";
+                        break;
+                    }
+                }
+                if (c.p >= c.end) { c.err = "interface length"; break; }
+                const uint8_t iflags = *c.p & 0xc0u;
+                last_if = (iflags & 0x80u) != 0;
+                unsigned ilen = ua_ext(&c, 0x3fu, v2, "interface length");
+                ua_skip(&c, ilen, "interface address");
+                /* a worker address (ucp_worker_get_address) has no
+                 * endpoint addresses: those are for UCX's own wireup */
+                if (iflags & 0x40u) c.err = "endpoint addresses in a worker address";
+            }
+        }
+    }
+    if (c.err) goto bad;
+    if (c.p != c.end)
+        return ft_set_error(FT_ERR_PROTOCOL, "UCX worker address: %zu bytes after its end",
+                            (size_t)(c.end - c.p));
+    return FT_OK;
+bad:
+    return ft_set_error(FT_ERR_PROTOCOL, "malformed UCX worker address (%zu bytes): %s", len, c.err);
+}
+
+ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, size_t len, ucp_err_handler_cb_t cb,
                                 void *arg, ucp_ep_h *ep)
 {
+    *ep = NULL;
+    if (ft_net_ucx_addr_check(addr, len) != FT_OK) {
+        FT_LOG(FT_LOG_WARN, "%s", ft_last_error());
+        return UCS_ERR_INVALID_ADDR;
+    }
     ucp_ep_params_t p;
     memset(&p, 0, sizeof p);
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |

@@ -31,6 +31,8 @@ typedef struct ft_net_ucx_opts {
     const char *rndv_scheme;   /* UCX_RNDV_SCHEME unless the environment sets one */
     int         no_rcache;     /* registrations end with ucp_mem_unmap (the node) */
     uint64_t    features;      /* UCP features (0: active messages + wakeup) */
+    const char *user_tls;      /* the transports asked for (NULL: UCX_TLS of the
+                                  environment); the policy filters them too */
 } ft_net_ucx_opts;
 
 /* The UCX_TLS value the policy allows, from the user's UCX_TLS (NULL:
@@ -46,10 +48,25 @@ void ft_net_ucx_tls(const char *user_tls, int allow_tcp, char *out, size_t n);
 FT_API ucs_status_t ft_net_ucp_open(const char *name, const ft_net_ucx_opts *opts, ucp_context_h *ctx,
                              ucp_worker_h *w, int *efd);
 
-/* An endpoint to the worker at addr, error mode PEER (a dead peer fails
- * its operations; the endpoint can be force-closed). */
-FT_API ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, ucp_err_handler_cb_t cb,
-                                void *arg, ucp_ep_h *ep);
+/* Is addr (len bytes, from a peer) a UCP worker address that UCX 1.13's
+ * ucp_address_unpack can walk without reading past its end or asserting?
+ * Checks the header version (v1 or v2: UCX asserts on any other), then
+ * walks every field the unpacker reads (uuid, client id, worker name,
+ * each device's md index, length, paths, system device and address, each
+ * interface's transport checksum, attributes, length and address) within
+ * len bytes, with UCX's own limits (128 interfaces, md index < 64, no
+ * endpoint addresses in a worker address, finite v1 attributes), and
+ * requires the walk to end exactly at len. Non-unified mode, the address flags of
+ * ucp_worker_get_address (docs/protocol.md, "UCX addresses"). FT_OK or
+ * FT_ERR_PROTOCOL with what is wrong. Fuzzed: fuzz/fuzz_ucx_addr.c. */
+FT_API ft_status ft_net_ucx_addr_check(const void *addr, size_t len);
+
+/* An endpoint to the worker at addr (len bytes from a peer: checked with
+ * ft_net_ucx_addr_check first, UCS_ERR_INVALID_ADDR when malformed),
+ * error mode PEER (a dead peer fails its operations; the endpoint can be
+ * force-closed). */
+FT_API ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, size_t len,
+                                       ucp_err_handler_cb_t cb, void *arg, ucp_ep_h *ep);
 
 /* The UCX_NET_DEVICES value for the interface that owns address a: the
  * interface itself plus the RDMA ports behind it (RoCE / IPoIB), e.g.

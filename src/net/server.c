@@ -1,13 +1,16 @@
 /* The memory node (`flextier serve`): a single-threaded event loop.
  *
  * Trust boundary (docs/protocol.md, "Trust model"). The node listens on
- * exactly one socket: FlexTier's TCP port on the --listen address. Every
- * session starts there and must pass the mutual HMAC challenge-response
- * (auth.c) within a deadline before any other message is looked at; until
- * then a connection can send nothing but HELLO and AUTH, each a fixed
- * small size, and gets generic errors. Unauthenticated connections have
- * their own cap; under pressure the stalled ones are dropped first; an
- * address that fails repeatedly is refused for a growing while.
+ * exactly one socket: FlexTier's TCP port on the --listen address, the
+ * front door that the codec agent and the pipeline worker use too
+ * (door.h). Every session starts there and must pass the mutual HMAC
+ * challenge-response (auth.c) within a deadline, on the door's thread,
+ * before the node looks at any other message; until then a connection can
+ * send nothing but HELLO and AUTH, each a fixed small size, and gets
+ * generic errors. Unauthenticated connections have their own cap; under
+ * pressure the stalled ones are dropped first; an address that fails
+ * repeatedly is refused for a growing while, or, when real clients share
+ * it, only its failing connections are held back.
  *
  * Data then moves over that TCP connection (FlexTier reads a frame's
  * bytes straight into the pool block reserved for it) or, when client and
@@ -51,6 +54,7 @@
 #define _GNU_SOURCE   /* accept4 */
 #include "auth.h"
 #include "cma.h"
+#include "door.h"
 #include "msg.h"
 #include "net.h"
 
@@ -79,11 +83,6 @@
 #define MAX_OPS_PER_CONN 1024u   /* bounds per-connection server memory */
 #define MAX_XPUTS_PER_CONN 64u   /* open pipelined writes per connection */
 #define SMALL_MAX FT_MSG_MAX_ADDR /* largest payload read into heap memory */
-#define STALL_GRACE 1.0          /* s: an unauthenticated conn this quiet goes
-                                    first when others wait to be accepted */
-#define ADDR_SLOTS 4096u
-#define FAILS_BEFORE_BACKOFF 3u
-#define MAX_BACKOFF 60.0
 #define READ_BUDGET (16u << 20)  /* bytes read from one conn per loop turn */
 
 typedef struct fblk { uint64_t off, len; struct fblk *next; } fblk;
@@ -151,8 +150,6 @@ struct conn {
     char          peer[64];
     struct sockaddr_storage sa;
     int           authed, dead;
-    double        t_accept, t_rx;       /* accepted / last bytes in */
-    ft_hs_server  hs;
     unsigned      refs;                 /* outstanding ops */
     unsigned      proto_errors;
     uint64_t      session;
@@ -183,16 +180,9 @@ struct conn {
     struct conn  *next;
 };
 
-typedef struct addr_slot {
-    uint8_t  key[16];
-    int      used;
-    unsigned fails;
-    double   last, backoff_until;
-} addr_slot;
-
 struct server {
     ft_node_params p;
-    int            lfd;
+    ft_door       *door;                  /* the front door (door.h) */
     ucp_context_h  ctx;
     ucp_worker_h   w;
     int            efd;
@@ -210,16 +200,13 @@ struct server {
     uint64_t       tensors, spilled, spill_used;
     int            spill_dfd;
     conn          *conns;
-    unsigned       nauthed, npreauth;
+    unsigned       nauthed;               /* read by the door's thread */
     uint64_t       next_conn_id, total_conns;
     uint64_t       bytes_in, bytes_out, puts, gets;
-    uint64_t       refused, dropped_am;
+    uint64_t       dropped_am;
     op            *uops;                  /* UCX sends with a deadline */
-    addr_slot     *addrs;
-    uint8_t        token[FT_TOKEN_MAX];
-    size_t         token_len;
     int            has_token;
-    double         lease_s, auth_s;
+    double         lease_s;
     ft_pool       *copiers;               /* shared-memory copies (cma.c) */
     ft_cma_door   *cma_door;              /* NULL: no shared-memory path */
 };
@@ -470,68 +457,6 @@ static ft_status reload(server *S, entry *e)
     e->resident = 1;
     FT_LOG(FT_LOG_INFO, "serve: reloaded '%s' from spill", e->key);
     return FT_OK;
-}
-
-/* ------------------------------------------------------ address back-off */
-
-static void addr_key(const struct sockaddr_storage *a, uint8_t key[16])
-{
-    memset(key, 0, 16);
-    if (a->ss_family == AF_INET) {
-        key[10] = key[11] = 0xff;
-        memcpy(key + 12, &((const struct sockaddr_in *)a)->sin_addr, 4);
-    } else if (a->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)a;
-        if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) memcpy(key, &s->sin6_addr, 16);
-        else memcpy(key, &s->sin6_addr, 8);   /* a /64: one host's range */
-    }
-}
-
-/* The slot of an address (create: take a free or the stalest slot). */
-static addr_slot *addr_find(server *S, const struct sockaddr_storage *a, int create)
-{
-    uint8_t key[16];
-    addr_key(a, key);
-    unsigned h = (unsigned)(ft_xxh3(key, 16) % ADDR_SLOTS);
-    addr_slot *victim = NULL;
-    for (unsigned i = 0; i < 16; i++) {
-        addr_slot *s = &S->addrs[(h + i) % ADDR_SLOTS];
-        if (s->used && !memcmp(s->key, key, 16)) return s;
-        if (!victim || !s->used || (victim->used && s->last < victim->last)) victim = s;
-    }
-    if (!create) return NULL;
-    memset(victim, 0, sizeof *victim);
-    memcpy(victim->key, key, 16);
-    victim->used = 1;
-    return victim;
-}
-
-static void addr_failed(server *S, conn *c, const char *why)
-{
-    double now = ft_now();
-    addr_slot *s = addr_find(S, &c->sa, 1);
-    if (now - s->last > 300.0) s->fails = 0;   /* old failures are forgiven */
-    s->fails++;
-    s->last = now;
-    char host[64];
-    snprintf(host, sizeof host, "%s", c->peer);
-    char *colon = strrchr(host, ':');
-    if (colon) *colon = 0;
-    if (s->fails >= FAILS_BEFORE_BACKOFF) {
-        unsigned k = s->fails - FAILS_BEFORE_BACKOFF;
-        double b = k >= 6 ? MAX_BACKOFF : (double)(1u << k);
-        s->backoff_until = now + b;
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s; %u failures from %s, refusing it for %.0f s",
-               (unsigned long long)c->id, c->peer, why, s->fails, host, b);
-    } else {
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer, why);
-    }
-}
-
-static void addr_succeeded(server *S, conn *c)
-{
-    addr_slot *s = addr_find(S, &c->sa, 0);
-    if (s) s->fails = 0;
 }
 
 /* --------------------------------------------------------------- ops */
@@ -1087,7 +1012,15 @@ static void handle_ucxb(server *S, conn *c, const ft_msg *m, const uint8_t *addr
         reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_PROTOCOL, "UCX path already open");
         return;
     }
-    ucs_status_t s = ft_net_ucp_connect(S->w, addr, uep_err_cb, c, &c->uep);
+    if (ft_net_ucx_addr_check(addr, (size_t)m->data_len) != FT_OK) {
+        /* a protocol error: this connection ends, the node goes on */
+        char why[160];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        reply_status(S, c, 0, m->opcode, m->req_id, FT_ERR_PROTOCOL, "malformed UCX worker address");
+        conn_close(S, c, why);
+        return;
+    }
+    ucs_status_t s = ft_net_ucp_connect(S->w, addr, (size_t)m->data_len, uep_err_cb, c, &c->uep);
     if (s != UCS_OK) {
         c->uep = NULL;
         char why[128];
@@ -1271,70 +1204,42 @@ static void dispatch(server *S, conn *c, int via_ucx, const ft_msg *m, const uin
 
 /* ------------------------------------------------------- authentication */
 
-/* A request of a connection that has not authenticated yet. Returns 0
- * when the connection was closed. */
-static int preauth(server *S, conn *c, const ft_msg *m, const uint8_t *payload)
+/* The front door's admission (door.h, on the door's thread): the
+ * connection limit, a session id, the UCX address when the client wants
+ * it, and whether the client is on this host (the shared-memory path).
+ * Reads only what the main thread does not change after start (S->w,
+ * S->waddr, S->ucx_tcp) and the authenticated count (atomic). */
+static ft_status node_admit(void *arg, ft_door_conn *dc, uint8_t *extra, size_t cap, size_t *len,
+                           uint64_t *aux, uint64_t *flags, const char **detail)
 {
-    ft_hs_reply r;
-    ft_status st = ft_hs_server_step(&c->hs, m, payload, &r);
-    if (st != FT_OK) {
-        reply_status(S, c, 0, m->opcode, m->req_id, st, r.detail);
-        addr_failed(S, c, st == FT_ERR_AUTH && m->opcode == FT_OP_AUTH ? "authentication failed"
-                                                                       : "protocol error before authentication");
-        conn_close(S, c, NULL);
-        return 0;
-    }
-    if (c->hs.state != FT_HS_DONE) {   /* HELLO: the challenge */
-        op *o = op_new(S, c, m->req_id, 0);
-        if (!o || !(o->heap = malloc(r.len))) {
-            if (o) op_finish(o, UCS_OK);
-            conn_close(S, c, "out of memory");
-            return 0;
-        }
-        memcpy(o->heap, r.payload, r.len);
-        send_reply(c, o, FT_OP_HELLO, FT_OK, o->heap, r.len, 0, r.arg);
-        return !c->dead;
-    }
-    if (S->nauthed >= S->p.max_connections) {
-        reply_status(S, c, 0, FT_OP_AUTH, m->req_id, FT_ERR_BUSY, "connection limit reached");
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): connection limit (%u) reached, closing",
-               (unsigned long long)c->id, c->peer, S->p.max_connections);
-        conn_close(S, c, NULL);
-        return 0;
+    server *S = arg;
+    *len = 0;
+    if (__atomic_load_n(&S->nauthed, __ATOMIC_ACQUIRE) >= S->p.max_connections) {
+        *detail = "connection limit reached";
+        return FT_ERR_BUSY;
     }
     uint64_t session = 0;
     while (session == 0)
         if (ft_net_random(&session, sizeof session) != FT_OK) {
-            conn_close(S, c, "no random bytes");
-            return 0;
+            *detail = "internal error";
+            return FT_ERR_INTERNAL;
         }
-    int offer = S->w && (c->hs.client_flags & FT_CLIENT_UCX);
-    size_t n = r.len + (offer ? S->waddr_len : 0);
-    op *o = op_new(S, c, m->req_id, 0);
-    if (!o || (n && !(o->heap = malloc(n)))) {
-        if (o) op_finish(o, UCS_OK);
-        conn_close(S, c, "out of memory");
-        return 0;
+    int offer = S->w && (dc->client_flags & FT_CLIENT_UCX) && S->waddr_len <= cap;
+    if (offer) {
+        memcpy(extra, S->waddr, S->waddr_len);
+        *len = S->waddr_len;
     }
-    if (r.len) memcpy(o->heap, r.payload, r.len);
-    if (offer) memcpy((uint8_t *)o->heap + r.len, S->waddr, S->waddr_len);
-    c->authed = 1;
-    c->session = session;
-    S->npreauth--;
-    S->nauthed++;
-    S->total_conns++;
-    addr_succeeded(S, c);
-    FT_LOG(FT_LOG_INFO, "serve: conn %llu (%s): authenticated%s", (unsigned long long)c->id,
-           c->peer, S->has_token ? "" : " (no token)");
-    uint64_t flags = r.arg | (offer ? FT_NODE_UCX : 0) | (offer && S->ucx_tcp ? FT_NODE_UCX_TCP : 0);
+    uint64_t f = (offer ? FT_NODE_UCX : 0) | (offer && S->ucx_tcp ? FT_NODE_UCX_TCP : 0);
     /* a client on this host may use the shared-memory path (CMAB) */
     struct sockaddr_storage me;
     socklen_t ml = sizeof me;
-    if (getsockname(c->fd, (struct sockaddr *)&me, &ml) == 0 &&
-        (c->peer_inode = ft_cma_peer_inode(&c->sa, &me)) != 0)
-        flags |= FT_NODE_LOCAL | ((uint64_t)(uint32_t)getpid() << 32);
-    send_reply(c, o, FT_OP_AUTH, FT_OK, o->heap, n, session, flags);
-    return !c->dead;
+    dc->tag = 0;
+    if (getsockname(dc->fd, (struct sockaddr *)&me, &ml) == 0 &&
+        (dc->tag = ft_cma_peer_inode(&dc->sa, &me)) != 0)
+        f |= FT_NODE_LOCAL | ((uint64_t)(uint32_t)getpid() << 32);
+    *aux = session;
+    *flags = f;
+    return FT_OK;
 }
 
 /* ------------------------------------------------------------ TCP input */
@@ -1347,18 +1252,6 @@ static void rx_reset(conn *c)
     c->rx_op = NULL;
     c->rx_dst = NULL;
     c->rx_len = c->rx_done = 0;
-}
-
-/* The first bytes of a connection are not a FlexTier header. A client of
- * protocol 1 connects with UCX's socket connection manager, whose first
- * bytes are a length (u64) and a status byte: say so in the log. */
-static void bad_first_header(conn *c)
-{
-    uint64_t len = ft_get_le64(c->rx_hdr);
-    if (c->rx_have >= 9 && len > 0 && len < 65536 && c->rx_hdr[8] == 0)
-        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): a client of protocol 1 (UCX sockaddr) or "
-               "another program; this node speaks protocol %u: upgrade the client",
-               (unsigned long long)c->id, c->peer, FT_MSG_VERSION);
 }
 
 /* A complete header: decide where its payload goes. Returns 0 when the
@@ -1384,29 +1277,17 @@ static int tcp_header(server *S, conn *c)
         char why[256];
         snprintf(why, sizeof why, "bad message: %s", ft_last_error());
         uint64_t id = ft_get_le64(c->rx_hdr + 8);
-        if (!c->authed) {
-            /* nothing about the node before authentication but the version */
-            reply_status(S, c, 0, FT_OP_HELLO, id, st == FT_ERR_UNSUPPORTED ? st : FT_ERR_PROTOCOL,
-                         st == FT_ERR_UNSUPPORTED ? "protocol version 2 required" : "protocol error");
-            addr_failed(S, c, why);
-        } else {
-            /* on a stream the framing is lost: answer and close */
-            reply_status(S, c, 0, FT_OP_HELLO, id, st, ft_last_error());
-            FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer, why);
-        }
+        /* on a stream the framing is lost: answer and close */
+        reply_status(S, c, 0, FT_OP_HELLO, id, st, ft_last_error());
+        FT_LOG(FT_LOG_WARN, "serve: conn %llu (%s): %s", (unsigned long long)c->id, c->peer, why);
         conn_close(S, c, NULL);
         return 0;
     }
     c->rx_m = m;
     c->rx_len = m.data_len;
     c->rx_done = 0;
-    if (!c->authed && m.opcode != FT_OP_HELLO && m.opcode != FT_OP_AUTH) {
-        /* nothing but the handshake is read before authentication */
-        return preauth(S, c, &m, NULL);
-    }
     if (m.data_len == 0) {
         rx_reset(c);
-        if (!c->authed) return preauth(S, c, &m, NULL);
         if (c->refs >= MAX_OPS_PER_CONN)
             reply_status(S, c, 0, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
         else
@@ -1448,7 +1329,6 @@ static int tcp_payload_done(server *S, conn *c)
         rx_complete(o, UCS_OK);
         return !c->dead;
     }
-    if (!c->authed) return preauth(S, c, &m, payload);
     if (c->refs >= MAX_OPS_PER_CONN)
         reply_status(S, c, 0, m.opcode, m.req_id, FT_ERR_BUSY, "too many requests in flight");
     else
@@ -1484,18 +1364,14 @@ static void tcp_read(server *S, conn *c)
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (r <= 0 && want) {
-            if (!c->authed) addr_failed(S, c, r == 0 ? "closed before authenticating"
-                                                     : "connection error before authenticating");
             conn_close(S, c, r == 0 ? "closed by the client" : strerror(errno));
             return;
         }
-        c->t_rx = ft_now();
         budget -= (size_t)r;
         if (c->rxp == RXP_HDR || c->rxp == RXP_KEY) {
             c->rx_have += (size_t)r;
             if (c->rxp == RXP_HDR && c->rx_have >= 4 && ft_get_le32(c->rx_hdr) != FT_MSG_MAGIC) {
                 /* not FlexTier: no need to wait for a whole header */
-                if (!c->authed && !c->hs.state) bad_first_header(c);
                 tcp_header(S, c);   /* answers and closes */
                 return;
             }
@@ -1634,7 +1510,7 @@ static void conn_close(server *S, conn *c, const char *why)
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     ft_cma_peer_close(&c->cma);
-    if (c->authed) S->nauthed--; else S->npreauth--;
+    __atomic_sub_fetch(&S->nauthed, 1, __ATOMIC_RELEASE);
 }
 
 static void conn_free(server *S, conn *c)
@@ -1674,74 +1550,39 @@ static void reap_conns(server *S)
     }
 }
 
-/* Under pressure (every unauthenticated slot taken, more connections
- * waiting): drop the one that has been quiet longest, if quiet for
- * STALL_GRACE. A real client answers within a round trip. */
-static int evict_stalled(server *S)
-{
-    double now = ft_now();
-    conn *v = NULL;
-    for (conn *c = S->conns; c; c = c->next)
-        if (!c->dead && !c->authed && now - c->t_rx >= STALL_GRACE && (!v || c->t_rx < v->t_rx))
-            v = c;
-    if (!v) return 0;
-    addr_failed(S, v, "stalled before authenticating while others waited");
-    conn_close(S, v, NULL);
-    return 1;
-}
-
+/* Connections the front door authenticated. */
 static void accept_conns(server *S)
 {
-    for (;;) {
-        if (S->npreauth >= S->p.max_unauth && !evict_stalled(S)) return;   /* stay in the backlog */
-        struct sockaddr_storage sa;
-        socklen_t sl = sizeof sa;
-        int fd = accept4(S->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EMFILE || errno == ENFILE)
-                FT_LOG(FT_LOG_ERROR, "serve: accept: %s", strerror(errno));
-            return;
-        }
-        addr_slot *as = addr_find(S, &sa, 0);
-        if (as && ft_now() < as->backoff_until) {
-            S->refused++;
-            close(fd);
-            continue;
-        }
+    ft_door_conn dc;
+    while (ft_door_take(S->door, &dc)) {
         conn *c = calloc(1, sizeof *c);
         if (!c) {
-            close(fd);
+            close(dc.fd);
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        c->fd = fd;
+        c->fd = dc.fd;
         ft_cma_peer_init(&c->cma);
-        c->sa = sa;
-        c->id = ++S->next_conn_id;
-        ft_net_addr_str(&sa, c->peer, sizeof c->peer);
-        c->t_accept = c->t_rx = ft_now();
-        ft_hs_server_init(&c->hs, S->has_token ? S->token : NULL, S->token_len, NULL);
+        c->sa = dc.sa;
+        c->id = dc.id;
+        snprintf(c->peer, sizeof c->peer, "%s", dc.peer);
+        c->authed = 1;
+        c->session = dc.aux;
+        c->peer_inode = dc.tag;
         rx_reset(c);
         c->next = S->conns;
         S->conns = c;
-        S->npreauth++;
-        FT_LOG(FT_LOG_DEBUG, "serve: conn %llu from %s", (unsigned long long)c->id, c->peer);
+        __atomic_add_fetch(&S->nauthed, 1, __ATOMIC_RELEASE);
+        S->total_conns++;
     }
 }
 
-/* Deadlines: handshakes, replies nobody takes. */
+/* Deadlines: replies nobody takes (handshakes: the door's). */
 static void check_timers(server *S)
 {
     double now = ft_now();
     for (conn *c = S->conns; c; c = c->next) {
         if (c->dead) continue;
-        if (!c->authed && now - c->t_accept > S->auth_s) {
-            addr_failed(S, c, "no authentication within the deadline");
-            conn_close(S, c, NULL);
-        } else if (c->out_head && now - c->t_out > S->lease_s) {
+        if (c->out_head && now - c->t_out > S->lease_s) {
             conn_close(S, c, "replies not taken within the lease timeout");
         }
     }
@@ -1778,7 +1619,7 @@ static void cleanup(server *S)
     } else {
         reap_conns(S);
     }
-    if (S->lfd >= 0) close(S->lfd);
+    ft_door_close(S->door);
     for (unsigned i = 0; i < BUCKETS; i++) {
         entry *e = S->tab[i];
         while (e) {
@@ -1802,10 +1643,8 @@ static void cleanup(server *S)
     if (S->waddr) ucp_worker_release_address(S->w, S->waddr);
     if (S->w) ucp_worker_destroy(S->w);
     if (S->ctx) ucp_cleanup(S->ctx);
-    free(S->addrs);
     ft_pool_free(S->copiers);
     ft_cma_door_close(S->cma_door);
-    memset(S->token, 0, sizeof S->token);
     free(S);
 }
 
@@ -1919,7 +1758,7 @@ static void open_ucx(server *S, const struct sockaddr_storage *addr)
         if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
         else devs[0] = 0;
     }
-    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0};
+    ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0, NULL};
     ucs_status_t s = ft_net_ucp_open("flextier-serve", &uo, &S->ctx, &S->w, &S->efd);
     if (s == UCS_OK) {
         ucp_am_handler_param_t hp;
@@ -1955,27 +1794,6 @@ static void open_ucx(server *S, const struct sockaddr_storage *addr)
            devs[0] ? ", devices " : "", devs);
 }
 
-static ft_status open_listener(server *S, const struct sockaddr_storage *addr, socklen_t alen,
-                               char *bound, size_t bn)
-{
-    S->lfd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (S->lfd < 0) return ft_set_error(FT_ERR_NET, "socket: %s", strerror(errno));
-    int one = 1;
-    /* a restarted node binds its port again while old connections sit in
-     * TIME_WAIT */
-    setsockopt(S->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (addr->ss_family == AF_INET6) setsockopt(S->lfd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(S->lfd, (const struct sockaddr *)addr, alen) != 0)
-        return ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", S->p.listen, strerror(errno));
-    if (listen(S->lfd, SOMAXCONN) != 0)
-        return ft_set_error(FT_ERR_NET, "cannot listen on %s: %s", S->p.listen, strerror(errno));
-    struct sockaddr_storage b;
-    socklen_t bl = sizeof b;
-    if (getsockname(S->lfd, (struct sockaddr *)&b, &bl) == 0) ft_net_addr_str(&b, bound, bn);
-    else snprintf(bound, bn, "%s", S->p.listen);
-    return FT_OK;
-}
-
 ft_status ft_node_run(const ft_node_params *params)
 {
     ft_node_params p;
@@ -1989,27 +1807,23 @@ ft_status ft_node_run(const ft_node_params *params)
     if (!S) return ft_set_error(FT_ERR_NOMEM, "server");
     S->p = p;
     S->efd = -1;
-    S->lfd = -1;
     S->spill_dfd = -1;
     S->lease_s = p.lease_timeout_ms / 1000.0;
-    S->auth_s = p.auth_timeout_ms / 1000.0;
     ft_status st = FT_OK;
     struct sockaddr_storage addr;
     socklen_t alen;
     char bound[128];
     if ((st = ft_net_resolve(p.listen, 1, &addr, &alen)) != FT_OK) goto out;
     if ((st = check_params(S, &addr)) != FT_OK) goto out;
-    if (p.token_file) {
-        if ((st = ft_net_read_token(p.token_file, FT_TOKEN_MIN, S->token, sizeof S->token,
-                                    &S->token_len)) != FT_OK)
-            goto out;
+    if (p.token_file) {   /* checked here too: configuration errors before the pool */
+        uint8_t tok[FT_TOKEN_MAX];
+        size_t tl = 0;
+        st = ft_net_read_token(p.token_file, FT_TOKEN_MIN, tok, sizeof tok, &tl);
+        memset(tok, 0, sizeof tok);
+        if (st != FT_OK) goto out;
         S->has_token = 1;
     }
     if (p.spill_dir && (st = open_spill_dir(S)) != FT_OK) goto out;
-    if (!(S->addrs = calloc(ADDR_SLOTS, sizeof *S->addrs))) {
-        st = ft_set_error(FT_ERR_NOMEM, "address table");
-        goto out;
-    }
     S->cap = (p.capacity + ALIGN - 1) / ALIGN * ALIGN;
     S->pool = mmap(NULL, S->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -2023,7 +1837,6 @@ ft_status ft_node_run(const ft_node_params *params)
     S->free_list->off = 0;
     S->free_list->len = S->cap;
     S->free_list->next = NULL;
-    if ((st = open_listener(S, &addr, alen, bound, sizeof bound)) != FT_OK) goto out;
     /* threads for the shared-memory path's copies (FLEXTIER_THREADS) */
     if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
         S->copiers = NULL;
@@ -2032,7 +1845,23 @@ ft_status ft_node_run(const ft_node_params *params)
         S->cma_door = NULL;
         ft_clear_error();
     }
+    /* the UCX context before the door: admission reads S->w and S->waddr */
     open_ucx(S, &addr);
+    {
+        ft_door_params dp;
+        memset(&dp, 0, sizeof dp);
+        dp.what = "serve";
+        dp.listen = p.listen;
+        dp.token_file = p.token_file;
+        dp.insecure = p.insecure;
+        dp.max_unauth = p.max_unauth;
+        dp.auth_timeout_ms = p.auth_timeout_ms;
+        dp.max_extra = FT_MSG_MAX_ADDR;
+        dp.admit = node_admit;
+        dp.arg = S;
+        if ((st = ft_door_open(&dp, &S->door)) != FT_OK) goto out;
+        snprintf(bound, sizeof bound, "%s", ft_door_bound(S->door));
+    }
     FT_LOG(FT_LOG_INFO, "serve: listening on %s, pool %llu bytes%s%s%s", bound,
            (unsigned long long)S->cap, p.spill_dir ? ", spill to " : "",
            p.spill_dir ? p.spill_dir : "", S->has_token ? ", token required" : ", no token");
@@ -2042,6 +1871,7 @@ ft_status ft_node_run(const ft_node_params *params)
     conn **pconn = NULL;
     size_t pcap = 0;
     while (!(p.stop && *p.stop)) {
+        accept_conns(S);   /* what the door authenticated (cheap when none) */
         check_timers(S);
         reap_conns(S);
         int busy = 0;
@@ -2049,7 +1879,7 @@ ft_status ft_node_run(const ft_node_params *params)
             for (int i = 0; i < 64 && ucp_worker_progress(S->w); i++) busy = 1;
             reap_conns(S);
         }
-        size_t n = 0, need = 2 + S->npreauth + S->nauthed + 8;
+        size_t n = 0, need = 8;
         for (conn *c = S->conns; c; c = c->next) need++;
         if (need > pcap) {
             struct pollfd *np = realloc(pfd, need * sizeof *np);
@@ -2059,24 +1889,16 @@ ft_status ft_node_run(const ft_node_params *params)
             if (!np || !nc) { st = ft_set_error(FT_ERR_NOMEM, "poll set"); break; }
             pcap = need;
         }
-        int accepting = S->npreauth < S->p.max_unauth;
         double now = ft_now(), wake = now + 0.1;
         for (conn *c = S->conns; c; c = c->next) {
             if (c->dead) continue;
-            if (!c->authed) {
-                if (c->t_accept + S->auth_s < wake) wake = c->t_accept + S->auth_s;
-                if (!accepting) {   /* a stalled one may make room */
-                    accepting = now - c->t_rx >= STALL_GRACE;
-                    if (c->t_rx + STALL_GRACE < wake) wake = c->t_rx + STALL_GRACE;
-                }
-            }
             pfd[n].fd = c->fd;
             pfd[n].events = (short)(POLLIN | (c->out_head ? POLLOUT : 0));
             pfd[n].revents = 0;
             pconn[n++] = c;
         }
         size_t lidx = n;
-        pfd[n].fd = accepting ? S->lfd : -1;
+        pfd[n].fd = ft_door_fd(S->door);
         pfd[n].events = POLLIN;
         pfd[n++].revents = 0;
         if (S->w) {
@@ -2103,10 +1925,12 @@ ft_status ft_node_run(const ft_node_params *params)
     }
     free(pfd);
     free(pconn);
+    uint64_t refused = 0;
+    ft_door_stats(S->door, &refused, NULL);
     FT_LOG(FT_LOG_INFO, "serve: shutting down (%llu tensors, %llu bytes in, %llu bytes out; "
            "%llu connections refused during back-off, %llu UCX messages without a session dropped)",
            (unsigned long long)S->tensors, (unsigned long long)S->bytes_in,
-           (unsigned long long)S->bytes_out, (unsigned long long)S->refused,
+           (unsigned long long)S->bytes_out, (unsigned long long)refused,
            (unsigned long long)S->dropped_am);
 out:
     cleanup(S);

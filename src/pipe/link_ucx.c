@@ -256,9 +256,8 @@ ft_status ft_pipe_ucx_address(ft_pipe_link *l, void *buf, size_t cap, size_t *le
 ft_status ft_pipe_ucx_connect(ft_pipe_link *l, const void *next_addr, size_t len)
 {
     ucx_link *u = (ucx_link *)l;
-    (void)len;
     if (u->ep) return ft_set_error(FT_ERR_INVALID_ARG, "ucx link: already connected");
-    ucs_status_t s = ft_net_ucp_connect(u->w, next_addr, ep_err, u, &u->ep);
+    ucs_status_t s = ft_net_ucp_connect(u->w, next_addr, len, ep_err, u, &u->ep);
     if (s != UCS_OK) {
         u->ep = NULL;
         return ft_set_error(FT_ERR_NET, "ucx link: cannot reach the next stage: %s", ucs_status_string(s));

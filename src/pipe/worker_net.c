@@ -13,12 +13,17 @@
  *   worker -> driver   READY
  *
  * after which activations flow over UCX and the connection stays open
- * and silent: either side closing it ends the run on the other.
+ * and silent: either side closing it ends the run on the other. The
+ * listening side is the memory node's front door (src/net/door.h): the
+ * handshakes of any number of connecting peers run concurrently on the
+ * door's thread, while a job runs too (a driver that authenticates then
+ * is told the worker is busy).
  * Control frame: u32 magic "FTPC", u32 type, u32 length (<= 64 KiB),
  * u32 zero, then the payload. One driver at a time. */
 #include "flextier/pipe.h"
 #include "pipe_internal.h"
 #include "net/auth.h"
+#include "net/door.h"
 #include "net/msg.h"
 #include "net/net.h"
 
@@ -40,27 +45,6 @@ enum { CTL_JOB = 1, CTL_JOBOK = 2, CTL_ERR = 3, CTL_NEXT = 4, CTL_READY = 5 };
 #define JOB_S 30.0        /* the job after authenticating             */
 #define LOAD_S 1800.0     /* a stage loading its model                */
 
-/* All of n bytes in or out by deadline. */
-static ft_status io_full(int fd, int out, void *buf, size_t n, double dl, const char *what)
-{
-    uint8_t *b = buf;
-    while (n) {
-        ssize_t r = out ? send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, n, MSG_DONTWAIT);
-        if (r > 0) {
-            b += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ft_set_error(FT_ERR_NET, "%s: the connection closed (%s)", what, r == 0 ? "end of stream" : strerror(errno));
-        int left = (int)((dl - ft_now()) * 1000);
-        if (left <= 0) return ft_set_error(FT_ERR_TIMEOUT, "%s: no progress before the deadline", what);
-        struct pollfd p = {fd, (short)(out ? POLLOUT : POLLIN), 0};
-        poll(&p, 1, left > 1000 ? 1000 : left);
-    }
-    return FT_OK;
-}
-
 static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double dl, const char *what)
 {
     uint8_t h[16];
@@ -68,8 +52,8 @@ static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double
     ft_put_le32(h + 4, type);
     ft_put_le32(h + 8, (uint32_t)n);
     ft_put_le32(h + 12, 0);
-    ft_status st = io_full(fd, 1, h, sizeof h, dl, what);
-    if (!st && n) st = io_full(fd, 1, (void *)p, n, dl, what);
+    ft_status st = ft_net_io_full(fd, 1, h, sizeof h, dl, what);
+    if (!st && n) st = ft_net_io_full(fd, 1, (void *)p, n, dl, what);
     return st;
 }
 
@@ -77,7 +61,7 @@ static ft_status ctl_send(int fd, uint32_t type, const void *p, size_t n, double
 static ft_status ctl_recv(int fd, uint32_t want, void *buf, size_t cap, size_t *n, double dl, const char *what)
 {
     uint8_t h[16];
-    ft_status st = io_full(fd, 0, h, sizeof h, dl, what);
+    ft_status st = ft_net_io_full(fd, 0, h, sizeof h, dl, what);
     if (st) return st;
     uint32_t type = ft_get_le32(h + 4), len = ft_get_le32(h + 8);
     if (ft_get_le32(h) != CTL_MAGIC || ft_get_le32(h + 12) || len > CTL_MAX || (type != want && type != CTL_ERR))
@@ -86,45 +70,15 @@ static ft_status ctl_recv(int fd, uint32_t want, void *buf, size_t cap, size_t *
     if (type == CTL_ERR) {
         uint8_t t[200];
         size_t k = len < sizeof t ? len : sizeof t;
-        if ((st = io_full(fd, 0, t, k, dl, what))) return st;
+        if ((st = ft_net_io_full(fd, 0, t, k, dl, what))) return st;
         for (size_t i = 0; i < k; i++) text[i] = t[i] >= 0x20 && t[i] < 0x7f ? (char)t[i] : '?';
         text[k] = 0;
         return ft_set_error(FT_ERR_NET, "%s: %s", what, text);
     }
     if (len > cap) return ft_set_error(FT_ERR_PROTOCOL, "%s: a control frame of %u bytes (room for %zu)", what, len, cap);
-    if (len && (st = io_full(fd, 0, buf, len, dl, what))) return st;
+    if (len && (st = ft_net_io_full(fd, 0, buf, len, dl, what))) return st;
     *n = len;
     return FT_OK;
-}
-
-/* One handshake message: header (+ payload <= cap). */
-static ft_status hs_recv(int fd, int reply, ft_msg *m, uint8_t *payload, size_t cap, double dl, const char *what)
-{
-    uint8_t h[FT_MSG_HDR_SIZE];
-    ft_status st = io_full(fd, 0, h, sizeof h, dl, what);
-    if (st) return st;
-    if ((st = ft_msg_parse(h, sizeof h, reply, cap, m))) return ft_set_error(st, "%s: %s", what, ft_last_error());
-    if (m->data_len > cap) return ft_set_error(FT_ERR_PROTOCOL, "%s: %llu bytes", what, (unsigned long long)m->data_len);
-    if (m->data_len && (st = io_full(fd, 0, payload, (size_t)m->data_len, dl, what))) return st;
-    if (reply && m->status != FT_OK)
-        return ft_set_error((ft_status)m->status, "%s: refused (%s)", what, ft_status_str((ft_status)m->status));
-    return FT_OK;
-}
-
-static ft_status hs_send(int fd, uint16_t op, int32_t status, uint64_t arg, const void *p, size_t n, double dl,
-                         const char *what)
-{
-    uint8_t h[FT_MSG_HDR_SIZE];
-    ft_msg m;
-    memset(&m, 0, sizeof m);
-    m.opcode = op;
-    m.status = status;
-    m.data_len = n;
-    m.arg = arg;
-    ft_msg_encode(h, &m);
-    ft_status st = io_full(fd, 1, h, sizeof h, dl, what);
-    if (!st && n) st = io_full(fd, 1, (void *)p, n, dl, what);
-    return st;
 }
 
 static ft_status load_token(const char *file, uint8_t *tok, size_t *len)
@@ -136,26 +90,6 @@ static ft_status load_token(const char *file, uint8_t *tok, size_t *len)
 }
 
 /* ---------------------------------------------------------------- worker */
-
-static ft_status worker_auth(int fd, const uint8_t *tok, size_t tlen, const char *peer)
-{
-    ft_hs_server hs;
-    ft_hs_server_init(&hs, tlen ? tok : NULL, tlen, NULL);
-    double dl = ft_now() + HS_S;
-    while (hs.state != FT_HS_DONE) {
-        ft_msg m;
-        uint8_t payload[FT_MSG_PROOF];
-        ft_status st = hs_recv(fd, 0, &m, payload, sizeof payload, dl, peer);
-        if (st) return st;
-        ft_hs_reply r;
-        st = ft_hs_server_step(&hs, &m, payload, &r);
-        ft_status s2 = hs_send(fd, (uint16_t)(m.opcode | FT_OP_REPLY), st, r.arg, st ? r.detail : (const char *)r.payload,
-                               st ? strlen(r.detail) : r.len, dl, peer);
-        if (st) return ft_set_error(st, "%s: %s", peer, r.detail);
-        if (s2) return s2;
-    }
-    return FT_OK;
-}
 
 /* One driver's job, start to end. */
 static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
@@ -224,51 +158,52 @@ out:
     return st;
 }
 
+/* The front door's admission (door.h): one driver at a time. */
+static ft_status worker_admit(void *arg, ft_door_conn *c, uint8_t *extra, size_t cap, size_t *len,
+                              uint64_t *aux, uint64_t *flags, const char **detail)
+{
+    (void)c; (void)extra; (void)cap; (void)aux; (void)flags;
+    *len = 0;
+    if (__atomic_load_n((const int *)arg, __ATOMIC_ACQUIRE)) {
+        *detail = "this worker runs another driver's job";
+        return FT_ERR_BUSY;
+    }
+    return FT_OK;
+}
+
 ft_status ft_worker_run(const ft_worker_params *p)
 {
     if (!p || !p->listen) return ft_set_error(FT_ERR_INVALID_ARG, "worker: no listen address");
-    uint8_t tok[FT_TOKEN_MAX];
-    size_t tlen = 0;
-    struct sockaddr_storage sa;
-    socklen_t alen;
-    ft_status st = ft_net_resolve(p->listen, 1, &sa, &alen);
+    /* the node's front door: concurrent handshakes with deadlines, a cap,
+     * back-off, token-file checks, protected mode (src/net/door.h) */
+    int busy = 0;
+    const char *tf = p->token_file ? p->token_file : getenv("FLEXTIER_TOKEN_FILE");
+    ft_door_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.what = "worker";
+    dp.listen = p->listen;
+    dp.token_file = tf && *tf ? tf : NULL;
+    dp.admit = worker_admit;
+    dp.arg = &busy;
+    ft_door *door = NULL;
+    ft_status st = ft_door_open(&dp, &door);
     if (st) return st;
-    if ((st = load_token(p->token_file, tok, &tlen))) return st;
-    if (!tlen && !ft_net_is_loopback(&sa))
-        return ft_set_error(FT_ERR_INVALID_ARG, "worker: %s is not a loopback address: give --token-file (drivers "
-                            "authenticate with it)", p->listen);
-    int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (lfd < 0) return ft_set_error(FT_ERR_NET, "worker: socket: %s", strerror(errno));
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&sa, alen) != 0 || listen(lfd, 8) != 0) {
-        st = ft_set_error(FT_ERR_NET, "worker: cannot listen on %s: %s", p->listen, strerror(errno));
-        close(lfd);
-        return st;
-    }
-    struct sockaddr_storage bound;
-    socklen_t bl = sizeof bound;
-    char bs[96];
-    getsockname(lfd, (struct sockaddr *)&bound, &bl);
-    ft_net_addr_str(&bound, bs, sizeof bs);
-    if (p->on_ready) p->on_ready(p->arg, bs);
+    if (p->on_ready) p->on_ready(p->arg, ft_door_bound(door));
     while (!(p->stop && *p->stop)) {
-        struct pollfd pf = {lfd, POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0) continue;
-        struct sockaddr_storage peer;
-        socklen_t pl = sizeof peer;
-        int fd = accept(lfd, (struct sockaddr *)&peer, &pl);
-        if (fd < 0) continue;
-        char ps[96];
-        ft_net_addr_str(&peer, ps, sizeof ps);
-        ft_status js = worker_auth(fd, tok, tlen, ps);
-        if (js == FT_OK) js = worker_job(p, fd, ps);
-        if (js != FT_OK) FT_LOG(FT_LOG_WARN, "worker: %s: %s", ps, ft_last_error());
-        close(fd);
+        ft_door_conn dc;
+        if (!ft_door_take(door, &dc)) {
+            struct pollfd pf = {ft_door_fd(door), POLLIN, 0};
+            poll(&pf, 1, 100);
+            continue;
+        }
+        __atomic_store_n(&busy, 1, __ATOMIC_RELEASE);
+        ft_status js = worker_job(p, dc.fd, dc.peer);
+        if (js != FT_OK) FT_LOG(FT_LOG_WARN, "worker: %s: %s", dc.peer, ft_last_error());
+        close(dc.fd);
+        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
         if (p->once) break;
     }
-    memset(tok, 0, sizeof tok);
-    close(lfd);
+    ft_door_close(door);
     return FT_OK;
 }
 
@@ -289,20 +224,7 @@ void ft_pipe_disconnect(ft_pipe_remote *r)
 
 static ft_status driver_auth(int fd, const uint8_t *tok, size_t tlen, const char *who)
 {
-    double dl = ft_now() + HS_S;
-    ft_hs_client hs;
-    uint8_t buf[FT_MSG_PROOF + 64], proof[FT_MSG_PROOF];
-    size_t plen = 0, rest = 0;
-    ft_msg m;
-    ft_status st = ft_hs_client_init(&hs, tlen ? tok : NULL, tlen);
-    if (!st) st = hs_send(fd, FT_OP_HELLO, 0, 0, hs.nc, FT_MSG_NONCE, dl, who);
-    if (!st) st = hs_recv(fd, 1, &m, buf, FT_MSG_NONCE, dl, who);
-    if (!st && (st = ft_hs_client_challenge(&hs, &m, buf, proof, &plen))) st = ft_set_error(st, "%s: %s", who, ft_last_error());
-    if (!st) st = hs_send(fd, FT_OP_AUTH, 0, 0, proof, plen, dl, who);
-    if (!st) st = hs_recv(fd, 1, &m, buf, sizeof buf, dl, who);
-    if (!st && (st = ft_hs_client_finish(&hs, &m, buf, &rest))) st = ft_set_error(st, "%s: %s", who, ft_last_error());
-    memset(&hs, 0, sizeof hs);
-    return st;
+    return ft_door_client_auth(fd, tok, tlen, 0, ft_now() + HS_S, who, NULL, 0, NULL, NULL, NULL);
 }
 
 ft_status ft_pipe_connect(const char *const *workers, int n_workers, const ft_pipe_stage_params *params,

@@ -1,28 +1,35 @@
 /* agent://HOST:PORT[/NODE] backend: a client of `flextier agent`.
  *
  * The agent does the codec work, so this backend implements the store's
- * tensor-level operations itself (ops.write, ops.read): it
- * registers the caller's tensor buffer with UCX (ucp_mem_map), sends its
- * address and packed remote key, and waits; the agent reads the raw
- * tensor out of it, or writes the decoded tensor into it, by RMA. The
- * client's CPU only registers memory and exchanges two small messages per
- * tensor. Registration is per request (no cache: a buffer freed and
- * reallocated at the same address would otherwise be served stale
- * translations on RDMA).
+ * tensor-level operations itself (ops.write, ops.read): it names the
+ * caller's tensor buffer (address, capacity) and waits; the agent reads
+ * the raw tensor out of it, or writes the decoded tensor into it: by
+ * cross-memory attach when both run on one machine (nothing for this
+ * side to do), or by UCP RMA on an endpoint to this process's UCX worker
+ * (RDMA from a DPU; TCP only when the agent says the operator named the
+ * network trusted), for which the buffer is registered per request (no
+ * registration cache: a buffer freed and reallocated at the same address
+ * would otherwise be served stale translations on RDMA).
  *
- * One UCP worker and endpoint per store (client/server sockaddr, PEER
- * error handling), guarded by a mutex; the thread that waits drives
- * progress, so requests from several threads (the store's async workers)
- * are in flight together. Every wait has a deadline (timeout_ms, cut only
- * when the connection has also been idle that long); a dead agent fails
- * every pending request with FT_ERR_NET at once, and the next call
- * reconnects. */
+ * Connection: TCP to the agent's port, which is the memory node's front
+ * door (src/net/door.h: mutual HMAC challenge-response, the token never
+ * crosses the wire), then the agent's messages (net/agent_msg.h) on that
+ * connection. One connection per store, guarded by a mutex; the thread
+ * that waits reads replies for everyone (and progresses the UCX worker,
+ * which serves emulated RMA on TCP), so requests from several threads
+ * (the store's async workers) are in flight together. Every wait has a
+ * deadline (timeout_ms, cut only when the connection has also been idle
+ * that long); a dead agent fails every pending request with FT_ERR_NET
+ * at once, and the next call reconnects. */
 #include "net/agent_msg.h"
 #include "net/cma.h"
+#include "net/auth.h"
+#include "net/door.h"
+#include "net/msg.h"
+#include "net/net.h"
 #include "store_internal.h"
 
 #include <errno.h>
-#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -32,11 +39,11 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
-struct rx_token;
+#define MAX_REPLY_BODY (1ull << 40)   /* a GETF frame: bounded by the node's frames */
 
 typedef struct apend {
     uint64_t     id;
-    int          replied, send_pending, recv_pending;
+    int          replied;
     ft_status    st;
     char         detail[FT_AMSG_ERR_MAX + 1];
     uint64_t     aux;
@@ -44,17 +51,8 @@ typedef struct apend {
     uint8_t     *fixed;       /* ... or into this fixed buffer            */
     size_t       fixed_cap;
     size_t       rlen;
-    uint8_t      hdr[FT_AMSG_MAX_HDR];
-    struct rx_token *rx;
     struct apend *next;
 } apend;
-
-/* A pending rendezvous receive (see src/store/ucx_client.c: a force-closed
- * endpoint may never complete it, so the waiter abandons it). */
-typedef struct rx_token {
-    apend *p;
-    int abandoned;
-} rx_token;
 
 typedef struct agent_client {
     ft_store_backend base;
@@ -62,33 +60,32 @@ typedef struct agent_client {
     char             node[FT_AMSG_MAX_NODE + 1];
     struct sockaddr_storage addr;
     socklen_t        alen;
-    char             token[FT_AMSG_MAX_TOKEN];
+    uint8_t          token[FT_TOKEN_MAX];
     size_t           token_len;
     int              timeout_ms;
     pthread_mutex_t  lock;
     pthread_cond_t   cond;
     int              progressing;
-    ucp_context_h    ctx;
-    ucp_worker_h     w;
-    int              efd;
-    ucp_ep_h         ep;
+    int              fd;          /* -1: not connected */
     int              dead;
     uint64_t         next_id;
     apend           *pending;
     double           last_progress;
+    /* the reply being read (by whichever thread reads) */
+    uint8_t          rx_hdr[FT_AMSG_MAX_HDR];
+    size_t           rx_have, rx_need;
+    int              rx_body;
+    ft_amsg          rx_m;
+    apend           *rx_p;        /* NULL: the body is discarded */
+    uint8_t         *rx_dst;
+    uint64_t         rx_len, rx_done;
+    /* UCX: the agent's RMA into our buffers (when it offers UCX) */
+    ucp_context_h    ctx;
+    ucp_worker_h     w;
+    int              efd;
     uint8_t          challenge[FT_AMSG_CHALLENGE];   /* HELLO reply, shown to the agent */
     int              cma;         /* the agent reaches our memory by CMA */
 } agent_client;
-
-static ft_status st_from_ucs(ucs_status_t s)
-{
-    switch (s) {
-    case UCS_OK: return FT_OK;
-    case UCS_ERR_NO_MEMORY: return FT_ERR_NOMEM;
-    case UCS_ERR_TIMED_OUT: return FT_ERR_TIMEOUT;
-    default: return FT_ERR_NET;
-    }
-}
 
 static void fail_all(agent_client *c, ft_status st, const char *why)
 {
@@ -100,165 +97,171 @@ static void fail_all(agent_client *c, ft_status st, const char *why)
         }
 }
 
-static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+static void rx_reset(agent_client *c)
 {
-    agent_client *c = arg;
-    if (ep != c->ep) return;
-    FT_LOG(FT_LOG_WARN, "agent://%s: connection failed: %s", c->where, ucs_status_string(status));
-    c->dead = 1;
-    fail_all(c, FT_ERR_NET, ucs_status_string(status));
+    c->rx_have = 0;
+    c->rx_need = FT_AMSG_HDR_SIZE;
+    c->rx_body = 0;
+    c->rx_p = NULL;
+    c->rx_dst = NULL;
+    c->rx_len = c->rx_done = 0;
 }
 
-static void send_cb(void *req, ucs_status_t status, void *user)
+static void close_locked(agent_client *c)
 {
-    apend *p = user;
-    p->send_pending = 0;
-    if (status != UCS_OK && p->st == FT_OK) {
-        p->st = st_from_ucs(status);
-        snprintf(p->detail, sizeof p->detail, "send: %s", ucs_status_string(status));
-        p->replied = 1;
-    }
-    ucp_request_free(req);
-}
-
-static void recv_cb(void *req, ucs_status_t status, size_t length, void *user)
-{
-    rx_token *t = user;
-    (void)length;
-    if (t->abandoned) {
-        free(t);
-        ucp_request_free(req);
-        return;
-    }
-    apend *p = t->p;
-    free(t);
-    p->rx = NULL;
-    p->recv_pending = 0;
-    if (status != UCS_OK && p->st == FT_OK) {
-        p->st = st_from_ucs(status);
-        snprintf(p->detail, sizeof p->detail, "receive: %s", ucs_status_string(status));
-    }
-    ucp_request_free(req);
-}
-
-static ucs_status_t reply_cb(void *arg, const void *header, size_t hlen, void *data, size_t len,
-                             const ucp_am_recv_param_t *param)
-{
-    agent_client *c = arg;
-    ft_amsg m;
-    if (ft_amsg_parse(header, hlen, len, 1, UINT64_MAX, &m) != FT_OK) {
-        FT_LOG(FT_LOG_WARN, "agent://%s: malformed reply dropped: %s", c->where, ft_last_error());
-        return UCS_OK;
-    }
-    apend *p = c->pending;
-    while (p && p->id != m.req_id) p = p->next;
-    if (!p || p->replied) return UCS_OK;
-    p->replied = 1;
-    p->st = (ft_status)m.status;
-    p->aux = m.aux;
-    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    if (m.status != FT_OK) {
-        size_t n = len < sizeof p->detail - 1 ? len : sizeof p->detail - 1;
-        if (n && !rndv) {
-            memcpy(p->detail, data, n);
-            p->detail[n] = 0;
-            for (size_t i = 0; i < n; i++)   /* text from the peer: printable only */
-                if ((unsigned char)p->detail[i] < 0x20 || (unsigned char)p->detail[i] > 0x7e) p->detail[i] = '?';
-        } else {
-            snprintf(p->detail, sizeof p->detail, "agent: %s", ft_status_str(p->st));
-        }
-        return UCS_OK;
-    }
-    if (len == 0) return UCS_OK;
-    uint8_t *dst;
-    if (p->fixed) {
-        if (len > p->fixed_cap) {
-            p->st = FT_ERR_PROTOCOL;
-            snprintf(p->detail, sizeof p->detail, "reply of %zu bytes, expected <= %zu", len, p->fixed_cap);
-            return UCS_OK;
-        }
-        dst = p->fixed;
-    } else if (!p->rbuf) {
-        p->st = FT_ERR_PROTOCOL;
-        snprintf(p->detail, sizeof p->detail, "unexpected reply data");
-        return UCS_OK;
-    } else if (ft_buf_reserve(p->rbuf, len) != FT_OK) {
-        p->st = FT_ERR_NOMEM;
-        snprintf(p->detail, sizeof p->detail, "no memory for %zu reply bytes", len);
-        return UCS_OK;
-    } else {
-        dst = p->rbuf->p;
-    }
-    p->rlen = len;
-    if (rndv) {
-        rx_token *t = malloc(sizeof *t);
-        if (!t) {
-            p->st = FT_ERR_NOMEM;
-            snprintf(p->detail, sizeof p->detail, "no memory for a receive");
-            return UCS_OK;
-        }
-        t->p = p;
-        t->abandoned = 0;
-        ucp_request_param_t rp;
-        memset(&rp, 0, sizeof rp);
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        rp.cb.recv_am = recv_cb;
-        rp.user_data = t;
-        ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->w, data, dst, len, &rp);
-        if (UCS_PTR_IS_ERR(r)) {
-            free(t);
-            p->st = FT_ERR_NET;
-            snprintf(p->detail, sizeof p->detail, "receive: %s", ucs_status_string(UCS_PTR_STATUS(r)));
-        } else if (r) {
-            p->rx = t;
-            p->recv_pending = 1;
-        } else {
-            free(t);
-        }
-        return UCS_INPROGRESS;
-    }
-    memcpy(dst, data, len);
-    return UCS_OK;
-}
-
-static void close_ep_locked(agent_client *c)
-{
-    if (!c->ep) return;
-    ucp_request_param_t p;
-    memset(&p, 0, sizeof p);
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucp_ep_h ep = c->ep;
-    c->ep = NULL;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    rx_reset(c);
     fail_all(c, FT_ERR_NET, "connection to the agent closed");
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (r && !UCS_PTR_IS_ERR(r)) {
-        double dl = ft_now() + 5.0;
-        while (ucp_request_check_status(r) == UCS_INPROGRESS && ft_now() < dl) ucp_worker_progress(c->w);
-        ucp_request_free(r);
-    }
-    for (apend *q = c->pending; q; q = q->next)
-        if (q->recv_pending && q->rx) {
-            q->rx->abandoned = 1;
-            q->rx = NULL;
-            q->recv_pending = 0;
-            if (q->st == FT_OK) {
-                q->st = FT_ERR_NET;
-                snprintf(q->detail, sizeof q->detail, "connection closed during a receive");
-            }
-        }
     c->dead = 0;
     pthread_cond_broadcast(&c->cond);
 }
 
-static int pend_done(const apend *p) { return p->replied && !p->send_pending && !p->recv_pending; }
+/* A reply's header is in: where its body goes. 0: protocol error. */
+static int rx_header(agent_client *c)
+{
+    ft_amsg m;
+    uint64_t dl = ft_get_le64(c->rx_hdr + 24);
+    if (ft_amsg_parse(c->rx_hdr, c->rx_need, dl > SIZE_MAX ? SIZE_MAX : (size_t)dl, 1, MAX_REPLY_BODY,
+                      &m) != FT_OK) {
+        FT_LOG(FT_LOG_WARN, "agent://%s: malformed reply: %s", c->where, ft_last_error());
+        return 0;
+    }
+    c->rx_m = m;
+    c->rx_body = 1;
+    c->rx_len = m.data_len;
+    c->rx_done = 0;
+    c->rx_dst = NULL;
+    apend *p = c->pending;
+    while (p && (p->id != m.req_id || p->replied)) p = p->next;
+    c->rx_p = p;
+    if (!p) return 1;   /* nobody waits any more: discard */
+    p->st = (ft_status)m.status;
+    p->aux = m.aux;
+    if (m.status != FT_OK) {
+        p->detail[0] = 0;
+        c->rx_dst = (uint8_t *)p->detail;   /* up to sizeof - 1 bytes, the rest discarded */
+        return 1;
+    }
+    if (m.data_len == 0) return 1;
+    if (p->fixed) {
+        if (m.data_len > p->fixed_cap) {
+            p->st = FT_ERR_PROTOCOL;
+            snprintf(p->detail, sizeof p->detail, "reply of %llu bytes, expected <= %zu",
+                     (unsigned long long)m.data_len, p->fixed_cap);
+            c->rx_p = NULL;
+            p->replied = 1;
+            return 1;
+        }
+        c->rx_dst = p->fixed;
+    } else if (!p->rbuf) {
+        p->st = FT_ERR_PROTOCOL;
+        snprintf(p->detail, sizeof p->detail, "unexpected reply data");
+        c->rx_p = NULL;
+        p->replied = 1;
+        return 1;
+    } else if (m.data_len > SIZE_MAX || ft_buf_reserve(p->rbuf, (size_t)m.data_len) != FT_OK) {
+        p->st = FT_ERR_NOMEM;
+        snprintf(p->detail, sizeof p->detail, "no memory for %llu reply bytes", (unsigned long long)m.data_len);
+        c->rx_p = NULL;
+        p->replied = 1;
+        return 1;
+    } else {
+        c->rx_dst = p->rbuf->p;
+    }
+    p->rlen = (size_t)m.data_len;
+    return 1;
+}
+
+static void rx_body_done(agent_client *c)
+{
+    apend *p = c->rx_p;
+    if (p) {
+        if (p->st != FT_OK) {
+            size_t n = c->rx_len < sizeof p->detail - 1 ? (size_t)c->rx_len : sizeof p->detail - 1;
+            p->detail[n] = 0;
+            for (size_t i = 0; i < n; i++)   /* text from the peer: printable only */
+                if ((unsigned char)p->detail[i] < 0x20 || (unsigned char)p->detail[i] > 0x7e) p->detail[i] = '?';
+            if (!n) snprintf(p->detail, sizeof p->detail, "agent: %s", ft_status_str(p->st));
+        }
+        p->replied = 1;
+    }
+    rx_reset(c);
+}
+
+/* Read what the socket has (lock held). Returns 1 if anything moved;
+ * marks the connection dead on an error. */
+static int rx_progress_locked(agent_client *c)
+{
+    int moved = 0;
+    uint8_t sink[4096];
+    while (c->fd >= 0 && !c->dead) {
+        uint8_t *dst;
+        size_t want;
+        if (!c->rx_body) {
+            dst = c->rx_hdr + c->rx_have;
+            want = c->rx_need - c->rx_have;
+        } else {
+            uint64_t left = c->rx_len - c->rx_done;
+            if (c->rx_p && c->rx_dst == (uint8_t *)c->rx_p->detail) {
+                size_t room = sizeof c->rx_p->detail - 1;
+                dst = c->rx_done < room ? c->rx_dst + c->rx_done : sink;
+                want = c->rx_done < room ? room - (size_t)c->rx_done : sizeof sink;
+            } else if (c->rx_p && c->rx_dst) {
+                dst = c->rx_dst + c->rx_done;
+                want = left > (1u << 30) ? (1u << 30) : (size_t)left;
+            } else {
+                dst = sink;
+                want = sizeof sink;
+            }
+            if (want > left) want = (size_t)left;
+            if (want == 0) {
+                rx_body_done(c);
+                moved = 1;
+                continue;
+            }
+        }
+        ssize_t r = recv(c->fd, dst, want, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (r <= 0) {
+            FT_LOG(FT_LOG_WARN, "agent://%s: connection lost: %s", c->where, r == 0 ? "closed by the agent" : strerror(errno));
+            c->dead = 1;
+            break;
+        }
+        moved = 1;
+        if (c->rx_body) {
+            c->rx_done += (uint64_t)r;
+            if (c->rx_done == c->rx_len) rx_body_done(c);
+            continue;
+        }
+        c->rx_have += (size_t)r;
+        if (c->rx_have < c->rx_need) continue;
+        if (c->rx_need == FT_AMSG_HDR_SIZE) {
+            size_t hl = 0;
+            if (ft_amsg_header_len(c->rx_hdr, &hl) != FT_OK) {
+                FT_LOG(FT_LOG_WARN, "agent://%s: malformed reply: %s", c->where, ft_last_error());
+                c->dead = 1;
+                break;
+            }
+            c->rx_need = hl;
+            if (hl > c->rx_have) continue;
+        }
+        if (!rx_header(c)) {
+            c->dead = 1;
+            break;
+        }
+        if (c->rx_len == 0) rx_body_done(c);
+    }
+    return moved;
+}
 
 static ft_status wait_locked(agent_client *c, apend *p, double deadline)
 {
-    while (!pend_done(p)) {
+    while (!p->replied) {
         if (c->dead) {
-            close_ep_locked(c);
-            if (pend_done(p)) break;
+            close_locked(c);
+            break;
         }
         if (c->progressing) {
             struct timespec ts;
@@ -266,64 +269,65 @@ static ft_status wait_locked(agent_client *c, apend *p, double deadline)
             ts.tv_nsec += 5000000L;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&c->cond, &c->lock, &ts);
-        } else if (ucp_worker_progress(c->w)) {
-            c->last_progress = ft_now();
-            pthread_cond_broadcast(&c->cond);
-            continue;
+        } else {
+            int moved = rx_progress_locked(c);
+            if (c->w && ucp_worker_progress(c->w)) moved = 1;
+            if (moved) {
+                c->last_progress = ft_now();
+                pthread_cond_broadcast(&c->cond);
+                continue;
+            }
         }
-        if (pend_done(p)) break;
+        if (p->replied) break;
         double now = ft_now();
         if (now > deadline && now - c->last_progress > c->timeout_ms / 1000.0) {
-            if (!p->replied) {
-                FT_LOG(FT_LOG_WARN, "agent://%s: request timed out; reconnecting", c->where);
-                p->replied = 1;
-                p->st = FT_ERR_TIMEOUT;
-                snprintf(p->detail, sizeof p->detail, "no reply from the agent within %d ms", c->timeout_ms);
-            }
+            FT_LOG(FT_LOG_WARN, "agent://%s: request timed out; reconnecting", c->where);
+            p->replied = 1;
+            p->st = FT_ERR_TIMEOUT;
+            snprintf(p->detail, sizeof p->detail, "no reply from the agent within %d ms", c->timeout_ms);
             c->dead = 1;
             continue;
         }
-        if (c->progressing) continue;
-        if (ucp_worker_arm(c->w) == UCS_ERR_BUSY) continue;
+        if (c->progressing || c->dead) continue;
+        if (c->w && ucp_worker_arm(c->w) == UCS_ERR_BUSY) continue;
         c->progressing = 1;
+        int fd = c->fd;
         pthread_mutex_unlock(&c->lock);
-        struct pollfd pfd = {c->efd, POLLIN, 0};
-        poll(&pfd, 1, 5);
+        struct pollfd pfd[2] = {{fd, POLLIN, 0}, {c->w ? c->efd : -1, POLLIN, 0}};
+        poll(pfd, 2, 50);
         pthread_mutex_lock(&c->lock);
         c->progressing = 0;
     }
     return p->st;
 }
 
-/* Queue a request (p zeroed except rbuf/fixed). Lock held. */
+/* Queue a request (p zeroed except rbuf/fixed) and send it. Lock held. */
 static void submit_locked(agent_client *c, apend *p, uint16_t op, const char *key, const void *body,
                           size_t blen, uint64_t addr, uint64_t len)
 {
     p->id = ++c->next_id;
     p->next = c->pending;
     c->pending = p;
-    uint32_t klen = key ? (uint32_t)strlen(key) : 0;
-    size_t hlen = ft_amsg_encode(p->hdr, op, p->id, 0, key, klen, blen, addr, len, 0);
-    if (!c->ep || c->dead) {
+    if (c->fd < 0 || c->dead) {
         p->replied = 1;
         p->st = FT_ERR_NET;
         snprintf(p->detail, sizeof p->detail, "not connected");
         return;
     }
-    ucp_request_param_t rp;
-    memset(&rp, 0, sizeof rp);
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    rp.cb.send = send_cb;
-    rp.user_data = p;
-    ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, FT_AM_AGENT_REQUEST, p->hdr, hlen, body, blen, &rp);
-    if (UCS_PTR_IS_ERR(r)) {
+    uint8_t hdr[FT_AMSG_MAX_HDR];
+    uint32_t klen = key ? (uint32_t)strlen(key) : 0;
+    size_t hlen = ft_amsg_encode(hdr, op, p->id, 0, key, klen, blen, addr, len, 0);
+    double dl = ft_now() + c->timeout_ms / 1000.0;
+    ft_status st = ft_net_io_full(c->fd, 1, hdr, hlen, dl, "agent");
+    if (st == FT_OK && blen) st = ft_net_io_full(c->fd, 1, (void *)body, blen, dl, "agent");
+    if (st != FT_OK) {
         p->replied = 1;
         p->st = FT_ERR_NET;
-        snprintf(p->detail, sizeof p->detail, "send: %s", ucs_status_string(UCS_PTR_STATUS(r)));
-    } else if (r) {
-        p->send_pending = 1;
+        snprintf(p->detail, sizeof p->detail, "send: %s", ft_last_error());
+        c->dead = 1;
+        return;
     }
+    c->last_progress = ft_now();
 }
 
 static void unlink_locked(agent_client *c, apend *p)
@@ -331,6 +335,10 @@ static void unlink_locked(agent_client *c, apend *p)
     apend **pp = &c->pending;
     while (*pp && *pp != p) pp = &(*pp)->next;
     if (*pp) *pp = p->next;
+    if (c->rx_p == p) {   /* its body keeps coming: discard it */
+        c->rx_p = NULL;
+        c->rx_dst = NULL;
+    }
 }
 
 static ft_status pend_error(agent_client *c, const apend *p)
@@ -376,48 +384,71 @@ static ft_status cma_setup_locked(agent_client *c)
     return st;
 }
 
+/* The agent offers UCX: our worker for its RMA (once per store). */
+static void ucx_open_locked(agent_client *c, uint64_t flags)
+{
+    if (c->w || !(flags & FT_NODE_UCX)) return;
+    char devs[512] = "";
+    struct sockaddr_storage local;
+    socklen_t ll = sizeof local;
+    if (getsockname(c->fd, (struct sockaddr *)&local, &ll) == 0) ft_net_devices_for(&local, devs, sizeof devs);
+    ft_net_ucx_opts uo = {(flags & FT_NODE_UCX_TCP) != 0, devs, NULL, 0,
+                          UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, NULL};
+    ucs_status_t s = ft_net_ucp_open("flextier-agent-client", &uo, &c->ctx, &c->w, &c->efd);
+    if (s != UCS_OK) {
+        FT_LOG(FT_LOG_INFO, "agent://%s: no UCX on this side (%s)", c->where, ucs_status_string(s));
+        if (c->w) ucp_worker_destroy(c->w);
+        if (c->ctx) ucp_cleanup(c->ctx);
+        c->w = NULL;
+        c->ctx = NULL;
+        c->efd = -1;
+    }
+}
+
 static ft_status connect_locked(agent_client *c)
 {
-    ucp_ep_params_t ep;
-    memset(&ep, 0, sizeof ep);
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = (const struct sockaddr *)&c->addr;
-    ep.sockaddr.addrlen = c->alen;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = ep_err_cb;
-    ep.err_handler.arg = c;
     c->dead = 0;
-    ucs_status_t s = ucp_ep_create(c->w, &ep, &c->ep);
-    if (s != UCS_OK) {
-        c->ep = NULL;
-        return ft_set_error(FT_ERR_NET, "agent://%s: cannot connect: %s", c->where, ucs_status_string(s));
+    rx_reset(c);
+    double dl = ft_now() + c->timeout_ms / 1000.0;
+    ft_status st = ft_net_tcp_connect(&c->addr, c->alen, c->timeout_ms, c->where, &c->fd);
+    if (st != FT_OK) {
+        c->fd = -1;
+        return ft_set_error(st, "agent://%s", ft_last_error());
     }
+    uint64_t flags = 0;
+    char who[320];
+    snprintf(who, sizeof who, "agent://%s", c->where);
+    st = ft_door_client_auth(c->fd, c->token_len ? c->token : NULL, c->token_len, 0, dl, who, NULL, 0, NULL,
+                             &flags, NULL);
+    if (st != FT_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", ft_last_error());
+        close_locked(c);
+        return ft_set_error(st, "%s", why);
+    }
+    ucx_open_locked(c, flags);
     static _Thread_local uint8_t hello[FT_AMSG_MAX_HELLO];
     ucp_address_t *wa = NULL;
     size_t wal = 0;
-    s = ucp_worker_get_address(c->w, &wa, &wal);
-    if (s != UCS_OK) {
-        close_ep_locked(c);
-        return ft_set_error(FT_ERR_NET, "agent://%s: worker address: %s", c->where, ucs_status_string(s));
+    if (c->w && ucp_worker_get_address(c->w, &wa, &wal) != UCS_OK) {
+        wa = NULL;
+        wal = 0;
     }
-    size_t hl = ft_amsg_hello_encode(hello, sizeof hello, c->token, c->token_len, c->node, wa, wal);
-    ucp_worker_release_address(c->w, wa);
+    size_t hl = ft_amsg_hello_encode(hello, sizeof hello, c->node, wa, wal);
+    if (wa) ucp_worker_release_address(c->w, wa);
     if (hl == 0) {
-        close_ep_locked(c);
+        close_locked(c);
         return ft_set_error(FT_ERR_NET, "agent://%s: worker address of %zu bytes", c->where, wal);
     }
     apend p;
     memset(&p, 0, sizeof p);
     p.fixed = c->challenge;
     p.fixed_cap = sizeof c->challenge;
-    ft_status st = call_locked(c, &p, FT_AOP_HELLO, NULL, hello, hl, 0, 0);
-    memset(hello, 0, hl);
+    st = call_locked(c, &p, FT_AOP_HELLO, NULL, hello, hl, 0, 0);
     if (st != FT_OK) {
         char why[300];
         snprintf(why, sizeof why, "%s", ft_last_error());
-        close_ep_locked(c);
+        close_locked(c);
         return ft_set_error(st, "%s", why);
     }
     /* Same machine? Present the session's nonce on the agent's Unix
@@ -430,6 +461,14 @@ static ft_status connect_locked(agent_client *c)
         c->cma = cma_setup_locked(c) == FT_OK;
         ft_clear_error();
     }
+    if (!c->cma && !c->w) {
+        close_locked(c);
+        return ft_set_error(FT_ERR_UNSUPPORTED,
+                            "agent://%s: no way for the agent to reach this process's tensors: not "
+                            "on its machine (cross-memory attach refused) and no UCX between us (the "
+                            "agent needs an RDMA device, or --trusted-network for UCX over TCP)",
+                            c->where);
+    }
     FT_LOG(FT_LOG_INFO, "agent://%s: connected (tensors move by %s)", c->where,
            c->cma ? "cross-memory attach" : "UCX RMA");
     return FT_OK;
@@ -437,8 +476,8 @@ static ft_status connect_locked(agent_client *c)
 
 static ft_status ensure_locked(agent_client *c)
 {
-    if (c->dead) close_ep_locked(c);
-    return c->ep ? FT_OK : connect_locked(c);
+    if (c->dead) close_locked(c);
+    return c->fd >= 0 ? FT_OK : connect_locked(c);
 }
 
 static ft_status call(agent_client *c, uint16_t op, const char *key, const void *body, size_t blen,
@@ -657,12 +696,10 @@ static ft_status ac_stats(ft_store_backend *b, ft_store_stats *out)
 static void ac_close(ft_store_backend *b)
 {
     agent_client *c = (agent_client *)b;
-    if (c->w) {
-        pthread_mutex_lock(&c->lock);
-        close_ep_locked(c);
-        pthread_mutex_unlock(&c->lock);
-        ucp_worker_destroy(c->w);
-    }
+    pthread_mutex_lock(&c->lock);
+    close_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (c->w) ucp_worker_destroy(c->w);
     if (c->ctx) ucp_cleanup(c->ctx);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond);
@@ -673,59 +710,13 @@ static void ac_close(ft_store_backend *b)
 static const ft_store_ops agent_ops = {ac_put, ac_get, ac_del, ac_stat, ac_list,
                                        ac_stats, ac_close, ac_read, ac_write};
 
-static ft_status resolve(const char *hostport, struct sockaddr_storage *addr, socklen_t *alen)
-{
-    char host[256];
-    const char *colon, *h = hostport;
-    size_t hl;
-    if (hostport[0] == '[') {
-        const char *e = strchr(hostport, ']');
-        if (!e || e[1] != ':') goto bad;
-        h = hostport + 1;
-        hl = (size_t)(e - h);
-        colon = e + 1;
-    } else {
-        colon = strrchr(hostport, ':');
-        if (!colon) goto bad;
-        hl = (size_t)(colon - hostport);
-    }
-    if (hl == 0 || hl >= sizeof host || !colon[1]) goto bad;
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int e = getaddrinfo(host, colon + 1, &hints, &res);
-    if (e != 0 || !res) return ft_set_error(FT_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
-    memcpy(addr, res->ai_addr, res->ai_addrlen);
-    *alen = res->ai_addrlen;
-    freeaddrinfo(res);
-    return FT_OK;
-bad:
-    return ft_set_error(FT_ERR_INVALID_ARG, "agent:// URI: expected HOST:PORT[/NODE], got '%s'", hostport);
-}
-
-static ft_status read_token(const char *path, char *buf, size_t cap, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return ft_set_error(FT_ERR_IO, "token file %s: %s", path, strerror(errno));
-    size_t n = fread(buf, 1, cap, f);
-    int big = n == cap && fgetc(f) != EOF;
-    fclose(f);
-    if (big) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s over %zu bytes", path, cap - 1);
-    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
-    if (n == 0) return ft_set_error(FT_ERR_INVALID_ARG, "token file %s is empty", path);
-    *len = n;
-    return FT_OK;
-}
-
 static ft_status agent_open(const char *spec, const ft_store_params *p, ft_store_backend **out)
 {
     agent_client *c = calloc(1, sizeof *c);
     if (!c) return ft_set_error(FT_ERR_NOMEM, "agent client");
     c->base.ops = &agent_ops;
     c->efd = -1;
+    c->fd = -1;
     c->timeout_ms = p->timeout_ms;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -755,43 +746,11 @@ static ft_status agent_open(const char *spec, const ft_store_params *p, ft_store
             }
         memcpy(c->node, node, nl + 1);
     }
-    if ((st = resolve(hostport, &c->addr, &c->alen)) != FT_OK) goto fail;
+    if ((st = ft_net_resolve(hostport, 0, &c->addr, &c->alen)) != FT_OK) goto fail;
     const char *tf = p->token_file ? p->token_file : getenv("FLEXTIER_TOKEN_FILE");
-    if (tf && *tf && (st = read_token(tf, c->token, sizeof c->token, &c->token_len)) != FT_OK) goto fail;
-
-    ucp_config_t *cfg = NULL;
-    ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
-    if (s == UCS_OK) {
-        ucp_params_t up;
-        memset(&up, 0, sizeof up);
-        up.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-        up.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-        up.name = "flextier-agent-client";
-        s = ucp_init(&up, cfg, &c->ctx);
-        ucp_config_release(cfg);
-    }
-    if (s == UCS_OK) {
-        ucp_worker_params_t wp;
-        memset(&wp, 0, sizeof wp);
-        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-        s = ucp_worker_create(c->ctx, &wp, &c->w);
-    }
-    if (s == UCS_OK) s = ucp_worker_get_efd(c->w, &c->efd);
-    if (s == UCS_OK) {
-        ucp_am_handler_param_t hp;
-        memset(&hp, 0, sizeof hp);
-        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        hp.id = FT_AM_AGENT_REPLY;
-        hp.cb = reply_cb;
-        hp.arg = c;
-        s = ucp_worker_set_am_recv_handler(c->w, &hp);
-    }
-    if (s != UCS_OK) {
-        st = ft_set_error(FT_ERR_NET, "UCX init: %s", ucs_status_string(s));
+    /* the same checks as every token file (a private regular file, >= 16 bytes) */
+    if (tf && *tf && (st = ft_net_read_token(tf, FT_TOKEN_MIN, c->token, sizeof c->token, &c->token_len)) != FT_OK)
         goto fail;
-    }
     pthread_mutex_lock(&c->lock);
     st = connect_locked(c);
     pthread_mutex_unlock(&c->lock);

@@ -774,7 +774,7 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
         }
         /* the node writes reply data into our buffers: this thread only
          * checks and decodes what has landed */
-        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0, 0};
+        ft_net_ucx_opts uo = {allow_tcp, devs, "put_zcopy", 0, 0, NULL};
         ucs_status_t s = ft_net_ucp_open("flextier-client", &uo, &c->ctx, &c->w, &c->efd);
         if (s == UCS_OK) {
             ucp_am_handler_param_t hp;
@@ -806,8 +806,7 @@ static ft_status ucx_setup_locked(ucx_client *c, const uint8_t *naddr, size_t nl
     uint8_t buf[FT_MSG_MAX_DETAIL];
     if (st == FT_OK) st = hs_recv(c, &m, buf, sizeof buf, deadline, "UCXB");
     if (st != FT_OK) return st;
-    (void)nlen;
-    s = ft_net_ucp_connect(c->w, naddr, ep_err_cb, c, &c->ep);
+    s = ft_net_ucp_connect(c->w, naddr, nlen, ep_err_cb, c, &c->ep);
     if (s != UCS_OK) {
         c->ep = NULL;
         return ft_set_error(FT_ERR_NET, "cannot reach the node over UCX: %s", ucs_status_string(s));

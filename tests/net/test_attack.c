@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "net/raw_client.h"
+#include "net/attack_util.h"
 #include "support/server_util.h"
 
 static const char TOKEN[] = "attack-test-token-0123456789abcdef";
@@ -97,55 +98,6 @@ static int put_victim(const srv_t *s, const char *token_file, uint16_t *v)
     return ok;
 }
 
-/* The TCP ports process pid listens on (IPv4 and IPv6), from the kernel's
- * socket tables and the process's descriptors. addr: "ip:port". */
-static int listening_sockets(pid_t pid, char addr[][64], int max)
-{
-    char dir[64];
-    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-    unsigned long long inodes[512];
-    int ni = 0;
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    while (d && (de = readdir(d)) && ni < 512) {
-        char link[320], target[64];
-        snprintf(link, sizeof link, "%s/%s", dir, de->d_name);
-        ssize_t n = readlink(link, target, sizeof target - 1);
-        if (n <= 0) continue;
-        target[n] = 0;
-        unsigned long long ino;
-        if (sscanf(target, "socket:[%llu]", &ino) == 1) inodes[ni++] = ino;
-    }
-    if (d) closedir(d);
-    int found = 0;
-    const char *files[2] = {"tcp", "tcp6"};
-    for (int f = 0; f < 2; f++) {
-        char path[64], line[512];
-        snprintf(path, sizeof path, "/proc/%d/net/%s", (int)pid, files[f]);
-        FILE *fp = fopen(path, "r");
-        while (fp && fgets(line, sizeof line, fp)) {
-            char l[64], st[8];
-            unsigned long long ino;
-            if (sscanf(line, " %*s %63s %*s %7s %*s %*s %*s %*s %*s %llu", l, st, &ino) != 3) continue;
-            if (strcmp(st, "0A")) continue;   /* LISTEN */
-            for (int i = 0; i < ni; i++)
-                if (inodes[i] == ino && found < max) {
-                    char *colon = strrchr(l, ':');
-                    unsigned port = colon ? (unsigned)strtoul(colon + 1, NULL, 16) : 0;
-                    unsigned a = 0;
-                    if (f == 0) sscanf(l, "%8x", &a);
-                    if (f == 0)
-                        snprintf(addr[found++], 64, "%u.%u.%u.%u:%u", a & 255, (a >> 8) & 255,
-                                 (a >> 16) & 255, a >> 24, port);
-                    else
-                        snprintf(addr[found++], 64, "[v6]:%u", port);
-                }
-        }
-        if (fp) fclose(fp);
-    }
-    return found;
-}
-
 static long rss_kb(pid_t pid)
 {
     char path[64], line[256];
@@ -171,54 +123,6 @@ static uint64_t pool_address(pid_t pid, uint64_t cap)
     }
     if (f) fclose(f);
     return at;
-}
-
-/* ------------------------------------------------------------ UCX RMA */
-
-/* A raw UCT TCP client, byte for byte as UCX 1.13's TCP transport speaks
- * (src/uct/tcp/tcp_cm.c, tcp_ep.c at v1.13.1): connect to a port, send the
- * magic number and a connection request, then a PUT request naming any
- * address in the peer's memory, followed by the bytes to write there. UCX
- * executes it before anything above it sees a byte: the attack of issue
- * 13. Returns 1 if every byte could be sent. */
-static int uct_tcp_put(int port, uint64_t addr, const void *data, size_t len)
-{
-    int fd = raw_connect(port, NULL);
-    if (fd < 0) return 0;
-    uint8_t pkt[8 + 5 + 13 + 16];
-    uint64_t magic = 0xCAFEBABE12345678ull;
-    memcpy(pkt, &magic, 8);
-    pkt[8] = 32;                                   /* UCT_TCP_EP_CM_AM_ID */
-    uint32_t l = 13 + 16;
-    memcpy(pkt + 9, &l, 4);
-    uint32_t ev = 1;                               /* UCT_TCP_CM_CONN_REQ */
-    memcpy(pkt + 13, &ev, 4);
-    pkt[17] = 0;                                   /* connect to iface */
-    static uint64_t sn = 0x1234;
-    sn += 0x10001;   /* a new connection each time */
-    memcpy(pkt + 18, &sn, 8);
-    struct sockaddr_in me = {.sin_family = AF_INET, .sin_port = htons(1)};
-    me.sin_addr.s_addr = htonl(0x7f000001);
-    memcpy(pkt + 26, &me, 16);
-    int ok = raw_write(fd, pkt, sizeof pkt) == 0;
-    usleep(200000);                                /* let it accept */
-    /* the request and its bytes in one segment: UCX copies them with
-     * memcpy straight from its receive buffer */
-    static uint8_t put[5 + 20 + 65536];
-    if (len > 65536) len = 65536;
-    put[0] = 33;                                   /* UCT_TCP_EP_PUT_REQ_AM_ID */
-    l = 20;
-    memcpy(put + 1, &l, 4);
-    uint64_t length = len;
-    uint32_t psn = 1;
-    memcpy(put + 5, &addr, 8);
-    memcpy(put + 13, &length, 8);
-    memcpy(put + 21, &psn, 4);
-    memcpy(put + 25, data, len);
-    ok = ok && raw_write(fd, put, 25 + len) == 0;
-    usleep(300000);                                /* let it write */
-    close(fd);
-    return ok;
 }
 
 /* Attack: a peer without the token writes into the node with an RMA PUT
@@ -434,8 +338,13 @@ TEST(attack_large_messages_before_auth)
 }
 
 /* Attack: token guessing (9,400 guesses/s on one connection, never
- * disconnected). Now one guess per connection, then the address is
- * refused for a growing while; errors say nothing about the node. */
+ * disconnected). Now one guess per connection; from the third failure the
+ * failing connections of the address are held back 1, 2, 4 ... s before
+ * their answer. Attack of issue 21: one wrong proof per back-off period
+ * from 127.0.0.1 locked out 12 of 12 legitimate local clients, and they
+ * stayed locked out. A loopback address (or one a client authenticated
+ * from) is never refused: the real clients of 127.0.0.1 get in at once
+ * while the guesser's connections wait. */
 TEST(attack_token_guessing)
 {
     char tok[64];
@@ -449,24 +358,56 @@ TEST(attack_token_guessing)
     REQUIRE(put_victim(&srv, tok, v));
     uint8_t guess[FT_MSG_PROOF];
     memset(guess, 0x42, sizeof guess);
-    int evaluated = 0, refused = 0;
-    double t0 = ft_now();
-    for (int i = 0; i < 40; i++) {
-        int fd = raw_connect(srv.port, "127.0.0.5");
-        if (fd < 0) { refused++; continue; }
-        ft_status st = raw_handshake(fd, NULL, guess, NULL);
-        if (st == FT_ERR_AUTH) {
-            evaluated++;
-            CHECK(raw_closed(fd, 2000));   /* one guess per connection */
+    /* 6 guesses from 127.0.0.1 (where the real clients are), one after
+     * the other: the first ones answered at once, the later ones held */
+    enum { G = 6 };
+    int fds[G], answered = 0, held = 0;
+    double sent[G];
+    for (int i = 0; i < G; i++) {
+        fds[i] = raw_connect(srv.port, NULL);
+        uint8_t nc[FT_MSG_NONCE] = {(uint8_t)i}, buf[256];
+        ft_msg m;
+        CHECK(fds[i] >= 0 && raw_send(fds[i], FT_OP_HELLO, 1, NULL, nc, sizeof nc, 0, 0, 0) == 0);
+        CHECK(raw_recv(fds[i], &m, buf, sizeof buf, 5000) == 0 && m.status == FT_OK);
+        CHECK(raw_send(fds[i], FT_OP_AUTH, 2, NULL, guess, sizeof guess, 0, 0, 0) == 0);
+        sent[i] = ft_now();
+        int r = raw_recv(fds[i], &m, buf, sizeof buf, 300);
+        if (r == 0) {
+            CHECK(m.status == FT_ERR_AUTH);
+            answered++;
         } else {
-            CHECK(st == FT_ERR_NET);       /* refused at once */
-            refused++;
+            CHECK(r == -2);   /* held back, not refused */
+            held++;
         }
-        close(fd);
+    }
+    printf("     6 wrong proofs from 127.0.0.1: %d answered at once, %d held back\n", answered, held);
+    CHECK(answered == 2 && held == 4);
+    /* meanwhile the real clients of 127.0.0.1 get in at once */
+    double t0 = ft_now();
+    int in = 0;
+    for (int i = 0; i < 6; i++) {
+        ft_store *s = NULL;
+        if (open_tok(&srv, tok, &s) == FT_OK) in++;
+        ft_store_close(s);
     }
     double dt = ft_now() - t0;
-    printf("     40 attempts in %.2f s: %d guesses evaluated, %d refused\n", dt, evaluated, refused);
-    CHECK(evaluated >= 1 && evaluated <= 4);
+    printf("     6 real clients of 127.0.0.1 meanwhile: %d in, %.2f s\n", in, dt);
+    CHECK(in == 6);
+    CHECK_MSG(dt < 3.0, "%.2f s", dt);
+    /* the held guesses get their answer after the back-off, then close */
+    for (int i = 2; i < G; i++) {
+        ft_msg m;
+        uint8_t buf[256];
+        int r = raw_recv(fds[i], &m, buf, sizeof buf, 10000);
+        double waited = ft_now() - sent[i];
+        if (i == 2) printf("     the third guess answered after %.2f s\n", waited);
+        CHECK(r == 0 && m.status == FT_ERR_AUTH);
+        CHECK_MSG(waited >= 0.9, "guess %d answered after %.2f s", i, waited);
+        CHECK(raw_closed(fds[i], 2000));   /* one guess per connection */
+        if (i == 3) break;   /* 1 s and 2 s holds seen; the rest close with the test */
+    }
+    for (int i = 0; i < G; i++)
+        if (fds[i] >= 0) close(fds[i]);
     /* the detail of a failure is generic */
     int fd = raw_connect(srv.port, "127.0.0.6");
     uint8_t nc[FT_MSG_NONCE] = {3}, buf[256];
