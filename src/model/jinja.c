@@ -73,7 +73,8 @@ struct jloop;
 
 struct jv {
     unsigned char t;
-    unsigned char flag;       /* STR: markup; LIST: tuple; UNDEF: 1 = unsafe */
+    unsigned char flag;       /* STR: markup; LIST: an LK_ kind; UNDEF: 1 = unsafe */
+    unsigned char used;       /* LK_GEN: consumed */
     union {
         int b;
         int64_t i;
@@ -89,10 +90,14 @@ struct jv {
     } u;
 };
 
-static jv V_NONE = {JV_NONE, 0, {0}};
-static jv V_TRUE = {JV_BOOL, 0, {.b = 1}};
-static jv V_FALSE = {JV_BOOL, 0, {.b = 0}};
-static jv V_EMPTY = {JV_STR, 0, {.s = {"", 0}}};
+/* kinds of JV_LIST: Python list, tuple, an iterator (generator filters, reversed()),
+ * dict views */
+enum { LK_LIST = 0, LK_TUPLE, LK_GEN, LK_ITEMS, LK_KEYS, LK_VALUES };
+
+static jv V_NONE = {JV_NONE, 0, 0, {0}};
+static jv V_TRUE = {JV_BOOL, 0, 0, {.b = 1}};
+static jv V_FALSE = {JV_BOOL, 0, 0, {.b = 0}};
+static jv V_EMPTY = {JV_STR, 0, 0, {.s = {"", 0}}};
 
 /* ================================================================ AST */
 
@@ -422,7 +427,10 @@ static const char *type_name(const jv *v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v->flag ? "tuple" : "list";
+    case JV_LIST: {
+        static const char *const k[] = {"list", "tuple", "generator", "dict_items", "dict_keys", "dict_values"};
+        return k[v->flag];
+    }
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -442,7 +450,11 @@ static const char *obj_type_repr(const jv *v)
     case JV_INT: return "int object";
     case JV_FLOAT: return "float object";
     case JV_STR: return "str object";
-    case JV_LIST: return v->flag ? "tuple object" : "list object";
+    case JV_LIST: {
+        static const char *const k[] = {"list object", "tuple object", "generator object", "dict_items object",
+                                        "dict_keys object", "dict_values object"};
+        return k[v->flag];
+    }
     case JV_DICT: return "dict object";
     case JV_NS: return "jinja2.utils.Namespace object";
     default: return "object";
@@ -709,15 +721,20 @@ static void fmt_val(jctx *c, sbuf *b, const jv *v, int repr, unsigned depth)
             if (v->flag) sb_adds(c, b, ")");
         } else sb_add(c, b, v->u.s.p, v->u.s.n);
         return;
-    case JV_LIST:
-        sb_addc(c, b, v->flag ? '(' : '[');
+    case JV_LIST: {
+        int tup = v->flag == LK_TUPLE;
+        if (v->flag == LK_GEN) UNSUP("printing an iterator is not supported (jinja2 prints its memory address)");
+        if (v->flag > LK_GEN) { sb_adds(c, b, type_name(v)); sb_addc(c, b, '('); }
+        sb_addc(c, b, tup ? '(' : '[');
         for (size_t i = 0; i < v->u.l->n; i++) {
             if (i) sb_adds(c, b, ", ");
             fmt_val(c, b, v->u.l->v[i], 1, depth + 1);
         }
-        if (v->flag && v->u.l->n == 1) sb_addc(c, b, ',');
-        sb_addc(c, b, v->flag ? ')' : ']');
+        if (tup && v->u.l->n == 1) sb_addc(c, b, ',');
+        sb_addc(c, b, tup ? ')' : ']');
+        if (v->flag > LK_GEN) sb_addc(c, b, ')');
         return;
+    }
     case JV_DICT: fmt_dict_body(c, b, v->u.d, depth); return;
     case JV_NS:
         sb_adds(c, b, "<Namespace ");
@@ -803,6 +820,7 @@ static void json_val(jctx *c, sbuf *b, const jv *v, const jsonopt *o, unsigned l
     case JV_STR: json_str(c, b, v->u.s.p, v->u.s.n, o->ensure_ascii); return;
     case JV_LIST: {
         const jvec *l = v->u.l;
+        if (v->flag > LK_TUPLE) FAIL("Object of type %s is not JSON serializable", type_name(v));
         if (!l->n) { sb_adds(c, b, "[]"); return; }
         sb_addc(c, b, '[');
         for (size_t i = 0; i < l->n; i++) {
@@ -1688,8 +1706,8 @@ static node *parse_filter(jctx *c, node *base, int start_inline)
         start_inline = 0;
         int line = cur(c)->line;
         const char *name = parse_dotted_name(c);
-        if (!in_list(known_filters, name)) jfail(c, line, FT_ERR_CORRUPT, "template error: no filter named '%s'", name);
         node *f = mknode(c, E_FILTER, line);
+        f->op = !in_list(known_filters, name);   /* checked by check_names */
         f->name = name;
         f->a = base;
         f->ca = tok_is_op(cur(c), '(') ? parse_call_args(c) : jzalloc(c, sizeof(callargs));
@@ -1705,8 +1723,8 @@ static node *parse_test(jctx *c, node *n)
     int negated = 0;
     if (tok_is_name(cur(c), "not")) { adv(c); negated = 1; }
     const char *name = parse_dotted_name(c);
-    if (!in_list(known_tests, name)) jfail(c, line, FT_ERR_CORRUPT, "template error: no test named '%s'", name);
     node *t = mknode(c, E_TEST, line);
+    t->op = !in_list(known_tests, name);   /* checked by check_names */
     t->name = name;
     t->a = n;
     tok *k = cur(c);
@@ -2083,6 +2101,64 @@ static void parse_body(jctx *c, svec *body, const char *const *ends)
     c->pdepth--;
 }
 
+/* jinja2 refuses an unknown filter or test when it compiles the template,
+ * except inside an if statement or an if expression (a "soft frame"),
+ * where the error is raised only if the filter runs. */
+static void check_expr(jctx *c, node *n, int soft)
+{
+    if (!n) return;
+    if (n->kind == E_COND) soft = 1;
+    if ((n->kind == E_FILTER || n->kind == E_TEST) && n->op && !soft)
+        jfail(c, n->line, FT_ERR_CORRUPT, "template error: no %s named '%s'", n->kind == E_FILTER ? "filter" : "test",
+              n->name);
+    check_expr(c, n->a, soft);
+    check_expr(c, n->b, soft);
+    check_expr(c, n->c, soft);
+    check_expr(c, n->d, soft);
+    for (size_t i = 0; i < n->items.n; i++) check_expr(c, n->items.v[i], soft);
+    for (size_t i = 0; i < n->items2.n; i++) check_expr(c, n->items2.v[i], soft);
+    if (n->ca) {
+        for (size_t i = 0; i < n->ca->args.n; i++) check_expr(c, n->ca->args.v[i], soft);
+        for (size_t i = 0; i < n->ca->kwvals.n; i++) check_expr(c, n->ca->kwvals.v[i], soft);
+        check_expr(c, n->ca->dyn_args, soft);
+        check_expr(c, n->ca->dyn_kwargs, soft);
+    }
+}
+
+static void check_body(jctx *c, const svec *b, int soft);
+
+static void check_macro(jctx *c, const macrodef *m, int soft)
+{
+    for (size_t i = 0; i < m->nparams; i++) check_expr(c, m->defaults[i], soft);
+    check_body(c, &m->body, 0);
+}
+
+static void check_body(jctx *c, const svec *b, int soft)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        const stmt *s = b->v[i];
+        switch (s->kind) {
+        case S_PRINT: case S_SET: check_expr(c, s->expr, soft); break;
+        case S_IF: check_expr(c, s->expr, 1); check_body(c, &s->body, 1); check_body(c, &s->orelse, 1); break;
+        case S_FOR:
+            check_expr(c, s->expr, soft);
+            check_expr(c, s->filt, 0);
+            check_body(c, &s->body, 0);
+            check_body(c, &s->orelse, 0);
+            break;
+        case S_SETBLOCK: case S_FILTERBLOCK: check_expr(c, s->filt, 0); check_body(c, &s->body, 0); break;
+        case S_MACRO: check_macro(c, s->macro, soft); break;
+        case S_CALLBLOCK: check_expr(c, s->expr, soft); check_macro(c, s->macro, soft); break;
+        case S_WITH:
+            for (size_t k = 0; k < s->nwith; k++) check_expr(c, s->wvals[k], soft);
+            check_body(c, &s->body, 0);
+            break;
+        case S_SCOPE: check_body(c, &s->body, 0); break;
+        default: break;
+        }
+    }
+}
+
 /* ============================================================ semantics */
 
 static void step(jctx *c)
@@ -2100,7 +2176,7 @@ static int truthy(const jv *v)
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->u.s.n != 0;
-    case JV_LIST: return v->u.l->n != 0;
+    case JV_LIST: return v->flag == LK_GEN || v->u.l->n != 0;
     case JV_DICT: return v->u.d->n != 0;
     default: return 1;
     }
@@ -2121,6 +2197,7 @@ static int jv_eq(const jv *a, const jv *b)
     case JV_UNDEF: case JV_NONE: return 1;
     case JV_STR: return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
     case JV_LIST:
+        if (a->flag == LK_GEN || b->flag == LK_GEN) return a == b;
         if (a->flag != b->flag || a->u.l->n != b->u.l->n) return 0;
         for (size_t i = 0; i < a->u.l->n; i++)
             if (!jv_eq(a->u.l->v[i], b->u.l->v[i])) return 0;
@@ -2159,7 +2236,7 @@ static int jv_cmp(jctx *c, const jv *a, const jv *b)
         if (r) return r < 0 ? -1 : 1;
         return a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n ? 1 : 0;
     }
-    if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag) {
+    if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag && a->flag <= LK_TUPLE) {
         size_t m = a->u.l->n < b->u.l->n ? a->u.l->n : b->u.l->n;
         for (size_t i = 0; i < m; i++) {
             if (jv_eq(a->u.l->v[i], b->u.l->v[i])) continue;
@@ -2175,7 +2252,12 @@ static jvec *iter_items(jctx *c, jv *v)
 {
     switch (v->t) {
     case JV_UNDEF: return jzalloc(c, sizeof(jvec));
-    case JV_LIST: return v->u.l;
+    case JV_LIST:
+        if (v->flag == LK_GEN) {
+            if (v->used) return jzalloc(c, sizeof(jvec));
+            v->used = 1;
+        }
+        return v->u.l;
     case JV_DICT: {
         jvec *l = jzalloc(c, sizeof *l);
         for (size_t i = 0; i < v->u.d->n; i++) VEC_PUSH(c, l, v->u.d->k[i]);
@@ -2224,7 +2306,9 @@ static size_t jv_len(jctx *c, jv *v)
 {
     switch (v->t) {
     case JV_STR: return u8_len(v->u.s.p, v->u.s.n);
-    case JV_LIST: return v->u.l->n;
+    case JV_LIST:
+        if (v->flag == LK_GEN) FAIL("object of type 'generator' has no len()");
+        return v->u.l->n;
     case JV_DICT: return v->u.d->n;
     case JV_UNDEF: return 0;
     default: FAIL("object of type '%s' has no len()", type_name(v));
@@ -2285,13 +2369,14 @@ static jv *arith(jctx *c, int op, jv *a, jv *b)
             if (a->flag || b->flag) return str_concat(c, markup_escape(c, a), markup_escape(c, b), 1);
             return str_concat(c, a, b, 0);
         }
-        if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag) {
+        if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag && a->flag <= LK_TUPLE) {
             jv *r = mk_list(c, a->flag);
             for (size_t i = 0; i < a->u.l->n; i++) list_push(c, r, a->u.l->v[i]);
             for (size_t i = 0; i < b->u.l->n; i++) list_push(c, r, b->u.l->v[i]);
             return r;
         }
     }
+    if (op == OP_MUL && a->t == JV_LIST && a->flag > LK_TUPLE) FAIL("unsupported operand type(s) for *: '%s' and '%s'", type_name(a), type_name(b));
     if (op == OP_MUL && ((a->t == JV_STR || a->t == JV_LIST) && (b->t == JV_INT || b->t == JV_BOOL))) {
         int64_t k = num_i(b);
         jv *r;
@@ -2419,8 +2504,10 @@ static jv *get_attr(jctx *c, jv *obj, const char *name)
         }
         break;
     case JV_LIST:
-        if (in_list(list_methods, name)) return mk_method(c, obj, name);
-        if (in_list(list_mutators, name)) return unsafe_undef(c, obj, name);
+        if (obj->flag == LK_LIST || (obj->flag == LK_TUPLE && strcmp(name, "copy"))) {
+            if (in_list(list_methods, name)) return mk_method(c, obj, name);
+            if (obj->flag == LK_LIST && in_list(list_mutators, name)) return unsafe_undef(c, obj, name);
+        }
         break;
     case JV_NS: {
         jv *v = dict_gets(obj->u.d, name);
@@ -2446,7 +2533,7 @@ static jv *get_item(jctx *c, jv *obj, jv *key)
         break;
     }
     case JV_LIST: case JV_STR:
-        if (key->t == JV_INT || key->t == JV_BOOL) {
+        if ((key->t == JV_INT || key->t == JV_BOOL) && !(obj->t == JV_LIST && obj->flag > LK_TUPLE)) {
             int64_t i = num_i(key);
             if (obj->t == JV_LIST) {
                 int64_t n = (int64_t)obj->u.l->n;
@@ -2504,6 +2591,7 @@ static jv *do_slice(jctx *c, jv *obj, jv *start, jv *stop, jv *stepv)
     int64_t a = slice_idx(c, start, n, st > 0 ? 0 : n - 1, st < 0);
     int64_t b = slice_idx(c, stop, n, st > 0 ? n : -1, st < 0);
     jv *r = mk_list(c, obj->t == JV_LIST ? obj->flag : 0);
+    if (obj->t == JV_LIST && obj->flag > LK_TUPLE) return mk_undef(c, "%s is not subscriptable", obj_type_repr(obj));
     if (st > 0) for (int64_t i = a; i < b; i += st) list_push(c, r, items->v[i]);
     else for (int64_t i = a; i > b; i += st) list_push(c, r, items->v[i]);
     if (obj->t == JV_STR) {
@@ -2802,7 +2890,7 @@ static jv *str_replace(jctx *c, jv *s, jv *old, jv *new_, int64_t count)
 
 static int str_affix(jctx *c, jv *s, jv *x, int end)
 {
-    if (x->t == JV_LIST && x->flag) {
+    if (x->t == JV_LIST && x->flag == LK_TUPLE) {
         for (size_t i = 0; i < x->u.l->n; i++) if (str_affix(c, s, x->u.l->v[i], end)) return 1;
         return 0;
     }
@@ -2854,7 +2942,7 @@ static jv *str_percent(jctx *c, jv *s, jv *args)
     size_t ai = 0;
     jvec *av = NULL;
     jv *single = args;
-    if (args->t == JV_LIST && args->flag) { av = args->u.l; single = NULL; }
+    if (args->t == JV_LIST && args->flag == LK_TUPLE) { av = args->u.l; single = NULL; }
     for (size_t i = 0; i < s->u.s.n; i++) {
         char ch = s->u.s.p[i];
         if (ch != '%') { sb_addc(c, &b, ch); continue; }
@@ -3041,10 +3129,10 @@ static jv *call_method(jctx *c, jv *self, const char *name, const eargs *a)
             jv *v = dict_get(self->u.d, k);
             return v ? v : arg(a, 1, NULL, &V_NONE);
         }
-        if (!strcmp(name, "items")) return dict_items_list(c, self);
-        if (!strcmp(name, "keys")) return as_list(c, self);
+        if (!strcmp(name, "items")) { jv *r = dict_items_list(c, self); r->flag = LK_ITEMS; return r; }
+        if (!strcmp(name, "keys")) { jv *r = as_list(c, self); r->flag = LK_KEYS; return r; }
         if (!strcmp(name, "values")) {
-            jv *r = mk_list(c, 0);
+            jv *r = mk_list(c, LK_VALUES);
             for (size_t i = 0; i < self->u.d->n; i++) list_push(c, r, self->u.d->v[i]);
             return r;
         }
@@ -3212,6 +3300,7 @@ static jv *call_value(jctx *c, jv *f, const eargs *a)
 static int run_test(jctx *c, frame *fr, const char *name, jv *v, const eargs *a)
 {
     (void)fr;
+    if (!in_list(known_tests, name)) FAIL("No test named '%s' found.", name);
     jv *x = arg(a, 0, NULL, NULL);
     if (!strcmp(name, "defined")) return v->t != JV_UNDEF;
     if (!strcmp(name, "undefined")) return v->t == JV_UNDEF;
@@ -3225,7 +3314,8 @@ static int run_test(jctx *c, frame *fr, const char *name, jv *v, const eargs *a)
     if (!strcmp(name, "string")) return v->t == JV_STR;
     if (!strcmp(name, "mapping")) return v->t == JV_DICT;
     if (!strcmp(name, "iterable")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
-    if (!strcmp(name, "sequence")) return v->t == JV_STR || v->t == JV_LIST || v->t == JV_DICT || v->t == JV_UNDEF;
+    if (!strcmp(name, "sequence"))
+        return v->t == JV_STR || (v->t == JV_LIST && v->flag <= LK_TUPLE) || v->t == JV_DICT || v->t == JV_UNDEF;
     if (!strcmp(name, "callable"))
         return v->t == JV_MACRO || v->t == JV_BUILTIN || v->t == JV_METHOD || (v->t == JV_LOOP && 0);
     if (!strcmp(name, "escaped")) return v->t == JV_STR && v->flag;
@@ -3304,6 +3394,7 @@ static void sort_idx(jctx *c, size_t *idx, jv **keys, size_t n, int reverse)
 
 static jv *select_common(jctx *c, frame *fr, jv *v, const eargs *a, int attr_mode, int keep)
 {
+    if (!truthy(v)) return mk_list(c, LK_GEN);   /* jinja2: "if value:" before iterating */
     jvec *it = iter_items(c, v);
     size_t off = attr_mode ? 1 : 0;
     jv *attr = attr_mode ? arg(a, 0, NULL, NULL) : NULL;
@@ -3314,7 +3405,7 @@ static jv *select_common(jctx *c, frame *fr, jv *v, const eargs *a, int attr_mod
     if (tn && tn->t != JV_STR) FAIL("the test name must be a string");
     const char *tname = tn ? jstrndup(c, tn->u.s.p, tn->u.s.n) : NULL;
     if (tname && !in_list(known_tests, tname)) FAIL("No test named '%s'", tname);
-    jv *r = mk_list(c, 0);
+    jv *r = mk_list(c, LK_GEN);
     for (size_t i = 0; i < it->n; i++) {
         jv *x = attr_mode ? attr_path(c, it->v[i], attr) : it->v[i];
         int ok = tname ? run_test(c, fr, tname, x, &ta) : truthy(x);
@@ -3435,6 +3526,7 @@ static int parse_pyfloat(const char *s, size_t n, double *out)
 
 static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *a)
 {
+    if (!in_list(known_filters, name)) FAIL("No filter named '%s' found.", name);
     if (!strcmp(name, "tojson")) return f_tojson(c, v, a);
     if (!strcmp(name, "length") || !strcmp(name, "count")) return mk_int(c, (int64_t)jv_len(c, v));
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
@@ -3489,6 +3581,7 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
         return mk_str_sb(c, &b);
     }
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
+        if (name[0] == 'l' && v->t == JV_LIST && v->flag == LK_GEN) FAIL("'generator' object is not reversible");
         jvec *it = iter_items(c, v);
         if (!it->n) return mk_undef(c, "No %s item, sequence was empty.", name);
         return name[0] == 'f' ? it->v[0] : it->v[it->n - 1];
@@ -3497,11 +3590,14 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
     if (!strcmp(name, "items")) {
         if (v->t == JV_UNDEF) return mk_list(c, 0);
         if (v->t != JV_DICT) FAIL("Can only get item pairs from a mapping.");
-        return dict_items_list(c, v);
+        jv *r = dict_items_list(c, v);
+        r->flag = LK_GEN;
+        return r;
     }
     if (!strcmp(name, "map")) {
+        jv *r = mk_list(c, LK_GEN);
+        if (!truthy(v)) return r;
         jvec *it = iter_items(c, v);
-        jv *r = mk_list(c, 0);
         jv *attr = arg(a, (size_t)-1, "attribute", NULL);
         if (attr) {
             jv *def = arg(a, (size_t)-1, "default", NULL);
@@ -3533,8 +3629,9 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
             for (size_t i = it->n; i > 0; i--) sb_add(c, &b, it->v[i - 1]->u.s.p, it->v[i - 1]->u.s.n);
             return mk_str_sb(c, &b);
         }
+        int gen = v->t == JV_LIST && v->flag == LK_GEN;
         jvec *it = iter_items(c, v);
-        jv *r = mk_list(c, 0);
+        jv *r = mk_list(c, gen ? LK_LIST : LK_GEN);   /* reversed(seq), or a list of an iterator */
         for (size_t i = it->n; i > 0; i--) list_push(c, r, it->v[i - 1]);
         return r;
     }
@@ -3567,7 +3664,7 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
             idx[i] = i;
         }
         if (!strcmp(name, "unique")) {
-            jv *r = mk_list(c, 0);
+            jv *r = mk_list(c, LK_GEN);
             for (size_t i = 0; i < it->n; i++) {
                 int seen = 0;
                 for (size_t j = 0; j < i && !seen; j++) seen = jv_eq(keys[j], keys[i]);
@@ -3680,7 +3777,7 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
         jv *cnt = arg(a, 0, "linecount", NULL), *fill = arg(a, 1, "fill_with", NULL);
         if (!cnt || cnt->t != JV_INT || cnt->u.i <= 0) FAIL("batch needs a positive count");
         jvec *it = iter_items(c, v);
-        jv *r = mk_list(c, 0), *cur_ = NULL;
+        jv *r = mk_list(c, LK_GEN), *cur_ = NULL;
         for (size_t i = 0; i < it->n; i++) {
             if (!cur_ || (int64_t)cur_->u.l->n == cnt->u.i) { cur_ = mk_list(c, 0); list_push(c, r, cur_); }
             list_push(c, cur_, it->v[i]);
@@ -3780,7 +3877,7 @@ static jv *eval(jctx *c, frame *fr, node *n)
         r = mk_dict(c, JV_DICT);
         for (size_t i = 0; i < n->items.n; i++) {
             jv *k = eval(c, fr, n->items.v[i]);
-            if (k->t == JV_LIST && !k->flag) FAIL("unhashable type: 'list'");
+            if (k->t == JV_LIST && k->flag != LK_TUPLE) FAIL("unhashable type: '%s'", type_name(k));
             if (k->t == JV_DICT) FAIL("unhashable type: 'dict'");
             dict_set(c, r->u.d, k, eval(c, fr, n->items2.v[i]));
         }
@@ -4097,6 +4194,7 @@ FT_API ft_status ft_jinja_parse(const char *src, size_t len, ft_jinja **out)
     norm = NULL;
     lex(c);
     parse_body(c, &t->body, NULL);
+    check_body(c, &t->body, 0);
     free(c);
     *out = t;
     return FT_OK;
