@@ -28,6 +28,8 @@
 #include <time.h>
 #include <utf8proc.h>
 
+#include "model/jinja_case.h"
+
 /* ================================================================ arena */
 
 typedef struct ablk {
@@ -579,29 +581,73 @@ static int cp_is_alpha(int32_t cp)
 }
 static int cp_is_digit(int32_t cp) { return utf8proc_category(cp) == UTF8PROC_CATEGORY_ND; }
 
-/* str.upper/lower/title etc.: mode 0 upper, 1 lower, 2 capitalize, 3 title (Python), 4 swapcase */
+static int cp_cased(int32_t cp)
+{
+    return cp_is_cased_upper(cp) || cp_is_cased_lower(cp) || utf8proc_category(cp) == UTF8PROC_CATEGORY_LT;
+}
+
+/* Append the case mapping of cp (mode 0 upper, 1 lower, 2 title) as Python
+ * does: the full (SpecialCasing) mapping where it is several characters. */
+static void add_case(jctx *c, sbuf *b, int32_t cp, int mode)
+{
+    size_t lo = 0, hi = sizeof jinja_special_case / sizeof jinja_special_case[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (jinja_special_case[mid].cp < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < sizeof jinja_special_case / sizeof jinja_special_case[0] && jinja_special_case[lo].cp == cp) {
+        const char *m = mode == 0 ? jinja_special_case[lo].upper : mode == 1 ? jinja_special_case[lo].lower
+                                                                            : jinja_special_case[lo].title;
+        if (m) { sb_add(c, b, m, strlen(m)); return; }
+    }
+    int32_t o = mode == 0 ? cp_upper(cp) : mode == 1 ? cp_lower(cp) : cp_title(cp);
+    char e[4];
+    sb_add(c, b, e, u8_enc(o, e));
+}
+
+/* lower-casing of U+03A3 at the end of a word is final sigma (Python does this) */
+static int final_sigma(const char *s, size_t n, size_t at, size_t len)
+{
+    int before = 0, after = 0;
+    if (at > 0) {
+        size_t st = at - 1;
+        while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80) st--;
+        int32_t cp;
+        u8_dec(s + st, at - st, &cp);
+        before = cp_cased(cp);
+    }
+    if (at + len < n) {
+        int32_t cp;
+        u8_dec(s + at + len, n - at - len, &cp);
+        after = cp_cased(cp);
+    }
+    return before && !after;
+}
+
+/* str.upper/lower/capitalize/title/swapcase: mode 0 upper, 1 lower, 2 capitalize, 3 title, 4 swapcase */
 static jv *str_case(jctx *c, const jv *s, int mode)
 {
     sbuf b = {0};
     int prev_cased = 0, first = 1;
-    for (size_t i = 0; i < s->u.s.n;) {
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    for (size_t i = 0; i < n;) {
         int32_t cp;
-        i += u8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
-        int32_t o = cp;
+        size_t l = u8_dec(p + i, n - i, &cp);
+        int m;
         switch (mode) {
-        case 0: o = cp_upper(cp); break;
-        case 1: o = cp_lower(cp); break;
-        case 2: o = first ? cp_title(cp) : cp_lower(cp); break;
-        case 3: o = prev_cased ? cp_lower(cp) : cp_title(cp);
-                prev_cased = cp_is_cased_upper(cp) || cp_is_cased_lower(cp) ||
-                             utf8proc_category(cp) == UTF8PROC_CATEGORY_LT;
-                break;
-        default: o = cp_is_cased_upper(cp) ? cp_lower(cp) : cp_upper(cp); break;
+        case 0: m = 0; break;
+        case 1: m = 1; break;
+        case 2: m = first ? 2 : 1; break;
+        case 3: m = prev_cased ? 1 : 2; prev_cased = cp_cased(cp); break;
+        default: m = cp_is_cased_upper(cp) ? 1 : cp_is_cased_lower(cp) ? 0 : -1; break;
         }
         first = 0;
-        char e[4];
-        size_t l = u8_enc(o, e);
-        sb_add(c, &b, e, l);
+        if (m == 1 && cp == 0x3a3 && final_sigma(p, n, i, l)) sb_adds(c, &b, "\xcf\x82");
+        else if (m < 0) sb_add(c, &b, p + i, l);
+        else add_case(c, &b, cp, m);
+        i += l;
     }
     return mk_str_sb(c, &b);
 }
@@ -1786,7 +1832,7 @@ static target *parse_target(jctx *c, int with_tuple, int with_ns, const char *ex
     for (;;) {
         if (n) expect_op(c, ',');
         tok *k = cur(c);
-        if (n && (k->t == T_BEND || tok_is_op(k, '=') || tok_is_op(k, ')') || tok_is_op(k, '|') || (extra_end && tok_is_name(k, extra_end))))
+        if (n && (k->t == T_BEND || tok_is_op(k, ')') || (extra_end && tok_is_name(k, extra_end))))
             break;
         target *s;
         if (tok_is_op(k, '(')) {
@@ -2371,8 +2417,8 @@ static jv *arith(jctx *c, int op, jv *a, jv *b)
         }
         if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag && a->flag <= LK_TUPLE) {
             jv *r = mk_list(c, a->flag);
-            for (size_t i = 0; i < a->u.l->n; i++) list_push(c, r, a->u.l->v[i]);
-            for (size_t i = 0; i < b->u.l->n; i++) list_push(c, r, b->u.l->v[i]);
+            for (size_t i = 0; i < a->u.l->n; i++) { list_push(c, r, a->u.l->v[i]); step(c); }
+            for (size_t i = 0; i < b->u.l->n; i++) { list_push(c, r, b->u.l->v[i]); step(c); }
             return r;
         }
     }
@@ -3555,10 +3601,10 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
             int32_t cp;
             size_t l = u8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
             int delim = py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            int32_t o = delim ? cp : at_start ? cp_upper(cp) : cp_lower(cp);
+            if (delim) sb_add(c, &b, s->u.s.p + i, l);
+            else if (!at_start && cp == 0x3a3 && final_sigma(s->u.s.p, s->u.s.n, i, l)) sb_adds(c, &b, "\xcf\x82");
+            else add_case(c, &b, cp, at_start ? 0 : 1);
             at_start = delim;
-            char e[4];
-            sb_add(c, &b, e, u8_enc(o, e));
             i += l;
         }
         return mk_str_sb(c, &b);
@@ -3771,7 +3817,10 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
     if (!strcmp(name, "attr")) {
         jv *n = arg(a, 0, "name", NULL);
         if (!n || n->t != JV_STR) FAIL("attr filter needs an attribute name");
-        return get_attr(c, v, jstrndup(c, n->u.s.p, n->u.s.n));
+        const char *an = jstrndup(c, n->u.s.p, n->u.s.n);
+        if (v->t == JV_DICT && !in_list(dict_methods, an) && !in_list(dict_mutators, an) && an[0] != '_')
+            return mk_undef(c, "'%s' has no attribute '%s'", obj_type_repr(v), an);   /* getattr only, no item */
+        return get_attr(c, v, an);
     }
     if (!strcmp(name, "batch")) {
         jv *cnt = arg(a, 0, "linecount", NULL), *fill = arg(a, 1, "fill_with", NULL);
