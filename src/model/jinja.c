@@ -77,6 +77,7 @@ struct jv {
     unsigned char t;
     unsigned char flag;       /* STR: markup; LIST: an LK_ kind; UNDEF: 1 = unsafe */
     unsigned char used;       /* LK_GEN: consumed */
+    unsigned short depth;     /* LIST/DICT/NS: nesting (bounded: every walk over a value recurses) */
     union {
         int b;
         int64_t i;
@@ -96,10 +97,12 @@ struct jv {
  * dict views */
 enum { LK_LIST = 0, LK_TUPLE, LK_GEN, LK_ITEMS, LK_KEYS, LK_VALUES };
 
-static jv V_NONE = {JV_NONE, 0, 0, {0}};
-static jv V_TRUE = {JV_BOOL, 0, 0, {.b = 1}};
-static jv V_FALSE = {JV_BOOL, 0, 0, {.b = 0}};
-static jv V_EMPTY = {JV_STR, 0, 0, {.s = {"", 0}}};
+static jv V_NONE = {JV_NONE, 0, 0, 0, {0}};
+static jv V_TRUE = {JV_BOOL, 0, 0, 0, {.b = 1}};
+static jv V_FALSE = {JV_BOOL, 0, 0, 0, {.b = 0}};
+static jv V_EMPTY = {JV_STR, 0, 0, 0, {.s = {"", 0}}};
+
+#define MAX_VALUE_DEPTH 150
 
 /* ================================================================ AST */
 
@@ -410,7 +413,19 @@ static jv *mk_dict(jctx *c, int t)
     return v;
 }
 
-static void list_push(jctx *c, jv *l, jv *x) { VEC_PUSH(c, l->u.l, x); }
+static void nest(jctx *c, jv *container, const jv *x)
+{
+    if ((x->t == JV_LIST || x->t == JV_DICT || x->t == JV_NS) && x->depth + 1 > container->depth) {
+        if (x->depth + 1 > MAX_VALUE_DEPTH) jfail(c, c->line, FT_ERR_UNSUPPORTED, "value nested too deeply (limit %d)", MAX_VALUE_DEPTH);
+        container->depth = (unsigned short)(x->depth + 1);
+    }
+}
+
+static void list_push(jctx *c, jv *l, jv *x)
+{
+    nest(c, l, x);
+    VEC_PUSH(c, l->u.l, x);
+}
 
 static jv *mk_tuple2(jctx *c, jv *a, jv *b)
 {
@@ -505,6 +520,16 @@ static void dict_set(jctx *c, jdict *d, jv *k, jv *v)
 }
 
 static void dict_sets(jctx *c, jdict *d, const char *k, jv *v) { dict_set(c, d, mk_str(c, k), v); }
+
+static void nest(jctx *c, jv *container, const jv *x);
+
+/* into a dict or namespace value (tracks nesting) */
+static void dv_set(jctx *c, jv *d, jv *k, jv *v)
+{
+    nest(c, d, k);
+    nest(c, d, v);
+    dict_set(c, d->u.d, k, v);
+}
 
 /* ================================================================ UTF-8 */
 
@@ -2758,7 +2783,7 @@ static jv *call_macro(jctx *c, jmacro *m, const eargs *a, jv *caller)
         if (is_param) continue;
         if (!strcmp(a->kwn[k], "caller") && d->uses_caller) { caller = a->kwv[k]; continue; }
         if (!d->uses_kwargs) FAIL("macro '%s' takes no keyword argument '%s'", d->name, a->kwn[k]);
-        dict_sets(c, kw->u.d, a->kwn[k], a->kwv[k]);
+        dv_set(c, kw, mk_str(c, a->kwn[k]), a->kwv[k]);
     }
     if (d->uses_kwargs) dict_sets(c, &f->vars, "kwargs", kw);
     if (d->uses_caller && !dict_gets(&f->vars, "caller"))
@@ -3184,7 +3209,7 @@ static jv *call_method(jctx *c, jv *self, const char *name, const eargs *a)
         }
         if (!strcmp(name, "copy")) {
             jv *r = mk_dict(c, JV_DICT);
-            for (size_t i = 0; i < self->u.d->n; i++) dict_set(c, r->u.d, self->u.d->k[i], self->u.d->v[i]);
+            for (size_t i = 0; i < self->u.d->n; i++) dv_set(c, r, self->u.d->k[i], self->u.d->v[i]);
             return r;
         }
         UNSUP("dict.%s() is not supported", name);
@@ -3296,18 +3321,18 @@ static jv *call_value(jctx *c, jv *f, const eargs *a)
             if (a->npos == 1) {
                 jv *src = a->pos[0];
                 if (src->t == JV_DICT || src->t == JV_NS) {
-                    for (size_t i = 0; i < src->u.d->n; i++) dict_set(c, d->u.d, src->u.d->k[i], src->u.d->v[i]);
+                    for (size_t i = 0; i < src->u.d->n; i++) dv_set(c, d, src->u.d->k[i], src->u.d->v[i]);
                 } else {
                     jvec *it = iter_items(c, src);
                     for (size_t i = 0; i < it->n; i++) {
                         jv *p = it->v[i];
                         jvec *pi = iter_items(c, p);
                         if (pi->n != 2) FAIL("dictionary update sequence element #%zu has length %zu; 2 is required", i, pi->n);
-                        dict_set(c, d->u.d, pi->v[0], pi->v[1]);
+                        dv_set(c, d, pi->v[0], pi->v[1]);
                     }
                 }
             }
-            for (size_t k = 0; k < a->nkw; k++) dict_sets(c, d->u.d, a->kwn[k], a->kwv[k]);
+            for (size_t k = 0; k < a->nkw; k++) dv_set(c, d, mk_str(c, a->kwn[k]), a->kwv[k]);
             if (f->u.bi == BI_NAMESPACE)
                 for (size_t i = 0; i < d->u.d->n; i++)
                     if (d->u.d->k[i]->t == JV_STR && d->u.d->k[i]->u.s.n && d->u.d->k[i]->u.s.p[0] == '_')
@@ -3928,7 +3953,7 @@ static jv *eval(jctx *c, frame *fr, node *n)
             jv *k = eval(c, fr, n->items.v[i]);
             if (k->t == JV_LIST && k->flag != LK_TUPLE) FAIL("unhashable type: '%s'", type_name(k));
             if (k->t == JV_DICT) FAIL("unhashable type: 'dict'");
-            dict_set(c, r->u.d, k, eval(c, fr, n->items2.v[i]));
+            dv_set(c, r, k, eval(c, fr, n->items2.v[i]));
         }
         break;
     case E_GETATTR: {
@@ -4040,7 +4065,7 @@ static void assign(jctx *c, frame *fr, const target *t, jv *v)
         if (t->attr[0] == '_')
             FAIL("SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'. "
                  "Please rename the attribute.", t->attr);
-        dict_sets(c, ns->u.d, t->attr, v);
+        dv_set(c, ns, mk_str(c, t->attr), v);
         return;
     }
     jvec *it = iter_items(c, v);
@@ -4189,7 +4214,7 @@ static jv *from_json(jctx *c, struct json_object *o, unsigned depth)
     }
     case json_type_object: {
         jv *d = mk_dict(c, JV_DICT);
-        json_object_object_foreach(o, k, v) dict_set(c, d->u.d, mk_str(c, k), from_json(c, v, depth + 1));
+        json_object_object_foreach(o, k, v) dv_set(c, d, mk_str(c, k), from_json(c, v, depth + 1));
         return d;
     }
     }
