@@ -3006,31 +3006,82 @@ static jv *str_format(jctx *c, jv *s, const eargs *a)
     return mk_str_sb(c, &b);
 }
 
-/* "fmt" % args: %s %r %d %i %% only */
+/* "fmt" % args: Python's printf-style formatting (%s %r %a %d %i %u %f %F %e %E %g %G %x %X %o %c with
+ * flags, width and precision; no %(name)s mappings) */
 static jv *str_percent(jctx *c, jv *s, jv *args)
 {
     sbuf b = {0};
     size_t ai = 0;
     jvec *av = NULL;
     jv *single = args;
+    int used_single = 0;
     if (args->t == JV_LIST && args->flag == LK_TUPLE) { av = args->u.l; single = NULL; }
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char ch = s->u.s.p[i];
-        if (ch != '%') { sb_addc(c, &b, ch); continue; }
-        if (++i >= s->u.s.n) FAIL("incomplete format");
-        char f = s->u.s.p[i];
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '%') { sb_addc(c, &b, p[i]); continue; }
+        char flags[8];
+        size_t nf = 0;
+        int width = -1, prec = -1;
+        i++;
+        if (i < n && p[i] == '(') UNSUP("%%(name) mappings in printf-style formatting are not supported");
+        while (i < n && strchr("-+ #0", p[i]) && nf < sizeof flags - 1) flags[nf++] = p[i++];
+        flags[nf] = 0;
+        if (i < n && p[i] == '*') UNSUP("'*' widths in printf-style formatting are not supported");
+        if (i < n && is_dig((unsigned char)p[i])) { width = 0; while (i < n && is_dig((unsigned char)p[i]) && width < 100000) width = width * 10 + (p[i++] - '0'); }
+        if (i < n && p[i] == '.') { i++; prec = 0; while (i < n && is_dig((unsigned char)p[i]) && prec < 100000) prec = prec * 10 + (p[i++] - '0'); }
+        while (i < n && (p[i] == 'h' || p[i] == 'l' || p[i] == 'L')) i++;
+        if (i >= n) FAIL("incomplete format");
+        char f = p[i];
         if (f == '%') { sb_addc(c, &b, '%'); continue; }
+        if (width > 10000 || prec > 10000) FAIL("printf-style width or precision too large");
         jv *v;
         if (av) { if (ai >= av->n) FAIL("not enough arguments for format string"); v = av->v[ai++]; }
-        else { if (!single) FAIL("not enough arguments for format string"); v = single; single = NULL; ai = 1; }
-        if (f == 's') fmt_val(c, &b, v, 0, 0);
-        else if (f == 'r') fmt_val(c, &b, v, 1, 0);
-        else if (f == 'd' || f == 'i') {
-            if (!is_num(v)) FAIL("%%%c format: a real number is required, not %s", f, type_name(v));
-            sb_printf(c, &b, "%lld", (long long)(v->t == JV_FLOAT ? (int64_t)v->u.f : num_i(v)));
-        } else UNSUP("the %%%c conversion of printf-style formatting is not supported", f);
+        else { if (used_single) FAIL("not enough arguments for format string"); v = single; used_single = 1; }
+        if (f == 's' || f == 'r' || f == 'a') {
+            sbuf t = {0};
+            fmt_val(c, &t, v, f != 's', 0);
+            size_t len = u8_len(t.p ? t.p : "", t.n), keep = t.n;
+            if (prec >= 0 && (size_t)prec < len) { keep = u8_off(t.p, t.n, (size_t)prec); len = (size_t)prec; }
+            int left = strchr(flags, '-') != NULL;
+            size_t pad = width > 0 && (size_t)width > len ? (size_t)width - len : 0;
+            if (!left) for (size_t k = 0; k < pad; k++) sb_addc(c, &b, ' ');
+            sb_add(c, &b, t.p, keep);
+            if (left) for (size_t k = 0; k < pad; k++) sb_addc(c, &b, ' ');
+            continue;
+        }
+        char spec[64];
+        int sl = snprintf(spec, sizeof spec, "%%%s", flags);
+        if (width >= 0) sl += snprintf(spec + sl, sizeof spec - (size_t)sl, "%d", width);
+        if (prec >= 0) sl += snprintf(spec + sl, sizeof spec - (size_t)sl, ".%d", prec);
+        if (!is_num(v)) FAIL("%%%c format: a real number is required, not %s", f, type_name(v));
+        if (strchr("diu", f)) {
+            double fv = num_f(v);
+            if (v->t == JV_FLOAT && (!isfinite(fv) || fabs(fv) > 9e18)) UNSUP("%%d of a float beyond 64 bits");
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "lld");
+            sb_printf(c, &b, spec, (long long)(v->t == JV_FLOAT ? (int64_t)fv : num_i(v)));
+        } else if (strchr("xXo", f)) {
+            if (v->t == JV_FLOAT) FAIL("%%%c format: an integer is required, not float", f);
+            int64_t iv = num_i(v);
+            if (strchr(flags, '#')) UNSUP("the '#' flag of %%%c is not supported", f);
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "ll%c", f);
+            if (iv < 0) {
+                sb_addc(c, &b, '-');
+                sb_printf(c, &b, spec, (unsigned long long)(iv == INT64_MIN ? (uint64_t)INT64_MAX + 1 : (uint64_t)-iv));
+            } else sb_printf(c, &b, spec, (unsigned long long)iv);
+        } else if (strchr("fFeEgG", f)) {
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "%c", f);
+            sb_printf(c, &b, spec, num_f(v));
+        } else if (f == 'c') {
+            if (v->t == JV_FLOAT) FAIL("%%c requires int or char");
+            char e[4];
+            int64_t cp = num_i(v);
+            if (cp < 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) FAIL("%%c arg not in range(0x110000)");
+            sb_add(c, &b, e, u8_enc((int32_t)cp, e));
+        } else FAIL("unsupported format character '%c'", f);
     }
-    if ((av && ai < av->n) || (!av && single)) FAIL("not all arguments converted during string formatting");
+    if ((av && ai < av->n) || (!av && !used_single && args->t != JV_DICT))
+        FAIL("not all arguments converted during string formatting");
     return mk_str_sb(c, &b);
 }
 
@@ -4260,6 +4311,16 @@ FT_API ft_status ft_jinja_parse(const char *src, size_t len, ft_jinja **out)
         free(t);
         free(c);
         return st;
+    }
+    for (size_t i = 0; i < nlen;) {
+        utf8proc_int32_t ch;
+        utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)norm + i, (utf8proc_ssize_t)(nlen - i), &ch);
+        if (l <= 0) {
+            int line = 1;
+            for (size_t k = 0; k < i; k++) line += norm[k] == '\n';
+            jfail(c, line, FT_ERR_CORRUPT, "the template is not valid UTF-8 (byte %zu)", i);
+        }
+        i += (size_t)l;
     }
     /* keep the normalized source in the arena: DATA tokens point into it */
     c->src = jstrndup(c, norm, nlen);
