@@ -812,8 +812,16 @@ static void fmt_val(jctx *c, sbuf *b, const jv *v, int repr, unsigned depth)
         fmt_dict_body(c, b, v->u.d, depth);
         sb_addc(c, b, '>');
         return;
+    case JV_MACRO:
+        sb_adds(c, b, "<Macro ");
+        repr_str(c, b, v->u.m->def->name, strlen(v->u.m->def->name));
+        sb_addc(c, b, '>');
+        return;
+    case JV_LOOP:
+        sb_printf(c, b, "<LoopContext %zu/%zu>", v->u.loop->index0 + 1, v->u.loop->items->n);
+        return;
     default:
-        UNSUP("printing a %s is not supported", type_name(v));
+        UNSUP("printing a %s is not supported (Python prints its memory address)", type_name(v));
     }
 }
 
