@@ -1745,6 +1745,9 @@ static node *parse_postfix(jctx *c, node *n)
                     if (tok_is_op(cur(c), ']')) break;
                     VEC_PUSH(c, &tup->items, parse_subscribed(c));
                 }
+                for (size_t i = 0; i < tup->items.n; i++)
+                    if (tup->items.v[i]->kind == E_SLICE)
+                        jfail(c, t->line, FT_ERR_UNSUPPORTED, "slices inside a tuple subscript are not supported");
                 sub = tup;
             }
             expect_op(c, ']');
