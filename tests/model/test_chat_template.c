@@ -220,6 +220,19 @@ TEST(model_dirs)
     free(o);
     ft_chat_template_free(t);
     t = NULL;
+    /* additional_chat_templates/tool_use.jinja beside it; every named special token */
+    CHECK(ft_sh("mkdir -p '%s/additional_chat_templates'", d) == 0);
+    write_file(d, "additional_chat_templates/tool_use.jinja", "U{{ sep_token }}{{ mask_token is defined }}");
+    write_file(d, "tokenizer_config.json", "{\"sep_token\": \"<sep>\", \"chat_template\": \"ignored\"}");
+    CHECK_OK(ft_chat_template_load_dir(d, &t));
+    o = t ? apply(t, "[]", 0, "{\"tools\": []}") : NULL;
+    CHECK(o && !strcmp(o, "U<sep>False"));
+    free(o);
+    o = t ? apply(t, "[]", 0, NULL) : NULL;
+    CHECK(o && !strcmp(o, "J0"));
+    free(o);
+    ft_chat_template_free(t);
+    t = NULL;
 
     /* no template: not found; bad JSON: an error naming the file */
     snprintf(d, sizeof d, "%s/c", root);
