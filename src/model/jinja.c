@@ -4290,9 +4290,8 @@ static char *normalize_newlines(const char *src, size_t len, size_t *out_len)
     char *d = malloc(len + 1);
     if (!d) return NULL;
     size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        size_t l;
-        if (py_linebreak(src + i, len - i, &l)) { d[n++] = '\n'; i += l; }
+    for (size_t i = 0; i < len;) {   /* jinja2 3.x: only \r\n, \r and \n are line breaks */
+        if (src[i] == '\r') { d[n++] = '\n'; i += (i + 1 < len && src[i + 1] == '\n') ? 2 : 1; }
         else d[n++] = src[i++];
     }
     if (n && d[n - 1] == '\n') n--;   /* keep_trailing_newline=False */
