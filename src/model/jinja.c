@@ -1125,6 +1125,11 @@ static size_t lex_tag(jctx *c, size_t pos, int var, int *line, int *line_startin
         }
         unsigned char ch = (unsigned char)s[pos];
         if (re_space(ch)) { if (ch == '\n') (*line)++; pos++; continue; }
+        if (ch >= 0x80) {   /* Python's \s is Unicode whitespace */
+            int32_t cp;
+            size_t l = u8_dec(s + pos, n - pos, &cp);
+            if (py_space(cp)) { pos += l; continue; }
+        }
         tok t = {.line = *line};
         if (is_dig(ch)) {
             size_t e = lex_digits(s, pos, n);
