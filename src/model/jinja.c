@@ -2497,12 +2497,20 @@ static jv *arith(jctx *c, int op, jv *a, jv *b)
         case OP_ADD: r = x + y; break;
         case OP_SUB: r = x - y; break;
         case OP_MUL: r = x * y; break;
-        case OP_FLOORDIV: if (y == 0) FAIL("float floor division by zero"); r = floor(x / y); break;
-        case OP_MOD:
-            if (y == 0) FAIL("float modulo");
-            r = fmod(x, y);
-            if (r != 0 && ((r < 0) != (y < 0))) r += y;
+        case OP_FLOORDIV: case OP_MOD: {   /* CPython's _float_div_mod */
+            if (y == 0) FAIL(op == OP_MOD ? "float modulo" : "float floor division by zero");
+            double mod = fmod(x, y), div = (x - mod) / y;
+            if (mod != 0) {
+                if ((y < 0) != (mod < 0)) { mod += y; div -= 1.0; }
+            } else mod = copysign(0.0, y);
+            double fd;
+            if (div != 0) {
+                fd = floor(div);
+                if (div - fd > 0.5) fd += 1.0;
+            } else fd = copysign(0.0, x / y);
+            r = op == OP_MOD ? mod : fd;
             break;
+        }
         default: r = pow(x, y); break;
         }
         return mk_float(c, r);
