@@ -342,6 +342,17 @@ TEST(cli_render_contract)
     write_file(dir, "s.jinja", "{{ messages.append(1) }}");
     CHECK(ft_sh("'%s' chat-template render '%s/s.jinja' '%s/v.json' 2> /dev/null", ft_test_bin(), dir, dir) == 1);
     CHECK(ft_sh("'%s' chat-template render '%s/t.jinja' 2> /dev/null", ft_test_bin(), dir) == 2);
+    /* apply: a model directory's template on messages */
+    write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\", \"chat_template\": \"{% for m in messages %}"
+                                             "{{ m.content }}{{ eos_token }}{% endfor %}{{ 'G' if add_generation_prompt }}{{ x }}\"}");
+    write_file(dir, "m.json", "[{\"role\": \"user\", \"content\": \"hi\"}]");
+    write_file(dir, "x.json", "{\"x\": 5}");
+    CHECK(ft_sh("'%s' chat-template apply '%s' '%s/m.json' --add-generation-prompt --extra '%s/x.json' > '%s/out2'",
+                ft_test_bin(), dir, dir, dir, dir) == 0);
+    snprintf(p, sizeof p, "%s/out2", dir);
+    out = ft_slurp(p, &n);
+    CHECK(out && !strcmp(out, "hi</s>G5"));
+    free(out);
     CHECK(ft_sh("'%s' chat-template render '%s/t.jinja' '%s/nonexistent.json' 2> /dev/null", ft_test_bin(), dir, dir) == 1);
 }
 
