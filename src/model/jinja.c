@@ -4163,10 +4163,7 @@ static void exec_for(jctx *c, frame *fr, const stmt *s, jv *iterable, int depth)
         }
         items = f;
     }
-    if (!items->n) {
-        exec_body(c, fr, &s->orelse);
-        return;
-    }
+    int completed = 0;   /* jinja2 runs else when no iteration finished its body (break/continue skip it) */
     jloop *l = jzalloc(c, sizeof *l);
     l->items = items;
     l->depth = depth;
@@ -4181,9 +4178,11 @@ static void exec_for(jctx *c, frame *fr, const stmt *s, jv *iterable, int depth)
         dict_sets(c, &f->vars, "loop", lv);
         assign(c, f, s->tgt, items->v[i]);
         exec_body(c, f, &s->body);
+        if (!c->brk) completed = 1;
         if (c->brk == 1) { c->brk = 0; break; }
         c->brk = 0;
     }
+    if (!completed && s->orelse.n) exec_body(c, new_frame(c, fr), &s->orelse);
 }
 
 static void exec_stmt(jctx *c, frame *fr, const stmt *s)
@@ -4212,7 +4211,7 @@ static void exec_stmt(jctx *c, frame *fr, const stmt *s)
     case S_SET: assign(c, fr, s->tgt, eval(c, fr, s->expr)); return;
     case S_SETBLOCK: {
         enter_depth(c);
-        jv *v = capture(c, fr, &s->body);
+        jv *v = capture(c, new_frame(c, fr), &s->body);
         if (s->filt) v = apply_filter(c, fr, s->filt, v);
         c->depth--;
         assign(c, fr, s->tgt, v);
