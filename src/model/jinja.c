@@ -674,7 +674,9 @@ static jv *str_case(jctx *c, const jv *s, int mode)
         else add_case(c, &b, cp, m);
         i += l;
     }
-    return mk_str_sb(c, &b);
+    jv *r = mk_str_sb(c, &b);
+    if (s->flag && r->u.s.n) r->flag = 1;   /* Markup's methods return Markup */
+    return r;
 }
 
 /* ============================================================ formatting */
@@ -2856,7 +2858,9 @@ static jv *str_strip(jctx *c, jv *s, jv *chars, int which)
             b = st;
         }
     if (a == 0 && b == s->u.s.n) return s;
-    return mk_strn(c, p + a, b - a);
+    jv *r = mk_strn(c, p + a, b - a);
+    if (s->flag && r->u.s.n) { r = mk_strn(c, r->u.s.p, r->u.s.n); r->flag = 1; }   /* Markup stays Markup */
+    return r;
 }
 
 static jv *str_split(jctx *c, jv *s, jv *sep, jv *maxv, int right)
