@@ -2998,7 +2998,127 @@ static int str_affix(jctx *c, jv *s, jv *x, int end)
     return !memcmp(s->u.s.p + (end ? s->u.s.n - x->u.s.n : 0), x->u.s.p, x->u.s.n);
 }
 
-/* str.format (the sandbox's formatter): {} {0} {name} {x.attr} {x[k]}, !r/!s, no format spec */
+/* Python's format-spec mini-language: [[fill]align][sign][#][0][width][,|_][.precision][type] for
+ * str (s), int (d x X o b c, none), float (f F e E g G %), bool as int when a numeric type is given.
+ * A float with no type and a precision, "n", and nested {} specs are refused. */
+static void fmt_spec(jctx *c, sbuf *b, jv *v, const char *sp, size_t n)
+{
+    int32_t fill = ' ';
+    char align = 0, sign = '-', type = 0, group = 0;
+    int alt = 0, zero = 0;
+    long width = -1, prec = -1;
+    size_t i = 0;
+    if (n == 0) { fmt_val(c, b, v, 0, 0); return; }   /* format(x, '') is str(x) */
+    if (memchr(sp, '{', n)) UNSUP("nested replacement fields in format specs are not supported");
+    {
+        int32_t cp;
+        size_t l = n ? u8_dec(sp, n, &cp) : 0;
+        if (l && l < n && strchr("<>^=", sp[l])) { fill = cp; align = sp[l]; i = l + 1; }
+        else if (n && strchr("<>^=", sp[0])) { align = sp[0]; i = 1; }
+    }
+    if (i < n && strchr("+- ", sp[i])) sign = sp[i++];
+    if (i < n && sp[i] == '#') { alt = 1; i++; }
+    if (i < n && sp[i] == '0') { zero = 1; i++; }
+    if (i < n && is_dig((unsigned char)sp[i])) { width = 0; while (i < n && is_dig((unsigned char)sp[i]) && width < 100000) width = width * 10 + (sp[i++] - '0'); }
+    if (i < n && (sp[i] == ',' || sp[i] == '_')) group = sp[i++];
+    if (i < n && sp[i] == '.') { i++; prec = 0; if (i >= n || !is_dig((unsigned char)sp[i])) FAIL("Format specifier missing precision"); while (i < n && is_dig((unsigned char)sp[i]) && prec < 100000) prec = prec * 10 + (sp[i++] - '0'); }
+    if (i < n) type = sp[i++];
+    if (i < n) FAIL("Invalid format specifier '%.*s'", (int)n, sp);
+    if (width > 10000 || prec > 10000) FAIL("format width or precision too large");
+    if (zero && !align) { align = '='; fill = '0'; }
+    sbuf body = {0};
+    const char *prefix = "";
+    int numeric = 0, neg = 0;
+    if (v->t == JV_STR || (type == 's') || (!type && (v->t == JV_NONE || v->t == JV_LIST || v->t == JV_DICT))) {
+        if ((type && type != 's') || (type == 's' && v->t != JV_STR))
+            FAIL("Unknown format code '%c' for object of type '%s'", type, type_name(v));
+        if (v->t != JV_STR && (n > 0)) {
+            if (v->t != JV_STR && v->t != JV_BOOL && !is_num(v)) FAIL("unsupported format string passed to %s.__format__", type_name(v));
+        }
+        if (sign != '-' || alt || group) FAIL("Sign, alternate form or grouping not allowed in string format specifier");
+        if (align == '=') FAIL("'=' alignment not allowed in string format specifier");
+        jv *sv = to_str(c, v);
+        size_t keep = sv->u.s.n;
+        if (prec >= 0) keep = u8_off(sv->u.s.p, sv->u.s.n, (size_t)prec);
+        sb_add(c, &body, sv->u.s.p, keep);
+        if (!align) align = '<';
+    } else if (is_num(v) && (v->t != JV_FLOAT || (type && strchr("dxXobc", type) == NULL) || !type)) {
+        numeric = 1;
+        if (!align) align = '>';
+        int isint = v->t != JV_FLOAT && (!type || strchr("dxXobcn", type));
+        if (isint) {   /* bool formats as int under a non-empty spec */
+            if (prec >= 0) FAIL("Precision not allowed in integer format specifier");
+            int64_t iv = num_i(v);
+            uint64_t u = iv < 0 ? (uint64_t)0 - (uint64_t)iv : (uint64_t)iv;
+            neg = iv < 0;
+            char digs[80];
+            int base = type == 'x' || type == 'X' ? 16 : type == 'o' ? 8 : type == 'b' ? 2 : 10;
+            if (type == 'c') {
+                char e[4];
+                if (iv < 0 || iv > 0x10ffff) FAIL("%%c arg not in range(0x110000)");
+                sb_add(c, &body, e, u8_enc((int32_t)iv, e));
+                neg = 0;
+            } else if (type == 'n') UNSUP("the 'n' format type is not supported");
+            else {
+                size_t k = 0;
+                do { int d = (int)(u % (uint64_t)base); digs[k++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10); u /= (uint64_t)base; } while (u);
+                int gsize = group ? (base == 10 ? 3 : 4) : 0;
+                if (group == ',' && base != 10) FAIL("Cannot specify ',' with '%c'.", type);
+                for (size_t j = 0; j < k; j++) {
+                    sb_addc(c, &body, digs[k - 1 - j]);
+                    size_t rest = k - 1 - j;
+                    if (gsize && rest && rest % (size_t)gsize == 0) sb_addc(c, &body, group);
+                }
+                if (alt) prefix = base == 16 ? (type == 'X' ? "0X" : "0x") : base == 8 ? "0o" : base == 2 ? "0b" : "";
+            }
+        } else {
+            if (!type) UNSUP("a float format spec without a type is not supported");
+            if (group) UNSUP("digit grouping of floats is not supported");
+            double f = num_f(v);
+            int pct = type == '%';
+            if (pct) f *= 100.0;
+            neg = signbit(f) && !isnan(f);
+            char spec[32], tmp[12000];
+            char t = pct ? 'f' : type;
+            if (!strchr("fFeEgG", t)) FAIL("Unknown format code '%c' for object of type 'float'", type);
+            snprintf(spec, sizeof spec, "%%%s.%ld%c", alt ? "#" : "", prec >= 0 ? prec : 6, t);
+            snprintf(tmp, sizeof tmp, spec, fabs(f));
+            sb_adds(c, &body, tmp);
+            if (pct) sb_addc(c, &body, '%');
+        }
+    } else {
+        FAIL("Unknown format code '%c' for object of type '%s'", type ? type : '?', type_name(v));
+    }
+    /* sign + prefix + body, padded */
+    sbuf head = {0};
+    if (numeric) {
+        if (neg) sb_addc(c, &head, '-');
+        else if (sign == '+') sb_addc(c, &head, '+');
+        else if (sign == ' ') sb_addc(c, &head, ' ');
+        sb_adds(c, &head, prefix);
+    }
+    size_t len = u8_len(head.p ? head.p : "", head.n) + u8_len(body.p ? body.p : "", body.n);
+    size_t pad = width > 0 && (size_t)width > len ? (size_t)width - len : 0, left = 0;
+    switch (align) {
+    case '<': left = 0; break;
+    case '^': left = pad / 2; break;
+    default: left = pad; break;
+    }
+    char fe[4];
+    size_t fl = u8_enc(fill, fe);
+    if (align == '=') {
+        sb_add(c, b, head.p, head.n);
+        for (size_t k = 0; k < pad; k++) sb_add(c, b, fe, fl);
+        sb_add(c, b, body.p, body.n);
+        return;
+    }
+    for (size_t k = 0; k < left; k++) sb_add(c, b, fe, fl);
+    sb_add(c, b, head.p, head.n);
+    sb_add(c, b, body.p, body.n);
+    for (size_t k = left; k < pad; k++) sb_add(c, b, fe, fl);
+}
+
+/* str.format (the sandbox's formatter): {} {0} {name}, !r/!s, format specs */
 static jv *str_format(jctx *c, jv *s, const eargs *a)
 {
     sbuf b = {0};
@@ -3016,7 +3136,10 @@ static jv *str_format(jctx *c, jv *s, const eargs *a)
         size_t fl = e - i - 1;
         char conv = 0;
         const char *bang = memchr(f, '!', fl), *colon = memchr(f, ':', fl);
-        if (colon) UNSUP("format specs in str.format are not supported");
+        const char *spec = NULL;
+        size_t specl = 0;
+        if (colon && (!bang || colon < bang)) { spec = colon + 1; specl = fl - (size_t)(colon + 1 - f); fl = (size_t)(colon - f); bang = memchr(f, '!', fl); }
+        else if (colon) { spec = colon + 1; specl = fl - (size_t)(colon + 1 - f); fl = (size_t)(colon - f); }
         if (bang) { if (bang + 2 != f + fl) FAIL("bad conversion in format string"); conv = bang[1]; fl = (size_t)(bang - f); }
         size_t nl = 0;
         while (nl < fl && f[nl] != '.' && f[nl] != '[') nl++;
@@ -3026,9 +3149,13 @@ static jv *str_format(jctx *c, jv *s, const eargs *a)
         else v = arg(a, (size_t)-1, jstrndup(c, f, nl), NULL);
         if (!v) FAIL("str.format: missing argument for '{%.*s}'", (int)fl, f);
         if (nl < fl) UNSUP("attribute or index lookups in str.format fields are not supported");
-        if (conv == 'r') fmt_val(c, &b, v, 1, 0);
-        else if (conv == 's' || conv == 0) fmt_val(c, &b, v, 0, 0);
-        else FAIL("unknown conversion specifier %c", conv);
+        if (conv == 'r' || conv == 's') {
+            sbuf t = {0};
+            fmt_val(c, &t, v, conv == 'r', 0);
+            v = mk_str_sb(c, &t);
+        } else if (conv) FAIL("unknown conversion specifier %c", conv);
+        if (spec) fmt_spec(c, &b, v, spec, specl);
+        else fmt_val(c, &b, v, 0, 0);
         i = e;
     }
     return mk_str_sb(c, &b);
