@@ -62,6 +62,7 @@ void ft_cli_warn_threads(long threads);
 double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
+int ft_cmd_chat_template(int argc, char **argv);
 int ft_cmd_plan(int argc, char **argv);
 int ft_cmd_perplexity(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"ls", ft_cmd_ls, "list the keys of a store"},
     {"rm", ft_cmd_rm, "delete a tensor"},
     {"stat", ft_cmd_stat, "tensor metadata, or a memory node's statistics"},
+    {"chat-template", ft_cmd_chat_template, "render a model's chat template (as transformers/jinja2 does)"},
 };
 
 static void usage(FILE *f)
