@@ -48,6 +48,12 @@ foreach(pair FT_LZ4=liblz4 FT_ZSTD=libzstd FT_DEFLATE=libdeflate FT_XXHASH=libxx
              FT_PCRE2=libpcre2-8 FT_UTF8PROC=libutf8proc)
   string(APPEND FT_PKG_DEPS "  ${pair}\n")
 endforeach()
+if(FT_HAVE_SERVER)
+  string(APPEND FT_PKG_DEPS "  FT_MHD=libmicrohttpd\n")
+  set(FT_PC_REQUIRES_SERVER " libmicrohttpd")
+else()
+  set(FT_PC_REQUIRES_SERVER "")
+endif()
 set(FT_WITH_CUDA ${FT_HAVE_CUDA})
 if(FT_CUDA_FAKE)
   set(FT_WITH_CUDA OFF)   # the emulation is compiled in: no CUDA libraries

@@ -133,6 +133,28 @@ FT_API ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *con
 /* Forget every sequence (slots empty). */
 FT_API void ft_session_reset(ft_session *s);
 
+/* Slots, for a caller that schedules many sequences itself (the server's
+ * continuous batching, include/flextier/server.h): ft_session_forward
+ * appends to each slot at its own position, so sequences at different
+ * lengths (prefill chunks and decode steps) share one call.
+ * reserve: build the context now for batch slots of seq positions and
+ * rows new tokens per forward call (0: batch + seq); calls that stay
+ * within it never rebuild it (a rebuild loses every slot's cache).
+ * capacity: the context's shape (zeros before the first call).
+ * slot_len: tokens cached in a slot. slot_reset: empty it.
+ * slot_truncate: keep its first len tokens (the next call appends at
+ * len). slot_copy: the first len tokens of src's cache into dst (a
+ * shared prefix computed once; dst's length becomes len).
+ * FT_ERR_UNSUPPORTED: truncate or copy where the cache cannot do it (a
+ * wrapped sliding-window ring; copy with an offloaded KV cache or on the
+ * GPU), FT_ERR_INVALID_ARG for a slot or length out of range. */
+FT_API ft_status ft_session_reserve(ft_session *s, size_t batch, size_t seq, size_t rows);
+FT_API void ft_session_capacity(const ft_session *s, int *batch, int *seq, int *rows);
+FT_API int ft_session_slot_len(const ft_session *s, int slot);
+FT_API void ft_session_slot_reset(ft_session *s, int slot);
+FT_API ft_status ft_session_slot_truncate(ft_session *s, int slot, int len);
+FT_API ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len);
+
 /* Text level. Each prompt is encoded with the tokenizer (its special
  * tokens added, as Hugging Face's add_special_tokens=True), generated as
  * one batch, and decoded as it goes (complete UTF-8 characters only).

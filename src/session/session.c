@@ -479,6 +479,64 @@ void ft_session_reset(ft_session *s)
     }
 }
 
+ft_status ft_session_reserve(ft_session *s, size_t batch, size_t seq, size_t rows)
+{
+    if (!s || !batch || !seq) return ft_set_error(FT_ERR_INVALID_ARG, "reserve: NULL session or an empty shape");
+    if (s->pipe) return ft_set_error(FT_ERR_UNSUPPORTED, "reserve: a pipeline's stages were sized when the ring was built");
+    return ensure_ctx(s, batch, seq, rows ? rows : batch + seq, 0);
+}
+
+void ft_session_capacity(const ft_session *s, int *batch, int *seq, int *rows)
+{
+    if (batch) *batch = s && (s->c || s->g) ? s->cp.max_batch : 0;
+    if (seq) *seq = s && (s->c || s->g) ? s->cp.max_seq : 0;
+    if (rows) *rows = s && (s->c || s->g) ? s->cp.max_rows : 0;
+}
+
+int ft_session_slot_len(const ft_session *s, int slot)
+{
+    if (!s) return 0;
+    return s->g ? ft_cuda_ctx_seq_len(s->g, slot) : s->c ? ft_ctx_seq_len(s->c, slot) : 0;
+}
+
+void ft_session_slot_reset(ft_session *s, int slot)
+{
+    if (!s) return;
+    if (s->c) ft_ctx_reset(s->c, slot);
+    if (s->g) ft_cuda_ctx_reset(s->g, slot);
+}
+
+static ft_status check_slot(const ft_session *s, int slot)
+{
+    if (!s) return ft_set_error(FT_ERR_INVALID_ARG, "slot: NULL session");
+    if (!s->c && !s->g) return ft_set_error(FT_ERR_INVALID_ARG, "slot %d: no context yet (ft_session_reserve)", slot);
+    if (slot < 0 || slot >= s->cp.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "slot %d out of range (%d slots)", slot, s->cp.max_batch);
+    return FT_OK;
+}
+
+ft_status ft_session_slot_truncate(ft_session *s, int slot, int len)
+{
+    ft_status st = check_slot(s, slot);
+    if (st) return st;
+    if (s->g) {
+        int have = ft_cuda_ctx_seq_len(s->g, slot);
+        if (len == 0) { ft_cuda_ctx_reset(s->g, slot); return FT_OK; }
+        if (len == have) return FT_OK;
+        return ft_set_error(FT_ERR_UNSUPPORTED, "slot %d: truncating a GPU context's cache is not implemented", slot);
+    }
+    return ft_ctx_truncate(s->c, slot, len);
+}
+
+ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len)
+{
+    ft_status st = check_slot(s, src);
+    if (!st) st = check_slot(s, dst);
+    if (st) return st;
+    if (s->g) return ft_set_error(FT_ERR_UNSUPPORTED, "slot copy: not implemented for a GPU context");
+    return ft_ctx_copy_prefix(s->c, src, dst, len);
+}
+
 static void mark(ft_session *s)
 {
     if (s->marked) return;
