@@ -160,7 +160,8 @@ FT_API ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len);
  * one batch, and decoded as it goes (complete UTF-8 characters only).
  * on_text (may be NULL) receives each sequence's new text; returning
  * nonzero stops that sequence. stop (NULL/"": none): a string that ends a
- * sequence, cut from its text. out_text (may be NULL): per prompt, the
+ * sequence, cut from its text (stops / n_stops: more of them). out_text
+ * (may be NULL): per prompt, the
  * generated text (malloc'd, NUL-terminated; free each with free()).
  * gen.on_token is called too when set. */
 typedef int (*ft_text_cb)(void *user, size_t seq, const char *text, size_t len);
@@ -170,6 +171,14 @@ typedef struct ft_text_params {
     const char *stop;
     ft_text_cb on_text;
     void *user;
+    /* More stop strings (n_stops of them; "" entries ignored): the text is
+     * cut at the first place any of them (or `stop`) matches. */
+    const char *const *stops;
+    size_t n_stops;
+    /* 1: encode the prompts without the tokenizer's special tokens (a
+     * rendered chat template already holds them, as transformers'
+     * apply_chat_template tokenizes) */
+    int no_special;
 } ft_text_params;
 
 FT_API ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *p,

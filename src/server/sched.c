@@ -55,6 +55,7 @@ struct srv_sched {
     int stop;
     srv_req *qhead, *qtail;
     unsigned qlen;
+    unsigned inflight;     /* queued + in slots                         */
     srv_metrics m;         /* under mu                                  */
     double tps_t0;
     uint64_t tps_n0;
@@ -199,6 +200,7 @@ static void req_finish(srv_sched *q, srv_req *r, int how, const char *err)
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&q->mu);
+    q->inflight--;
     switch (how) {
     case SRV_FINISH_STOP: q->m.finished_stop++; break;
     case SRV_FINISH_LENGTH: q->m.finished_length++; break;
@@ -331,11 +333,13 @@ ft_status srv_submit(srv_sched *q, srv_req *r)
         pthread_mutex_unlock(&q->mu);
         return ft_set_error(FT_ERR_CANCELED, "the server is stopping");
     }
-    if (q->qlen >= (unsigned)q->qmax) {
+    if (q->inflight >= (unsigned)q->nslots + (unsigned)q->qmax) {
         q->m.rejected++;
         pthread_mutex_unlock(&q->mu);
-        return ft_set_error(FT_ERR_BUSY, "the queue is full (%d requests waiting)", q->qmax);
+        return ft_set_error(FT_ERR_BUSY, "every slot is busy and the queue is full (%d slots, %d waiting)",
+                            q->nslots, q->qmax);
     }
+    q->inflight++;
     atomic_fetch_add(&r->refs, 1);
     r->next = NULL;
     if (q->qtail) q->qtail->next = r;

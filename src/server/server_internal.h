@@ -75,4 +75,32 @@ void srv_count_rejected(srv_sched *q);
 void srv_cancel(srv_sched *q, srv_req *r);
 /* The context's positions per slot. */
 int srv_ctx_len(const srv_sched *q);
+
+/* ------------------------------------------------------- requests */
+
+/* What a request body may ask for, and what it is checked against. */
+typedef struct srv_limits {
+    unsigned max_tokens, max_n, default_max_tokens;
+    int ctx, vocab;
+    const ft_tokenizer *tok;
+    const struct ft_chat_template *tmpl;   /* NULL: chat is refused      */
+} srv_limits;
+
+/* A parsed request. */
+typedef struct srv_gen {
+    int stream, include_usage, n, ignore_eos, have_seed;
+    long long max_tokens;         /* after parsing: what to generate at most */
+    ft_sampling samp;
+    char *stop[SRV_MAX_STOP];
+    size_t nstop;
+    int32_t *prompt;
+    size_t plen;
+} srv_gen;
+
+/* Parse and check a /v1/completions (chat 0) or /v1/chat/completions
+ * body. 0: *g filled (free with srv_gen_free); else the HTTP status, the
+ * message in err and the field in *param (may be NULL). */
+int srv_parse_request(const srv_limits *L, int chat, const char *body, size_t len, srv_gen *g, char *err,
+                      size_t nerr, const char **param);
+void srv_gen_free(srv_gen *g);
 #endif

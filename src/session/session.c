@@ -619,22 +619,32 @@ static int text_append(text_run *r, size_t j, const char *b, size_t n)
     return 0;
 }
 
-/* Cut at the stop string and hand on what is settled (text that could
- * still be the start of the stop string is held back). 1: stop. */
+/* The i-th stop string of the call (0: `stop`, then `stops`), NULL/"": none. */
+static const char *stop_str(const ft_text_params *tp, size_t i)
+{
+    return i == 0 ? tp->stop : tp->stops ? tp->stops[i - 1] : NULL;
+}
+
+/* Cut at the first stop string and hand on what is settled (text that
+ * could still be the start of a stop string is held back). 1: stop. */
 static int text_settle(text_run *r, size_t j, int final)
 {
-    const char *stop = r->tp->stop;
+    const ft_text_params *tp = r->tp;
     int stopped = 0;
+    size_t hold = 0;
     if (!r->text[j]) return 0;
-    if (stop && *stop) {
+    for (size_t i = 0; i <= tp->n_stops; i++) {
+        const char *stop = stop_str(tp, i);
+        if (!stop || !*stop) continue;
         char *p = strstr(r->text[j], stop);
-        if (p) {
+        if (p && (size_t)(p - r->text[j]) < r->len[j]) {
             r->len[j] = (size_t)(p - r->text[j]);
             *p = 0;
             stopped = 1;
         }
+        if (strlen(stop) - 1 > hold) hold = strlen(stop) - 1;
     }
-    size_t hold = (!stopped && !final && stop && *stop) ? strlen(stop) - 1 : 0;
+    if (stopped || final) hold = 0;
     size_t upto = r->len[j] > hold ? r->len[j] - hold : 0;
     if (upto > r->shown[j]) {
         size_t from = r->shown[j];
@@ -675,7 +685,8 @@ ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *p
     }
     for (size_t j = 0; j < n && st == FT_OK; j++) {
         if (!prompts[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is NULL", j); break; }
-        if ((st = ft_tokenizer_encode(s->tok, prompts[j], strlen(prompts[j]), 1, &ids[j], &plen[j]))) break;
+        if ((st = ft_tokenizer_encode(s->tok, prompts[j], strlen(prompts[j]), !tp->no_special, &ids[j], &plen[j])))
+            break;
         if (!plen[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu encodes to no tokens", j + 1); break; }
         for (size_t k = 0; k < plen[j]; k++)
             if (ids[j][k] < 0 || ids[j][k] >= cfg->vocab) {
