@@ -5,10 +5,7 @@
  * range, or an HTTP status of 400..599 with a message; never a crash. The
  * tokenizer is the gpt2 fixture (tests/data, found relative to this file). */
 #include "server/server_internal.h"
-#if __has_include("flextier/chat.h")
 #include "flextier/chat.h"
-#define HAVE_CHAT 1
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +25,10 @@ static void load(void)
     char p[1200];
     snprintf(p, sizeof p, "%s/../tests/data/tokenizers/gpt2/tokenizer.json", dir);
     if (ft_tokenizer_load(p, &tok) != FT_OK) abort();
-#ifdef HAVE_CHAT
     static const char chatml[] =
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     if (ft_chat_template_load_string(chatml, "<s>", "</s>", &tmpl) != FT_OK) abort();
-#endif
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

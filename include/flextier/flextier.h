@@ -21,6 +21,7 @@
 #include "flextier/store.h"
 #include "flextier/agent.h"
 #include "flextier/model.h"
+#include "flextier/chat.h"
 #include "flextier/engine.h"
 #include "flextier/offload.h"
 #include "flextier/cuda.h"

@@ -58,6 +58,7 @@ long ft_cli_gen_tokenizer_min_vocab(int llama);
 double ft_cli_median(double *v, size_t n);
 
 int ft_cmd_codec(int argc, char **argv);
+int ft_cmd_chat_template(int argc, char **argv);
 int ft_cmd_plan(int argc, char **argv);
 int ft_cmd_perplexity(int argc, char **argv);
 int ft_cmd_bench(int argc, char **argv);
@@ -70,8 +71,9 @@ int ft_cmd_rm(int argc, char **argv);
 int ft_cmd_stat(int argc, char **argv);
 /* src/cli/cmd_agent.c */
 int ft_cmd_agent(int argc, char **argv);
-/* src/cli/cmd_server.c */
+/* src/cli/cmd_server.c, cmd_chat.c */
 int ft_cmd_server(int argc, char **argv);
+int ft_cmd_chat(int argc, char **argv);
 /* src/cli/cmd_worker.c */
 int ft_cmd_worker(int argc, char **argv);
 /* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */

@@ -17,7 +17,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef FT_HAVE_LIBEDIT
 #include <editline/readline.h>
+#else
+/* no line editor in this build: plain lines from stdin */
+static char *readline(const char *prompt)
+{
+    fputs(prompt, stdout);
+    fflush(stdout);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) {
+        free(line);
+        return NULL;
+    }
+    if (n && line[n - 1] == '\n') line[n - 1] = 0;
+    return line;
+}
+static void add_history(const char *line) { (void)line; }
+#endif
 
 static const char USAGE[] =
     "usage: flextier chat --model DIR [--system TEXT] [--chat-template FILE] [options]\n"

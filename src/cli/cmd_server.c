@@ -4,10 +4,7 @@
 #include "cli.h"
 #include "session_opts.h"
 #include "flextier/server.h"
-#if __has_include("flextier/chat.h")
 #include "flextier/chat.h"
-#define FT_CLI_HAVE_CHAT 1
-#endif
 
 #include <pthread.h>
 #include <signal.h>
@@ -152,9 +149,7 @@ int ft_cmd_server(int argc, char **argv)
     char *key = NULL;
     ft_session *s = NULL;
     ft_server *srv = NULL;
-#ifdef FT_CLI_HAVE_CHAT
     ft_chat_template *tmpl = NULL;
-#endif
     ft_status st;
     if (key_file && (st = read_key(key_file, &key))) {
         ft_cli_fail("--api-key-file", st);
@@ -167,7 +162,6 @@ int ft_cmd_server(int argc, char **argv)
         ft_cli_fail("open", st);
         goto done;
     }
-#ifdef FT_CLI_HAVE_CHAT
     if (tmpl_file) {
         uint8_t *d = NULL;
         size_t n = 0;
@@ -198,12 +192,6 @@ int ft_cmd_server(int argc, char **argv)
         ft_clear_error();
     }
     sp.chat_template = tmpl;
-#else
-    if (tmpl_file) {
-        fprintf(stderr, "flextier server: --chat-template: this build has no chat template renderer\n");
-        goto done;
-    }
-#endif
     /* signals are taken by sigwait below, not by the server's threads */
     sigset_t set;
     sigemptyset(&set);
@@ -229,9 +217,7 @@ int ft_cmd_server(int argc, char **argv)
     rc = FT_EXIT_OK;
 done:
     ft_server_stop(srv);
-#ifdef FT_CLI_HAVE_CHAT
     ft_chat_template_free(tmpl);
-#endif
     ft_session_close(s);
     if (key) {
         memset(key, 0, strlen(key));

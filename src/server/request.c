@@ -8,10 +8,7 @@
  * text, non-text message parts) are refused, never ignored. A fuzz target
  * (fuzz/fuzz_server_request.c) runs it on arbitrary bytes. */
 #include "server_internal.h"
-#if __has_include("flextier/chat.h")
 #include "flextier/chat.h"
-#define FT_HAVE_CHAT 1
-#endif
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -227,7 +224,6 @@ static int parse_completion(const srv_limits *L, json_object *o, srv_gen *g, cha
     return -1;
 }
 
-#ifdef FT_HAVE_CHAT
 /* /v1/chat/completions: messages (role + content: a string, null, or a
  * list of text parts) rendered with the chat template. */
 static int parse_chat(const srv_limits *L, json_object *o, srv_gen *g, char *err, size_t nerr, const char **param,
@@ -323,7 +319,6 @@ out:
     json_object_put(msgs);
     return rc;
 }
-#endif
 
 
 int srv_parse_request(const srv_limits *L, int chat, const char *body, size_t len, srv_gen *g, char *err,
@@ -366,17 +361,7 @@ int srv_parse_request(const srv_limits *L, int chat, const char *body, size_t le
     }
     int rc = parse_common(L, o, g, err, nerr, param);
     if (!rc) {
-#ifdef FT_HAVE_CHAT
         rc = chat ? parse_chat(L, o, g, err, nerr, param, &code) : parse_completion(L, o, g, err, nerr, param);
-#else
-        if (chat) {
-            *param = "messages";
-            snprintf(err, nerr, "chat completions need the chat template renderer, which this build lacks");
-            rc = -1;
-        } else {
-            rc = parse_completion(L, o, g, err, nerr, param);
-        }
-#endif
     }
     json_object_put(o);
     if (!rc && !g->plen) {
