@@ -334,6 +334,9 @@ int ft_cmd_chat(int argc, char **argv)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;   /* no SA_RESTART: a read in the prompt returns */
     sigaction(SIGINT, &sa, NULL);
+#ifdef FT_HAVE_LIBEDIT
+    rl_catch_signals = 0;   /* SIGINT stays ours, at the prompt too */
+#endif
     msgs = new_conversation(system);
     int tty = isatty(0);
     if (tty) fprintf(stderr, "flextier chat: %s. /clear forgets the conversation, /exit leaves; Ctrl-C stops a "
@@ -341,6 +344,7 @@ int ft_cmd_chat(int argc, char **argv)
     for (;;) {
         interrupted = 0;
         char *line = readline(tty ? "> " : "");
+        sigaction(SIGINT, &sa, NULL);   /* whatever the line editor did with it */
         if (!line) {
             if (interrupted) {   /* Ctrl-C at the prompt: a new line */
                 fputc('\n', stdout);
