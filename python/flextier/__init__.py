@@ -837,6 +837,30 @@ class Session:
         if "error" in box:
             raise box["error"]
 
+    def apply_chat_template(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True, *,
+                            chat_template: Optional[str] = None, **variables: Any) -> str:
+        """The conversation rendered with the model's chat template (as
+        transformers' ``apply_chat_template(tokenize=False)``), or with
+        ``chat_template`` (Jinja source). ``variables`` (``tools=...``,
+        ``enable_thinking=...``) are passed to the template. Raises
+        NotFoundError when the model has no template and none is given."""
+        import json
+        extra = json.dumps(variables) if variables else None
+        return self._s.apply_chat_template(json.dumps(messages), add_generation_prompt, extra, chat_template)
+
+    def chat(self, messages: List[Dict[str, Any]], max_new_tokens: int = 256, *, stream: bool = False,
+             chat_template: Optional[str] = None, tools: Optional[List[Any]] = None, **kw: Any) -> Any:
+        """The assistant's reply to ``messages`` (OpenAI-style dicts with
+        ``role`` and ``content``), rendered with the model's chat template
+        (or ``chat_template``) and generated with the keywords of
+        :meth:`generate` (``stop`` may be a list). ``stream=True`` returns
+        an iterator over the reply's text (see :meth:`stream`)."""
+        variables = {"tools": tools} if tools is not None else {}
+        prompt = self.apply_chat_template(messages, True, chat_template=chat_template, **variables)
+        if stream:
+            return self.stream(prompt, max_new_tokens, add_special=False, **kw)
+        return self.generate(prompt, max_new_tokens, add_special=False, **kw)
+
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
         """The model tokenizer's ids for ``text`` (``add_special``: its
         special tokens, as Hugging Face's ``add_special_tokens``)."""

@@ -30,6 +30,7 @@
 #include "flextier/core.h"
 #include "flextier/store.h"
 #include "flextier/session.h"
+#include "flextier/chat.h"
 
 /* Callable(status:int, detail:str) -> exception instance, registered by
  * flextier/__init__.py so that the class hierarchy is defined in Python. */
@@ -1188,6 +1189,9 @@ typedef struct {
     PyObject_HEAD
     ft_session *s;
     int busy;
+    ft_chat_template *tmpl;   /* the model's chat template (NULL: none or broken) */
+    ft_status tmpl_status;
+    char tmpl_error[512];
 } SessionObject;
 
 static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
@@ -1255,11 +1259,19 @@ static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     if (st) { raise_last(st); return -1; }
     so->s = s;
+    /* the chat template: its absence or a parse error is reported by chat() */
+    Py_BEGIN_ALLOW_THREADS
+    so->tmpl_status = ft_chat_template_load_dir(dir, &so->tmpl);
+    if (so->tmpl_status) snprintf(so->tmpl_error, sizeof so->tmpl_error, "%s", ft_last_error());
+    ft_clear_error();
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
 static void session_dealloc(SessionObject *so)
 {
+    ft_chat_template_free(so->tmpl);
+    so->tmpl = NULL;
     if (so->s) {
         ft_session *s = so->s;
         so->s = NULL;
@@ -1636,6 +1648,50 @@ static PyObject *session_detokenize(SessionObject *so, PyObject *args, PyObject 
     return r;
 }
 
+/* apply_chat_template(messages_json, add_generation_prompt=True,
+ * extra_json=None, template=None) -> str: the conversation rendered with
+ * the model's chat template, or with `template` (Jinja source; the
+ * model's BOS/EOS tokens bound). */
+static PyObject *session_apply_chat_template(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"messages_json", "add_generation_prompt", "extra_json", "template", NULL};
+    const char *msgs, *extra = NULL, *src = NULL;
+    int addgen = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|pzz:apply_chat_template", kwlist, &msgs, &addgen, &extra, &src))
+        return NULL;
+    if (!so->s) return raise_fmt(FT_ERR_INVALID_ARG, "the session is closed");
+    ft_chat_template *own = NULL;
+    const ft_chat_template *t = so->tmpl;
+    ft_status st = FT_OK;
+    char *text = NULL;
+    if (src) {
+        const ft_model_config *cfg = ft_session_config(so->s);
+        const ft_tokenizer *tok = ft_session_tokenizer(so->s);
+        const char *bos = tok && cfg->bos_id >= 0 ? ft_tokenizer_token_str(tok, cfg->bos_id) : NULL;
+        const char *eos = tok && cfg->n_eos ? ft_tokenizer_token_str(tok, cfg->eos_ids[0]) : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        ft_clear_error();
+        st = ft_chat_template_load_string(src, bos, eos, &own);
+        Py_END_ALLOW_THREADS
+        if (st) return raise_last(st);
+        t = own;
+    } else if (!t) {
+        if (so->tmpl_status == FT_ERR_NOT_FOUND)
+            return raise_fmt(FT_ERR_NOT_FOUND, "the model has no chat template (tokenizer_config.json chat_template "
+                             "or chat_template.jinja): pass chat_template=JINJA_SOURCE");
+        return raise_fmt(so->tmpl_status, "the model's chat template: %s", so->tmpl_error);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_chat_template_apply(t, msgs, addgen, extra, &text);
+    Py_END_ALLOW_THREADS
+    ft_chat_template_free(own);
+    if (st) return raise_last(st);
+    PyObject *r = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text);
+    return r;
+}
+
 /* info() -> dict: the model, the formats and the policy in force. */
 static PyObject *session_info(SessionObject *so, PyObject *unused)
 {
@@ -1657,6 +1713,8 @@ static PyObject *session_info(SessionObject *so, PyObject *unused)
 static PyMethodDef session_methods[] = {
     {"generate", (PyCFunction)(void (*)(void))session_generate, METH_VARARGS | METH_KEYWORDS, NULL},
     {"generate_ids", (PyCFunction)(void (*)(void))session_generate_ids, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"apply_chat_template", (PyCFunction)(void (*)(void))session_apply_chat_template, METH_VARARGS | METH_KEYWORDS,
+     NULL},
     {"tokenize", (PyCFunction)(void (*)(void))session_tokenize, METH_VARARGS | METH_KEYWORDS, NULL},
     {"detokenize", (PyCFunction)(void (*)(void))session_detokenize, METH_VARARGS | METH_KEYWORDS, NULL},
     {"info", (PyCFunction)session_info, METH_NOARGS, NULL},
