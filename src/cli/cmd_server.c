@@ -29,6 +29,8 @@ static const char USAGE[] =
     "  --ctx N                positions per sequence, prompt + completion (default\n"
     "                         min(2048, the model's))\n"
     "  --prefill-chunk N      prompt tokens per step per request (default 512)\n"
+    "  --step-tokens N        tokens per step over all requests (default slots +\n"
+    "                         prefill chunk)\n"
     "  --queue N              requests waiting for a slot before 429 (default 64)\n"
     "  --max-connections N    (default 64)\n"
     "  --max-body SIZE        request body limit (default 1M)\n"
@@ -103,6 +105,7 @@ int ft_cmd_server(int argc, char **argv)
         else if (!strcmp(a, "--slots")) { dst = &sp.slots; hi = 1024; }
         else if (!strcmp(a, "--ctx")) dst = &sp.ctx;
         else if (!strcmp(a, "--prefill-chunk")) dst = &sp.prefill_chunk;
+        else if (!strcmp(a, "--step-tokens")) dst = &sp.step_tokens;
         else if (!strcmp(a, "--queue")) { dst = &sp.queue; lo = 0; }
         else if (!strcmp(a, "--max-connections")) { dst = &sp.max_connections; hi = 65536; }
         else if (!strcmp(a, "--max-tokens")) dst = &sp.max_tokens;

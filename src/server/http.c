@@ -336,12 +336,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void log_done(ft_server *srv, const char *what, srv_req **r, int n, double t0)
 {
-    size_t comp = 0;
-    for (int i = 0; i < n; i++) comp += r[i]->completion_tokens;
+    if (!srv->p.log) return;
+    size_t comp = 0, cached;
+    double ttft;
+    int fin;
+    for (int i = 0; i < n; i++) {   /* a cancelled request may still be in the scheduler's hands */
+        pthread_mutex_lock(&r[i]->mu);
+        comp += r[i]->completion_tokens;
+        pthread_mutex_unlock(&r[i]->mu);
+    }
+    pthread_mutex_lock(&r[0]->mu);
+    cached = r[0]->cached;
+    ttft = r[0]->ttft_s;
+    fin = r[0]->finish;
+    pthread_mutex_unlock(&r[0]->mu);
     logf_(srv, "%s: prompt %zu tokens (%zu cached), %d choice%s, %zu generated, first token %.0f ms, %.2f s, %s",
-          what, r[0]->plen, r[0]->cached, n, n > 1 ? "s" : "", comp, r[0]->ttft_s * 1e3, ft_now() - t0,
-          r[0]->finish == SRV_FINISH_CANCEL ? "cancelled" : r[0]->finish == SRV_FINISH_ERROR ? "error"
-                                                                                            : finish_name(r[0]->finish));
+          what, r[0]->plen, cached, n, n > 1 ? "s" : "", comp, ttft * 1e3, ft_now() - t0,
+          fin == SRV_RUNNING ? "client gone" : fin == SRV_FINISH_CANCEL ? "cancelled"
+          : fin == SRV_FINISH_ERROR ? "error" : finish_name(fin));
 }
 
 static void stream_free(void *cls)

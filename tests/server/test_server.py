@@ -226,23 +226,24 @@ def test_prefix_cache(srv):
     want = run_cli(history + " And Aaron said", 10)
     check(r3["choices"][0]["text"] == want, f"text after a reused prefix equals flextier run: "
           f"{r3['choices'][0]['text']!r} vs {want!r}")
-    # copied from a busy slot: a long request holds the history, another joins
+    # copied from a busy slot: a long streaming request holds the prefix (its
+    # first token out: its prompt is in its slot), another joins meanwhile
     other = " ".join(["Blessed are the poor in spirit: for theirs is the kingdom of heaven."] * 5)
-    holder = {}
-
-    def hold():
-        holder["r"] = completion(srv, other + " Blessed", 150, ignore_eos=True)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    deadline = time.time() + 20
-    while time.time() < deadline and srv.metrics()["flextier_active_requests"] < 1:
-        time.sleep(0.02)
-    # fill the other slots' caches with unrelated text so the history is only in the busy slot
-    time.sleep(0.3)
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.settimeout(60)
+    body = json.dumps(dict(prompt=other + " Blessed", max_tokens=300, ignore_eos=True, stream=True,
+                           temperature=0)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode() +
+              b"\r\n\r\n" + body)
+    got = b""
+    while b"data: " not in got:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
     r4 = completion(srv, other + " Blessed are they that mourn", 8)
     c4 = r4["usage"]["prompt_tokens_details"]["cached_tokens"]
-    t.join()
+    s.close()
     check(c4 >= 16, f"a prefix held by a busy slot is copied: {c4} cached")
     want = run_cli(other + " Blessed are they that mourn", 8)
     check(r4["choices"][0]["text"] == want, "text after a copied prefix equals flextier run")
