@@ -19,7 +19,8 @@
  * copied from a busy slot, and prefills only the rest. A second turn of a
  * conversation or a shared system prompt costs no prefill for the shared
  * part. The cache lives in the slots (device memory, or the KV tiers of
- * an offloaded cache); it is not spilled to other tiers.
+ * an offloaded cache); with prefix_store, prefixes leaving their slot
+ * are kept in a store (host memory, disk, a memory node) and brought back.
  *
  * Security: loopback by default; an API key (Bearer) compared in constant
  * time, required for any other address unless `insecure`; limits on the
@@ -61,6 +62,17 @@ typedef struct ft_server_params {
     unsigned max_n;               /* largest n (default: slots)             */
     unsigned timeout_s;           /* an idle connection is closed (default 60) */
     int no_prefix_cache;          /* 1: every request prefills its whole prompt */
+    /* The prefix cache's second level (NULL: none): a store URI (mem:,
+     * file:DIR, ucx://HOST:PORT of a memory node; flextier/store.h). The
+     * KV rows of a prefix (whole 16-token blocks, 64 tokens at least) whose
+     * slot is about to be reused go there, in the cache's dtype, and come
+     * back into a slot for a later request that shares more of it than any
+     * slot does. prefix_store_entries bounds the prefixes kept (default
+     * 256; the least recently used is deleted). CPU contexts with an
+     * in-memory KV cache only. */
+    const char *prefix_store;
+    unsigned prefix_store_entries;
+    const char *prefix_store_token_file;   /* ucx:// stores */
     /* log lines (one request per line; NULL: silent) */
     void (*log)(void *user, const char *line);
     void *log_user;

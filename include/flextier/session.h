@@ -154,6 +154,13 @@ FT_API int ft_session_slot_len(const ft_session *s, int slot);
 FT_API void ft_session_slot_reset(ft_session *s, int slot);
 FT_API ft_status ft_session_slot_truncate(ft_session *s, int slot, int len);
 FT_API ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len);
+/* A slot's first len KV rows out (export) or in (import), as
+ * ft_ctx_kv_rows: *dtype / *row_bytes describe the rows (row_bytes: one
+ * position of one layer's K, or V). FT_ERR_UNSUPPORTED with an offloaded
+ * KV cache or on the GPU. */
+FT_API ft_status ft_session_slot_kv_layout(const ft_session *s, ft_dtype *dtype, size_t *row_bytes);
+FT_API ft_status ft_session_slot_kv_rows(ft_session *s, int slot, int len, void *buf, size_t cap, int import,
+                                         int rows_in_buf);
 
 /* Text level. Each prompt is encoded with the tokenizer (its special
  * tokens added, as Hugging Face's add_special_tokens=True), generated as

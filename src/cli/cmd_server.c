@@ -38,6 +38,9 @@ static const char USAGE[] =
     "  --default-max-tokens N when a request gives none (default 256)\n"
     "  --timeout S            idle connections are closed (default 60)\n"
     "  --no-prefix-cache      prefill every prompt in full\n"
+    "  --prefix-store URI     keep prefixes whose slot is reused in a store (mem:,\n"
+    "                         file:DIR, ucx://HOST:PORT) and bring them back\n"
+    "  --prefix-store-entries N  prefixes kept there (default 256)\n"
     "  --threads N            compute threads\n";
 
 static void log_line(void *user, const char *line)
@@ -102,6 +105,8 @@ int ft_cmd_server(int argc, char **argv)
         else if (!strcmp(a, "--api-key-file")) key_file = v;
         else if (!strcmp(a, "--model-name")) sp.model_name = v;
         else if (!strcmp(a, "--chat-template")) tmpl_file = v;
+        else if (!strcmp(a, "--prefix-store")) sp.prefix_store = v;
+        else if (!strcmp(a, "--prefix-store-entries")) dst = &sp.prefix_store_entries;
         else if (!strcmp(a, "--slots")) { dst = &sp.slots; hi = 1024; }
         else if (!strcmp(a, "--ctx")) dst = &sp.ctx;
         else if (!strcmp(a, "--prefill-chunk")) dst = &sp.prefill_chunk;
@@ -161,6 +166,7 @@ int ft_cmd_server(int argc, char **argv)
     sp.api_key = key;
     o.sp.threads = (unsigned)threads;
     o.sp.max_seq = sp.ctx;
+    sp.prefix_store_token_file = o.sp.token_file;
     if ((st = ft_cli_session_open(&o, dir, sp.slots ? sp.slots : 4, 256, 64, &s))) {
         ft_cli_fail("open", st);
         goto done;

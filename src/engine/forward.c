@@ -349,6 +349,35 @@ ft_status ft_ctx_truncate(ft_ctx *c, int slot, int len)
     return FT_OK;
 }
 
+ft_status ft_ctx_kv_rows(ft_ctx *c, int slot, int len, void *buf, size_t cap, int import, int rows_in_buf)
+{
+    if (!c || slot < 0 || slot >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: slot %d out of range", slot);
+    if (c->p.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded)");
+    if (rows_in_buf < len || len < 0 || len > c->p.max_seq || (!import && len > c->seq_len[slot]))
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: %d KV rows of slot %d (it holds %d; the buffer %d)", len, slot,
+                            c->seq_len[slot], rows_in_buf);
+    if (!rings_hold(c, import ? len : c->seq_len[slot]))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: slot %d's sliding-window ring cannot hold positions "
+                            "0..%d", slot, len);
+    size_t row = (size_t)c->kvdim * c->kv_esize, L = (size_t)c->m->cfg.n_layers;
+    if (cap < 2 * L * (size_t)rows_in_buf * row)
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "ctx: %zu bytes for %d KV rows of %zu layers", cap, rows_in_buf,
+                            (size_t)L);
+    uint8_t *b = buf;
+    for (size_t l = 0; l < L; l++)
+        for (int w = 0; w < 2; w++) {
+            uint8_t *p = b + ((l * 2 + (size_t)w) * (size_t)rows_in_buf) * row;
+            if (import) memcpy(kv_ptr(c, (int)l, w, slot), p, (size_t)len * row);
+            else memcpy(p, kv_ptr(c, (int)l, w, slot), (size_t)len * row);
+        }
+    if (import) c->seq_len[slot] = len;
+    return FT_OK;
+}
+
+ft_dtype ft_ctx_kv_dtype(const ft_ctx *c) { return c->p.kv_dtype; }
+
 ft_status ft_ctx_copy_prefix(ft_ctx *c, int src, int dst, int len)
 {
     if (!c || src < 0 || src >= c->p.max_batch || dst < 0 || dst >= c->p.max_batch)

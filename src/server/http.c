@@ -587,6 +587,14 @@ static enum MHD_Result metrics(ft_server *srv, struct MHD_Connection *c)
       "# TYPE flextier_generated_tokens_total counter\nflextier_generated_tokens_total %llu\n",
       (unsigned long long)m.prompt_tokens, (unsigned long long)m.cached_tokens,
       (unsigned long long)m.generated_tokens);
+    P("# HELP flextier_prefix_store_spilled_tokens_total Prefix tokens whose KV rows went to the prefix store.\n"
+      "# TYPE flextier_prefix_store_spilled_tokens_total counter\nflextier_prefix_store_spilled_tokens_total %llu\n"
+      "# HELP flextier_prefix_store_restored_tokens_total Prefix tokens brought back from the prefix store.\n"
+      "# TYPE flextier_prefix_store_restored_tokens_total counter\nflextier_prefix_store_restored_tokens_total %llu\n"
+      "# HELP flextier_prefix_store_restores_total Prefixes brought back from the prefix store.\n"
+      "# TYPE flextier_prefix_store_restores_total counter\nflextier_prefix_store_restores_total %llu\n",
+      (unsigned long long)m.store_spilled_tokens, (unsigned long long)m.store_restored_tokens,
+      (unsigned long long)m.store_restores);
     P("# HELP flextier_generation_tokens_per_second Generated tokens per second over the last seconds.\n"
       "# TYPE flextier_generation_tokens_per_second gauge\nflextier_generation_tokens_per_second %.3f\n", m.tps);
     P("# HELP flextier_steps_total Batched forward steps.\n# TYPE flextier_steps_total counter\n"

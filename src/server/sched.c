@@ -16,6 +16,7 @@
  * only what follows. At least one prompt token is always computed (its
  * logits give the first new token). */
 #include "server_internal.h"
+#include "flextier/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,17 @@
 
 #define BLOCK 16
 #define MIN_COPY 16   /* a shorter shared prefix is not worth copying */
+#define MIN_SPILL 64  /* a shorter prefix is not worth keeping in the store */
+
+/* A prefix kept in the prefix store: its tokens (whole blocks) and their
+ * chained block hashes, under key. */
+typedef struct {
+    char key[64];
+    int32_t *toks;
+    uint64_t *bh;
+    int ntoks;
+    uint64_t lru;
+} pfx_entry;
 
 typedef struct {
     srv_req *req;          /* NULL: idle (its cache kept for reuse)      */
@@ -57,6 +69,14 @@ struct srv_sched {
     unsigned qlen;
     unsigned inflight;     /* queued + in slots                         */
     srv_metrics m;         /* under mu                                  */
+    /* the prefix store (NULL: none) */
+    ft_store *pstore;
+    pfx_entry *pe;
+    int npe, maxpe;
+    ft_dtype kvdt;
+    size_t row_bytes;
+    uint8_t *pbuf;
+    size_t pbuf_cap;
     double tps_t0;
     uint64_t tps_n0;
 };
@@ -109,21 +129,135 @@ static void slot_append(slot_t *sl, const int32_t *t, size_t n)
     }
 }
 
-/* The shared prefix of a slot's tokens and a prompt whose block hashes
- * are ph (np complete blocks). */
-static int shared_prefix(const slot_t *sl, const int32_t *p, size_t plen, const uint64_t *ph, size_t np)
+/* The shared prefix of cached tokens (ntoks, with their block hashes bh)
+ * and a prompt whose block hashes are ph (np complete blocks). */
+static int shared_prefix_of(const int32_t *toks, const uint64_t *bh, int ntoks, const int32_t *p, size_t plen,
+                            const uint64_t *ph, size_t np)
 {
-    size_t nb = (size_t)sl->ntoks / BLOCK, k = 0;
-    while (k < nb && k < np && sl->bh[k] == ph[k]) k++;
+    size_t nb = (size_t)ntoks / BLOCK, k = 0;
+    while (k < nb && k < np && bh[k] == ph[k]) k++;
     size_t L = 0;
     /* verify (a hash collision must not hand out another prompt's cache) */
-    while (L < k * BLOCK && sl->toks[L] == p[L]) L++;
+    while (L < k * BLOCK && toks[L] == p[L]) L++;
     if (L == k * BLOCK)
-        while (L < (size_t)sl->ntoks && L < plen && sl->toks[L] == p[L]) L++;
+        while (L < (size_t)ntoks && L < plen && toks[L] == p[L]) L++;
     return (int)L;
 }
 
-/* Choose r's slot (a free one exists) and reuse what its cache can. */
+static int shared_prefix(const slot_t *sl, const int32_t *p, size_t plen, const uint64_t *ph, size_t np)
+{
+    return shared_prefix_of(sl->toks, sl->bh, sl->ntoks, p, plen, ph, np);
+}
+
+/* ------------------------------------------------------- prefix store */
+
+static size_t pfx_bytes(const srv_sched *q, int rows)
+{
+    return 2 * (size_t)q->cfg->n_layers * (size_t)rows * q->row_bytes;
+}
+
+static void pfx_drop(srv_sched *q, int i)
+{
+    ft_delete_tensor(q->pstore, q->pe[i].key);
+    ft_clear_error();
+    free(q->pe[i].toks);
+    free(q->pe[i].bh);
+    q->pe[i] = q->pe[--q->npe];
+}
+
+/* Keep slot i's cached prefix (whole blocks) in the store before the slot
+ * is reused, unless it is short or already kept. */
+static void pfx_spill(srv_sched *q, int i, int keep)
+{
+    slot_t *sl = &q->slots[i];
+    int len = sl->ntoks / BLOCK * BLOCK;
+    if (!q->pstore || len < MIN_SPILL || len <= keep) return;
+    uint64_t h = sl->bh[len / BLOCK - 1];
+    for (int e = 0; e < q->npe; e++)
+        if (q->pe[e].ntoks >= len && q->pe[e].bh[len / BLOCK - 1] == h &&
+            !memcmp(q->pe[e].toks, sl->toks, (size_t)len * sizeof *sl->toks)) {
+            q->pe[e].lru = ++q->clock;   /* already kept (or a longer one) */
+            return;
+        }
+    if (q->npe == q->maxpe) {
+        int old = 0;
+        for (int e = 1; e < q->npe; e++)
+            if (q->pe[e].lru < q->pe[old].lru) old = e;
+        pfx_drop(q, old);
+    }
+    pfx_entry *pe = &q->pe[q->npe];
+    memset(pe, 0, sizeof *pe);
+    snprintf(pe->key, sizeof pe->key, "ftpfx-%016llx-%d", (unsigned long long)h, len);
+    pe->toks = malloc((size_t)len * sizeof *pe->toks);
+    pe->bh = malloc((size_t)(len / BLOCK) * sizeof *pe->bh);
+    ft_tensor t;
+    int64_t shape[3] = {2 * (int64_t)q->cfg->n_layers, len, (int64_t)(q->row_bytes / (ft_dtype_bits(q->kvdt) / 8))};
+    ft_status st = !pe->toks || !pe->bh ? ft_set_error(FT_ERR_NOMEM, "allocation")
+                 : ft_session_slot_kv_rows(q->s, i, len, q->pbuf, q->pbuf_cap, 0, len);
+    if (!st) st = ft_tensor_init(&t, q->kvdt, 3, shape, q->pbuf);
+    if (!st) st = ft_write_tensor(q->pstore, pe->key, &t, NULL);
+    if (st) {
+        ft_log(FT_LOG_WARN, "server: keeping a prefix of %d tokens in the prefix store failed: %s", len,
+               ft_last_error());
+        ft_clear_error();
+        free(pe->toks);
+        free(pe->bh);
+        return;
+    }
+    memcpy(pe->toks, sl->toks, (size_t)len * sizeof *pe->toks);
+    memcpy(pe->bh, sl->bh, (size_t)(len / BLOCK) * sizeof *pe->bh);
+    pe->ntoks = len;
+    pe->lru = ++q->clock;
+    q->npe++;
+    pthread_mutex_lock(&q->mu);
+    q->m.store_spills++;
+    q->m.store_spilled_tokens += (uint64_t)len;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Bring L tokens of entry e into slot i. */
+static int pfx_restore(srv_sched *q, int e, int i, int L)
+{
+    pfx_entry *pe = &q->pe[e];
+    ft_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = q->kvdt;
+    t.data = q->pbuf;
+    ft_status st = ft_read_tensor_into(q->pstore, pe->key, &t, q->pbuf_cap);
+    if (!st && (t.ndim != 3 || t.shape[1] != pe->ntoks || t.shape[0] != 2 * (int64_t)q->cfg->n_layers))
+        st = ft_set_error(FT_ERR_CORRUPT, "prefix store: %s has the wrong shape", pe->key);
+    if (!st) st = ft_session_slot_kv_rows(q->s, i, L, q->pbuf, q->pbuf_cap, 1, pe->ntoks);
+    if (st) {
+        ft_log(FT_LOG_WARN, "server: bringing a prefix back from the prefix store failed: %s", ft_last_error());
+        ft_clear_error();
+        pfx_drop(q, e);
+        return -1;
+    }
+    slot_t *sl = &q->slots[i];
+    memcpy(sl->toks, pe->toks, (size_t)L * sizeof *sl->toks);
+    memcpy(sl->bh, pe->bh, (size_t)(L / BLOCK) * sizeof *sl->bh);
+    sl->ntoks = L;
+    pe->lru = ++q->clock;
+    pthread_mutex_lock(&q->mu);
+    q->m.store_restores++;
+    q->m.store_restored_tokens += (uint64_t)L;
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static void sl_assign(srv_sched *q, srv_req *r, int target, int L)
+{
+    q->slots[target].req = r;
+    r->slot = target;
+    r->fed = (size_t)L;
+    pthread_mutex_lock(&r->mu);
+    r->cached = (size_t)L;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Choose r's slot (a free one exists) and reuse what its cache can: the
+ * longest shared prefix in an idle slot (kept there), in a busy slot
+ * (copied), or in the prefix store (brought back). */
 static void assign(srv_sched *q, srv_req *r)
 {
     size_t np = r->plen / BLOCK;
@@ -143,15 +277,33 @@ static void assign(srv_sched *q, srv_req *r)
         /* the victim for a copy: an empty slot, else the least recently used */
         if (victim < 0 || (q->slots[victim].ntoks && (!sl->ntoks || sl->lru < q->slots[victim].lru))) victim = i;
     }
+    /* the prefix store: a longer match than any slot has */
+    int store_best = -1, store_L = 0;
+    for (int e = 0; q->pstore && e < q->npe; e++) {
+        int L = shared_prefix_of(q->pe[e].toks, q->pe[e].bh, q->pe[e].ntoks, r->prompt, r->plen, ph, ph ? np : 0);
+        if ((size_t)L >= r->plen) L = (int)r->plen - 1;
+        if (L > store_L) { store_L = L; store_best = e; }
+    }
     free(ph);
     int target = idle_best, L = idle_L > 0 ? idle_L : 0;
     if (L == 0) target = victim;
+    if (store_best >= 0 && store_L >= MIN_COPY && store_L > L + MIN_COPY && store_L > busy_L) {
+        int dst = victim;
+        pfx_spill(q, dst, 0);
+        if (pfx_restore(q, store_best, dst, store_L) == 0) {
+            sl_assign(q, r, dst, store_L);
+            return;
+        }
+        ft_session_slot_reset(q->s, dst);
+        slot_set_len(&q->slots[dst], 0);
+    }
     if (busy_best >= 0 && busy_L >= MIN_COPY && busy_L > L) {
         /* into the victim, keeping the best idle match when another slot is free */
         int dst = victim;
         if (dst == idle_best && idle_L > 0)
             for (int i = 0; i < q->nslots; i++)
                 if (!q->slots[i].req && i != idle_best) { dst = i; break; }
+        pfx_spill(q, dst, 0);
         if (ft_session_slot_copy(q->s, busy_best, dst, busy_L) == FT_OK) {
             slot_t *d = &q->slots[dst], *sr = &q->slots[busy_best];
             memcpy(d->toks, sr->toks, (size_t)busy_L * sizeof *d->toks);
@@ -164,6 +316,7 @@ static void assign(srv_sched *q, srv_req *r)
     }
     slot_t *sl = &q->slots[target];
     if (L != sl->ntoks) {
+        pfx_spill(q, target, L);
         if (ft_session_slot_truncate(q->s, target, L) != FT_OK) {
             ft_session_slot_reset(q->s, target);
             L = 0;
@@ -171,12 +324,7 @@ static void assign(srv_sched *q, srv_req *r)
         ft_clear_error();
         slot_set_len(sl, L);
     }
-    sl->req = r;
-    r->slot = target;
-    r->fed = (size_t)L;
-    pthread_mutex_lock(&r->mu);
-    r->cached = (size_t)L;
-    pthread_mutex_unlock(&r->mu);
+    sl_assign(q, r, target, L);
 }
 
 /* ---------------------------------------------------------- requests */
@@ -574,6 +722,24 @@ ft_status srv_sched_create(ft_session *s, const ft_server_params *p, srv_sched *
         ft_session_slot_reset(s, i);
     }
     if ((st = ft_sampler_create(q->cfg->vocab, &q->sampler))) goto fail;
+    if (p->prefix_store && *p->prefix_store && q->prefix) {
+        if ((st = ft_session_slot_kv_layout(s, &q->kvdt, &q->row_bytes))) {
+            st = ft_set_error(st, "server: --prefix-store: %s", ft_last_error());
+            goto fail;
+        }
+        ft_store_params spp;
+        ft_store_default_params(&spp);
+        spp.token_file = p->prefix_store_token_file;
+        if ((st = ft_store_open(p->prefix_store, &spp, &q->pstore))) goto fail;
+        q->maxpe = p->prefix_store_entries ? (int)p->prefix_store_entries : 256;
+        q->pbuf_cap = pfx_bytes(q, q->max_seq);
+        q->pe = calloc((size_t)q->maxpe, sizeof *q->pe);
+        q->pbuf = malloc(q->pbuf_cap);
+        if (!q->pe || !q->pbuf) {
+            st = ft_set_error(FT_ERR_NOMEM, "server: allocation");
+            goto fail;
+        }
+    }
     q->m.slots = (unsigned)q->nslots;
     q->tps_t0 = ft_now();
     ft_session_get_stats(s, &q->m.ss);
@@ -617,6 +783,10 @@ void srv_sched_free(srv_sched *q)
     free(q->b_req);
     free(q->b_one);
     ft_sampler_free(q->sampler);
+    while (q->pe && q->npe) pfx_drop(q, q->npe - 1);
+    free(q->pe);
+    free(q->pbuf);
+    ft_store_close(q->pstore);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     free(q);

@@ -54,6 +54,7 @@ typedef struct srv_sched srv_sched;
 typedef struct srv_metrics {
     uint64_t requests, finished_stop, finished_length, cancelled, errors, rejected;
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps, forward_rows;
+    uint64_t store_spills, store_spilled_tokens, store_restores, store_restored_tokens;
     double busy_s, tps;          /* tps: generated tokens/s over the last few seconds */
     unsigned queued, active, slots;
     ft_session_stats ss;         /* a snapshot taken between steps        */

@@ -537,6 +537,27 @@ ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len)
     return ft_ctx_copy_prefix(s->c, src, dst, len);
 }
 
+ft_status ft_session_slot_kv_layout(const ft_session *s, ft_dtype *dtype, size_t *row_bytes)
+{
+    if (!s || (!s->c && !s->g)) return ft_set_error(FT_ERR_INVALID_ARG, "slot KV: no context yet");
+    if (s->g || s->cp.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "slot KV rows: only an in-memory CPU cache gives them");
+    const ft_model_config *cfg = ft_model_get_config(s->m);
+    ft_dtype dt = ft_ctx_kv_dtype(s->c);
+    if (dtype) *dtype = dt;
+    if (row_bytes) *row_bytes = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * (ft_dtype_bits(dt) / 8);
+    return FT_OK;
+}
+
+ft_status ft_session_slot_kv_rows(ft_session *s, int slot, int len, void *buf, size_t cap, int import,
+                                  int rows_in_buf)
+{
+    ft_status st = check_slot(s, slot);
+    if (st) return st;
+    if (s->g) return ft_set_error(FT_ERR_UNSUPPORTED, "slot KV rows: not implemented for a GPU context");
+    return ft_ctx_kv_rows(s->c, slot, len, buf, cap, import, rows_in_buf);
+}
+
 static void mark(ft_session *s)
 {
     if (s->marked) return;

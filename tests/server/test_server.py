@@ -421,6 +421,36 @@ def test_api_key():
     check(p.returncode != 0 and "--insecure" in p.stderr, f"non-loopback without a key refused: {p.stderr!r}")
 
 
+def test_prefix_store():
+    """One slot: a prefix pushed out of it goes to the store and comes back."""
+    history = " ".join(["And the LORD spake unto Moses, saying, Speak unto the children of Israel."] * 6)
+    with tempfile.TemporaryDirectory() as d:
+        for uri in ("mem:", "file:" + d):
+            srv = Server("--slots", "1", "--ctx", "512", "--prefix-store", uri)
+            try:
+                completion(srv, history + " And Moses", 8)
+                completion(srv, "Blessed are the poor in spirit: for theirs is the kingdom of heaven. " * 3, 4)
+                r = completion(srv, history + " And Aaron said", 10)
+                c = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                m = srv.metrics()
+                check(c >= 64 and m["flextier_prefix_store_restored_tokens_total"] == c,
+                      f"{uri}: a prefix comes back from the store ({c} cached, "
+                      f"{m['flextier_prefix_store_restored_tokens_total']} restored)")
+                check(m["flextier_prefix_store_spilled_tokens_total"] >= c, f"{uri}: spilled")
+                want = run_cli(history + " And Aaron said", 10)
+                check(r["choices"][0]["text"] == want, f"{uri}: text after a restored prefix equals flextier run: "
+                      f"{r['choices'][0]['text']!r} vs {want!r}")
+            finally:
+                srv.stop()
+            if uri.startswith("file:"):
+                check(os.listdir(d) == [] or all(not f.startswith("ftpfx") for f in os.listdir(d)),
+                      f"the server removes its prefixes from the store at exit: {os.listdir(d)}")
+    p = subprocess.run([BIN, "server", "--model", MODEL, "--listen", "127.0.0.1:0", "--prefix-store", "mem:",
+                        "--policy", "w=100,0 c=0,100"], capture_output=True, text=True, timeout=60)
+    check(p.returncode != 0 and "prefix-store" in p.stderr, f"--prefix-store with an offloaded cache: refused "
+          f"({p.stderr[-200:]!r})")
+
+
 def test_chat():
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
         f.write(CHATML)
@@ -476,7 +506,7 @@ def main():
     finally:
         rc = srv.stop()
         check(rc == 0, f"SIGTERM stops the server cleanly (exit {rc})")
-    for t in (test_chat, test_queue_full, test_api_key, test_timeout):
+    for t in (test_chat, test_prefix_store, test_queue_full, test_api_key, test_timeout):
         t0 = time.time()
         t()
         print(f"{t.__name__}: {time.time() - t0:.1f} s", flush=True)
