@@ -3,7 +3,7 @@
  * with a ChatML template), the rest is the body. Whatever the bytes, the
  * parser answers 0 with a prompt that fits the context and max_tokens in
  * range, or an HTTP status of 400..599 with a message; never a crash. The
- * tokenizer is the gpt2 fixture (tests/data, found relative to this file). */
+ * tokenizer is the gpt2 fixture (tests/data in the source tree). */
 #include "server/server_internal.h"
 #include "flextier/chat.h"
 
@@ -18,12 +18,16 @@ static int loaded;
 static void load(void)
 {
     loaded = 1;
+    char p[1200];
+#ifdef FT_SOURCE_DIR
+    snprintf(p, sizeof p, "%s/tests/data/tokenizers/gpt2/tokenizer.json", FT_SOURCE_DIR);
+#else
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", __FILE__);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
-    char p[1200];
     snprintf(p, sizeof p, "%s/../tests/data/tokenizers/gpt2/tokenizer.json", dir);
+#endif
     if (ft_tokenizer_load(p, &tok) != FT_OK) abort();
     static const char chatml[] =
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
