@@ -16,7 +16,9 @@
 #     --prompt N (64) --gen N (32)   tokens per request (EOS ignored)
 #     --requests N         requests per client count (default 2 x clients, at least 4)
 #     --time S (300)       per measurement, at most
-#     --history N (1000)   the second-turn test's shared history
+#     --history N (1000)   the second-turn test's shared history (it and 40 tokens
+#                          more must fit the model's max_position_embeddings)
+#     --tests "load turn2" which measurements (default both)
 #     --threads N (2)      compute threads of both servers
 #     --runs N (1)         interleaved repetitions (medians)
 #     --out DIR            keep logs and table.md there (default: a temp dir)
@@ -29,7 +31,8 @@ PEERS_PROG=serving.sh
 
 FT=$root/build/flextier
 LAYERS=22; CLIENTS="1 8 32"; PROMPT=64; GEN=32; REQUESTS=""; TIME=300; HISTORY=1000; THREADS=2; RUNS=1; OUT=""
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+TESTS="load turn2"
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
@@ -43,6 +46,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --tests) TESTS=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "serving.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -62,10 +66,11 @@ gguf=$(peers_gguf "$model" bf16)
 tmp_out=""
 if [ -z "$OUT" ]; then OUT=$(mktemp -d); tmp_out=$OUT; fi
 mkdir -p "$OUT"
-: > "$OUT/results.jsonl"
+touch "$OUT/results.jsonl"   # appended to: a rerun with --tests adds its rows
 maxc=1; for n in $CLIENTS; do [ "$n" -gt "$maxc" ] && maxc=$n; done
 ctx=$((PROMPT + GEN + 16))
-[ $((HISTORY + 48 + GEN)) -gt "$ctx" ] && hctx=$((HISTORY + 48 + GEN)) || hctx=$ctx
+hctx=$((HISTORY + 40))   # history + two 16-token questions + 8 generated
+[ "$hctx" -gt "$ctx" ] || hctx=$ctx
 
 srv_pid=""
 stop_server() {
@@ -101,6 +106,7 @@ load1() { uptime | sed 's/.*load average: \([0-9.]*\).*/\1/'; }
 
 for run in $(seq "$RUNS"); do
     for n in $CLIENTS; do
+        [[ " $TESTS " == *" load "* ]] || continue
         req=${REQUESTS:-$((2 * n > 4 ? 2 * n : 4))}
         for tool in flextier llama-server; do
             start "$tool" "$n" "$ctx"
@@ -114,6 +120,7 @@ for run in $(seq "$RUNS"); do
         done
     done
     for tool in flextier llama-server; do
+        [[ " $TESTS " == *" turn2 "* ]] || continue
         for cache in on off; do
             nocache=""; [ "$cache" = off ] && nocache=1
             # flextier: --no-prefix-cache; llama-server: cache_prompt false per request
