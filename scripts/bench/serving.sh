@@ -159,6 +159,8 @@ for n in sorted(by):
     print(f"| {n} | {med(f, 'tok_s'):.1f} | {med(l, 'tok_s'):.1f} | **{med(f, 'tok_s') / med(l, 'tok_s'):.2f}x** | "
           f"{med(f, 'ttft_p50_ms'):.0f} / {med(l, 'ttft_p50_ms'):.0f} | {med(f, 'ttft_p99_ms'):.0f} / "
           f"{med(l, 'ttft_p99_ms'):.0f} | {loads} |")
+hists = sorted({r["r"]["history"] for r in rows if r["test"] == "turn2"})
+hist = "/".join(str(h) for h in hists) or hist
 print(f"\nSecond turn, {hist}-token shared history (+16-token question; the second prompt's prefix is the first "
       "prompt), TTFT median of 3 conversations:\n")
 print("| server | prefix cache | turn 1 TTFT ms | turn 2 TTFT ms | load (1 min) |")
