@@ -27,12 +27,15 @@ extern "C" {
 
 typedef struct ft_chat_template ft_chat_template;
 
-/* Load the chat template of a model directory: tokenizer_config.json's
- * "chat_template" (a string, or a list of {"name", "template"} from which
- * "default" is used, and "tool_use" instead when the apply call passes
- * tools and the model has one), else chat_template.jinja. bos_token and
- * eos_token come from tokenizer_config.json (a string or an AddedToken
- * object {"content": ...}); absent ones are undefined in the template.
+/* Load the chat template of a model directory, where transformers looks:
+ * chat_template.jinja (with additional_chat_templates/tool_use.jinja), else
+ * tokenizer_config.json's "chat_template" (a string, or a list of {"name",
+ * "template"} from which "default" is used, and "tool_use" instead when the
+ * apply call passes tools and the model has one), else chat_template.json.
+ * The special tokens (bos_token, eos_token, unk_token, sep_token,
+ * pad_token, cls_token, mask_token) come from tokenizer_config.json (a
+ * string or an AddedToken object {"content": ...}); absent ones are
+ * undefined in the template.
  * FT_ERR_NOT_FOUND (detail says so) when the model has no chat template;
  * FT_ERR_CORRUPT for a malformed file; FT_ERR_UNSUPPORTED / FT_ERR_CORRUPT
  * for a template that does not parse (detail names the line). */

@@ -17,10 +17,15 @@
 #define CT_MAX_FILE ((size_t)64 << 20)
 #define CT_JSON_DEPTH 128
 
+/* transformers' SPECIAL_TOKENS_ATTRIBUTES: what special_tokens_map binds */
+static const char *const special_names[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                            "pad_token", "cls_token", "mask_token"};
+#define NSPECIAL (sizeof special_names / sizeof special_names[0])
+
 struct ft_chat_template {
     ft_jinja *dflt;       /* "default" (or the only template)  */
     ft_jinja *tool_use;   /* "tool_use" when the model has one */
-    char *bos, *eos, *unk, *pad;
+    char *special[NSPECIAL];
 };
 
 static ft_status read_file(const char *path, char **out, size_t *len)
@@ -101,10 +106,7 @@ FT_API void ft_chat_template_free(ft_chat_template *t)
     if (!t) return;
     ft_jinja_free(t->dflt);
     ft_jinja_free(t->tool_use);
-    free(t->bos);
-    free(t->eos);
-    free(t->unk);
-    free(t->pad);
+    for (size_t i = 0; i < NSPECIAL; i++) free(t->special[i]);
     free(t);
 }
 
@@ -157,9 +159,8 @@ FT_API ft_status ft_chat_template_load_dir(const char *dir, ft_chat_template **o
             st = ft_set_error(FT_ERR_CORRUPT, "%s: not a JSON object", path);
             goto cleanup;
         }
-        if ((st = token_str(cfg, "bos_token", &t->bos)) || (st = token_str(cfg, "eos_token", &t->eos)) ||
-            (st = token_str(cfg, "unk_token", &t->unk)) || (st = token_str(cfg, "pad_token", &t->pad)))
-            goto cleanup;
+        for (size_t i = 0; i < NSPECIAL; i++)
+            if ((st = token_str(cfg, special_names[i], &t->special[i])) != FT_OK) goto cleanup;
     } else if (st != FT_ERR_NOT_FOUND) goto cleanup;
 
     /* chat_template.jinja (transformers saves it there since 4.49 and prefers it) */
@@ -167,6 +168,14 @@ FT_API ft_status ft_chat_template_load_dir(const char *dir, ft_chat_template **o
     st = read_file(path, &text, &len);
     if (st == FT_OK) {
         st = compile(path, text, len, &t->dflt);
+        if (st != FT_OK) goto cleanup;
+        /* named templates beside it: additional_chat_templates/tool_use.jinja */
+        free(text);
+        text = NULL;
+        snprintf(path, sizeof path, "%s/additional_chat_templates/tool_use.jinja", dir);
+        st = read_file(path, &text, &len);
+        if (st == FT_OK) st = compile(path, text, len, &t->tool_use);
+        else if (st == FT_ERR_NOT_FOUND) st = FT_OK;
         goto cleanup;
     }
     if (st != FT_ERR_NOT_FOUND) goto cleanup;
@@ -215,8 +224,8 @@ FT_API ft_status ft_chat_template_load_string(const char *source, const char *bo
     ft_chat_template *t = calloc(1, sizeof *t);
     if (!t) return ft_set_error(FT_ERR_NOMEM, "out of memory");
     ft_status st = compile("chat template", source, strlen(source), &t->dflt);
-    if (st == FT_OK) st = dup_opt(bos, &t->bos);
-    if (st == FT_OK) st = dup_opt(eos, &t->eos);
+    if (st == FT_OK) st = dup_opt(bos, &t->special[0]);
+    if (st == FT_OK) st = dup_opt(eos, &t->special[1]);
     if (st != FT_OK) { ft_chat_template_free(t); return st; }
     *out = t;
     return FT_OK;
@@ -318,10 +327,10 @@ FT_API ft_status ft_chat_template_apply(const ft_chat_template *t, const char *m
     if (!(vars = json_object_new_object())) goto nomem;
     if (json_object_object_add(vars, "messages", json_object_get(norm)) ||
         json_object_object_add(vars, "tools", NULL) || json_object_object_add(vars, "documents", NULL) ||
-        json_object_object_add(vars, "add_generation_prompt", json_object_new_boolean(add_generation_prompt != 0)) ||
-        set_str(vars, "bos_token", t->bos) || set_str(vars, "eos_token", t->eos) || set_str(vars, "unk_token", t->unk) ||
-        set_str(vars, "pad_token", t->pad))
+        json_object_object_add(vars, "add_generation_prompt", json_object_new_boolean(add_generation_prompt != 0)))
         goto nomem;
+    for (size_t i = 0; i < NSPECIAL; i++)
+        if (set_str(vars, special_names[i], t->special[i])) goto nomem;
     if (extra) {
         json_object_object_foreach(extra, k, v) {
             if (json_object_object_add(vars, k, json_object_get(v))) goto nomem;

@@ -28,6 +28,8 @@
 #include <time.h>
 #include <utf8proc.h>
 
+#include "model/jinja_case.h"
+
 /* ================================================================ arena */
 
 typedef struct ablk {
@@ -75,6 +77,7 @@ struct jv {
     unsigned char t;
     unsigned char flag;       /* STR: markup; LIST: an LK_ kind; UNDEF: 1 = unsafe */
     unsigned char used;       /* LK_GEN: consumed */
+    unsigned short depth;     /* LIST/DICT/NS: nesting (bounded: every walk over a value recurses) */
     union {
         int b;
         int64_t i;
@@ -94,10 +97,12 @@ struct jv {
  * dict views */
 enum { LK_LIST = 0, LK_TUPLE, LK_GEN, LK_ITEMS, LK_KEYS, LK_VALUES };
 
-static jv V_NONE = {JV_NONE, 0, 0, {0}};
-static jv V_TRUE = {JV_BOOL, 0, 0, {.b = 1}};
-static jv V_FALSE = {JV_BOOL, 0, 0, {.b = 0}};
-static jv V_EMPTY = {JV_STR, 0, 0, {.s = {"", 0}}};
+static jv V_NONE = {JV_NONE, 0, 0, 0, {0}};
+static jv V_TRUE = {JV_BOOL, 0, 0, 0, {.b = 1}};
+static jv V_FALSE = {JV_BOOL, 0, 0, 0, {.b = 0}};
+static jv V_EMPTY = {JV_STR, 0, 0, 0, {.s = {"", 0}}};
+
+#define MAX_VALUE_DEPTH 150
 
 /* ================================================================ AST */
 
@@ -408,7 +413,19 @@ static jv *mk_dict(jctx *c, int t)
     return v;
 }
 
-static void list_push(jctx *c, jv *l, jv *x) { VEC_PUSH(c, l->u.l, x); }
+static void nest(jctx *c, jv *container, const jv *x)
+{
+    if ((x->t == JV_LIST || x->t == JV_DICT || x->t == JV_NS) && x->depth + 1 > container->depth) {
+        if (x->depth + 1 > MAX_VALUE_DEPTH) jfail(c, c->line, FT_ERR_UNSUPPORTED, "value nested too deeply (limit %d)", MAX_VALUE_DEPTH);
+        container->depth = (unsigned short)(x->depth + 1);
+    }
+}
+
+static void list_push(jctx *c, jv *l, jv *x)
+{
+    nest(c, l, x);
+    VEC_PUSH(c, l->u.l, x);
+}
 
 static jv *mk_tuple2(jctx *c, jv *a, jv *b)
 {
@@ -504,6 +521,16 @@ static void dict_set(jctx *c, jdict *d, jv *k, jv *v)
 
 static void dict_sets(jctx *c, jdict *d, const char *k, jv *v) { dict_set(c, d, mk_str(c, k), v); }
 
+static void nest(jctx *c, jv *container, const jv *x);
+
+/* into a dict or namespace value (tracks nesting) */
+static void dv_set(jctx *c, jv *d, jv *k, jv *v)
+{
+    nest(c, d, k);
+    nest(c, d, v);
+    dict_set(c, d->u.d, k, v);
+}
+
 /* ================================================================ UTF-8 */
 
 static size_t u8_dec(const char *s, size_t n, int32_t *cp)
@@ -579,31 +606,77 @@ static int cp_is_alpha(int32_t cp)
 }
 static int cp_is_digit(int32_t cp) { return utf8proc_category(cp) == UTF8PROC_CATEGORY_ND; }
 
-/* str.upper/lower/title etc.: mode 0 upper, 1 lower, 2 capitalize, 3 title (Python), 4 swapcase */
+static int cp_cased(int32_t cp)
+{
+    return cp_is_cased_upper(cp) || cp_is_cased_lower(cp) || utf8proc_category(cp) == UTF8PROC_CATEGORY_LT;
+}
+
+/* Append the case mapping of cp (mode 0 upper, 1 lower, 2 title) as Python
+ * does: the full (SpecialCasing) mapping where it is several characters. */
+static void add_case(jctx *c, sbuf *b, int32_t cp, int mode)
+{
+    size_t lo = 0, hi = sizeof jinja_special_case / sizeof jinja_special_case[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (jinja_special_case[mid].cp < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < sizeof jinja_special_case / sizeof jinja_special_case[0] && jinja_special_case[lo].cp == cp) {
+        const char *m = mode == 0 ? jinja_special_case[lo].upper : mode == 1 ? jinja_special_case[lo].lower
+                                                                            : jinja_special_case[lo].title;
+        if (m) { sb_add(c, b, m, strlen(m)); return; }
+    }
+    int32_t o = mode == 0 ? cp_upper(cp) : mode == 1 ? cp_lower(cp) : cp_title(cp);
+    char e[4];
+    sb_add(c, b, e, u8_enc(o, e));
+}
+
+/* lower-casing of U+03A3 at the end of a word is final sigma (Python does this) */
+static int final_sigma(const char *s, size_t n, size_t at, size_t len)
+{
+    int before = 0, after = 0;
+    if (at > 0) {
+        size_t st = at - 1;
+        while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80) st--;
+        int32_t cp;
+        u8_dec(s + st, at - st, &cp);
+        before = cp_cased(cp);
+    }
+    if (at + len < n) {
+        int32_t cp;
+        u8_dec(s + at + len, n - at - len, &cp);
+        after = cp_cased(cp);
+    }
+    return before && !after;
+}
+
+/* str.upper/lower/capitalize/title/swapcase: mode 0 upper, 1 lower, 2 capitalize, 3 title, 4 swapcase */
 static jv *str_case(jctx *c, const jv *s, int mode)
 {
     sbuf b = {0};
     int prev_cased = 0, first = 1;
-    for (size_t i = 0; i < s->u.s.n;) {
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    for (size_t i = 0; i < n;) {
         int32_t cp;
-        i += u8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
-        int32_t o = cp;
+        size_t l = u8_dec(p + i, n - i, &cp);
+        int m;
         switch (mode) {
-        case 0: o = cp_upper(cp); break;
-        case 1: o = cp_lower(cp); break;
-        case 2: o = first ? cp_title(cp) : cp_lower(cp); break;
-        case 3: o = prev_cased ? cp_lower(cp) : cp_title(cp);
-                prev_cased = cp_is_cased_upper(cp) || cp_is_cased_lower(cp) ||
-                             utf8proc_category(cp) == UTF8PROC_CATEGORY_LT;
-                break;
-        default: o = cp_is_cased_upper(cp) ? cp_lower(cp) : cp_upper(cp); break;
+        case 0: m = 0; break;
+        case 1: m = 1; break;
+        case 2: m = first ? 2 : 1; break;
+        case 3: m = prev_cased ? 1 : 2; prev_cased = cp_cased(cp); break;
+        default: m = cp_is_cased_upper(cp) ? 1 : cp_is_cased_lower(cp) ? 0 : -1; break;
         }
         first = 0;
-        char e[4];
-        size_t l = u8_enc(o, e);
-        sb_add(c, &b, e, l);
+        if (m == 1 && cp == 0x3a3 && final_sigma(p, n, i, l)) sb_adds(c, &b, "\xcf\x82");
+        else if (m < 0) sb_add(c, &b, p + i, l);
+        else add_case(c, &b, cp, m);
+        i += l;
     }
-    return mk_str_sb(c, &b);
+    jv *r = mk_str_sb(c, &b);
+    if (s->flag && r->u.s.n) r->flag = 1;   /* Markup's methods return Markup */
+    return r;
 }
 
 /* ============================================================ formatting */
@@ -741,8 +814,16 @@ static void fmt_val(jctx *c, sbuf *b, const jv *v, int repr, unsigned depth)
         fmt_dict_body(c, b, v->u.d, depth);
         sb_addc(c, b, '>');
         return;
+    case JV_MACRO:
+        sb_adds(c, b, "<Macro ");
+        repr_str(c, b, v->u.m->def->name, strlen(v->u.m->def->name));
+        sb_addc(c, b, '>');
+        return;
+    case JV_LOOP:
+        sb_printf(c, b, "<LoopContext %zu/%zu>", v->u.loop->index0 + 1, v->u.loop->items->n);
+        return;
     default:
-        UNSUP("printing a %s is not supported", type_name(v));
+        UNSUP("printing a %s is not supported (Python prints its memory address)", type_name(v));
     }
 }
 
@@ -1046,6 +1127,11 @@ static size_t lex_tag(jctx *c, size_t pos, int var, int *line, int *line_startin
         }
         unsigned char ch = (unsigned char)s[pos];
         if (re_space(ch)) { if (ch == '\n') (*line)++; pos++; continue; }
+        if (ch >= 0x80) {   /* Python's \s is Unicode whitespace */
+            int32_t cp;
+            size_t l = u8_dec(s + pos, n - pos, &cp);
+            if (py_space(cp)) { pos += l; continue; }
+        }
         tok t = {.line = *line};
         if (is_dig(ch)) {
             size_t e = lex_digits(s, pos, n);
@@ -1666,6 +1752,9 @@ static node *parse_postfix(jctx *c, node *n)
                     if (tok_is_op(cur(c), ']')) break;
                     VEC_PUSH(c, &tup->items, parse_subscribed(c));
                 }
+                for (size_t i = 0; i < tup->items.n; i++)
+                    if (tup->items.v[i]->kind == E_SLICE)
+                        jfail(c, t->line, FT_ERR_UNSUPPORTED, "slices inside a tuple subscript are not supported");
                 sub = tup;
             }
             expect_op(c, ']');
@@ -1786,7 +1875,7 @@ static target *parse_target(jctx *c, int with_tuple, int with_ns, const char *ex
     for (;;) {
         if (n) expect_op(c, ',');
         tok *k = cur(c);
-        if (n && (k->t == T_BEND || tok_is_op(k, '=') || tok_is_op(k, ')') || tok_is_op(k, '|') || (extra_end && tok_is_name(k, extra_end))))
+        if (n && (k->t == T_BEND || tok_is_op(k, ')') || (extra_end && tok_is_name(k, extra_end))))
             break;
         target *s;
         if (tok_is_op(k, '(')) {
@@ -2371,8 +2460,8 @@ static jv *arith(jctx *c, int op, jv *a, jv *b)
         }
         if (a->t == JV_LIST && b->t == JV_LIST && a->flag == b->flag && a->flag <= LK_TUPLE) {
             jv *r = mk_list(c, a->flag);
-            for (size_t i = 0; i < a->u.l->n; i++) list_push(c, r, a->u.l->v[i]);
-            for (size_t i = 0; i < b->u.l->n; i++) list_push(c, r, b->u.l->v[i]);
+            for (size_t i = 0; i < a->u.l->n; i++) { list_push(c, r, a->u.l->v[i]); step(c); }
+            for (size_t i = 0; i < b->u.l->n; i++) { list_push(c, r, b->u.l->v[i]); step(c); }
             return r;
         }
     }
@@ -2410,12 +2499,20 @@ static jv *arith(jctx *c, int op, jv *a, jv *b)
         case OP_ADD: r = x + y; break;
         case OP_SUB: r = x - y; break;
         case OP_MUL: r = x * y; break;
-        case OP_FLOORDIV: if (y == 0) FAIL("float floor division by zero"); r = floor(x / y); break;
-        case OP_MOD:
-            if (y == 0) FAIL("float modulo");
-            r = fmod(x, y);
-            if (r != 0 && ((r < 0) != (y < 0))) r += y;
+        case OP_FLOORDIV: case OP_MOD: {   /* CPython's _float_div_mod */
+            if (y == 0) FAIL(op == OP_MOD ? "float modulo" : "float floor division by zero");
+            double mod = fmod(x, y), div = (x - mod) / y;
+            if (mod != 0) {
+                if ((y < 0) != (mod < 0)) { mod += y; div -= 1.0; }
+            } else mod = copysign(0.0, y);
+            double fd;
+            if (div != 0) {
+                fd = floor(div);
+                if (div - fd > 0.5) fd += 1.0;
+            } else fd = copysign(0.0, x / y);
+            r = op == OP_MOD ? mod : fd;
             break;
+        }
         default: r = pow(x, y); break;
         }
         return mk_float(c, r);
@@ -2712,7 +2809,7 @@ static jv *call_macro(jctx *c, jmacro *m, const eargs *a, jv *caller)
         if (is_param) continue;
         if (!strcmp(a->kwn[k], "caller") && d->uses_caller) { caller = a->kwv[k]; continue; }
         if (!d->uses_kwargs) FAIL("macro '%s' takes no keyword argument '%s'", d->name, a->kwn[k]);
-        dict_sets(c, kw->u.d, a->kwn[k], a->kwv[k]);
+        dv_set(c, kw, mk_str(c, a->kwn[k]), a->kwv[k]);
     }
     if (d->uses_kwargs) dict_sets(c, &f->vars, "kwargs", kw);
     if (d->uses_caller && !dict_gets(&f->vars, "caller"))
@@ -2761,7 +2858,9 @@ static jv *str_strip(jctx *c, jv *s, jv *chars, int which)
             b = st;
         }
     if (a == 0 && b == s->u.s.n) return s;
-    return mk_strn(c, p + a, b - a);
+    jv *r = mk_strn(c, p + a, b - a);
+    if (s->flag && r->u.s.n) { r = mk_strn(c, r->u.s.p, r->u.s.n); r->flag = 1; }   /* Markup stays Markup */
+    return r;
 }
 
 static jv *str_split(jctx *c, jv *s, jv *sep, jv *maxv, int right)
@@ -2899,7 +2998,127 @@ static int str_affix(jctx *c, jv *s, jv *x, int end)
     return !memcmp(s->u.s.p + (end ? s->u.s.n - x->u.s.n : 0), x->u.s.p, x->u.s.n);
 }
 
-/* str.format (the sandbox's formatter): {} {0} {name} {x.attr} {x[k]}, !r/!s, no format spec */
+/* Python's format-spec mini-language: [[fill]align][sign][#][0][width][,|_][.precision][type] for
+ * str (s), int (d x X o b c, none), float (f F e E g G %), bool as int when a numeric type is given.
+ * A float with no type and a precision, "n", and nested {} specs are refused. */
+static void fmt_spec(jctx *c, sbuf *b, jv *v, const char *sp, size_t n)
+{
+    int32_t fill = ' ';
+    char align = 0, sign = '-', type = 0, group = 0;
+    int alt = 0, zero = 0;
+    long width = -1, prec = -1;
+    size_t i = 0;
+    if (n == 0) { fmt_val(c, b, v, 0, 0); return; }   /* format(x, '') is str(x) */
+    if (memchr(sp, '{', n)) UNSUP("nested replacement fields in format specs are not supported");
+    {
+        int32_t cp;
+        size_t l = n ? u8_dec(sp, n, &cp) : 0;
+        if (l && l < n && strchr("<>^=", sp[l])) { fill = cp; align = sp[l]; i = l + 1; }
+        else if (n && strchr("<>^=", sp[0])) { align = sp[0]; i = 1; }
+    }
+    if (i < n && strchr("+- ", sp[i])) sign = sp[i++];
+    if (i < n && sp[i] == '#') { alt = 1; i++; }
+    if (i < n && sp[i] == '0') { zero = 1; i++; }
+    if (i < n && is_dig((unsigned char)sp[i])) { width = 0; while (i < n && is_dig((unsigned char)sp[i]) && width < 100000) width = width * 10 + (sp[i++] - '0'); }
+    if (i < n && (sp[i] == ',' || sp[i] == '_')) group = sp[i++];
+    if (i < n && sp[i] == '.') { i++; prec = 0; if (i >= n || !is_dig((unsigned char)sp[i])) FAIL("Format specifier missing precision"); while (i < n && is_dig((unsigned char)sp[i]) && prec < 100000) prec = prec * 10 + (sp[i++] - '0'); }
+    if (i < n) type = sp[i++];
+    if (i < n) FAIL("Invalid format specifier '%.*s'", (int)n, sp);
+    if (width > 10000 || prec > 10000) FAIL("format width or precision too large");
+    if (zero && !align) { align = '='; fill = '0'; }
+    sbuf body = {0};
+    const char *prefix = "";
+    int numeric = 0, neg = 0;
+    if (v->t == JV_STR || (type == 's') || (!type && (v->t == JV_NONE || v->t == JV_LIST || v->t == JV_DICT))) {
+        if ((type && type != 's') || (type == 's' && v->t != JV_STR))
+            FAIL("Unknown format code '%c' for object of type '%s'", type, type_name(v));
+        if (v->t != JV_STR && (n > 0)) {
+            if (v->t != JV_STR && v->t != JV_BOOL && !is_num(v)) FAIL("unsupported format string passed to %s.__format__", type_name(v));
+        }
+        if (sign != '-' || alt || group) FAIL("Sign, alternate form or grouping not allowed in string format specifier");
+        if (align == '=') FAIL("'=' alignment not allowed in string format specifier");
+        jv *sv = to_str(c, v);
+        size_t keep = sv->u.s.n;
+        if (prec >= 0) keep = u8_off(sv->u.s.p, sv->u.s.n, (size_t)prec);
+        sb_add(c, &body, sv->u.s.p, keep);
+        if (!align) align = '<';
+    } else if (is_num(v) && (v->t != JV_FLOAT || (type && strchr("dxXobc", type) == NULL) || !type)) {
+        numeric = 1;
+        if (!align) align = '>';
+        int isint = v->t != JV_FLOAT && (!type || strchr("dxXobcn", type));
+        if (isint) {   /* bool formats as int under a non-empty spec */
+            if (prec >= 0) FAIL("Precision not allowed in integer format specifier");
+            int64_t iv = num_i(v);
+            uint64_t u = iv < 0 ? (uint64_t)0 - (uint64_t)iv : (uint64_t)iv;
+            neg = iv < 0;
+            char digs[80];
+            int base = type == 'x' || type == 'X' ? 16 : type == 'o' ? 8 : type == 'b' ? 2 : 10;
+            if (type == 'c') {
+                char e[4];
+                if (iv < 0 || iv > 0x10ffff) FAIL("%%c arg not in range(0x110000)");
+                sb_add(c, &body, e, u8_enc((int32_t)iv, e));
+                neg = 0;
+            } else if (type == 'n') UNSUP("the 'n' format type is not supported");
+            else {
+                size_t k = 0;
+                do { int d = (int)(u % (uint64_t)base); digs[k++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10); u /= (uint64_t)base; } while (u);
+                int gsize = group ? (base == 10 ? 3 : 4) : 0;
+                if (group == ',' && base != 10) FAIL("Cannot specify ',' with '%c'.", type);
+                for (size_t j = 0; j < k; j++) {
+                    sb_addc(c, &body, digs[k - 1 - j]);
+                    size_t rest = k - 1 - j;
+                    if (gsize && rest && rest % (size_t)gsize == 0) sb_addc(c, &body, group);
+                }
+                if (alt) prefix = base == 16 ? (type == 'X' ? "0X" : "0x") : base == 8 ? "0o" : base == 2 ? "0b" : "";
+            }
+        } else {
+            if (!type) UNSUP("a float format spec without a type is not supported");
+            if (group) UNSUP("digit grouping of floats is not supported");
+            double f = num_f(v);
+            int pct = type == '%';
+            if (pct) f *= 100.0;
+            neg = signbit(f) && !isnan(f);
+            char spec[32], tmp[12000];
+            char t = pct ? 'f' : type;
+            if (!strchr("fFeEgG", t)) FAIL("Unknown format code '%c' for object of type 'float'", type);
+            snprintf(spec, sizeof spec, "%%%s.%ld%c", alt ? "#" : "", prec >= 0 ? prec : 6, t);
+            snprintf(tmp, sizeof tmp, spec, fabs(f));
+            sb_adds(c, &body, tmp);
+            if (pct) sb_addc(c, &body, '%');
+        }
+    } else {
+        FAIL("Unknown format code '%c' for object of type '%s'", type ? type : '?', type_name(v));
+    }
+    /* sign + prefix + body, padded */
+    sbuf head = {0};
+    if (numeric) {
+        if (neg) sb_addc(c, &head, '-');
+        else if (sign == '+') sb_addc(c, &head, '+');
+        else if (sign == ' ') sb_addc(c, &head, ' ');
+        sb_adds(c, &head, prefix);
+    }
+    size_t len = u8_len(head.p ? head.p : "", head.n) + u8_len(body.p ? body.p : "", body.n);
+    size_t pad = width > 0 && (size_t)width > len ? (size_t)width - len : 0, left = 0;
+    switch (align) {
+    case '<': left = 0; break;
+    case '^': left = pad / 2; break;
+    default: left = pad; break;
+    }
+    char fe[4];
+    size_t fl = u8_enc(fill, fe);
+    if (align == '=') {
+        sb_add(c, b, head.p, head.n);
+        for (size_t k = 0; k < pad; k++) sb_add(c, b, fe, fl);
+        sb_add(c, b, body.p, body.n);
+        return;
+    }
+    for (size_t k = 0; k < left; k++) sb_add(c, b, fe, fl);
+    sb_add(c, b, head.p, head.n);
+    sb_add(c, b, body.p, body.n);
+    for (size_t k = left; k < pad; k++) sb_add(c, b, fe, fl);
+}
+
+/* str.format (the sandbox's formatter): {} {0} {name}, !r/!s, format specs */
 static jv *str_format(jctx *c, jv *s, const eargs *a)
 {
     sbuf b = {0};
@@ -2917,7 +3136,10 @@ static jv *str_format(jctx *c, jv *s, const eargs *a)
         size_t fl = e - i - 1;
         char conv = 0;
         const char *bang = memchr(f, '!', fl), *colon = memchr(f, ':', fl);
-        if (colon) UNSUP("format specs in str.format are not supported");
+        const char *spec = NULL;
+        size_t specl = 0;
+        if (colon && (!bang || colon < bang)) { spec = colon + 1; specl = fl - (size_t)(colon + 1 - f); fl = (size_t)(colon - f); bang = memchr(f, '!', fl); }
+        else if (colon) { spec = colon + 1; specl = fl - (size_t)(colon + 1 - f); fl = (size_t)(colon - f); }
         if (bang) { if (bang + 2 != f + fl) FAIL("bad conversion in format string"); conv = bang[1]; fl = (size_t)(bang - f); }
         size_t nl = 0;
         while (nl < fl && f[nl] != '.' && f[nl] != '[') nl++;
@@ -2927,39 +3149,94 @@ static jv *str_format(jctx *c, jv *s, const eargs *a)
         else v = arg(a, (size_t)-1, jstrndup(c, f, nl), NULL);
         if (!v) FAIL("str.format: missing argument for '{%.*s}'", (int)fl, f);
         if (nl < fl) UNSUP("attribute or index lookups in str.format fields are not supported");
-        if (conv == 'r') fmt_val(c, &b, v, 1, 0);
-        else if (conv == 's' || conv == 0) fmt_val(c, &b, v, 0, 0);
-        else FAIL("unknown conversion specifier %c", conv);
+        if (conv == 'r' || conv == 's') {
+            sbuf t = {0};
+            fmt_val(c, &t, v, conv == 'r', 0);
+            v = mk_str_sb(c, &t);
+        } else if (conv) FAIL("unknown conversion specifier %c", conv);
+        if (spec) fmt_spec(c, &b, v, spec, specl);
+        else fmt_val(c, &b, v, 0, 0);
         i = e;
     }
     return mk_str_sb(c, &b);
 }
 
-/* "fmt" % args: %s %r %d %i %% only */
+/* "fmt" % args: Python's printf-style formatting (%s %r %a %d %i %u %f %F %e %E %g %G %x %X %o %c with
+ * flags, width and precision; no %(name)s mappings) */
 static jv *str_percent(jctx *c, jv *s, jv *args)
 {
     sbuf b = {0};
     size_t ai = 0;
     jvec *av = NULL;
     jv *single = args;
+    int used_single = 0;
     if (args->t == JV_LIST && args->flag == LK_TUPLE) { av = args->u.l; single = NULL; }
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char ch = s->u.s.p[i];
-        if (ch != '%') { sb_addc(c, &b, ch); continue; }
-        if (++i >= s->u.s.n) FAIL("incomplete format");
-        char f = s->u.s.p[i];
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '%') { sb_addc(c, &b, p[i]); continue; }
+        char flags[8];
+        size_t nf = 0;
+        int width = -1, prec = -1;
+        i++;
+        if (i < n && p[i] == '(') UNSUP("%%(name) mappings in printf-style formatting are not supported");
+        while (i < n && strchr("-+ #0", p[i]) && nf < sizeof flags - 1) flags[nf++] = p[i++];
+        flags[nf] = 0;
+        if (i < n && p[i] == '*') UNSUP("'*' widths in printf-style formatting are not supported");
+        if (i < n && is_dig((unsigned char)p[i])) { width = 0; while (i < n && is_dig((unsigned char)p[i]) && width < 100000) width = width * 10 + (p[i++] - '0'); }
+        if (i < n && p[i] == '.') { i++; prec = 0; while (i < n && is_dig((unsigned char)p[i]) && prec < 100000) prec = prec * 10 + (p[i++] - '0'); }
+        while (i < n && (p[i] == 'h' || p[i] == 'l' || p[i] == 'L')) i++;
+        if (i >= n) FAIL("incomplete format");
+        char f = p[i];
         if (f == '%') { sb_addc(c, &b, '%'); continue; }
+        if (width > 10000 || prec > 10000) FAIL("printf-style width or precision too large");
         jv *v;
         if (av) { if (ai >= av->n) FAIL("not enough arguments for format string"); v = av->v[ai++]; }
-        else { if (!single) FAIL("not enough arguments for format string"); v = single; single = NULL; ai = 1; }
-        if (f == 's') fmt_val(c, &b, v, 0, 0);
-        else if (f == 'r') fmt_val(c, &b, v, 1, 0);
-        else if (f == 'd' || f == 'i') {
-            if (!is_num(v)) FAIL("%%%c format: a real number is required, not %s", f, type_name(v));
-            sb_printf(c, &b, "%lld", (long long)(v->t == JV_FLOAT ? (int64_t)v->u.f : num_i(v)));
-        } else UNSUP("the %%%c conversion of printf-style formatting is not supported", f);
+        else { if (used_single) FAIL("not enough arguments for format string"); v = single; used_single = 1; }
+        if (f == 's' || f == 'r' || f == 'a') {
+            sbuf t = {0};
+            fmt_val(c, &t, v, f != 's', 0);
+            size_t len = u8_len(t.p ? t.p : "", t.n), keep = t.n;
+            if (prec >= 0 && (size_t)prec < len) { keep = u8_off(t.p, t.n, (size_t)prec); len = (size_t)prec; }
+            int left = strchr(flags, '-') != NULL;
+            size_t pad = width > 0 && (size_t)width > len ? (size_t)width - len : 0;
+            if (!left) for (size_t k = 0; k < pad; k++) sb_addc(c, &b, ' ');
+            sb_add(c, &b, t.p, keep);
+            if (left) for (size_t k = 0; k < pad; k++) sb_addc(c, &b, ' ');
+            continue;
+        }
+        char spec[64];
+        int sl = snprintf(spec, sizeof spec, "%%%s", flags);
+        if (width >= 0) sl += snprintf(spec + sl, sizeof spec - (size_t)sl, "%d", width);
+        if (prec >= 0) sl += snprintf(spec + sl, sizeof spec - (size_t)sl, ".%d", prec);
+        if (!is_num(v)) FAIL("%%%c format: a real number is required, not %s", f, type_name(v));
+        if (strchr("diu", f)) {
+            double fv = num_f(v);
+            if (v->t == JV_FLOAT && (!isfinite(fv) || fabs(fv) > 9e18)) UNSUP("%%d of a float beyond 64 bits");
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "lld");
+            sb_printf(c, &b, spec, (long long)(v->t == JV_FLOAT ? (int64_t)fv : num_i(v)));
+        } else if (strchr("xXo", f)) {
+            if (v->t == JV_FLOAT) FAIL("%%%c format: an integer is required, not float", f);
+            int64_t iv = num_i(v);
+            if (strchr(flags, '#')) UNSUP("the '#' flag of %%%c is not supported", f);
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "ll%c", f);
+            if (iv < 0) {
+                sb_addc(c, &b, '-');
+                sb_printf(c, &b, spec, (unsigned long long)(iv == INT64_MIN ? (uint64_t)INT64_MAX + 1 : (uint64_t)-iv));
+            } else sb_printf(c, &b, spec, (unsigned long long)iv);
+        } else if (strchr("fFeEgG", f)) {
+            snprintf(spec + sl, sizeof spec - (size_t)sl, "%c", f);
+            sb_printf(c, &b, spec, num_f(v));
+        } else if (f == 'c') {
+            if (v->t == JV_FLOAT) FAIL("%%c requires int or char");
+            char e[4];
+            int64_t cp = num_i(v);
+            if (cp < 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) FAIL("%%c arg not in range(0x110000)");
+            sb_add(c, &b, e, u8_enc((int32_t)cp, e));
+        } else FAIL("unsupported format character '%c'", f);
     }
-    if ((av && ai < av->n) || (!av && single)) FAIL("not all arguments converted during string formatting");
+    if ((av && ai < av->n) || (!av && !used_single && args->t != JV_DICT))
+        FAIL("not all arguments converted during string formatting");
     return mk_str_sb(c, &b);
 }
 
@@ -3138,7 +3415,7 @@ static jv *call_method(jctx *c, jv *self, const char *name, const eargs *a)
         }
         if (!strcmp(name, "copy")) {
             jv *r = mk_dict(c, JV_DICT);
-            for (size_t i = 0; i < self->u.d->n; i++) dict_set(c, r->u.d, self->u.d->k[i], self->u.d->v[i]);
+            for (size_t i = 0; i < self->u.d->n; i++) dv_set(c, r, self->u.d->k[i], self->u.d->v[i]);
             return r;
         }
         UNSUP("dict.%s() is not supported", name);
@@ -3250,18 +3527,18 @@ static jv *call_value(jctx *c, jv *f, const eargs *a)
             if (a->npos == 1) {
                 jv *src = a->pos[0];
                 if (src->t == JV_DICT || src->t == JV_NS) {
-                    for (size_t i = 0; i < src->u.d->n; i++) dict_set(c, d->u.d, src->u.d->k[i], src->u.d->v[i]);
+                    for (size_t i = 0; i < src->u.d->n; i++) dv_set(c, d, src->u.d->k[i], src->u.d->v[i]);
                 } else {
                     jvec *it = iter_items(c, src);
                     for (size_t i = 0; i < it->n; i++) {
                         jv *p = it->v[i];
                         jvec *pi = iter_items(c, p);
                         if (pi->n != 2) FAIL("dictionary update sequence element #%zu has length %zu; 2 is required", i, pi->n);
-                        dict_set(c, d->u.d, pi->v[0], pi->v[1]);
+                        dv_set(c, d, pi->v[0], pi->v[1]);
                     }
                 }
             }
-            for (size_t k = 0; k < a->nkw; k++) dict_sets(c, d->u.d, a->kwn[k], a->kwv[k]);
+            for (size_t k = 0; k < a->nkw; k++) dv_set(c, d, mk_str(c, a->kwn[k]), a->kwv[k]);
             if (f->u.bi == BI_NAMESPACE)
                 for (size_t i = 0; i < d->u.d->n; i++)
                     if (d->u.d->k[i]->t == JV_STR && d->u.d->k[i]->u.s.n && d->u.d->k[i]->u.s.p[0] == '_')
@@ -3555,10 +3832,10 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
             int32_t cp;
             size_t l = u8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
             int delim = py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            int32_t o = delim ? cp : at_start ? cp_upper(cp) : cp_lower(cp);
+            if (delim) sb_add(c, &b, s->u.s.p + i, l);
+            else if (!at_start && cp == 0x3a3 && final_sigma(s->u.s.p, s->u.s.n, i, l)) sb_adds(c, &b, "\xcf\x82");
+            else add_case(c, &b, cp, at_start ? 0 : 1);
             at_start = delim;
-            char e[4];
-            sb_add(c, &b, e, u8_enc(o, e));
             i += l;
         }
         return mk_str_sb(c, &b);
@@ -3771,7 +4048,10 @@ static jv *run_filter(jctx *c, frame *fr, const char *name, jv *v, const eargs *
     if (!strcmp(name, "attr")) {
         jv *n = arg(a, 0, "name", NULL);
         if (!n || n->t != JV_STR) FAIL("attr filter needs an attribute name");
-        return get_attr(c, v, jstrndup(c, n->u.s.p, n->u.s.n));
+        const char *an = jstrndup(c, n->u.s.p, n->u.s.n);
+        if (v->t == JV_DICT && !in_list(dict_methods, an) && !in_list(dict_mutators, an) && an[0] != '_')
+            return mk_undef(c, "'%s' has no attribute '%s'", obj_type_repr(v), an);   /* getattr only, no item */
+        return get_attr(c, v, an);
     }
     if (!strcmp(name, "batch")) {
         jv *cnt = arg(a, 0, "linecount", NULL), *fill = arg(a, 1, "fill_with", NULL);
@@ -3879,7 +4159,7 @@ static jv *eval(jctx *c, frame *fr, node *n)
             jv *k = eval(c, fr, n->items.v[i]);
             if (k->t == JV_LIST && k->flag != LK_TUPLE) FAIL("unhashable type: '%s'", type_name(k));
             if (k->t == JV_DICT) FAIL("unhashable type: 'dict'");
-            dict_set(c, r->u.d, k, eval(c, fr, n->items2.v[i]));
+            dv_set(c, r, k, eval(c, fr, n->items2.v[i]));
         }
         break;
     case E_GETATTR: {
@@ -3991,7 +4271,7 @@ static void assign(jctx *c, frame *fr, const target *t, jv *v)
         if (t->attr[0] == '_')
             FAIL("SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'. "
                  "Please rename the attribute.", t->attr);
-        dict_sets(c, ns->u.d, t->attr, v);
+        dv_set(c, ns, mk_str(c, t->attr), v);
         return;
     }
     jvec *it = iter_items(c, v);
@@ -4014,10 +4294,7 @@ static void exec_for(jctx *c, frame *fr, const stmt *s, jv *iterable, int depth)
         }
         items = f;
     }
-    if (!items->n) {
-        exec_body(c, fr, &s->orelse);
-        return;
-    }
+    int completed = 0;   /* jinja2 runs else when no iteration finished its body (break/continue skip it) */
     jloop *l = jzalloc(c, sizeof *l);
     l->items = items;
     l->depth = depth;
@@ -4032,9 +4309,11 @@ static void exec_for(jctx *c, frame *fr, const stmt *s, jv *iterable, int depth)
         dict_sets(c, &f->vars, "loop", lv);
         assign(c, f, s->tgt, items->v[i]);
         exec_body(c, f, &s->body);
+        if (!c->brk) completed = 1;
         if (c->brk == 1) { c->brk = 0; break; }
         c->brk = 0;
     }
+    if (!completed && s->orelse.n) exec_body(c, new_frame(c, fr), &s->orelse);
 }
 
 static void exec_stmt(jctx *c, frame *fr, const stmt *s)
@@ -4063,7 +4342,7 @@ static void exec_stmt(jctx *c, frame *fr, const stmt *s)
     case S_SET: assign(c, fr, s->tgt, eval(c, fr, s->expr)); return;
     case S_SETBLOCK: {
         enter_depth(c);
-        jv *v = capture(c, fr, &s->body);
+        jv *v = capture(c, new_frame(c, fr), &s->body);
         if (s->filt) v = apply_filter(c, fr, s->filt, v);
         c->depth--;
         assign(c, fr, s->tgt, v);
@@ -4140,7 +4419,7 @@ static jv *from_json(jctx *c, struct json_object *o, unsigned depth)
     }
     case json_type_object: {
         jv *d = mk_dict(c, JV_DICT);
-        json_object_object_foreach(o, k, v) dict_set(c, d->u.d, mk_str(c, k), from_json(c, v, depth + 1));
+        json_object_object_foreach(o, k, v) dv_set(c, d, mk_str(c, k), from_json(c, v, depth + 1));
         return d;
     }
     }
@@ -4154,9 +4433,8 @@ static char *normalize_newlines(const char *src, size_t len, size_t *out_len)
     char *d = malloc(len + 1);
     if (!d) return NULL;
     size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        size_t l;
-        if (py_linebreak(src + i, len - i, &l)) { d[n++] = '\n'; i += l; }
+    for (size_t i = 0; i < len;) {   /* jinja2 3.x: only \r\n, \r and \n are line breaks */
+        if (src[i] == '\r') { d[n++] = '\n'; i += (i + 1 < len && src[i + 1] == '\n') ? 2 : 1; }
         else d[n++] = src[i++];
     }
     if (n && d[n - 1] == '\n') n--;   /* keep_trailing_newline=False */
@@ -4186,6 +4464,16 @@ FT_API ft_status ft_jinja_parse(const char *src, size_t len, ft_jinja **out)
         free(t);
         free(c);
         return st;
+    }
+    for (size_t i = 0; i < nlen;) {
+        utf8proc_int32_t ch;
+        utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)norm + i, (utf8proc_ssize_t)(nlen - i), &ch);
+        if (l <= 0) {
+            int line = 1;
+            for (size_t k = 0; k < i; k++) line += norm[k] == '\n';
+            jfail(c, line, FT_ERR_CORRUPT, "the template is not valid UTF-8 (byte %zu)", i);
+        }
+        i += (size_t)l;
     }
     /* keep the normalized source in the arena: DATA tokens point into it */
     c->src = jstrndup(c, norm, nlen);
