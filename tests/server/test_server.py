@@ -40,9 +40,9 @@ def check(cond, what):
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, model=None):
         self.log = tempfile.NamedTemporaryFile(prefix="ft_srv_", suffix=".log", delete=False)
-        self.p = subprocess.Popen([BIN, "server", "--model", MODEL, "--listen", "127.0.0.1:0", *args],
+        self.p = subprocess.Popen([BIN, "server", "--model", model or MODEL, "--listen", "127.0.0.1:0", *args],
                                   stdout=self.log, stderr=self.log)
         self.port = None
         deadline = time.time() + 60
@@ -425,6 +425,35 @@ def test_api_key():
     check(p.returncode != 0 and "--insecure" in p.stderr, f"non-loopback without a key refused: {p.stderr!r}")
 
 
+def test_model_template():
+    """A model directory whose tokenizer_config.json has a chat_template: the
+    server uses it without --chat-template (the same replies as with the file)."""
+    msgs = [{"role": "user", "content": "Who made heaven?"}]
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write(CHATML)
+    srv = Server("--chat-template", f.name)
+    try:
+        want = srv.post("/v1/chat/completions", dict(messages=msgs, max_tokens=12, temperature=0))[1]
+    finally:
+        srv.stop()
+        os.unlink(f.name)
+    with tempfile.TemporaryDirectory() as d:
+        for name in os.listdir(MODEL):
+            if name != "tokenizer_config.json":
+                os.symlink(os.path.join(os.path.abspath(MODEL), name), os.path.join(d, name))
+        cfg = json.load(open(os.path.join(MODEL, "tokenizer_config.json")))
+        cfg["chat_template"] = CHATML
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as out:
+            json.dump(cfg, out)
+        srv = Server(model=d)
+        try:
+            status, r = srv.post("/v1/chat/completions", dict(messages=msgs, max_tokens=12, temperature=0))
+            check(status == 200 and r["choices"][0]["message"]["content"] ==
+                  want["choices"][0]["message"]["content"], f"the model's own chat template: {status} {r}")
+        finally:
+            srv.stop()
+
+
 def test_prefix_store():
     """One slot: a prefix pushed out of it goes to the store and comes back."""
     history = " ".join(["And the LORD spake unto Moses, saying, Speak unto the children of Israel."] * 6)
@@ -509,7 +538,7 @@ def main():
         check(m["flextier_requests_finished_total{reason=\"error\"}"] == 0, "no request ended in an error")
     finally:
         srv.stop()
-    for t in (test_chat, test_prefix_store, test_queue_full, test_api_key, test_timeout):
+    for t in (test_chat, test_model_template, test_prefix_store, test_queue_full, test_api_key, test_timeout):
         t0 = time.time()
         t()
         print(f"{t.__name__}: {time.time() - t0:.1f} s", flush=True)
