@@ -68,6 +68,7 @@ struct srv_sched {
     srv_req *qhead, *qtail;
     unsigned qlen;
     unsigned inflight;     /* queued + in slots                         */
+    int stats_dirty;       /* steps ran since the last stats snapshot   */
     srv_metrics m;         /* under mu                                  */
     /* the prefix store (NULL: none) */
     ft_store *pstore;
@@ -563,7 +564,15 @@ static void *loop(void *arg)
             }
             q->m.active = (unsigned)active;
             if (active) break;
-            /* a queued request that was cancelled while waiting */
+            if (q->stats_dirty) {   /* idle: the metrics' snapshot up to date */
+                q->stats_dirty = 0;
+                pthread_mutex_unlock(&q->mu);
+                ft_session_stats ss;
+                ft_session_get_stats(q->s, &ss);
+                pthread_mutex_lock(&q->mu);
+                q->m.ss = ss;
+                continue;
+            }
             pthread_cond_wait(&q->cv, &q->mu);
         }
         /* requests waiting for a slot whose client left */
@@ -650,6 +659,7 @@ static void *loop(void *arg)
             q->tps_n0 = q->m.generated_tokens;
         }
         int snap = now - last_snap >= 0.5;
+        q->stats_dirty = !snap;
         pthread_mutex_unlock(&q->mu);
         if (snap) {
             ft_session_stats ss;

@@ -425,6 +425,43 @@ def test_api_key():
     check(p.returncode != 0 and "--insecure" in p.stderr, f"non-loopback without a key refused: {p.stderr!r}")
 
 
+def test_offloaded():
+    """Weights streamed from a disk tier (every offloading option of run
+    applies): greedy text as flextier run with the same policy, and each
+    step fetches each layer once, whatever the number of requests in it."""
+    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
+        srv = Server("--policy", "w=0,0,100", "--disk-dir", d1, "--slots", "4")
+        try:
+            out = subprocess.run([BIN, "run", "--model", MODEL, "--prompt", "And God said", "--max-new-tokens", "12",
+                                  "--temperature", "0", "--policy", "w=0,0,100", "--disk-dir", d2],
+                                 capture_output=True, text=True, check=True).stdout
+            want = out[len("And God said"):].rstrip("\n")
+            got = [None] * 4
+
+            def one(i):
+                got[i] = completion(srv, "And God said", 12)["choices"][0]["text"]
+
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            check(got == [want] * 4, f"offloaded server = offloaded run: {got} vs {want!r}")
+            deadline = time.time() + 10
+            m = srv.metrics()
+            while time.time() < deadline and m["flextier_active_requests"] > 0:
+                time.sleep(0.05)
+                m = srv.metrics()
+            time.sleep(0.2)
+            m = srv.metrics()
+            steps, fetched = m["flextier_steps_total"], m["flextier_weight_layers_fetched_total"]
+            check(steps >= 12 and 6 * steps <= fetched <= 6 * steps + 6,
+                  f"one fetch of each layer per step: {fetched} fetches for {steps} steps of 6 layers")
+            check(m['flextier_moved_bytes_total{what="weights",dir="read",tier="disk"}'] > 0, "bytes read from disk")
+        finally:
+            srv.stop()
+
+
 def test_model_template():
     """A model directory whose tokenizer_config.json has a chat_template: the
     server uses it without --chat-template (the same replies as with the file)."""
@@ -538,7 +575,7 @@ def main():
         check(m["flextier_requests_finished_total{reason=\"error\"}"] == 0, "no request ended in an error")
     finally:
         srv.stop()
-    for t in (test_chat, test_model_template, test_prefix_store, test_queue_full, test_api_key, test_timeout):
+    for t in (test_chat, test_offloaded, test_model_template, test_prefix_store, test_queue_full, test_api_key, test_timeout):
         t0 = time.time()
         t()
         print(f"{t.__name__}: {time.time() - t0:.1f} s", flush=True)
