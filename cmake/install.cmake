@@ -55,6 +55,12 @@ foreach(pair FT_LZ4=liblz4 FT_ZSTD=libzstd FT_DEFLATE=libdeflate FT_XXHASH=libxx
              FT_PCRE2=libpcre2-8 FT_UTF8PROC=libutf8proc)
   string(APPEND FT_PKG_DEPS "  ${pair}\n")
 endforeach()
+if(FT_HAVE_SERVER)
+  string(APPEND FT_PKG_DEPS "  FT_MHD=libmicrohttpd\n")
+  set(FT_PC_REQUIRES_SERVER " libmicrohttpd")
+else()
+  set(FT_PC_REQUIRES_SERVER "")
+endif()
 set(FT_WITH_SHARED ${FLEXTIER_BUILD_SHARED})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flextierConfig.cmake.in
   ${PROJECT_BINARY_DIR}/flextierConfig.cmake INSTALL_DESTINATION ${FT_CMAKE_DIR})

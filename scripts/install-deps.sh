@@ -8,6 +8,10 @@ PKGS=(
   liblz4-dev libzstd-dev libdeflate-dev libxxhash-dev zlib1g-dev zstd lz4
   libucx-dev ucx-utils libssl-dev
   libopenblas-dev libjson-c-dev libpcre2-dev libutf8proc-dev
+  # the HTTP server (flextier server) and the line editor of flextier chat
+  libmicrohttpd-dev libedit-dev
+  # what a static link of libmicrohttpd pulls in (pkg-config --static: gnutls -> libunistring)
+  libunistring-dev
   iproute2 python3 python3-venv python3-dev
   # the pipeline's MPI mode (mpirun -n S flextier run --pipeline mpi)
   libopenmpi-dev openmpi-bin

@@ -2,7 +2,7 @@
 # Build and test the Python binding: a venv under build-py/, `pip install
 # ./python` (scikit-build-core over the repo's CMake build), then pytest on
 # tests/python. Needs PyPI (scikit-build-core, numpy, ml_dtypes, pytest, tokenizers) and
-# the Debian build dependencies (scripts/install-deps.sh).
+# the Debian build dependencies (scripts/install-deps.sh). openai: the server test.
 #   PYTHON=python3.13 VENV=build-py/venv313 scripts/test-python.sh   # another interpreter
 #   scripts/test-python.sh -k codec -x            # extra args go to pytest
 set -euo pipefail
@@ -19,7 +19,7 @@ if [ ! -x "$venv/bin/python" ]; then
   }
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install "scikit-build-core>=0.10" numpy ml_dtypes pytest tokenizers
+"${pip[@]}" install "scikit-build-core>=0.10" numpy ml_dtypes pytest tokenizers openai
 # Build without isolation (the venv has the backend) so that the persistent
 # build tree python/build/ is reused: a rerun recompiles only what changed.
 CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "${pip[@]}" install --no-build-isolation ./python

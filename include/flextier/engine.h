@@ -419,6 +419,24 @@ FT_API uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
 FT_API void ft_ctx_reset(ft_ctx *c, int slot);
 /* Tokens already in a slot's cache. */
 FT_API int ft_ctx_seq_len(const ft_ctx *c, int slot);
+/* Keep the first len tokens of a slot's cache (0 <= len <= its length):
+ * the next forward appends at position len. FT_ERR_UNSUPPORTED when a
+ * sliding-window layer's ring has wrapped (its early rows are gone). */
+FT_API ft_status ft_ctx_truncate(ft_ctx *c, int slot, int len);
+/* Copy the first len tokens of slot src's cache into slot dst (whose
+ * length becomes len): a shared prefix computed once. FT_ERR_UNSUPPORTED
+ * for an external_kv context and for a wrapped sliding-window ring. */
+FT_API ft_status ft_ctx_copy_prefix(ft_ctx *c, int src, int dst, int len);
+/* A slot's KV rows as bytes, for keeping a prefix elsewhere (the server's
+ * prefix cache in a store): the buffer holds, for each layer, K then V,
+ * each rows_in_buf rows of kv_dim elements of the context's KV dtype
+ * (ft_ctx_kv_dtype); cap bytes >= 2 * n_layers * rows_in_buf * kv_dim *
+ * element size. import 0: rows [0, len) of the slot into the buffer
+ * (len <= its length); import 1: the buffer's first len rows into the slot,
+ * whose length becomes len. FT_ERR_UNSUPPORTED for an external_kv context
+ * or a sliding-window ring that cannot hold the positions. */
+FT_API ft_status ft_ctx_kv_rows(ft_ctx *c, int slot, int len, void *buf, size_t cap, int import, int rows_in_buf);
+FT_API ft_dtype ft_ctx_kv_dtype(const ft_ctx *c);
 /* The KV cache of (layer, slot): `len` rows of kv_dim floats each for K
  * and V (row stride kv_dim), kv_dim = n_kv_heads * head_dim.
  * FT_ERR_UNSUPPORTED for an external_kv context and for a layer that keeps

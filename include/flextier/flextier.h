@@ -26,5 +26,6 @@
 #include "flextier/offload.h"
 #include "flextier/cuda.h"
 #include "flextier/session.h"
+#include "flextier/server.h"
 
 #endif

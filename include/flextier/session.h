@@ -133,12 +133,42 @@ FT_API ft_status ft_session_generate(ft_session *s, size_t n, const int32_t *con
 /* Forget every sequence (slots empty). */
 FT_API void ft_session_reset(ft_session *s);
 
+/* Slots, for a caller that schedules many sequences itself (the server's
+ * continuous batching, include/flextier/server.h): ft_session_forward
+ * appends to each slot at its own position, so sequences at different
+ * lengths (prefill chunks and decode steps) share one call.
+ * reserve: build the context now for batch slots of seq positions and
+ * rows new tokens per forward call (0: batch + seq); calls that stay
+ * within it never rebuild it (a rebuild loses every slot's cache).
+ * capacity: the context's shape (zeros before the first call).
+ * slot_len: tokens cached in a slot. slot_reset: empty it.
+ * slot_truncate: keep its first len tokens (the next call appends at
+ * len). slot_copy: the first len tokens of src's cache into dst (a
+ * shared prefix computed once; dst's length becomes len).
+ * FT_ERR_UNSUPPORTED: truncate or copy where the cache cannot do it (a
+ * wrapped sliding-window ring; copy with an offloaded KV cache or on the
+ * GPU), FT_ERR_INVALID_ARG for a slot or length out of range. */
+FT_API ft_status ft_session_reserve(ft_session *s, size_t batch, size_t seq, size_t rows);
+FT_API void ft_session_capacity(const ft_session *s, int *batch, int *seq, int *rows);
+FT_API int ft_session_slot_len(const ft_session *s, int slot);
+FT_API void ft_session_slot_reset(ft_session *s, int slot);
+FT_API ft_status ft_session_slot_truncate(ft_session *s, int slot, int len);
+FT_API ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len);
+/* A slot's first len KV rows out (export) or in (import), as
+ * ft_ctx_kv_rows: *dtype / *row_bytes describe the rows (row_bytes: one
+ * position of one layer's K, or V). FT_ERR_UNSUPPORTED with an offloaded
+ * KV cache or on the GPU. */
+FT_API ft_status ft_session_slot_kv_layout(const ft_session *s, ft_dtype *dtype, size_t *row_bytes);
+FT_API ft_status ft_session_slot_kv_rows(ft_session *s, int slot, int len, void *buf, size_t cap, int import,
+                                         int rows_in_buf);
+
 /* Text level. Each prompt is encoded with the tokenizer (its special
  * tokens added, as Hugging Face's add_special_tokens=True), generated as
  * one batch, and decoded as it goes (complete UTF-8 characters only).
  * on_text (may be NULL) receives each sequence's new text; returning
  * nonzero stops that sequence. stop (NULL/"": none): a string that ends a
- * sequence, cut from its text. out_text (may be NULL): per prompt, the
+ * sequence, cut from its text (stops / n_stops: more of them). out_text
+ * (may be NULL): per prompt, the
  * generated text (malloc'd, NUL-terminated; free each with free()).
  * gen.on_token is called too when set. */
 typedef int (*ft_text_cb)(void *user, size_t seq, const char *text, size_t len);
@@ -148,6 +178,14 @@ typedef struct ft_text_params {
     const char *stop;
     ft_text_cb on_text;
     void *user;
+    /* More stop strings (n_stops of them; "" entries ignored): the text is
+     * cut at the first place any of them (or `stop`) matches. */
+    const char *const *stops;
+    size_t n_stops;
+    /* 1: encode the prompts without the tokenizer's special tokens (a
+     * rendered chat template already holds them, as transformers'
+     * apply_chat_template tokenizes) */
+    int no_special;
 } ft_text_params;
 
 FT_API ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *prompts, const ft_text_params *p,

@@ -31,7 +31,7 @@ import os
 import signal
 import tempfile
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -778,32 +778,44 @@ class Session:
 
     def generate(self, prompts: Any, max_new_tokens: int = 64, *, temperature: float = -1.0,
                  top_k: int = -1, top_p: float = -1.0, repetition_penalty: float = -1.0,
-                 seed: Optional[int] = None, stop: Optional[str] = None, ignore_eos: bool = False,
-                 on_text: Optional[Callable[[int, str], Any]] = None) -> Any:
+                 seed: Optional[int] = None, stop: Union[None, str, List[str]] = None,
+                 ignore_eos: bool = False, on_text: Optional[Callable[[int, str], Any]] = None,
+                 cancel: Any = None, add_special: bool = True) -> Any:
         """Generate from one prompt (returns its text) or a list of prompts
         (one batch; returns a list of texts). Sampling values left negative
         come from the model's generation_config.json (greedy when it does
-        not sample); ``temperature=0`` is greedy. ``on_text(seq, text)`` is
-        called with each piece of new text as it is decoded; returning a
-        true value stops that sequence. ``self.stats`` holds the prefill
-        and decode token counts and times of the call."""
+        not sample); ``temperature=0`` is greedy. ``stop``: a string or a
+        list of strings; the text ends before the first one that appears.
+        ``on_text(seq, text)`` is called with each piece of new text as it
+        is decoded; returning a true value stops that sequence. ``cancel``:
+        an object with ``is_set()`` (a :class:`threading.Event`), checked
+        at every token; once set, every sequence stops. Ctrl-C stops the
+        generation at the next token (KeyboardInterrupt) and leaves the
+        session usable. ``add_special=False`` encodes the prompts without
+        the tokenizer's special tokens (a rendered chat template holds
+        them). ``self.stats`` holds the prefill and decode token counts and
+        times of the call."""
         single = isinstance(prompts, str)
         texts, self.stats = self._s.generate([prompts] if single else list(prompts), max_new_tokens,
                                              temperature, top_k, top_p, repetition_penalty, seed, stop,
-                                             ignore_eos, on_text)
+                                             ignore_eos, on_text, cancel, not add_special)
         return texts[0] if single else texts
 
-    def stream(self, prompt: str, max_new_tokens: int = 64, **kw: Any):
+    def stream(self, prompt: str, max_new_tokens: int = 64, **kw: Any) -> Iterator[str]:
         """Iterate over the text of one prompt's generation as it is
-        produced (the same keywords as :meth:`generate`)."""
+        produced (the same keywords as :meth:`generate`). Generation stops
+        at the next token when the caller stops iterating (``break``, the
+        iterator closed or collected) or presses Ctrl-C; the session is
+        free again when that returns."""
         import queue
         q: "queue.Queue[Any]" = queue.Queue()
         done = object()
         box: Dict[str, Any] = {}
+        stop = threading.Event()
 
         def run() -> None:
             try:
-                self.generate(prompt, max_new_tokens, on_text=lambda _s, t: q.put(t), **kw)
+                self.generate(prompt, max_new_tokens, on_text=lambda _s, t: q.put(t), cancel=stop, **kw)
             except BaseException as e:  # re-raised in the consumer
                 box["error"] = e
             finally:
@@ -811,14 +823,52 @@ class Session:
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
-        while True:
-            item = q.get()
-            if item is done:
-                break
-            yield item
-        t.join()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                yield item
+        finally:
+            # the consumer stopped early (break, close, Ctrl-C) or finished:
+            # stop the generation and wait for it, so the session is free
+            stop.set()
+            t.join()
         if "error" in box:
             raise box["error"]
+
+    def apply_chat_template(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True, *,
+                            chat_template: Optional[str] = None, **variables: Any) -> str:
+        """The conversation rendered with the model's chat template (as
+        transformers' ``apply_chat_template(tokenize=False)``), or with
+        ``chat_template`` (Jinja source). ``variables`` (``tools=...``,
+        ``enable_thinking=...``) are passed to the template. Raises
+        NotFoundError when the model has no template and none is given."""
+        import json
+        extra = json.dumps(variables) if variables else None
+        return self._s.apply_chat_template(json.dumps(messages), add_generation_prompt, extra, chat_template)
+
+    def chat(self, messages: List[Dict[str, Any]], max_new_tokens: int = 256, *, stream: bool = False,
+             chat_template: Optional[str] = None, tools: Optional[List[Any]] = None, **kw: Any) -> Any:
+        """The assistant's reply to ``messages`` (OpenAI-style dicts with
+        ``role`` and ``content``), rendered with the model's chat template
+        (or ``chat_template``) and generated with the keywords of
+        :meth:`generate` (``stop`` may be a list). ``stream=True`` returns
+        an iterator over the reply's text (see :meth:`stream`)."""
+        variables = {"tools": tools} if tools is not None else {}
+        prompt = self.apply_chat_template(messages, True, chat_template=chat_template, **variables)
+        if stream:
+            return self.stream(prompt, max_new_tokens, add_special=False, **kw)
+        return self.generate(prompt, max_new_tokens, add_special=False, **kw)
+
+    def tokenize(self, text: str, add_special: bool = True) -> List[int]:
+        """The model tokenizer's ids for ``text`` (``add_special``: its
+        special tokens, as Hugging Face's ``add_special_tokens``)."""
+        return self._s.tokenize(text, add_special)
+
+    def detokenize(self, ids: List[int], skip_special: bool = True) -> str:
+        """Text of token ids (Hugging Face's ``decode``)."""
+        return self._s.detokenize(list(ids), skip_special)
 
     def generate_ids(self, prompts: List[List[int]], max_new_tokens: int = 64, *,
                      temperature: float = -1.0, top_k: int = -1, top_p: float = -1.0,

@@ -30,6 +30,7 @@
 #include "flextier/core.h"
 #include "flextier/store.h"
 #include "flextier/session.h"
+#include "flextier/chat.h"
 
 /* Callable(status:int, detail:str) -> exception instance, registered by
  * flextier/__init__.py so that the class hierarchy is defined in Python. */
@@ -1188,6 +1189,9 @@ typedef struct {
     PyObject_HEAD
     ft_session *s;
     int busy;
+    ft_chat_template *tmpl;   /* the model's chat template (NULL: none or broken) */
+    ft_status tmpl_status;
+    char tmpl_error[512];
 } SessionObject;
 
 static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
@@ -1255,11 +1259,19 @@ static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     if (st) { raise_last(st); return -1; }
     so->s = s;
+    /* the chat template: its absence or a parse error is reported by chat() */
+    Py_BEGIN_ALLOW_THREADS
+    so->tmpl_status = ft_chat_template_load_dir(dir, &so->tmpl);
+    if (so->tmpl_status) snprintf(so->tmpl_error, sizeof so->tmpl_error, "%s", ft_last_error());
+    ft_clear_error();
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
 static void session_dealloc(SessionObject *so)
 {
+    ft_chat_template_free(so->tmpl);
+    so->tmpl = NULL;
     if (so->s) {
         ft_session *s = so->s;
         so->s = NULL;
@@ -1292,9 +1304,36 @@ static PyObject *session_close(SessionObject *so, PyObject *unused)
 
 typedef struct {
     PyObject *cb;        /* callable(seq, text) -> bool (stop) or None */
-    int failed;          /* the callback raised: its exception is kept */
+    int failed;          /* the callback raised, or Ctrl-C: the exception is kept */
     PyObject *exc_type, *exc_val, *exc_tb;
+    PyObject *cancel;    /* an object whose is_set() true stops every sequence, or None */
 } text_cb_state;
+
+/* Every new token: a pending signal (Ctrl-C in the main thread raises
+ * KeyboardInterrupt there) or a set cancel event stops every sequence at
+ * once, so the session is free again for the next call. */
+static int session_token_cb(void *user, size_t seq, int32_t token)
+{
+    text_cb_state *t = user;
+    (void)seq; (void)token;
+    if (t->failed) return 1;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (PyErr_CheckSignals() < 0) {
+        t->failed = 1;
+        PyErr_Fetch(&t->exc_type, &t->exc_val, &t->exc_tb);
+    } else if (t->cancel && t->cancel != Py_None) {
+        PyObject *r = PyObject_CallMethod(t->cancel, "is_set", NULL);
+        if (!r) {
+            t->failed = 1;
+            PyErr_Fetch(&t->exc_type, &t->exc_val, &t->exc_tb);
+        } else {
+            if (PyObject_IsTrue(r) > 0) t->failed = 2;   /* stopped on request: no exception */
+            Py_DECREF(r);
+        }
+    }
+    PyGILState_Release(g);
+    return t->failed != 0;
+}
 
 static int session_text_cb(void *user, size_t seq, const char *text, size_t len)
 {
@@ -1360,29 +1399,61 @@ static PyObject *stats_dict(const ft_gen_stats *gs)
 static PyObject *session_generate(SessionObject *so, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"prompts", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
-                             "seed", "stop", "ignore_eos", "on_text", NULL};
-    PyObject *prompts, *on_text = Py_None, *seed = Py_None;
-    const char *stop = NULL;
+                             "seed", "stop", "ignore_eos", "on_text", "cancel", "no_special", NULL};
+    PyObject *prompts, *on_text = Py_None, *seed = Py_None, *stop = Py_None, *cancel = Py_None;
+    int no_special = 0;
     gen_kw k = {64, -1, -1, -1, -1, 0, 0, 0, NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ndlddOzpO:generate", kwlist, &prompts, &k.max_new,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ndlddOOpOOp:generate", kwlist, &prompts, &k.max_new,
                                      &k.temperature, &k.top_k, &k.top_p, &k.rep, &seed, &stop, &k.ignore_eos,
-                                     &on_text))
+                                     &on_text, &cancel, &no_special))
         return NULL;
     if (!session_usable(so)) return NULL;
+    /* stop: None, a str, or a list of str */
+    const char *stops[64];
+    size_t n_stops = 0;
+    PyObject *stop_seq = NULL;
+    if (PyUnicode_Check(stop)) {
+        if (!(stops[0] = PyUnicode_AsUTF8(stop))) return NULL;
+        n_stops = 1;
+    } else if (stop != Py_None) {
+        if (!(stop_seq = PySequence_Fast(stop, "stop must be a str or a list of str"))) return NULL;
+        Py_ssize_t ns = PySequence_Fast_GET_SIZE(stop_seq);
+        if (ns > 64) {
+            Py_DECREF(stop_seq);
+            return raise_fmt(FT_ERR_INVALID_ARG, "stop: at most 64 strings, not %zd", ns);
+        }
+        for (Py_ssize_t i = 0; i < ns; i++) {
+            PyObject *o = PySequence_Fast_GET_ITEM(stop_seq, i);
+            if (!PyUnicode_Check(o)) {
+                Py_DECREF(stop_seq);
+                PyErr_SetString(PyExc_TypeError, "stop must be a str or a list of str");
+                return NULL;
+            }
+            if (!(stops[n_stops++] = PyUnicode_AsUTF8(o))) {
+                Py_DECREF(stop_seq);
+                return NULL;
+            }
+        }
+    }
     if (seed != Py_None) {
         k.seed = PyLong_AsUnsignedLongLongMask(seed);
         if (PyErr_Occurred()) return NULL;
         k.have_seed = 1;
     }
     if (on_text != Py_None && !PyCallable_Check(on_text)) {
+        Py_XDECREF(stop_seq);
         PyErr_SetString(PyExc_TypeError, "on_text must be callable");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(prompts, "prompts must be a list of str");
-    if (!seq) return NULL;
+    if (!seq) {
+        Py_XDECREF(stop_seq);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n < 1 || n > 65536) {
         Py_DECREF(seq);
+        Py_XDECREF(stop_seq);
         return raise_fmt(FT_ERR_INVALID_ARG, "generate: 1..65536 prompts, not %zd", n);
     }
     const char **cp = calloc((size_t)n, sizeof *cp);
@@ -1397,12 +1468,14 @@ static PyObject *session_generate(SessionObject *so, PyObject *args, PyObject *k
     ft_text_params tp;
     memset(&tp, 0, sizeof tp);
     if (gen_params(so, &k, &tp.gen)) goto done;
-    tp.stop = stop;
-    text_cb_state cbs = {on_text, 0, NULL, NULL, NULL};
-    if (on_text != Py_None) {
-        tp.on_text = session_text_cb;
-        tp.user = &cbs;
-    }
+    tp.stops = stops;
+    tp.n_stops = n_stops;
+    tp.no_special = no_special;
+    text_cb_state cbs = {on_text, 0, NULL, NULL, NULL, cancel};
+    if (on_text != Py_None) tp.on_text = session_text_cb;
+    tp.user = &cbs;
+    tp.gen.on_token = session_token_cb;
+    tp.gen.user = &cbs;
     ft_gen_stats gs;
     ft_status st;
     so->busy = 1;
@@ -1411,7 +1484,7 @@ static PyObject *session_generate(SessionObject *so, PyObject *args, PyObject *k
     st = ft_session_generate_text(so->s, (size_t)n, cp, &tp, out, &gs);
     Py_END_ALLOW_THREADS
     so->busy = 0;
-    if (cbs.failed) {
+    if (cbs.failed == 1) {
         PyErr_Restore(cbs.exc_type, cbs.exc_val, cbs.exc_tb);
         goto done;
     }
@@ -1431,6 +1504,7 @@ done:
     free(out);
     free(cp);
     Py_DECREF(seq);
+    Py_XDECREF(stop_seq);
     return res;
 }
 
@@ -1508,6 +1582,116 @@ done:
     return res;
 }
 
+/* tokenize(text, add_special=True) -> list[int]: the model's tokenizer
+ * (add_special: its special tokens, as Hugging Face's add_special_tokens). */
+static PyObject *session_tokenize(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"text", "add_special", NULL};
+    const char *text;
+    Py_ssize_t len;
+    int add = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s#|p:tokenize", kwlist, &text, &len, &add)) return NULL;
+    if (!so->s) return raise_fmt(FT_ERR_INVALID_ARG, "the session is closed");
+    const ft_tokenizer *t = ft_session_tokenizer(so->s);
+    if (!t) return raise_fmt(FT_ERR_NOT_FOUND, "the model has no tokenizer");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_tokenizer_encode(t, text, (size_t)len, add, &ids, &n);
+    Py_END_ALLOW_THREADS
+    if (st) return raise_last(st);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *v = PyLong_FromLong(ids[i]);
+        if (!v) { Py_CLEAR(l); break; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+    }
+    free(ids);
+    return l;
+}
+
+/* detokenize(ids, skip_special=True) -> str (Hugging Face's decode). */
+static PyObject *session_detokenize(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ids", "skip_special", NULL};
+    PyObject *ids;
+    int skip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:detokenize", kwlist, &ids, &skip)) return NULL;
+    if (!so->s) return raise_fmt(FT_ERR_INVALID_ARG, "the session is closed");
+    const ft_tokenizer *t = ft_session_tokenizer(so->s);
+    if (!t) return raise_fmt(FT_ERR_NOT_FOUND, "the model has no tokenizer");
+    PyObject *seq = PySequence_Fast(ids, "ids must be a list of int");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int32_t *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (!v) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long x = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (x == -1 && PyErr_Occurred()) { free(v); Py_DECREF(seq); return NULL; }
+        if (x < 0 || x > INT32_MAX) { free(v); Py_DECREF(seq); return raise_fmt(FT_ERR_INVALID_ARG, "token id %ld", x); }
+        v[i] = (int32_t)x;
+    }
+    Py_DECREF(seq);
+    char *text = NULL;
+    size_t len = 0;
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_tokenizer_decode(t, v, (size_t)n, skip, &text, &len);
+    Py_END_ALLOW_THREADS
+    free(v);
+    if (st) return raise_last(st);
+    PyObject *r = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    free(text);
+    return r;
+}
+
+/* apply_chat_template(messages_json, add_generation_prompt=True,
+ * extra_json=None, template=None) -> str: the conversation rendered with
+ * the model's chat template, or with `template` (Jinja source; the
+ * model's BOS/EOS tokens bound). */
+static PyObject *session_apply_chat_template(SessionObject *so, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"messages_json", "add_generation_prompt", "extra_json", "template", NULL};
+    const char *msgs, *extra = NULL, *src = NULL;
+    int addgen = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|pzz:apply_chat_template", kwlist, &msgs, &addgen, &extra, &src))
+        return NULL;
+    if (!so->s) return raise_fmt(FT_ERR_INVALID_ARG, "the session is closed");
+    ft_chat_template *own = NULL;
+    const ft_chat_template *t = so->tmpl;
+    ft_status st = FT_OK;
+    char *text = NULL;
+    if (src) {
+        const ft_model_config *cfg = ft_session_config(so->s);
+        const ft_tokenizer *tok = ft_session_tokenizer(so->s);
+        const char *bos = tok && cfg->bos_id >= 0 ? ft_tokenizer_token_str(tok, cfg->bos_id) : NULL;
+        const char *eos = tok && cfg->n_eos ? ft_tokenizer_token_str(tok, cfg->eos_ids[0]) : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        ft_clear_error();
+        st = ft_chat_template_load_string(src, bos, eos, &own);
+        Py_END_ALLOW_THREADS
+        if (st) return raise_last(st);
+        t = own;
+    } else if (!t) {
+        if (so->tmpl_status == FT_ERR_NOT_FOUND)
+            return raise_fmt(FT_ERR_NOT_FOUND, "the model has no chat template (tokenizer_config.json chat_template "
+                             "or chat_template.jinja): pass chat_template=JINJA_SOURCE");
+        return raise_fmt(so->tmpl_status, "the model's chat template: %s", so->tmpl_error);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_chat_template_apply(t, msgs, addgen, extra, &text);
+    Py_END_ALLOW_THREADS
+    ft_chat_template_free(own);
+    if (st) return raise_last(st);
+    PyObject *r = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text);
+    return r;
+}
+
 /* info() -> dict: the model, the formats and the policy in force. */
 static PyObject *session_info(SessionObject *so, PyObject *unused)
 {
@@ -1529,6 +1713,10 @@ static PyObject *session_info(SessionObject *so, PyObject *unused)
 static PyMethodDef session_methods[] = {
     {"generate", (PyCFunction)(void (*)(void))session_generate, METH_VARARGS | METH_KEYWORDS, NULL},
     {"generate_ids", (PyCFunction)(void (*)(void))session_generate_ids, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"apply_chat_template", (PyCFunction)(void (*)(void))session_apply_chat_template, METH_VARARGS | METH_KEYWORDS,
+     NULL},
+    {"tokenize", (PyCFunction)(void (*)(void))session_tokenize, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"detokenize", (PyCFunction)(void (*)(void))session_detokenize, METH_VARARGS | METH_KEYWORDS, NULL},
     {"info", (PyCFunction)session_info, METH_NOARGS, NULL},
     {"close", (PyCFunction)session_close, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -96,6 +96,29 @@ peers_build_llamacpp() {
     done
 }
 
+# llama-server (the serving peer, scripts/bench/serving.sh) in the same
+# build tree: configured once more with LLAMA_BUILD_SERVER=ON (the other
+# tools' flags are unchanged, so they are not rebuilt); its own stamp.
+peers_build_llama_server() {
+    peers_build_llamacpp
+    local d; d=$(peers_llama_dir)
+    local stamp="$d/build/.flextier-server-built"
+    if [ ! -f "$stamp" ]; then
+        (
+            flock 9
+            [ -f "$stamp" ] && exit 0
+            peers_log "building llama-server in $d/build (-j$PEERS_JOBS; once)"
+            cmake -S "$d/src" -B "$d/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+                -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON >"$d/cmake-server.log" 2>&1 \
+                || peers_die "cmake configure of llama.cpp with the server failed; see $d/cmake-server.log"
+            cmake --build "$d/build" -j "$PEERS_JOBS" --target llama-server >"$d/build-server.log" 2>&1 \
+                || peers_die "building llama-server failed; see $d/build-server.log"
+            touch "$stamp"
+        ) 9>"$d/.build.lock"
+    fi
+    [ -x "$d/build/bin/llama-server" ] || peers_die "$d/build/bin/llama-server is missing though $stamp exists"
+}
+
 # The Python venv for convert_hf_to_gguf.py (the exact versions its
 # requirements files pin; gguf from the vendored gguf-py) and for
 # transformers + accelerate. torch: from PyTorch's CPU index when it is

@@ -75,6 +75,9 @@ int ft_cmd_rm(int argc, char **argv);
 int ft_cmd_stat(int argc, char **argv);
 /* src/cli/cmd_agent.c */
 int ft_cmd_agent(int argc, char **argv);
+/* src/cli/cmd_server.c, cmd_chat.c */
+int ft_cmd_server(int argc, char **argv);
+int ft_cmd_chat(int argc, char **argv);
 /* src/cli/cmd_worker.c */
 int ft_cmd_worker(int argc, char **argv);
 /* src/cli/cmd_store.c: flextier bench transfer URI ... (argv[0] = "transfer") */

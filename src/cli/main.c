@@ -18,6 +18,8 @@ static const command commands[] = {
     {"bench", ft_cmd_bench, "benchmarks (codec) side by side with reference tools"},
     {"serve", ft_cmd_serve, "run a memory node (tensor store over UCX)"},
     {"agent", ft_cmd_agent, "run a codec agent (encodes/decodes for local clients, agent://)"},
+    {"chat", ft_cmd_chat, "an interactive chat with a model (its chat template, the KV cache kept across turns)"},
+    {"server", ft_cmd_server, "an OpenAI-compatible HTTP server with continuous batching"},
     {"worker", ft_cmd_worker, "run pipeline stages for a driver on another machine (run --pipeline)"},
     {"put", ft_cmd_put, "store a tensor under a key (mem:, file:DIR, ucx://HOST:PORT)"},
     {"get", ft_cmd_get, "read a tensor back"},

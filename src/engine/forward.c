@@ -327,6 +327,79 @@ static void *kv_ptr(const ft_ctx *c, int layer, int which, int slot)
 /* A layer whose cache here is a ring of its window's rows. */
 static int is_ring(const ft_ctx *c, int layer) { return c->kv_rows[layer] < c->p.max_seq; }
 
+/* A ring layer still holds positions [0, len) when it never wrapped. */
+static int rings_hold(const ft_ctx *c, int len)
+{
+    for (int l = 0; l < c->m->cfg.n_layers; l++)
+        if (is_ring(c, l) && len > c->kv_rows[l]) return 0;
+    return 1;
+}
+
+ft_status ft_ctx_truncate(ft_ctx *c, int slot, int len)
+{
+    if (!c || slot < 0 || slot >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: slot %d out of range", slot);
+    if (len < 0 || len > c->seq_len[slot])
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: truncate slot %d of %d tokens to %d", slot,
+                            c->seq_len[slot], len);
+    if (len < c->seq_len[slot] && len > 0 && !c->p.external_kv && !rings_hold(c, c->seq_len[slot]))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: slot %d's sliding-window ring has wrapped: its first "
+                            "%d positions are gone", slot, len);
+    c->seq_len[slot] = len;
+    return FT_OK;
+}
+
+ft_status ft_ctx_kv_rows(ft_ctx *c, int slot, int len, void *buf, size_t cap, int import, int rows_in_buf)
+{
+    if (!c || slot < 0 || slot >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: slot %d out of range", slot);
+    if (c->p.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded)");
+    if (rows_in_buf < len || len < 0 || len > c->p.max_seq || (!import && len > c->seq_len[slot]))
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: %d KV rows of slot %d (it holds %d; the buffer %d)", len, slot,
+                            c->seq_len[slot], rows_in_buf);
+    if (!rings_hold(c, import ? len : c->seq_len[slot]))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: slot %d's sliding-window ring cannot hold positions "
+                            "0..%d", slot, len);
+    size_t row = (size_t)c->kvdim * c->kv_esize, L = (size_t)c->m->cfg.n_layers;
+    if (cap < 2 * L * (size_t)rows_in_buf * row)
+        return ft_set_error(FT_ERR_BUFFER_SMALL, "ctx: %zu bytes for %d KV rows of %zu layers", cap, rows_in_buf,
+                            (size_t)L);
+    uint8_t *b = buf;
+    for (size_t l = 0; l < L; l++)
+        for (int w = 0; w < 2; w++) {
+            uint8_t *p = b + ((l * 2 + (size_t)w) * (size_t)rows_in_buf) * row;
+            if (import) memcpy(kv_ptr(c, (int)l, w, slot), p, (size_t)len * row);
+            else memcpy(p, kv_ptr(c, (int)l, w, slot), (size_t)len * row);
+        }
+    if (import) c->seq_len[slot] = len;
+    return FT_OK;
+}
+
+ft_dtype ft_ctx_kv_dtype(const ft_ctx *c) { return c->p.kv_dtype; }
+
+ft_status ft_ctx_copy_prefix(ft_ctx *c, int src, int dst, int len)
+{
+    if (!c || src < 0 || src >= c->p.max_batch || dst < 0 || dst >= c->p.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: slot %d / %d out of range", src, dst);
+    if (len < 0 || len > c->seq_len[src])
+        return ft_set_error(FT_ERR_INVALID_ARG, "ctx: copy %d tokens of slot %d, which holds %d", len, src,
+                            c->seq_len[src]);
+    if (c->p.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: the KV cache is external (offloaded): copying a slot "
+                            "is the offloader's");
+    if (!rings_hold(c, c->seq_len[src]))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "ctx: slot %d's sliding-window ring has wrapped: its first "
+                            "%d positions are gone", src, len);
+    if (src == dst) return ft_ctx_truncate(c, dst, len);
+    size_t row = (size_t)c->kvdim * c->kv_esize;
+    for (int l = 0; l < c->m->cfg.n_layers; l++)
+        for (int w = 0; w < 2; w++)
+            memcpy(kv_ptr(c, l, w, dst), kv_ptr(c, l, w, src), (size_t)len * row);
+    c->seq_len[dst] = len;
+    return FT_OK;
+}
+
 ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *len, int *kv_dim)
 {
     if (!c || layer < 0 || layer >= c->m->cfg.n_layers || slot < 0 || slot >= c->p.max_batch)

@@ -479,6 +479,85 @@ void ft_session_reset(ft_session *s)
     }
 }
 
+ft_status ft_session_reserve(ft_session *s, size_t batch, size_t seq, size_t rows)
+{
+    if (!s || !batch || !seq) return ft_set_error(FT_ERR_INVALID_ARG, "reserve: NULL session or an empty shape");
+    if (s->pipe) return ft_set_error(FT_ERR_UNSUPPORTED, "reserve: a pipeline's stages were sized when the ring was built");
+    return ensure_ctx(s, batch, seq, rows ? rows : batch + seq, 0);
+}
+
+void ft_session_capacity(const ft_session *s, int *batch, int *seq, int *rows)
+{
+    if (batch) *batch = s && (s->c || s->g) ? s->cp.max_batch : 0;
+    if (seq) *seq = s && (s->c || s->g) ? s->cp.max_seq : 0;
+    if (rows) *rows = s && (s->c || s->g) ? s->cp.max_rows : 0;
+}
+
+int ft_session_slot_len(const ft_session *s, int slot)
+{
+    if (!s) return 0;
+    return s->g ? ft_cuda_ctx_seq_len(s->g, slot) : s->c ? ft_ctx_seq_len(s->c, slot) : 0;
+}
+
+void ft_session_slot_reset(ft_session *s, int slot)
+{
+    if (!s) return;
+    if (s->c) ft_ctx_reset(s->c, slot);
+    if (s->g) ft_cuda_ctx_reset(s->g, slot);
+}
+
+static ft_status check_slot(const ft_session *s, int slot)
+{
+    if (!s) return ft_set_error(FT_ERR_INVALID_ARG, "slot: NULL session");
+    if (!s->c && !s->g) return ft_set_error(FT_ERR_INVALID_ARG, "slot %d: no context yet (ft_session_reserve)", slot);
+    if (slot < 0 || slot >= s->cp.max_batch)
+        return ft_set_error(FT_ERR_INVALID_ARG, "slot %d out of range (%d slots)", slot, s->cp.max_batch);
+    return FT_OK;
+}
+
+ft_status ft_session_slot_truncate(ft_session *s, int slot, int len)
+{
+    ft_status st = check_slot(s, slot);
+    if (st) return st;
+    if (s->g) {
+        int have = ft_cuda_ctx_seq_len(s->g, slot);
+        if (len == 0) { ft_cuda_ctx_reset(s->g, slot); return FT_OK; }
+        if (len == have) return FT_OK;
+        return ft_set_error(FT_ERR_UNSUPPORTED, "slot %d: truncating a GPU context's cache is not implemented", slot);
+    }
+    return ft_ctx_truncate(s->c, slot, len);
+}
+
+ft_status ft_session_slot_copy(ft_session *s, int src, int dst, int len)
+{
+    ft_status st = check_slot(s, src);
+    if (!st) st = check_slot(s, dst);
+    if (st) return st;
+    if (s->g) return ft_set_error(FT_ERR_UNSUPPORTED, "slot copy: not implemented for a GPU context");
+    return ft_ctx_copy_prefix(s->c, src, dst, len);
+}
+
+ft_status ft_session_slot_kv_layout(const ft_session *s, ft_dtype *dtype, size_t *row_bytes)
+{
+    if (!s || (!s->c && !s->g)) return ft_set_error(FT_ERR_INVALID_ARG, "slot KV: no context yet");
+    if (s->g || s->cp.external_kv)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "slot KV rows: only an in-memory CPU cache gives them");
+    const ft_model_config *cfg = ft_model_get_config(s->m);
+    ft_dtype dt = ft_ctx_kv_dtype(s->c);
+    if (dtype) *dtype = dt;
+    if (row_bytes) *row_bytes = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * (ft_dtype_bits(dt) / 8);
+    return FT_OK;
+}
+
+ft_status ft_session_slot_kv_rows(ft_session *s, int slot, int len, void *buf, size_t cap, int import,
+                                  int rows_in_buf)
+{
+    ft_status st = check_slot(s, slot);
+    if (st) return st;
+    if (s->g) return ft_set_error(FT_ERR_UNSUPPORTED, "slot KV rows: not implemented for a GPU context");
+    return ft_ctx_kv_rows(s->c, slot, len, buf, cap, import, rows_in_buf);
+}
+
 static void mark(ft_session *s)
 {
     if (s->marked) return;
@@ -561,22 +640,32 @@ static int text_append(text_run *r, size_t j, const char *b, size_t n)
     return 0;
 }
 
-/* Cut at the stop string and hand on what is settled (text that could
- * still be the start of the stop string is held back). 1: stop. */
+/* The i-th stop string of the call (0: `stop`, then `stops`), NULL/"": none. */
+static const char *stop_str(const ft_text_params *tp, size_t i)
+{
+    return i == 0 ? tp->stop : tp->stops ? tp->stops[i - 1] : NULL;
+}
+
+/* Cut at the first stop string and hand on what is settled (text that
+ * could still be the start of a stop string is held back). 1: stop. */
 static int text_settle(text_run *r, size_t j, int final)
 {
-    const char *stop = r->tp->stop;
+    const ft_text_params *tp = r->tp;
     int stopped = 0;
+    size_t hold = 0;
     if (!r->text[j]) return 0;
-    if (stop && *stop) {
+    for (size_t i = 0; i <= tp->n_stops; i++) {
+        const char *stop = stop_str(tp, i);
+        if (!stop || !*stop) continue;
         char *p = strstr(r->text[j], stop);
-        if (p) {
+        if (p && (size_t)(p - r->text[j]) < r->len[j]) {
             r->len[j] = (size_t)(p - r->text[j]);
             *p = 0;
             stopped = 1;
         }
+        if (strlen(stop) - 1 > hold) hold = strlen(stop) - 1;
     }
-    size_t hold = (!stopped && !final && stop && *stop) ? strlen(stop) - 1 : 0;
+    if (stopped || final) hold = 0;
     size_t upto = r->len[j] > hold ? r->len[j] - hold : 0;
     if (upto > r->shown[j]) {
         size_t from = r->shown[j];
@@ -617,7 +706,8 @@ ft_status ft_session_generate_text(ft_session *s, size_t n, const char *const *p
     }
     for (size_t j = 0; j < n && st == FT_OK; j++) {
         if (!prompts[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu is NULL", j); break; }
-        if ((st = ft_tokenizer_encode(s->tok, prompts[j], strlen(prompts[j]), 1, &ids[j], &plen[j]))) break;
+        if ((st = ft_tokenizer_encode(s->tok, prompts[j], strlen(prompts[j]), !tp->no_special, &ids[j], &plen[j])))
+            break;
         if (!plen[j]) { st = ft_set_error(FT_ERR_INVALID_ARG, "generate: prompt %zu encodes to no tokens", j + 1); break; }
         for (size_t k = 0; k < plen[j]; k++)
             if (ids[j][k] < 0 || ids[j][k] >= cfg->vocab) {
