@@ -751,6 +751,10 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                             ft_offload **out)
 {
     if (!m || !model_dir || !p || !out) return FT_ERR_INVALID_ARG;
+    if (ft_model_get_config(m)->n_experts)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "offload: %s is a mixture-of-experts model; streaming its layers "
+                            "(experts as the unit of placement) is not implemented yet: run it in memory",
+                            ft_model_get_config(m)->model_type);
     ft_status st = ft_policy_validate(&p->policy);
     if (st) return st;
     if (p->policy.a_pct[FT_TIER_DEVICE] != 100.0f)
