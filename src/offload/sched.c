@@ -26,7 +26,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_SLOTS FT_LAYER_SLOTS
+/* Slots per layer: the fixed ones and, for a mixture of experts, 3 per
+ * expert (o->ns of them; a dense layer of an MoE model lacks the expert
+ * slots: o->lpres says which (layer, slot) exist). */
 #define MAX_PIECES FT_MAX_REMOTES
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
@@ -57,6 +59,15 @@ typedef struct {
     int np;                           /* remote tier: pieces its frame is striped in */
 } slot_info;
 
+/* One read of the remote tier in flight: piece k of (layer, slot). */
+typedef struct {
+    ft_request *req;
+    int node;
+    size_t got;
+    ft_tensor dst;
+    int retry;
+} remote_read;
+
 struct ft_offload {
     ft_model *m;
     int n_layers;
@@ -64,7 +75,16 @@ struct ft_offload {
     ft_offload_params p;
     size_t res_stride;                /* bytes of a layer's resident block */
     size_t slot_stride;               /* bytes of one slot buffer          */
-    slot_info slot[MAX_SLOTS];
+    int ns;                           /* slots per layer                   */
+    slot_info *slot;                  /* [ns]: the layout (from the first layer holding each slot) */
+    uint8_t *lpres;                   /* [n_layers][ns]: the tensor exists */
+    int n_experts;
+    ft_wmat *fexp, *sexp[2], *hexp;   /* experts' views: fixed [n_layers][3E], slot buffers, the hook's */
+    /* fetch_layer's per-slot state (the I/O thread's) */
+    ft_request **f_req;
+    remote_read (*f_rr)[MAX_PIECES];
+    int *f_started;
+    size_t *f_got;
     int n_fetched;                    /* slots fetched per layer           */
     /* stores */
     ft_store *disk, *remote[FT_MAX_REMOTES];
@@ -271,21 +291,13 @@ static int n_pieces(const ft_offload *o, const slot_info *si)
     return np;
 }
 
-/* One read of the remote tier in flight: piece k of (layer, slot). */
-typedef struct {
-    ft_request *req;
-    int node;
-    size_t got;
-    ft_tensor dst;
-    int retry;
-} remote_read;
 
 /* Start reading piece k of (layer, s) into buffer buf from the first live
  * replica (not `avoid`). */
 static ft_status issue_remote(ft_offload *o, int layer, int s, int k, uint8_t *buf, remote_read *rr, int avoid)
 {
     const slot_info *si = &o->slot[s];
-    size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+    size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
     uint32_t base = (uint32_t)(layer + s + k);
     int node = o->rset ? ft_rset_pick(o->rset, base, avoid) : rnode(o, base, 0);
     if (node < 0)
@@ -338,17 +350,22 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
  * is left to the repair thread. */
 static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *retries)
 {
-    ft_request *req[MAX_SLOTS] = {0};
-    remote_read rr[MAX_SLOTS][MAX_PIECES];
-    int started[MAX_SLOTS] = {0};
-    size_t got[MAX_SLOTS] = {0};
+    const int NS = o->ns;
+    ft_request **req = o->f_req;
+    remote_read (*rr)[MAX_PIECES] = o->f_rr;
+    int *started = o->f_started;
+    size_t *got = o->f_got;
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
-    memset(rr, 0, sizeof rr);
-    for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
+    memset(req, 0, (size_t)NS * sizeof *req);
+    memset(rr, 0, (size_t)NS * sizeof *rr);
+    memset(started, 0, (size_t)NS * sizeof *started);
+    memset(got, 0, (size_t)NS * sizeof *got);
+    for (int s = 0; s < NS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
-        size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+        if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         if (si->tier == FT_TIER_REMOTE) {
             for (int k = 0; k < si->np && st == FT_OK; k++) {
                 st = issue_remote(o, layer, s, k, buf, &rr[s][k], -1);
@@ -366,10 +383,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
      * at once, until each has succeeded or no replica is left. */
     for (int round = 0;; round++) {
         int again = 0;
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < NS; s++) {
             slot_info *si = &o->slot[s];
-            if (!si->present || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
-            size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+            if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
             for (int k = 0; k < started[s]; k++) {
                 remote_read *q = &rr[s][k];
                 q->retry = 0;
@@ -387,7 +404,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             }
         }
         if (!again) break;
-        for (int s = 0; s < MAX_SLOTS; s++)
+        for (int s = 0; s < NS; s++)
             for (int k = 0; k < started[s]; k++) {
                 remote_read *q = &rr[s][k];
                 if (!q->retry) continue;
@@ -399,10 +416,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                 }
             }
     }
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    for (int s = 0; s < NS; s++) {
         slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH) continue;
-        size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+        if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         const uint8_t *frame;
         size_t size;
         if (si->tier == FT_TIER_HOST) {
@@ -456,8 +473,9 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         logical[si->tier] += si->compute_bytes;
         wire[si->tier] += size;
     }
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    for (int s = 0; s < NS; s++) {
         ft_request_free(req[s]);
+        req[s] = NULL;
         for (int k = 0; k < MAX_PIECES; k++) ft_request_free(rr[s][k].req);
     }
     return st;
@@ -531,6 +549,10 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         return ft_set_error(FT_ERR_INVALID_ARG, "offload: layer %d asked of a scheduler that holds layers [%d, %d)",
                             layer, o->lb, o->le);
     *w = o->fixed[layer];
+    if (w->experts) {   /* the hook's own copy: streamed views never go into the fixed table */
+        memcpy(o->hexp, w->experts, (size_t)w->n_experts * 3 * sizeof *o->hexp);
+        w->experts = o->hexp;
+    }
     if (!o->n_fetched) return FT_OK;
     double t0 = ft_now();
     pthread_mutex_lock(&o->mu);
@@ -562,9 +584,10 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         request(o, next, 1 - b);
     o->st.wait_s += ft_now() - t0;
     pthread_mutex_unlock(&o->mu);
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)o->ns;
+    for (int s = 0; s < o->ns; s++) {
         const slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH) continue;
+        if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
         if (si->matrix) *ft_layer_weights_mat(w, s) = *ft_layer_weights_mat(&o->slot_w[b], s);
         else *ft_layer_weights_vec(w, s) = *ft_layer_weights_vec(&o->slot_w[b], s);
     }
@@ -674,10 +697,10 @@ static ft_status repair_keys(void *user, int node, ft_rset_visit visit, void *vc
     ft_offload *o = user;
     char pk[160];
     for (int l = o->lb; l < o->le; l++)
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < o->ns; s++) {
             const slot_info *si = &o->slot[s];
-            if (!si->present || si->tier != FT_TIER_REMOTE) continue;
-            size_t idx = (size_t)l * MAX_SLOTS + (size_t)s;
+            if (!si->present || !o->lpres[(size_t)l * (size_t)o->ns + (size_t)s] || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)l * (size_t)o->ns + (size_t)s;
             for (int k = 0; k < si->np; k++)
                 for (int j = 0; j < o->replicas; j++) {
                     uint32_t base = (uint32_t)(l + s + k);
@@ -696,7 +719,7 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
                               size_t *conv_cap, ft_codec_ctx *cc)
 {
     slot_info *si = &o->slot[e->slot];
-    size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+    size_t idx = (size_t)e->layer * (size_t)o->ns + (size_t)e->slot;
     ft_status st;
     /* plain formats are stored (and keyed) in their compute dtype */
     ft_tensor t = *src;
@@ -751,10 +774,6 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                             ft_offload **out)
 {
     if (!m || !model_dir || !p || !out) return FT_ERR_INVALID_ARG;
-    if (ft_model_get_config(m)->n_experts)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "offload: %s is a mixture-of-experts model; streaming its layers "
-                            "(experts as the unit of placement) is not implemented yet: run it in memory",
-                            ft_model_get_config(m)->model_type);
     ft_status st = ft_policy_validate(&p->policy);
     if (st) return st;
     if (p->policy.a_pct[FT_TIER_DEVICE] != 100.0f)
@@ -784,20 +803,54 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     ft_codec_ctx *cc = NULL;
     void *tmp = NULL, *conv = NULL;
     size_t tmp_cap = 0, conv_cap = 0;
+    uint64_t *bytes = NULL;
+    int *slot_ids = NULL, n = 0;
+    ft_tier *tiers = NULL;
     if (o->lb < 0 || o->le > o->n_layers || o->lb >= o->le) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "offload: layers [%d, %d) of a model of %d", o->lb, o->le, o->n_layers);
         goto fail;
     }
+    {
+        const ft_model_config *mc = ft_model_get_config(m);
+        o->n_experts = mc->n_experts;
+        o->ns = FT_LAYER_SLOTS + 3 * mc->n_experts;
+        size_t NS = (size_t)o->ns, E3 = 3 * (size_t)mc->n_experts;
+        o->slot = calloc(NS, sizeof *o->slot);
+        o->lpres = calloc((size_t)o->n_layers * NS, 1);
+        o->f_req = calloc(NS, sizeof *o->f_req);
+        o->f_rr = calloc(NS, sizeof *o->f_rr);
+        o->f_started = calloc(NS, sizeof *o->f_started);
+        o->f_got = calloc(NS, sizeof *o->f_got);
+        bytes = calloc(NS, sizeof *bytes);
+        slot_ids = calloc(NS, sizeof *slot_ids);
+        tiers = calloc(NS, sizeof *tiers);
+        if (E3) {
+            o->fexp = calloc((size_t)o->n_layers * E3, sizeof *o->fexp);
+            o->sexp[0] = calloc(E3, sizeof *o->sexp[0]);
+            o->sexp[1] = calloc(E3, sizeof *o->sexp[1]);
+            o->hexp = calloc(E3, sizeof *o->hexp);
+        }
+        if (!o->slot || !o->lpres || !o->f_req || !o->f_rr || !o->f_started || !o->f_got || !bytes || !slot_ids ||
+            !tiers || (E3 && (!o->fexp || !o->sexp[0] || !o->sexp[1] || !o->hexp))) {
+            st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
+            goto fail;
+        }
+    }
 
-    /* Layout of one layer (same for all layers): compute formats, sizes
-     * and tiers, placed by the bytes they take as computed on. */
-    uint64_t bytes[MAX_SLOTS];
-    int slot_ids[MAX_SLOTS], n = 0;
+    /* Layout of a layer (the union over layers: a dense layer of an MoE
+     * model lacks the expert slots): compute formats, sizes and tiers,
+     * placed by the bytes they take as computed on. */
     if ((st = ft_checkpoint_open(model_dir, &ck))) goto fail;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
-        if (e->layer != 0) continue;
+        if (e->layer < 0) continue;
+        if (e->slot >= o->ns) {
+            st = ft_set_error(FT_ERR_INTERNAL, "offload: %s: slot %d of %d", e->name, e->slot, o->ns);
+            goto fail;
+        }
+        o->lpres[(size_t)e->layer * (size_t)o->ns + (size_t)e->slot] = 1;
+        if (o->slot[e->slot].present) continue;
         ft_tensor src;
         if ((st = ft_model_checkpoint_tensor(m, ck, i, &src))) {
             st = ft_set_error(st, "offload: %s: %s", e->name, ft_last_error());
@@ -845,7 +898,6 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         bytes[n] = si->compute_bytes;
         slot_ids[n++] = e->slot;
     }
-    ft_tier tiers[MAX_SLOTS];
     ft_policy_place(&p->policy, bytes, (size_t)n, tiers);
     for (int k = 0; k < n; k++) {
         slot_info *si = &o->slot[slot_ids[k]];
@@ -856,8 +908,8 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         si->np = n_pieces(o, si);
     }
     /* Resident block layout; chunk-pointer tables. */
-    size_t nkeys = (size_t)o->n_layers * MAX_SLOTS, chunk_per_layer = 0;
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    size_t nkeys = (size_t)o->n_layers * (size_t)o->ns, chunk_per_layer = 0;
+    for (int s = 0; s < o->ns; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present) continue;
         if (si->use == USE_RESIDENT) {
@@ -878,6 +930,18 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         !o->slot_chunks[1]) {
         st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
         goto fail;
+    }
+    if (o->n_experts) {   /* the experts' views of sparse layers and of the slot buffers */
+        const ft_model_config *mc = ft_model_get_config(m);
+        for (int l = 0; l < o->n_layers; l++)
+            if (mc->layer_moe[l]) {
+                o->fixed[l].n_experts = o->n_experts;
+                o->fixed[l].experts = o->fexp + (size_t)l * 3 * (size_t)o->n_experts;
+            }
+        for (int k = 0; k < 2; k++) {
+            o->slot_w[k].n_experts = o->n_experts;
+            o->slot_w[k].experts = o->sexp[k];
+        }
     }
     o->st.resident_bytes = (uint64_t)o->res_stride * (uint64_t)(o->le - o->lb);
     if (p->device_budget && o->st.resident_bytes > p->device_budget) {
@@ -902,8 +966,9 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
      * uploaded unless the store already holds the same encoding. The
      * chunk tables are bound per layer: fixed_chunks[layer][...]. */
     uint64_t total = 0, done = 0;
-    for (int s = 0; s < MAX_SLOTS; s++)
-        if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)(o->le - o->lb);
+    for (int l = o->lb; l < o->le; l++)
+        for (int s = 0; s < o->ns; s++)
+            if (o->lpres[(size_t)l * (size_t)o->ns + (size_t)s]) total += o->slot[s].src_bytes;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
@@ -940,7 +1005,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         } else {
             st = place_tensor(o, e, &src, &conv, &conv_cap, cc);
             if (!st && si->use == USE_HOST_INPLACE) {
-                size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+                size_t idx = (size_t)e->layer * (size_t)o->ns + (size_t)e->slot;
                 ft_codec_ctx *save = o->io_cc;
                 o->io_cc = cc;
                 st = use_frame(o, si, e->slot, &o->fixed[e->layer], o->host[idx], (size_t)o->wire[idx], NULL, tab);
@@ -966,12 +1031,12 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     /* Slot buffers: per fetched tensor its largest frame (disk/remote)
      * and, for byte-plane, the decoded tensor. */
     if (o->n_fetched) {
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < o->ns; s++) {
             slot_info *si = &o->slot[s];
             if (!si->present || si->use != USE_FETCH) continue;
             uint64_t cap = 0;
             for (int l = o->lb; l < o->le; l++) {
-                uint64_t w = o->wire[(size_t)l * MAX_SLOTS + (size_t)s];
+                uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
                 if (w > cap) cap = w;
             }
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
@@ -1005,9 +1070,15 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                              .each = repair_keys, .user = o, .what = "offload (weights)"};
         if ((st = ft_rset_create(&rp, &o->rset))) goto fail;
     }
+    free(bytes);
+    free(slot_ids);
+    free(tiers);
     *out = o;
     return FT_OK;
 fail:
+    free(bytes);
+    free(slot_ids);
+    free(tiers);
     ft_free_aligned(tmp);
     ft_free_aligned(conv);
     ft_codec_ctx_free(cc);
@@ -1024,7 +1095,7 @@ void ft_offload_free(ft_offload *o)
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
     if (o->host)
-        for (size_t i = 0; i < (size_t)o->n_layers * MAX_SLOTS; i++) ft_free_aligned(o->host[i]);
+        for (size_t i = 0; i < (size_t)o->n_layers * (size_t)o->ns; i++) ft_free_aligned(o->host[i]);
     free(o->host);
     free(o->keys);
     free(o->stores);
@@ -1033,6 +1104,16 @@ void ft_offload_free(ft_offload *o)
     free(o->fixed_chunks);
     free(o->slot_chunks[0]);
     free(o->slot_chunks[1]);
+    free(o->slot);
+    free(o->lpres);
+    free(o->fexp);
+    free(o->sexp[0]);
+    free(o->sexp[1]);
+    free(o->hexp);
+    free(o->f_req);
+    free(o->f_rr);
+    free(o->f_started);
+    free(o->f_got);
     ft_codec_ctx_free(o->io_cc);
     ft_free_aligned(o->resident);
     ft_free_aligned(o->slots[0]);
@@ -1114,5 +1195,5 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
 
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot)
 {
-    return slot >= 0 && slot < MAX_SLOTS ? o->slot[slot].tier : FT_TIER_DEVICE;
+    return slot >= 0 && slot < o->ns ? o->slot[slot].tier : FT_TIER_DEVICE;
 }

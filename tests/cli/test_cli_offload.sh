@@ -46,6 +46,21 @@ run --dump-logits "$work/kr.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$u
     --offload-stats > "$work/kr.txt" 2> "$work/kr.err"
 cmp -s "$work/ref.bin" "$work/kr.bin" && grep -q "KV cache remote .*wrote" "$work/kr.err" \
     && ok "weights and KV cache on a memory node: identical logits" || bad "remote KV: $(tail -3 "$work/kr.err")"
+# mixtures of experts (issue 23): every expert a slot of its own, on the
+# memory node and on disk: identical logits and text
+data="$(cd "$(dirname "$0")/../data/models" && pwd)"
+for moe in mixtral-tiny qwen3moe-tiny; do
+    mrun() { "$bin" run --model "$data/$moe" --prompt "The quick brown fox" --max-new-tokens 6 --temperature 0 \
+                 --threads 1 --kv-dtype f32 "$@"; }
+    mrun --dump-logits "$work/$moe-ref.bin" > "$work/$moe-ref.txt" 2>/dev/null || bad "$moe in memory"
+    mrun --dump-logits "$work/$moe-r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp \
+        > "$work/$moe-r.txt" 2> "$work/$moe-r.err"
+    mrun --dump-logits "$work/$moe-d.bin" --policy w=0,50,50 --disk-dir "$work/disk" > "$work/$moe-d.txt" 2>/dev/null
+    cmp -s "$work/$moe-ref.bin" "$work/$moe-r.bin" && cmp -s "$work/$moe-ref.txt" "$work/$moe-r.txt" \
+        && cmp -s "$work/$moe-ref.bin" "$work/$moe-d.bin" \
+        && ok "$moe: experts on a memory node and on disk: identical logits and text" \
+        || bad "$moe offloaded differs: $(tail -2 "$work/$moe-r.err")"
+done
 # the same runs through a codec agent (agent://): identical output, the
 # agent encoding and decoding for the client
 "$bin" agent --listen 127.0.0.1:0 --node "$uri" --threads 1 > "$work/agent.log" 2>&1 &

@@ -257,23 +257,6 @@ TEST(fixtures_all)
     int n = 0;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
-        char dir[1024];
-        ft_model_config cfg;
-        snprintf(dir, sizeof dir, "%s/%s", path, e->d_name);
-        if (ft_model_config_load(dir, &cfg) == FT_OK && cfg.n_experts) {
-            /* a stage streams its layers through the offloading scheduler,
-             * which refuses mixtures of experts for now: clearly */
-            prompts f;
-            REQUIRE(load_prompts(dir, &f));
-            int bounds[3];
-            ft_pipe_split_layers(cfg.n_layers, 2, bounds);
-            ft_pipe_stage_params sp = stage_params(dir, &f, 2, 1, 0, bounds);
-            ft_pipe_stage *s = NULL;
-            CHECK(ft_pipe_stage_create(&sp, NULL, &s) == FT_ERR_UNSUPPORTED && !s);
-            CHECK(strstr(ft_last_error(), "mixture-of-experts") != NULL);
-            printf("  %-22s refused (mixture of experts): %s\n", e->d_name, ft_last_error());
-            continue;
-        }
         check_fixture(e->d_name);
         n++;
     }
