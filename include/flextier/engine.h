@@ -244,6 +244,15 @@ typedef struct ft_layer_weights {
      * at its own array, never writes into the model's. */
     int n_experts;
     ft_wmat *experts;
+    /* MoE: experts the supplier of these weights has not made present
+     * (an offloading scheduler streaming them on demand). Called once the
+     * layer's router has run, with the union of the experts the call's
+     * rows selected (increasing, n of them) and the layer's MoE input x
+     * (rows x hidden, to predict the next layer's experts): it must make
+     * exactly those present in w->experts. NULL: every expert is here. */
+    ft_status (*fetch_experts)(void *user, int layer, const int *experts, int n, const float *x, int rows,
+                               struct ft_layer_weights *w);
+    void *fetch_user;
 } ft_layer_weights;
 
 /* 1 if the matrix is present. */

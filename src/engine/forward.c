@@ -886,6 +886,12 @@ static ft_status cpu_moe(void *b, ft_gbuf outb, ft_gbuf inb, int rows, const voi
     if (st) return st;
     ft_moe_route(c->moe_logits, rows, E, K, cfg->moe_norm_topk, c->moe_idx, c->moe_wt);
     ft_moe_group(c->moe_idx, c->moe_wt, rows, E, K, c->moe_start, c->moe_grow, c->moe_gwt);
+    if (lw->fetch_experts) {   /* the selected experts, streamed on demand */
+        int nu = 0;
+        for (int e = 0; e < E; e++)
+            if (c->moe_start[e + 1] > c->moe_start[e]) c->moe_idx[nu++] = e;   /* routes are grouped: reuse */
+        if ((st = lw->fetch_experts(lw->fetch_user, c->layer, c->moe_idx, nu, in, rows, lw))) return st;
+    }
     memset(out, 0, (size_t)rows * (size_t)H * sizeof(float));
     for (int e = 0; e < E; e++) {
         int a = c->moe_start[e], n = c->moe_start[e + 1] - a;

@@ -19,6 +19,7 @@
 #include "offload_internal.h"
 #include "replica.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
  * expert (o->ns of them; a dense layer of an MoE model lacks the expert
  * slots: o->lpres says which (layer, slot) exist). */
 #define MAX_PIECES FT_MAX_REMOTES
+#define LW_ROUTER_SLOT (FT_LAYER_SLOTS - 1)   /* ft_layer_weights.w_router */
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
@@ -38,6 +40,7 @@
 enum { USE_RESIDENT = 0,   /* device tier                                   */
        USE_HOST_INPLACE,   /* host frame computed on in place               */
        USE_FETCH,          /* read (disk/remote) or decode (host byte-plane) */
+       USE_EXPERT,         /* an expert's matrix read on demand into the expert cache */
 };
 
 typedef struct {
@@ -68,6 +71,19 @@ typedef struct {
     int retry;
 } remote_read;
 
+/* An entry of the expert cache: one expert's streamed matrices. */
+enum { X_FREE = 0, X_LOADING, X_READY };
+typedef struct {
+    int layer, e, state, pinned, prefetched;
+    uint64_t tick;
+    uint32_t freq;
+    ft_request *req[3];
+    remote_read rr[3][MAX_PIECES];
+    int started[3];
+    size_t got[3];
+    ft_wmat view[3];
+} x_entry;
+
 struct ft_offload {
     ft_model *m;
     int n_layers;
@@ -86,6 +102,23 @@ struct ft_offload {
     int *f_started;
     size_t *f_got;
     int n_fetched;                    /* slots fetched per layer           */
+    /* experts streamed one by one (USE_EXPERT slots) */
+    int xmode;
+    size_t xstride;                   /* one cache entry: its frames (+ byte-plane decoded) */
+    uint32_t xchunks;                 /* chunk pointers per entry          */
+    int xcap;
+    x_entry *xe;
+    int *xmap;                        /* [n_layers][E]: entry or -1        */
+    uint8_t *xbuf;
+    const uint8_t **xchunk_tab;
+    uint64_t xtick;
+    ft_codec_ctx *x_cc;               /* the compute thread's verify / decode */
+    ft_layer_weights xtw;             /* binding scratch (experts: xscr)   */
+    ft_wmat *xscr;
+    float *xrouter, *xlog;            /* prediction: router rows, logits   */
+    size_t xlog_cap;
+    int *xpred, *xnpred;              /* [n_layers][E], [n_layers]         */
+    ft_expert_stats *xst;             /* [n_layers]                        */
     /* stores */
     ft_store *disk, *remote[FT_MAX_REMOTES];
     int agent_remote;                 /* the remotes are codec agents (agent://) */
@@ -224,15 +257,15 @@ static ft_status bind_view(const slot_info *si, int s, ft_layer_weights *w, cons
 
 /* A stored frame (in DRAM, verified or trusted) made usable for compute:
  * in place, or decoded to `dec` (byte-plane). */
-static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_weights *w, const uint8_t *frame,
-                           size_t size, uint8_t *dec, const uint8_t **chunks)
+static ft_status use_frame_cc(ft_codec_ctx *cc, const slot_info *si, int s, ft_layer_weights *w,
+                              const uint8_t *frame, size_t size, uint8_t *dec, const uint8_t **chunks)
 {
     if (si->codec == FT_CODEC_BYTEPLANE) {
         ft_tensor t;
         memset(&t, 0, sizeof t);
         t.dtype = si->pdt;
         t.data = dec;
-        ft_status st = ft_decode(o->io_cc, frame, size, &t, (size_t)si->compute_bytes);
+        ft_status st = ft_decode(cc, frame, size, &t, (size_t)si->compute_bytes);
         if (st) return st;
         uint64_t ne = 0;
         if (ft_tensor_numel(&t, &ne) || ne != si->numel)
@@ -244,6 +277,12 @@ static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_w
     const void *p = NULL;
     ft_status st = raw_payload(frame, size, si->pdt, si->numel, &p);
     return st ? st : bind_view(si, s, w, p, (size_t)si->compute_bytes, chunks);
+}
+
+static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_weights *w, const uint8_t *frame,
+                           size_t size, uint8_t *dec, const uint8_t **chunks)
+{
+    return use_frame_cc(o->io_cc, si, s, w, frame, size, dec, chunks);
 }
 
 /* ------------------------------------------------------------ I/O thread */
@@ -541,6 +580,8 @@ static int pending(const ft_offload *o, int layer)
     return o->want_layer == layer || o->busy_layer == layer;
 }
 
+static ft_status x_fetch(void *user, int layer, const int *ex, int n, const float *x, int rows, ft_layer_weights *w);
+
 ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 {
     ft_offload *o = arg;
@@ -552,6 +593,10 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
     if (w->experts) {   /* the hook's own copy: streamed views never go into the fixed table */
         memcpy(o->hexp, w->experts, (size_t)w->n_experts * 3 * sizeof *o->hexp);
         w->experts = o->hexp;
+        if (o->xmode) {
+            w->fetch_experts = x_fetch;
+            w->fetch_user = o;
+        }
     }
     if (!o->n_fetched) return FT_OK;
     double t0 = ft_now();
@@ -770,6 +815,9 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
     return FT_OK;
 }
 
+static ft_status x_setup(ft_offload *o);
+static void x_drain(ft_offload *o);
+
 ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
                             ft_offload **out)
 {
@@ -904,9 +952,26 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         si->tier = tiers[k];
         si->use = si->tier == FT_TIER_DEVICE ? USE_RESIDENT
                 : si->tier == FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE ? USE_HOST_INPLACE : USE_FETCH;
-        if (si->use == USE_FETCH) o->n_fetched++;
         si->np = n_pieces(o, si);
     }
+    /* Experts not resident are streamed one by one once routed (their
+     * router then stays resident: it predicts the next layer's experts);
+     * everything else with its layer. */
+    if (o->n_experts) {
+        for (int s = FT_LAYER_SLOTS; s < o->ns; s++)
+            if (o->slot[s].present && o->slot[s].use == USE_FETCH) {
+                o->slot[s].use = USE_EXPERT;
+                o->xmode = 1;
+            }
+        slot_info *rs = &o->slot[LW_ROUTER_SLOT];
+        if (o->xmode && rs->present && rs->use != USE_RESIDENT) {
+            rs->tier = FT_TIER_DEVICE;
+            rs->use = USE_RESIDENT;
+            rs->np = 1;
+        }
+    }
+    for (int s = 0; s < o->ns; s++)
+        if (o->slot[s].present && o->slot[s].use == USE_FETCH) o->n_fetched++;
     /* Resident block layout; chunk-pointer tables. */
     size_t nkeys = (size_t)o->n_layers * (size_t)o->ns, chunk_per_layer = 0;
     for (int s = 0; s < o->ns; s++) {
@@ -1063,6 +1128,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         if (pthread_create(&o->io, NULL, io_main, o)) { st = ft_set_error(FT_ERR_NOMEM, "offload: I/O thread"); goto fail; }
         o->io_started = 1;
     }
+    if (o->xmode && (st = x_setup(o))) goto fail;
     if (o->replicas > 1 && p->policy.w_pct[FT_TIER_REMOTE] > 0) {
         const char *names[FT_MAX_REMOTES];
         for (int r = 0; r < o->n_remote; r++) names[r] = p->policy.remotes[r];
@@ -1091,6 +1157,7 @@ void ft_offload_free(ft_offload *o)
 {
     if (!o) return;
     if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
+    x_drain(o);
     ft_rset_free(o->rset);
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
@@ -1114,6 +1181,17 @@ void ft_offload_free(ft_offload *o)
     free(o->f_rr);
     free(o->f_started);
     free(o->f_got);
+    free(o->xe);
+    free(o->xmap);
+    ft_free_aligned(o->xbuf);
+    free(o->xchunk_tab);
+    ft_codec_ctx_free(o->x_cc);
+    free(o->xscr);
+    ft_free_aligned(o->xrouter);
+    ft_free_aligned(o->xlog);
+    free(o->xpred);
+    free(o->xnpred);
+    free(o->xst);
     ft_codec_ctx_free(o->io_cc);
     ft_free_aligned(o->resident);
     ft_free_aligned(o->slots[0]);
@@ -1146,6 +1224,7 @@ void ft_offload_reset_stats(ft_offload *o)
     o->st.resident_bytes = keep.resident_bytes;
     o->st.slot_bytes = keep.slot_bytes;
     o->st.host_bytes = keep.host_bytes;
+    if (o->xst) memset(o->xst, 0, (size_t)o->n_layers * sizeof *o->xst);
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -1196,4 +1275,427 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot)
 {
     return slot >= 0 && slot < o->ns ? o->slot[slot].tier : FT_TIER_DEVICE;
+}
+
+/* ------------------------------------------------------------- experts
+ *
+ * A mixture of experts whose policy leaves experts off the device: each
+ * such expert matrix is a USE_EXPERT slot, read only when a layer's router
+ * selects its expert. An expert's streamed matrices go together into one
+ * entry of the expert cache (xcap entries of xstride bytes; the frames at
+ * the slots' frame_off, byte-plane decodes at dec_off, the same layout for
+ * every expert), found by (layer, expert) in xmap. The engine calls
+ * x_fetch (ft_layer_weights.fetch_experts) with the union of the experts
+ * the call's rows chose: hits are used in place, misses read at once (all
+ * reads of the call issued together, then verified), and the next
+ * layer's router applied to this layer's MoE input predicts the experts to
+ * read ahead, asynchronously, into entries nobody is using. Eviction: LRU
+ * (last use) or LFU (use counts, halved every xcap calls). The entries of
+ * the current call are pinned. */
+
+static int x_streamed(const ft_offload *o, int e)
+{
+    for (int k = 0; k < 3; k++)
+        if (o->slot[FT_LAYER_SLOTS + 3 * e + k].use == USE_EXPERT) return 1;
+    return 0;
+}
+
+static ft_status x_setup(ft_offload *o)
+{
+    const ft_model_config *mc = ft_model_get_config(o->m);
+    const int E = o->n_experts;
+    /* one entry's layout, the same for every expert: per matrix k its
+     * largest frame over every streamed expert and layer, and for
+     * byte-plane the decoded matrix */
+    size_t off[3], doff[3], tab[3];
+    uint64_t cap[3] = {0, 0, 0};
+    uint32_t nch[3] = {0, 0, 0};
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        const slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use != USE_EXPERT) continue;
+        for (int l = o->lb; l < o->le; l++) {
+            uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
+            if (w > cap[k]) cap[k] = w;
+        }
+        if (si->n_chunks > nch[k]) nch[k] = si->n_chunks;
+    }
+    size_t stride = 0, ch = 0;
+    uint64_t dec[3] = {0, 0, 0};
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        const slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use == USE_EXPERT && si->codec == FT_CODEC_BYTEPLANE && si->compute_bytes > dec[k])
+            dec[k] = si->compute_bytes;
+    }
+    for (int k = 0; k < 3; k++) {
+        off[k] = stride;
+        stride += pad64(cap[k]);
+        doff[k] = stride;
+        stride += pad64(dec[k]);
+        tab[k] = ch;
+        ch += nch[k];
+    }
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use != USE_EXPERT) continue;
+        si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap[k];
+        si->frame_off = off[k];
+        si->dec_off = agent_decodes(o, si) ? off[k] : doff[k];
+        si->tab_off = tab[k];
+        if (agent_decodes(o, si) && si->compute_bytes > cap[k])
+            return ft_set_error(FT_ERR_INTERNAL, "offload: expert entry too small for a decoded matrix");
+    }
+    o->xstride = stride ? stride : 64;
+    o->xchunks = (uint32_t)ch;
+    /* entries: the budget's worth, at least one layer's experts, at most
+     * every streamed expert held */
+    int need = E, most = 0;
+    for (int l = o->lb; l < o->le; l++) most += mc->layer_moe[l] ? E : 0;
+    uint64_t want = o->p.expert_cache_bytes ? o->p.expert_cache_bytes / o->xstride : (uint64_t)need;
+    if (want < (uint64_t)need) want = (uint64_t)need;
+    if (want > (uint64_t)most) want = (uint64_t)most;
+    o->xcap = (int)want;
+    o->xe = calloc((size_t)o->xcap, sizeof *o->xe);
+    o->xmap = malloc((size_t)o->n_layers * (size_t)E * sizeof *o->xmap);
+    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, 64);
+    o->xchunk_tab = calloc((size_t)o->xcap * (ch ? ch : 1), sizeof *o->xchunk_tab);
+    o->xscr = calloc(3 * (size_t)E, sizeof *o->xscr);
+    o->xrouter = ft_malloc_aligned((size_t)E * (size_t)mc->hidden * sizeof(float), 64);
+    o->xpred = calloc((size_t)o->n_layers * (size_t)E, sizeof *o->xpred);
+    o->xnpred = calloc((size_t)o->n_layers, sizeof *o->xnpred);
+    o->xst = calloc((size_t)o->n_layers, sizeof *o->xst);
+    if (!o->xe || !o->xmap || !o->xbuf || !o->xchunk_tab || !o->xscr || !o->xrouter || !o->xpred || !o->xnpred ||
+        !o->xst)
+        return ft_set_error(FT_ERR_NOMEM, "offload: an expert cache of %d entries of %zu bytes", o->xcap, o->xstride);
+    for (size_t i = 0; i < (size_t)o->n_layers * (size_t)E; i++) o->xmap[i] = -1;
+    o->xtw.n_experts = E;
+    o->xtw.experts = o->xscr;
+    o->st.expert_cache_bytes = (uint64_t)o->xcap * o->xstride;
+    return ft_codec_ctx_create(o->p.decode_threads, &o->x_cc);
+}
+
+/* Start reading the streamed matrices of expert e of `layer` into entry id. */
+static ft_status x_issue(ft_offload *o, int id, int layer, int e)
+{
+    x_entry *xe = &o->xe[id];
+    uint8_t *buf = o->xbuf + (size_t)id * o->xstride;
+    xe->layer = layer;
+    xe->e = e;
+    xe->state = X_LOADING;
+    o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = id;
+    ft_status st = FT_OK;
+    for (int k = 0; k < 3 && !st; k++) {
+        int s = FT_LAYER_SLOTS + 3 * e + k;
+        const slot_info *si = &o->slot[s];
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
+        xe->req[k] = NULL;
+        xe->started[k] = 0;
+        if (si->use != USE_EXPERT || si->tier == FT_TIER_HOST) continue;
+        if (si->tier == FT_TIER_REMOTE) {
+            for (int q = 0; q < si->np && !st; q++) {
+                st = issue_remote(o, layer, s, q, buf, &xe->rr[k][q], -1);
+                if (!st) xe->started[k] = q + 1;
+            }
+        } else {
+            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &xe->got[k],
+                                     &xe->req[k]);
+            if (!st) xe->started[k] = 1;
+        }
+        if (st)
+            st = ft_set_error(st, "layer %d expert %d: reading %s from the %s tier: %s", layer, e, o->keys[idx],
+                              ft_tier_name(si->tier), ft_last_error());
+    }
+    return st;
+}
+
+/* Wait for entry id's reads, verify, decode, bind its views; *bytes: the
+ * stored bytes read. On error the entry is freed. */
+static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
+{
+    x_entry *xe = &o->xe[id];
+    uint8_t *buf = o->xbuf + (size_t)id * o->xstride;
+    const int layer = xe->layer, e = xe->e;
+    ft_status st = FT_OK;
+    uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0};
+    *bytes = 0;
+    for (int k = 0; k < 3; k++) {
+        int s = FT_LAYER_SLOTS + 3 * e + k;
+        const slot_info *si = &o->slot[s];
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
+        if (si->use != USE_EXPERT) continue;
+        const uint8_t *frame = NULL;
+        size_t size = 0;
+        ft_status r = FT_OK;
+        const uint8_t **tab = o->xchunk_tab + (size_t)id * o->xchunks + si->tab_off;
+        if (si->tier == FT_TIER_HOST) {
+            frame = o->host[idx];
+            size = (size_t)o->wire[idx];
+        } else if (si->tier == FT_TIER_REMOTE) {
+            for (int q = 0; q < xe->started[k]; q++) {
+                ft_status rq = finish_remote(o, si, &xe->rr[k][q]);
+                if (!r) r = rq;
+            }
+            if (!r && xe->started[k] < si->np) r = ft_set_error(FT_ERR_IO, "not every piece was requested");
+            if (!r && si->np == 1 && agent_decodes(o, si)) {
+                uint64_t ne = 0;
+                if (ft_tensor_numel(&xe->rr[k][0].dst, &ne) || ne != si->numel)
+                    r = ft_set_error(FT_ERR_CORRUPT, "%s has the wrong shape", o->keys[idx]);
+                else r = bind_view(si, s, &o->xtw, buf + si->dec_off, (size_t)si->compute_bytes, tab);
+                if (!r) {
+                    xe->view[k] = o->xscr[3 * e + k];
+                    logical[si->tier] += si->compute_bytes;
+                    wire[si->tier] += o->wire[idx];
+                    *bytes += o->wire[idx];
+                    continue;
+                }
+            }
+            frame = buf + si->frame_off;
+            size = si->np == 1 ? xe->rr[k][0].got : (size_t)o->wire[idx];
+        } else {
+            if (xe->req[k]) {
+                r = ft_request_wait(xe->req[k], -1);
+                ft_request_free(xe->req[k]);
+                xe->req[k] = NULL;
+            } else {
+                r = ft_set_error(FT_ERR_IO, "not requested");
+            }
+            frame = buf + si->frame_off;
+            size = xe->got[k];
+        }
+        if (!r && si->tier != FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE)
+            r = ft_frame_verify(o->x_cc, frame, size, NULL);
+        if (!r) r = use_frame_cc(o->x_cc, si, s, &o->xtw, frame, size, buf + si->dec_off, tab);
+        if (r) {
+            if (!st)
+                st = ft_set_error(r, "layer %d expert %d: %s (%s tier): %s", layer, e, o->keys[idx],
+                                  ft_tier_name(si->tier), ft_last_error());
+            continue;
+        }
+        xe->view[k] = o->xscr[3 * e + k];
+        logical[si->tier] += si->compute_bytes;
+        wire[si->tier] += size;
+        *bytes += size;
+    }
+    pthread_mutex_lock(&o->mu);
+    for (int t = 0; t < FT_TIER_COUNT; t++) {
+        o->st.logical_bytes[t] += logical[t];
+        o->st.wire_bytes[t] += wire[t];
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (st) {
+        o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = -1;
+        xe->state = X_FREE;
+        xe->pinned = xe->prefetched = 0;
+        return st;
+    }
+    xe->state = X_READY;
+    return FT_OK;
+}
+
+/* An entry to fill: a free one, else the least recently (LRU) or least
+ * often (LFU) used ready entry nobody is using; a miss (not a prefetch)
+ * may also wait for an unused prefetch still loading. -1: none. */
+static int x_alloc(ft_offload *o, int prefetch)
+{
+    int best = -1;
+    for (int i = 0; i < o->xcap; i++) {
+        const x_entry *xe = &o->xe[i];
+        if (xe->state == X_FREE) return i;
+        if (xe->state != X_READY || xe->pinned) continue;
+        if (best < 0) { best = i; continue; }
+        const x_entry *b = &o->xe[best];
+        int better = o->p.expert_evict == FT_EXPERT_LFU
+                         ? (xe->freq < b->freq || (xe->freq == b->freq && xe->tick < b->tick))
+                         : xe->tick < b->tick;
+        if (better) best = i;
+    }
+    if (best < 0 && !prefetch)
+        for (int i = 0; i < o->xcap && best < 0; i++)
+            if (o->xe[i].state == X_LOADING && !o->xe[i].pinned) {
+                uint64_t b;
+                if (x_finish(o, i, &b) == FT_OK) best = i;
+                else return i;   /* freed by the failure */
+            }
+    if (best >= 0) {
+        x_entry *xe = &o->xe[best];
+        o->xmap[(size_t)xe->layer * (size_t)o->n_experts + (size_t)xe->e] = -1;
+        xe->state = X_FREE;
+        xe->freq = 0;
+        xe->prefetched = 0;
+    }
+    return best;
+}
+
+/* The next sparse layer's experts as its router would choose them for x
+ * (this layer's MoE input): read ahead those not cached. */
+static void x_predict(ft_offload *o, int layer, const float *x, int rows)
+{
+    const ft_model_config *mc = ft_model_get_config(o->m);
+    const int E = o->n_experts, H = mc->hidden, K = mc->n_experts_used;
+    int nl = layer + 1;   /* the next sparse layer this scheduler holds */
+    while (nl < o->le && !mc->layer_moe[nl]) nl++;
+    if (nl >= o->le || !x || rows < 1) return;
+    const ft_wmat *R = &o->fixed[nl].w_router;
+    if (!ft_wmat_present(R)) return;
+    if (o->xlog_cap < (size_t)E) {
+        ft_free_aligned(o->xlog);
+        o->xlog_cap = 0;
+        if (!(o->xlog = ft_malloc_aligned((size_t)E * sizeof(float), 64))) return;
+        o->xlog_cap = (size_t)E;
+    }
+    for (int e = 0; e < E; e++) ft_wmat_row_f32(R, e, o->xrouter + (size_t)e * H);
+    int *pred = o->xpred + (size_t)nl * (size_t)E, np = 0;
+    uint8_t mark[FT_MAX_EXPERTS];
+    memset(mark, 0, (size_t)E);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * H;
+        for (int e = 0; e < E; e++) {
+            const float *w = o->xrouter + (size_t)e * H;
+            float d = 0;
+            for (int h = 0; h < H; h++) d += xr[h] * w[h];
+            o->xlog[e] = d;
+        }
+        /* the k largest logits (softmax keeps the order) */
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (o->xlog[e] > -INFINITY && (best < 0 || o->xlog[e] > o->xlog[best])) best = e;
+            if (best < 0) break;
+            o->xlog[best] = -INFINITY;
+            if (!mark[best]) { mark[best] = 1; pred[np++] = best; }
+        }
+    }
+    o->xnpred[nl] = np;
+    for (int i = 0; i < np; i++) {
+        int e = pred[i];
+        if (!x_streamed(o, e) || o->xmap[(size_t)nl * (size_t)E + (size_t)e] >= 0) continue;
+        int id = x_alloc(o, 1);
+        if (id < 0) break;
+        if (x_issue(o, id, nl, e)) {   /* a read that cannot start: leave it to the miss path */
+            uint64_t b;
+            (void)x_finish(o, id, &b);
+            o->xmap[(size_t)nl * (size_t)E + (size_t)e] = -1;
+            o->xe[id].state = X_FREE;
+            ft_clear_error();
+            continue;
+        }
+        o->xe[id].prefetched = 1;
+        o->xe[id].tick = o->xtick;
+    }
+}
+
+static ft_status x_fetch(void *user, int layer, const int *ex, int n, const float *x, int rows, ft_layer_weights *w)
+{
+    ft_offload *o = user;
+    const int E = o->n_experts;
+    if (!o->xmode || layer < o->lb || layer >= o->le || !w->experts || w->n_experts != E)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: experts of layer %d asked of the wrong scheduler", layer);
+    ft_expert_stats ls = {0};
+    o->xtick++;
+    if (o->p.expert_evict == FT_EXPERT_LFU && o->xtick % (uint64_t)o->xcap == 0)
+        for (int i = 0; i < o->xcap; i++) o->xe[i].freq >>= 1;
+    for (int i = 0; i < o->xcap; i++) o->xe[i].pinned = 0;
+    /* the prefetcher's accuracy for this layer */
+    if (o->xnpred[layer]) {
+        const int *pred = o->xpred + (size_t)layer * (size_t)E;
+        ls.predicted = (uint64_t)o->xnpred[layer];
+        for (int i = 0; i < o->xnpred[layer]; i++)
+            for (int j = 0; j < n; j++) ls.predicted_used += pred[i] == ex[j];
+        o->xnpred[layer] = 0;
+    }
+    ft_status st = FT_OK;
+    /* resolve: hits pinned, misses issued (all at once) */
+    for (int j = 0; j < n && !st; j++) {
+        int e = ex[j];
+        if (e < 0 || e >= E) return ft_set_error(FT_ERR_INVALID_ARG, "offload: expert %d of %d", e, E);
+        ls.needed++;
+        if (!x_streamed(o, e)) { ls.resident++; continue; }
+        int id = o->xmap[(size_t)layer * (size_t)E + (size_t)e];
+        if (id >= 0) {
+            x_entry *xe = &o->xe[id];
+            ls.hits++;
+            if (xe->prefetched) ls.prefetch_hits++;
+            xe->prefetched = 0;
+        } else {
+            if ((id = x_alloc(o, 0)) < 0)
+                return ft_set_error(FT_ERR_INTERNAL, "offload: the expert cache (%d entries) has no room", o->xcap);
+            ls.misses++;
+            st = x_issue(o, id, layer, e);
+        }
+        o->xe[id].pinned = 1;
+        o->xe[id].tick = o->xtick;
+        o->xe[id].freq++;
+    }
+    /* finish the reads, bind the views */
+    for (int j = 0; j < n; j++) {
+        int e = ex[j];
+        if (!x_streamed(o, e)) continue;
+        int id = o->xmap[(size_t)layer * (size_t)E + (size_t)e];
+        if (id < 0) continue;   /* its read could not start (st is set) */
+        x_entry *xe = &o->xe[id];
+        if (xe->state == X_LOADING) {
+            double t0 = ft_now();
+            uint64_t b = 0;
+            ft_status r = x_finish(o, id, &b);
+            o->st.wait_s += ft_now() - t0;
+            ls.bytes += b;
+            if (r) { if (!st) st = r; continue; }
+        }
+        for (int k = 0; k < 3; k++)
+            if (o->slot[FT_LAYER_SLOTS + 3 * e + k].use == USE_EXPERT) w->experts[3 * e + k] = xe->view[k];
+    }
+    pthread_mutex_lock(&o->mu);
+    ft_expert_stats *t = &o->xst[layer];
+    t->needed += ls.needed;
+    t->resident += ls.resident;
+    t->hits += ls.hits;
+    t->misses += ls.misses;
+    t->prefetch_hits += ls.prefetch_hits;
+    t->bytes += ls.bytes;
+    t->predicted += ls.predicted;
+    t->predicted_used += ls.predicted_used;
+    pthread_mutex_unlock(&o->mu);
+    if (st) return st;
+    if (!o->p.no_expert_prefetch) x_predict(o, layer, x, rows);
+    return FT_OK;
+}
+
+/* Reads still in flight (prefetches) end before the stores close. */
+static void x_drain(ft_offload *o)
+{
+    /* the caller's error message (a failed create) survives */
+    char keep[512];
+    snprintf(keep, sizeof keep, "%s", ft_last_error());
+    int any = 0;
+    for (int i = 0; o->xe && i < o->xcap; i++)
+        if (o->xe[i].state == X_LOADING) {
+            uint64_t b;
+            (void)x_finish(o, i, &b);
+            any = 1;
+        }
+    if (any) {
+        if (keep[0]) (void)ft_set_error(FT_ERR_INTERNAL, "%s", keep);
+        else ft_clear_error();
+    }
+}
+
+ft_status ft_offload_expert_stats(const ft_offload *o, int layer, ft_expert_stats *out)
+{
+    if (!o || !out || layer < 0 || layer >= o->n_layers)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: expert stats of layer %d", layer);
+    memset(out, 0, sizeof *out);
+    if (!o->xst) return FT_OK;
+    ft_offload *mo = (ft_offload *)(uintptr_t)o;
+    pthread_mutex_lock(&mo->mu);
+    *out = o->xst[layer];
+    pthread_mutex_unlock(&mo->mu);
+    return FT_OK;
+}
+
+void ft_offload_expert_cache(const ft_offload *o, int *entries, uint64_t *bytes)
+{
+    if (entries) *entries = o && o->xmode ? o->xcap : 0;
+    if (bytes) *bytes = o && o->xmode ? (uint64_t)o->xcap * o->xstride : 0;
 }
