@@ -54,8 +54,12 @@ for moe in mixtral-tiny qwen3moe-tiny; do
                  --threads 1 --kv-dtype f32 "$@"; }
     mrun --dump-logits "$work/$moe-ref.bin" > "$work/$moe-ref.txt" 2>/dev/null || bad "$moe in memory"
     mrun --dump-logits "$work/$moe-r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp \
-        > "$work/$moe-r.txt" 2> "$work/$moe-r.err"
-    mrun --dump-logits "$work/$moe-d.bin" --policy w=0,50,50 --disk-dir "$work/disk" > "$work/$moe-d.txt" 2>/dev/null
+        --offload-stats > "$work/$moe-r.txt" 2> "$work/$moe-r.err"
+    mrun --dump-logits "$work/$moe-d.bin" --policy w=0,50,50 --disk-dir "$work/disk" --expert-evict lfu \
+        --no-expert-prefetch --expert-cache 1M > "$work/$moe-d.txt" 2>/dev/null
+    grep -q "offload: experts all layers: needed [1-9]" "$work/$moe-r.err" && grep -q "offload: experts layer   0:" \
+        "$work/$moe-r.err" && ok "$moe: --offload-stats reports the experts per layer" \
+        || bad "$moe expert stats: $(grep experts "$work/$moe-r.err" | head -3)"
     cmp -s "$work/$moe-ref.bin" "$work/$moe-r.bin" && cmp -s "$work/$moe-ref.txt" "$work/$moe-r.txt" \
         && cmp -s "$work/$moe-ref.bin" "$work/$moe-d.bin" \
         && ok "$moe: experts on a memory node and on disk: identical logits and text" \
@@ -86,6 +90,7 @@ run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
 run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"
 run --policy frob=1 > /dev/null 2>&1; [ $? -eq 2 ] && ok "unknown policy item is a usage error" || bad "unknown item"
+run --policy w=0,100 --expert-evict mru > /dev/null 2>&1; [ $? -ne 0 ] && ok "--expert-evict mru refused" || bad "expert-evict"
 run --remote "$uri" > /dev/null 2>&1; [ $? -eq 1 ] && ok "--remote without --policy refused" || bad "remote without policy"
 run --policy w=0,0,100 --disk-dir "$work/disk" --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "budget" "$work/b.err" && ok "device budget enforced" || bad "budget rc=$rc"
