@@ -146,6 +146,19 @@ typedef struct ft_cost_inputs {
     /* Measured engine times per weight codec (with its compute format);
      * a codec without them uses codec none's, else the analytic model. */
     ft_cost_timing timing[FT_CODEC_COUNT];
+    /* Mixtures of experts (n_experts 0: dense). The tensors above are a
+     * sparse layer's dense part (attention, norms, router); its
+     * n_experts experts of expert_bytes[codec] each (three matrices) are
+     * placed after them one by one, as the scheduler places them.
+     * experts_used per token are computed (layer_params counts those
+     * only); a step of B rows selects an expert with probability
+     * 1 - (1 - experts_used / n_experts)^B (uniform routing, the random
+     * routers' case; a skewed router needs fewer). Streamed experts are
+     * found in a cache of expert_cache experts (0: one layer's) with the
+     * hit rate of uniform use, expert_cache / streamed experts. */
+    uint32_t n_experts, experts_used;
+    uint64_t expert_bytes[FT_CODEC_COUNT];
+    uint64_t expert_cache;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -155,6 +168,9 @@ typedef struct ft_cost_estimate {
     uint64_t mem[FT_TIER_COUNT];     /* peak bytes per tier                */
     int feasible;                    /* fits every capacity                */
     const char *bottleneck;          /* "compute", "decode", "disk", ...   */
+    /* mixtures of experts: the cache hit rate assumed and the expert
+     * bytes (as computed on) fetched per layer per decode step */
+    double expert_hit, expert_fetch_bytes, expert_cache_mem;
 } ft_cost_estimate;
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and

@@ -1257,18 +1257,36 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
     in->weights_fmt = ft_model_format_requested(m);
     in->layer_params = 0;
     in->n_tensors = 0;
-    /* the scheduler's order: layer 0's entries as the model lists them */
+    in->n_experts = (uint32_t)cfg->n_experts;
+    in->experts_used = (uint32_t)cfg->n_experts_used;
+    in->expert_cache = 0;
+    memset(in->expert_bytes, 0, sizeof in->expert_bytes);
+    /* the scheduler's order: a layer's entries as the model lists them
+     * (of a mixture of experts, the first sparse layer; its experts summed
+     * per expert, all alike) */
+    int lay0 = 0;
+    for (int l = 0; cfg->n_experts && l < cfg->n_layers; l++)
+        if (cfg->layer_moe[l]) { lay0 = l; break; }
+    uint64_t expert_params = 0;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
-        if (e->layer != 0) continue;
+        if (e->layer != lay0) continue;
         uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
+        if (e->slot >= FT_LAYER_SLOTS) {
+            if (e->slot < FT_EXPERT_SLOT(1, 0)) {   /* expert 0 stands for all */
+                for (int c = 0; c < FT_CODEC_COUNT; c++) in->expert_bytes[c] += kept_bytes(m, i, e, (ft_codec_id)c);
+                expert_params += n;
+            }
+            continue;
+        }
         if (in->n_tensors == FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INTERNAL, "too many tensors per layer");
         for (int c = 0; c < FT_CODEC_COUNT; c++)
             in->tensor_bytes[c][in->n_tensors] = kept_bytes(m, i, e, (ft_codec_id)c);
         in->n_tensors++;
         in->layer_params += n;
     }
+    in->layer_params += expert_params * (uint64_t)cfg->n_experts_used;
     return FT_OK;
 }
 
