@@ -1610,7 +1610,9 @@ static ft_status x_fetch(void *user, int layer, const int *ex, int n, const floa
     const int E = o->n_experts;
     if (!o->xmode || layer < o->lb || layer >= o->le || !w->experts || w->n_experts != E)
         return ft_set_error(FT_ERR_INVALID_ARG, "offload: experts of layer %d asked of the wrong scheduler", layer);
-    ft_expert_stats ls = {0};
+    ft_expert_stats ls;
+    memset(&ls, 0, sizeof ls);
+    double waited = 0;
     o->xtick++;
     if (o->p.expert_evict == FT_EXPERT_LFU && o->xtick % (uint64_t)o->xcap == 0)
         for (int i = 0; i < o->xcap; i++) o->xe[i].freq >>= 1;
@@ -1657,7 +1659,7 @@ static ft_status x_fetch(void *user, int layer, const int *ex, int n, const floa
             double t0 = ft_now();
             uint64_t b = 0;
             ft_status r = x_finish(o, id, &b);
-            o->st.wait_s += ft_now() - t0;
+            waited += ft_now() - t0;
             ls.bytes += b;
             if (r) { if (!st) st = r; continue; }
         }
@@ -1674,6 +1676,7 @@ static ft_status x_fetch(void *user, int layer, const int *ex, int n, const floa
     t->bytes += ls.bytes;
     t->predicted += ls.predicted;
     t->predicted_used += ls.predicted_used;
+    o->st.wait_s += waited;
     pthread_mutex_unlock(&o->mu);
     if (st) return st;
     if (!o->p.no_expert_prefetch) x_predict(o, layer, x, rows);
