@@ -265,8 +265,10 @@ typedef struct ft_offload_params {
     uint32_t stripe_min;
     /* Mixtures of experts (docs/offload.md, "Experts"): the experts the
      * policy does not keep resident are fetched one by one once a layer's
-     * router has chosen them, into a cache of expert_cache_bytes (0: room
-     * for one layer's experts, the least that works; never less). Eviction
+     * router has chosen them, into a cache of expert_cache_bytes (0: what
+     * device_budget leaves after the resident weights and slots, or
+     * without a budget room for one layer's experts, the least that works
+     * and never less; FT_ERR_NO_SPACE if the budget cannot hold it). Eviction
      * by expert_evict (FT_EXPERT_LRU or FT_EXPERT_LFU: least recently /
      * least often used, counts halved now and then); unless
      * no_expert_prefetch, the next layer's router applied to this layer's

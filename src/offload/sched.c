@@ -1372,8 +1372,19 @@ static ft_status x_setup(ft_offload *o)
     int need = E, most = 0;
     for (int l = o->lb; l < o->le; l++) most += mc->layer_moe[l] ? E : 0;
     uint64_t want = o->p.expert_cache_bytes ? o->p.expert_cache_bytes / o->xstride : (uint64_t)need;
+    /* no size given but a device budget: what the budget leaves */
+    uint64_t used = o->st.resident_bytes + o->st.slot_bytes;
+    if (!o->p.expert_cache_bytes && o->p.device_budget && o->p.device_budget > used)
+        want = (o->p.device_budget - used) / o->xstride;
     if (want < (uint64_t)need) want = (uint64_t)need;
     if (want > (uint64_t)most) want = (uint64_t)most;
+    if (o->p.device_budget && used + want * o->xstride > o->p.device_budget)
+        return ft_set_error(FT_ERR_NO_SPACE, "offload: the policy needs %.1f MiB of device memory for weights "
+                            "(%.1f resident + %.1f streaming slots + an expert cache of %llu experts, %.1f MiB: one "
+                            "layer's at least), budget %.1f MiB", (double)(used + want * o->xstride) / 1048576.0,
+                            (double)o->st.resident_bytes / 1048576.0, (double)o->st.slot_bytes / 1048576.0,
+                            (unsigned long long)want, (double)(want * o->xstride) / 1048576.0,
+                            (double)o->p.device_budget / 1048576.0);
     o->xcap = (int)want;
     o->xe = calloc((size_t)o->xcap, sizeof *o->xe);
     o->xmap = malloc((size_t)o->n_layers * (size_t)E * sizeof *o->xmap);

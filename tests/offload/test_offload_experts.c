@@ -164,3 +164,51 @@ TEST(qwen3moe_tiny) { check_model("qwen3moe-tiny"); }   /* layer 1 dense (mlp_on
 TEST(olmoe_tiny) { check_model("olmoe-tiny"); }
 TEST(mixtral_tiny) { check_model("mixtral-tiny"); }
 TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
+
+/* The device budget sizes the expert cache (no size given), and a budget
+ * that cannot hold one layer's experts is refused. */
+TEST(budget_sizes_the_cache)
+{
+    char dir[512], disk[600];
+    ft_fixture_dir("models", "qwen3moe-tiny", dir, sizeof dir);
+    snprintf(disk, sizeof disk, "/tmp/ft-offload-exb-%d", (int)getpid());
+    ft_load_params lp = {0};
+    lp.external_layers = 1;
+    int entries[2] = {0, 0};
+    uint64_t budgets[2] = {0, 0};
+    for (int k = 0; k < 3; k++) {
+        ft_model *m = NULL;
+        CHECK_OK(ft_model_load(dir, &lp, &m));
+        REQUIRE(m);
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        char spec[700];
+        snprintf(spec, sizeof spec, "w=0,0,100 cw=bp disk=file:%s", disk);
+        CHECK_OK(ft_policy_parse(spec, &p.policy));
+        ft_offload *o = NULL;
+        if (k == 0) {   /* no budget: one layer's experts; measure what is needed */
+            CHECK_OK(ft_offload_create(m, dir, &p, &o));
+            ft_offload_stats s;
+            ft_offload_get_stats(o, &s);
+            uint64_t one = 0;
+            ft_offload_expert_cache(o, &entries[0], &one);
+            CHECK(entries[0] == 8);
+            budgets[0] = s.resident_bytes + s.slot_bytes + one * 2 - 1;   /* room for 15 experts */
+            budgets[1] = s.resident_bytes + s.slot_bytes + one / 2;      /* not even one layer's */
+        } else if (k == 1) {
+            p.device_budget = budgets[0];
+            CHECK_OK(ft_offload_create(m, dir, &p, &o));
+            ft_offload_expert_cache(o, &entries[1], NULL);
+            CHECK_MSG(entries[1] == 15, "%d entries", entries[1]);
+        } else {
+            p.device_budget = budgets[1];
+            CHECK(ft_offload_create(m, dir, &p, &o) == FT_ERR_NO_SPACE && !o);
+            CHECK(strstr(ft_last_error(), "expert cache") != NULL);
+        }
+        ft_offload_free(o);
+        ft_model_free(m);
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", disk);
+}
