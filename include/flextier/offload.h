@@ -270,12 +270,13 @@ typedef struct ft_offload_params {
      * without a budget room for one layer's experts, the least that works
      * and never less; FT_ERR_NO_SPACE if the budget cannot hold it). Eviction
      * by expert_evict (FT_EXPERT_LRU or FT_EXPERT_LFU: least recently /
-     * least often used, counts halved now and then); unless
-     * no_expert_prefetch, the next layer's router applied to this layer's
-     * input predicts the experts to read ahead. */
+     * least often used, counts halved now and then); with
+     * expert_prefetch, the next layer's router applied to this layer's
+     * input predicts the experts to read ahead (off by default: measured,
+     * it costs more cache hits than it brings when routing repeats). */
     uint64_t expert_cache_bytes;
     int expert_evict;
-    int no_expert_prefetch;
+    int expert_prefetch;
 } ft_offload_params;
 
 enum { FT_EXPERT_LRU = 0, FT_EXPERT_LFU = 1 };

@@ -78,11 +78,11 @@ typedef struct ft_session_params {
      * killed node is noticed at once). ft_offload_params.failover_ms. */
     unsigned failover_ms;
     /* Mixtures of experts with streamed experts: the expert cache's byte
-     * budget (0: one layer's experts), FT_EXPERT_LRU / FT_EXPERT_LFU, and
-     * no prefetching of the next layer's experts
-     * (ft_offload_params.expert_*). */
+     * budget (0: what device_mem leaves, or one layer's experts),
+     * FT_EXPERT_LRU / FT_EXPERT_LFU, and prefetching of the next layer's
+     * experts (ft_offload_params.expert_*). */
     uint64_t expert_cache_bytes;
-    int expert_evict, no_expert_prefetch;
+    int expert_evict, expert_prefetch;
     /* Long steps report here (NULL: silent): stage is "load", "place"
      * (weights onto tiers) or "plan"; done/total in bytes (plan: 0/0). */
     void (*progress)(void *user, const char *stage, uint64_t done, uint64_t total);

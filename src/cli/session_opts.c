@@ -31,7 +31,8 @@ const char ft_cli_offload_usage[] =
     "  --expert-cache SIZE    mixture of experts: the cache of streamed experts (default: one\n"
     "                         layer's experts)\n"
     "  --expert-evict lru|lfu which cached expert makes room (default lru)\n"
-    "  --no-expert-prefetch   do not read the next layer's predicted experts ahead\n";
+    "  --expert-prefetch      read the next layer's predicted experts ahead (off by default:\n"
+    "                         measured, it trades cache hits for overlap; docs/offload.md)\n";
 
 const char ft_cli_engine_usage[] =
     "formats:\n"
@@ -139,7 +140,7 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
         else { ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected lru or lfu", v); goto bad; }
         return 1;
     }
-    if (!strcmp(a, "--no-expert-prefetch")) { o->sp.no_expert_prefetch = 1; return 1; }
+    if (!strcmp(a, "--expert-prefetch")) { o->sp.expert_prefetch = 1; return 1; }
     if (!strcmp(a, "--replicas")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         snprintf(spec, sizeof spec, "rep=%s", v);

@@ -230,7 +230,7 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         if (s->p.failover_ms) s->op.failover_ms = s->p.failover_ms;
         s->op.expert_cache_bytes = s->p.expert_cache_bytes;
         s->op.expert_evict = s->p.expert_evict;
-        s->op.no_expert_prefetch = s->p.no_expert_prefetch;
+        s->op.expert_prefetch = s->p.expert_prefetch;
         if (s->p.progress) {
             s->op.progress = load_progress;
             s->op.user = &pc_place;

@@ -56,7 +56,7 @@ for moe in mixtral-tiny qwen3moe-tiny; do
     mrun --dump-logits "$work/$moe-r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp \
         --offload-stats > "$work/$moe-r.txt" 2> "$work/$moe-r.err"
     mrun --dump-logits "$work/$moe-d.bin" --policy w=0,50,50 --disk-dir "$work/disk" --expert-evict lfu \
-        --no-expert-prefetch --expert-cache 1M > "$work/$moe-d.txt" 2>/dev/null
+        --expert-prefetch --expert-cache 1M > "$work/$moe-d.txt" 2>/dev/null
     grep -q "offload: experts all layers: needed [1-9]" "$work/$moe-r.err" && grep -q "offload: experts layer   0:" \
         "$work/$moe-r.err" && ok "$moe: --offload-stats reports the experts per layer" \
         || bad "$moe expert stats: $(grep experts "$work/$moe-r.err" | head -3)"

@@ -97,7 +97,7 @@ static void check_model(const char *name)
         CHECK_OK(ft_policy_parse(full, &p.policy));
         p.expert_cache_bytes = set[k].cache;
         p.expert_evict = set[k].evict;
-        p.no_expert_prefetch = set[k].no_prefetch;
+        p.expert_prefetch = !set[k].no_prefetch;
         ft_load_params lp = {0};
         lp.external_layers = 1;
         ft_model *m = NULL;
