@@ -39,8 +39,23 @@ extern "C" {
 typedef enum ft_arch_id {
     FT_ARCH_OPT = 1,
     FT_ARCH_LLAMA = 2,     /* also model_type "mistral" (same graph)        */
-    FT_ARCH_QWEN2 = 3      /* Llama with q/k/v biases, no o_proj bias       */
+    FT_ARCH_QWEN2 = 3,     /* Llama with q/k/v biases, no o_proj bias       */
+    FT_ARCH_QWEN3 = 4,     /* Llama with per-head q/k RMSNorm; "qwen3_moe"  */
+    FT_ARCH_PHI3 = 5,      /* Llama with fused qkv_proj and gate_up_proj    */
+    FT_ARCH_GEMMA2 = 6,    /* sandwich norms, (1 + w) RMSNorm, GELU-tanh,
+                              soft-capping; "gemma3_text" too              */
+    FT_ARCH_MIXTRAL = 7,   /* Mistral attention, sparse MoE FFN             */
+    FT_ARCH_OLMOE = 8      /* q/k RMSNorm over the projection, sparse MoE   */
 } ft_arch_id;
+
+/* FFN activations (hidden_act / hidden_activation). */
+typedef enum ft_act {
+    FT_ACT_SILU = 0,       /* SwiGLU: silu(gate) * up                       */
+    FT_ACT_GELU_TANH = 1,  /* GeGLU: gelu_pytorch_tanh(gate) * up           */
+    FT_ACT_RELU = 2        /* OPT: relu(fc1)                                 */
+} ft_act;
+
+#define FT_MAX_EXPERTS 1024
 
 #define FT_MAX_EOS 8
 #define FT_MAX_LAYERS 1024
@@ -96,6 +111,30 @@ typedef struct ft_model_config {
      * (itself included). 0 = no window anywhere. */
     int sliding_window;
     unsigned char layer_sliding[FT_MAX_LAYERS];
+    /* Newer families (0 = off). qk_norm: 1 RMSNorm of each head of q and
+     * k over head_dim (qwen3, gemma3), 2 over the whole q / k projection
+     * (olmoe); before RoPE. norm_plus_one: RMSNorm weights act as (1 + w)
+     * (gemma). sandwich_norm: a norm on the attention output and on the
+     * FFN output before each residual add (gemma2/3: post_attention_layernorm,
+     * post_feedforward_layernorm; the FFN's input norm is then
+     * pre_feedforward_layernorm). embed_scale: embeddings multiplied by it
+     * (gemma: sqrt(hidden_size) rounded to f32). attn_scale: the score
+     * scale (0: 1/sqrt(head_dim); gemma: query_pre_attn_scalar^-1/2).
+     * attn_softcap / final_softcap: cap * tanh(x / cap) on attention scores
+     * / final logits (gemma2). rope_local_theta: the RoPE base of sliding
+     * layers, unscaled (gemma3's rope_local_base_freq; 0: every layer uses
+     * rope_theta and the scaling). */
+    int act;                    /* ft_act                                  */
+    int qk_norm, norm_plus_one, sandwich_norm;
+    float embed_scale, attn_scale, attn_softcap, final_softcap;
+    float rope_local_theta;
+    /* Mixture of experts (mixtral, qwen3_moe, olmoe): n_experts experts of
+     * moe_ffn each on the layers with layer_moe[l] set (the others are
+     * dense with ffn); the router's softmax over all experts picks the
+     * n_experts_used largest, whose weights are renormalised to sum 1 when
+     * moe_norm_topk is set. 0 experts: a dense model. */
+    int n_experts, n_experts_used, moe_ffn, moe_norm_topk;
+    unsigned char layer_moe[FT_MAX_LAYERS];
     /* special tokens (-1 = none) */
     int32_t bos_id, pad_id;
     int32_t eos_ids[FT_MAX_EOS];
@@ -194,6 +233,26 @@ typedef struct ft_layer_weights {
     ft_wmat w_gate; const float *b_gate;
     ft_wmat w_up;   const float *b_up;
     ft_wmat w_down; const float *b_down;
+    /* newer families (absent elsewhere) */
+    const float *q_norm, *k_norm;          /* qk_norm                      */
+    const float *post_attn_norm, *post_ffn_norm;   /* sandwich_norm        */
+    ft_wmat w_router;                      /* MoE: [n_experts][hidden]     */
+    /* MoE: the experts' matrices, 3 per expert (gate, up, down; slots
+     * FT_LAYER_SLOTS + 3 * e + k), n_experts of them on a sparse layer,
+     * else 0 and NULL. The array belongs to whoever filled the struct (the
+     * model for its own layers): a hook that replaces experts points this
+     * at its own array, never writes into the model's. */
+    int n_experts;
+    ft_wmat *experts;
+    /* MoE: experts the supplier of these weights has not made present
+     * (an offloading scheduler streaming them on demand). Called once the
+     * layer's router has run, with the union of the experts the call's
+     * rows selected (increasing, n of them) and the layer's MoE input x
+     * (rows x hidden, to predict the next layer's experts): it must make
+     * exactly those present in w->experts. NULL: every expert is here. */
+    ft_status (*fetch_experts)(void *user, int layer, const int *experts, int n, const float *x, int rows,
+                               struct ft_layer_weights *w);
+    void *fetch_user;
 } ft_layer_weights;
 
 /* 1 if the matrix is present. */
@@ -299,7 +358,10 @@ FT_API ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
  * to supply a model's layers per call without touching its internals.
  * Slots: the fields of ft_layer_weights in order (0 .. FT_LAYER_SLOTS-1);
  * a slot holds a matrix (ft_wmat) or an f32 vector (norms, biases). */
-#define FT_LAYER_SLOTS 18
+#define FT_LAYER_SLOTS 23
+/* Expert k (0 gate, 1 up, 2 down) of expert e: a matrix slot past the
+ * fixed ones (ft_layer_weights.experts). */
+#define FT_EXPERT_SLOT(e, k) (FT_LAYER_SLOTS + 3 * (e) + (k))
 FT_API int ft_layer_slot_is_matrix(int slot);
 FT_API ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot);        /* NULL: a vector slot */
 FT_API const float **ft_layer_weights_vec(ft_layer_weights *w, int slot);   /* NULL: a matrix slot */

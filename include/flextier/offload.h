@@ -146,6 +146,19 @@ typedef struct ft_cost_inputs {
     /* Measured engine times per weight codec (with its compute format);
      * a codec without them uses codec none's, else the analytic model. */
     ft_cost_timing timing[FT_CODEC_COUNT];
+    /* Mixtures of experts (n_experts 0: dense). The tensors above are a
+     * sparse layer's dense part (attention, norms, router); its
+     * n_experts experts of expert_bytes[codec] each (three matrices) are
+     * placed after them one by one, as the scheduler places them.
+     * experts_used per token are computed (layer_params counts those
+     * only); a step of B rows selects an expert with probability
+     * 1 - (1 - experts_used / n_experts)^B (uniform routing, the random
+     * routers' case; a skewed router needs fewer). Streamed experts are
+     * found in a cache of expert_cache experts (0: one layer's) with the
+     * hit rate of uniform use, expert_cache / streamed experts. */
+    uint32_t n_experts, experts_used;
+    uint64_t expert_bytes[FT_CODEC_COUNT];
+    uint64_t expert_cache;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -155,6 +168,9 @@ typedef struct ft_cost_estimate {
     uint64_t mem[FT_TIER_COUNT];     /* peak bytes per tier                */
     int feasible;                    /* fits every capacity                */
     const char *bottleneck;          /* "compute", "decode", "disk", ...   */
+    /* mixtures of experts: the cache hit rate assumed and the expert
+     * bytes (as computed on) fetched per layer per decode step */
+    double expert_hit, expert_fetch_bytes, expert_cache_mem;
 } ft_cost_estimate;
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
@@ -247,7 +263,34 @@ typedef struct ft_offload_params {
      * together, when the pieces are at least this big (0: 64 KiB;
      * smaller tensors go whole to one node, the nodes taken in turn). */
     uint32_t stripe_min;
+    /* Mixtures of experts (docs/offload.md, "Experts"): the experts the
+     * policy does not keep resident are fetched one by one once a layer's
+     * router has chosen them, into a cache of expert_cache_bytes (0: what
+     * device_budget leaves after the resident weights and slots, or
+     * without a budget room for one layer's experts, the least that works
+     * and never less; FT_ERR_NO_SPACE if the budget cannot hold it). Eviction
+     * by expert_evict (FT_EXPERT_LRU or FT_EXPERT_LFU: least recently /
+     * least often used, counts halved now and then); with
+     * expert_prefetch, the next layer's router applied to this layer's
+     * input predicts the experts to read ahead (off by default: measured,
+     * it costs more cache hits than it brings when routing repeats). */
+    uint64_t expert_cache_bytes;
+    int expert_evict;
+    int expert_prefetch;
 } ft_offload_params;
+
+enum { FT_EXPERT_LRU = 0, FT_EXPERT_LFU = 1 };
+
+/* Per layer of a mixture of experts, since creation (or the last reset). */
+typedef struct ft_expert_stats {
+    uint64_t needed;          /* experts selected (the union of each call's rows) */
+    uint64_t resident;        /* of those, kept resident by the policy          */
+    uint64_t hits, misses;    /* of the streamed ones: in the cache, or read then */
+    uint64_t prefetch_hits;   /* of the hits: brought by the prefetcher         */
+    uint64_t bytes;           /* bytes read (stored frames) for this layer's experts */
+    uint64_t predicted;       /* experts the prefetcher predicted for this layer */
+    uint64_t predicted_used;  /* of those, selected                             */
+} ft_expert_stats;
 
 FT_API void ft_offload_default_params(ft_offload_params *p);
 
@@ -269,6 +312,7 @@ typedef struct ft_offload_stats {
     double failover_fetch_s; /* the longest layer fetch that retried reads */
     double degraded_fetch_s; /* fetches that began with a node down (and  */
     uint64_t degraded_fetches;/* retried nothing): time, count            */
+    uint64_t expert_cache_bytes;  /* the expert cache (ft_offload_expert_stats) */
 } ft_offload_stats;
 
 /* model_dir: the checkpoint the model was loaded from (source of the
@@ -287,6 +331,11 @@ FT_API void ft_offload_reset_stats(ft_offload *o);
  * layers): layers, parameters per layer, hidden size, KV bytes per token
  * (f32 cache), one layer's tensors in placement order. */
 FT_API ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in);
+
+/* Layer `layer`'s expert statistics (zeros for a dense layer or model). */
+FT_API ft_status ft_offload_expert_stats(const ft_offload *o, int layer, ft_expert_stats *out);
+/* The expert cache: entries and bytes (0 when no expert is streamed). */
+FT_API void ft_offload_expert_cache(const ft_offload *o, int *entries, uint64_t *bytes);
 
 /* Tier of tensor slot `slot` of every layer (as placed), for reporting. */
 FT_API ft_tier ft_offload_tier_of(const ft_offload *o, int slot);

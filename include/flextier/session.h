@@ -77,6 +77,12 @@ typedef struct ft_session_params {
      * this long while a request waits is given up on (0: 1000 ms; a
      * killed node is noticed at once). ft_offload_params.failover_ms. */
     unsigned failover_ms;
+    /* Mixtures of experts with streamed experts: the expert cache's byte
+     * budget (0: what device_mem leaves, or one layer's experts),
+     * FT_EXPERT_LRU / FT_EXPERT_LFU, and prefetching of the next layer's
+     * experts (ft_offload_params.expert_*). */
+    uint64_t expert_cache_bytes;
+    int expert_evict, expert_prefetch;
     /* Long steps report here (NULL: silent): stage is "load", "place"
      * (weights onto tiers) or "plan"; done/total in bytes (plan: 0/0). */
     void (*progress)(void *user, const char *stage, uint64_t done, uint64_t total);
@@ -219,6 +225,9 @@ typedef struct ft_session_stats {
     uint64_t pipe_messages;
 } ft_session_stats;
 
+/* The weight scheduler (NULL without offloading), for per-layer figures
+ * such as ft_offload_expert_stats. */
+FT_API const ft_offload *ft_session_offload(const ft_session *s);
 FT_API void ft_session_get_stats(const ft_session *s, ft_session_stats *out);
 FT_API void ft_session_reset_stats(ft_session *s);
 

@@ -16,6 +16,11 @@
 #                         32 tokens each (llama-batched-bench -npp 16 -ntg 32 -npl B)
 #     --batches "1 2 4 8 16 32"   for the batched test
 #     --gen N (64)  --prompt N (512)  --runs N (3, interleaved, medians)
+#     --model-args "ARGS" gen-model arguments instead of the Llama above, e.g. a
+#                         mixture of experts: "--arch mixtral --hidden 1024 --layers 6
+#                         --heads 16 --kv-heads 4 --ffn 512 --experts 32
+#                         --experts-per-tok 4 --vocab 32000 --dtype bf16" (issue 23;
+#                         llama.cpp's converter takes mixtral with this tokenizer)
 #     --out DIR           keep logs, results.tsv, meta.tsv and table.md there
 #                         (default: a temporary directory, removed at exit)
 # Environment: PEERS_CACHE (~/.cache/flextier/peers: llama.cpp build, venv,
@@ -31,11 +36,11 @@ PEERS_PROG=llamacpp.sh
 
 FT=$root/build/flextier
 LAYERS=22; FORMATS="f32 bf16 q8 q4"; THREADS="1 2"; TESTS="decode prefill batched"
-BATCHES="1 2 4 8 16 32"; GEN=64; PROMPT=512; RUNS=3; OUT=""
+BATCHES="1 2 4 8 16 32"; GEN=64; PROMPT=512; RUNS=3; OUT=""; MODEL_ARGS=""
 BPP=16; BTG=32
 PEERS_TIMEOUT=${PEERS_TIMEOUT:-3600}
 PEERS_LLAMA_ARGS=${PEERS_LLAMA_ARGS:-}
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
@@ -48,6 +53,7 @@ while [ $# -gt 0 ]; do
     --prompt) PROMPT=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --model-args) MODEL_ARGS=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "llamacpp.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -85,6 +91,10 @@ SRC=$(peers_llama_dir)/src
 
 model_args=(--arch llama --hidden 2048 --layers "$LAYERS" --heads 32 --kv-heads 8 --ffn 5632 --vocab 32000 --dtype bf16)
 model=$PEERS_CACHE/models/llama-h2048-l$LAYERS-v32000-bf16
+if [ -n "$MODEL_ARGS" ]; then
+    read -r -a model_args <<< "$MODEL_ARGS"
+    model=$PEERS_CACHE/models/gen-$(echo "$MODEL_ARGS" | md5sum | cut -c1-12)
+fi
 peers_gen_model "$FT" "$model" "${model_args[@]}"
 
 declare -A gguf

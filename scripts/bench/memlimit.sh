@@ -24,6 +24,9 @@
 #     --devmem-fit/--devmem-stream/--devmem-lossless SIZE
 #                        FlexTier's --device-mem (default half the limit)
 #     --hf-cpu-mem SIZE  accelerate's max_memory["cpu"] (default a third of the limit)
+#     --model-args "ARGS" gen-model arguments instead of the Llama (e.g. a mixture
+#                        of experts: "--arch mixtral ... --experts 32 --experts-per-tok 4")
+#     --ft-args "ARGS"   extra FlexTier options (e.g. --expert-cache 64M --expert-evict lfu)
 #     --out DIR          keep logs, results.tsv, meta.tsv, table.md
 # SIZE: bytes or 512M / 1.5G (binary units). A run killed by the cgroup's OOM
 # killer is reported as OOM, not dropped. Environment as llamacpp.sh.
@@ -35,9 +38,9 @@ PEERS_PROG=memlimit.sh
 
 FT=$root/build/flextier
 LAYERS=22; SCENARIOS="fit stream lossless"; THREADS=2; GEN=32; RUNS=3; OUT=""
-L_FIT=""; L_STREAM=""; L_LOSSLESS=""; D_FIT=""; D_STREAM=""; D_LOSSLESS=""; HF_CPU=""
+L_FIT=""; L_STREAM=""; L_LOSSLESS=""; D_FIT=""; D_STREAM=""; D_LOSSLESS=""; HF_CPU=""; MODEL_ARGS=""; FT_ARGS=""
 PEERS_TIMEOUT=${PEERS_TIMEOUT:-3600}
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
@@ -54,6 +57,8 @@ while [ $# -gt 0 ]; do
     --devmem-lossless) D_LOSSLESS=$2; shift 2 ;;
     --hf-cpu-mem) HF_CPU=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --model-args) MODEL_ARGS=$2; shift 2 ;;
+    --ft-args) FT_ARGS=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "memlimit.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -104,6 +109,10 @@ LB=$(peers_llama_bin llama-bench)
 
 model_args=(--arch llama --hidden 2048 --layers "$LAYERS" --heads 32 --kv-heads 8 --ffn 5632 --vocab 32000 --dtype bf16)
 model=$PEERS_CACHE/models/llama-h2048-l$LAYERS-v32000-bf16
+if [ -n "$MODEL_ARGS" ]; then
+    read -r -a model_args <<< "$MODEL_ARGS"
+    model=$PEERS_CACHE/models/gen-$(echo "$MODEL_ARGS" | md5sum | cut -c1-12)
+fi
 peers_gen_model "$FT" "$model" "${model_args[@]}"
 q4=$(peers_gguf "$model" q4_0)
 s_bf16=$(stat -c %s "$model/model.safetensors")
@@ -136,6 +145,7 @@ ft_cmd() {   # SCENARIO -> FTC array
         FTC=("$FT" "${common[@]}" --policy w=0,0,100 --compress-weights bp --disk-dir "$work/disk/bp" --device-mem "$D_LOSSLESS")
         if [ "$FT_WD" = 1 ]; then FTC+=(--weights-dtype bf16); fi ;;
     esac
+    if [ -n "$FT_ARGS" ]; then read -r -a fta <<< "$FT_ARGS"; FTC+=("${fta[@]}"); fi
 }
 limit_of() { case "$1" in fit) echo "$L_FIT" ;; stream) echo "$L_STREAM" ;; lossless) echo "$L_LOSSLESS" ;; esac; }
 

@@ -58,12 +58,19 @@ def ft_bytes(model_dir, fmt):
     arch = c.get("model_type")
     h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     bpp = FT_BPP[fmt]
-    if arch == "llama":
+    extra_all = 0   # mixtures of experts: the experts a token does not use (held, not read)
+    if arch in ("llama", "qwen3", "mixtral", "qwen3_moe"):
         nh, nkv = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
-        hd = h // nh
+        hd = c.get("head_dim") or h // nh
         ffn = c["intermediate_size"]
         layer_mat = h * nh * hd * 2 + h * nkv * hd * 2 + 3 * h * ffn
-        layer_vec = 2 * h
+        layer_vec = 2 * h + (2 * hd if arch.startswith("qwen3") else 0)
+        if arch in ("mixtral", "qwen3_moe"):   # every layer sparse (gen-model's shapes)
+            E = c.get("num_local_experts") or c.get("num_experts")
+            k = c["num_experts_per_tok"]
+            mffn = c.get("moe_intermediate_size") or ffn
+            layer_mat = h * nh * hd * 2 + h * nkv * hd * 2 + E * h + k * 3 * h * mffn
+            extra_all = L * (E - k) * 3 * h * mffn
         tied = c.get("tie_word_embeddings", False)
         head = V * h
         glob_vec = h
@@ -79,7 +86,7 @@ def ft_bytes(model_dir, fmt):
     mats = L * layer_mat + head
     vecs = L * layer_vec + glob_vec
     per_tok = mats * bpp + vecs * 4 + h * bpp           # + one embedding row
-    total = per_tok - h * bpp + (0 if tied else V * h * bpp)
+    total = per_tok - h * bpp + (0 if tied else V * h * bpp) + extra_all * bpp
     print(int(total), int(per_tok))
 
 

@@ -220,11 +220,20 @@ int ft_cmd_plan(int argc, char **argv)
         for (uint32_t k = 0; k < in.n_tensors; k++) lb += (double)in.tensor_bytes[best.compress_weights][k];
         ft_cli_fmt_bytes(lb, b1, sizeof b1);
     }
-    printf("\nmodel:    %u layers of %s (%s)\npolicy:   %s\n", in.n_layers, b1,
+    printf("\nmodel:    %u layers of %s%s (%s)\npolicy:   %s\n", in.n_layers, b1, in.n_experts ? " + experts" : "",
            best.compress_weights == FT_CODEC_Q8 ? "q8" : best.compress_weights == FT_CODEC_Q4 ? "q4"
                                                 : ft_wfmt_name(in.weights_fmt), pol);
     printf("predicted: decode %.2f tok/s, prefill %.1f tok/s (bottleneck: %s)\n", e.decode_tps, e.prefill_tps,
            e.bottleneck);
+    if (in.n_experts) {   /* the dense part above; the experts (issue 23) */
+        char b2[32], b3[32];
+        ft_cli_fmt_bytes((double)in.expert_bytes[best.compress_weights], b1, sizeof b1);
+        ft_cli_fmt_bytes(e.expert_fetch_bytes, b2, sizeof b2);
+        ft_cli_fmt_bytes(e.expert_cache_mem, b3, sizeof b3);
+        printf("experts:  %u per sparse layer of %s, %u per token; expert cache %s, hit rate %.0f%% "
+               "(uniform routing); %s of experts fetched per layer per decode step\n", in.n_experts, b1,
+               in.experts_used, b3, 100.0 * e.expert_hit, b2);
+    }
     for (int k = 0; k < FT_TIER_COUNT; k++) {
         ft_cli_fmt_bytes((double)e.mem[k], b1, sizeof b1);
         if (e.mem[k]) printf("  %-7s %s\n", ft_tier_name((ft_tier)k), b1);

@@ -24,10 +24,12 @@
 typedef enum { GM_GAUSS, GM_ONES, GM_ZEROS } gm_kind;
 
 typedef struct {
-    char name[96];
+    char name[160];
     uint32_t ndim;
     int64_t shape[2];
     gm_kind kind;
+    int64_t hot_rows;       /* a router: its first hot_rows rows scaled by hot_scale */
+    float hot_scale;
 } gm_tensor;
 
 typedef struct {
@@ -44,16 +46,23 @@ typedef struct {
 } gm_gen;
 
 static const char GEN_USAGE[] =
-    "usage: flextier gen-model --arch llama|opt --out DIR [--hidden N] [--layers N] [--heads N]\n"
-    "         [--kv-heads N] [--ffn N] [--vocab N] [--max-pos N] [--seed N] [--dtype bf16|f32]\n"
-    "         [--threads N]\n"
+    "usage: flextier gen-model --arch llama|opt|qwen3|qwen3_moe|mixtral --out DIR [--hidden N]\n"
+    "         [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--ffn N] [--vocab N]\n"
+    "         [--max-pos N] [--seed N] [--dtype bf16|f32] [--threads N]\n"
+    "         [--experts N] [--experts-per-tok K] [--moe-ffn N] [--router-skew S]\n"
     "Writes a random-weight checkpoint with the Hugging Face file layout: config.json,\n"
     "generation_config.json, model.safetensors (streamed: memory stays small whatever the\n"
     "size) and a synthetic BPE tokenizer.json with exactly --vocab tokens (Llama: byte\n"
     "fallback, as Llama 2; OPT: byte-level, as GPT-2), plus tokenizer_config.json.\n"
     "Weights: N(0, 0.02), norm weights 1, biases 0; deterministic in --seed for any --threads.\n"
     "Defaults: llama: hidden 288, 6 layers, 6 heads (6 KV), ffn 768; opt: hidden 256,\n"
-    "4 layers, 4 heads, ffn 1024; vocab 320, max-pos 1024, bf16, threads: all CPUs.\n";
+    "4 layers, 4 heads, ffn 1024; vocab 320, max-pos 1024, bf16, threads: all CPUs.\n"
+    "qwen3 / qwen3_moe / mixtral are Llama-shaped (the same defaults; qwen3: q/k norms, head-dim\n"
+    "hidden/heads unless given); qwen3_moe and mixtral: --experts (default 8) experts of\n"
+    "--moe-ffn (qwen3_moe, default ffn/4; mixtral: ffn), --experts-per-tok (default 2) per\n"
+    "token, renormalised. --router-skew S scales the router rows of the first eighth of the\n"
+    "experts by S (> 1: those experts win more often: a skewed routing, as trained models\n"
+    "have; 1: uniform, random routers' case).\n";
 
 static int opt_is(const char *a, const char *name) { return !strcmp(a, name); }
 
@@ -70,11 +79,13 @@ static void add_t(gm_tensor *v, size_t *n, gm_kind kind, int64_t d0, int64_t d1,
 }
 
 /* The checkpoint's tensors, in the order transformers lists them. */
-static size_t list_tensors(const ft_model_config *c, int llama, gm_tensor *v)
+enum { GM_OPT = 0, GM_LLAMA, GM_QWEN3, GM_QWEN3_MOE, GM_MIXTRAL };
+
+static size_t list_tensors(const ft_model_config *c, int arch, float skew, gm_tensor *v)
 {
     size_t n = 0;
     int64_t h = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
-    if (llama) {
+    if (arch != GM_OPT) {
         static const char L[] = "model.layers.%d.%s";
         add_t(v, &n, GM_GAUSS, c->vocab, h, "model.embed_tokens.weight", -1, NULL);
         for (int l = 0; l < c->n_layers; l++) {
@@ -83,10 +94,31 @@ static size_t list_tensors(const ft_model_config *c, int llama, gm_tensor *v)
             add_t(v, &n, GM_GAUSS, kv, h, L, l, "self_attn.k_proj.weight");
             add_t(v, &n, GM_GAUSS, kv, h, L, l, "self_attn.v_proj.weight");
             add_t(v, &n, GM_GAUSS, h, q, L, l, "self_attn.o_proj.weight");
+            if (c->qk_norm) {
+                add_t(v, &n, GM_ONES, c->head_dim, 0, L, l, "self_attn.q_norm.weight");
+                add_t(v, &n, GM_ONES, c->head_dim, 0, L, l, "self_attn.k_norm.weight");
+            }
             add_t(v, &n, GM_ONES, h, 0, L, l, "post_attention_layernorm.weight");
-            add_t(v, &n, GM_GAUSS, c->ffn, h, L, l, "mlp.gate_proj.weight");
-            add_t(v, &n, GM_GAUSS, c->ffn, h, L, l, "mlp.up_proj.weight");
-            add_t(v, &n, GM_GAUSS, h, c->ffn, L, l, "mlp.down_proj.weight");
+            if (c->n_experts && c->layer_moe[l]) {
+                int mx = arch == GM_MIXTRAL;
+                char nm[64];
+                snprintf(nm, sizeof nm, "%s.gate.weight", mx ? "block_sparse_moe" : "mlp");
+                add_t(v, &n, GM_GAUSS, c->n_experts, h, L, l, nm);
+                v[n - 1].hot_rows = skew != 1.0f ? (c->n_experts + 7) / 8 : 0;
+                v[n - 1].hot_scale = skew;
+                for (int e = 0; e < c->n_experts; e++) {
+                    static const char *const qn[3] = {"gate_proj", "up_proj", "down_proj"}, *const mn[3] = {"w1", "w3", "w2"};
+                    for (int k = 0; k < 3; k++) {
+                        snprintf(nm, sizeof nm, "%s.experts.%d.%s.weight", mx ? "block_sparse_moe" : "mlp", e,
+                                 mx ? mn[k] : qn[k]);
+                        add_t(v, &n, GM_GAUSS, k == 2 ? h : c->moe_ffn, k == 2 ? c->moe_ffn : h, L, l, nm);
+                    }
+                }
+            } else {
+                add_t(v, &n, GM_GAUSS, c->ffn, h, L, l, "mlp.gate_proj.weight");
+                add_t(v, &n, GM_GAUSS, c->ffn, h, L, l, "mlp.up_proj.weight");
+                add_t(v, &n, GM_GAUSS, h, c->ffn, L, l, "mlp.down_proj.weight");
+            }
         }
         add_t(v, &n, GM_ONES, h, 0, "model.norm.weight", -1, NULL);
         add_t(v, &n, GM_GAUSS, c->vocab, h, "lm_head.weight", -1, NULL);
@@ -143,6 +175,11 @@ static void gen_block(void *arg, size_t j, unsigned worker)
     uint64_t st = g->seed * 0x9e3779b97f4a7c15ull ^ (g->ti + 1) * 0xd1b54a32d192ed03ull ^ (b + 1) * 0x8cb92ba72f3d8dd7ull;
     (void)ft_rand_u64(&st);
     gauss_block(st, f, (size_t)(e - s));
+    if (t->hot_rows && t->ndim == 2) {   /* a skewed router: its hot rows scaled */
+        uint64_t cols = (uint64_t)t->shape[1];
+        for (uint64_t x = lo; x < hi; x++)
+            if ((int64_t)(x / cols) < t->hot_rows) f[x - s] *= t->hot_scale;
+    }
     ft_convert((uint8_t *)g->buf + ft_dtype_nbytes(g->dt, lo - g->e0), g->dt, f + (lo - s), FT_F32, (size_t)(hi - lo));
 }
 
@@ -169,6 +206,8 @@ int ft_cmd_gen_model(int argc, char **argv)
 {
     const char *arch = NULL, *outdir = NULL, *dtype = "bf16";
     long hidden = 0, layers = 0, heads = 0, kv = 0, ffn = 0, vocab = 320, maxpos = 1024, seed = 1, threads = 0;
+    long head_dim = 0, experts = 8, topk = 2, moe_ffn = 0;
+    const char *skew_s = "1";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opt_is(a, "-h") || opt_is(a, "--help")) { fputs(GEN_USAGE, stdout); return FT_EXIT_OK; }
@@ -188,14 +227,27 @@ int ft_cmd_gen_model(int argc, char **argv)
         else if (opt_is(a, "--max-pos")) { dst = &maxpos; hi = 1 << 20; }
         else if (opt_is(a, "--seed")) { dst = &seed; lo = 0; hi = 0x7fffffffL; }
         else if (opt_is(a, "--threads")) { dst = &threads; hi = 1024; }
+        else if (opt_is(a, "--head-dim")) { dst = &head_dim; lo = 2; hi = 1024; }
+        else if (opt_is(a, "--experts")) { dst = &experts; hi = FT_MAX_EXPERTS; }
+        else if (opt_is(a, "--experts-per-tok")) { dst = &topk; hi = FT_MAX_EXPERTS; }
+        else if (opt_is(a, "--moe-ffn")) dst = &moe_ffn;
+        else if (opt_is(a, "--router-skew")) skew_s = v;
         else return ft_cli_usage_error(GEN_USAGE, "unknown option %s", a);
         if (dst && ft_cli_parse_int(v, lo, hi, dst))
             return ft_cli_usage_error(GEN_USAGE, "bad value for %s: %s", a, v);
     }
     if (!arch || !outdir) return ft_cli_usage_error(GEN_USAGE, "--arch and --out are required");
-    int is_llama = opt_is(arch, "llama");
-    if (!is_llama && !opt_is(arch, "opt"))
-        return ft_cli_usage_error(GEN_USAGE, "--arch must be llama or opt, not %s", arch);
+    int gm = opt_is(arch, "opt") ? GM_OPT : opt_is(arch, "llama") ? GM_LLAMA : opt_is(arch, "qwen3") ? GM_QWEN3
+           : opt_is(arch, "qwen3_moe") ? GM_QWEN3_MOE : opt_is(arch, "mixtral") ? GM_MIXTRAL : -1;
+    if (gm < 0)
+        return ft_cli_usage_error(GEN_USAGE, "--arch must be llama, opt, qwen3, qwen3_moe or mixtral, not %s", arch);
+    int is_llama = gm != GM_OPT;
+    char *end = NULL;
+    double skew = strtod(skew_s, &end);
+    if (!end || *end || !(skew > 0 && skew <= 1000))
+        return ft_cli_usage_error(GEN_USAGE, "bad value for --router-skew: %s (a factor in (0, 1000])", skew_s);
+    if (topk > experts)
+        return ft_cli_usage_error(GEN_USAGE, "--experts-per-tok %ld exceeds --experts %ld", topk, experts);
     ft_dtype dt;
     if (opt_is(dtype, "bf16")) dt = FT_BF16;
     else if (opt_is(dtype, "f32")) dt = FT_F32;
@@ -209,18 +261,32 @@ int ft_cmd_gen_model(int argc, char **argv)
     if (!heads) heads = is_llama ? 6 : 4;
     if (!kv) kv = heads;
     if (!ffn) ffn = is_llama ? 768 : 4 * hidden;
+    if (!moe_ffn) moe_ffn = gm == GM_QWEN3_MOE ? (ffn / 4 > 0 ? ffn / 4 : 1) : ffn;
+    if (!head_dim) head_dim = hidden / heads;
 
-    char cfgjson[2048], genjson[256], tokcfg[512];
+    char cfgjson[2048], genjson[256], tokcfg[512], extra[512] = "";
     const char *dts = dt == FT_BF16 ? "bfloat16" : "float32";
+    static const char *const archname[] = {"OPTForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM",
+                                           "Qwen3MoeForCausalLM", "MixtralForCausalLM"};
+    static const char *const mtype[] = {"opt", "llama", "qwen3", "qwen3_moe", "mixtral"};
+    if (gm == GM_QWEN3 || gm == GM_QWEN3_MOE)
+        snprintf(extra, sizeof extra, "  \"head_dim\": %ld,\n  \"attention_bias\": false,\n", head_dim);
+    if (gm == GM_QWEN3_MOE)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 "  \"num_experts\": %ld,\n  \"num_experts_per_tok\": %ld,\n  \"moe_intermediate_size\": %ld,\n"
+                 "  \"norm_topk_prob\": true,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+                 experts, topk, moe_ffn);
+    if (gm == GM_MIXTRAL)
+        snprintf(extra, sizeof extra, "  \"num_local_experts\": %ld,\n  \"num_experts_per_tok\": %ld,\n", experts, topk);
     if (is_llama) {
         snprintf(cfgjson, sizeof cfgjson,
-                 "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                 "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n%s"
                  "  \"hidden_size\": %ld,\n  \"intermediate_size\": %ld,\n  \"num_hidden_layers\": %ld,\n"
                  "  \"num_attention_heads\": %ld,\n  \"num_key_value_heads\": %ld,\n  \"vocab_size\": %ld,\n"
                  "  \"max_position_embeddings\": %ld,\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 10000.0,\n"
                  "  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": false,\n  \"bos_token_id\": 1,\n"
                  "  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n",
-                 hidden, ffn, layers, heads, kv, vocab, maxpos, dts);
+                 archname[gm], mtype[gm], extra, hidden, ffn, layers, heads, kv, vocab, maxpos, dts);
         snprintf(genjson, sizeof genjson, "{\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2\n}\n");
         snprintf(tokcfg, sizeof tokcfg,
                  "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"add_bos_token\": true,\n"
@@ -256,11 +322,11 @@ int ft_cmd_gen_model(int argc, char **argv)
     char *tokjson = NULL;
     size_t toklen = 0;
     gm_gen g = {.dt = dt, .seed = (uint64_t)seed};
-    size_t maxn = 4 + (size_t)layers * 20;
+    size_t maxn = 4 + (size_t)layers * (20 + 3 * (size_t)cfg.n_experts + 1);
     gm_tensor *tl = calloc(maxn, sizeof *tl);
     ft_named_tensor *nt = calloc(maxn, sizeof *nt);
     if (!tl || !nt) { ft_cli_fail("gen-model", FT_ERR_NOMEM); goto done; }
-    size_t n = list_tensors(&cfg, is_llama, tl);
+    size_t n = list_tensors(&cfg, gm, (float)skew, tl);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         nt[i].name = tl[i].name;
@@ -292,9 +358,13 @@ int ft_cmd_gen_model(int argc, char **argv)
     if ((st = ft_cli_write_file(path, tokcfg, strlen(tokcfg)))) { ft_cli_fail(path, st); goto done; }
     char wb[32];
     ft_cli_fmt_bytes((double)bytes, wb, sizeof wb);
-    printf("wrote %s: %s, hidden %d, %d layers, %d heads (%d KV), ffn %d, vocab %d, %s weights (%s)\n",
+    printf("wrote %s: %s, hidden %d, %d layers, %d heads (%d KV), ffn %d, vocab %d, %s weights (%s)",
            outdir, cfg.model_type, cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn,
            cfg.vocab, dtype, wb);
+    if (cfg.n_experts)
+        printf(", %d experts of %d (%d per token), router skew %g", cfg.n_experts, cfg.moe_ffn, cfg.n_experts_used,
+               skew);
+    printf("\n");
     rc = FT_EXIT_OK;
 done:
     free(tokjson);

@@ -26,7 +26,13 @@ const char ft_cli_offload_usage[] =
     "                         a retry on a replica, and is filled again when it is back\n"
     "  --failover-timeout MS  with replicas: give up on a node whose link moved nothing for\n"
     "                         this long (default 1000; a killed node is noticed at once)\n"
-    "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency\n";
+    "  --offload-stats        print bytes per tier, I/O wait and overlap efficiency (and for a\n"
+    "                         mixture of experts per layer expert hits, misses, bytes, prefetch)\n"
+    "  --expert-cache SIZE    mixture of experts: the cache of streamed experts (default: one\n"
+    "                         layer's experts)\n"
+    "  --expert-evict lru|lfu which cached expert makes room (default lru)\n"
+    "  --expert-prefetch      read the next layer's predicted experts ahead (off by default:\n"
+    "                         measured, it trades cache hits for overlap; docs/offload.md)\n";
 
 const char ft_cli_engine_usage[] =
     "formats:\n"
@@ -122,6 +128,19 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--offload-stats")) { o->stats = 1; return 1; }
+    if (!strcmp(a, "--expert-cache")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (ft_cli_parse_size(v, &o->sp.expert_cache_bytes)) goto bad;
+        return 1;
+    }
+    if (!strcmp(a, "--expert-evict")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (!strcmp(v, "lru")) o->sp.expert_evict = FT_EXPERT_LRU;
+        else if (!strcmp(v, "lfu")) o->sp.expert_evict = FT_EXPERT_LFU;
+        else { ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected lru or lfu", v); goto bad; }
+        return 1;
+    }
+    if (!strcmp(a, "--expert-prefetch")) { o->sp.expert_prefetch = 1; return 1; }
     if (!strcmp(a, "--replicas")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         snprintf(spec, sizeof spec, "rep=%s", v);
@@ -289,6 +308,37 @@ void ft_cli_session_report(const ft_cli_session *o, const ft_session *ses, doubl
                 fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
                         mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
                         s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+        const ft_offload *wo = ft_session_offload(ses);
+        int entries = 0;
+        uint64_t cbytes = 0;
+        ft_offload_expert_cache(wo, &entries, &cbytes);
+        const ft_model_config *mc = ft_session_config(ses);
+        if (entries) {
+            ft_expert_stats t;
+            memset(&t, 0, sizeof t);
+            fprintf(f, "offload: experts: cache of %d experts (%.1f MiB)\n", entries, mib(cbytes));
+            for (int l = 0; l < mc->n_layers; l++) {
+                ft_expert_stats e;
+                if (ft_offload_expert_stats(wo, l, &e) || !e.needed) continue;
+                uint64_t str = e.hits + e.misses;
+                fprintf(f, "offload: experts layer %3d: needed %llu (resident %llu), hits %llu (%.0f%%, prefetched "
+                           "%llu), misses %llu, read %.2f MiB, prefetch accuracy %.0f%% of %llu\n", l,
+                        (unsigned long long)e.needed, (unsigned long long)e.resident, (unsigned long long)e.hits,
+                        str ? 100.0 * (double)e.hits / (double)str : 0.0, (unsigned long long)e.prefetch_hits,
+                        (unsigned long long)e.misses, mib(e.bytes),
+                        e.predicted ? 100.0 * (double)e.predicted_used / (double)e.predicted : 0.0,
+                        (unsigned long long)e.predicted);
+                t.needed += e.needed; t.resident += e.resident; t.hits += e.hits; t.misses += e.misses;
+                t.prefetch_hits += e.prefetch_hits; t.bytes += e.bytes; t.predicted += e.predicted;
+                t.predicted_used += e.predicted_used;
+            }
+            uint64_t str = t.hits + t.misses;
+            fprintf(f, "offload: experts all layers: needed %llu (resident %llu), hit rate %.1f%% (prefetched %llu), "
+                       "misses %llu, read %.2f MiB, prefetch accuracy %.1f%%\n", (unsigned long long)t.needed,
+                    (unsigned long long)t.resident, str ? 100.0 * (double)t.hits / (double)str : 0.0,
+                    (unsigned long long)t.prefetch_hits, (unsigned long long)t.misses, mib(t.bytes),
+                    t.predicted ? 100.0 * (double)t.predicted_used / (double)t.predicted : 0.0);
+        }
         const ft_policy *pol = ft_session_policy(ses, NULL);
         if (pol->replicas > 1)
             fprintf(f, "offload: %u replicas: %llu nodes failed over, %llu reads retried on a replica, %llu nodes "

@@ -147,6 +147,12 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
                             "sliding_window = %d (windowed attention is not implemented on CUDA; "
                             "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
+    if (ft_model_features(m)) {
+        char fb[192];
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: %s needs %s, which the CUDA backend does not "
+                            "implement yet (the CPU engine has it)", cfg->model_type,
+                            ft_model_features_name(ft_model_features(m), fb, sizeof fb));
+    }
     if (p->stream_weights && !p->hook)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
     if (!p->stream_weights && !ft_model_layers_loaded(m))
@@ -465,6 +471,8 @@ static ft_status norm(ft_cuda_ctx *c, float *out, const float *in, int rows, con
     return FT_OK;
 }
 
+_Static_assert(FT_CUDA_LAYER_TENSORS == LW_COUNT, "the weight hook fills one source per layer slot");
+
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 
 /* Enqueue layer `l`'s weights into slot l % 2 on the load stream. */
@@ -682,6 +690,7 @@ static ft_status cu_gather_last(void *b, ft_gbuf out, ft_gbuf in, int n)
 static const ft_backend_ops cuda_ops = {
     cu_embed, cu_add_positions, cu_layer_begin, cu_layer_end, cu_norm, cu_linear,
     cu_rope, cu_attention, cu_ffn_act, cu_add, cu_gather_last,
+    NULL, NULL, NULL, NULL,   /* qk_norm, scale, softcap, moe: models needing them are refused at create */
 };
 
 /* Validation as ft_ctx_forward (the engine's checks). */

@@ -255,6 +255,23 @@ static const char *const KEYS_MISTRAL[] = {"sliding_window", "layer_types", NULL
 static const char *const KEYS_QWEN2[] = {"sliding_window", "use_sliding_window", "max_window_layers",
                                          "layer_types", NULL};
 
+static const char *const KEYS_QWEN3_MOE[] = {
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "decoder_sparse_step",
+    "moe_intermediate_size", "num_experts_per_tok", "num_experts", "num_local_experts", "norm_topk_prob",
+    "output_router_logits", "router_aux_loss_coef", "mlp_only_layers", NULL};
+/* router_jitter_noise: applied only in training */
+static const char *const KEYS_MIXTRAL[] = {"sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok",
+                                           "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+                                           NULL};
+static const char *const KEYS_OLMOE[] = {"num_experts", "num_experts_per_tok", "norm_topk_prob", "output_router_logits",
+                                         "router_aux_loss_coef", "clip_qkv", NULL};
+static const char *const KEYS_PHI3[] = {"sliding_window", "resid_pdrop", "embd_pdrop", NULL};
+/* cache_implementation: how generate() allocates its cache */
+static const char *const KEYS_GEMMA[] = {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+                                         "final_logit_softcapping", "attn_logit_softcapping",
+                                         "use_bidirectional_attention", "sliding_window_pattern", "_sliding_window_pattern",
+                                         "rope_local_base_freq", "cache_implementation", NULL};
+
 /* Keys of rope_scaling / rope_parameters, by rope type. */
 static const char *const ROPE_COMMON[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor", NULL};
 static const char *const ROPE_FACTOR[] = {"factor", NULL};
@@ -363,8 +380,8 @@ static ft_status parse_rope(json_object *o, const char *what, unsigned flags, ft
         return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_parameters\" must be an object or null", what);
     if (rp) {
         json_object *x;
-        if ((json_object_object_get_ex(rp, "full_attention", &x) && json_object_is_type(x, json_type_object)) ||
-            (json_object_object_get_ex(rp, "sliding_attention", &x) && json_object_is_type(x, json_type_object)))
+        if (((json_object_object_get_ex(rp, "full_attention", &x) && json_object_is_type(x, json_type_object)) ||
+             (json_object_object_get_ex(rp, "sliding_attention", &x) && json_object_is_type(x, json_type_object))))
             return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_parameters\" is given per layer type "
                                 "(not supported for %s)", what, c->model_type);
         /* contradictions between the layouts */
@@ -427,6 +444,10 @@ static ft_status parse_rope(json_object *o, const char *what, unsigned flags, ft
     else if (!strcmp(type, "dynamic")) { c->rope_type = FT_ROPE_DYNAMIC; keys = ROPE_FACTOR; }
     else if (!strcmp(type, "llama3")) { c->rope_type = FT_ROPE_LLAMA3; keys = ROPE_LLAMA3; }
     else if (!strcmp(type, "yarn")) { c->rope_type = FT_ROPE_YARN; keys = ROPE_YARN; }
+    else if (!strcmp(type, "longrope") || !strcmp(type, "su"))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"%s.rope_type\" = \"%s\": LongRoPE (Phi-3 128k) "
+                            "is not implemented (its short/long factor switch at original_max_position_embeddings "
+                            "is not supported); the 4k-context checkpoints work", what, field, type);
     else
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"%s.rope_type\" = \"%.64s\" (supported: default, "
                             "linear, dynamic, llama3, yarn)", what, field, type);
@@ -502,22 +523,32 @@ static ft_status parse_rope(json_object *o, const char *what, unsigned flags, ft
 
 /* ------------------------------------------------------- sliding windows */
 
-/* Mistral: sliding_window (int or null) on every layer. Qwen2: only with
- * use_sliding_window, on the layers layer_types marks "sliding_attention"
- * (transformers 5 saves it) or else on layers >= max_window_layers. */
-static ft_status parse_windows(json_object *o, const char *what, ft_model_config *c)
+/* Which layers a window applies to: WIN_ALL (Mistral, Mixtral, Phi-3):
+ * sliding_window (int or null) on every layer; WIN_QWEN (Qwen2/3): only
+ * with use_sliding_window, on the layers layer_types marks
+ * "sliding_attention" (transformers 5 saves it) or else on layers >=
+ * max_window_layers; WIN_GEMMA: layer_types, or else every layer but
+ * each `pattern`-th (gemma2: 2, gemma3: sliding_window_pattern, 6).
+ * dflt_sw: the class default of an absent sliding_window (0: none). */
+enum { WIN_ALL = 0, WIN_QWEN = 1, WIN_GEMMA = 2 };
+
+static ft_status parse_windows(json_object *o, const char *what, ft_model_config *c, int mode, int dflt_sw,
+                               int pattern)
 {
     ft_status st;
     int64_t sw = 0;
     int present = 0, use = 1;
-    int qwen = c->arch == FT_ARCH_QWEN2;
+    int qwen = mode == WIN_QWEN;
     json_object *swv;
     if ((st = get_int(o, "sliding_window", what, 1, LIM_POS, &sw, &present))) return st;
-    if (!json_object_object_get_ex(o, "sliding_window", &swv)) { sw = 4096; present = 1; }  /* class default */
+    if (!json_object_object_get_ex(o, "sliding_window", &swv) && dflt_sw) { sw = dflt_sw; present = 1; }
     if (qwen && (st = opt_bool(o, "use_sliding_window", what, 0, &use))) return st;
     int W = present && use ? (int)sw : 0;
     int mwl = 0;
     if (qwen && (st = opt_int(o, "max_window_layers", what, 0, LIM_LAYERS, 28, &mwl))) return st;
+    if (mode == WIN_GEMMA && ((st = opt_int(o, "_sliding_window_pattern", what, 1, LIM_LAYERS, pattern, &pattern)) ||
+                              (st = opt_int(o, "sliding_window_pattern", what, 1, LIM_LAYERS, pattern, &pattern))))
+        return st;
     json_object *lt;
     int have_lt = json_object_object_get_ex(o, "layer_types", &lt) && lt;
     if (have_lt) {
@@ -537,11 +568,13 @@ static ft_status parse_windows(json_object *o, const char *what, ft_model_config
                 return ft_set_error(FT_ERR_CORRUPT, "%s: field \"layer_types\"[%d] is sliding_attention but "
                                     "no sliding window is in effect", what, l);
             /* Mistral's modeling code ignores layer_types: a window is on every layer */
-            if (!qwen && sl != (W != 0))
-                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%d] = \"%s\": mistral "
-                                    "applies sliding_window to every layer", what, l, s);
+            if (mode == WIN_ALL && sl != (W != 0))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%d] = \"%s\": %s "
+                                    "applies sliding_window to every layer", what, l, s, c->model_type);
             c->layer_sliding[l] = (unsigned char)sl;
         }
+    } else if (W && mode == WIN_GEMMA) {
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = (unsigned char)(((l + 1) % pattern) != 0);
     } else if (W) {
         for (int l = qwen ? mwl : 0; l < c->n_layers; l++) c->layer_sliding[l] = 1;
     }
@@ -567,9 +600,14 @@ static ft_status parse_llama(json_object *o, const char *what, unsigned flags, f
     ft_status st;
     const char *act;
     /* the class defaults of transformers' configs where a key is absent */
-    int mistral = !strcmp(c->model_type, "mistral"), qwen = c->arch == FT_ARCH_QWEN2;
-    int dflt_kv = mistral ? 8 : qwen ? 32 : 0;
-    int dflt_pos = mistral ? 4096 * 32 : qwen ? 32768 : 2048;
+    const char *mt = c->model_type;
+    int mistral = !strcmp(mt, "mistral") || !strcmp(mt, "mixtral"), qwen = c->arch == FT_ARCH_QWEN2;
+    int qwen3 = c->arch == FT_ARCH_QWEN3, gemma = c->arch == FT_ARCH_GEMMA2;
+    int dflt_kv = mistral ? 8 : qwen ? 32 : qwen3 ? (strcmp(mt, "qwen3") ? 4 : 32) : gemma ? 4 : 0;
+    int dflt_pos = mistral ? 4096 * 32 : qwen || qwen3 ? 32768 : gemma ? (strcmp(mt, "gemma2") ? 131072 : 8192)
+                 : c->arch == FT_ARCH_OLMOE ? 4096 : c->arch == FT_ARCH_PHI3 ? 4096 : 2048;
+    double dflt_eps = qwen3 || gemma ? 1e-6 : c->arch == FT_ARCH_PHI3 || c->arch == FT_ARCH_OLMOE ? 1e-5 : 1e-6;
+    int dflt_hd = gemma ? 256 : !strcmp(mt, "qwen3") ? 128 : 0;
     if ((st = req_int(o, "hidden_size", what, 1, LIM_HIDDEN, &c->hidden)) ||
         (st = req_int(o, "num_hidden_layers", what, 1, LIM_LAYERS, &c->n_layers)) ||
         (st = req_int(o, "num_attention_heads", what, 1, LIM_HEADS, &c->n_heads)) ||
@@ -578,21 +616,33 @@ static ft_status parse_llama(json_object *o, const char *what, unsigned flags, f
         (st = req_int(o, "intermediate_size", what, 1, LIM_FFN, &c->ffn)) ||
         (st = req_int(o, "vocab_size", what, 1, LIM_VOCAB, &c->vocab)) ||
         (st = opt_int(o, "max_position_embeddings", what, 1, LIM_POS, dflt_pos, &c->max_pos)) ||
-        (st = opt_num(o, "rms_norm_eps", what, 0, 1, 1e-6, &c->norm_eps)) ||
-        (st = opt_bool(o, "tie_word_embeddings", what, 0, &c->tie_word_embeddings)) ||
+        (st = opt_num(o, "rms_norm_eps", what, 0, 1, dflt_eps, &c->norm_eps)) ||
+        (st = opt_bool(o, "tie_word_embeddings", what, gemma, &c->tie_word_embeddings)) ||
         (st = opt_bool(o, "attention_bias", what, 0, &c->attention_bias)) ||
         (st = opt_bool(o, "mlp_bias", what, 0, &c->mlp_bias)) ||
         (st = opt_str(o, "hidden_act", what, &act)))
         return st;
-    if (act && strcmp(act, "silu"))
+    if (gemma) {
+        /* gemma's MLP reads hidden_activation (4.x configs also carry a
+         * hidden_act it ignores) */
+        const char *ha;
+        if ((st = opt_str(o, "hidden_activation", what, &ha))) return st;
+        if (ha && strcmp(ha, "gelu_pytorch_tanh"))
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"hidden_activation\" = \"%s\" (only "
+                                "\"gelu_pytorch_tanh\")", what, ha);
+        c->act = FT_ACT_GELU_TANH;
+    } else if (act && strcmp(act, "silu")) {
         return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"hidden_act\" = \"%s\" (only \"silu\")",
                             what, act);
+    }
     if (c->n_heads % c->n_kv_heads)
         return ft_set_error(FT_ERR_CORRUPT, "%s: field \"num_key_value_heads\" = %d does not divide "
                             "num_attention_heads = %d", what, c->n_kv_heads, c->n_heads);
     json_object *hd;
     if (json_object_object_get_ex(o, "head_dim", &hd) && hd) {
         if ((st = req_int(o, "head_dim", what, 2, LIM_HEAD_DIM, &c->head_dim))) return st;
+    } else if (dflt_hd) {
+        c->head_dim = dflt_hd;
     } else {
         if (c->hidden % c->n_heads)
             return ft_set_error(FT_ERR_CORRUPT, "%s: field \"num_attention_heads\" = %d does not "
@@ -606,7 +656,173 @@ static ft_status parse_llama(json_object *o, const char *what, unsigned flags, f
         return ft_set_error(FT_ERR_CORRUPT, "%s: head_dim x num_attention_heads too large", what);
     c->word_embed_proj_dim = c->hidden;
     c->bos_id = 1; c->eos_ids[0] = 2; c->n_eos = 1;   /* Llama 2's defaults */
+    if (gemma) { c->bos_id = 2; c->eos_ids[0] = 1; c->pad_id = 0; }
+    if (!strcmp(mt, "gemma3_text")) return FT_OK;   /* parse_gemma reads its per-layer-type RoPE */
     return parse_rope(o, what, flags, c);
+}
+
+/* An integer list (null: empty) of layer indices. */
+static ft_status layer_list(json_object *o, const char *key, const char *what, int n_layers, unsigned char *mark)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return FT_OK;
+    if (!json_object_is_type(v, json_type_array))
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s\" must be a list of layer indices", what, key);
+    for (size_t i = 0; i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        int64_t x = e && json_object_is_type(e, json_type_int) ? json_object_get_int64(e) : -1;
+        if (x < 0 || x >= n_layers)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"%s\"[%zu] is not a layer index (0..%d)", what, key, i,
+                                n_layers - 1);
+        mark[x] = 1;
+    }
+    return FT_OK;
+}
+
+/* The mixture of experts of mixtral, qwen3_moe and olmoe. */
+static ft_status parse_moe(json_object *o, const char *what, ft_model_config *c)
+{
+    ft_status st;
+    int mixtral = c->arch == FT_ARCH_MIXTRAL, q3 = c->arch == FT_ARCH_QWEN3;
+    int ne = 0, ne2 = 0, present2 = 0;
+    /* qwen3_moe: num_experts (4.x) or num_local_experts (5.x) */
+    if ((st = opt_int(o, mixtral ? "num_local_experts" : "num_experts", what, 0, FT_MAX_EXPERTS,
+                      mixtral ? 8 : q3 ? 128 : 64, &ne)))
+        return st;
+    if (q3) {
+        json_object *v;
+        present2 = json_object_object_get_ex(o, "num_local_experts", &v) && v;
+        if ((st = opt_int(o, "num_local_experts", what, 0, FT_MAX_EXPERTS, 0, &ne2))) return st;
+        json_object *v1;
+        int present1 = json_object_object_get_ex(o, "num_experts", &v1) && v1;
+        if (present1 && present2 && ne != ne2)
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"num_experts\" = %d contradicts \"num_local_experts\" "
+                                "= %d", what, ne, ne2);
+        if (present2) ne = ne2;
+    }
+    int k = 0;
+    if ((st = opt_int(o, "num_experts_per_tok", what, 1, FT_MAX_EXPERTS, mixtral ? 2 : 8, &k))) return st;
+    c->moe_norm_topk = 1;
+    if (!mixtral && (st = opt_bool(o, "norm_topk_prob", what, 0, &c->moe_norm_topk))) return st;
+    c->moe_ffn = c->ffn;
+    if (q3 && (st = opt_int(o, "moe_intermediate_size", what, 1, LIM_FFN, 768, &c->moe_ffn))) return st;
+    if (ne == 0) {
+        if (!q3) return ft_set_error(FT_ERR_CORRUPT, "%s: a %s model with 0 experts", what, c->model_type);
+        return FT_OK;   /* qwen3_moe without experts: every layer dense */
+    }
+    if (k > ne)
+        return ft_set_error(FT_ERR_CORRUPT, "%s: field \"num_experts_per_tok\" = %d exceeds the %d experts", what,
+                            k, ne);
+    c->n_experts = ne;
+    c->n_experts_used = k;
+    int step = 1;
+    unsigned char dense[FT_MAX_LAYERS] = {0};
+    if (q3) {
+        if ((st = opt_int(o, "decoder_sparse_step", what, 1, LIM_LAYERS, 1, &step)) ||
+            (st = layer_list(o, "mlp_only_layers", what, c->n_layers, dense)))
+            return st;
+    }
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_moe[l] = (unsigned char)(!dense[l] && (l + 1) % step == 0);
+        any |= c->layer_moe[l];
+    }
+    if (!any) c->n_experts = c->n_experts_used = 0;   /* every layer dense */
+    return FT_OK;
+}
+
+/* Gemma 2 and Gemma 3 (text): soft-capping, query_pre_attn_scalar,
+ * alternating windows, and gemma3's per-layer-type RoPE. */
+static ft_status parse_gemma(json_object *o, const char *what, unsigned flags, ft_model_config *c)
+{
+    ft_status st;
+    int g3 = !strcmp(c->model_type, "gemma3_text");
+    int bidi = 0;
+    float qpas, fcap, acap;
+    if ((st = opt_bool(o, "use_bidirectional_attention", what, 0, &bidi))) return st;
+    if (bidi)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"use_bidirectional_attention\" = true (an encoder "
+                            "for embeddings, not a causal language model)", what);
+    if ((st = opt_num(o, "query_pre_attn_scalar", what, 1e-6, 1e9, 256, &qpas)) ||
+        (st = opt_num(o, "final_logit_softcapping", what, 1e-6, 1e9, g3 ? 0 : 30.0, &fcap)) ||
+        (st = opt_num(o, "attn_logit_softcapping", what, 1e-6, 1e9, g3 ? 0 : 50.0, &acap)))
+        return st;
+    json_object *v;
+    /* null is "no capping" (opt_num treats null as absent: the class default) */
+    if (json_object_object_get_ex(o, "final_logit_softcapping", &v) && !v) fcap = 0;
+    if (json_object_object_get_ex(o, "attn_logit_softcapping", &v) && !v) acap = 0;
+    c->final_softcap = fcap;
+    c->attn_softcap = acap;
+    c->attn_scale = (float)pow((double)qpas, -0.5);
+    c->embed_scale = (float)sqrt((double)c->hidden);
+    c->norm_plus_one = 1;
+    c->sandwich_norm = 1;
+    if (g3) c->qk_norm = 1;
+    if ((st = parse_windows(o, what, c, WIN_GEMMA, 4096, g3 ? 6 : 2))) return st;
+    if (!g3) return FT_OK;
+    /* RoPE: global (full-attention layers) and local (sliding layers) */
+    json_object *rp = NULL, *full = NULL, *slide = NULL;
+    if (json_object_object_get_ex(o, "rope_parameters", &rp) && rp && json_object_is_type(rp, json_type_object) &&
+        (json_object_object_get_ex(rp, "full_attention", &full) | json_object_object_get_ex(rp, "sliding_attention", &slide))) {
+        json_object_object_foreach(rp, key, val) {
+            (void)val;
+            if (strcmp(key, "full_attention") && strcmp(key, "sliding_attention"))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_parameters.%.32s\" (per layer type: "
+                                    "full_attention, sliding_attention)", what, key);
+        }
+        if (!full || !slide || !json_object_is_type(full, json_type_object) ||
+            !json_object_is_type(slide, json_type_object))
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_parameters\" must give objects for both "
+                                "full_attention and sliding_attention", what);
+        /* the global RoPE: parse_rope on a copy whose rope_parameters is full_attention's */
+        json_object *tmp = NULL;
+        if (json_object_deep_copy(o, &tmp, NULL) || !tmp)
+            return ft_set_error(FT_ERR_NOMEM, "%s: copying the config", what);
+        json_object *fc = NULL;
+        if (json_object_deep_copy(full, &fc, NULL) || !fc) {
+            json_object_put(tmp);
+            return ft_set_error(FT_ERR_NOMEM, "%s: copying the config", what);
+        }
+        json_object_object_add(tmp, "rope_parameters", fc);
+        st = parse_rope(tmp, what, flags, c);
+        json_object_put(tmp);
+        if (st) return st;
+        const char *type = NULL;
+        double th;
+        if ((st = opt_str(slide, "rope_type", what, &type))) return st;
+        if (type && strcmp(type, "default"))
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_parameters.sliding_attention.rope_type\" = "
+                                "\"%.32s\" (the local RoPE must be default)", what, type);
+        if ((st = check_keys(slide, what, "rope_parameters.sliding_attention", flags, ROPE_COMMON, NULL, NULL)))
+            return st;
+        int r = jnum(slide, "rope_theta", &th);
+        if (r < 0 || (r && !(th > 1 && th <= 1e12)))
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"rope_parameters.sliding_attention.rope_theta\" must "
+                                "be a number in (1, 1e12]", what);
+        c->rope_local_theta = r ? (float)th : 10000.0f;
+        if (jnum(slide, "partial_rotary_factor", &th) && th != 1.0)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"rope_parameters.sliding_attention."
+                                "partial_rotary_factor\" = %g (only 1)", what, th);
+        return FT_OK;
+    }
+    /* 4.x: rope_theta (default 1e6) + rope_scaling for the global layers, rope_local_base_freq */
+    json_object *rt;
+    int have_theta = json_object_object_get_ex(o, "rope_theta", &rt) && rt;
+    if (!have_theta && !rp) {
+        json_object *tmp = NULL;
+        if (json_object_deep_copy(o, &tmp, NULL) || !tmp)
+            return ft_set_error(FT_ERR_NOMEM, "%s: copying the config", what);
+        json_object_object_add(tmp, "rope_theta", json_object_new_double(1000000.0));
+        st = parse_rope(tmp, what, flags, c);
+        json_object_put(tmp);
+    } else {
+        st = parse_rope(o, what, flags, c);
+    }
+    if (st) return st;
+    float lt;
+    if ((st = opt_num(o, "rope_local_base_freq", what, 1.000001, 1e12, 10000.0, &lt))) return st;
+    c->rope_local_theta = lt;
+    return FT_OK;
 }
 
 ft_status ft_model_config_parse(const char *json, size_t len, const char *what,
@@ -645,11 +861,58 @@ ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *wha
         c.arch = !strcmp(mt, "qwen2") ? FT_ARCH_QWEN2 : FT_ARCH_LLAMA;
         const char *const *extra = !strcmp(mt, "mistral") ? KEYS_MISTRAL : c.arch == FT_ARCH_QWEN2 ? KEYS_QWEN2 : NULL;
         st = parse_llama(root, what, flags, &c);
-        if (!st && extra) st = parse_windows(root, what, &c);
+        if (!st && extra) st = parse_windows(root, what, &c, c.arch == FT_ARCH_QWEN2 ? WIN_QWEN : WIN_ALL, 4096, 0);
         if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, extra);
+    } else if (!strcmp(mt, "qwen3")) {
+        c.arch = FT_ARCH_QWEN3;
+        c.qk_norm = 1;
+        st = parse_llama(root, what, flags, &c);
+        if (!st) st = parse_windows(root, what, &c, WIN_QWEN, 4096, 0);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_QWEN2);
+    } else if (!strcmp(mt, "qwen3_moe")) {
+        c.arch = FT_ARCH_QWEN3;
+        c.qk_norm = 1;
+        int usw = 0;
+        st = parse_llama(root, what, flags, &c);
+        if (!st) st = opt_bool(root, "use_sliding_window", what, 0, &usw);
+        if (!st && usw)
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" = true (transformers' eager "
+                              "and sdpa qwen3_moe attention ignore it; flextier refuses rather than guess)", what);
+        if (!st) st = parse_moe(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_QWEN3_MOE);
+    } else if (!strcmp(mt, "mixtral")) {
+        c.arch = FT_ARCH_MIXTRAL;
+        st = parse_llama(root, what, flags, &c);
+        if (!st) st = parse_windows(root, what, &c, WIN_ALL, 0, 0);
+        if (!st) st = parse_moe(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_MIXTRAL);
+    } else if (!strcmp(mt, "olmoe")) {
+        c.arch = FT_ARCH_OLMOE;
+        c.qk_norm = 2;
+        json_object *cq;
+        st = parse_llama(root, what, flags, &c);
+        if (!st && json_object_object_get_ex(root, "clip_qkv", &cq) && cq)
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"clip_qkv\" = %.32s (clamping q/k/v is not "
+                              "implemented; only null)", what, json_object_to_json_string(cq));
+        if (!st) st = parse_moe(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_OLMOE);
+    } else if (!strcmp(mt, "phi3")) {
+        c.arch = FT_ARCH_PHI3;
+        st = parse_llama(root, what, flags, &c);
+        /* Phi3Config turns rope_type "yarn" and "su" into "longrope" */
+        if (!st && c.rope_type == FT_ROPE_YARN)
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: rope_type \"yarn\" means longrope for phi3 (transformers "
+                              "converts it), which is not implemented", what);
+        if (!st) st = parse_windows(root, what, &c, WIN_ALL, 0, 0);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_PHI3);
+    } else if (!strcmp(mt, "gemma2") || !strcmp(mt, "gemma3_text")) {
+        c.arch = FT_ARCH_GEMMA2;
+        st = parse_llama(root, what, flags, &c);
+        if (!st) st = parse_gemma(root, what, flags, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_GEMMA);
     } else {
-        st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported "
-                          "(supported: opt, llama, mistral, qwen2)", what, mt);
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported (supported: opt, llama, "
+                          "mistral, qwen2, qwen3, qwen3_moe, mixtral, olmoe, phi3, gemma2, gemma3_text)", what, mt);
     }
     if (st) goto done;
     if ((st = token_ids(root, what, &c))) goto done;
@@ -665,7 +928,8 @@ ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *wha
         }
     /* Total parameter count must stay addressable (<= 2^40 floats). */
     {
-        double per_layer = 4.0 * c.hidden * (double)c.head_dim * c.n_heads + 3.0 * c.hidden * (double)c.ffn;
+        double per_layer = 4.0 * c.hidden * (double)c.head_dim * c.n_heads + 3.0 * c.hidden * (double)c.ffn +
+                           (double)c.n_experts * (3.0 * c.hidden * (double)c.moe_ffn + c.hidden);
         double total = per_layer * c.n_layers + 2.0 * c.vocab * (double)c.hidden
                        + (double)c.max_pos * c.hidden;
         if (total > 1099511627776.0) {

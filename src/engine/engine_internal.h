@@ -9,6 +9,16 @@
 
 #define LIM_HALF_HEAD 512   /* head_dim <= 1024 (config.c) */
 
+/* Rows [row0, row0 + n) of a 2-D checkpoint matrix of `rows` rows, or of
+ * matrix `expert` of a 3-D [n_experts][rows][cols] tensor. alt: a second
+ * place to look when the first is not in the checkpoint (expert < 0 and
+ * name empty: none). */
+typedef struct ft_src_slice {
+    char name[128];
+    int expert, n_experts;     /* -1, 0: a 2-D source                      */
+    int rows, row0;
+} ft_src_slice;
+
 /* An architecture: which building blocks it uses and what its tensors are
  * called. Everything else (shapes, the forward pass) is shared. A third
  * architecture is one more table like these. */
@@ -21,6 +31,10 @@ typedef struct ft_arch {
      * return 1, or return 0 if this config has no such tensor. */
     int (*global_name)(const ft_model_config *c, int slot, char *buf, size_t n);
     int (*layer_name)(const ft_model_config *c, int layer, int slot, char *buf, size_t n);
+    /* A layer tensor stored inside another checkpoint tensor (phi3's fused
+     * qkv_proj and gate_up_proj; transformers 5's stacked experts): fill
+     * *s and return 1; 0: the tensor is its own (NULL: never). */
+    int (*layer_src)(const ft_model_config *c, int layer, int slot, struct ft_src_slice *s);
     /* Checkpoints saved from the base model lack the task-head prefix:
      * names starting with alt_from are also tried with alt_to instead. */
     const char *alt_from, *alt_to;
@@ -29,6 +43,13 @@ typedef struct ft_arch {
 extern const ft_arch ft_arch_opt;
 extern const ft_arch ft_arch_llama;
 extern const ft_arch ft_arch_qwen2;
+extern const ft_arch ft_arch_qwen3;
+extern const ft_arch ft_arch_phi3;
+extern const ft_arch ft_arch_gemma2;
+extern const ft_arch ft_arch_mixtral;
+extern const ft_arch ft_arch_olmoe;
+/* Every slot of layer l, fixed then experts: for (s = 0; s < ft_layer_nslots(c, l); s++). */
+int ft_layer_nslots(const ft_model_config *c, int layer);
 const ft_arch *ft_arch_get(ft_arch_id id);
 
 /* Shape (2 dims at most) of a slot; returns ndim. */
@@ -41,7 +62,10 @@ ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot);        /* NULL: vector slo
 const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slot */
 
 typedef struct ft_model_tensor_entry {
-    char name[128];
+    char name[128];        /* the checkpoint's name, or for a slice an
+                              id "<source>:<part>" (src has the source) */
+    int sliced;            /* src is where the data is */
+    ft_src_slice src;
     int layer;             /* -1 for globals */
     int slot;
     int ndim;
@@ -70,6 +94,7 @@ struct ft_model {
     size_t n_tensors;
     uint64_t weight_bytes;
     const uint8_t **chunk_tab;  /* storage for every entry's chunks */
+    ft_wmat *expert_tab;        /* MoE: [n_layers][n_experts * 3] */
 };
 
 /* The stored format of tensor (layer/global, slot) of a model whose
@@ -91,6 +116,10 @@ ft_status ft_model_store(ft_model *m, ft_model_tensor_entry *e, const ft_tensor 
 struct ft_checkpoint;
 ft_status ft_model_find_tensor(const struct ft_checkpoint *ck, const ft_arch *a, const char *name,
                                ft_tensor *t, char *used, size_t nused);
+/* An entry's data in a checkpoint: its own tensor, or its slice of the
+ * source tensor (the source's whole shape checked). */
+ft_status ft_model_entry_tensor(const struct ft_checkpoint *ck, const ft_arch *a, const ft_model_tensor_entry *e,
+                                ft_tensor *t, char *used, size_t nused);
 
 /* ctx accessors for sample.c */
 const ft_model *ft_ctx_model(const ft_ctx *c);

@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "wkernels.h"
 #include "graph.h"
+#include "moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +31,12 @@ struct ft_ctx {
     int ring_dirty;                 /* a ring was advanced in the current forward */
     int *seq_len;
     float *rope_cos, *rope_sin;     /* [max_seq][head_dim/2] */
+    float *lrope_cos, *lrope_sin;   /* gemma3: the sliding layers' table (rope_local_theta) */
+    float *normw;                   /* (1 + w) of the current norm (norm_plus_one) */
+    /* MoE scratch: router logits [R][E], routes [R][k], groups, the
+     * gathered rows of one expert and its output [R][hidden] */
+    float *moe_logits, *moe_wt, *moe_gwt, *moe_x, *moe_y, *moe_in;
+    int *moe_idx, *moe_start, *moe_grow;
     float *x, *xb, *q, *k, *v, *att, *h1, *h2, *sel, *sel2, *scores;
     int *row_seq, *row_pos, *row0;
     int32_t *row_tok;               /* the call's token per row */
@@ -213,8 +220,22 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     c->k = falloc(c, R * (size_t)c->kvdim);
     c->v = falloc(c, R * (size_t)c->kvdim);
     c->att = falloc(c, R * (size_t)c->qdim);
-    c->h1 = falloc(c, R * (size_t)cfg->ffn);
-    c->h2 = falloc(c, R * (size_t)cfg->ffn);
+    size_t fw = (size_t)(cfg->moe_ffn > cfg->ffn ? cfg->moe_ffn : cfg->ffn);
+    c->h1 = falloc(c, R * fw);
+    c->h2 = falloc(c, R * fw);
+    c->normw = falloc(c, (size_t)cfg->hidden + (size_t)c->qdim + (size_t)c->kvdim);
+    if (cfg->n_experts) {
+        size_t E = (size_t)cfg->n_experts, K = (size_t)cfg->n_experts_used;
+        c->moe_logits = falloc(c, R * E);
+        c->moe_wt = falloc(c, R * K);
+        c->moe_gwt = falloc(c, R * K);
+        c->moe_x = falloc(c, R * (size_t)cfg->hidden);
+        c->moe_y = falloc(c, R * (size_t)cfg->hidden);
+        c->moe_in = falloc(c, R * (size_t)cfg->hidden);
+        c->moe_idx = calloc(R * K, sizeof(int));
+        c->moe_grow = calloc(R * K, sizeof(int));
+        c->moe_start = calloc(E + 1, sizeof(int));
+    }
     c->sel = falloc(c, selrows * (size_t)c->edim);
     c->sel2 = falloc(c, selrows * (size_t)c->edim);
     c->scores = falloc(c, (size_t)c->threads * S);
@@ -224,7 +245,9 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     {
         int dims[][2] = {{c->qdim, cfg->hidden}, {c->kvdim, cfg->hidden}, {cfg->hidden, c->qdim},
                          {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
-                         {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim}};
+                         {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim},
+                         {cfg->n_experts ? cfg->n_experts : 1, cfg->hidden},
+                         {cfg->moe_ffn ? cfg->moe_ffn : 1, cfg->hidden}, {cfg->hidden, cfg->moe_ffn ? cfg->moe_ffn : 1}};
         size_t need = 0;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
             for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
@@ -240,7 +263,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
      * head widened to f32 per worker */
-    if (c->kv_esize != 4 && ft_config_min_window(cfg))
+    if (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0))
         c->kvt = falloc(c, (size_t)c->threads * 2 * S * (size_t)cfg->head_dim);
     c->row_seq = calloc(R, sizeof(int));
     c->row_tok = calloc(R, sizeof(int32_t));
@@ -251,9 +274,21 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->rope_cos = falloc(c, S * (size_t)half);
         c->rope_sin = falloc(c, S * (size_t)half);
         if (c->rope_cos && c->rope_sin) ft_rope_tables(cfg, S, c->rope_cos, c->rope_sin);
+        if (cfg->rope_local_theta != 0) {
+            ft_model_config lc = *cfg;   /* the local RoPE: default, its own base */
+            lc.rope_theta = cfg->rope_local_theta;
+            lc.rope_type = FT_ROPE_DEFAULT;
+            lc.rope_attention_factor = 1.0f;
+            c->lrope_cos = falloc(c, S * (size_t)half);
+            c->lrope_sin = falloc(c, S * (size_t)half);
+            if (c->lrope_cos && c->lrope_sin) ft_rope_tables(&lc, S, c->lrope_cos, c->lrope_sin);
+        }
     }
     if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
-        (c->kv_esize != 4 && ft_config_min_window(cfg) && !c->kvt) || !c->x || !c->xb ||
+        (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0) && !c->kvt) || !c->x || !c->xb ||
+        !c->normw || (cfg->rope_local_theta != 0 && (!c->lrope_cos || !c->lrope_sin)) ||
+        (cfg->n_experts && (!c->moe_logits || !c->moe_wt || !c->moe_gwt || !c->moe_x || !c->moe_y || !c->moe_in || !c->moe_idx ||
+                            !c->moe_grow || !c->moe_start)) ||
         !c->q || !c->k || !c->v || !c->att ||
         !c->h1 || !c->h2 || !c->sel || !c->sel2 || !c->scores || !c->row_seq || !c->row_tok || !c->row_pos ||
         !c->row0 || (m->arch->pos == FT_POS_ROPE && (!c->rope_cos || !c->rope_sin))) {
@@ -275,6 +310,10 @@ void ft_ctx_free(ft_ctx *c)
     free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
     ft_free_aligned(c->wkws); ft_free_aligned(c->kvt);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
+    ft_free_aligned(c->lrope_cos); ft_free_aligned(c->lrope_sin); ft_free_aligned(c->normw);
+    ft_free_aligned(c->moe_logits); ft_free_aligned(c->moe_wt); ft_free_aligned(c->moe_gwt);
+    ft_free_aligned(c->moe_x); ft_free_aligned(c->moe_y); ft_free_aligned(c->moe_in);
+    free(c->moe_idx); free(c->moe_grow); free(c->moe_start);
     ft_free_aligned(c->x); ft_free_aligned(c->xb); ft_free_aligned(c->q);
     ft_free_aligned(c->k); ft_free_aligned(c->v); ft_free_aligned(c->att);
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
@@ -479,6 +518,14 @@ static void par_rows(ft_ctx *c, int rows, rows_fn fn, const void *a)
 
 typedef struct { float *out; const float *in; const float *w, *b; int dim; } norm_args;
 
+/* gemma: the norm's weights as (1 + w), in f32 as transformers adds them */
+static const float *norm_weights(ft_ctx *c, const float *w, int dim)
+{
+    if (!c->m->cfg.norm_plus_one || !w) return w;
+    for (int i = 0; i < dim; i++) c->normw[i] = 1.0f + w[i];
+    return c->normw;
+}
+
 static void norm_rows(ft_ctx *c, int r0, int r1, const void *arg)
 {
     const norm_args *a = arg;
@@ -493,7 +540,7 @@ static void norm_rows(ft_ctx *c, int r0, int r1, const void *arg)
 
 static void norm(ft_ctx *c, float *out, const float *in, int rows, int dim, const float *w, const float *b)
 {
-    norm_args a = {out, in, w, b, dim};
+    norm_args a = {out, in, norm_weights(c, w, dim), b, dim};
     par_rows(c, rows, norm_rows, &a);
 }
 
@@ -502,9 +549,11 @@ static void rope_rows(ft_ctx *c, int r0, int r1, const void *arg)
     (void)arg;
     const ft_model_config *cfg = &c->m->cfg;
     int half = cfg->head_dim / 2;
+    int local = c->lrope_cos && cfg->layer_sliding[c->layer];
+    const float *tc = local ? c->lrope_cos : c->rope_cos, *ts = local ? c->lrope_sin : c->rope_sin;
     for (int r = r0; r < r1; r++) {
-        const float *cs = c->rope_cos + (size_t)c->row_pos[r] * half;
-        const float *sn = c->rope_sin + (size_t)c->row_pos[r] * half;
+        const float *cs = tc + (size_t)c->row_pos[r] * half;
+        const float *sn = ts + (size_t)c->row_pos[r] * half;
         ft_k_rope(c->q + (size_t)r * c->qdim, cfg->n_heads, cfg->head_dim, cs, sn);
         ft_k_rope(c->k + (size_t)r * c->kvdim, cfg->n_kv_heads, cfg->head_dim, cs, sn);
     }
@@ -519,6 +568,34 @@ static void widen_rows(float *dst, const uint16_t *src, int a, int n, int ld, in
         if (dt == FT_BF16) ft_bf16_to_f32(dst + (size_t)p * hd, r, (size_t)hd);
         else ft_f16_to_f32(dst + (size_t)p * hd, r, (size_t)hd);
     }
+}
+
+/* attend_segs with gemma2's soft-capping of the scores:
+ * cap * tanh(score * scale / cap) before the softmax, as transformers'
+ * eager attention computes it. */
+static void attend_segs_capped(float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld, int hd,
+                               float scale, float cap, float *sc)
+{
+    const ft_kernels *kn = ft_k_get();
+    int np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) {
+            float x = kn->dot(q, seg[s].k + (size_t)p * ld, hd) * scale;
+            sc[np++] = tanhf(x / cap) * cap;
+        }
+    kn->softmax(sc, np);
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    np = 0;
+    for (int s = 0; s < nseg; s++)
+        for (int p = 0; p < seg[s].n; p++) kn->axpy(out, sc[np++], seg[s].v + (size_t)p * ld, hd);
+}
+
+static void attend_segs_any(const ft_ctx *c, float *out, const float *q, const ft_attn_seg *seg, int nseg, int ld,
+                            int hd, float scale, float *sc)
+{
+    float cap = c->m->cfg.attn_softcap;
+    if (cap != 0) attend_segs_capped(out, q, seg, nseg, ld, hd, scale, cap, sc);
+    else ft_k_get()->attend_segs(out, q, seg, nseg, ld, hd, scale, sc);
 }
 
 /* Attention for one (sequence, head): causal over the cache, within the
@@ -537,7 +614,8 @@ static void attn_task(void *arg, size_t t, unsigned worker)
     const void *V = (const uint8_t *)c->cv[j] + koff;
     float *sc = c->scores + (size_t)worker * (size_t)c->p.max_seq;
     const ft_kernels *kn = ft_k_get();   /* resolve the dispatch once per task */
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = cfg->attn_scale != 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
+    int capped = cfg->attn_softcap != 0;
     int r0 = c->row0[j], W = c->win[c->layer], R = c->kv_rows[c->layer], ring = is_ring(c, c->layer);
     int pos0 = c->past[j];
     for (size_t i = 0; i < c->ntok[j]; i++) {
@@ -545,7 +623,7 @@ static void attn_task(void *arg, size_t t, unsigned worker)
         int s = attn_start(W, pos);
         const float *q = c->q + (size_t)r * c->qdim + (size_t)h * hd;
         float *o = c->att + (size_t)r * c->qdim + (size_t)h * hd;
-        if (!ring && !W) {
+        if (!ring && !W && !capped) {
             if (!half) kn->attend(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc);
             else ft_wk_attend_h(o, q, K, V, c->kvdim, pos + 1, hd, scale, sc, c->p.kv_dtype == FT_F16);
             continue;
@@ -569,7 +647,7 @@ static void attn_task(void *arg, size_t t, unsigned worker)
                 widen_rows(vt + (size_t)s * hd, V, s, pos - s + 1, c->kvdim, hd, c->p.kv_dtype);
             }
             ft_attn_seg one = {Kf + (size_t)s * ld, Vf + (size_t)s * ld, pos - s + 1};
-            kn->attend_segs(o, q, &one, 1, ld, hd, scale, sc);
+            attend_segs_any(c, o, q, &one, 1, ld, hd, scale, sc);
             continue;
         }
         /* ring: positions [s, pos0) from the ring (it may wrap), [max(s, pos0), pos] from this call's rows */
@@ -590,7 +668,7 @@ static void attn_task(void *arg, size_t t, unsigned worker)
                 memcpy(vt + (size_t)(n + p) * hd, c->v + cr + (size_t)p * c->kvdim, (size_t)hd * sizeof(float));
             }
             ft_attn_seg all = {kt, vt, n + pos - cs + 1};
-            kn->attend_segs(o, q, &all, 1, hd, hd, scale, sc);
+            attend_segs_any(c, o, q, &all, 1, hd, hd, scale, sc);
             continue;
         }
         ft_attn_seg seg[3];
@@ -602,7 +680,7 @@ static void attn_task(void *arg, size_t t, unsigned worker)
             if (n1 < n) seg[nseg++] = (ft_attn_seg){Kf, Vf, n - n1};
         }
         seg[nseg++] = (ft_attn_seg){c->k + cr, c->v + cr, pos - cs + 1};
-        kn->attend_segs(o, q, seg, nseg, c->kvdim, hd, scale, sc);
+        attend_segs_any(c, o, q, seg, nseg, c->kvdim, hd, scale, sc);
     }
 }
 
@@ -623,11 +701,23 @@ static void ring_write(ft_ctx *c, int l)
     c->ring_dirty = 1;
 }
 
+/* g = gelu_pytorch_tanh(g) * u: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static void gelu_tanh_mul(float *g, const float *u, size_t n)
+{
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(k0 * (x + k1 * x * x * x))) * u[i];
+    }
+}
+
 static void ffn_act_rows(ft_ctx *c, int r0, int r1, const void *arg)
 {
     (void)arg;
     int f = c->m->cfg.ffn;
-    if (c->m->arch->ffn == FT_FFN_SWIGLU) {
+    if (c->m->cfg.act == FT_ACT_GELU_TANH) {
+        gelu_tanh_mul(c->h1 + (size_t)r0 * f, c->h2 + (size_t)r0 * f, (size_t)(r1 - r0) * f);
+    } else if (c->m->arch->ffn == FT_FFN_SWIGLU) {
         ft_k_silu_mul(c->h1 + (size_t)r0 * f, c->h2 + (size_t)r0 * f, (r1 - r0) * f);
     } else {
         float *h = c->h1 + (size_t)r0 * f;
@@ -786,9 +876,123 @@ static ft_status cpu_gather_last(void *b, ft_gbuf out, ft_gbuf in, int n)
     return FT_OK;
 }
 
+/* q/k norms: per head over head_dim (qk_norm 1) or over the whole
+ * projection (2), RMSNorm with the layer's LW_QNORM / LW_KNORM */
+static void qk_norm_rows(ft_ctx *c, int r0, int r1, const void *arg)
+{
+    const float *const *wv = arg;
+    const ft_model_config *cfg = &c->m->cfg;
+    int per_head = cfg->qk_norm == 1;
+    for (int r = r0; r < r1; r++) {
+        float *q = c->q + (size_t)r * c->qdim, *k = c->k + (size_t)r * c->kvdim;
+        if (per_head) {
+            for (int h = 0; h < cfg->n_heads; h++)
+                ft_k_rmsnorm(q + (size_t)h * cfg->head_dim, q + (size_t)h * cfg->head_dim, wv[0], cfg->head_dim,
+                             cfg->norm_eps);
+            for (int h = 0; h < cfg->n_kv_heads; h++)
+                ft_k_rmsnorm(k + (size_t)h * cfg->head_dim, k + (size_t)h * cfg->head_dim, wv[1], cfg->head_dim,
+                             cfg->norm_eps);
+        } else {
+            ft_k_rmsnorm(q, q, wv[0], c->qdim, cfg->norm_eps);
+            ft_k_rmsnorm(k, k, wv[1], c->kvdim, cfg->norm_eps);
+        }
+    }
+}
+
+static ft_status cpu_qk_norm(void *b, int rows, const void *w)
+{
+    ft_ctx *c = b;
+    const ft_model_config *cfg = &c->m->cfg;
+    ft_layer_weights *lw = (ft_layer_weights *)(uintptr_t)w;
+    const float *qw = lw ? lw->q_norm : NULL, *kw = lw ? lw->k_norm : NULL;
+    if (!qw || !kw) return ft_set_error(FT_ERR_INVALID_ARG, "forward: layer %d has no q/k norm weights", c->layer);
+    int nq = cfg->qk_norm == 1 ? cfg->head_dim : c->qdim, nk = cfg->qk_norm == 1 ? cfg->head_dim : c->kvdim;
+    /* (1 + w) copies side by side in normw (sized for the larger of q and hidden) */
+    const float *wv[2] = {qw, kw};
+    if (cfg->norm_plus_one) {   /* nq + nk <= qdim + kvdim: room in normw */
+        for (int i = 0; i < nq; i++) c->normw[i] = 1.0f + qw[i];
+        for (int i = 0; i < nk; i++) c->normw[nq + i] = 1.0f + kw[i];
+        wv[0] = c->normw;
+        wv[1] = c->normw + nq;
+    }
+    par_rows(c, rows, qk_norm_rows, wv);
+    return FT_OK;
+}
+
+static ft_status cpu_scale(void *b, ft_gbuf buf, int rows, float f)
+{
+    ft_ctx *c = b;
+    float *x = cbuf(c, buf);
+    for (size_t i = 0, n = (size_t)rows * (size_t)c->m->cfg.hidden; i < n; i++) x[i] *= f;
+    return FT_OK;
+}
+
+static ft_status cpu_softcap(void *b, ft_gbuf buf, int rows, float cap)
+{
+    ft_ctx *c = b;
+    float *x = cbuf(c, buf);
+    if (!x) return FT_OK;
+    for (size_t i = 0, n = (size_t)rows * (size_t)c->m->cfg.vocab; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+    return FT_OK;
+}
+
+/* The mixture of experts of a sparse layer: router logits, top-k routes,
+ * then expert by expert (in increasing index, as transformers adds them)
+ * the rows routed to it gathered into one matrix, its SwiGLU FFN computed
+ * on the stored-format kernels (each expert matrix read once for all its
+ * rows), and the results added into out with the routing weights. */
+static ft_status cpu_moe(void *b, ft_gbuf outb, ft_gbuf inb, int rows, const void *w)
+{
+    ft_ctx *c = b;
+    const ft_model_config *cfg = &c->m->cfg;
+    ft_layer_weights *lw = (ft_layer_weights *)(uintptr_t)w;
+    const int H = cfg->hidden, E = cfg->n_experts, K = cfg->n_experts_used, F = cfg->moe_ffn;
+    float *out = cbuf(c, outb);
+    const float *in = cbuf(c, inb);
+    if (out == in) {   /* the output overwrites the input: keep a copy */
+        memcpy(c->moe_in, in, (size_t)rows * (size_t)H * sizeof(float));
+        in = c->moe_in;
+    }
+    if (!lw || lw->n_experts != E || !lw->experts || !ft_wmat_present(&lw->w_router))
+        return ft_set_error(FT_ERR_INVALID_ARG, "forward: layer %d has no experts", c->layer);
+    ft_status st = linear_ctx(c, c->moe_logits, in, rows, &lw->w_router, NULL);
+    if (st) return st;
+    ft_moe_route(c->moe_logits, rows, E, K, cfg->moe_norm_topk, c->moe_idx, c->moe_wt);
+    ft_moe_group(c->moe_idx, c->moe_wt, rows, E, K, c->moe_start, c->moe_grow, c->moe_gwt);
+    if (lw->fetch_experts) {   /* the selected experts, streamed on demand */
+        int nu = 0;
+        for (int e = 0; e < E; e++)
+            if (c->moe_start[e + 1] > c->moe_start[e]) c->moe_idx[nu++] = e;   /* routes are grouped: reuse */
+        if ((st = lw->fetch_experts(lw->fetch_user, c->layer, c->moe_idx, nu, in, rows, lw))) return st;
+    }
+    memset(out, 0, (size_t)rows * (size_t)H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int a = c->moe_start[e], n = c->moe_start[e + 1] - a;
+        if (!n) continue;
+        const ft_wmat *g = &lw->experts[3 * e + LW_EXP_GATE], *u = &lw->experts[3 * e + LW_EXP_UP],
+                      *d = &lw->experts[3 * e + LW_EXP_DOWN];
+        if (!ft_wmat_present(g) || !ft_wmat_present(u) || !ft_wmat_present(d))
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: layer %d expert %d is not loaded", c->layer, e);
+        for (int i = 0; i < n; i++)
+            memcpy(c->moe_x + (size_t)i * H, in + (size_t)c->moe_grow[a + i] * H, (size_t)H * sizeof(float));
+        if ((st = linear_ctx(c, c->h1, c->moe_x, n, g, NULL)) || (st = linear_ctx(c, c->h2, c->moe_x, n, u, NULL)))
+            return st;
+        ft_k_silu_mul(c->h1, c->h2, n * F);
+        if ((st = linear_ctx(c, c->moe_y, c->h1, n, d, NULL))) return st;
+        for (int i = 0; i < n; i++) {
+            float wt = c->moe_gwt[a + i];
+            float *o = out + (size_t)c->moe_grow[a + i] * H;
+            const float *y = c->moe_y + (size_t)i * H;
+            for (int h = 0; h < H; h++) o[h] += y[h] * wt;
+        }
+    }
+    return FT_OK;
+}
+
 static const ft_backend_ops cpu_ops = {
     cpu_embed, cpu_add_positions, cpu_layer_begin, cpu_layer_end, cpu_norm, cpu_linear,
     cpu_rope, cpu_attention, cpu_ffn_act, cpu_add, cpu_gather_last,
+    cpu_qk_norm, cpu_scale, cpu_softcap, cpu_moe,
 };
 
 /* An error after a ring layer advanced: its overwritten rows are gone, so

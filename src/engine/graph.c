@@ -2,10 +2,15 @@
  * (graph.h): the CPU and CUDA contexts run exactly this. */
 #include "engine_internal.h"
 
+#include <stdio.h>
+
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 
 /* One transformer layer: attention block and feed-forward block, pre- or
- * post-norm (OPT's do_layer_norm_before; Llama/Qwen2 always pre-norm). */
+ * post-norm (OPT's do_layer_norm_before; the RMSNorm families always
+ * pre-norm), with gemma's sandwich norms around each block's output, q/k
+ * norms before RoPE, and a mixture of experts in place of the FFN on a
+ * sparse layer. */
 static ft_status layer(const ft_backend_ops *o, void *b, const ft_model *m, const void *w, int l, int rows)
 {
     const ft_model_config *cfg = &m->cfg;
@@ -20,9 +25,11 @@ static ft_status layer(const ft_backend_ops *o, void *b, const ft_model *m, cons
     TRY(o->linear(b, FT_GB_Q, in, rows, w, LW_Q, LW_QB));
     TRY(o->linear(b, FT_GB_K, in, rows, w, LW_K, LW_KB));
     TRY(o->linear(b, FT_GB_V, in, rows, w, LW_V, LW_VB));
+    if (cfg->qk_norm) TRY(o->qk_norm(b, rows, w));
     if (a->pos == FT_POS_ROPE) TRY(o->rope(b, rows));
     TRY(o->attention(b, l, rows));
     TRY(o->linear(b, FT_GB_XB, FT_GB_ATT, rows, w, LW_O, LW_OB));
+    if (cfg->sandwich_norm) TRY(o->norm(b, FT_GB_XB, FT_GB_XB, rows, w, LW_POST_ATTN_NORM, -1));
     TRY(o->add(b, FT_GB_X, FT_GB_XB, rows));
     if (!pre) TRY(o->norm(b, FT_GB_X, FT_GB_X, rows, w, LW_NORM1_W, LW_NORM1_B));
 
@@ -31,17 +38,54 @@ static ft_status layer(const ft_backend_ops *o, void *b, const ft_model *m, cons
         TRY(o->norm(b, FT_GB_XB, FT_GB_X, rows, w, LW_NORM2_W, LW_NORM2_B));
         in = FT_GB_XB;
     }
-    if (a->ffn == FT_FFN_SWIGLU) {
-        TRY(o->linear(b, FT_GB_H1, in, rows, w, LW_GATE, LW_GATE_B));
-        TRY(o->linear(b, FT_GB_H2, in, rows, w, LW_UP, LW_UP_B));
+    if (cfg->n_experts && cfg->layer_moe[l]) {
+        TRY(o->moe(b, FT_GB_XB, in, rows, w));
     } else {
-        TRY(o->linear(b, FT_GB_H1, in, rows, w, LW_UP, LW_UP_B));
+        if (a->ffn == FT_FFN_SWIGLU) {
+            TRY(o->linear(b, FT_GB_H1, in, rows, w, LW_GATE, LW_GATE_B));
+            TRY(o->linear(b, FT_GB_H2, in, rows, w, LW_UP, LW_UP_B));
+        } else {
+            TRY(o->linear(b, FT_GB_H1, in, rows, w, LW_UP, LW_UP_B));
+        }
+        TRY(o->ffn_act(b, rows));
+        TRY(o->linear(b, FT_GB_XB, FT_GB_H1, rows, w, LW_DOWN, LW_DOWN_B));
     }
-    TRY(o->ffn_act(b, rows));
-    TRY(o->linear(b, FT_GB_XB, FT_GB_H1, rows, w, LW_DOWN, LW_DOWN_B));
+    if (cfg->sandwich_norm) TRY(o->norm(b, FT_GB_XB, FT_GB_XB, rows, w, LW_POST_FFN_NORM, -1));
     TRY(o->add(b, FT_GB_X, FT_GB_XB, rows));
     if (!pre) TRY(o->norm(b, FT_GB_X, FT_GB_X, rows, w, LW_NORM2_W, LW_NORM2_B));
     return FT_OK;
+}
+
+unsigned ft_model_features(const ft_model *m)
+{
+    const ft_model_config *c = &m->cfg;
+    unsigned f = 0;
+    if (c->qk_norm) f |= FT_FEAT_QK_NORM;
+    if (c->norm_plus_one) f |= FT_FEAT_NORM_PLUS_ONE;
+    if (c->sandwich_norm) f |= FT_FEAT_SANDWICH;
+    if (c->act == FT_ACT_GELU_TANH) f |= FT_FEAT_GELU;
+    if (c->embed_scale != 0) f |= FT_FEAT_EMBED_SCALE;
+    if (c->attn_scale != 0) f |= FT_FEAT_ATTN_SCALE;
+    if (c->attn_softcap != 0 || c->final_softcap != 0) f |= FT_FEAT_SOFTCAP;
+    if (c->rope_local_theta != 0) f |= FT_FEAT_LOCAL_ROPE;
+    if (c->n_experts) f |= FT_FEAT_MOE;
+    return f;
+}
+
+const char *ft_model_features_name(unsigned f, char *buf, size_t n)
+{
+    static const char *const names[] = {"q/k norms", "(1 + w) RMSNorm", "sandwich norms", "GeGLU",
+                                        "scaled embeddings", "query_pre_attn_scalar", "soft-capping",
+                                        "local RoPE base", "mixture of experts"};
+    size_t k = 0;
+    if (n) buf[0] = 0;
+    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (f & (1u << i)) {
+            int r = snprintf(buf + k, n > k ? n - k : 0, "%s%s", k ? ", " : "", names[i]);
+            if (r > 0) k += (size_t)r;
+            if (k >= n) break;
+        }
+    return buf;
 }
 
 ft_status ft_graph_forward(const ft_backend_ops *o, void *b, const ft_model *m, int rows, int n, int want,
@@ -59,10 +103,20 @@ ft_status ft_graph_forward_layers(const ft_backend_ops *o, void *b, const ft_mod
     if (l0 < 0 || l1 > cfg->n_layers || l0 > l1 || (want && l1 != cfg->n_layers))
         return ft_set_error(FT_ERR_INVALID_ARG, "forward: layers [%d, %d) of %d%s", l0, l1, cfg->n_layers,
                             want && l1 != cfg->n_layers ? " cannot give logits" : "");
+    {
+        unsigned f = ft_model_features(m);
+        if (((f & FT_FEAT_QK_NORM) && !o->qk_norm) || ((f & FT_FEAT_EMBED_SCALE) && !o->scale) ||
+            (cfg->final_softcap != 0 && !o->softcap) || ((f & FT_FEAT_MOE) && !o->moe)) {
+            char nb[160];
+            return ft_set_error(FT_ERR_UNSUPPORTED, "forward: this backend cannot compute %s (%s)",
+                                cfg->model_type, ft_model_features_name(f, nb, sizeof nb));
+        }
+    }
     /* embeddings (+ project_in, + learned positions): the first stage's */
     if (l0 == 0) {
         int proj_in = ft_wmat_present(&m->g[GW_PROJ_IN]);
         TRY(o->embed(b, proj_in ? FT_GB_XB : FT_GB_X, rows));
+        if (cfg->embed_scale != 0) TRY(o->scale(b, FT_GB_X, rows, cfg->embed_scale));
         if (proj_in) TRY(o->linear(b, FT_GB_X, FT_GB_XB, rows, NULL, GW_PROJ_IN, -1));
         if (m->arch->pos == FT_POS_LEARNED) TRY(o->add_positions(b, rows));
     }
@@ -99,6 +153,7 @@ ft_status ft_graph_forward_layers(const ft_backend_ops *o, void *b, const ft_mod
         src = dst;
     }
     TRY(o->linear(b, FT_GB_LOGITS, src, k, NULL, GW_LM_HEAD, -1));
+    if (cfg->final_softcap != 0) TRY(o->softcap(b, FT_GB_LOGITS, k, cfg->final_softcap));
     *nsel = k;
     return FT_OK;
 }

@@ -24,8 +24,12 @@
 enum {
     LW_NORM1_W, LW_NORM1_B, LW_Q, LW_QB, LW_K, LW_KB, LW_V, LW_VB, LW_O, LW_OB,
     LW_NORM2_W, LW_NORM2_B, LW_GATE, LW_GATE_B, LW_UP, LW_UP_B, LW_DOWN, LW_DOWN_B,
+    LW_QNORM, LW_KNORM, LW_POST_ATTN_NORM, LW_POST_FFN_NORM, LW_ROUTER,
     LW_COUNT
 };
+/* Expert matrices: slot LW_EXPERT(e, k), k = 0 gate, 1 up, 2 down. */
+#define LW_EXPERT(e, k) (LW_COUNT + 3 * (e) + (k))
+enum { LW_EXP_GATE = 0, LW_EXP_UP = 1, LW_EXP_DOWN = 2 };
 /* Model-wide weight slots. */
 enum {
     GW_TOK_EMB, GW_POS_EMB, GW_PROJ_IN, GW_PROJ_OUT, GW_FINAL_NORM_W, GW_FINAL_NORM_B,
@@ -39,6 +43,24 @@ enum { FT_FFN_RELU = 0, FT_FFN_SWIGLU = 1 };
 
 typedef struct ft_model_blocks { int norm, pos, ffn, pos_offset; } ft_model_blocks;
 void ft_model_get_blocks(const ft_model *m, ft_model_blocks *out);
+
+/* What a model's graph needs beyond the OPT / Llama blocks: a backend
+ * that lacks one of these refuses the model (ft_model_features_name
+ * names them). */
+enum {
+    FT_FEAT_QK_NORM = 1u << 0,       /* qk_norm op                          */
+    FT_FEAT_NORM_PLUS_ONE = 1u << 1, /* (1 + w) RMSNorm                     */
+    FT_FEAT_SANDWICH = 1u << 2,      /* post-attention / post-FFN norms     */
+    FT_FEAT_GELU = 1u << 3,          /* GeGLU                               */
+    FT_FEAT_EMBED_SCALE = 1u << 4,   /* scale op on the embeddings          */
+    FT_FEAT_ATTN_SCALE = 1u << 5,    /* score scale other than 1/sqrt(hd)  */
+    FT_FEAT_SOFTCAP = 1u << 6,       /* attention / logit soft-capping      */
+    FT_FEAT_LOCAL_ROPE = 1u << 7,    /* a second RoPE base for sliding layers */
+    FT_FEAT_MOE = 1u << 8            /* moe op                              */
+};
+unsigned ft_model_features(const ft_model *m);
+/* "qk_norm, moe" etc. for the bits of f into buf. */
+const char *ft_model_features_name(unsigned f, char *buf, size_t n);
 
 /* Shapes (2 dims at most) of a slot; return ndim. */
 int ft_model_global_shape(const ft_model *m, int slot, int64_t shape[2]);
@@ -102,6 +124,17 @@ typedef struct ft_backend_ops {
     ft_status (*add)(void *b, ft_gbuf y, ft_gbuf x, int rows);
     /* out[j] = in[last row of sequence j] for the call's n sequences */
     ft_status (*gather_last)(void *b, ft_gbuf out, ft_gbuf in, int n);
+    /* --- the newer families' ops (NULL in a backend that refuses them:
+     * ft_model_features) */
+    /* RMSNorm of Q and K (LW_QNORM, LW_KNORM) per head or whole (qk_norm) */
+    ft_status (*qk_norm)(void *b, int rows, const void *w);
+    /* buf *= f, hidden wide */
+    ft_status (*scale)(void *b, ft_gbuf buf, int rows, float f);
+    /* logits = cap * tanh(logits / cap), vocab wide */
+    ft_status (*softcap)(void *b, ft_gbuf buf, int rows, float cap);
+    /* out = the layer's mixture of experts applied to in (router, top-k,
+     * the selected experts' SwiGLU FFNs, weighted sum), hidden wide */
+    ft_status (*moe)(void *b, ft_gbuf out, ft_gbuf in, int rows, const void *w);
 } ft_backend_ops;
 
 /* The checks every backend's forward makes (ft_ctx_forward's contract):

@@ -41,6 +41,38 @@ ft_status ft_model_find_tensor(const ft_checkpoint *ck, const ft_arch *a, const 
     return st2;
 }
 
+ft_status ft_model_entry_tensor(const ft_checkpoint *ck, const ft_arch *a, const ft_model_tensor_entry *e,
+                                ft_tensor *t, char *used, size_t nused)
+{
+    if (!e->sliced) return ft_model_find_tensor(ck, a, e->name, t, used, nused);
+    const ft_src_slice *sl = &e->src;
+    ft_tensor s;
+    ft_status st = ft_model_find_tensor(ck, a, sl->name, &s, used, nused);
+    if (st) return st;
+    int three = sl->expert >= 0;
+    int64_t cols = e->shape[1];
+    int ok = (int)s.ndim == (three ? 3 : 2);
+    if (ok && three) ok = s.shape[0] == sl->n_experts && s.shape[1] == sl->rows && s.shape[2] == cols;
+    else if (ok) ok = s.shape[0] == sl->rows && s.shape[1] == cols;
+    if (!ok) {
+        char got[96];
+        ft_shape_format(s.ndim, s.shape, got, sizeof got);
+        if (three)
+            return ft_set_error(FT_ERR_CORRUPT, "tensor \"%s\" has shape %s, config implies [%d, %d, %lld]", used,
+                                got, sl->n_experts, sl->rows, (long long)cols);
+        return ft_set_error(FT_ERR_CORRUPT, "tensor \"%s\" has shape %s, config implies [%d, %lld]", used, got,
+                            sl->rows, (long long)cols);
+    }
+    size_t esz = (size_t)ft_dtype_nbytes(s.dtype, 1);
+    size_t row = (size_t)(three ? sl->expert : 0) * (size_t)sl->rows + (size_t)sl->row0;
+    *t = s;
+    t->ndim = 2;
+    t->shape[0] = e->shape[0];
+    t->shape[1] = cols;
+    t->data = (uint8_t *)s.data + row * (size_t)cols * esz;
+    return FT_OK;
+}
+
 /* The checkpoint's own format: the dtype of layer 0's first matrix. */
 static ft_status checkpoint_format(const ft_checkpoint *ck, const ft_model_config *cfg, ft_wfmt *out)
 {
@@ -49,6 +81,8 @@ static ft_status checkpoint_format(const ft_checkpoint *ck, const ft_model_confi
     for (int s = 0; a && s < LW_COUNT; s++) {
         if (!ft_slot_is_matrix(s) || !a->layer_name(cfg, 0, s, name, sizeof name)) continue;
         ft_tensor t;
+        ft_src_slice sl;
+        if (a->layer_src && a->layer_src(cfg, 0, s, &sl)) snprintf(name, sizeof name, "%s", sl.name);
         ft_status st = ft_model_find_tensor(ck, a, name, &t, used, sizeof used);
         if (st) return st;
         switch (t.dtype) {
@@ -68,7 +102,7 @@ ft_status ft_model_checkpoint_tensor(const ft_model *m, const ft_checkpoint *ck,
 {
     if (!m || !ck || !t || i >= m->n_tensors) return ft_set_error(FT_ERR_INVALID_ARG, "model: tensor %zu", i);
     char used[160];
-    return ft_model_find_tensor(ck, m->arch, m->tensors[i].name, t, used, sizeof used);
+    return ft_model_entry_tensor(ck, m->arch, &m->tensors[i], t, used, sizeof used);
 }
 
 ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model **out)
@@ -101,7 +135,7 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
         ft_model_tensor_entry *e = &m->tensors[i];
         ft_tensor t;
         char used[160];
-        if ((st = ft_model_find_tensor(ck, m->arch, e->name, &t, used, sizeof used))) {
+        if ((st = ft_model_entry_tensor(ck, m->arch, e, &t, used, sizeof used))) {
             if (st == FT_ERR_NOT_FOUND)
                 st = ft_set_error(FT_ERR_NOT_FOUND, "%s: checkpoint has no tensor \"%s\" needed by "
                                   "this %s config", dir, e->name, cfg.model_type);

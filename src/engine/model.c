@@ -21,6 +21,11 @@ const ft_arch *ft_arch_get(ft_arch_id id)
     case FT_ARCH_OPT: return &ft_arch_opt;
     case FT_ARCH_LLAMA: return &ft_arch_llama;
     case FT_ARCH_QWEN2: return &ft_arch_qwen2;
+    case FT_ARCH_QWEN3: return &ft_arch_qwen3;
+    case FT_ARCH_PHI3: return &ft_arch_phi3;
+    case FT_ARCH_GEMMA2: return &ft_arch_gemma2;
+    case FT_ARCH_MIXTRAL: return &ft_arch_mixtral;
+    case FT_ARCH_OLMOE: return &ft_arch_olmoe;
     }
     return NULL;
 }
@@ -35,24 +40,34 @@ static const size_t lw_off[LW_COUNT] = {
     offsetof(ft_layer_weights, w_gate), offsetof(ft_layer_weights, b_gate),
     offsetof(ft_layer_weights, w_up), offsetof(ft_layer_weights, b_up),
     offsetof(ft_layer_weights, w_down), offsetof(ft_layer_weights, b_down),
+    offsetof(ft_layer_weights, q_norm), offsetof(ft_layer_weights, k_norm),
+    offsetof(ft_layer_weights, post_attn_norm), offsetof(ft_layer_weights, post_ffn_norm),
+    offsetof(ft_layer_weights, w_router),
 };
 
 int ft_slot_is_matrix(int slot)
 {
     switch (slot) {
-    case LW_Q: case LW_K: case LW_V: case LW_O: case LW_GATE: case LW_UP: case LW_DOWN: return 1;
-    default: return 0;
+    case LW_Q: case LW_K: case LW_V: case LW_O: case LW_GATE: case LW_UP: case LW_DOWN: case LW_ROUTER: return 1;
+    default: return slot >= LW_COUNT;
     }
 }
 
 ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot)
 {
+    if (slot >= LW_COUNT)
+        return w->experts && slot - LW_COUNT < 3 * w->n_experts ? &w->experts[slot - LW_COUNT] : NULL;
     return ft_slot_is_matrix(slot) ? (ft_wmat *)(void *)((char *)w + lw_off[slot]) : NULL;
 }
 
 const float **ft_layer_vec(ft_layer_weights *w, int slot)
 {
     return ft_slot_is_matrix(slot) ? NULL : (const float **)(void *)((char *)w + lw_off[slot]);
+}
+
+int ft_layer_nslots(const ft_model_config *c, int layer)
+{
+    return LW_COUNT + (c->n_experts && c->layer_moe[layer] ? 3 * c->n_experts : 0);
 }
 
 int ft_global_shape(const ft_model_config *c, const ft_arch *a, int slot, int64_t s[2])
@@ -78,7 +93,17 @@ int ft_layer_shape(const ft_model_config *c, int slot, int64_t s[2])
     case LW_GATE: case LW_UP: s[0] = c->ffn; s[1] = c->hidden; return 2;
     case LW_GATE_B: case LW_UP_B: s[0] = c->ffn; return 1;
     case LW_DOWN: s[0] = c->hidden; s[1] = c->ffn; return 2;
-    default: s[0] = c->hidden; return 1;   /* norms, o bias, down bias */
+    case LW_QNORM: s[0] = c->qk_norm == 2 ? q : c->head_dim; return 1;
+    case LW_KNORM: s[0] = c->qk_norm == 2 ? kv : c->head_dim; return 1;
+    case LW_ROUTER: s[0] = c->n_experts; s[1] = c->hidden; return 2;
+    default:
+        if (slot >= LW_COUNT) {
+            int k = (slot - LW_COUNT) % 3;
+            s[0] = k == LW_EXP_DOWN ? c->hidden : c->moe_ffn;
+            s[1] = k == LW_EXP_DOWN ? c->moe_ffn : c->hidden;
+            return 2;
+        }
+        s[0] = c->hidden; return 1;   /* norms, o bias, down bias */
     }
 }
 
@@ -281,12 +306,23 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
     char name[128];
     size_t n_glob_t = 0, n_layer_t = 0;
     for (int s = 0; s < GW_COUNT; s++) n_glob_t += (size_t)a->global_name(cfg, s, name, sizeof name);
-    for (int s = 0; s < LW_COUNT; s++) n_layer_t += (size_t)a->layer_name(cfg, 0, s, name, sizeof name);
-    m->n_tensors = n_glob_t + n_layer_t * (size_t)cfg->n_layers;
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int s = 0; s < ft_layer_nslots(cfg, l); s++)
+            n_layer_t += (size_t)a->layer_name(cfg, l, s, name, sizeof name);
+    m->n_tensors = n_glob_t + n_layer_t;
     m->tensors = calloc(m->n_tensors, sizeof *m->tensors);
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     ft_status st = FT_OK;
     if (!m->tensors || !m->layers) { st = ft_set_error(FT_ERR_NOMEM, "model: allocation"); goto fail; }
+    if (cfg->n_experts) {
+        m->expert_tab = calloc((size_t)cfg->n_layers * 3 * (size_t)cfg->n_experts, sizeof *m->expert_tab);
+        if (!m->expert_tab) { st = ft_set_error(FT_ERR_NOMEM, "model: allocation"); goto fail; }
+        for (int l = 0; l < cfg->n_layers; l++)
+            if (cfg->layer_moe[l]) {
+                m->layers[l].n_experts = cfg->n_experts;
+                m->layers[l].experts = m->expert_tab + (size_t)l * 3 * (size_t)cfg->n_experts;
+            }
+    }
 
     /* Entries and their offsets: globals, then layer 0's (all layers share
      * one layout). */
@@ -306,10 +342,11 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
     }
     for (int l = 0; l < cfg->n_layers; l++) {
         size_t off = 0;
-        for (int s = 0; s < LW_COUNT; s++) {
+        for (int s = 0; s < ft_layer_nslots(cfg, l); s++) {
             if (!a->layer_name(cfg, l, s, name, sizeof name)) continue;
             ft_model_tensor_entry *e = &m->tensors[ti++];
             snprintf(e->name, sizeof e->name, "%s", name);
+            e->sliced = a->layer_src ? a->layer_src(cfg, l, s, &e->src) : 0;
             e->layer = l;
             e->slot = s;
             e->ndim = ft_layer_shape(cfg, s, e->shape);
@@ -319,7 +356,9 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
             off += pad64(e->bytes);
             nchunks += e->n_chunks;
         }
-        m->layer_bytes = off;
+        /* dense and sparse layers of one MoE model differ: every layer
+         * gets the largest layout's room */
+        if (off > m->layer_bytes) m->layer_bytes = off;
     }
     m->gbuf = ft_malloc_aligned(m->global_bytes ? m->global_bytes : 64, 64);
     if (!external_layers) m->lbuf = ft_malloc_aligned(m->layer_bytes * (size_t)cfg->n_layers, 64);
@@ -467,6 +506,7 @@ void ft_model_free(ft_model *m)
     ft_free_aligned(m->gbuf);
     ft_free_aligned(m->lbuf);
     free(m->chunk_tab);
+    free(m->expert_tab);
     free(m->tensors);
     free(m->layers);
     free(m);
@@ -529,11 +569,11 @@ void ft_load_params_default(ft_load_params *p)
 
 _Static_assert(FT_LAYER_SLOTS == LW_COUNT, "FT_LAYER_SLOTS is the number of ft_layer_weights fields");
 
-int ft_layer_slot_is_matrix(int slot) { return slot >= 0 && slot < LW_COUNT && ft_slot_is_matrix(slot); }
+int ft_layer_slot_is_matrix(int slot) { return slot >= 0 && ft_slot_is_matrix(slot); }
 
 ft_wmat *ft_layer_weights_mat(ft_layer_weights *w, int slot)
 {
-    return w && slot >= 0 && slot < LW_COUNT ? ft_layer_mat(w, slot) : NULL;
+    return w && slot >= 0 ? ft_layer_mat(w, slot) : NULL;
 }
 
 const float **ft_layer_weights_vec(ft_layer_weights *w, int slot)

@@ -13,6 +13,7 @@
 #include "flextier/offload.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Stored bytes of a frame per byte computed on: byte-plane's ratio; 1 for
@@ -61,6 +62,52 @@ static double interp(const ft_cost_timing *tm, const double *t, double b)
     return v > 0 ? v : 0;
 }
 
+/* A mixture of experts' layer (issue 23): the dense tensors then every
+ * expert placed one by one as the scheduler does (ft_policy_place); what
+ * the tiers hold (Cst) and what a decode step of B rows reads (C): the
+ * dense part, and of the experts those selected (probability
+ * 1 - (1 - k/E)^B each, uniform routing), streamed ones found in the
+ * expert cache with probability `hit`. */
+static int moe_place(const ft_cost_inputs *in, const ft_policy *p, double B, double *C, double *Cst,
+                     ft_cost_estimate *out)
+{
+    const ft_codec_id cw = p->compress_weights;
+    size_t n = in->n_tensors + in->n_experts;
+    uint64_t *bytes = malloc(n * sizeof *bytes);
+    ft_tier *tiers = malloc(n * sizeof *tiers);
+    if (!bytes || !tiers) { free(bytes); free(tiers); return 0; }
+    for (uint32_t i = 0; i < in->n_tensors; i++) bytes[i] = in->tensor_bytes[cw][i];
+    for (uint32_t e = 0; e < in->n_experts; e++) bytes[in->n_tensors + e] = in->expert_bytes[cw];
+    ft_policy_place(p, bytes, n, tiers);
+    double xn[FT_TIER_COUNT] = {0};
+    for (size_t i = 0; i < n; i++) {
+        Cst[tiers[i]] += (double)bytes[i];
+        if (i < in->n_tensors) C[tiers[i]] += (double)bytes[i];
+        else xn[tiers[i]] += 1;
+    }
+    free(bytes);
+    free(tiers);
+    const double E = in->n_experts, k = in->experts_used, eb = (double)in->expert_bytes[cw];
+    double act = 1.0 - pow(1.0 - (k < E ? k : E) / E, B);
+    /* streamed: everything but the device tier and host frames used in
+     * place (host byte-plane frames are decoded into the cache) */
+    int bp = cw == FT_CODEC_BYTEPLANE;
+    double streamed = xn[FT_TIER_DISK] + xn[FT_TIER_REMOTE] + (bp ? xn[FT_TIER_HOST] : 0);
+    double entries = in->expert_cache ? (double)in->expert_cache : E;
+    double hit = streamed > 0 ? fmin(1.0, entries / (in->n_layers * streamed)) : 1.0;
+    double fetch = 0;
+    for (int t = 0; t < FT_TIER_COUNT; t++) {
+        int fetched = t == FT_TIER_DISK || t == FT_TIER_REMOTE || (bp && t == FT_TIER_HOST);
+        double x = xn[t] * eb * act * (fetched ? 1.0 - hit : 1.0);
+        C[t] += x;
+        if (fetched) fetch += x;
+    }
+    out->expert_hit = streamed > 0 ? hit : 0;
+    out->expert_fetch_bytes = fetch;
+    out->expert_cache_mem = streamed > 0 ? fmin(entries, in->n_layers * streamed) * eb : 0;
+    return 1;
+}
+
 void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out)
 {
     memset(out, 0, sizeof *out);
@@ -75,9 +122,12 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     const double spb = stored_per_byte(in, cw), rc = cache_ratio(in, p->compress_cache);
     const double dw = codec_decode_bw(in, cw), dc = codec_decode_bw(in, p->compress_cache);
     /* Per tier: bytes of one layer as computed on (C) and as stored (S). */
-    double C[FT_TIER_COUNT] = {0}, c[FT_TIER_COUNT];
+    double C[FT_TIER_COUNT] = {0}, c[FT_TIER_COUNT], Cst[FT_TIER_COUNT] = {0};
     for (int t = 0; t < FT_TIER_COUNT; t++) c[t] = p->c_pct[t] / 100.0;
-    if (in->n_tensors && in->n_tensors <= FT_COST_MAX_TENSORS) {
+    int moe = in->n_experts && in->n_tensors && in->n_tensors <= FT_COST_MAX_TENSORS;
+    if (moe && moe_place(in, p, B, C, Cst, out)) {
+        /* C: what a decode step reads; Cst: what the tiers hold */
+    } else if (in->n_tensors && in->n_tensors <= FT_COST_MAX_TENSORS) {
         /* Whole tensors, placed as the scheduler places them. */
         uint64_t bytes[FT_COST_MAX_TENSORS];
         ft_tier tiers[FT_COST_MAX_TENSORS];
@@ -87,6 +137,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     } else {
         for (int t = 0; t < FT_TIER_COUNT; t++) C[t] = P * bytes_per_param(in, cw) * p->w_pct[t] / 100.0;
     }
+    if (!moe) memcpy(Cst, C, sizeof C);
     double Ctot = 0, S[FT_TIER_COUNT];
     for (int t = 0; t < FT_TIER_COUNT; t++) { S[t] = C[t] * spb; Ctot += C[t]; }
 
@@ -181,14 +232,15 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * are used where they are. Then the device share of the cache and the
      * activations; other tiers hold the stored bytes. */
     double slot = S[FT_TIER_DISK] + S[FT_TIER_REMOTE] + (bp ? C[FT_TIER_HOST] + C[FT_TIER_DISK] + C[FT_TIER_REMOTE] : 0);
+    double xcache = moe ? out->expert_cache_mem : 0;   /* the expert cache (beside the slots) */
     double cache_total = L * B * s_max * kv;
     /* The off-device cache passes through two staging buffers of one layer
      * (f32) on the device. */
     double staging = 2.0 * B * (1.0 - c[0]) * s_max * kv;
-    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * C[FT_TIER_DEVICE] + 2.0 * slot + cache_total * c[0] +
+    out->mem[FT_TIER_DEVICE] = (uint64_t)(L * Cst[FT_TIER_DEVICE] + 2.0 * slot + xcache + cache_total * c[0] +
                                           staging + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-        out->mem[t] = (uint64_t)(L * S[t] + cache_total * c[t] / rc);
+        out->mem[t] = (uint64_t)(L * Cst[t] * spb + cache_total * c[t] / rc);
     out->feasible = 1;
     for (int t = 0; t < FT_TIER_COUNT; t++)
         if (out->mem[t] > in->cap[t]) out->feasible = 0;

@@ -19,6 +19,7 @@
 #include "offload_internal.h"
 #include "replica.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +27,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_SLOTS FT_LAYER_SLOTS
+/* Slots per layer: the fixed ones and, for a mixture of experts, 3 per
+ * expert (o->ns of them; a dense layer of an MoE model lacks the expert
+ * slots: o->lpres says which (layer, slot) exist). */
 #define MAX_PIECES FT_MAX_REMOTES
+#define LW_ROUTER_SLOT (FT_LAYER_SLOTS - 1)   /* ft_layer_weights.w_router */
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
@@ -36,6 +40,7 @@
 enum { USE_RESIDENT = 0,   /* device tier                                   */
        USE_HOST_INPLACE,   /* host frame computed on in place               */
        USE_FETCH,          /* read (disk/remote) or decode (host byte-plane) */
+       USE_EXPERT,         /* an expert's matrix read on demand into the expert cache */
 };
 
 typedef struct {
@@ -57,6 +62,28 @@ typedef struct {
     int np;                           /* remote tier: pieces its frame is striped in */
 } slot_info;
 
+/* One read of the remote tier in flight: piece k of (layer, slot). */
+typedef struct {
+    ft_request *req;
+    int node;
+    size_t got;
+    ft_tensor dst;
+    int retry;
+} remote_read;
+
+/* An entry of the expert cache: one expert's streamed matrices. */
+enum { X_FREE = 0, X_LOADING, X_READY };
+typedef struct {
+    int layer, e, state, pinned, prefetched;
+    uint64_t tick;
+    uint32_t freq;
+    ft_request *req[3];
+    remote_read rr[3][MAX_PIECES];
+    int started[3];
+    size_t got[3];
+    ft_wmat view[3];
+} x_entry;
+
 struct ft_offload {
     ft_model *m;
     int n_layers;
@@ -64,8 +91,36 @@ struct ft_offload {
     ft_offload_params p;
     size_t res_stride;                /* bytes of a layer's resident block */
     size_t slot_stride;               /* bytes of one slot buffer          */
-    slot_info slot[MAX_SLOTS];
+    int ns;                           /* slots per layer                   */
+    slot_info *slot;                  /* [ns]: the layout (from the first layer holding each slot) */
+    uint8_t *lpres;                   /* [n_layers][ns]: the tensor exists */
+    int n_experts;
+    ft_wmat *fexp, *sexp[2], *hexp;   /* experts' views: fixed [n_layers][3E], slot buffers, the hook's */
+    /* fetch_layer's per-slot state (the I/O thread's) */
+    ft_request **f_req;
+    remote_read (*f_rr)[MAX_PIECES];
+    int *f_started;
+    size_t *f_got;
     int n_fetched;                    /* slots fetched per layer           */
+    /* experts streamed one by one (USE_EXPERT slots) */
+    int xmode;
+    size_t xstride;                   /* one cache entry: its frames (+ byte-plane decoded) */
+    uint32_t xchunks;                 /* chunk pointers per entry          */
+    int xcap;
+    x_entry *xe;
+    int *xmap;                        /* [n_layers][E]: entry or -1        */
+    uint8_t *xbuf;
+    const uint8_t **xchunk_tab;
+    uint64_t xtick;
+    int xcur;                         /* the layer of the current call     */
+    int xsparse;                      /* sparse layers held: calls per step */
+    ft_codec_ctx *x_cc;               /* the compute thread's verify / decode */
+    ft_layer_weights xtw;             /* binding scratch (experts: xscr)   */
+    ft_wmat *xscr;
+    float *xrouter, *xlog;            /* prediction: router rows, logits   */
+    size_t xlog_cap;
+    int *xpred, *xnpred;              /* [n_layers][E], [n_layers]         */
+    ft_expert_stats *xst;             /* [n_layers]                        */
     /* stores */
     ft_store *disk, *remote[FT_MAX_REMOTES];
     int agent_remote;                 /* the remotes are codec agents (agent://) */
@@ -204,15 +259,15 @@ static ft_status bind_view(const slot_info *si, int s, ft_layer_weights *w, cons
 
 /* A stored frame (in DRAM, verified or trusted) made usable for compute:
  * in place, or decoded to `dec` (byte-plane). */
-static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_weights *w, const uint8_t *frame,
-                           size_t size, uint8_t *dec, const uint8_t **chunks)
+static ft_status use_frame_cc(ft_codec_ctx *cc, const slot_info *si, int s, ft_layer_weights *w,
+                              const uint8_t *frame, size_t size, uint8_t *dec, const uint8_t **chunks)
 {
     if (si->codec == FT_CODEC_BYTEPLANE) {
         ft_tensor t;
         memset(&t, 0, sizeof t);
         t.dtype = si->pdt;
         t.data = dec;
-        ft_status st = ft_decode(o->io_cc, frame, size, &t, (size_t)si->compute_bytes);
+        ft_status st = ft_decode(cc, frame, size, &t, (size_t)si->compute_bytes);
         if (st) return st;
         uint64_t ne = 0;
         if (ft_tensor_numel(&t, &ne) || ne != si->numel)
@@ -224,6 +279,12 @@ static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_w
     const void *p = NULL;
     ft_status st = raw_payload(frame, size, si->pdt, si->numel, &p);
     return st ? st : bind_view(si, s, w, p, (size_t)si->compute_bytes, chunks);
+}
+
+static ft_status use_frame(ft_offload *o, const slot_info *si, int s, ft_layer_weights *w, const uint8_t *frame,
+                           size_t size, uint8_t *dec, const uint8_t **chunks)
+{
+    return use_frame_cc(o->io_cc, si, s, w, frame, size, dec, chunks);
 }
 
 /* ------------------------------------------------------------ I/O thread */
@@ -271,21 +332,13 @@ static int n_pieces(const ft_offload *o, const slot_info *si)
     return np;
 }
 
-/* One read of the remote tier in flight: piece k of (layer, slot). */
-typedef struct {
-    ft_request *req;
-    int node;
-    size_t got;
-    ft_tensor dst;
-    int retry;
-} remote_read;
 
 /* Start reading piece k of (layer, s) into buffer buf from the first live
  * replica (not `avoid`). */
 static ft_status issue_remote(ft_offload *o, int layer, int s, int k, uint8_t *buf, remote_read *rr, int avoid)
 {
     const slot_info *si = &o->slot[s];
-    size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+    size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
     uint32_t base = (uint32_t)(layer + s + k);
     int node = o->rset ? ft_rset_pick(o->rset, base, avoid) : rnode(o, base, 0);
     if (node < 0)
@@ -338,17 +391,22 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
  * is left to the repair thread. */
 static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *retries)
 {
-    ft_request *req[MAX_SLOTS] = {0};
-    remote_read rr[MAX_SLOTS][MAX_PIECES];
-    int started[MAX_SLOTS] = {0};
-    size_t got[MAX_SLOTS] = {0};
+    const int NS = o->ns;
+    ft_request **req = o->f_req;
+    remote_read (*rr)[MAX_PIECES] = o->f_rr;
+    int *started = o->f_started;
+    size_t *got = o->f_got;
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
-    memset(rr, 0, sizeof rr);
-    for (int s = 0; s < MAX_SLOTS && st == FT_OK; s++) {
+    memset(req, 0, (size_t)NS * sizeof *req);
+    memset(rr, 0, (size_t)NS * sizeof *rr);
+    memset(started, 0, (size_t)NS * sizeof *started);
+    memset(got, 0, (size_t)NS * sizeof *got);
+    for (int s = 0; s < NS && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
-        size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+        if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         if (si->tier == FT_TIER_REMOTE) {
             for (int k = 0; k < si->np && st == FT_OK; k++) {
                 st = issue_remote(o, layer, s, k, buf, &rr[s][k], -1);
@@ -366,10 +424,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
      * at once, until each has succeeded or no replica is left. */
     for (int round = 0;; round++) {
         int again = 0;
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < NS; s++) {
             slot_info *si = &o->slot[s];
-            if (!si->present || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
-            size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+            if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
             for (int k = 0; k < started[s]; k++) {
                 remote_read *q = &rr[s][k];
                 q->retry = 0;
@@ -387,7 +445,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             }
         }
         if (!again) break;
-        for (int s = 0; s < MAX_SLOTS; s++)
+        for (int s = 0; s < NS; s++)
             for (int k = 0; k < started[s]; k++) {
                 remote_read *q = &rr[s][k];
                 if (!q->retry) continue;
@@ -399,10 +457,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                 }
             }
     }
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    for (int s = 0; s < NS; s++) {
         slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH) continue;
-        size_t idx = (size_t)layer * MAX_SLOTS + (size_t)s;
+        if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         const uint8_t *frame;
         size_t size;
         if (si->tier == FT_TIER_HOST) {
@@ -456,8 +514,9 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         logical[si->tier] += si->compute_bytes;
         wire[si->tier] += size;
     }
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    for (int s = 0; s < NS; s++) {
         ft_request_free(req[s]);
+        req[s] = NULL;
         for (int k = 0; k < MAX_PIECES; k++) ft_request_free(rr[s][k].req);
     }
     return st;
@@ -523,6 +582,8 @@ static int pending(const ft_offload *o, int layer)
     return o->want_layer == layer || o->busy_layer == layer;
 }
 
+static ft_status x_fetch(void *user, int layer, const int *ex, int n, const float *x, int rows, ft_layer_weights *w);
+
 ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 {
     ft_offload *o = arg;
@@ -531,6 +592,14 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         return ft_set_error(FT_ERR_INVALID_ARG, "offload: layer %d asked of a scheduler that holds layers [%d, %d)",
                             layer, o->lb, o->le);
     *w = o->fixed[layer];
+    if (w->experts) {   /* the hook's own copy: streamed views never go into the fixed table */
+        memcpy(o->hexp, w->experts, (size_t)w->n_experts * 3 * sizeof *o->hexp);
+        w->experts = o->hexp;
+        if (o->xmode) {
+            w->fetch_experts = x_fetch;
+            w->fetch_user = o;
+        }
+    }
     if (!o->n_fetched) return FT_OK;
     double t0 = ft_now();
     pthread_mutex_lock(&o->mu);
@@ -562,9 +631,10 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         request(o, next, 1 - b);
     o->st.wait_s += ft_now() - t0;
     pthread_mutex_unlock(&o->mu);
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)o->ns;
+    for (int s = 0; s < o->ns; s++) {
         const slot_info *si = &o->slot[s];
-        if (!si->present || si->use != USE_FETCH) continue;
+        if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
         if (si->matrix) *ft_layer_weights_mat(w, s) = *ft_layer_weights_mat(&o->slot_w[b], s);
         else *ft_layer_weights_vec(w, s) = *ft_layer_weights_vec(&o->slot_w[b], s);
     }
@@ -674,10 +744,10 @@ static ft_status repair_keys(void *user, int node, ft_rset_visit visit, void *vc
     ft_offload *o = user;
     char pk[160];
     for (int l = o->lb; l < o->le; l++)
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < o->ns; s++) {
             const slot_info *si = &o->slot[s];
-            if (!si->present || si->tier != FT_TIER_REMOTE) continue;
-            size_t idx = (size_t)l * MAX_SLOTS + (size_t)s;
+            if (!si->present || !o->lpres[(size_t)l * (size_t)o->ns + (size_t)s] || si->tier != FT_TIER_REMOTE) continue;
+            size_t idx = (size_t)l * (size_t)o->ns + (size_t)s;
             for (int k = 0; k < si->np; k++)
                 for (int j = 0; j < o->replicas; j++) {
                     uint32_t base = (uint32_t)(l + s + k);
@@ -696,7 +766,7 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
                               size_t *conv_cap, ft_codec_ctx *cc)
 {
     slot_info *si = &o->slot[e->slot];
-    size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+    size_t idx = (size_t)e->layer * (size_t)o->ns + (size_t)e->slot;
     ft_status st;
     /* plain formats are stored (and keyed) in their compute dtype */
     ft_tensor t = *src;
@@ -747,6 +817,9 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
     return FT_OK;
 }
 
+static ft_status x_setup(ft_offload *o);
+static void x_drain(ft_offload *o);
+
 ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload_params *p,
                             ft_offload **out)
 {
@@ -780,20 +853,54 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     ft_codec_ctx *cc = NULL;
     void *tmp = NULL, *conv = NULL;
     size_t tmp_cap = 0, conv_cap = 0;
+    uint64_t *bytes = NULL;
+    int *slot_ids = NULL, n = 0;
+    ft_tier *tiers = NULL;
     if (o->lb < 0 || o->le > o->n_layers || o->lb >= o->le) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "offload: layers [%d, %d) of a model of %d", o->lb, o->le, o->n_layers);
         goto fail;
     }
+    {
+        const ft_model_config *mc = ft_model_get_config(m);
+        o->n_experts = mc->n_experts;
+        o->ns = FT_LAYER_SLOTS + 3 * mc->n_experts;
+        size_t NS = (size_t)o->ns, E3 = 3 * (size_t)mc->n_experts;
+        o->slot = calloc(NS, sizeof *o->slot);
+        o->lpres = calloc((size_t)o->n_layers * NS, 1);
+        o->f_req = calloc(NS, sizeof *o->f_req);
+        o->f_rr = calloc(NS, sizeof *o->f_rr);
+        o->f_started = calloc(NS, sizeof *o->f_started);
+        o->f_got = calloc(NS, sizeof *o->f_got);
+        bytes = calloc(NS, sizeof *bytes);
+        slot_ids = calloc(NS, sizeof *slot_ids);
+        tiers = calloc(NS, sizeof *tiers);
+        if (E3) {
+            o->fexp = calloc((size_t)o->n_layers * E3, sizeof *o->fexp);
+            o->sexp[0] = calloc(E3, sizeof *o->sexp[0]);
+            o->sexp[1] = calloc(E3, sizeof *o->sexp[1]);
+            o->hexp = calloc(E3, sizeof *o->hexp);
+        }
+        if (!o->slot || !o->lpres || !o->f_req || !o->f_rr || !o->f_started || !o->f_got || !bytes || !slot_ids ||
+            !tiers || (E3 && (!o->fexp || !o->sexp[0] || !o->sexp[1] || !o->hexp))) {
+            st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
+            goto fail;
+        }
+    }
 
-    /* Layout of one layer (same for all layers): compute formats, sizes
-     * and tiers, placed by the bytes they take as computed on. */
-    uint64_t bytes[MAX_SLOTS];
-    int slot_ids[MAX_SLOTS], n = 0;
+    /* Layout of a layer (the union over layers: a dense layer of an MoE
+     * model lacks the expert slots): compute formats, sizes and tiers,
+     * placed by the bytes they take as computed on. */
     if ((st = ft_checkpoint_open(model_dir, &ck))) goto fail;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
-        if (e->layer != 0) continue;
+        if (e->layer < 0) continue;
+        if (e->slot >= o->ns) {
+            st = ft_set_error(FT_ERR_INTERNAL, "offload: %s: slot %d of %d", e->name, e->slot, o->ns);
+            goto fail;
+        }
+        o->lpres[(size_t)e->layer * (size_t)o->ns + (size_t)e->slot] = 1;
+        if (o->slot[e->slot].present) continue;
         ft_tensor src;
         if ((st = ft_model_checkpoint_tensor(m, ck, i, &src))) {
             st = ft_set_error(st, "offload: %s: %s", e->name, ft_last_error());
@@ -841,19 +948,35 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         bytes[n] = si->compute_bytes;
         slot_ids[n++] = e->slot;
     }
-    ft_tier tiers[MAX_SLOTS];
     ft_policy_place(&p->policy, bytes, (size_t)n, tiers);
     for (int k = 0; k < n; k++) {
         slot_info *si = &o->slot[slot_ids[k]];
         si->tier = tiers[k];
         si->use = si->tier == FT_TIER_DEVICE ? USE_RESIDENT
                 : si->tier == FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE ? USE_HOST_INPLACE : USE_FETCH;
-        if (si->use == USE_FETCH) o->n_fetched++;
         si->np = n_pieces(o, si);
     }
+    /* Experts not resident are streamed one by one once routed (their
+     * router then stays resident: it predicts the next layer's experts);
+     * everything else with its layer. */
+    if (o->n_experts) {
+        for (int s = FT_LAYER_SLOTS; s < o->ns; s++)
+            if (o->slot[s].present && o->slot[s].use == USE_FETCH) {
+                o->slot[s].use = USE_EXPERT;
+                o->xmode = 1;
+            }
+        slot_info *rs = &o->slot[LW_ROUTER_SLOT];
+        if (o->xmode && rs->present && rs->use != USE_RESIDENT) {
+            rs->tier = FT_TIER_DEVICE;
+            rs->use = USE_RESIDENT;
+            rs->np = 1;
+        }
+    }
+    for (int s = 0; s < o->ns; s++)
+        if (o->slot[s].present && o->slot[s].use == USE_FETCH) o->n_fetched++;
     /* Resident block layout; chunk-pointer tables. */
-    size_t nkeys = (size_t)o->n_layers * MAX_SLOTS, chunk_per_layer = 0;
-    for (int s = 0; s < MAX_SLOTS; s++) {
+    size_t nkeys = (size_t)o->n_layers * (size_t)o->ns, chunk_per_layer = 0;
+    for (int s = 0; s < o->ns; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present) continue;
         if (si->use == USE_RESIDENT) {
@@ -874,6 +997,18 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         !o->slot_chunks[1]) {
         st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
         goto fail;
+    }
+    if (o->n_experts) {   /* the experts' views of sparse layers and of the slot buffers */
+        const ft_model_config *mc = ft_model_get_config(m);
+        for (int l = 0; l < o->n_layers; l++)
+            if (mc->layer_moe[l]) {
+                o->fixed[l].n_experts = o->n_experts;
+                o->fixed[l].experts = o->fexp + (size_t)l * 3 * (size_t)o->n_experts;
+            }
+        for (int k = 0; k < 2; k++) {
+            o->slot_w[k].n_experts = o->n_experts;
+            o->slot_w[k].experts = o->sexp[k];
+        }
     }
     o->st.resident_bytes = (uint64_t)o->res_stride * (uint64_t)(o->le - o->lb);
     if (p->device_budget && o->st.resident_bytes > p->device_budget) {
@@ -898,8 +1033,9 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
      * uploaded unless the store already holds the same encoding. The
      * chunk tables are bound per layer: fixed_chunks[layer][...]. */
     uint64_t total = 0, done = 0;
-    for (int s = 0; s < MAX_SLOTS; s++)
-        if (o->slot[s].present) total += o->slot[s].src_bytes * (uint64_t)(o->le - o->lb);
+    for (int l = o->lb; l < o->le; l++)
+        for (int s = 0; s < o->ns; s++)
+            if (o->lpres[(size_t)l * (size_t)o->ns + (size_t)s]) total += o->slot[s].src_bytes;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
@@ -936,7 +1072,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         } else {
             st = place_tensor(o, e, &src, &conv, &conv_cap, cc);
             if (!st && si->use == USE_HOST_INPLACE) {
-                size_t idx = (size_t)e->layer * MAX_SLOTS + (size_t)e->slot;
+                size_t idx = (size_t)e->layer * (size_t)o->ns + (size_t)e->slot;
                 ft_codec_ctx *save = o->io_cc;
                 o->io_cc = cc;
                 st = use_frame(o, si, e->slot, &o->fixed[e->layer], o->host[idx], (size_t)o->wire[idx], NULL, tab);
@@ -962,12 +1098,12 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     /* Slot buffers: per fetched tensor its largest frame (disk/remote)
      * and, for byte-plane, the decoded tensor. */
     if (o->n_fetched) {
-        for (int s = 0; s < MAX_SLOTS; s++) {
+        for (int s = 0; s < o->ns; s++) {
             slot_info *si = &o->slot[s];
             if (!si->present || si->use != USE_FETCH) continue;
             uint64_t cap = 0;
             for (int l = o->lb; l < o->le; l++) {
-                uint64_t w = o->wire[(size_t)l * MAX_SLOTS + (size_t)s];
+                uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
                 if (w > cap) cap = w;
             }
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
@@ -994,6 +1130,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         if (pthread_create(&o->io, NULL, io_main, o)) { st = ft_set_error(FT_ERR_NOMEM, "offload: I/O thread"); goto fail; }
         o->io_started = 1;
     }
+    if (o->xmode && (st = x_setup(o))) goto fail;
     if (o->replicas > 1 && p->policy.w_pct[FT_TIER_REMOTE] > 0) {
         const char *names[FT_MAX_REMOTES];
         for (int r = 0; r < o->n_remote; r++) names[r] = p->policy.remotes[r];
@@ -1001,9 +1138,15 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                              .each = repair_keys, .user = o, .what = "offload (weights)"};
         if ((st = ft_rset_create(&rp, &o->rset))) goto fail;
     }
+    free(bytes);
+    free(slot_ids);
+    free(tiers);
     *out = o;
     return FT_OK;
 fail:
+    free(bytes);
+    free(slot_ids);
+    free(tiers);
     ft_free_aligned(tmp);
     ft_free_aligned(conv);
     ft_codec_ctx_free(cc);
@@ -1016,11 +1159,12 @@ void ft_offload_free(ft_offload *o)
 {
     if (!o) return;
     if (o->io_started) ft_io_thread_stop(&o->mu, &o->cv, &o->stop, o->io);
+    x_drain(o);
     ft_rset_free(o->rset);
     ft_store_close(o->disk);
     for (int r = 0; r < FT_MAX_REMOTES; r++) ft_store_close(o->remote[r]);
     if (o->host)
-        for (size_t i = 0; i < (size_t)o->n_layers * MAX_SLOTS; i++) ft_free_aligned(o->host[i]);
+        for (size_t i = 0; i < (size_t)o->n_layers * (size_t)o->ns; i++) ft_free_aligned(o->host[i]);
     free(o->host);
     free(o->keys);
     free(o->stores);
@@ -1029,6 +1173,27 @@ void ft_offload_free(ft_offload *o)
     free(o->fixed_chunks);
     free(o->slot_chunks[0]);
     free(o->slot_chunks[1]);
+    free(o->slot);
+    free(o->lpres);
+    free(o->fexp);
+    free(o->sexp[0]);
+    free(o->sexp[1]);
+    free(o->hexp);
+    free(o->f_req);
+    free(o->f_rr);
+    free(o->f_started);
+    free(o->f_got);
+    free(o->xe);
+    free(o->xmap);
+    ft_free_aligned(o->xbuf);
+    free(o->xchunk_tab);
+    ft_codec_ctx_free(o->x_cc);
+    free(o->xscr);
+    ft_free_aligned(o->xrouter);
+    ft_free_aligned(o->xlog);
+    free(o->xpred);
+    free(o->xnpred);
+    free(o->xst);
     ft_codec_ctx_free(o->io_cc);
     ft_free_aligned(o->resident);
     ft_free_aligned(o->slots[0]);
@@ -1061,6 +1226,7 @@ void ft_offload_reset_stats(ft_offload *o)
     o->st.resident_bytes = keep.resident_bytes;
     o->st.slot_bytes = keep.slot_bytes;
     o->st.host_bytes = keep.host_bytes;
+    if (o->xst) memset(o->xst, 0, (size_t)o->n_layers * sizeof *o->xst);
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -1093,22 +1259,494 @@ ft_status ft_cost_inputs_from_model(const ft_model *m, ft_cost_inputs *in)
     in->weights_fmt = ft_model_format_requested(m);
     in->layer_params = 0;
     in->n_tensors = 0;
-    /* the scheduler's order: layer 0's entries as the model lists them */
+    in->n_experts = (uint32_t)cfg->n_experts;
+    in->experts_used = (uint32_t)cfg->n_experts_used;
+    in->expert_cache = 0;
+    memset(in->expert_bytes, 0, sizeof in->expert_bytes);
+    /* the scheduler's order: a layer's entries as the model lists them
+     * (of a mixture of experts, the first sparse layer; its experts summed
+     * per expert, all alike) */
+    int lay0 = 0;
+    for (int l = 0; cfg->n_experts && l < cfg->n_layers; l++)
+        if (cfg->layer_moe[l]) { lay0 = l; break; }
+    uint64_t expert_params = 0;
     for (size_t i = 0; i < ft_model_tensor_count(m); i++) {
         ft_tensor_layout lay, *e = &lay;
         ft_model_tensor_layout(m, i, e);
-        if (e->layer != 0) continue;
+        if (e->layer != lay0) continue;
         uint64_t n = e->ndim == 1 ? (uint64_t)e->shape[0] : (uint64_t)(e->shape[0] * e->shape[1]);
+        if (e->slot >= FT_LAYER_SLOTS) {
+            if (e->slot < FT_EXPERT_SLOT(1, 0)) {   /* expert 0 stands for all */
+                for (int c = 0; c < FT_CODEC_COUNT; c++) in->expert_bytes[c] += kept_bytes(m, i, e, (ft_codec_id)c);
+                expert_params += n;
+            }
+            continue;
+        }
         if (in->n_tensors == FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INTERNAL, "too many tensors per layer");
         for (int c = 0; c < FT_CODEC_COUNT; c++)
             in->tensor_bytes[c][in->n_tensors] = kept_bytes(m, i, e, (ft_codec_id)c);
         in->n_tensors++;
         in->layer_params += n;
     }
+    in->layer_params += expert_params * (uint64_t)cfg->n_experts_used;
     return FT_OK;
 }
 
 ft_tier ft_offload_tier_of(const ft_offload *o, int slot)
 {
-    return slot >= 0 && slot < MAX_SLOTS ? o->slot[slot].tier : FT_TIER_DEVICE;
+    return slot >= 0 && slot < o->ns ? o->slot[slot].tier : FT_TIER_DEVICE;
+}
+
+/* ------------------------------------------------------------- experts
+ *
+ * A mixture of experts whose policy leaves experts off the device: each
+ * such expert matrix is a USE_EXPERT slot, read only when a layer's router
+ * selects its expert. An expert's streamed matrices go together into one
+ * entry of the expert cache (xcap entries of xstride bytes; the frames at
+ * the slots' frame_off, byte-plane decodes at dec_off, the same layout for
+ * every expert), found by (layer, expert) in xmap. The engine calls
+ * x_fetch (ft_layer_weights.fetch_experts) with the union of the experts
+ * the call's rows chose: hits are used in place, misses read at once (all
+ * reads of the call issued together, then verified), and the next
+ * layer's router applied to this layer's MoE input predicts the experts to
+ * read ahead, asynchronously, into free entries or ones the last step did
+ * not use. Eviction: LRU (last use) or LFU (use counts, halved
+ * every xcap calls). The entries of the current call are pinned, every hit
+ * before any miss is placed. */
+
+static int x_streamed(const ft_offload *o, int e)
+{
+    for (int k = 0; k < 3; k++)
+        if (o->slot[FT_LAYER_SLOTS + 3 * e + k].use == USE_EXPERT) return 1;
+    return 0;
+}
+
+static ft_status x_setup(ft_offload *o)
+{
+    const ft_model_config *mc = ft_model_get_config(o->m);
+    const int E = o->n_experts;
+    /* one entry's layout, the same for every expert: per matrix k its
+     * largest frame over every streamed expert and layer, and for
+     * byte-plane the decoded matrix */
+    size_t off[3], doff[3], tab[3];
+    uint64_t cap[3] = {0, 0, 0};
+    uint32_t nch[3] = {0, 0, 0};
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        const slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use != USE_EXPERT) continue;
+        for (int l = o->lb; l < o->le; l++) {
+            uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
+            if (w > cap[k]) cap[k] = w;
+        }
+        if (si->n_chunks > nch[k]) nch[k] = si->n_chunks;
+    }
+    size_t stride = 0, ch = 0;
+    uint64_t dec[3] = {0, 0, 0};
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        const slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use == USE_EXPERT && si->codec == FT_CODEC_BYTEPLANE && si->compute_bytes > dec[k])
+            dec[k] = si->compute_bytes;
+    }
+    for (int k = 0; k < 3; k++) {
+        off[k] = stride;
+        stride += pad64(cap[k]);
+        doff[k] = stride;
+        stride += pad64(dec[k]);
+        tab[k] = ch;
+        ch += nch[k];
+    }
+    for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
+        slot_info *si = &o->slot[s];
+        int k = (s - FT_LAYER_SLOTS) % 3;
+        if (si->use != USE_EXPERT) continue;
+        si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap[k];
+        si->frame_off = off[k];
+        si->dec_off = agent_decodes(o, si) ? off[k] : doff[k];
+        si->tab_off = tab[k];
+        if (agent_decodes(o, si) && si->compute_bytes > cap[k])
+            return ft_set_error(FT_ERR_INTERNAL, "offload: expert entry too small for a decoded matrix");
+    }
+    o->xstride = stride ? stride : 64;
+    o->xchunks = (uint32_t)ch;
+    /* entries: the budget's worth, at least one layer's experts, at most
+     * every streamed expert held */
+    int need = E, most = 0;
+    for (int l = o->lb; l < o->le; l++) most += mc->layer_moe[l] ? E : 0;
+    uint64_t want = o->p.expert_cache_bytes ? o->p.expert_cache_bytes / o->xstride : (uint64_t)need;
+    /* no size given but a device budget: what the budget leaves */
+    uint64_t used = o->st.resident_bytes + o->st.slot_bytes;
+    if (!o->p.expert_cache_bytes && o->p.device_budget && o->p.device_budget > used)
+        want = (o->p.device_budget - used) / o->xstride;
+    if (want < (uint64_t)need) want = (uint64_t)need;
+    if (want > (uint64_t)most) want = (uint64_t)most;
+    if (o->p.device_budget && used + want * o->xstride > o->p.device_budget)
+        return ft_set_error(FT_ERR_NO_SPACE, "offload: the policy needs %.1f MiB of device memory for weights "
+                            "(%.1f resident + %.1f streaming slots + an expert cache of %llu experts, %.1f MiB: one "
+                            "layer's at least), budget %.1f MiB", (double)(used + want * o->xstride) / 1048576.0,
+                            (double)o->st.resident_bytes / 1048576.0, (double)o->st.slot_bytes / 1048576.0,
+                            (unsigned long long)want, (double)(want * o->xstride) / 1048576.0,
+                            (double)o->p.device_budget / 1048576.0);
+    o->xcap = (int)want;
+    for (int l = o->lb; l < o->le; l++) o->xsparse += mc->layer_moe[l] ? 1 : 0;
+    o->xe = calloc((size_t)o->xcap, sizeof *o->xe);
+    o->xmap = malloc((size_t)o->n_layers * (size_t)E * sizeof *o->xmap);
+    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, 64);
+    o->xchunk_tab = calloc((size_t)o->xcap * (ch ? ch : 1), sizeof *o->xchunk_tab);
+    o->xscr = calloc(3 * (size_t)E, sizeof *o->xscr);
+    o->xrouter = ft_malloc_aligned((size_t)E * (size_t)mc->hidden * sizeof(float), 64);
+    o->xpred = calloc((size_t)o->n_layers * (size_t)E, sizeof *o->xpred);
+    o->xnpred = calloc((size_t)o->n_layers, sizeof *o->xnpred);
+    o->xst = calloc((size_t)o->n_layers, sizeof *o->xst);
+    if (!o->xe || !o->xmap || !o->xbuf || !o->xchunk_tab || !o->xscr || !o->xrouter || !o->xpred || !o->xnpred ||
+        !o->xst)
+        return ft_set_error(FT_ERR_NOMEM, "offload: an expert cache of %d entries of %zu bytes", o->xcap, o->xstride);
+    for (size_t i = 0; i < (size_t)o->n_layers * (size_t)E; i++) o->xmap[i] = -1;
+    o->xtw.n_experts = E;
+    o->xtw.experts = o->xscr;
+    o->st.expert_cache_bytes = (uint64_t)o->xcap * o->xstride;
+    return ft_codec_ctx_create(o->p.decode_threads, &o->x_cc);
+}
+
+/* Start reading the streamed matrices of expert e of `layer` into entry id. */
+static ft_status x_issue(ft_offload *o, int id, int layer, int e)
+{
+    x_entry *xe = &o->xe[id];
+    uint8_t *buf = o->xbuf + (size_t)id * o->xstride;
+    xe->layer = layer;
+    xe->e = e;
+    xe->state = X_LOADING;
+    o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = id;
+    ft_status st = FT_OK;
+    for (int k = 0; k < 3 && !st; k++) {
+        int s = FT_LAYER_SLOTS + 3 * e + k;
+        const slot_info *si = &o->slot[s];
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
+        xe->req[k] = NULL;
+        xe->started[k] = 0;
+        if (si->use != USE_EXPERT || si->tier == FT_TIER_HOST) continue;
+        if (si->tier == FT_TIER_REMOTE) {
+            for (int q = 0; q < si->np && !st; q++) {
+                st = issue_remote(o, layer, s, q, buf, &xe->rr[k][q], -1);
+                if (!st) xe->started[k] = q + 1;
+            }
+        } else {
+            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &xe->got[k],
+                                     &xe->req[k]);
+            if (!st) xe->started[k] = 1;
+        }
+        if (st)
+            st = ft_set_error(st, "layer %d expert %d: reading %s from the %s tier: %s", layer, e, o->keys[idx],
+                              ft_tier_name(si->tier), ft_last_error());
+    }
+    return st;
+}
+
+/* Wait for entry id's reads, verify, decode, bind its views; *bytes: the
+ * stored bytes read. On error the entry is freed. */
+static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
+{
+    x_entry *xe = &o->xe[id];
+    uint8_t *buf = o->xbuf + (size_t)id * o->xstride;
+    const int layer = xe->layer, e = xe->e;
+    ft_status st = FT_OK;
+    uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0};
+    *bytes = 0;
+    for (int k = 0; k < 3; k++) {
+        int s = FT_LAYER_SLOTS + 3 * e + k;
+        const slot_info *si = &o->slot[s];
+        size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
+        if (si->use != USE_EXPERT) continue;
+        const uint8_t *frame = NULL;
+        size_t size = 0;
+        ft_status r = FT_OK;
+        const uint8_t **tab = o->xchunk_tab + (size_t)id * o->xchunks + si->tab_off;
+        if (si->tier == FT_TIER_HOST) {
+            frame = o->host[idx];
+            size = (size_t)o->wire[idx];
+        } else if (si->tier == FT_TIER_REMOTE) {
+            for (int q = 0; q < xe->started[k]; q++) {
+                ft_status rq = finish_remote(o, si, &xe->rr[k][q]);
+                if (!r) r = rq;
+            }
+            if (!r && xe->started[k] < si->np) r = ft_set_error(FT_ERR_IO, "not every piece was requested");
+            if (!r && si->np == 1 && agent_decodes(o, si)) {
+                uint64_t ne = 0;
+                if (ft_tensor_numel(&xe->rr[k][0].dst, &ne) || ne != si->numel)
+                    r = ft_set_error(FT_ERR_CORRUPT, "%s has the wrong shape", o->keys[idx]);
+                else r = bind_view(si, s, &o->xtw, buf + si->dec_off, (size_t)si->compute_bytes, tab);
+                if (!r) {
+                    xe->view[k] = o->xscr[3 * e + k];
+                    logical[si->tier] += si->compute_bytes;
+                    wire[si->tier] += o->wire[idx];
+                    *bytes += o->wire[idx];
+                    continue;
+                }
+            }
+            frame = buf + si->frame_off;
+            size = si->np == 1 ? xe->rr[k][0].got : (size_t)o->wire[idx];
+        } else {
+            if (xe->req[k]) {
+                r = ft_request_wait(xe->req[k], -1);
+                ft_request_free(xe->req[k]);
+                xe->req[k] = NULL;
+            } else {
+                r = ft_set_error(FT_ERR_IO, "not requested");
+            }
+            frame = buf + si->frame_off;
+            size = xe->got[k];
+        }
+        if (!r && si->tier != FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE)
+            r = ft_frame_verify(o->x_cc, frame, size, NULL);
+        if (!r) r = use_frame_cc(o->x_cc, si, s, &o->xtw, frame, size, buf + si->dec_off, tab);
+        if (r) {
+            if (!st)
+                st = ft_set_error(r, "layer %d expert %d: %s (%s tier): %s", layer, e, o->keys[idx],
+                                  ft_tier_name(si->tier), ft_last_error());
+            continue;
+        }
+        xe->view[k] = o->xscr[3 * e + k];
+        logical[si->tier] += si->compute_bytes;
+        wire[si->tier] += size;
+        *bytes += size;
+    }
+    pthread_mutex_lock(&o->mu);
+    for (int t = 0; t < FT_TIER_COUNT; t++) {
+        o->st.logical_bytes[t] += logical[t];
+        o->st.wire_bytes[t] += wire[t];
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (st) {
+        o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = -1;
+        xe->state = X_FREE;
+        xe->pinned = xe->prefetched = 0;
+        return st;
+    }
+    xe->state = X_READY;
+    return FT_OK;
+}
+
+/* An entry to fill: a free one, else the least recently (LRU) or least
+ * often (LFU) used ready entry nobody is using. A prefetch for layer
+ * `for_layer` evicts only entries of other layers that the last whole
+ * step (xsparse calls) did not use: a guess must not displace an expert in
+ * use (measured: evicting any LRU entry for predictions 50% right cut a
+ * 88% hit rate to 27%). With evict 0: free entries only. A miss (not a
+ * prefetch) may also wait for an unused prefetch still loading. -1: none. */
+static int x_alloc(ft_offload *o, int prefetch, int for_layer, int evict)
+{
+    int best = -1;
+    for (int i = 0; i < o->xcap; i++) {
+        const x_entry *xe = &o->xe[i];
+        if (xe->state == X_FREE) return i;
+        if (!evict || xe->state != X_READY || xe->pinned) continue;
+        /* a prefetch evicts only what the last whole step did not use */
+        if (prefetch && (xe->layer == for_layer || o->xtick - xe->tick <= (uint64_t)o->xsparse)) continue;
+        if (best < 0) { best = i; continue; }
+        const x_entry *b = &o->xe[best];
+        int better = o->p.expert_evict == FT_EXPERT_LFU
+                         ? (xe->freq < b->freq || (xe->freq == b->freq && xe->tick < b->tick))
+                         : xe->tick < b->tick;
+        if (better) best = i;
+    }
+    if (best < 0 && !prefetch)
+        for (int i = 0; i < o->xcap && best < 0; i++)
+            if (o->xe[i].state == X_LOADING && !o->xe[i].pinned) {
+                uint64_t b;
+                if (x_finish(o, i, &b) == FT_OK) best = i;
+                else return i;   /* freed by the failure */
+            }
+    if (best >= 0) {
+        x_entry *xe = &o->xe[best];
+        o->xmap[(size_t)xe->layer * (size_t)o->n_experts + (size_t)xe->e] = -1;
+        xe->state = X_FREE;
+        xe->freq = 0;
+        xe->prefetched = 0;
+    }
+    return best;
+}
+
+/* The next sparse layer's experts as its router would choose them for x
+ * (this layer's MoE input): read ahead those not cached. */
+static void x_predict(ft_offload *o, int layer, const float *x, int rows)
+{
+    const ft_model_config *mc = ft_model_get_config(o->m);
+    const int E = o->n_experts, H = mc->hidden, K = mc->n_experts_used;
+    int nl = layer + 1;   /* the next sparse layer this scheduler holds */
+    while (nl < o->le && !mc->layer_moe[nl]) nl++;
+    if (nl >= o->le || !x || rows < 1) return;
+    const ft_wmat *R = &o->fixed[nl].w_router;
+    if (!ft_wmat_present(R)) return;
+    if (o->xlog_cap < (size_t)E) {
+        ft_free_aligned(o->xlog);
+        o->xlog_cap = 0;
+        if (!(o->xlog = ft_malloc_aligned((size_t)E * sizeof(float), 64))) return;
+        o->xlog_cap = (size_t)E;
+    }
+    for (int e = 0; e < E; e++) ft_wmat_row_f32(R, e, o->xrouter + (size_t)e * H);
+    int *pred = o->xpred + (size_t)nl * (size_t)E, np = 0;
+    uint8_t mark[FT_MAX_EXPERTS];
+    memset(mark, 0, (size_t)E);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * H;
+        for (int e = 0; e < E; e++) {
+            const float *w = o->xrouter + (size_t)e * H;
+            float d = 0;
+            for (int h = 0; h < H; h++) d += xr[h] * w[h];
+            o->xlog[e] = d;
+        }
+        /* the k largest logits (softmax keeps the order) */
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (o->xlog[e] > -INFINITY && (best < 0 || o->xlog[e] > o->xlog[best])) best = e;
+            if (best < 0) break;
+            o->xlog[best] = -INFINITY;
+            if (!mark[best]) { mark[best] = 1; pred[np++] = best; }
+        }
+    }
+    o->xnpred[nl] = np;
+    int evict = 1;
+    for (int i = 0; i < np; i++) {
+        int e = pred[i];
+        if (!x_streamed(o, e) || o->xmap[(size_t)nl * (size_t)E + (size_t)e] >= 0) continue;
+        int id = x_alloc(o, 1, nl, evict);
+        if (id < 0) break;
+        if (x_issue(o, id, nl, e)) {   /* a read that cannot start: leave it to the miss path */
+            uint64_t b;
+            (void)x_finish(o, id, &b);
+            o->xmap[(size_t)nl * (size_t)E + (size_t)e] = -1;
+            o->xe[id].state = X_FREE;
+            ft_clear_error();
+            continue;
+        }
+        o->xe[id].prefetched = 1;
+        o->xe[id].tick = 0;   /* unused, a guess is the first to go */
+    }
+}
+
+static ft_status x_fetch(void *user, int layer, const int *ex, int n, const float *x, int rows, ft_layer_weights *w)
+{
+    ft_offload *o = user;
+    const int E = o->n_experts;
+    if (!o->xmode || layer < o->lb || layer >= o->le || !w->experts || w->n_experts != E)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: experts of layer %d asked of the wrong scheduler", layer);
+    ft_expert_stats ls;
+    memset(&ls, 0, sizeof ls);
+    double waited = 0;
+    o->xtick++;
+    o->xcur = layer;
+    if (o->p.expert_evict == FT_EXPERT_LFU && o->xtick % (uint64_t)o->xcap == 0)
+        for (int i = 0; i < o->xcap; i++) o->xe[i].freq >>= 1;
+    for (int i = 0; i < o->xcap; i++) o->xe[i].pinned = 0;
+    /* the prefetcher's accuracy for this layer */
+    if (o->xnpred[layer]) {
+        const int *pred = o->xpred + (size_t)layer * (size_t)E;
+        ls.predicted = (uint64_t)o->xnpred[layer];
+        for (int i = 0; i < o->xnpred[layer]; i++)
+            for (int j = 0; j < n; j++) ls.predicted_used += pred[i] == ex[j];
+        o->xnpred[layer] = 0;
+    }
+    ft_status st = FT_OK;
+    /* resolve: every hit pinned first (a miss must not evict one), then
+     * the misses issued, all at once */
+    for (int j = 0; j < n; j++) {
+        int e = ex[j];
+        if (e < 0 || e >= E) return ft_set_error(FT_ERR_INVALID_ARG, "offload: expert %d of %d", e, E);
+        ls.needed++;
+        if (!x_streamed(o, e)) { ls.resident++; continue; }
+        int id = o->xmap[(size_t)layer * (size_t)E + (size_t)e];
+        if (id < 0) continue;
+        x_entry *xe = &o->xe[id];
+        ls.hits++;
+        if (xe->prefetched) ls.prefetch_hits++;
+        xe->prefetched = 0;
+        xe->pinned = 1;
+        xe->tick = o->xtick;
+        xe->freq++;
+    }
+    for (int j = 0; j < n && !st; j++) {
+        int e = ex[j];
+        if (!x_streamed(o, e) || o->xmap[(size_t)layer * (size_t)E + (size_t)e] >= 0) continue;
+        int id = x_alloc(o, 0, layer, 1);
+        if (id < 0)
+            return ft_set_error(FT_ERR_INTERNAL, "offload: the expert cache (%d entries) has no room", o->xcap);
+        ls.misses++;
+        st = x_issue(o, id, layer, e);
+        o->xe[id].pinned = 1;
+        o->xe[id].tick = o->xtick;
+        o->xe[id].freq++;
+    }
+    /* finish the reads, bind the views */
+    for (int j = 0; j < n; j++) {
+        int e = ex[j];
+        if (!x_streamed(o, e)) continue;
+        int id = o->xmap[(size_t)layer * (size_t)E + (size_t)e];
+        if (id < 0) continue;   /* its read could not start (st is set) */
+        x_entry *xe = &o->xe[id];
+        if (xe->state == X_LOADING) {
+            double t0 = ft_now();
+            uint64_t b = 0;
+            ft_status r = x_finish(o, id, &b);
+            waited += ft_now() - t0;
+            ls.bytes += b;
+            if (r) { if (!st) st = r; continue; }
+        }
+        for (int k = 0; k < 3; k++)
+            if (o->slot[FT_LAYER_SLOTS + 3 * e + k].use == USE_EXPERT) w->experts[3 * e + k] = xe->view[k];
+    }
+    pthread_mutex_lock(&o->mu);
+    ft_expert_stats *t = &o->xst[layer];
+    t->needed += ls.needed;
+    t->resident += ls.resident;
+    t->hits += ls.hits;
+    t->misses += ls.misses;
+    t->prefetch_hits += ls.prefetch_hits;
+    t->bytes += ls.bytes;
+    t->predicted += ls.predicted;
+    t->predicted_used += ls.predicted_used;
+    o->st.wait_s += waited;
+    pthread_mutex_unlock(&o->mu);
+    if (st) return st;
+    if (o->p.expert_prefetch) x_predict(o, layer, x, rows);
+    return FT_OK;
+}
+
+/* Reads still in flight (prefetches) end before the stores close. */
+static void x_drain(ft_offload *o)
+{
+    /* the caller's error message (a failed create) survives */
+    char keep[512];
+    snprintf(keep, sizeof keep, "%s", ft_last_error());
+    int any = 0;
+    for (int i = 0; o->xe && i < o->xcap; i++)
+        if (o->xe[i].state == X_LOADING) {
+            uint64_t b;
+            (void)x_finish(o, i, &b);
+            any = 1;
+        }
+    if (any) {
+        if (keep[0]) (void)ft_set_error(FT_ERR_INTERNAL, "%s", keep);
+        else ft_clear_error();
+    }
+}
+
+ft_status ft_offload_expert_stats(const ft_offload *o, int layer, ft_expert_stats *out)
+{
+    if (!o || !out || layer < 0 || layer >= o->n_layers)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: expert stats of layer %d", layer);
+    memset(out, 0, sizeof *out);
+    if (!o->xst) return FT_OK;
+    ft_offload *mo = (ft_offload *)(uintptr_t)o;
+    pthread_mutex_lock(&mo->mu);
+    *out = o->xst[layer];
+    pthread_mutex_unlock(&mo->mu);
+    return FT_OK;
+}
+
+void ft_offload_expert_cache(const ft_offload *o, int *entries, uint64_t *bytes)
+{
+    if (entries) *entries = o && o->xmode ? o->xcap : 0;
+    if (bytes) *bytes = o && o->xmode ? (uint64_t)o->xcap * o->xstride : 0;
 }

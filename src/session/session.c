@@ -228,6 +228,9 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         s->op.token_file = s->p.token_file;
         s->op.decode_threads = s->p.decode_threads ? s->p.decode_threads : ft_default_threads();
         if (s->p.failover_ms) s->op.failover_ms = s->p.failover_ms;
+        s->op.expert_cache_bytes = s->p.expert_cache_bytes;
+        s->op.expert_evict = s->p.expert_evict;
+        s->op.expert_prefetch = s->p.expert_prefetch;
         if (s->p.progress) {
             s->op.progress = load_progress;
             s->op.user = &pc_place;
@@ -759,6 +762,13 @@ done:
 }
 
 /* ------------------------------------------------------------- metrics */
+
+const ft_offload *ft_session_offload(const ft_session *s)
+{
+    if (!s) return NULL;
+    if (s->pipe) return ft_pipe_stage_offload(s->pipe);
+    return s->wo;
+}
 
 void ft_session_get_stats(const ft_session *s, ft_session_stats *out)
 {

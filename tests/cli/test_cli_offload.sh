@@ -46,6 +46,25 @@ run --dump-logits "$work/kr.bin" --policy "w=0,0,0,100 c=0,0,0,100" --remote "$u
     --offload-stats > "$work/kr.txt" 2> "$work/kr.err"
 cmp -s "$work/ref.bin" "$work/kr.bin" && grep -q "KV cache remote .*wrote" "$work/kr.err" \
     && ok "weights and KV cache on a memory node: identical logits" || bad "remote KV: $(tail -3 "$work/kr.err")"
+# mixtures of experts (issue 23): every expert a slot of its own, on the
+# memory node and on disk: identical logits and text
+data="$(cd "$(dirname "$0")/../data/models" && pwd)"
+for moe in mixtral-tiny qwen3moe-tiny; do
+    mrun() { "$bin" run --model "$data/$moe" --prompt "The quick brown fox" --max-new-tokens 6 --temperature 0 \
+                 --threads 1 --kv-dtype f32 "$@"; }
+    mrun --dump-logits "$work/$moe-ref.bin" > "$work/$moe-ref.txt" 2>/dev/null || bad "$moe in memory"
+    mrun --dump-logits "$work/$moe-r.bin" --policy w=0,0,0,100 --remote "$uri" --compress-weights bp \
+        --offload-stats > "$work/$moe-r.txt" 2> "$work/$moe-r.err"
+    mrun --dump-logits "$work/$moe-d.bin" --policy w=0,50,50 --disk-dir "$work/disk" --expert-evict lfu \
+        --expert-prefetch --expert-cache 1M > "$work/$moe-d.txt" 2>/dev/null
+    grep -q "offload: experts all layers: needed [1-9]" "$work/$moe-r.err" && grep -q "offload: experts layer   0:" \
+        "$work/$moe-r.err" && ok "$moe: --offload-stats reports the experts per layer" \
+        || bad "$moe expert stats: $(grep experts "$work/$moe-r.err" | head -3)"
+    cmp -s "$work/$moe-ref.bin" "$work/$moe-r.bin" && cmp -s "$work/$moe-ref.txt" "$work/$moe-r.txt" \
+        && cmp -s "$work/$moe-ref.bin" "$work/$moe-d.bin" \
+        && ok "$moe: experts on a memory node and on disk: identical logits and text" \
+        || bad "$moe offloaded differs: $(tail -2 "$work/$moe-r.err")"
+done
 # the same runs through a codec agent (agent://): identical output, the
 # agent encoding and decoding for the client
 "$bin" agent --listen 127.0.0.1:0 --node "$uri" --threads 1 > "$work/agent.log" 2>&1 &
@@ -71,6 +90,7 @@ run --policy w=0,0,0,100 > /dev/null 2> "$work/e1.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "no --remote" "$work/e1.err" && ok "remote tier without node refused" || bad "no-node rc=$rc $(cat "$work/e1.err")"
 run --policy w=60,60 > /dev/null 2>&1; [ $? -eq 1 ] && ok "bad percentages refused" || bad "bad percentages"
 run --policy frob=1 > /dev/null 2>&1; [ $? -eq 2 ] && ok "unknown policy item is a usage error" || bad "unknown item"
+run --policy w=0,100 --expert-evict mru > /dev/null 2>&1; [ $? -ne 0 ] && ok "--expert-evict mru refused" || bad "expert-evict"
 run --remote "$uri" > /dev/null 2>&1; [ $? -eq 1 ] && ok "--remote without --policy refused" || bad "remote without policy"
 run --policy w=0,0,100 --disk-dir "$work/disk" --device-mem 1K > /dev/null 2> "$work/b.err"; rc=$?
 [ $rc -eq 1 ] && grep -q "budget" "$work/b.err" && ok "device budget enforced" || bad "budget rc=$rc"

@@ -199,3 +199,43 @@ TEST(deterministic_weights)
     CHECK(ones);
     ft_checkpoint_close(ck);
 }
+
+/* The newer shapes (issue 23): qwen3 (q/k norms), qwen3_moe and mixtral
+ * (experts, a skewed router) load strictly, with the shapes asked for, and
+ * run; the skew scales the router's hot rows only. */
+TEST(moe_and_qwen3_shapes)
+{
+    static const char *const archs[] = {"qwen3", "qwen3_moe", "mixtral"};
+    for (int a = 0; a < 3; a++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s-shape", tdir(), archs[a]);
+        CHECK_MSG(ft_sh("%s gen-model --arch %s --out %s --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 "
+                        "--experts 16 --experts-per-tok 4 --router-skew 5 --dtype f32 --threads 1 > /dev/null",
+                        ft_test_bin(), archs[a], dir) == 0, "gen-model %s", archs[a]);
+        ft_model *m = NULL;
+        ft_load_params lp = {.config_flags = FT_CONFIG_STRICT};
+        CHECK_OK(ft_model_load(dir, &lp, &m));
+        if (!m) continue;
+        const ft_model_config *c = ft_model_get_config(m);
+        CHECK(c->hidden == 64 && c->n_layers == 2 && c->head_dim == 16);
+        if (a == 0) CHECK(c->qk_norm == 1 && c->n_experts == 0);
+        if (a == 1) CHECK(c->qk_norm == 1 && c->n_experts == 16 && c->n_experts_used == 4 && c->moe_ffn == 32);
+        if (a == 2) CHECK(c->n_experts == 16 && c->moe_ffn == 128 && c->moe_norm_topk);
+        if (a > 0) {   /* router rows 0-1 (the first eighth) scaled by 5: larger norms than the rest */
+            const ft_layer_weights *w = ft_model_layer(m, 0);
+            const float *r = w->w_router.data;
+            double hot = 0, cold = 0;
+            for (int i = 0; i < 64; i++) {
+                hot += r[i] * r[i] + r[64 + i] * r[64 + i];
+                cold += r[2 * 64 + i] * r[2 * 64 + i] + r[3 * 64 + i] * r[3 * 64 + i];
+            }
+            CHECK_MSG(hot > 9 * cold, "router skew: hot %g, cold %g", hot, cold);
+        }
+        ft_model_free(m);
+        CHECK(ft_sh("%s run --model %s --prompt 'Hello' --max-new-tokens 3 --temperature 0 --threads 1 --strict "
+                    "> /dev/null 2>&1", ft_test_bin(), dir) == 0);
+    }
+    CHECK(ft_sh("%s gen-model --arch gemma9 --out %s/x > /dev/null 2>&1", ft_test_bin(), tdir()) != 0);
+    CHECK(ft_sh("%s gen-model --arch mixtral --experts 2 --experts-per-tok 3 --out %s/x > /dev/null 2>&1",
+                ft_test_bin(), tdir()) != 0);
+}

@@ -744,3 +744,30 @@ TEST(fwd_batch_equals_single)
     ft_cuda_ctx_free(b);
     ft_model_free(m);
 }
+
+/* Issue 23's families need operations the CUDA backend does not have (q/k
+ * norms, gemma's norms and soft-capping, mixtures of experts): refused at
+ * create with the list, never computed wrongly. */
+TEST(fwd_refuses_new_families)
+{
+    static const char *const names[] = {"qwen3-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "olmoe-tiny"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char dir[512];
+        const char *data = getenv("FT_TEST_DATA");
+        snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", names[i]);
+        ft_model *m = NULL;
+        CHECK_OK(ft_model_load(dir, NULL, &m));
+        if (!m) continue;
+        ft_cuda_ctx_params p;
+        memset(&p, 0, sizeof p);
+        p.max_batch = 1;
+        p.max_seq = 16;
+        p.f32_weights = 1;
+        ft_cuda_ctx *c = NULL;
+        CHECK(ft_cuda_ctx_create(m, &p, &c) == FT_ERR_UNSUPPORTED && !c);
+        CHECK_MSG(strstr(ft_last_error(), "does not implement") != NULL, "%s: %s", names[i], ft_last_error());
+        printf("  %-14s %s\n", names[i], ft_last_error());
+        ft_cuda_ctx_free(c);
+        ft_model_free(m);
+    }
+}

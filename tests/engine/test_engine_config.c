@@ -211,6 +211,76 @@ TEST(unknown_keys)
     }
 }
 
+/* Issue 23's families: what each config turns on, and what is refused. */
+TEST(new_families)
+{
+    char dir[512];
+    ft_model_config c;
+    const char *sets[] = {"models", "models-tf5"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/%s/gemma3-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_GEMMA2 && c.qk_norm == 1 && c.norm_plus_one && c.sandwich_norm);
+        CHECK(c.act == FT_ACT_GELU_TANH && c.attn_softcap == 0 && c.final_softcap == 0);
+        CHECK(c.rope_local_theta == 100.0f && c.rope_theta == 10000.0f && c.rope_type == FT_ROPE_LINEAR);
+        CHECK(c.layer_sliding[0] && c.layer_sliding[1] && !c.layer_sliding[2] && c.sliding_window == 5);
+        CHECK(fabsf(c.attn_scale - 0.25f) < 1e-7f && c.embed_scale == sqrtf(32.0f));
+        snprintf(dir, sizeof dir, "%s/%s/gemma2-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.attn_softcap == 5.0f && c.final_softcap == 3.0f && c.qk_norm == 0 && c.head_dim == 16);
+        CHECK(c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2] && c.tie_word_embeddings);
+        snprintf(dir, sizeof dir, "%s/%s/qwen3moe-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_QWEN3 && c.n_experts == 8 && c.n_experts_used == 2 && c.moe_ffn == 32);
+        CHECK(c.moe_norm_topk && c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2] && c.ffn == 64);
+        snprintf(dir, sizeof dir, "%s/%s/olmoe-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_OLMOE && c.qk_norm == 2 && !c.moe_norm_topk && c.n_experts == 8);
+        snprintf(dir, sizeof dir, "%s/%s/mixtral-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_MIXTRAL && c.moe_norm_topk && c.n_experts == 4 && c.moe_ffn == 64);
+        snprintf(dir, sizeof dir, "%s/%s/phi3-sw", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_PHI3 && c.sliding_window == 5 && c.layer_sliding[0] && c.layer_sliding[1]);
+    }
+#define BASE "\"hidden_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"intermediate_size\":64," \
+             "\"vocab_size\":50"
+    /* refused, never guessed */
+    CHECK(parse("{\"model_type\":\"phi3\"," BASE ",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],"
+                "\"long_factor\":[1]}}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "LongRoPE") != NULL);
+    CHECK(parse("{\"model_type\":\"phi3\"," BASE ",\"rope_scaling\":{\"type\":\"su\"}}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"phi3\"," BASE ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2}}", &c) ==
+          FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"gemma2\"," BASE ",\"hidden_activation\":\"gelu\"}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"gemma3_text\"," BASE ",\"use_bidirectional_attention\":true}", &c) ==
+          FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"gemma3_text\"," BASE ",\"rope_parameters\":{\"full_attention\":{\"rope_type\":"
+                "\"default\",\"rope_theta\":1e6},\"sliding_attention\":{\"rope_type\":\"linear\",\"factor\":2,"
+                "\"rope_theta\":1e4}}}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"olmoe\"," BASE ",\"clip_qkv\":8.0}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"use_sliding_window\":true}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_local_experts\":8}", &c) ==
+          FT_ERR_CORRUPT);
+    CHECK(parse("{\"model_type\":\"mixtral\"," BASE ",\"num_local_experts\":2,\"num_experts_per_tok\":3}", &c) ==
+          FT_ERR_CORRUPT);
+    CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"mlp_only_layers\":[2]}", &c) ==
+          FT_ERR_CORRUPT);
+    CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"mlp_only_layers\":\"x\"}", &c) ==
+          FT_ERR_CORRUPT);
+    /* decoder_sparse_step 2: layers 1, 3, ... sparse; all dense: a dense model */
+    CHECK_OK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                   "\"decoder_sparse_step\":2}", &c));
+    CHECK(c.n_experts == 4 && !c.layer_moe[0] && c.layer_moe[1]);
+    CHECK_OK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                   "\"mlp_only_layers\":[0,1]}", &c));
+    CHECK(c.n_experts == 0);
+    /* the qwen3 head_dim default is 128, not hidden / heads */
+    CHECK_OK(parse("{\"model_type\":\"qwen3\"," BASE ",\"num_key_value_heads\":2}", &c));
+    CHECK(c.head_dim == 128 && c.qk_norm == 1);
+#undef BASE
+}
+
 TEST(load_missing)
 {
     ft_model_config c;

@@ -15,9 +15,16 @@
  *       bf16 <= 0.02, f16 <= 0.004; greedy tokens identical for bf16
  *       weights on the bf16 checkpoint (exact conversion) and the cache in
  *       bf16 too.
- *   q8 weights <= 0.05, q4 weights <= 0.45 (group 32/64 along rows,
+ *   q8 weights <= 0.05, q4 weights <= 0.6 (gemma3-tiny measures 0.44; group 32/64 along rows,
  *       activations quantized to int8 per group),
  *   bf16 KV cache (f32 weights) <= 0.01, f16 KV <= 0.002.
+ * Mixture-of-experts models (mixtral, qwen3_moe, olmoe) have their own
+ * bounds: a perturbation that flips the router's choice in a near tie
+ * sends that row through another expert, a discontinuous change no
+ * rounding bound covers; measured on the fixtures (random routers, so
+ * near ties are common): bf16 0.039, f16 0.038, q8 0.087, q4 0.44, bf16
+ * KV 0.071, f16 KV 4.3e-4; bounds about twice that: 0.08, 0.08, 0.18,
+ * 0.9, 0.15, 0.002.
  * The measured values are printed. */
 #include "ft_test.h"
 #include "flextier/engine.h"
@@ -132,7 +139,16 @@ static double rel_rms(const float *a, const float *ref, size_t n)
     return sr > 0 ? sqrt(se / sr) : sqrt(se);
 }
 
-static void check_format(int weights, ft_dtype kv, double bound, int greedy_same)
+static int is_moe(const char *name)
+{
+    char dir[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models/%s", data ? data : "tests/data", name);
+    ft_model_config c;
+    return ft_model_config_load(dir, &c) == FT_OK && c.n_experts > 0;
+}
+
+static void check_format(int weights, ft_dtype kv, double dense_bound, double moe_bound, int greedy_same)
 {
     double worst = 0;
     list_models();
@@ -146,6 +162,7 @@ static void check_format(int weights, ft_dtype kv, double bound, int greedy_same
         CHECK_MSG(ok, "%s", models[k]);
         if (!ok) { free(ref.logits); continue; }
         double e = rel_rms(got.logits, ref.logits, ref.n);
+        double bound = is_moe(models[k]) ? moe_bound : dense_bound;
         if (e > worst) worst = e;
         printf("  %-22s weights %-4s kv %-4s: logits relative RMS %.2e\n", models[k], ft_wfmt_name(f),
                ft_dtype_name(kv), e);
@@ -160,15 +177,15 @@ static void check_format(int weights, ft_dtype kv, double bound, int greedy_same
         free(ref.logits);
         free(got.logits);
     }
-    printf("  worst relative RMS %.2e (bound %.2e)\n", worst, bound);
+    printf("  worst relative RMS %.2e (bounds %.2e dense, %.2e MoE)\n", worst, dense_bound, moe_bound);
 }
 
-TEST(weights_bf16) { check_format(FT_WF_BF16, FT_F32, 0.02, 0); }
-TEST(weights_f16) { check_format(FT_WF_F16, FT_F32, 0.004, 0); }
-TEST(weights_q8) { check_format(FT_WF_Q8, FT_F32, 0.05, 0); }
-TEST(weights_q4) { check_format(FT_WF_Q4, FT_F32, 0.45, 0); }
-TEST(kv_bf16) { check_format(FT_WF_F32, FT_BF16, 0.01, 0); }
-TEST(kv_f16) { check_format(FT_WF_F32, FT_F16, 0.002, 0); }
+TEST(weights_bf16) { check_format(FT_WF_BF16, FT_F32, 0.02, 0.08, 0); }
+TEST(weights_f16) { check_format(FT_WF_F16, FT_F32, 0.004, 0.08, 0); }
+TEST(weights_q8) { check_format(FT_WF_Q8, FT_F32, 0.05, 0.18, 0); }
+TEST(weights_q4) { check_format(FT_WF_Q4, FT_F32, 0.6, 0.9, 0); }
+TEST(kv_bf16) { check_format(FT_WF_F32, FT_BF16, 0.01, 0.15, 0); }
+TEST(kv_f16) { check_format(FT_WF_F32, FT_F16, 0.002, 0.002, 0); }
 
 /* The bf16 checkpoint kept as stored: bf16 weights are exactly the f32
  * engine's weights, so only the order of summation differs (and the bf16
@@ -185,6 +202,20 @@ TEST(bf16_checkpoint_as_stored)
     double e = rel_rms(got.logits, ref.logits, ref.n);
     printf("  llama-tiny-bf16 as stored (bf16 weights, bf16 cache): relative RMS %.2e\n", e);
     CHECK(e <= 0.01);
+    CHECK(!memcmp(got.greedy, ref.greedy, sizeof ref.greedy));
+    free(ref.logits);
+    free(got.logits);
+    /* a mixture of experts on its bf16 checkpoint, computed in bf16 with
+     * the grouped expert products: the same routes, so within summation
+     * order of the f32 engine (measured 5e-7) and the same tokens */
+    ok_ref = run("qwen3moe-bf16", FT_WF_F32, FT_F32, NULL, &ref, NULL);
+    REQUIRE(ok_ref);
+    ok = run("qwen3moe-bf16", FT_WEIGHTS_AS_STORED, FT_F32, NULL, &got, &f);
+    REQUIRE(ok);
+    CHECK(f == FT_WF_BF16);
+    e = rel_rms(got.logits, ref.logits, ref.n);
+    printf("  qwen3moe-bf16 as stored (bf16 weights and experts): relative RMS %.2e\n", e);
+    CHECK(e <= 1e-5);
     CHECK(!memcmp(got.greedy, ref.greedy, sizeof ref.greedy));
     free(ref.logits);
     free(got.logits);

@@ -241,3 +241,60 @@ TEST(cost_model_agent_takes_decoding_off_the_compute_cores)
     ft_cost_predict(&in, &p, &two);
     CHECK(fabs(agent.t_layer_decode / two.t_layer_decode - 2.0) < 0.05);
 }
+
+/* Mixtures of experts (issue 23): a decode step reads the dense part and,
+ * of the experts, those its rows select (1 - (1 - k/E)^B of them under
+ * uniform routing), streamed ones missing the expert cache
+ * (hit = cache / streamed experts). */
+TEST(cost_model_experts)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.n_tensors = 2;
+    for (int c = 0; c < FT_CODEC_COUNT; c++) {
+        in.tensor_bytes[c][0] = in.tensor_bytes[c][1] = 1u << 20;
+        in.expert_bytes[c] = 3u << 20;
+    }
+    in.n_experts = 64;
+    in.experts_used = 8;
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,0,100", &p));
+    ft_cost_estimate e1, e2, e3;
+    ft_cost_predict(&in, &p, &e1);
+    double want = 64.0 * (3u << 20) * (8.0 / 64) * (1 - 1.0 / 32);
+    CHECK_MSG(fabs(e1.expert_hit - 1.0 / 32) < 1e-12 && fabs(e1.expert_fetch_bytes - want) < 1e-3 * want,
+              "hit %g, fetch %g (want %g)", e1.expert_hit, e1.expert_fetch_bytes, want);
+    CHECK(e1.expert_cache_mem == 64.0 * (3u << 20));
+    in.expert_cache = 32 * 64;   /* every expert cached: nothing read after the first use */
+    ft_cost_predict(&in, &p, &e2);
+    CHECK(e2.expert_hit == 1.0 && e2.expert_fetch_bytes == 0 && e2.decode_tps > e1.decode_tps);
+    in.expert_cache = 0;
+    p.gpu_batch_size = 32;        /* 32 rows select almost every expert */
+    ft_cost_predict(&in, &p, &e3);
+    double act = 1 - pow(56.0 / 64, 32);
+    CHECK(fabs(e3.expert_fetch_bytes / (64.0 * (3u << 20) * (1 - 1.0 / 32)) - act) < 1e-9);
+    /* the tiers hold every expert, whatever is read */
+    CHECK(e1.mem[FT_TIER_DISK] >= (uint64_t)32 * (64ull * (3u << 20) + (2u << 20)));
+}
+
+TEST(cost_inputs_of_an_moe_model)
+{
+    char dir[512];
+    const char *data = getenv("FT_TEST_DATA");
+    snprintf(dir, sizeof dir, "%s/models/qwen3moe-tiny", data ? data : "tests/data");
+    ft_load_params lp = {0};
+    lp.external_layers = 1;
+    ft_model *m = NULL;
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    REQUIRE(m);
+    ft_cost_inputs in;
+    memset(&in, 0, sizeof in);
+    CHECK_OK(ft_cost_inputs_from_model(m, &in));
+    /* layer 0 (sparse): norms, q/k/v/o (kv 16 wide), q/k norms, router; 8 experts of 3 x 32 x 32 f32,
+     * 2 of them active */
+    CHECK(in.n_experts == 8 && in.experts_used == 2 && in.n_tensors == 9);
+    CHECK(in.expert_bytes[FT_CODEC_RAW] == 3 * 32 * 32 * 4);
+    CHECK(in.layer_params == 2 * 32 * 32 + 2 * 16 * 32 + 2 * 32 + 2 * 8 + 8 * 32 + 2 * 3 * 32 * 32);
+    ft_model_free(m);
+}

@@ -1,0 +1,214 @@
+/* Experts as the unit of streaming (issue 23): a mixture of experts whose
+ * policy leaves experts on the disk tier reads, after each layer's router
+ * has run, only the experts the call's rows selected, through an expert
+ * cache of a byte budget (LRU or LFU eviction), with the next layer's
+ * experts predicted and read ahead. Lossless placements (byte-plane
+ * frames) give logits bit-identical to the in-memory engine whatever the
+ * cache size, eviction and prefetching; the per-layer statistics add up
+ * (needed = resident + hits + misses; prefetch hits are hits) and a cache
+ * holding every expert reads each at most once. The fixtures' random
+ * routers spread the choices: hit rates and prefetch accuracy are printed,
+ * not bounded. */
+#include "ft_test.h"
+#include "support/fixture.h"
+#include "flextier/offload.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define STEPS 8
+
+/* prefill of every prompt, then STEPS greedy steps fed `feed` (the
+ * reference run writes it): the last-position logits of every call */
+static float *run(ft_model *m, ft_offload *o, const ft_fixture *f, int32_t *feed, ft_status *st)
+{
+    const ft_model_config *cfg = ft_model_get_config(m);
+    size_t V = (size_t)cfg->vocab, np = (size_t)f->np, maxp = 0;
+    for (int i = 0; i < f->np; i++) maxp = f->plen[i] > maxp ? f->plen[i] : maxp;
+    ft_ctx_params cp = {.max_batch = f->np, .max_seq = (int)maxp + STEPS + 1, .threads = 1};
+    ft_ctx *c = NULL;
+    float *all = calloc((1 + STEPS) * np * V, sizeof(float));
+    if ((*st = ft_ctx_create(m, &cp, &c))) goto out;
+    if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
+    int slots[FT_FIXTURE_MAXP];
+    const int32_t *tp[FT_FIXTURE_MAXP];
+    size_t nt[FT_FIXTURE_MAXP];
+    for (int i = 0; i < f->np; i++) { slots[i] = i; tp[i] = f->prompt[i]; nt[i] = f->plen[i]; }
+    if ((*st = ft_ctx_forward(c, np, slots, tp, nt, all, 0))) goto out;
+    for (int s = 1; s <= STEPS; s++) {
+        int32_t *tok = feed + (size_t)(s - 1) * np;
+        for (size_t i = 0; i < np; i++) {
+            if (!o) {
+                const float *row = all + ((size_t)(s - 1) * np + i) * V;
+                int32_t best = 0;
+                for (size_t v = 1; v < V; v++) if (row[v] > row[best]) best = (int32_t)v;
+                tok[i] = best;
+            }
+            tp[i] = &tok[i];
+            nt[i] = 1;
+        }
+        if ((*st = ft_ctx_forward(c, np, slots, tp, nt, all + (size_t)s * np * V, 0))) goto out;
+    }
+out:
+    ft_ctx_free(c);
+    return all;
+}
+
+typedef struct { const char *policy; uint64_t cache; int evict, no_prefetch; } setting;
+
+static void check_model(const char *name)
+{
+    char dir[512], disk[600];
+    ft_fixture_dir("models", name, dir, sizeof dir);
+    snprintf(disk, sizeof disk, "/tmp/ft-offload-ex-%d", (int)getpid());
+    ft_fixture f;
+    int ok = ft_fixture_load(dir, &f) && f.np > 0;
+    REQUIRE(ok);
+    ft_model *ref_m = NULL;
+    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
+    REQUIRE(ref_m);
+    const ft_model_config *cfg = ft_model_get_config(ref_m);
+    REQUIRE(cfg->n_experts > 0);
+    int sparse = 0;
+    for (int l = 0; l < cfg->n_layers; l++) sparse += cfg->layer_moe[l];
+    size_t V = (size_t)cfg->vocab, n = (1 + STEPS) * (size_t)f.np * V;
+    int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    ft_status st;
+    float *ref = run(ref_m, NULL, &f, feed, &st);
+    CHECK_OK(st);
+    /* every expert on disk (byte-plane: lossless), or half the layer
+     * tensors resident (a hot set of experts stays), with caches of one
+     * layer's experts (the least) or all of them */
+    const setting set[] = {
+        {"w=0,0,100 cw=bp", 0, FT_EXPERT_LRU, 0},
+        {"w=0,0,100 cw=bp", 0, FT_EXPERT_LFU, 0},
+        {"w=0,0,100 cw=bp", 0, FT_EXPERT_LRU, 1},
+        {"w=0,0,100 cw=bp", UINT64_MAX / 2, FT_EXPERT_LRU, 0},
+        {"w=50,0,50 cw=bp", 0, FT_EXPERT_LFU, 0},
+        {"w=0,0,100", 0, FT_EXPERT_LRU, 0},
+    };
+    for (size_t k = 0; k < sizeof set / sizeof set[0]; k++) {
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        char full[800];
+        snprintf(full, sizeof full, "%s disk=file:%s", set[k].policy, disk);
+        CHECK_OK(ft_policy_parse(full, &p.policy));
+        p.expert_cache_bytes = set[k].cache;
+        p.expert_evict = set[k].evict;
+        p.expert_prefetch = !set[k].no_prefetch;
+        ft_load_params lp = {0};
+        lp.external_layers = 1;
+        ft_model *m = NULL;
+        CHECK_OK(ft_model_load(dir, &lp, &m));
+        ft_offload *o = NULL;
+        st = ft_offload_create(m, dir, &p, &o);
+        CHECK_MSG(st == FT_OK, "%s %s: %s", name, set[k].policy, ft_last_error());
+        if (st == FT_OK) {
+            int entries = 0;
+            uint64_t cbytes = 0;
+            ft_offload_expert_cache(o, &entries, &cbytes);
+            CHECK_MSG(entries >= cfg->n_experts && entries <= sparse * cfg->n_experts, "%s: %d entries", name,
+                      entries);
+            if (set[k].cache == 0) CHECK(entries == cfg->n_experts);
+            float *got = run(m, o, &f, feed, &st);
+            CHECK_MSG(st == FT_OK, "%s %s: %s", name, set[k].policy, ft_last_error());
+            size_t diff = 0;
+            for (size_t i = 0; got && i < n; i++) diff += got[i] != ref[i];
+            CHECK_MSG(diff == 0, "%s %s (cache %d, %s%s): %zu logits differ", name, set[k].policy, entries,
+                      set[k].evict == FT_EXPERT_LFU ? "LFU" : "LRU", set[k].no_prefetch ? ", no prefetch" : "", diff);
+            ft_expert_stats t = {0};
+            for (int l = 0; l < cfg->n_layers; l++) {
+                ft_expert_stats e;
+                CHECK_OK(ft_offload_expert_stats(o, l, &e));
+                CHECK_MSG(e.needed == e.resident + e.hits + e.misses, "%s layer %d: %llu needed != %llu + %llu + %llu",
+                          name, l, (unsigned long long)e.needed, (unsigned long long)e.resident,
+                          (unsigned long long)e.hits, (unsigned long long)e.misses);
+                CHECK(e.prefetch_hits <= e.hits && e.predicted_used <= e.predicted);
+                if (!cfg->layer_moe[l]) CHECK(e.needed == 0);
+                if (set[k].no_prefetch) CHECK(e.predicted == 0 && e.prefetch_hits == 0);
+                t.needed += e.needed; t.resident += e.resident; t.hits += e.hits; t.misses += e.misses;
+                t.prefetch_hits += e.prefetch_hits; t.bytes += e.bytes; t.predicted += e.predicted;
+                t.predicted_used += e.predicted_used;
+            }
+            CHECK(t.needed > 0 && t.misses > 0 && t.bytes > 0);
+            if (set[k].policy[2] == '5') CHECK(t.resident > 0);
+            /* a cache of every expert reads each at most once */
+            if (entries == sparse * cfg->n_experts)
+                CHECK_MSG(t.misses <= (uint64_t)entries, "%s: %llu misses with every expert cached", name,
+                          (unsigned long long)t.misses);
+            uint64_t streamed = t.hits + t.misses;
+            printf("  %-14s %-16s cache %2d/%2d (%6.1f KiB) %s%s: needed %4llu, resident %3llu, hit rate %5.1f%% "
+                   "(prefetched %5.1f%%), read %7.1f KiB, prefetch accuracy %5.1f%%\n",
+                   name, set[k].policy, entries, sparse * cfg->n_experts, (double)cbytes / 1024,
+                   set[k].evict == FT_EXPERT_LFU ? "LFU" : "LRU", set[k].no_prefetch ? " no-pf" : "      ",
+                   (unsigned long long)t.needed, (unsigned long long)t.resident,
+                   streamed ? 100.0 * (double)t.hits / (double)streamed : 0.0,
+                   streamed ? 100.0 * (double)t.prefetch_hits / (double)streamed : 0.0, (double)t.bytes / 1024,
+                   t.predicted ? 100.0 * (double)t.predicted_used / (double)t.predicted : 0.0);
+            free(got);
+            ft_offload_free(o);
+        }
+        ft_model_free(m);
+    }
+    free(ref);
+    ft_fixture_free(&f);
+    ft_model_free(ref_m);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", disk);
+}
+
+TEST(qwen3moe_tiny) { check_model("qwen3moe-tiny"); }   /* layer 1 dense (mlp_only_layers) */
+TEST(olmoe_tiny) { check_model("olmoe-tiny"); }
+TEST(mixtral_tiny) { check_model("mixtral-tiny"); }
+TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
+
+/* The device budget sizes the expert cache (no size given), and a budget
+ * that cannot hold one layer's experts is refused. */
+TEST(budget_sizes_the_cache)
+{
+    char dir[512], disk[600];
+    ft_fixture_dir("models", "qwen3moe-tiny", dir, sizeof dir);
+    snprintf(disk, sizeof disk, "/tmp/ft-offload-exb-%d", (int)getpid());
+    ft_load_params lp = {0};
+    lp.external_layers = 1;
+    int entries[2] = {0, 0};
+    uint64_t budgets[2] = {0, 0};
+    for (int k = 0; k < 3; k++) {
+        ft_model *m = NULL;
+        CHECK_OK(ft_model_load(dir, &lp, &m));
+        REQUIRE(m);
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        char spec[700];
+        snprintf(spec, sizeof spec, "w=0,0,100 cw=bp disk=file:%s", disk);
+        CHECK_OK(ft_policy_parse(spec, &p.policy));
+        ft_offload *o = NULL;
+        if (k == 0) {   /* no budget: one layer's experts; measure what is needed */
+            CHECK_OK(ft_offload_create(m, dir, &p, &o));
+            ft_offload_stats s;
+            ft_offload_get_stats(o, &s);
+            uint64_t one = 0;
+            ft_offload_expert_cache(o, &entries[0], &one);
+            CHECK(entries[0] == 8);
+            budgets[0] = s.resident_bytes + s.slot_bytes + one * 2 - 1;   /* room for 15 experts */
+            budgets[1] = s.resident_bytes + s.slot_bytes + one / 2;      /* not even one layer's */
+        } else if (k == 1) {
+            p.device_budget = budgets[0];
+            CHECK_OK(ft_offload_create(m, dir, &p, &o));
+            ft_offload_expert_cache(o, &entries[1], NULL);
+            CHECK_MSG(entries[1] == 15, "%d entries", entries[1]);
+        } else {
+            p.device_budget = budgets[1];
+            CHECK(ft_offload_create(m, dir, &p, &o) == FT_ERR_NO_SPACE && !o);
+            CHECK(strstr(ft_last_error(), "expert cache") != NULL);
+        }
+        ft_offload_free(o);
+        ft_model_free(m);
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", disk);
+}
