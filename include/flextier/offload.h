@@ -146,6 +146,14 @@ typedef struct ft_cost_inputs {
     /* Measured engine times per weight codec (with its compute format);
      * a codec without them uses codec none's, else the analytic model. */
     ft_cost_timing timing[FT_CODEC_COUNT];
+    /* A memory budget for the whole process (CPU-only machines, where the
+     * device and host tiers are both this process's memory): the device
+     * and host tiers together, plus the page cache a disk read holds, must
+     * fit in proc_cap bytes (what the budget leaves after the globals,
+     * scratch and the process itself; 0: no such bound). */
+    uint64_t proc_cap;
+    int calibration_cached;        /* ft_calibrate took the machine's part
+                                      from its cache                       */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -153,6 +161,9 @@ typedef struct ft_cost_estimate {
     double t_layer_decode;           /* seconds per layer per decode step  */
     double t_compute, t_decode, t_link[FT_TIER_COUNT]; /* components of it */
     uint64_t mem[FT_TIER_COUNT];     /* peak bytes per tier                */
+    uint64_t mem_process;            /* device + host tiers + the page cache
+                                        of one layer's disk reads (what
+                                        proc_cap bounds)                   */
     int feasible;                    /* fits every capacity                */
     const char *bottleneck;          /* "compute", "decode", "disk", ...   */
 } ft_cost_estimate;
@@ -192,6 +203,22 @@ typedef struct ft_calibrate_params {
     unsigned codecs;            /* weight codecs to measure (1u << id)     */
     const double *given_bw;     /* [FT_TIER_COUNT]: > 0 replaces a link's
                                    measurement (NULL: measure all)         */
+    /* The calibration cache: what was measured about this machine for a
+     * model shape and run shape is kept in cache_dir (NULL: the default,
+     * $XDG_CACHE_HOME/flextier/calib or ~/.cache/flextier/calib, or
+     * FLEXTIER_CALIB_CACHE=DIR, =0 for none; "": none) and reused, so
+     * repeated plans agree; a changed CPU, core count, build, config.json,
+     * weight format, batch, prompt length, thread count or codec list is
+     * another key. recalibrate: measure again (and replace it). Memory
+     * nodes' links are measured every time. */
+    const char *cache_dir;
+    int recalibrate;
+    int drop_cache;             /* the disk tier is read past the page cache
+                                   (a memory budget): measure it that way */
+    uint64_t memory;            /* bytes calibration may hold beside the
+                                   process (0: no bound): the bandwidth
+                                   probe's buffers and the timed copies'
+                                   vocabulary shrink to fit it            */
 } ft_calibrate_params;
 
 FT_API void ft_calibrate_default_params(ft_calibrate_params *p);
@@ -247,6 +274,10 @@ typedef struct ft_offload_params {
      * together, when the pieces are at least this big (0: 64 KiB;
      * smaller tensors go whole to one node, the nodes taken in turn). */
     uint32_t stripe_min;
+    /* Under a memory budget: the disk tier's frame files and the
+     * checkpoint's pages leave the page cache once read or written (a
+     * cgroup charges the page cache to the process). */
+    int drop_cache;
 } ft_offload_params;
 
 FT_API void ft_offload_default_params(ft_offload_params *p);
@@ -314,6 +345,8 @@ typedef struct ft_kv_offload_params {
     const char *token_file;   /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE) */
     uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 64)    */
     unsigned failover_ms;     /* policy.replicas > 1: as ft_offload_params (0 = 1000) */
+    int drop_cache;           /* the disk tier's file leaves the page cache
+                                 as it is read and written (a memory budget) */
 } ft_kv_offload_params;
 
 typedef struct ft_kv_offload_stats {

@@ -189,9 +189,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
                                           staging + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
         out->mem[t] = (uint64_t)(L * S[t] + cache_total * c[t] / rc);
+    /* The process: both tiers live in it; a disk read passes through the
+     * page cache (dropped after use under a budget: at most the two
+     * layers in flight, the one being read and the one being dropped). */
+    out->mem_process = out->mem[FT_TIER_DEVICE] + out->mem[FT_TIER_HOST] + (uint64_t)(2.0 * S[FT_TIER_DISK]);
     out->feasible = 1;
     for (int t = 0; t < FT_TIER_COUNT; t++)
         if (out->mem[t] > in->cap[t]) out->feasible = 0;
+    if (in->proc_cap && out->mem_process > in->proc_cap) out->feasible = 0;
 }
 
 /* Enumerate percentage vectors over the usable tiers in `step` increments. */
@@ -262,7 +267,14 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
                 }
             }
         }
-    if (best_tps < 0) return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers");
+    if (best_tps < 0) {
+        if (in->proc_cap)
+            return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers: the memory budget leaves "
+                                "%.1f MiB for weights, cache and staging%s", (double)in->proc_cap / 1048576.0,
+                                usable[FT_TIER_DISK] || usable[FT_TIER_REMOTE] ? ""
+                                                                              : " and there is no disk tier or memory node");
+        return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers");
+    }
     *best = top;
     if (est) *est = top_e;
     return FT_OK;

@@ -115,6 +115,7 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, int fai
     sp.token_file = p->token_file;
     sp.codec_threads = 1;
     sp.queue_depth = 8;     /* a layer's tensors are read at once */
+    sp.drop_cache = p->drop_cache;
     /* with replicas a node whose link went silent is given up on after
      * failover_ms without a byte moving (then a replica serves) */
     if (failover) sp.timeout_ms = p->failover_ms > 0 ? (int)p->failover_ms : 1000;
@@ -576,13 +577,21 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 
 /* The checkpoint's pages are read once: drop them (the mapping stays
  * valid), so loading holds one tensor's source at a time. */
-static void drop_pages(const void *p, size_t n)
+static void drop_pages(const void *p, size_t n, int from_cache)
 {
     long ps = sysconf(_SC_PAGESIZE);
     if (ps <= 0) return;
     uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
     uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
-    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    if (e <= a) return;
+#ifdef MADV_PAGEOUT
+    /* under a memory budget (drop_cache) the file's pages leave the page
+     * cache too: a cgroup charges them to this process */
+    if (from_cache) (void)madvise((void *)a, e - a, MADV_PAGEOUT);
+#else
+    (void)from_cache;
+#endif
+    (void)madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
@@ -918,7 +927,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             tmp_cap = (size_t)nb;
         }
         memcpy(tmp, src.data, (size_t)nb);   /* the mapping may be unaligned */
-        drop_pages(src.data, (size_t)nb);
+        drop_pages(src.data, (size_t)nb, p->drop_cache);
         src.data = tmp;
         /* the chunk table of this (layer, slot) for fixed views */
         const uint8_t **tab = o->fixed_chunks + (size_t)e->layer * chunk_per_layer + si->tab_off;
