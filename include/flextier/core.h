@@ -264,6 +264,11 @@ FT_API uint64_t ft_memory_headroom(uint64_t limit);
 FT_API uint64_t ft_cgroup_memory_limit(int *version);
 /* Resident set size now (/proc/self/statm; 0 if unknown). */
 FT_API uint64_t ft_process_rss(void);
+/* What this process's own memory cgroup is charged now (v2
+ * memory.current, v1 memory.usage_in_bytes: its processes' memory and the
+ * page cache they read, the executable's and libraries' pages included),
+ * when that cgroup itself has a limit; else 0. */
+FT_API uint64_t ft_cgroup_memory_usage(void);
 
 /* ---------------------------------------------------------------- timing */
 

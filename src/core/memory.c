@@ -154,3 +154,50 @@ uint64_t ft_process_rss(void)
     long ps = sysconf(_SC_PAGESIZE);
     return (uint64_t)res * (uint64_t)(ps > 0 ? ps : 4096);
 }
+
+/* This process's own memory cgroup directory (v2 preferred), or -1. */
+static int own_cgroup(char *dir, size_t n, int *version)
+{
+    char buf[8192];
+    if (read_small("/proc/self/cgroup", buf, sizeof buf)) return -1;
+    char *save = NULL;
+    int found = -1;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *c1 = strchr(line, ':');
+        if (!c1) continue;
+        char *c2 = strchr(c1 + 1, ':');
+        if (!c2) continue;
+        *c2 = '\0';
+        const char *ctrls = c1 + 1, *path = c2 + 1;
+        if (*path != '/') continue;
+        char probe[4096];
+        if (!*ctrls && !strncmp(line, "0:", 2)) {
+            snprintf(probe, sizeof probe, "/sys/fs/cgroup%s/memory.max", strcmp(path, "/") ? path : "");
+            if (access(probe, R_OK) == 0) {
+                snprintf(dir, n, "/sys/fs/cgroup%s", strcmp(path, "/") ? path : "");
+                *version = 2;
+                return 0;
+            }
+        } else if (strstr(ctrls, "memory")) {
+            snprintf(probe, sizeof probe, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", strcmp(path, "/") ? path : "");
+            if (access(probe, R_OK) == 0) {
+                snprintf(dir, n, "/sys/fs/cgroup/memory%s", strcmp(path, "/") ? path : "");
+                *version = 1;
+                found = 0;
+            }
+        }
+    }
+    return found;
+}
+
+uint64_t ft_cgroup_memory_usage(void)
+{
+    char dir[4096], path[4200], buf[64];
+    int ver = 0;
+    if (own_cgroup(dir, sizeof dir, &ver)) return 0;
+    snprintf(path, sizeof path, "%s/%s", dir, ver == 2 ? "memory.max" : "memory.limit_in_bytes");
+    if (read_small(path, buf, sizeof buf) || !parse_limit(buf)) return 0;   /* its own limit only */
+    snprintf(path, sizeof path, "%s/%s", dir, ver == 2 ? "memory.current" : "memory.usage_in_bytes");
+    if (read_small(path, buf, sizeof buf)) return 0;
+    return parse_limit(buf);
+}

@@ -142,8 +142,9 @@ static ft_status io_full(int fd, void *buf, size_t n, uint64_t off, int wr, cons
      * page cache (charged to this process's cgroup): rows written are
      * sent to the disk at once, rows read (clean) are dropped. */
     if (drop) {
-        if (wr) (void)sync_file_range(fd, (off_t)off0, (off_t)n0, SYNC_FILE_RANGE_WRITE);
-        else (void)posix_fadvise(fd, (off_t)off0, (off_t)n0, POSIX_FADV_DONTNEED);
+        if (wr) (void)sync_file_range(fd, (off_t)off0, (off_t)n0,
+                                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        (void)posix_fadvise(fd, (off_t)off0, (off_t)n0, POSIX_FADV_DONTNEED);
     }
     return FT_OK;
 }

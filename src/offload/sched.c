@@ -577,21 +577,18 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 
 /* The checkpoint's pages are read once: drop them (the mapping stays
  * valid), so loading holds one tensor's source at a time. */
-static void drop_pages(const void *p, size_t n, int from_cache)
+static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
 {
     long ps = sysconf(_SC_PAGESIZE);
     if (ps <= 0) return;
     uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
     uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
     if (e <= a) return;
-#ifdef MADV_PAGEOUT
-    /* under a memory budget (drop_cache) the file's pages leave the page
-     * cache too: a cgroup charges them to this process */
-    if (from_cache) (void)madvise((void *)a, e - a, MADV_PAGEOUT);
-#else
-    (void)from_cache;
-#endif
     (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    /* under a memory budget (drop_cache) the file's pages (and what was
+     * read ahead) leave the page cache too: a cgroup charges them to this
+     * process */
+    if (ck) ft_checkpoint_drop_cache(ck);
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
@@ -730,6 +727,16 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
         uint8_t *f = ft_malloc_aligned(bound ? bound : 64, 64);
         if (!f) return ft_set_error(FT_ERR_NOMEM, "offload: host copy of %s", e->name);
         if ((st = ft_encode(cc, &cp, &t, f, bound, &size))) { ft_free_aligned(f); return st; }
+        /* keep the frame at its size, not the bound (a byte-plane frame is
+         * a third smaller, and the bound's tail may be resident) */
+        if (size + 4096 < bound) {
+            uint8_t *g = ft_malloc_aligned(size, 64);
+            if (g) {
+                memcpy(g, f, size);
+                ft_free_aligned(f);
+                f = g;
+            }
+        }
         o->host[idx] = f;
         o->wire[idx] = size;
         o->st.host_bytes += size;
@@ -927,7 +934,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             tmp_cap = (size_t)nb;
         }
         memcpy(tmp, src.data, (size_t)nb);   /* the mapping may be unaligned */
-        drop_pages(src.data, (size_t)nb, p->drop_cache);
+        drop_pages(src.data, (size_t)nb, p->drop_cache ? ck : NULL);
         src.data = tmp;
         /* the chunk table of this (layer, slot) for fixed views */
         const uint8_t **tab = o->fixed_chunks + (size_t)e->layer * chunk_per_layer + si->tab_off;

@@ -133,7 +133,7 @@ static ft_status resolve_budget(ft_session *s)
  * generation loop's logits and sampler, thread stacks touched). */
 static uint64_t slack_bytes(const ft_model_config *cfg, uint32_t batch)
 {
-    return (24ull << 20) + 3ull * batch * (uint64_t)cfg->vocab * sizeof(float);
+    return (12ull << 20) + 3ull * batch * (uint64_t)cfg->vocab * sizeof(float);
 }
 
 /* A private disk tier for AUTO under a budget when none was given:
@@ -290,7 +290,10 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     if (st) return st;
     const ft_model_config *cfg = ft_model_get_config(lm);
     ft_session_memory *m = &s->mem;
-    m->process = ft_process_rss();
+    /* the process as its cgroup sees it when it is in a limited one (the
+     * page cache of the executable and libraries counts there) */
+    uint64_t rss = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+    m->process = cgu > rss ? cgu : rss;
     m->globals = ft_model_global_bytes(lm);
     m->layers = ft_model_layer_bytes(lm) * (uint64_t)cfg->n_layers;
     ft_ctx_params cp;
@@ -689,7 +692,8 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
     if (s->mem.budget && s->p.device == FT_DEVICE_CPU) {
         /* the process now, plus this context and the KV offloader's share
          * of the cache (what it will hold in memory) */
-        uint64_t kv = 0, scratch = 0, now = ft_process_rss();
+        uint64_t kv = 0, scratch = 0, now = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+        if (cgu > now) now = cgu;
         if ((st = ft_ctx_estimate(s->m, &cp, &kv, &scratch))) return st;
         uint64_t cache = 0;
         if (cp.external_kv) {
@@ -701,7 +705,9 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
             cache = (uint64_t)(inmem * (double)c->n_layers * (double)b * (double)q +
                                2.0 * (double)b * (100.0 - s->policy.c_pct[FT_TIER_DEVICE]) / 100.0 * (double)q * row);
         }
-        uint64_t need = now + kv + scratch + cache + slack_bytes(cfg, (uint32_t)b);
+        /* what is still to come: the logits, the sampler (the rest of the
+         * slack counted at open is in `now` by now) */
+        uint64_t need = now + kv + scratch + cache + (4ull << 20) + 3ull * b * (uint64_t)cfg->vocab * sizeof(float);
         if (need > s->mem.budget)
             return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s): a context for %zu sequences of %zu "
                                 "positions needs KV cache %.1f MiB + scratch %.1f MiB + offloaded cache in memory "
