@@ -300,6 +300,11 @@ typedef struct ft_offload_stats {
     double failover_fetch_s; /* the longest layer fetch that retried reads */
     double degraded_fetch_s; /* fetches that began with a node down (and  */
     uint64_t degraded_fetches;/* retried nothing): time, count            */
+    /* the fetched tensors' bytes in the checkpoint's dtype: source / wire
+     * is the compression a user sees (q4 of a bf16 model: about 3.6x),
+     * where logical / wire is only the link codec's (1.00x for q4 frames,
+     * which are computed on as they are) */
+    uint64_t source_bytes[FT_TIER_COUNT];
 } ft_offload_stats;
 
 /* model_dir: the checkpoint the model was loaded from (source of the

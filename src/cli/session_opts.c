@@ -326,10 +326,11 @@ void ft_cli_session_report(const ft_cli_session *o, const ft_session *ses, doubl
         fprintf(f, "offload: resident %.1f MiB, slots %.1f MiB; first start uploaded %.1f MiB, reused %.1f MiB\n",
                 mib(s->resident_bytes), mib(s->slot_bytes), mib(s->uploaded_bytes), mib(s->reused_bytes));
         for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-            if (s->logical_bytes[t])
-                fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
-                        mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
-                        s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+            if (s->logical_bytes[t])   /* the ratio: the checkpoint's bytes over those moved */
+                fprintf(f, "offload: %-6s read %.1f MiB of tensors (%.1f MiB in the checkpoint) as %.1f MiB "
+                           "(%.2fx)\n", ft_tier_name((ft_tier)t), mib(s->logical_bytes[t]), mib(s->source_bytes[t]),
+                        mib(s->wire_bytes[t]),
+                        s->wire_bytes[t] ? (double)s->source_bytes[t] / (double)s->wire_bytes[t] : 0.0);
         const ft_policy *pol = ft_session_policy(ses, NULL);
         if (pol->replicas > 1)
             fprintf(f, "offload: %u replicas: %llu nodes failed over, %llu reads retried on a replica, %llu nodes "
@@ -395,6 +396,8 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
     json_tiers(f, "read_logical_bytes", d.w.logical_bytes);
     fputc(',', f);
     json_tiers(f, "read_wire_bytes", d.w.wire_bytes);
+    fputc(',', f);
+    json_tiers(f, "read_source_bytes", d.w.source_bytes);
     fprintf(f, "},\"kv_cache\":{\"resident_bytes\":%llu,\"staging_bytes\":%llu,\"fetches\":%llu,"
                "\"prefetch_hits\":%llu,\"io_busy_s\":%.4f,\"wait_s\":%.4f,",
             (unsigned long long)d.kv.resident_bytes, (unsigned long long)d.kv.staging_bytes,

@@ -337,7 +337,7 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
  * codec context. A remote read that fails on a node with replicas
  * elsewhere is issued again there (all such reads at once), and the node
  * is left to the repair thread. */
-static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *retries)
+static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source, uint64_t *retries)
 {
     ft_request *req[MAX_SLOTS] = {0};
     remote_read rr[MAX_SLOTS][MAX_PIECES];
@@ -455,6 +455,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             continue;
         }
         logical[si->tier] += si->compute_bytes;
+        source[si->tier] += si->src_bytes;
         wire[si->tier] += size;
     }
     for (int s = 0; s < MAX_SLOTS; s++) {
@@ -476,16 +477,17 @@ static void *io_main(void *arg)
         o->busy_layer = layer;
         o->busy_buf = b;
         pthread_mutex_unlock(&o->mu);
-        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, retries = 0;
+        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, source[FT_TIER_COUNT] = {0}, retries = 0;
         int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, b, logical, wire, &retries);
+        ft_status st = fetch_layer(o, layer, b, logical, wire, source, &retries);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
             o->st.logical_bytes[t] += logical[t];
             o->st.wire_bytes[t] += wire[t];
+            o->st.source_bytes[t] += source[t];
         }
         o->st.io_busy_s += dt;
         o->st.layers_fetched++;

@@ -106,3 +106,18 @@ def test_ids_and_errors(tmp_path):
         flextier.Session(DEMO, disk_dir="/tmp/x")   # a tier without a policy
     with pytest.raises(flextier.InvalidArgumentError):
         flextier.Session(DEMO, policy="w=60,60")
+
+
+@needs_cli
+def test_memory_budget_auto_is_lossless_and_refuses_too_little(tmp_path):
+    # issue 20: memory= bounds the whole process; auto plans within it and
+    # stays lossless (f32 cache rows, as --kv-dtype f32 in memory)
+    prompt = "And God said unto Moses,"
+    want = cli_run(DEMO, prompt, 12, "--kv-dtype", "f32")
+    with flextier.Session(DEMO, threads=1, policy="auto", memory="1G", kv_dtype="f32",
+                          disk_dir=str(tmp_path / "d")) as s:
+        pol = s.info()["policy"]
+        assert "cw=q" not in pol and "cc=q" not in pol, pol
+        assert s.generate(prompt, 12, temperature=0) == want
+    with pytest.raises(flextier.Error, match="cannot hold"):
+        flextier.Session(DEMO, threads=1, policy="auto", memory="8M")
