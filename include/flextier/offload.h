@@ -152,6 +152,10 @@ typedef struct ft_cost_inputs {
      * fit in proc_cap bytes (what the budget leaves after the globals,
      * scratch and the process itself; 0: no such bound). */
     uint64_t proc_cap;
+    int disk_direct;               /* the disk tier is read past the page
+                                      cache (a memory budget): its reads
+                                      wait on the device beside the CPU
+                                      instead of copying on the cores      */
     int calibration_cached;        /* ft_calibrate took the machine's part
                                       from its cache                       */
 } ft_cost_inputs;

@@ -337,7 +337,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         if (stat(d, &sb) == 0) dev = (unsigned long long)sb.st_dev;
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x|%d|%llu", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib2|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x|%d|%llu", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs,
              cp->drop_cache, dev);
     uint64_t h = ft_xxh3(b, strlen(b));
@@ -433,6 +433,55 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
     if (!ok || rename(tmp, path)) remove(tmp);
 }
 
+/* Read bandwidth of the disk tier as the scheduler reads it: a layer's
+ * tensors at once (8 frames of 4 MiB read asynchronously, queue depth 8,
+ * as sched.c opens its stores), past the page cache under a budget; the
+ * median of 3 after one unmeasured. */
+static double measure_disk_bw(const char *uri, int drop_cache)
+{
+    enum { N = 8 };
+    const size_t n = 4u << 20;
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    sp.codec_threads = 1;
+    sp.queue_depth = N;
+    sp.drop_cache = drop_cache;
+    if (ft_store_open(uri, &sp, &s)) return 0;
+    uint8_t *buf = ft_malloc_aligned(N * (n + 4096), 64);
+    double bw = 0, tm[3];
+    char key[N][48];
+    int ok = buf != NULL;
+    int64_t shape[1] = {(int64_t)n};
+    for (int i = 0; ok && i < N; i++) {
+        snprintf(key[i], sizeof key[i], "flextier-plan-probe-%d", i);
+        memset(buf, 7 + i, n);
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, buf);
+        ft_codec_params cp;
+        ft_codec_default_params(&cp);
+        cp.codec = FT_CODEC_RAW;
+        ok = ft_write_tensor(s, key[i], &t, &cp) == FT_OK;
+    }
+    for (int r = -1; ok && r < 3; r++) {
+        ft_request *req[N] = {0};
+        size_t got[N];
+        double t0 = ft_now();
+        for (int i = 0; ok && i < N; i++)
+            ok = ft_read_frame_async(s, key[i], buf + (size_t)i * (n + 4096), n + 4096, &got[i], &req[i]) == FT_OK;
+        for (int i = 0; i < N; i++) {
+            if (req[i] && ft_request_wait(req[i], -1) != FT_OK) ok = 0;
+            ft_request_free(req[i]);
+        }
+        if (r >= 0) tm[r] = ft_now() - t0;
+    }
+    if (ok) bw = (double)N * (double)n / median(tm, 3);
+    for (int i = 0; i < N; i++) ft_delete_tensor(s, key[i]);
+    ft_free_aligned(buf);
+    ft_store_close(s);
+    return bw;
+}
+
 ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in)
 {
     ft_load_params lp;
@@ -496,6 +545,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (!cp->recalibrate) cached = calib_load(cpath, key, in);
     }
     in->calibration_cached = cached;
+    in->disk_direct = cp->drop_cache;
     if (cached) {
         FT_LOG(FT_LOG_INFO, "plan: calibration of this machine and model shape from %s", cpath);
     } else {
@@ -518,7 +568,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->flops = tp > 0 ? 2.0 * (double)in->layer_params / tp : 1e10;
         in->bw[FT_TIER_HOST] = in->mem_bw / 2;
         measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
-        if (base->disk_uri[0]) in->bw[FT_TIER_DISK] = measure_store_bw(base->disk_uri, cp->drop_cache);
+        if (base->disk_uri[0]) in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache);
         if (use_cache) calib_save(cdir, cpath, key, in);
     }
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
