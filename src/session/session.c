@@ -259,9 +259,10 @@ static void first_ctx(const ft_session *s, const ft_model_config *cfg, int exter
     uint32_t b = s->p.max_batch ? s->p.max_batch : 1;
     size_t dflt = cfg->max_pos < 2048 ? (size_t)cfg->max_pos : 2048;
     size_t q = s->p.max_seq ? s->p.max_seq : dflt;
-    /* under a budget a run of known length gets a context of that length
-     * (a longer call rebuilds it, checked again) */
-    if (!s->p.max_seq && s->mem.budget && s->p.plan_prompt_len && s->p.plan_gen_len)
+    /* under a binding budget (explicit, or the cgroup's) a run of known
+     * length gets a context of that length (a longer call rebuilds it,
+     * checked again) */
+    if (!s->p.max_seq && s->mem.binding && s->p.plan_prompt_len && s->p.plan_gen_len)
         q = (size_t)s->p.plan_prompt_len + s->p.plan_gen_len + 1;
     if (q > (size_t)cfg->max_pos) q = (size_t)cfg->max_pos;
     size_t rows = (size_t)b * (s->p.plan_prompt_len ? s->p.plan_prompt_len : 1);
