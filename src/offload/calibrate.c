@@ -333,8 +333,18 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
     unsigned long long dev = 0;
     if (cp->base->disk_uri[0]) {
         const char *d = strncmp(cp->base->disk_uri, "file:", 5) ? cp->base->disk_uri : cp->base->disk_uri + 5;
+        /* the directory may not exist yet (the store makes it): the
+         * device of its nearest existing ancestor */
+        char path[FT_URI_MAX];
+        snprintf(path, sizeof path, "%s", d);
         struct stat sb;
-        if (stat(d, &sb) == 0) dev = (unsigned long long)sb.st_dev;
+        for (;;) {
+            if (stat(path, &sb) == 0) { dev = (unsigned long long)sb.st_dev; break; }
+            char *sl = strrchr(path, '/');
+            if (!sl) { if (stat(".", &sb) == 0) dev = (unsigned long long)sb.st_dev; break; }
+            if (sl == path) { sl[1] = '\0'; if (stat(path, &sb) == 0) dev = (unsigned long long)sb.st_dev; break; }
+            *sl = '\0';
+        }
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(b, sizeof b, "calib2|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x|%d|%llu", cpu, ncpu, ft_simd_enabled(),

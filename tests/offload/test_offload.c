@@ -859,6 +859,18 @@ TEST(calibration_cache)
     CHECK(!c.calibration_cached);
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached);
+    /* a disk tier that the first calibration creates keeps its key */
+    ft_policy withdisk = base;
+    REQUIRE(strlen(dir) < 200);
+    memcpy(withdisk.disk_uri, "file:", 5);
+    memcpy(withdisk.disk_uri + 5, dir, strlen(dir));
+    memcpy(withdisk.disk_uri + 5 + strlen(dir), "/calib-disk", 12);
+    cp.base = &withdisk;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
+    cp.base = &base;
     /* a truncated file too */
     snprintf(cmd, sizeof cmd, "for f in %s/*.bin; do truncate -s 17 \"$f\"; done", cdir);
     CHECK(system(cmd) == 0);
