@@ -330,6 +330,31 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
             }
         fclose(f);
     }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(b, sizeof b, "calib3|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+             ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
+    uint64_t h = ft_xxh3(b, strlen(b));
+    char cfgp[4096];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    f = fopen(cfgp, "rb");
+    if (f) {
+        char buf[65536];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        h ^= ft_xxh3_seed(buf, n, h);
+    }
+    return h;
+}
+
+/* The disk tier's bandwidth is cached apart from the engine's times (a
+ * plan with a memory node and one with a disk share the latter), keyed by
+ * the disk directory's device (its nearest existing ancestor's: the store
+ * makes the directory) and whether reads pass the page cache. */
+#define CALIB_DISK_MAGIC 0x314b534944544654ull   /* "FTDISK1" */
+typedef struct calib_disk_rec { uint64_t magic, key; double bw; uint64_t sum; } calib_disk_rec;
+
+static uint64_t disk_key(const ft_calibrate_params *cp)
+{
     unsigned long long dev = 0;
     if (cp->base->disk_uri[0]) {
         const char *d = strncmp(cp->base->disk_uri, "file:", 5) ? cp->base->disk_uri : cp->base->disk_uri + 5;
@@ -346,21 +371,42 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
             *sl = '\0';
         }
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib2|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x|%d|%llu", cpu, ncpu, ft_simd_enabled(),
-             ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs,
-             cp->drop_cache, dev);
-    uint64_t h = ft_xxh3(b, strlen(b));
-    char cfgp[4096];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
-    f = fopen(cfgp, "rb");
-    if (f) {
-        char buf[65536];
-        size_t n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        h ^= ft_xxh3_seed(buf, n, h);
-    }
-    return h;
+    char b[256];
+    snprintf(b, sizeof b, "disk3|%s|%llu|%d", ft_version_string(), dev, cp->drop_cache);
+    return ft_xxh3(b, strlen(b));
+}
+
+static int disk_load(const char *path, uint64_t key, double *bw)
+{
+    calib_disk_rec r;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(&r, 1, sizeof r, f);
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (n != sizeof r || extra || r.magic != CALIB_DISK_MAGIC || r.key != key ||
+        r.sum != ft_xxh3(&r, offsetof(calib_disk_rec, sum)) || !isfinite(r.bw) || r.bw <= 0 || r.bw > 1e15)
+        return 0;
+    *bw = r.bw;
+    return 1;
+}
+
+static void disk_save(const char *dir, const char *path, uint64_t key, double bw)
+{
+    calib_disk_rec r;
+    memset(&r, 0, sizeof r);
+    r.magic = CALIB_DISK_MAGIC;
+    r.key = key;
+    r.bw = bw;
+    r.sum = ft_xxh3(&r, offsetof(calib_disk_rec, sum));
+    mkdirs(dir);
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    int ok = fwrite(&r, sizeof r, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path)) remove(tmp);
 }
 
 static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
@@ -578,8 +624,22 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->flops = tp > 0 ? 2.0 * (double)in->layer_params / tp : 1e10;
         in->bw[FT_TIER_HOST] = in->mem_bw / 2;
         measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
-        if (base->disk_uri[0]) in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache);
         if (use_cache) calib_save(cdir, cpath, key, in);
+    }
+    in->bw[FT_TIER_DISK] = 0;
+    if (base->disk_uri[0]) {
+        char dpath[4200];
+        uint64_t dk = disk_key(cp);
+        int dcached = 0;
+        if (use_cache) {
+            snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
+            if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
+        }
+        if (!dcached) {
+            in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache);
+            if (use_cache && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
+        }
+        in->calibration_cached = in->calibration_cached && dcached;
     }
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];
