@@ -353,7 +353,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
 #define CALIB_DISK_MAGIC 0x314b534944544654ull   /* "FTDISK1" */
 typedef struct calib_disk_rec { uint64_t magic, key; double bw; uint64_t sum; } calib_disk_rec;
 
-static uint64_t disk_key(const ft_calibrate_params *cp)
+static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in)
 {
     unsigned long long dev = 0;
     if (cp->base->disk_uri[0]) {
@@ -372,7 +372,8 @@ static uint64_t disk_key(const ft_calibrate_params *cp)
         }
     }
     char b[256];
-    snprintf(b, sizeof b, "disk3|%s|%llu|%d", ft_version_string(), dev, cp->drop_cache);
+    snprintf(b, sizeof b, "disk5|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
+             (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56));
     return ft_xxh3(b, strlen(b));
 }
 
@@ -489,50 +490,67 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
     if (!ok || rename(tmp, path)) remove(tmp);
 }
 
-/* Read bandwidth of the disk tier as the scheduler reads it: a layer's
- * tensors at once (8 frames of 4 MiB read asynchronously, queue depth 8,
- * as sched.c opens its stores), past the page cache under a budget; the
- * median of 3 after one unmeasured. */
-static double measure_disk_bw(const char *uri, int drop_cache)
+/* Read bandwidth of the disk tier as the scheduler reads it: one layer's
+ * tensors (their sizes as the model keeps them: the frame size sets the
+ * device's request size; 4 MiB probes measured a quarter of what the
+ * scheduler then read from the same disk) written as frames, then read
+ * all at once (asynchronously, queue depth 8, as sched.c opens its
+ * stores), past the page cache under a budget; the median of 3 after one
+ * unmeasured. Within a memory bound the layer is cut to fit a quarter. */
+static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in)
 {
-    enum { N = 8 };
-    const size_t n = 4u << 20;
+    enum { N = FT_COST_MAX_TENSORS };
+    size_t sz[N], off[N], total = 0;
+    int n = 0;
+    for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
+        size_t b = (size_t)in->tensor_bytes[FT_CODEC_RAW][k];
+        if (b < (64u << 10)) continue;   /* norms: noise */
+        if (memory && total + b > memory / 4) break;
+        off[n] = total;
+        sz[n++] = b;
+        total += b + 4096;
+    }
+    if (!n) {   /* no layer sizes (or none fit): 8 frames of 4 MiB */
+        for (n = 0; n < 8; n++) { off[n] = total; sz[n] = 4u << 20; total += sz[n] + 4096; }
+    }
     ft_store *s = NULL;
     ft_store_params sp;
     ft_store_default_params(&sp);
     sp.codec_threads = 1;
-    sp.queue_depth = N;
+    sp.queue_depth = 8;
     sp.drop_cache = drop_cache;
     if (ft_store_open(uri, &sp, &s)) return 0;
-    uint8_t *buf = ft_malloc_aligned(N * (n + 4096), 64);
+    uint8_t *buf = ft_malloc_aligned(total, 64);
     double bw = 0, tm[3];
     char key[N][48];
     int ok = buf != NULL;
-    int64_t shape[1] = {(int64_t)n};
-    for (int i = 0; ok && i < N; i++) {
+    uint64_t bytes = 0;
+    for (int i = 0; ok && i < n; i++) {
         snprintf(key[i], sizeof key[i], "flextier-plan-probe-%d", i);
-        memset(buf, 7 + i, n);
+        memset(buf + off[i], 7 + i, sz[i]);
+        int64_t shape[1] = {(int64_t)sz[i]};
         ft_tensor t;
-        ft_tensor_init(&t, FT_U8, 1, shape, buf);
+        ft_tensor_init(&t, FT_U8, 1, shape, buf + off[i]);
         ft_codec_params cp;
         ft_codec_default_params(&cp);
         cp.codec = FT_CODEC_RAW;
         ok = ft_write_tensor(s, key[i], &t, &cp) == FT_OK;
+        bytes += sz[i];
     }
     for (int r = -1; ok && r < 3; r++) {
         ft_request *req[N] = {0};
         size_t got[N];
         double t0 = ft_now();
-        for (int i = 0; ok && i < N; i++)
-            ok = ft_read_frame_async(s, key[i], buf + (size_t)i * (n + 4096), n + 4096, &got[i], &req[i]) == FT_OK;
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; ok && i < n; i++)
+            ok = ft_read_frame_async(s, key[i], buf + off[i], sz[i] + 4096, &got[i], &req[i]) == FT_OK;
+        for (int i = 0; i < n; i++) {
             if (req[i] && ft_request_wait(req[i], -1) != FT_OK) ok = 0;
             ft_request_free(req[i]);
         }
         if (r >= 0) tm[r] = ft_now() - t0;
     }
-    if (ok) bw = (double)N * (double)n / median(tm, 3);
-    for (int i = 0; i < N; i++) ft_delete_tensor(s, key[i]);
+    if (ok) bw = (double)bytes / median(tm, 3);
+    for (int i = 0; i < n; i++) ft_delete_tensor(s, key[i]);
     ft_free_aligned(buf);
     ft_store_close(s);
     return bw;
@@ -629,14 +647,14 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
     in->bw[FT_TIER_DISK] = 0;
     if (base->disk_uri[0]) {
         char dpath[4200];
-        uint64_t dk = disk_key(cp);
+        uint64_t dk = disk_key(cp, in);
         int dcached = 0;
         if (use_cache) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
         }
         if (!dcached) {
-            in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache);
+            in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in);
             if (use_cache && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
         }
         in->calibration_cached = in->calibration_cached && dcached;
