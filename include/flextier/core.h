@@ -247,6 +247,37 @@ FT_API double ft_rand_gauss(uint64_t *state);
  * non-float dtype or row 0. */
 FT_API ft_status ft_synth_weights(ft_dtype dt, uint64_t n, uint64_t row, uint64_t seed, void *out);
 
+/* ---------------------------------------------------------------- memory */
+
+/* The memory this process may use (docs/offload.md, "Memory budget"):
+ * its memory cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes; the
+ * smallest along the path from /proc/self/cgroup), else the machine's
+ * MemAvailable plus what the process already holds; the default budget is
+ * that limit minus a headroom of max(64 MiB, limit / 16) for what no
+ * estimate sees (the C library's arenas, thread stacks, BLAS buffers). */
+#define FT_MEMORY_HEADROOM_MIN (64ull << 20)
+typedef struct ft_memory_info {
+    uint64_t limit;            /* the bound found (bytes)                   */
+    uint64_t headroom;         /* kept free below it                       */
+    uint64_t budget;           /* limit - headroom                         */
+    uint64_t cgroup_limit;     /* 0: none                                  */
+    int cgroup_version;        /* 1, 2; 0: no limited memory cgroup        */
+    uint64_t available;        /* MemAvailable (0: unknown)                */
+    const char *source;        /* "cgroup v1 memory.limit_in_bytes", ...   */
+} ft_memory_info;
+FT_API ft_status ft_memory_default_budget(ft_memory_info *out);
+FT_API uint64_t ft_memory_headroom(uint64_t limit);
+/* 0 when the process is in no limited memory cgroup; *version (may be
+ * NULL) gets 1 or 2. */
+FT_API uint64_t ft_cgroup_memory_limit(int *version);
+/* Resident set size now (/proc/self/statm; 0 if unknown). */
+FT_API uint64_t ft_process_rss(void);
+/* What this process's own memory cgroup is charged now (v2
+ * memory.current, v1 memory.usage_in_bytes: its processes' memory and the
+ * page cache they read, the executable's and libraries' pages included),
+ * when that cgroup itself has a limit; else 0. */
+FT_API uint64_t ft_cgroup_memory_usage(void);
+
 /* ---------------------------------------------------------------- timing */
 
 FT_API double ft_now(void);  /* monotonic seconds */

@@ -293,13 +293,19 @@ typedef struct ft_model ft_model;
 /* ft_load_params.weights: keep every matrix in the checkpoint's dtype. */
 #define FT_WEIGHTS_AS_STORED (-1)
 
+#define FT_LOAD_LAYOUT_ONLY 2
+
 typedef struct ft_load_params {
     /* Called now and then during a long load with done/total bytes. */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *user;
     /* 1: check the layer tensors (presence, shape, dtype) but do not load
      * them: no memory is allocated for them and every layer's weights are
-     * absent until a layer hook (the offloading scheduler) supplies them. */
+     * absent until a layer hook (the offloading scheduler) supplies them.
+     * FT_LOAD_LAYOUT_ONLY (2): the globals (embeddings, LM head, final
+     * norm) are not loaded either: the model only says what it would hold
+     * (ft_model_weight_bytes, ft_model_global_bytes, ft_model_layer_bytes,
+     * ft_model_tensor_layout), for budgets and planning; it cannot run. */
     int external_layers;
     /* FT_CONFIG_STRICT: unknown config keys are errors (ft_model_config_parse) */
     unsigned config_flags;
@@ -328,6 +334,10 @@ FT_API ft_status ft_model_load(const char *dir, const ft_load_params *params,
 FT_API ft_status ft_model_create(const ft_model_config *cfg, ft_model **out);
 /* As ft_model_create; external_layers as in ft_load_params. */
 FT_API ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out);
+/* As ft_model_create_ex with the plain matrices in format `want` (f32,
+ * bf16, f16: zero, usable at once; q8/q4 entries are usable only once
+ * stored, as in ft_model_convert). */
+FT_API ft_status ft_model_create_fmt(const ft_model_config *cfg, int external_layers, ft_wfmt want, ft_model **out);
 /* A copy of a loaded (not external-layer) model with its matrices in
  * format `weights` (an ft_wfmt or FT_WEIGHTS_AS_STORED: the source's),
  * by the rules of ft_load_params.weights. */
@@ -398,6 +408,8 @@ FT_API const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
 FT_API uint64_t ft_model_layer_bytes(const ft_model *m);
+/* Bytes of the globals (embeddings, LM head, final norm, ...), as held. */
+FT_API uint64_t ft_model_global_bytes(const ft_model *m);
 /* A pipeline stage (flextier/pipe.h) holds one end of the model: give the
  * pages of the model-wide tensors it never reads back to the kernel. The
  * input end (input_end: token and position embeddings, project_in) and
@@ -476,6 +488,10 @@ FT_API void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h);
 /* Bytes held by the KV cache (0 with external_kv) and by scratch buffers. */
 FT_API uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
 FT_API uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);
+/* What ft_ctx_create(m, p) would hold (KV cache, scratch), without
+ * creating it: for memory budgets. m may be a layout-only model. */
+FT_API ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *kv_bytes,
+                                 uint64_t *scratch_bytes);
 
 /* Forget a sequence's tokens (its slot becomes empty). */
 FT_API void ft_ctx_reset(ft_ctx *c, int slot);

@@ -47,6 +47,10 @@ typedef struct ft_checkpoint ft_checkpoint;
  * *out is set only on success. */
 FT_API ft_status ft_checkpoint_open(const char *path, ft_checkpoint **out);
 FT_API void ft_checkpoint_close(ft_checkpoint *ck);     /* NULL ok; unmaps all */
+/* Drop the checkpoint files' pages that no mapping holds from the page
+ * cache (a memory cgroup charges them to the reader): for loading under a
+ * memory budget, after unmapping (madvise MADV_DONTNEED) what was read. */
+FT_API void ft_checkpoint_drop_cache(const ft_checkpoint *ck);
 
 /* Number of tensors, and the i-th name (sorted by name, stable for the
  * checkpoint's lifetime; NULL if i is out of range). */

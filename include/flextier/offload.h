@@ -159,6 +159,18 @@ typedef struct ft_cost_inputs {
     uint32_t n_experts, experts_used;
     uint64_t expert_bytes[FT_CODEC_COUNT];
     uint64_t expert_cache;
+    /* A memory budget for the whole process (CPU-only machines, where the
+     * device and host tiers are both this process's memory): the device
+     * and host tiers together, plus the page cache a disk read holds, must
+     * fit in proc_cap bytes (what the budget leaves after the globals,
+     * scratch and the process itself; 0: no such bound). */
+    uint64_t proc_cap;
+    int disk_direct;               /* the disk tier is read past the page
+                                      cache (a memory budget): its reads
+                                      wait on the device beside the CPU
+                                      instead of copying on the cores      */
+    int calibration_cached;        /* ft_calibrate took the machine's part
+                                      from its cache                       */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -166,6 +178,9 @@ typedef struct ft_cost_estimate {
     double t_layer_decode;           /* seconds per layer per decode step  */
     double t_compute, t_decode, t_link[FT_TIER_COUNT]; /* components of it */
     uint64_t mem[FT_TIER_COUNT];     /* peak bytes per tier                */
+    uint64_t mem_process;            /* device + host tiers + the page cache
+                                        of one layer's disk reads (what
+                                        proc_cap bounds)                   */
     int feasible;                    /* fits every capacity                */
     const char *bottleneck;          /* "compute", "decode", "disk", ...   */
     /* mixtures of experts: the cache hit rate assumed and the expert
@@ -208,6 +223,22 @@ typedef struct ft_calibrate_params {
     unsigned codecs;            /* weight codecs to measure (1u << id)     */
     const double *given_bw;     /* [FT_TIER_COUNT]: > 0 replaces a link's
                                    measurement (NULL: measure all)         */
+    /* The calibration cache: what was measured about this machine for a
+     * model shape and run shape is kept in cache_dir (NULL: the default,
+     * $XDG_CACHE_HOME/flextier/calib or ~/.cache/flextier/calib, or
+     * FLEXTIER_CALIB_CACHE=DIR, =0 for none; "": none) and reused, so
+     * repeated plans agree; a changed CPU, core count, build, config.json,
+     * weight format, batch, prompt length, thread count or codec list is
+     * another key. recalibrate: measure again (and replace it). Memory
+     * nodes' links are measured every time. */
+    const char *cache_dir;
+    int recalibrate;
+    int drop_cache;             /* the disk tier is read past the page cache
+                                   (a memory budget): measure it that way */
+    uint64_t memory;            /* bytes calibration may hold beside the
+                                   process (0: no bound): the bandwidth
+                                   probe's buffers and the timed copies'
+                                   vocabulary shrink to fit it            */
 } ft_calibrate_params;
 
 FT_API void ft_calibrate_default_params(ft_calibrate_params *p);
@@ -277,6 +308,10 @@ typedef struct ft_offload_params {
     uint64_t expert_cache_bytes;
     int expert_evict;
     int expert_prefetch;
+    /* Under a memory budget: the disk tier's frame files and the
+     * checkpoint's pages leave the page cache once read or written (a
+     * cgroup charges the page cache to the process). */
+    int drop_cache;
 } ft_offload_params;
 
 enum { FT_EXPERT_LRU = 0, FT_EXPERT_LFU = 1 };
@@ -313,6 +348,11 @@ typedef struct ft_offload_stats {
     double degraded_fetch_s; /* fetches that began with a node down (and  */
     uint64_t degraded_fetches;/* retried nothing): time, count            */
     uint64_t expert_cache_bytes;  /* the expert cache (ft_offload_expert_stats) */
+    /* the fetched tensors' bytes in the checkpoint's dtype: source / wire
+     * is the compression a user sees (q4 of a bf16 model: about 3.6x),
+     * where logical / wire is only the link codec's (1.00x for q4 frames,
+     * which are computed on as they are) */
+    uint64_t source_bytes[FT_TIER_COUNT];
 } ft_offload_stats;
 
 /* model_dir: the checkpoint the model was loaded from (source of the
@@ -363,6 +403,8 @@ typedef struct ft_kv_offload_params {
     const char *token_file;   /* for ucx:// remotes (or FLEXTIER_TOKEN_FILE) */
     uint32_t chunk_tokens;    /* remote tier: tokens per chunk (0 = 64)    */
     unsigned failover_ms;     /* policy.replicas > 1: as ft_offload_params (0 = 1000) */
+    int drop_cache;           /* the disk tier's file leaves the page cache
+                                 as it is read and written (a memory budget) */
 } ft_kv_offload_params;
 
 typedef struct ft_kv_offload_stats {

@@ -87,7 +87,31 @@ typedef struct ft_session_params {
      * (weights onto tiers) or "plan"; done/total in bytes (plan: 0/0). */
     void (*progress)(void *user, const char *stage, uint64_t done, uint64_t total);
     void *user;
+    /* The whole process's resident memory, in bytes (docs/offload.md,
+     * "Memory budget"): weights in any form and their staging, the KV
+     * cache, activations and scratch, embeddings and LM head, I/O
+     * buffers, the tokenizer, calibration and planning, and the page
+     * cache the disk tier's reads would hold. 0: FLEXTIER_MEMORY from the
+     * environment, else the default (ft_memory_default_budget: the memory
+     * cgroup's limit, else the available memory, minus a headroom);
+     * FT_MEMORY_UNLIMITED: none. A configuration that cannot fit is
+     * refused before the weights are loaded (FT_ERR_NO_SPACE with the
+     * numbers); AUTO plans within it, moving what does not fit to the
+     * disk tier (policy.disk_uri, or a private temporary directory removed
+     * at close) or to memory nodes. device_mem stays the device's budget
+     * (on a CPU: the working set of decoded weights and device cache). */
+    uint64_t memory;
+    /* AUTO may choose lossy formats (q8/q4 weights or cache); without it
+     * the plan keeps the numerics (raw or byte-plane weights, f32 cache
+     * rows) unless weight_codecs / cache_codecs, the policy's cw=/cc= or
+     * q8/q4 `weights` ask for one. */
+    int allow_lossy;
+    /* AUTO: measure the machine again instead of using the calibration
+     * cache (ft_calibrate_params.recalibrate). */
+    int recalibrate;
 } ft_session_params;
+
+#define FT_MEMORY_UNLIMITED UINT64_MAX
 
 FT_API void ft_session_default_params(ft_session_params *p);
 
@@ -128,6 +152,23 @@ FT_API const ft_policy *ft_session_policy(const ft_session *s, double *predicted
 /* The sampling the model's generation_config.json asks for (greedy when
  * it does not sample). */
 FT_API void ft_session_default_sampling(const ft_session *s, ft_sampling *out);
+
+/* The memory budget in force and what the session counted against it
+ * (bytes; budget 0: none). need: the estimate checked at open (the
+ * process as it was, the tokenizer included, plus the globals, the
+ * tiers' memory, staging and scratch); source: where the budget came
+ * from ("--memory", "FLEXTIER_MEMORY", "cgroup v1 memory.limit_in_bytes",
+ * "MemAvailable", ...); disk_dir: the private disk tier the session made
+ * ("" if none). */
+typedef struct ft_session_memory {
+    uint64_t budget, limit, headroom, need;
+    uint64_t process, globals, layers, scratch, tiers;
+    int binding;             /* an explicit budget or a cgroup's limit: the
+                                disk tier's page cache is dropped         */
+    char source[64];
+    char disk_dir[512];
+} ft_session_memory;
+FT_API void ft_session_get_memory(const ft_session *s, ft_session_memory *out);
 
 /* Token level, as ft_ctx_forward / ft_generate (include/flextier/engine.h)
  * on the session's device. forward's all_rows needs all_logits: the

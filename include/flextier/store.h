@@ -78,6 +78,11 @@ typedef struct ft_store_params {
                                  transfer is still progressing is not cut
                                  off, it times out once it is past this and
                                  the connection was idle this long */
+    int         drop_cache;   /* file: drop each frame file's pages from the
+                                 page cache once read or written (synced):
+                                 under a memory budget the disk tier then
+                                 holds no memory (default 0: the kernel
+                                 keeps what it likes)                      */
 } ft_store_params;
 
 FT_API void ft_store_default_params(ft_store_params *p);

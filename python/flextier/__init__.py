@@ -718,6 +718,13 @@ class Session:
         remotes, disk_dir, compress_weights, compress_cache: added to the
             policy (``["ucx://host:7000"]``, ``"/nvme/ft"``, ``"q4"``, ...).
         device_mem: the device budget (bytes or ``"2G"``).
+        memory: the whole process's memory budget (bytes or ``"1.5G"``;
+            ``"unlimited"``; default: ``FLEXTIER_MEMORY``, else the cgroup's
+            limit or the available memory minus a headroom); ``"auto"``
+            plans within it, and what cannot fit is refused before loading.
+        allow_lossy: ``policy="auto"`` may choose q8/q4 weights or cache
+            (default: lossless formats only).
+        recalibrate: ``policy="auto"``: measure the machine again.
         token / token_file: the memory nodes' shared secret.
         threads, decode_threads, max_batch, max_seq, strict: as the CLI's.
 
@@ -731,7 +738,8 @@ class Session:
                  compress_weights: Optional[str] = None, compress_cache: Optional[str] = None,
                  device_mem: Any = 0, token: Optional[str] = None, token_file: Optional[str] = None,
                  threads: int = 0, decode_threads: int = 0, max_batch: int = 0, max_seq: int = 0,
-                 strict: bool = False) -> None:
+                 strict: bool = False, memory: Any = 0, allow_lossy: bool = False,
+                 recalibrate: bool = False) -> None:
         items = []
         if remotes:
             items.append("remote=" + ",".join(remotes))
@@ -750,7 +758,9 @@ class Session:
         self.stats: Dict[str, Any] = {}
         args = dict(device=device, weights=weights, kv_dtype=kv_dtype, threads=threads, policy=spec,
                     device_mem=parse_size(device_mem) if device_mem else 0, max_batch=max_batch,
-                    max_seq=max_seq, strict=strict, decode_threads=decode_threads)
+                    max_seq=max_seq, strict=strict, decode_threads=decode_threads,
+                    memory=(2**64 - 1 if memory == "unlimited" else parse_size(memory) if memory else 0),
+                    allow_lossy=allow_lossy, recalibrate=recalibrate)
         if token is None:
             self._s = _C.Session(model_dir, token_file=token_file, **args)
             return
@@ -773,7 +783,9 @@ class Session:
         self._s.close()
 
     def info(self) -> Dict[str, Any]:
-        """The model, its weight format and bytes, and the policy in force."""
+        """The model, its weight format and bytes, the policy in force, and
+        the memory budget (``memory_budget``, ``memory_estimate`` in bytes,
+        ``memory_source``)."""
         return self._s.info()
 
     def generate(self, prompts: Any, max_new_tokens: int = 64, *, temperature: float = -1.0,

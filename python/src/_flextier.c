@@ -1197,13 +1197,15 @@ typedef struct {
 static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model_dir", "device", "weights", "kv_dtype", "threads", "policy", "device_mem",
-                             "token_file", "max_batch", "max_seq", "strict", "decode_threads", NULL};
+                             "token_file", "max_batch", "max_seq", "strict", "decode_threads", "memory",
+                             "allow_lossy", "recalibrate", NULL};
     const char *dir, *device = "cpu", *weights = "auto", *kv = NULL, *policy = NULL, *token = NULL;
     unsigned long threads = 0, maxb = 0, maxs = 0, dthreads = 0;
-    unsigned long long devmem = 0;
-    int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sszkzKzkkpk:Session", kwlist, &dir, &device, &weights, &kv,
-                                     &threads, &policy, &devmem, &token, &maxb, &maxs, &strict, &dthreads))
+    unsigned long long devmem = 0, memory = 0;
+    int strict = 0, lossy = 0, recal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sszkzKzkkpkKpp:Session", kwlist, &dir, &device, &weights, &kv,
+                                     &threads, &policy, &devmem, &token, &maxb, &maxs, &strict, &dthreads,
+                                     &memory, &lossy, &recal))
         return -1;
     if (so->s) {
         PyErr_SetString(PyExc_RuntimeError, "Session already open");
@@ -1239,6 +1241,9 @@ static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
     p.max_seq = (uint32_t)maxs;
     p.strict = strict;
     p.device_mem = devmem;
+    p.memory = memory;
+    p.allow_lossy = lossy;
+    p.recalibrate = recal;
     p.token_file = token;
     if (policy) {
         /* "auto", or a policy spec with its remotes/disk items */
@@ -1703,11 +1708,15 @@ static PyObject *session_info(SessionObject *so, PyObject *unused)
     ft_policy_format(ft_session_policy(so->s, &predicted), pol, sizeof pol);
     ft_session_stats ss;
     ft_session_get_stats(so->s, &ss);
-    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:s,s:K,s:s,s:d,s:O}", "model_type", c->model_type, "hidden",
-                         c->hidden, "layers", c->n_layers, "vocab", c->vocab, "max_position_embeddings", c->max_pos,
-                         "weights_format", ft_wfmt_name(ft_model_weights_format(ft_session_model(so->s))),
+    ft_session_memory mem;
+    ft_session_get_memory(so->s, &mem);
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:s,s:K,s:s,s:d,s:O,s:K,s:K,s:s}", "model_type", c->model_type,
+                         "hidden", c->hidden, "layers", c->n_layers, "vocab", c->vocab, "max_position_embeddings",
+                         c->max_pos, "weights_format", ft_wfmt_name(ft_model_weights_format(ft_session_model(so->s))),
                          "weight_bytes", (unsigned long long)ss.weight_bytes, "policy", pol, "predicted_tok_s",
-                         predicted, "has_tokenizer", ft_session_tokenizer(so->s) ? Py_True : Py_False);
+                         predicted, "has_tokenizer", ft_session_tokenizer(so->s) ? Py_True : Py_False,
+                         "memory_budget", (unsigned long long)mem.budget, "memory_estimate",
+                         (unsigned long long)mem.need, "memory_source", mem.source);
 }
 
 static PyMethodDef session_methods[] = {

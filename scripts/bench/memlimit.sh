@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# memlimit.sh - FlexTier against the peers a user would pick when the model
-# does not fit in memory: each run in its own cgroup with a hard memory
-# limit (page cache included), the page cache dropped before each run.
-# Root only. See docs/bench-peers.md.
+# memlimit.sh - the model-larger-than-memory table (issue 20): FlexTier
+# with --memory equal to a cgroup's hard memory limit (page cache
+# included) against the peers a user would pick, side by side in one run,
+# the page cache dropped before each run. Root only. See docs/bench-peers.md.
 #
-#   fit       the q4 model fits the limit: llama.cpp q4_0 (its defaults) vs FlexTier q4
-#             (--weights-dtype q4; without that option, q4 frames on the host
-#             tier, --policy w=0,100 --compress-weights q4)
-#   stream    the limit is below the q4 model's size: llama.cpp q4_0 (-lm mmap
-#             --repack 0: the kernel pages weights in and out) vs FlexTier streaming q4 weights
-#             from disk (--policy w=0,0,100 --compress-weights q4 --disk-dir)
-#   lossless  Hugging Face accelerate's bf16 disk offload (device_map="auto",
-#             max_memory={"cpu": ...}, offload_folder) vs FlexTier's lossless
-#             offload (bf16 byte-plane frames from disk: --compress-weights bp)
+# For each memory limit (default: 1.5 GiB and 768 MiB for the 1.12B Llama
+# of the peer benchmark, 2.1 GiB of bf16) and decode batch (1 and 16):
+#   ft-disk       FlexTier --policy auto --memory LIMIT, weights on local disk
+#                 (--disk-dir), lossless (auto keeps the numerics)
+#   ft-disk-q4    the same with --compress-weights q4 (q4 frames)
+#   ft-node       FlexTier --policy auto --memory LIMIT, a memory node
+#                 (`flextier serve` on loopback, outside the cgroup), lossless
+#   ft-node-q4    the same with --compress-weights q4
+#   llama-bf16    llama.cpp, the bf16 GGUF, mmap (its default)
+#   llama-q4_0    llama.cpp, the q4_0 GGUF, mmap
+#   hf-bf16       Hugging Face accelerate's disk offload (device_map="auto",
+#                 max_memory={"cpu": LIMIT/3}, offload_folder), bf16
+# Columns: decode tok/s, the cgroup's peak (memory.max_usage_in_bytes or
+# memory.peak), OOM kills, and bytes read per generated token: FlexTier's
+# tier reads (disk + memory node, its --json), the peers' block-device reads
+# (/usr/bin/time %I: getrusage's ru_inblock x 512), over the whole run.
 #
 #   scripts/bench/memlimit.sh [options]
-#     --flextier PATH   (build/flextier)      --layers N (22: the 1.12B model)
-#     --scenarios "fit stream lossless"        --threads N (2)
-#     --gen N (32 decode steps, batch 1)       --runs N (3, interleaved, medians)
-#     --limit-fit SIZE       (default 0.7 x the bf16 checkpoint: 1.5 GB at 1.12B)
-#     --limit-stream SIZE    (default 0.6 x the q4_0 GGUF: below the q4 model)
-#     --limit-lossless SIZE  (default = --limit-fit)
-#     --devmem-fit/--devmem-stream/--devmem-lossless SIZE
-#                        FlexTier's --device-mem (default half the limit)
-#     --hf-cpu-mem SIZE  accelerate's max_memory["cpu"] (default a third of the limit)
+#     --flextier PATH    (build/flextier)    --layers N (22: the 1.12B model)
+#     --limits "1.5G 768M"                   --batches "1 16"
+#     --rows "ft-disk ft-disk-q4 ft-node ft-node-q4 llama-bf16 llama-q4_0 hf-bf16"
+#     --threads N (2)    --gen N (16 generated tokens per sequence)
+#     --runs N (1; interleaved, medians)     --out DIR (keep logs, results.tsv, table.md)
 #     --model-args "ARGS" gen-model arguments instead of the Llama (e.g. a mixture
 #                        of experts: "--arch mixtral ... --experts 32 --experts-per-tok 4")
 #     --ft-args "ARGS"   extra FlexTier options (e.g. --expert-cache 64M --expert-evict lfu)
-#     --out DIR          keep logs, results.tsv, meta.tsv, table.md
-# SIZE: bytes or 512M / 1.5G (binary units). A run killed by the cgroup's OOM
-# killer is reported as OOM, not dropped. Environment as llamacpp.sh.
+# SIZE: bytes or 512M / 1.5G (binary units). A run killed by the cgroup's
+# OOM killer is reported as OOM, a refusal or failure as ERR with its reason.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -37,25 +39,22 @@ PEERS_PROG=memlimit.sh
 . "$here/peers-lib.sh"
 
 FT=$root/build/flextier
-LAYERS=22; SCENARIOS="fit stream lossless"; THREADS=2; GEN=32; RUNS=3; OUT=""
-L_FIT=""; L_STREAM=""; L_LOSSLESS=""; D_FIT=""; D_STREAM=""; D_LOSSLESS=""; HF_CPU=""; MODEL_ARGS=""; FT_ARGS=""
-PEERS_TIMEOUT=${PEERS_TIMEOUT:-3600}
+LAYERS=22; THREADS=2; GEN=16; RUNS=1; OUT=""
+LIMITS="1.5G 768M"; BATCHES="1 16"
+ROWS="ft-disk ft-disk-q4 ft-node ft-node-q4 llama-bf16 llama-q4_0 hf-bf16"
+PEERS_TIMEOUT=${PEERS_TIMEOUT:-1800}
+MODEL_ARGS=""; FT_ARGS=""
 usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
     --layers) LAYERS=$2; shift 2 ;;
-    --scenarios) SCENARIOS=$2; shift 2 ;;
+    --limits) LIMITS=$2; shift 2 ;;
+    --batches) BATCHES=$2; shift 2 ;;
+    --rows) ROWS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --gen) GEN=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
-    --limit-fit) L_FIT=$2; shift 2 ;;
-    --limit-stream) L_STREAM=$2; shift 2 ;;
-    --limit-lossless) L_LOSSLESS=$2; shift 2 ;;
-    --devmem-fit) D_FIT=$2; shift 2 ;;
-    --devmem-stream) D_STREAM=$2; shift 2 ;;
-    --devmem-lossless) D_LOSSLESS=$2; shift 2 ;;
-    --hf-cpu-mem) HF_CPU=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --model-args) MODEL_ARGS=$2; shift 2 ;;
     --ft-args) FT_ARGS=$2; shift 2 ;;
@@ -63,13 +62,15 @@ while [ $# -gt 0 ]; do
     *) echo "memlimit.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-for v in "$LAYERS" "$THREADS" "$GEN" "$RUNS"; do
+for v in "$LAYERS" "$THREADS" "$GEN" "$RUNS" $BATCHES; do
     [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "memlimit.sh: '$v' is not a positive integer" >&2; exit 2; }
 done
-for s in $SCENARIOS; do
-    case "$s" in fit|stream|lossless) ;; *) echo "memlimit.sh: unknown scenario $s" >&2; exit 2 ;; esac
+[ "$GEN" -ge 2 ] || { echo "memlimit.sh: --gen must be at least 2" >&2; exit 2; }
+for r in $ROWS; do
+    case "$r" in ft-disk|ft-disk-q4|ft-node|ft-node-q4|llama-bf16|llama-q4_0|hf-bf16) ;;
+    *) echo "memlimit.sh: unknown row $r" >&2; exit 2 ;; esac
 done
-# SIZE -> bytes (binary units, as flextier's --device-mem)
+# SIZE -> bytes (binary units, as flextier's --memory)
 bytes() {
     python3 - "$1" <<'PY' || { echo "memlimit.sh: bad size '$1'" >&2; exit 2; }
 import re, sys
@@ -84,28 +85,35 @@ mib() { echo "$(( $1 >> 20 ))M"; }
 [ -x "$FT" ] || peers_die "no flextier binary at $FT (build it: make build, or pass --flextier)"
 FT=$(readlink -f "$FT")
 peers_need timeout "apt-get install coreutils" flock "apt-get install util-linux"
+[ -x /usr/bin/time ] || peers_die "/usr/bin/time not found (apt-get install time)"
 peers_cg_init
 
 if [ -n "$OUT" ]; then
     mkdir -p "$OUT"; work=$(readlink -f "$OUT")
 else
-    work=$(mktemp -d /tmp/ft-memlimit.XXXXXX)
+    work=$(mktemp -d /var/tmp/ft-memlimit.XXXXXX)
 fi
+srv=""
 cleanup() {
+    [ -n "$srv" ] && kill "$srv" 2>/dev/null && wait "$srv" 2>/dev/null
     peers_cg_cleanup
     if [ -z "$OUT" ]; then rm -rf "$work"; fi
     return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# the disk tier on local disk, never a tmpfs (/tmp may be one: memory)
 mkdir -p "$work/logs" "$work/disk"
 results=$work/results.tsv meta=$work/meta.tsv
-printf 'tool\tfmt\tthreads\ttest\tbatch\trun\ttok_s\tpeak_rss_bytes\n' > "$results"
+printf 'limit\tbatch\trow\trun\ttok_s\tpeak_bytes\toom\tread_bytes_per_token\n' > "$results"
 : > "$meta"
 
-peers_build_llamacpp
-peers_venv
-LB=$(peers_llama_bin llama-bench)
+need_llama=0; need_hf=0; need_node=0
+for r in $ROWS; do
+    case "$r" in llama-*) need_llama=1 ;; hf-*) need_hf=1 ;; ft-node*) need_node=1 ;; esac
+done
+if [ "$need_llama" = 1 ]; then peers_build_llamacpp; fi
+if [ "$need_hf" = 1 ] || [ "$need_llama" = 1 ]; then peers_venv; fi
 
 model_args=(--arch llama --hidden 2048 --layers "$LAYERS" --heads 32 --kv-heads 8 --ffn 5632 --vocab 32000 --dtype bf16)
 model=$PEERS_CACHE/models/llama-h2048-l$LAYERS-v32000-bf16
@@ -114,119 +122,139 @@ if [ -n "$MODEL_ARGS" ]; then
     model=$PEERS_CACHE/models/gen-$(echo "$MODEL_ARGS" | md5sum | cut -c1-12)
 fi
 peers_gen_model "$FT" "$model" "${model_args[@]}"
-q4=$(peers_gguf "$model" q4_0)
+# the model directory copied too (FlexTier and accelerate read it)
+pm="$work/private/model"
+if [ ! -f "$pm/model.safetensors" ] || [ "$(stat -c %s "$pm/model.safetensors")" != "$(stat -c %s "$model/model.safetensors")" ]; then
+    rm -rf "$pm" "$pm.tmp"; mkdir -p "$pm.tmp"
+    cp "$model"/*.json "$model/model.safetensors" "$pm.tmp/" && mv "$pm.tmp" "$pm"
+fi
+gmodel=$model
+model=$pm
 s_bf16=$(stat -c %s "$model/model.safetensors")
-s_q4=$(stat -c %s "$q4")
-
-L_FIT=$(bytes "${L_FIT:-$((s_bf16 * 7 / 10))}")
-L_STREAM=$(bytes "${L_STREAM:-$((s_q4 * 6 / 10))}")
-L_LOSSLESS=$(bytes "${L_LOSSLESS:-$L_FIT}")
-D_FIT=$(bytes "${D_FIT:-$((L_FIT / 2))}")
-D_STREAM=$(bytes "${D_STREAM:-$((L_STREAM / 2))}")
-D_LOSSLESS=$(bytes "${D_LOSSLESS:-$((L_LOSSLESS / 2))}")
-HF_CPU=$(bytes "${HF_CPU:-$((L_LOSSLESS / 3))}")
-[ "$L_STREAM" -lt "$s_q4" ] || peers_log "warning: --limit-stream $(mib "$L_STREAM") is not below the q4_0 model ($(mib "$s_q4"))"
-
-FT_WD=0
-if peers_ft_has_wdtype "$FT"; then FT_WD=1; fi
-[ "$FT_WD" = 1 ] || peers_log "NOTE: this flextier has no --weights-dtype: it computes in f32 (weights decoded to f32 per layer)"
-
-# the flextier command of each scenario
-ft_cmd() {   # SCENARIO -> FTC array
-    local common=(bench run --model "$model" --batch 1 --prompt-len 1 --gen-len $((GEN + 1)) --threads "$THREADS" --json)
-    case "$1" in
-    fit)
-        if [ "$FT_WD" = 1 ]; then FTC=("$FT" "${common[@]}" --weights-dtype q4)
-        else FTC=("$FT" "${common[@]}" --policy w=0,100 --compress-weights q4 --device-mem "$D_FIT"); fi ;;
-    stream)
-        FTC=("$FT" "${common[@]}" --policy w=0,0,100 --compress-weights q4 --disk-dir "$work/disk/q4" --device-mem "$D_STREAM")
-        if [ "$FT_WD" = 1 ]; then FTC+=(--weights-dtype q4); fi ;;
-    lossless)
-        FTC=("$FT" "${common[@]}" --policy w=0,0,100 --compress-weights bp --disk-dir "$work/disk/bp" --device-mem "$D_LOSSLESS")
-        if [ "$FT_WD" = 1 ]; then FTC+=(--weights-dtype bf16); fi ;;
-    esac
-    if [ -n "$FT_ARGS" ]; then read -r -a fta <<< "$FT_ARGS"; FTC+=("${fta[@]}"); fi
+gg_bf16=""; gg_q4=""
+# private copies (another inode) of the GGUFs: the cache's files may be
+# read by other benchmarks at the same time, and page cache charged to
+# their cgroups is not charged (nor limited) in ours
+private() {   # FILE -> a copy in $work/private (made once)
+    local dst="$work/private/$(basename "$1")"
+    mkdir -p "$work/private"
+    if [ ! -f "$dst" ] || [ "$(stat -c %s "$dst")" != "$(stat -c %s "$1")" ]; then cp "$1" "$dst.tmp" && mv "$dst.tmp" "$dst"; fi
+    echo "$dst"
 }
-limit_of() { case "$1" in fit) echo "$L_FIT" ;; stream) echo "$L_STREAM" ;; lossless) echo "$L_LOSSLESS" ;; esac; }
+if [ "$need_llama" = 1 ]; then
+    gg_bf16=$(private "$(peers_gguf "$gmodel" bf16)"); gg_q4=$(private "$(peers_gguf "$gmodel" q4_0)")
+fi
 
-for s in $SCENARIOS; do
-    printf 'limit_%s\t%s MiB\n' "$s" "$(( $(limit_of "$s") >> 20 ))" >> "$meta"
-    ft_cmd "$s"
-    case "$s" in
-    fit) d="q4, $([ "$FT_WD" = 1 ] && echo 'computed as stored' || echo "host tier, --device-mem $(mib "$D_FIT")")" ;;
-    stream) d="q4 from disk, --device-mem $(mib "$D_STREAM")" ;;
-    lossless) d="bf16 byte-plane from disk, --device-mem $(mib "$D_LOSSLESS")" ;;
+if [ "$need_node" = 1 ]; then
+    # the memory node: another process (another machine's memory in a
+    # deployment), outside the measured cgroup
+    "$FT" serve --listen 127.0.0.1:0 --capacity "$(( s_bf16 * 3 / 2 / 1048576 + 256 ))M" > "$work/logs/serve.log" 2>&1 &
+    srv=$!
+    for _ in $(seq 100); do grep -q "listening on" "$work/logs/serve.log" && break; sleep 0.1; done
+    node="ucx://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/logs/serve.log" | head -1)"
+    [ "$node" != "ucx://" ] || peers_die "the memory node did not start: $(cat "$work/logs/serve.log")"
+fi
+
+# the command of a row -> CMD array
+row_cmd() {   # ROW LIMIT_BYTES BATCH
+    local r=$1 lim=$2 b=$3
+    local ft=("$FT" bench run --model "$model" --batch "$b" --prompt-len 1 --gen-len $((GEN + 1)) --threads "$THREADS"
+              --json --policy auto --memory "$lim")
+    if [ -n "$FT_ARGS" ]; then local extra; read -r -a extra <<< "$FT_ARGS"; ft+=("${extra[@]}"); fi
+    case "$r" in
+    ft-disk) CMD=("${ft[@]}" --disk-dir "$work/disk/bp") ;;
+    ft-disk-q4) CMD=("${ft[@]}" --disk-dir "$work/disk/q4" --compress-weights q4) ;;
+    ft-node) CMD=("${ft[@]}" --remote "$node") ;;
+    ft-node-q4) CMD=("${ft[@]}" --remote "$node" --compress-weights q4) ;;
+    llama-bf16|llama-q4_0)
+        local g; g=$([ "$r" = llama-bf16 ] && echo "$gg_bf16" || echo "$gg_q4")
+        if [ "$b" = 1 ]; then
+            CMD=("$(peers_llama_bin llama-bench)" -m "$g" -p 0 -n "$GEN" -t "$THREADS" -r 1 -o json)
+        else
+            CMD=("$(peers_llama_bin llama-batched-bench)" -m "$g" -c $(( b * (GEN + 2) + 64 )) -npp 1 -ntg "$GEN"
+                 -npl "$b" -t "$THREADS" --output-format jsonl)
+        fi ;;
+    hf-bf16)
+        CMD=("$PEERS_PY" "$here/hf_offload.py" --model "$model" --max-cpu-mem "$(( lim / 3 >> 20 ))MiB"
+             --offload-folder "$work/hf-offload" --threads "$THREADS" --batch "$b" --prompt-len 1
+             --gen-len $((GEN + 1))) ;;
     esac
-    printf 'desc_%s_flextier\t%s\n' "$s" "$d" >> "$meta"
-    case "$s" in
-    fit) printf 'desc_%s_llamacpp\tq4_0 GGUF (%s), default loading (mmap, q4_0 repacked)\n' "$s" "$(mib "$s_q4")" >> "$meta" ;;
-    stream) printf 'desc_%s_llamacpp\tq4_0 GGUF (%s), -lm mmap --repack 0\n' "$s" "$(mib "$s_q4")" >> "$meta" ;;
-    lossless) printf 'desc_%s_hf\tbf16, max_memory cpu %s, rest on disk\n' "$s" "$(mib "$HF_CPU")" >> "$meta" ;;
-    esac
-    # fill FlexTier's disk tier once, outside the limit (a measured run then
-    # reuses the content-addressed frames, as a second start does)
-    if [ "$s" != fit ]; then
-        peers_log "$s: filling FlexTier's disk tier (unmeasured)"
-        # (a failure here shows again, in the table, in the measured runs)
-        "${FTC[@]}" > "$work/logs/$s-fill.out" 2> "$work/logs/$s-fill.err" \
-            || peers_log "warning: flextier failed filling the disk tier: $(tail -1 "$work/logs/$s-fill.err")"
-    fi
+}
+
+# FlexTier's tiers filled once per row and limit, outside the cgroup (a
+# measured run reuses the content-addressed frames, as a second start does;
+# the plan is the same: the calibration is cached)
+for L in $LIMITS; do
+    lim=$(bytes "$L")
+    for r in $ROWS; do
+        case "$r" in ft-*) ;; *) continue ;; esac
+        row_cmd "$r" "$lim" 1
+        peers_log "$r under $(mib "$lim"): filling FlexTier's tiers (unmeasured)"
+        "${CMD[@]}" > "$work/logs/fill-$r-$L.out" 2> "$work/logs/fill-$r-$L.err" \
+            || peers_log "warning: filling failed: $(tail -1 "$work/logs/fill-$r-$L.err")"
+    done
 done
-printf 'note\t%s\n' "Decode batch 1, $GEN tokens, $THREADS threads; peak memory = the cgroup's peak usage (RSS + page cache). $([ "$FT_WD" = 1 ] && echo 'FlexTier ran with --weights-dtype.' || echo 'This flextier has no --weights-dtype: it decodes weights to f32 per layer.')" >> "$meta"
 
-# run_one SCENARIO TOOL RUN
-run_one() {
-    local s=$1 tool=$2 run=$3 cmd=() key=decode_tok_s fmt
-    local log="$work/logs/$s-$tool-r$run.out" limit; limit=$(limit_of "$s")
-    case "$tool" in
-    llamacpp) cmd=("$LB" -m "$q4" -p 0 -n "$GEN" -t "$THREADS" -r 1 -o json); fmt=q4_0
-        # below the model's size only file-backed pages can be dropped and
-        # re-read: mmap, and no repacking of q4_0 into anonymous memory
-        if [ "$s" = stream ]; then cmd+=(-lm mmap --repack 0); fi ;;
-    flextier) ft_cmd "$s"; cmd=("${FTC[@]}"); fmt=$([ "$s" = lossless ] && echo bf16 || echo q4) ;;
-    hf) rm -rf "$work/hf-offload"
-        cmd=("$PEERS_PY" "$here/hf_offload.py" --model "$model" --max-cpu-mem "$(mib "$HF_CPU")iB"
-             --offload-folder "$work/hf-offload" --threads "$THREADS" --prompt-len 1 --gen-len $((GEN + 1)))
-        fmt=bf16 ;;
-    esac
-    echo "${cmd[*]}" > "$log.cmd"
-    local rc=0 tps
-    peers_cg_run "$limit" "$log" -- timeout "$PEERS_TIMEOUT" "${cmd[@]}" || rc=$?
+run_one() {   # LIMIT_BYTES BATCH ROW RUN
+    local lim=$1 b=$2 r=$3 run=$4 rc=0 tps bpt
+    local log="$work/logs/$r-$(mib "$lim")-b$b-r$run"
+    rm -rf "$work/hf-offload"
+    row_cmd "$r" "$lim" "$b"
+    echo "${CMD[*]}" > "$log.cmd"
+    peers_cg_run "$lim" "$log.out" -- /usr/bin/time -f "%M %I" -o "$log.time" timeout "$PEERS_TIMEOUT" "${CMD[@]}" || rc=$?
+    local inblk; inblk=$(awk 'END {print $2}' "$log.time" 2>/dev/null || echo "")
     if [ "$PEERS_CG_OOM" -gt 0 ] || [ "$rc" = 137 ]; then
-        tps=OOM
+        tps=OOM; bpt=-
     elif [ "$rc" != 0 ]; then
-        # an engine that refuses or fails under the limit is a result, shown
-        # in the table with its own words; the run goes on
-        tps=ERR
-        local why; why=$(grep -v '^\s*$' "$log.err" | tail -1 | tr '\t|' '  ' | cut -c1-160)
-        printf 'err_%s_%s\t%s\n' "$s" "$tool" "exit $rc: $why" >> "$meta"
-        peers_log "run $run: $s $tool FAILED (exit $rc): $why (logs: $log.err)"
-    elif [ "$tool" = llamacpp ]; then
-        tps=$(python3 "$here/peers_report.py" llama-bench "$log")
+        tps=ERR; bpt=-
+        local why; why=$(grep -v '^\s*$' "$log.out.err" | grep -v '^Command exited' | tail -1 | tr '\t|' '  ' | cut -c1-200)
+        printf 'err_%s_%s_%s\t%s\n' "$(mib "$lim")" "$b" "$r" "exit $rc: $why" >> "$meta"
+        peers_log "$r $(mib "$lim") batch $b FAILED (exit $rc): $why"
     else
-        tps=$(python3 "$here/peers_report.py" ft-json "$log" "$key")
+        case "$r" in
+        ft-*)
+            tps=$(python3 "$here/peers_report.py" ft-json "$log.out" decode_tok_s)
+            bpt=$(python3 - "$log.out" "$b" "$GEN" <<'PY'
+import json, sys
+d = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
+w = d.get("offload", {}).get("weights", {}).get("read_wire_bytes", {})
+print(int((w.get("disk", 0) + w.get("remote", 0)) / (int(sys.argv[2]) * int(sys.argv[3]))))
+PY
+) ;;
+        llama-*)
+            if [ "$b" = 1 ]; then tps=$(python3 "$here/peers_report.py" llama-bench "$log.out")
+            else tps=$(python3 "$here/peers_report.py" batched "$log.out" "$b"); fi
+            bpt=$(( ${inblk:-0} * 512 / (b * GEN) )) ;;
+        hf-*)
+            tps=$(python3 "$here/peers_report.py" ft-json "$log.out" decode_tok_s)
+            bpt=$(( ${inblk:-0} * 512 / (b * GEN) )) ;;
+        esac
     fi
-    printf '%s\t%s\t%s\t%s\t1\t%s\t%s\t%s\n' "$tool" "$fmt" "$THREADS" "$s" "$run" "$tps" "$PEERS_CG_PEAK" >> "$results"
-    peers_log "run $run: $s $tool: $tps tok/s, cgroup peak $((PEERS_CG_PEAK >> 20)) MiB (limit $(mib "$limit"))"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$lim" "$b" "$r" "$run" "$tps" "$PEERS_CG_PEAK" "$PEERS_CG_OOM" "$bpt" >> "$results"
+    peers_log "run $run: $r under $(mib "$lim"), batch $b: $tps tok/s, cgroup peak $((PEERS_CG_PEAK >> 20)) MiB, $bpt B read/token (load $(cut -d' ' -f1 /proc/loadavg))"
 }
 
 for run in $(seq "$RUNS"); do
-    for s in $SCENARIOS; do
-        peer=llamacpp
-        if [ "$s" = lossless ]; then peer=hf; fi
-        tools="$peer flextier"
-        if [ $((run % 2)) -eq 0 ]; then tools="flextier $peer"; fi
-        for tool in $tools; do run_one "$s" "$tool" "$run"; done
+    for L in $LIMITS; do
+        lim=$(bytes "$L")
+        for b in $BATCHES; do
+            order=$ROWS
+            if [ $((run % 2)) -eq 0 ]; then order=$(echo "$ROWS" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+            for r in $order; do run_one "$lim" "$b" "$r" "$run"; done
+        done
     done
 done
 
 {
-    echo "## Memory-limited runs $(date -u +%Y-%m-%d)"
+    echo "## Model larger than memory $(date -u +%Y-%m-%d)"
     echo
-    echo "Model: flextier gen-model ${model_args[*]}: bf16 checkpoint $(mib "$s_bf16"), q4_0 GGUF $(mib "$s_q4"). cgroup v$PEERS_CG_VER."
-    echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; $(peers_venv_versions); flextier $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '?')."
+    echo "Model: flextier gen-model ${model_args[*]}: bf16 checkpoint $(mib "$s_bf16")iB. cgroup v$PEERS_CG_VER, hard limit = FlexTier's --memory."
+    echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores, $THREADS threads; load average at the end $(cut -d' ' -f1-3 /proc/loadavg); flextier $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '?')."
     echo
-    python3 "$here/peers_report.py" memtable "$results" "$meta"
+    python3 "$here/peers_report.py" limittable "$results" "$meta"
+    echo
+    echo "Decode tok/s over $GEN generated tokens per sequence (prompt 1 token); page cache dropped before each run."
+    echo "Bytes read per generated token: FlexTier's disk and memory-node reads (--json); the peers' block-device reads (ru_inblock), whole run."
 } | tee "$work/table.md"
 if [ -n "$OUT" ]; then peers_log "results in $work (table.md, results.tsv, logs/)"; fi
 exit 0

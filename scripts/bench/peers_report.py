@@ -12,7 +12,9 @@
   peers_report.py batched FILE.jsonl BATCH        -> aggregate decode tok/s
   peers_report.py ft-json FILE.json KEY           -> a number from bench run --json
   peers_report.py table RESULTS.tsv META.tsv      -> the markdown table
-  peers_report.py memtable RESULTS.tsv META.tsv   -> memlimit.sh's table
+  peers_report.py memtable RESULTS.tsv META.tsv   -> the scenario table (older memlimit.sh)
+  peers_report.py limittable RESULTS.tsv META.tsv -> memlimit.sh's model-larger-than-memory
+      table; RESULTS.tsv rows: limit batch row run tok_s peak_bytes oom read_bytes_per_token
 
 RESULTS.tsv rows: tool fmt threads test batch run tok_s peak_rss_bytes
 (tool: flextier or llamacpp or hf; test: decode prefill batched or a
@@ -243,12 +245,80 @@ def memtable(results, meta):
     print(f"Medians of {len(runs)} run(s), page cache dropped before each. " + m.get("note", ""))
 
 
+LIMIT_ROWS = {
+    "ft-disk": ("FlexTier", "local disk, lossless (auto)"),
+    "ft-disk-q4": ("FlexTier", "local disk, q4"),
+    "ft-node": ("FlexTier", "memory node, lossless (auto)"),
+    "ft-node-q4": ("FlexTier", "memory node, q4"),
+    "llama-bf16": ("llama.cpp", "bf16 GGUF, mmap"),
+    "llama-q4_0": ("llama.cpp", "q4_0 GGUF, mmap"),
+    "hf-bf16": ("HF accelerate", "bf16, disk offload"),
+}
+# FlexTier row -> the peer row it is compared with (same numerics)
+LIMIT_PEER = {"ft-disk": "llama-bf16", "ft-node": "llama-bf16", "ft-disk-q4": "llama-q4_0",
+              "ft-node-q4": "llama-q4_0"}
+
+
+def limittable(results, meta):
+    m = {}
+    with open(meta) as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t", 1)
+            if len(p) == 2:
+                m[p[0]] = p[1]
+    groups = {}
+    with open(results) as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t")
+            if len(p) != 8 or p[0] == "limit":
+                continue
+            lim, b, row, run, tps, peak, oom, bpt = p
+            groups.setdefault((int(lim), int(b), row), []).append((tps, peak, oom, bpt))
+
+    def cell(v):
+        ok = [x for x in v if x[0] not in ("OOM", "ERR")]
+        if ok:
+            return med([x[0] for x in ok])
+        return "OOM" if any(x[0] == "OOM" for x in v) else "ERR"
+
+    print("| memory limit | batch | engine | weights | decode tok/s | peak (cgroup) | OOM kills "
+          "| bytes read / token | vs peer (same numerics) | vs accelerate |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    order = list(LIMIT_ROWS)
+    for key in sorted(groups, key=lambda k: (-k[0], k[1], order.index(k[2]) if k[2] in order else 99)):
+        lim, b, row = key
+        v = groups[key]
+        tps = cell(v)
+        eng, desc = LIMIT_ROWS.get(row, (row, ""))
+        if tps == "OOM":
+            t = "OOM-killed"
+        elif tps == "ERR":
+            t = "failed: " + m.get(f"err_{lim >> 20}M_{b}_{row}", "?")
+        else:
+            t = f"{tps:.2f}" if tps < 1000 else f"{tps:.0f}"
+        peak = med([x[1] for x in v])
+        ooms = sum(int(x[2]) for x in v if x[2].isdigit())
+        bpt = med([x[3] for x in v if x[3] not in ("-", "")])
+        vs, vh = "-", "-"
+        if isinstance(tps, float):
+            peer = LIMIT_PEER.get(row)
+            if peer and (lim, b, peer) in groups:
+                pt = cell(groups[(lim, b, peer)])
+                vs = f"**{tps / pt:.2f}x** {LIMIT_ROWS[peer][1].split(',')[0]}" if isinstance(pt, float) else f"peer {pt}"
+            if row.startswith("ft-") and (lim, b, "hf-bf16") in groups:
+                ht = cell(groups[(lim, b, "hf-bf16")])
+                vh = f"**{tps / ht:.2f}x**" if isinstance(ht, float) else f"accelerate {ht}"
+        lims = f"{lim / 2**30:.2f} GiB" if lim >= 2**30 else f"{lim >> 20} MiB"
+        print(f"| {lims} | {b} | {eng} | {desc} | {t} | {mib(peak)} | {ooms} | {gb(bpt)} | {vs} | {vh} |")
+
+
 def main(argv):
     if len(argv) < 2:
         die("usage: see the module docstring")
     cmd, args = argv[1], argv[2:]
     cmds = {"gguf-bytes": (gguf_bytes, 1), "ft-bytes": (ft_bytes, 2), "llama-bench": (llama_bench, 1),
-            "batched": (batched, 2), "ft-json": (ft_json, 2), "table": (table, 2), "memtable": (memtable, 2)}
+            "batched": (batched, 2), "ft-json": (ft_json, 2), "table": (table, 2), "memtable": (memtable, 2),
+            "limittable": (limittable, 2)}
     if cmd not in cmds or len(args) != cmds[cmd][1]:
         die(f"bad command line: {' '.join(argv[1:])}")
     cmds[cmd][0](*args)

@@ -20,7 +20,8 @@ static const char plan_usage[] =
     "                     [--batch N] [--fixed-batch] [--prompt-len N] [--gen-len N]\n"
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
     "                     [--cache-codecs none,q8,q4] [--policy SPEC] [--threads N] [--json]\n"
-    "                     [--weights-dtype auto|f32|bf16|f16]\n"
+    "                     [--weights-dtype auto|f32|bf16|f16] [--memory SIZE] [--allow-lossy]\n"
+    "                     [--recalibrate]\n"
     "\n"
     "Measures compute (GEMM flop/s), memory bandwidth, codec ratio and decode speed\n"
     "(on synthetic weights) and, when a memory node is given, its link; then searches\n"
@@ -33,7 +34,13 @@ static const char plan_usage[] =
     "SPEC the given policy is evaluated (predicted throughput) instead of searched.\n"
     "--remote takes memory nodes (ucx://HOST:PORT) or a codec agent in front of them\n"
     "(agent://HOST:PORT[/NODE]): decoding the remote weights is then charged to one\n"
-    "core of the agent's instead of this machine's cores.\n";
+    "core of the agent's instead of this machine's cores.\n"
+    "Lossless unless asked: the codecs searched are none and bp for the weights and\n"
+    "none for the cache; --allow-lossy adds q8 and q4 (or name them with --codecs /\n"
+    "--cache-codecs). --memory SIZE bounds the device and host tiers together (the\n"
+    "whole process, as run --memory: what the process, embeddings and scratch leave).\n"
+    "The machine's measurements are cached per model shape (~/.cache/flextier/calib;\n"
+    "FLEXTIER_CALIB_CACHE=DIR or 0): --recalibrate measures again.\n";
 
 /* "1gbit", "10Gbit", "125M" (bytes/s), "1.5G" */
 static ft_status parse_rate(const char *s, double *out)
@@ -89,9 +96,13 @@ int ft_cmd_plan(int argc, char **argv)
         {"codecs", required_argument, 0, 'c'}, {"threads", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"policy", required_argument, 0, 'P'},
         {"cache-codecs", required_argument, 0, 'C'}, {"weights-dtype", required_argument, 0, 'W'},
+        {"memory", required_argument, 0, 'M'}, {"allow-lossy", no_argument, 0, 'L'},
+        {"recalibrate", no_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *model = NULL, *links = NULL, *codecs = "none,bp,q8,q4", *given_policy = NULL;
-    const char *cache_codecs = "none,q8,q4";
+    const char *model = NULL, *links = NULL, *codecs = NULL, *given_policy = NULL;
+    const char *cache_codecs = NULL;
+    uint64_t memory = 0;
+    int lossy = 0, recal = 0;
     uint64_t dev = 0, host = UINT64_MAX, disk = UINT64_MAX, remote = UINT64_MAX;
     long batch = 1, plen = 128, glen = 32, threads = 0;
     int fixed = 0, json = 0, have_dev = 0, weights = FT_WEIGHTS_AS_STORED;
@@ -133,13 +144,19 @@ int ft_cmd_plan(int argc, char **argv)
         case 'j': json = 1; break;
         case 'P': given_policy = optarg; break;
         case 'W': st = ft_cli_parse_weights(optarg, &weights); break;
+        case 'M': st = ft_cli_parse_size(optarg, &memory); break;
+        case 'L': lossy = 1; break;
+        case 'X': recal = 1; break;
         case 'h': fputs(plan_usage, stdout); return FT_EXIT_OK;
         default: return ft_cli_usage_error(plan_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (st) return ft_cli_usage_error(plan_usage, "%s", ft_last_error());
     }
-    if (!model || !have_dev) return ft_cli_usage_error(plan_usage, "plan needs --model and --device-mem");
+    if (!model || (!have_dev && !memory))
+        return ft_cli_usage_error(plan_usage, "plan needs --model and --device-mem or --memory");
     if (optind != argc) return ft_cli_usage_error(plan_usage, "unexpected argument '%s'", argv[optind]);
+    if (!codecs) codecs = lossy ? "none,bp,q8,q4" : "none,bp";
+    if (!cache_codecs) cache_codecs = lossy ? "none,q8,q4" : "none";
     unsigned wmask = 0, cmask = 0;
     if (parse_codec_list(codecs, 0, &wmask))
         return ft_cli_usage_error(plan_usage, "--codecs: '%s': each is none, bp, q8 or q4", codecs);
@@ -180,6 +197,37 @@ int ft_cmd_plan(int argc, char **argv)
     ft_cli_warn_threads(threads);
     calp.codecs = wmask | cmask;
     calp.given_bw = given;
+    calp.recalibrate = recal;
+    if (memory) {
+        /* the whole process, as `run --memory` counts it */
+        ft_load_params lp;
+        ft_load_params_default(&lp);
+        lp.weights = weights;
+        lp.external_layers = FT_LOAD_LAYOUT_ONLY;
+        ft_model *lm = NULL;
+        if ((st = ft_model_load(model, &lp, &lm))) return ft_cli_fail(model, st);
+        const ft_model_config *cfg = ft_model_get_config(lm);
+        ft_ctx_params cp = {0};
+        cp.max_batch = (int)batch;
+        cp.max_seq = (int)(plen + glen + 1);
+        cp.max_rows = (int)(batch * plen);
+        cp.external_kv = 1;
+        cp.kv_dtype = FT_F32;
+        cp.threads = (unsigned)threads;
+        uint64_t kvb = 0, scratch = 0, need0;
+        st = ft_ctx_estimate(lm, &cp, &kvb, &scratch);
+        need0 = ft_process_rss() + ft_model_global_bytes(lm) + scratch + (12ull << 20) +
+                3ull * (uint64_t)batch * (uint64_t)cfg->vocab * sizeof(float);
+        ft_model_free(lm);
+        if (st) return ft_cli_fail("plan", st);
+        if (need0 >= memory)
+            return ft_cli_fail("plan", ft_set_error(FT_ERR_NO_SPACE, "--memory %.1f MiB: the process, embeddings, "
+                                                    "LM head and scratch alone need %.1f MiB",
+                                                    (double)memory / 1048576.0, (double)need0 / 1048576.0));
+        in.proc_cap = memory - need0;
+        calp.memory = in.proc_cap;
+        calp.drop_cache = 1;
+    }
     if (!json) fprintf(stderr, "plan: measuring compute, memory, codecs and links...\n");
     if ((st = ft_calibrate(model, &calp, &in))) return ft_cli_fail("plan", st);
     if (!host) in.cap[FT_TIER_HOST] = 0;
@@ -211,10 +259,22 @@ int ft_cmd_plan(int argc, char **argv)
     if (base.disk_uri[0]) printf(", disk %.2f GB/s", in.bw[FT_TIER_DISK] / 1e9);
     if (base.n_remotes) printf(", remote %.3f GB/s x %u", in.bw[FT_TIER_REMOTE] / 1e9, base.n_remotes);
     printf("\ncodecs:   ");
+    /* the size ratio against the model's format: byte-plane's measured
+     * entropy ratio; q8/q4's from the layer's tensors as kept */
+    uint64_t lraw = 0;
+    for (uint32_t k = 0; k < in.n_tensors; k++) lraw += in.tensor_bytes[FT_CODEC_RAW][k];
     for (int k = 0; k < FT_CODEC_COUNT; k++)
-        if (in.ratio[k] > 0)
-            printf("%s %.2fx %.2f GB/s  ", k == FT_CODEC_RAW ? "none" : ft_codec_name((ft_codec_id)k), in.ratio[k],
+        if (in.ratio[k] > 0) {
+            double r = in.ratio[k];
+            if (k == FT_CODEC_Q8 || k == FT_CODEC_Q4) {
+                uint64_t lq = 0;
+                for (uint32_t j = 0; j < in.n_tensors; j++) lq += in.tensor_bytes[k][j];
+                if (lq) r = (double)lraw / (double)lq;
+            }
+            printf("%s %.2fx %.2f GB/s  ", k == FT_CODEC_RAW ? "none" : ft_codec_name((ft_codec_id)k), r,
                    in.decode_bw[k] / 1e9);
+        }
+    if (in.calibration_cached) printf("(calibration cached; --recalibrate to measure again)");
     {
         double lb = 0;
         for (uint32_t k = 0; k < in.n_tensors; k++) lb += (double)in.tensor_bytes[best.compress_weights][k];
@@ -237,6 +297,12 @@ int ft_cmd_plan(int argc, char **argv)
     for (int k = 0; k < FT_TIER_COUNT; k++) {
         ft_cli_fmt_bytes((double)e.mem[k], b1, sizeof b1);
         if (e.mem[k]) printf("  %-7s %s\n", ft_tier_name((ft_tier)k), b1);
+    }
+    if (in.proc_cap) {
+        ft_cli_fmt_bytes((double)e.mem_process, b1, sizeof b1);
+        char b2[32];
+        ft_cli_fmt_bytes((double)in.proc_cap, b2, sizeof b2);
+        printf("  process %s of the %s --memory leaves for the tiers\n", b1, b2);
     }
     return FT_EXIT_OK;
 }

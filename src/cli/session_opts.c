@@ -19,7 +19,15 @@ const char ft_cli_offload_usage[] =
     "  --disk-dir DIR         directory for the disk tier\n"
     "  --compress-weights C   none, bp (lossless), q8, q4 (FlexGen group-wise)\n"
     "  --compress-cache C     none, q8, q4: the offloaded KV cache, per token along head_dim\n"
-    "  --device-mem SIZE      budget for decoded weights and the device share of the cache\n"
+    "  --memory SIZE|unlimited  the whole process's memory (weights, cache, scratch, embeddings,\n"
+    "                         tokenizer, planning, the disk tier's page cache); default\n"
+    "                         FLEXTIER_MEMORY, else the cgroup's limit or the available memory\n"
+    "                         minus max(64M, 1/16); auto plans within it, a policy that cannot\n"
+    "                         fit is refused before loading\n"
+    "  --allow-lossy          auto may choose q8/q4 weights or cache (default: lossless only)\n"
+    "  --recalibrate          auto: measure this machine again (not the calibration cache)\n"
+    "  --device-mem SIZE      the device's budget (GPU; on a CPU: the working set of decoded\n"
+    "                         weights and the device share of the cache)\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
     "  --decode-threads N     threads checking and decoding streamed weights (default: every core)\n"
     "  --replicas N           every remote tensor on N of the nodes: a node that fails costs\n"
@@ -61,6 +69,8 @@ const char ft_cli_cuda_usage[] =
     "                         (--compress-weights q4|q8|bp: compressed, decoded on the GPU);\n"
     "                         with disk or remote tiers (e.g. w=0,0,100 --disk-dir D) the\n"
     "                         offloading scheduler streams them to the GPU as to the CPU\n";
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 static int take(int argc, char **argv, int *i, const char **val)
 {
@@ -122,6 +132,18 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
         if (ft_cli_parse_size(v, &o->sp.device_mem)) goto bad;
         return 1;
     }
+    if (!strcmp(a, "--memory")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        if (!strcmp(v, "unlimited") || !strcmp(v, "none")) o->sp.memory = FT_MEMORY_UNLIMITED;
+        else if (ft_cli_parse_size(v, &o->sp.memory) || !o->sp.memory) {
+            ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected a size (512M, 1.5G) or 'unlimited'", v);
+            goto bad;
+        }
+        o->memory_given = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--allow-lossy")) { o->sp.allow_lossy = 1; return 1; }
+    if (!strcmp(a, "--recalibrate")) { o->sp.recalibrate = 1; return 1; }
     if (!strcmp(a, "--token-file")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         o->sp.token_file = v;
@@ -233,13 +255,33 @@ ft_status ft_cli_session_open(ft_cli_session *o, const char *dir, uint32_t batch
     p.user = &o->last_progress;
     ft_status st = ft_session_open(dir, &p, out);
     if (st) return st;
+    ft_session_memory mem;
+    ft_session_get_memory(*out, &mem);
+    if ((o->enabled || o->memory_given) && mem.budget) {
+        fprintf(stderr, "memory: budget %.1f MiB (%s", mib(mem.budget), mem.source);
+        if (mem.headroom) fprintf(stderr, " %.1f MiB minus %.1f MiB headroom", mib(mem.limit), mib(mem.headroom));
+        fprintf(stderr, "), estimated %.1f MiB", mib(mem.need));
+        if (mem.disk_dir[0]) fprintf(stderr, "; private disk tier %s", mem.disk_dir);
+        fputc('\n', stderr);
+    }
     if (o->enabled) {
         char pol[256];
         double predicted = 0;
-        ft_policy_format(ft_session_policy(*out, &predicted), pol, sizeof pol);
+        const ft_policy *pp = ft_session_policy(*out, &predicted);
+        ft_policy_format(pp, pol, sizeof pol);
         fprintf(stderr, "offload policy: %s", pol);
         if (o->auto_policy) fprintf(stderr, " (planned: %.2f tok/s predicted)", predicted);
         fputc('\n', stderr);
+        /* the numerics, said before generating */
+        const ft_model *m = ft_session_model(*out);
+        ft_codec_id cw = pp->compress_weights, cc = pp->compress_cache;
+        int lossy_w = cw == FT_CODEC_Q8 || cw == FT_CODEC_Q4, lossy_c = cc == FT_CODEC_Q8 || cc == FT_CODEC_Q4;
+        int kv_off = pp->c_pct[FT_TIER_DEVICE] < 100;
+        fprintf(stderr, "formats: weights %s (%s%s), KV cache %s (%s)\n", ft_wfmt_name(ft_model_weights_format(m)),
+                cw == FT_CODEC_BYTEPLANE ? "byte-plane frames, " : "", lossy_w ? "lossy" : "lossless",
+                !kv_off ? (p.kv_dtype == FT_F32 ? "f32" : p.kv_dtype == FT_F16 ? "f16" : "bf16")
+                        : cc == FT_CODEC_Q8 ? "q8 rows" : cc == FT_CODEC_Q4 ? "q4 rows" : "f32 rows",
+                lossy_c ? "lossy" : "lossless");
     }
     return FT_OK;
 }
@@ -292,7 +334,6 @@ static void gather(const ft_session *s, double prefill_s, double decode_s, repor
     }
 }
 
-static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 void ft_cli_session_report(const ft_cli_session *o, const ft_session *ses, double prefill_s, double decode_s, FILE *f)
 {
@@ -304,10 +345,11 @@ void ft_cli_session_report(const ft_cli_session *o, const ft_session *ses, doubl
         fprintf(f, "offload: resident %.1f MiB, slots %.1f MiB; first start uploaded %.1f MiB, reused %.1f MiB\n",
                 mib(s->resident_bytes), mib(s->slot_bytes), mib(s->uploaded_bytes), mib(s->reused_bytes));
         for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
-            if (s->logical_bytes[t])
-                fprintf(f, "offload: %-6s read %.1f MiB of tensors as %.1f MiB (%.2fx)\n", ft_tier_name((ft_tier)t),
-                        mib(s->logical_bytes[t]), mib(s->wire_bytes[t]),
-                        s->wire_bytes[t] ? (double)s->logical_bytes[t] / (double)s->wire_bytes[t] : 0.0);
+            if (s->logical_bytes[t])   /* the ratio: the checkpoint's bytes over those moved */
+                fprintf(f, "offload: %-6s read %.1f MiB of tensors (%.1f MiB in the checkpoint) as %.1f MiB "
+                           "(%.2fx)\n", ft_tier_name((ft_tier)t), mib(s->logical_bytes[t]), mib(s->source_bytes[t]),
+                        mib(s->wire_bytes[t]),
+                        s->wire_bytes[t] ? (double)s->source_bytes[t] / (double)s->wire_bytes[t] : 0.0);
         const ft_offload *wo = ft_session_offload(ses);
         int entries = 0;
         uint64_t cbytes = 0;
@@ -404,6 +446,8 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
     json_tiers(f, "read_logical_bytes", d.w.logical_bytes);
     fputc(',', f);
     json_tiers(f, "read_wire_bytes", d.w.wire_bytes);
+    fputc(',', f);
+    json_tiers(f, "read_source_bytes", d.w.source_bytes);
     fprintf(f, "},\"kv_cache\":{\"resident_bytes\":%llu,\"staging_bytes\":%llu,\"fetches\":%llu,"
                "\"prefetch_hits\":%llu,\"io_busy_s\":%.4f,\"wait_s\":%.4f,",
             (unsigned long long)d.kv.resident_bytes, (unsigned long long)d.kv.staging_bytes,

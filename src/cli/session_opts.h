@@ -7,7 +7,7 @@
 
 typedef struct ft_cli_session {
     ft_session_params sp;
-    int enabled, auto_policy, have_policy, codec_given, cache_codec_given, stats, weights_given, strict;
+    int enabled, auto_policy, have_policy, codec_given, cache_codec_given, stats, weights_given, strict, memory_given;
     double last_progress;
 } ft_cli_session;
 

@@ -103,7 +103,6 @@ struct ft_model {
 ft_wfmt ft_tensor_format(const ft_model_config *c, int is_global, int slot, int ndim,
                          const int64_t *shape, ft_wfmt want, int *group);
 /* A zeroed model whose matrices are kept in format `want`. */
-ft_status ft_model_create_fmt(const ft_model_config *cfg, int external_layers, ft_wfmt want, ft_model **out);
 /* Fill an entry's view (the layer table or a global) once its data is in
  * place: Q8/Q4 entries parse their frame and set their chunk pointers. */
 ft_status ft_model_bind(ft_model *m, ft_model_tensor_entry *e);

@@ -343,6 +343,52 @@ uint64_t ft_ctx_kv_bytes(const ft_ctx *c)
 }
 uint64_t ft_ctx_scratch_bytes(const ft_ctx *c) { return c ? c->scratch_bytes : 0; }
 
+/* What ft_ctx_create would allocate, without allocating: the same sizes
+ * as there (test_engine checks they agree). */
+ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *kv_bytes, uint64_t *scratch_bytes)
+{
+    if (!m || !p) return ft_set_error(FT_ERR_INVALID_ARG, "ctx: NULL argument");
+    const ft_model_config *cfg = &m->cfg;
+    if (p->max_batch < 1 || p->max_seq < 1) return ft_set_error(FT_ERR_INVALID_ARG, "ctx: empty shape");
+    size_t B = (size_t)p->max_batch, S = (size_t)p->max_seq, R = (size_t)p->max_rows;
+    if (p->max_rows <= 0) {
+        int64_t r = (int64_t)p->max_batch * p->max_seq;
+        R = r > (1 << 24) ? (1 << 24) : (size_t)r;
+    }
+    size_t threads = p->threads ? p->threads : ft_default_threads();
+    size_t qdim = (size_t)cfg->n_heads * (size_t)cfg->head_dim, kvdim = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+    size_t edim = (size_t)(cfg->hidden > cfg->word_embed_proj_dim ? cfg->hidden : cfg->word_embed_proj_dim);
+    uint64_t kvn = 0;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        int w = ft_model_config_layer_window(cfg, l);
+        size_t rows = w && w < p->max_seq && !p->external_kv ? (size_t)w : S;
+        if (!p->external_kv) kvn += 2 * B * rows * kvdim;
+    }
+    size_t esz = (size_t)ft_dtype_nbytes(p->kv_dtype, 1);
+    size_t selrows = p->all_logits ? R : B;
+    uint64_t f = R * edim * 2 + R * qdim * 2 + R * kvdim * 2 + R * (size_t)cfg->ffn * 2 + selrows * edim * 2 +
+                 threads * S;
+    if (esz != 4 && ft_config_min_window(cfg)) f += threads * 2 * S * (size_t)cfg->head_dim;
+    if (m->arch->pos == FT_POS_ROPE) f += 2 * S * (size_t)(cfg->head_dim / 2);
+    uint64_t scratch = f * sizeof(float);
+    int dims[][2] = {{(int)qdim, cfg->hidden}, {(int)kvdim, cfg->hidden}, {cfg->hidden, (int)qdim},
+                     {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
+                     {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim}};
+    size_t need = 0;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int fm = FT_WF_F32; fm <= FT_WF_Q4; fm++) {
+            ft_wmat w = {.fmt = (ft_wfmt)fm, .rows = dims[d][0], .cols = dims[d][1],
+                         .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
+            if ((fm == FT_WF_Q8 || fm == FT_WF_Q4) && !w.group) continue;
+            size_t z = ft_wk_ws_size(&w, (int)R);
+            if (z > need) need = z;
+        }
+    scratch += need;
+    if (kv_bytes) *kv_bytes = kvn * esz;
+    if (scratch_bytes) *scratch_bytes = scratch;
+    return FT_OK;
+}
+
 const ft_model *ft_ctx_model(const ft_ctx *c) { return c->m; }
 int ft_ctx_max_seq(const ft_ctx *c) { return c->p.max_seq; }
 int ft_ctx_max_batch(const ft_ctx *c) { return c->p.max_batch; }

@@ -117,7 +117,7 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
     void *tmp = NULL;
     size_t tmp_cap = 0;
     if ((st = ft_checkpoint_open(dir, &ck))) return st;
-    int external = params && params->external_layers;
+    int external = params ? params->external_layers : 0;   /* 0, 1 or FT_LOAD_LAYOUT_ONLY */
     ft_wfmt want = FT_WF_F32;
     if (params && params->weights == FT_WEIGHTS_AS_STORED) {
         if ((st = checkpoint_format(ck, &cfg, &want))) goto fail;

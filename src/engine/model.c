@@ -360,15 +360,17 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
          * gets the largest layout's room */
         if (off > m->layer_bytes) m->layer_bytes = off;
     }
-    m->gbuf = ft_malloc_aligned(m->global_bytes ? m->global_bytes : 64, 64);
+    /* FT_LOAD_LAYOUT_ONLY: sizes and layout, no storage at all */
+    int layout_only = external_layers == FT_LOAD_LAYOUT_ONLY;
+    if (!layout_only) m->gbuf = ft_malloc_aligned(m->global_bytes ? m->global_bytes : 64, 64);
     if (!external_layers) m->lbuf = ft_malloc_aligned(m->layer_bytes * (size_t)cfg->n_layers, 64);
     m->chunk_tab = calloc(nchunks ? nchunks : 1, sizeof *m->chunk_tab);
-    if (!m->gbuf || (!m->lbuf && !external_layers) || !m->chunk_tab) {
+    if ((!m->gbuf && !layout_only) || (!m->lbuf && !external_layers) || !m->chunk_tab) {
         st = ft_set_error(FT_ERR_NOMEM, "model: %.1f MiB of weights",
                           (double)(m->global_bytes + m->layer_bytes * (size_t)cfg->n_layers) / 1048576.0);
         goto fail;
     }
-    memset(m->gbuf, 0, m->global_bytes);
+    if (m->gbuf) memset(m->gbuf, 0, m->global_bytes);
     if (m->lbuf) memset(m->lbuf, 0, m->layer_bytes * (size_t)cfg->n_layers);
     m->weight_bytes = 0;
     size_t ci = 0;
@@ -516,6 +518,7 @@ const ft_model_config *ft_model_get_config(const ft_model *m) { return m ? &m->c
 uint64_t ft_model_weight_bytes(const ft_model *m) { return m ? m->weight_bytes : 0; }
 size_t ft_model_tensor_count(const ft_model *m) { return m ? m->n_tensors : 0; }
 uint64_t ft_model_layer_bytes(const ft_model *m) { return m ? (uint64_t)m->layer_bytes : 0; }
+uint64_t ft_model_global_bytes(const ft_model *m) { return m ? (uint64_t)m->global_bytes : 0; }
 
 ft_wfmt ft_model_weights_format(const ft_model *m)
 {

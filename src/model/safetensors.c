@@ -452,6 +452,18 @@ void ft_checkpoint_close(ft_checkpoint *ck)
     free(ck);
 }
 
+void ft_checkpoint_drop_cache(const ft_checkpoint *ck)
+{
+    if (!ck) return;
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        if (!ck->files[i].mapped || !ck->files[i].path) continue;
+        int fd = open(ck->files[i].path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
 ft_status ft_checkpoint_open_memory(const void *buf, size_t size, const char *name, ft_checkpoint **out)
 {
     if (!buf || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_checkpoint_open_memory: NULL argument");

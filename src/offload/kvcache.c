@@ -25,6 +25,7 @@
  * placed at the slot's index among the remote slots); a fetch that fails
  * on one is issued again on the next, and a node that comes back gets the
  * chunks it missed from the others. */
+#define _GNU_SOURCE   /* sync_file_range */
 #include "flextier/offload.h"
 #include "offload_internal.h"
 #include "replica.h"
@@ -122,9 +123,11 @@ static uint64_t tier_off(const ft_kv_offload *o, ft_tier t, int layer, int ti, i
     return ((((uint64_t)layer * n + (uint64_t)ti) * 2 + (uint64_t)which) * (uint64_t)o->p.max_seq) * o->rec;
 }
 
-static ft_status io_full(int fd, void *buf, size_t n, uint64_t off, int wr, const char *path)
+static ft_status io_full(int fd, void *buf, size_t n, uint64_t off, int wr, const char *path, int drop)
 {
     uint8_t *p = buf;
+    uint64_t off0 = off;
+    size_t n0 = n;
     while (n) {
         ssize_t r = wr ? pwrite(fd, p, n, (off_t)off) : pread(fd, p, n, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
@@ -134,6 +137,14 @@ static ft_status io_full(int fd, void *buf, size_t n, uint64_t off, int wr, cons
         p += r;
         n -= (size_t)r;
         off += (uint64_t)r;
+    }
+    /* Under a memory budget the cache file's pages must not stay in the
+     * page cache (charged to this process's cgroup): rows written are
+     * sent to the disk at once, rows read (clean) are dropped. */
+    if (drop) {
+        if (wr) (void)sync_file_range(fd, (off_t)off0, (off_t)n0,
+                                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        (void)posix_fadvise(fd, (off_t)off0, (off_t)n0, POSIX_FADV_DONTNEED);
     }
     return FT_OK;
 }
@@ -174,13 +185,13 @@ static ft_status move_rows(ft_kv_offload *o, int wr, int layer, int slot, int wh
         return FT_OK;
     }
     /* disk */
-    if (!o->bits) return io_full(o->fd, f, bytes, off, wr, o->path);
+    if (!o->bits) return io_full(o->fd, f, bytes, off, wr, o->path, o->p.drop_cache);
     ft_status st;
     if (wr) {
         if ((st = encode_rows(o, f, n, o->scratch))) return st;
-        return io_full(o->fd, o->scratch, bytes, off, 1, o->path);
+        return io_full(o->fd, o->scratch, bytes, off, 1, o->path, o->p.drop_cache);
     }
-    if ((st = io_full(o->fd, o->scratch, bytes, off, 0, o->path))) return st;
+    if ((st = io_full(o->fd, o->scratch, bytes, off, 0, o->path, o->p.drop_cache))) return st;
     decode_rows(o, o->scratch, n, f);
     return FT_OK;
 }

@@ -179,7 +179,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     /* Host and disk "links" are the CPU copying bytes, in the same I/O
      * workers that then decode them: those add up. A network link moves
      * data beside the CPU. */
-    double t_io = t_dec + link[FT_TIER_HOST] + link[FT_TIER_DISK];
+    double t_io = t_dec + link[FT_TIER_HOST] + (in->disk_direct ? 0 : link[FT_TIER_DISK]);
     /* Memory nodes on this machine (loopback): the "link" is memory copies
      * by the I/O workers (and the node's process), so it adds up with
      * decoding like the host and disk tiers. Measured: predicting it as a
@@ -201,6 +201,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     if (in->remote_local && t_io > t_comp && link[FT_TIER_REMOTE] > t_dec) out->bottleneck = "remote";
     if (t_agent >= busy && t_agent > 0) out->bottleneck = "agent";
     if (!in->remote_local && link[FT_TIER_REMOTE] > T) { T = link[FT_TIER_REMOTE]; out->bottleneck = "remote"; }
+    /* Read past the page cache (a memory budget), the disk is a device
+     * working beside the CPU (the I/O thread waits, it does not copy):
+     * measured on the 1.12B Llama under 1.5 GiB, adding it to the cores'
+     * work predicted 0.58 tok/s for 0.83 measured. */
+    if (in->disk_direct && link[FT_TIER_DISK] > T) { T = link[FT_TIER_DISK]; out->bottleneck = "disk"; }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
     out->t_decode = t_dec;
@@ -241,9 +246,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
                                           staging + 2.0 * gbs * in->prompt_len * in->hidden * 4.0 * 4.0);
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++)
         out->mem[t] = (uint64_t)(L * Cst[t] * spb + cache_total * c[t] / rc);
+    /* The process: both tiers live in it; a disk read passes through the
+     * page cache (dropped after use under a budget: at most the two
+     * layers in flight, the one being read and the one being dropped). */
+    out->mem_process = out->mem[FT_TIER_DEVICE] + out->mem[FT_TIER_HOST] + (uint64_t)(2.0 * S[FT_TIER_DISK]);
     out->feasible = 1;
     for (int t = 0; t < FT_TIER_COUNT; t++)
         if (out->mem[t] > in->cap[t]) out->feasible = 0;
+    if (in->proc_cap && out->mem_process > in->proc_cap) out->feasible = 0;
 }
 
 /* Enumerate percentage vectors over the usable tiers in `step` increments. */
@@ -314,7 +324,14 @@ ft_status ft_plan(const ft_cost_inputs *in, const ft_policy *base, uint32_t max_
                 }
             }
         }
-    if (best_tps < 0) return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers");
+    if (best_tps < 0) {
+        if (in->proc_cap)
+            return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers: the memory budget leaves "
+                                "%.1f MiB for weights, cache and staging%s", (double)in->proc_cap / 1048576.0,
+                                usable[FT_TIER_DISK] || usable[FT_TIER_REMOTE] ? ""
+                                                                              : " and there is no disk tier or memory node");
+        return ft_set_error(FT_ERR_NO_SPACE, "no policy fits the memory of the tiers");
+    }
     *best = top;
     if (est) *est = top_e;
     return FT_OK;

@@ -170,6 +170,7 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, int fai
     sp.token_file = p->token_file;
     sp.codec_threads = 1;
     sp.queue_depth = 8;     /* a layer's tensors are read at once */
+    sp.drop_cache = p->drop_cache;
     /* with replicas a node whose link went silent is given up on after
      * failover_ms without a byte moving (then a replica serves) */
     if (failover) sp.timeout_ms = p->failover_ms > 0 ? (int)p->failover_ms : 1000;
@@ -389,7 +390,7 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
  * codec context. A remote read that fails on a node with replicas
  * elsewhere is issued again there (all such reads at once), and the node
  * is left to the repair thread. */
-static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *retries)
+static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source, uint64_t *retries)
 {
     const int NS = o->ns;
     ft_request **req = o->f_req;
@@ -512,6 +513,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             continue;
         }
         logical[si->tier] += si->compute_bytes;
+        source[si->tier] += si->src_bytes;
         wire[si->tier] += size;
     }
     for (int s = 0; s < NS; s++) {
@@ -534,16 +536,17 @@ static void *io_main(void *arg)
         o->busy_layer = layer;
         o->busy_buf = b;
         pthread_mutex_unlock(&o->mu);
-        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, retries = 0;
+        uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, source[FT_TIER_COUNT] = {0}, retries = 0;
         int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, b, logical, wire, &retries);
+        ft_status st = fetch_layer(o, layer, b, logical, wire, source, &retries);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
             o->st.logical_bytes[t] += logical[t];
             o->st.wire_bytes[t] += wire[t];
+            o->st.source_bytes[t] += source[t];
         }
         o->st.io_busy_s += dt;
         o->st.layers_fetched++;
@@ -646,13 +649,18 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 
 /* The checkpoint's pages are read once: drop them (the mapping stays
  * valid), so loading holds one tensor's source at a time. */
-static void drop_pages(const void *p, size_t n)
+static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
 {
     long ps = sysconf(_SC_PAGESIZE);
     if (ps <= 0) return;
     uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
     uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)ps - 1);
-    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    if (e <= a) return;
+    (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    /* under a memory budget (drop_cache) the file's pages (and what was
+     * read ahead) leave the page cache too: a cgroup charges them to this
+     * process */
+    if (ck) ft_checkpoint_drop_cache(ck);
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
@@ -791,6 +799,16 @@ static ft_status place_tensor(ft_offload *o, const ft_tensor_layout *e, ft_tenso
         uint8_t *f = ft_malloc_aligned(bound ? bound : 64, 64);
         if (!f) return ft_set_error(FT_ERR_NOMEM, "offload: host copy of %s", e->name);
         if ((st = ft_encode(cc, &cp, &t, f, bound, &size))) { ft_free_aligned(f); return st; }
+        /* keep the frame at its size, not the bound (a byte-plane frame is
+         * a third smaller, and the bound's tail may be resident) */
+        if (size + 4096 < bound) {
+            uint8_t *g = ft_malloc_aligned(size, 64);
+            if (g) {
+                memcpy(g, f, size);
+                ft_free_aligned(f);
+                f = g;
+            }
+        }
         o->host[idx] = f;
         o->wire[idx] = size;
         o->st.host_bytes += size;
@@ -1054,7 +1072,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             tmp_cap = (size_t)nb;
         }
         memcpy(tmp, src.data, (size_t)nb);   /* the mapping may be unaligned */
-        drop_pages(src.data, (size_t)nb);
+        drop_pages(src.data, (size_t)nb, p->drop_cache ? ck : NULL);
         src.data = tmp;
         /* the chunk table of this (layer, slot) for fixed views */
         const uint8_t **tab = o->fixed_chunks + (size_t)e->layer * chunk_per_layer + si->tab_off;

@@ -8,9 +8,14 @@
 #include "flextier/cuda.h"
 #include "flextier/pipe.h"
 
+#include <errno.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
 
 struct ft_session {
     char dir[4096];
@@ -48,6 +53,8 @@ struct ft_session {
     ft_pipe_link *link;
     int micro_batches;
     ft_pipe_gen_stats pipe_stats; /* the last generation's               */
+    ft_session_memory mem;        /* the budget and what was counted      */
+    char tmp_disk[FT_URI_MAX - 8]; /* a private disk tier to remove, or "" */
 };
 
 void ft_session_default_params(ft_session_params *p)
@@ -59,6 +66,116 @@ void ft_session_default_params(ft_session_params *p)
 }
 
 static int is_q(int f) { return f == FT_WF_Q8 || f == FT_WF_Q4; }
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
+/* "512M", "1.5G", "1073741824" (binary units, as the CLI's sizes). */
+static int parse_size(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (end == v || errno || d < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || d * mul >= 1.8e19 || d * mul < 1) return -1;
+    *out = (uint64_t)(d * mul);
+    return 0;
+}
+
+/* The budget: the caller's, FLEXTIER_MEMORY, or the default. */
+static ft_status resolve_budget(ft_session *s)
+{
+    ft_session_memory *m = &s->mem;
+    const char *env = getenv("FLEXTIER_MEMORY");
+    uint64_t v = s->p.memory;
+    if (v == FT_MEMORY_UNLIMITED) {
+        snprintf(m->source, sizeof m->source, "unlimited");
+        return FT_OK;
+    }
+    if (v) {
+        snprintf(m->source, sizeof m->source, "--memory");
+    } else if (env && *env) {
+        if (!strcmp(env, "unlimited") || !strcmp(env, "none")) {
+            snprintf(m->source, sizeof m->source, "unlimited");
+            return FT_OK;
+        }
+        if (parse_size(env, &v))
+            return ft_set_error(FT_ERR_INVALID_ARG, "FLEXTIER_MEMORY='%s': expected a size (512M, 1.5G) or "
+                                "'unlimited'", env);
+        snprintf(m->source, sizeof m->source, "FLEXTIER_MEMORY");
+    }
+    if (v) {
+        m->budget = m->limit = v;
+        m->binding = 1;
+        return FT_OK;
+    }
+    ft_memory_info mi;
+    ft_status st = ft_memory_default_budget(&mi);
+    if (st) return st;
+    m->budget = mi.budget;
+    m->limit = mi.limit;
+    m->headroom = mi.headroom;
+    m->binding = mi.cgroup_version != 0 && mi.limit == mi.cgroup_limit;
+    snprintf(m->source, sizeof m->source, "%s", mi.source);
+    return FT_OK;
+}
+
+/* Bytes no estimate sees below this (the C library's arenas, the
+ * generation loop's logits and sampler, thread stacks touched). */
+static uint64_t slack_bytes(const ft_model_config *cfg, uint32_t batch)
+{
+    return (12ull << 20) + 3ull * batch * (uint64_t)cfg->vocab * sizeof(float);
+}
+
+/* A private disk tier for AUTO under a budget when none was given:
+ * $FLEXTIER_DISK_DIR, $TMPDIR or /var/tmp, never a tmpfs (its files are
+ * memory, charged to this process's cgroup). */
+static ft_status make_tmp_disk(ft_session *s)
+{
+    const char *cands[3] = {getenv("FLEXTIER_DISK_DIR"), getenv("TMPDIR"), "/var/tmp"};
+    for (int i = 0; i < 3; i++) {
+        const char *d = cands[i];
+        if (!d || !*d) continue;
+        struct statfs fs;
+        if (statfs(d, &fs) != 0) continue;
+        if ((unsigned long)fs.f_type == 0x01021994ul) {   /* TMPFS_MAGIC */
+            FT_LOG(FT_LOG_WARN, "memory budget: %s is a tmpfs (memory): not used for the disk tier", d);
+            continue;
+        }
+        char path[sizeof s->tmp_disk];
+        snprintf(path, sizeof path, "%s/flextier-disk-XXXXXX", d);
+        if (!mkdtemp(path)) continue;
+        snprintf(s->tmp_disk, sizeof s->tmp_disk, "%s", path);
+        return FT_OK;
+    }
+    return ft_set_error(FT_ERR_IO, "no directory for a private disk tier (FLEXTIER_DISK_DIR, TMPDIR, /var/tmp; "
+                        "not a tmpfs): give --disk-dir");
+}
+
+static void remove_tmp_disk(ft_session *s)
+{
+    if (!s->tmp_disk[0]) return;
+    /* the file: store keeps its frames flat in the directory */
+    DIR *d = opendir(s->tmp_disk);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) (void)unlinkat(dirfd(d), e->d_name, 0);
+        closedir(d);
+    }
+    if (rmdir(s->tmp_disk))
+        FT_LOG(FT_LOG_WARN, "could not remove the private disk tier %s: %s", s->tmp_disk, strerror(errno));
+    s->tmp_disk[0] = '\0';
+}
 
 static int cache_offloaded(const ft_session *s)
 {
@@ -135,6 +252,117 @@ static void load_progress(void *user, uint64_t done, uint64_t total)
     pc->s->p.progress(pc->s->p.user, pc->stage, done, total);
 }
 
+/* The context the session will create first: what ensure_ctx sizes. */
+static void first_ctx(const ft_session *s, const ft_model_config *cfg, int external_kv, ft_ctx_params *cp)
+{
+    memset(cp, 0, sizeof *cp);
+    uint32_t b = s->p.max_batch ? s->p.max_batch : 1;
+    size_t dflt = cfg->max_pos < 2048 ? (size_t)cfg->max_pos : 2048;
+    size_t q = s->p.max_seq ? s->p.max_seq : dflt;
+    /* under a binding budget (explicit, or the cgroup's) a run of known
+     * length gets a context of that length (a longer call rebuilds it,
+     * checked again) */
+    if (!s->p.max_seq && s->mem.binding && s->p.plan_prompt_len && s->p.plan_gen_len)
+        q = (size_t)s->p.plan_prompt_len + s->p.plan_gen_len + 1;
+    if (q > (size_t)cfg->max_pos) q = (size_t)cfg->max_pos;
+    size_t rows = (size_t)b * (s->p.plan_prompt_len ? s->p.plan_prompt_len : 1);
+    if (rows < b) rows = b;
+    cp->max_batch = (int)b;
+    cp->max_seq = (int)q;
+    cp->max_rows = (int)rows;
+    cp->threads = s->p.threads;
+    cp->external_kv = external_kv;
+    cp->kv_dtype = external_kv ? FT_F32 : s->p.kv_dtype >= 0 ? (ft_dtype)s->p.kv_dtype : FT_BF16;
+}
+
+/* What does not depend on the placement of the layers: the process as it
+ * is (binary, libraries, tokenizer), the globals (embeddings, LM head),
+ * the context's scratch, the slack; and the layers as held in memory.
+ * From a layout-only model: nothing is loaded. */
+static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
+{
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.weights = weights;
+    lp.external_layers = FT_LOAD_LAYOUT_ONLY;
+    if (s->p.strict) lp.config_flags = FT_CONFIG_STRICT;
+    ft_model *lm = NULL;
+    ft_status st = ft_model_load(s->dir, &lp, &lm);
+    if (st) return st;
+    const ft_model_config *cfg = ft_model_get_config(lm);
+    ft_session_memory *m = &s->mem;
+    /* the process as its cgroup sees it when it is in a limited one (the
+     * page cache of the executable and libraries counts there) */
+    uint64_t rss = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+    m->process = cgu > rss ? cgu : rss;
+    m->globals = ft_model_global_bytes(lm);
+    m->layers = ft_model_layer_bytes(lm) * (uint64_t)cfg->n_layers;
+    ft_ctx_params cp;
+    first_ctx(s, cfg, s->p.offload != FT_OFFLOAD_NONE, &cp);
+    uint64_t kv = 0, scratch = 0;
+    if ((st = ft_ctx_estimate(lm, &cp, &kv, &scratch))) { ft_model_free(lm); return st; }
+    m->scratch = scratch + slack_bytes(cfg, (uint32_t)cp.max_batch);
+    m->tiers = s->p.offload == FT_OFFLOAD_NONE ? m->layers + kv : 0;
+    *layout = lm;
+    return FT_OK;
+}
+
+static uint64_t fixed_total(const ft_session_memory *m) { return m->process + m->globals + m->scratch; }
+
+/* The refusal, with the numbers. */
+static ft_status no_space(const ft_session *s, const char *what, const char *hint)
+{
+    const ft_session_memory *m = &s->mem;
+    return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s) cannot hold %s: %.1f MiB = this process "
+                        "%.1f MiB (binary, libraries, tokenizer) + embeddings and LM head %.1f MiB + scratch and "
+                        "activations %.1f MiB + %s %.1f MiB%s%s",
+                        mib(m->budget), m->source, what, mib(m->need), mib(m->process), mib(m->globals),
+                        mib(m->scratch), s->p.offload == FT_OFFLOAD_NONE ? "weights and KV cache" :
+                        "layer weights, slots and KV cache in memory", mib(m->tiers), hint ? "; " : "",
+                        hint ? hint : "");
+}
+
+/* The cost model's inputs for the check of a given policy: the run's
+ * lengths as the first context has them. */
+static void run_lengths(const ft_session *s, const ft_model_config *cfg, ft_cost_inputs *in)
+{
+    ft_ctx_params cp;
+    first_ctx(s, cfg, 1, &cp);
+    uint32_t pl = s->p.plan_prompt_len ? s->p.plan_prompt_len : 1;
+    in->prompt_len = pl;
+    in->gen_len = (uint32_t)cp.max_seq > pl ? (uint32_t)cp.max_seq - pl : 1;
+}
+
+/* NONE and POLICY on the CPU: refuse before loading what cannot fit. */
+static ft_status check_budget(ft_session *s, int weights)
+{
+    ft_model *lm = NULL;
+    ft_status st = count_fixed(s, weights, &lm);
+    if (st) return st;
+    ft_session_memory *m = &s->mem;
+    const ft_model_config *cfg = ft_model_get_config(lm);
+    if (s->p.offload == FT_OFFLOAD_POLICY) {
+        ft_cost_inputs in;
+        memset(&in, 0, sizeof in);
+        if ((st = ft_cost_inputs_from_model(lm, &in))) { ft_model_free(lm); return st; }
+        run_lengths(s, cfg, &in);
+        ft_policy pol = s->policy;
+        if (!pol.gpu_batch_size) pol.gpu_batch_size = s->p.max_batch ? s->p.max_batch : 1;
+        if (!pol.num_gpu_batches) pol.num_gpu_batches = 1;
+        ft_cost_estimate e;
+        ft_cost_predict(&in, &pol, &e);
+        m->tiers = e.mem_process;
+    }
+    m->need = fixed_total(m) + m->tiers;
+    ft_model_free(lm);
+    if (m->need > m->budget)
+        return no_space(s, s->p.offload == FT_OFFLOAD_NONE ? "the model in memory" : "this policy",
+                        s->p.offload == FT_OFFLOAD_NONE
+                            ? "offload it: --policy auto (with --disk-dir DIR or memory nodes), or a larger --memory"
+                            : "put more of the weights or cache on disk or memory nodes, or plan with --policy auto");
+    return FT_OK;
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -143,9 +371,39 @@ static ft_status plan(ft_session *s, int weights)
     if (p->progress) p->progress(p->user, "plan", 0, 0);
     ft_status st = ft_cost_inputs_load(s->dir, weights, &in);
     if (st) return st;
-    unsigned codecs = p->weight_codecs ? p->weight_codecs
-                                       : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q4);
-    unsigned ccodecs = p->cache_codecs ? p->cache_codecs : (1u << FT_CODEC_RAW) | (1u << FT_CODEC_Q4);
+    /* Lossless unless asked: q8/q4 weights or cache only when the caller
+     * allows lossy formats or names one (codec masks, the policy's cw= /
+     * cc=, q8/q4 weights). */
+    ft_codec_id bcw = s->policy.compress_weights, bcc = s->policy.compress_cache;
+    unsigned codecs = p->weight_codecs;
+    if (!codecs) {
+        if (bcw != FT_CODEC_RAW) codecs = 1u << bcw;
+        else if (is_q(p->weights))   /* weights already q8/q4: raw frames of them, or the same codec */
+            codecs = (1u << FT_CODEC_RAW) | (1u << (p->weights == FT_WF_Q8 ? FT_CODEC_Q8 : FT_CODEC_Q4));
+        else
+            codecs = (1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (p->allow_lossy ? 1u << FT_CODEC_Q4 : 0);
+    }
+    unsigned ccodecs = p->cache_codecs ? p->cache_codecs
+                     : bcc != FT_CODEC_RAW ? 1u << bcc
+                     : (1u << FT_CODEC_RAW) | (p->allow_lossy ? 1u << FT_CODEC_Q4 : 0);
+    /* Under a memory budget: the device and host tiers share what the
+     * budget leaves after the process, the globals and the scratch, and
+     * the disk tier is what does not fit. */
+    if (s->mem.budget && p->device == FT_DEVICE_CPU) {
+        ft_model *lm = NULL;
+        if ((st = count_fixed(s, weights, &lm))) return st;
+        ft_model_free(lm);
+        uint64_t fixed = fixed_total(&s->mem);
+        if (fixed >= s->mem.budget) {
+            s->mem.need = fixed;
+            return no_space(s, "the model's fixed part", "give a larger --memory");
+        }
+        in.proc_cap = s->mem.budget - fixed;
+        if (!s->policy.disk_uri[0] && !s->policy.n_remotes) {
+            if ((st = make_tmp_disk(s))) return st;
+            snprintf(s->policy.disk_uri, sizeof s->policy.disk_uri, "file:%s", s->tmp_disk);
+        }
+    }
     ft_calibrate_params cp;
     ft_calibrate_default_params(&cp);
     cp.base = &s->policy;
@@ -156,12 +414,42 @@ static ft_status plan(ft_session *s, int weights)
     cp.threads = p->threads;
     cp.decode_threads = p->decode_threads;
     cp.codecs = codecs | ccodecs;
+    cp.recalibrate = p->recalibrate;
+    cp.memory = in.proc_cap;
+    cp.drop_cache = s->mem.binding;
     if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
     ft_policy best;
     ft_cost_estimate e;
-    if ((st = ft_plan(&in, &s->policy, cp.batch, 1, codecs, ccodecs, FT_CACHE_TIERS, &best, &e))) return st;
+    if ((st = ft_plan(&in, &s->policy, cp.batch, 1, codecs, ccodecs, FT_CACHE_TIERS, &best, &e))) {
+        if (st != FT_ERR_NO_SPACE || !in.proc_cap) return st;
+        /* the smallest working set: everything streamed from the disk tier */
+        ft_policy minp = s->policy;
+        memset(minp.w_pct, 0, sizeof minp.w_pct);
+        memset(minp.c_pct, 0, sizeof minp.c_pct);
+        memset(minp.a_pct, 0, sizeof minp.a_pct);
+        minp.a_pct[FT_TIER_DEVICE] = 100;
+        int far = s->policy.disk_uri[0] ? FT_TIER_DISK : FT_TIER_REMOTE;
+        minp.w_pct[far] = minp.c_pct[far] = 100;
+        minp.gpu_batch_size = cp.batch;
+        minp.num_gpu_batches = 1;
+        minp.compress_weights = minp.compress_cache = FT_CODEC_RAW;
+        ft_cost_predict(&in, &minp, &e);
+        s->mem.tiers = e.mem_process;
+        s->mem.need = fixed_total(&s->mem) + s->mem.tiers;
+        return no_space(s, "the minimum working set (every layer and the KV cache streamed: two layer slots and "
+                        "the cache's staging)", "give a larger --memory");
+    }
     s->policy = best;
     s->predicted_tps = e.decode_tps;
+    if (in.proc_cap) {
+        s->mem.tiers = e.mem_process;
+        s->mem.need = fixed_total(&s->mem) + s->mem.tiers;
+    }
+    /* the private disk tier is kept only if the plan uses it */
+    if (s->tmp_disk[0] && best.w_pct[FT_TIER_DISK] == 0 && best.c_pct[FT_TIER_DISK] == 0) {
+        remove_tmp_disk(s);
+        s->policy.disk_uri[0] = '\0';
+    }
     return FT_OK;
 }
 
@@ -200,12 +488,27 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     }
     if (s->p.offload == FT_OFFLOAD_POLICY && (st = ft_policy_validate(&s->policy))) goto fail;
     if (s->p.device == FT_DEVICE_CUDA && (st = check_cuda(s))) goto fail;
+    /* the memory budget (the GPU's own memory is device_mem's) */
+    if (s->p.device == FT_DEVICE_CPU && (st = resolve_budget(s))) goto fail;
+    /* The tokenizer first: its memory is part of the process the budget
+     * counts. It is optional for token-level use (benchmarks on random
+     * ids); a broken one is an error now, a missing one when text is
+     * asked for. */
+    s->tok_status = ft_tokenizer_load_dir_ex(s->dir, s->p.strict ? FT_TOKENIZER_STRICT : 0, &s->tok);
+    if (s->tok_status == FT_ERR_NOT_FOUND) {
+        snprintf(s->tok_error, sizeof s->tok_error, "%s", ft_last_error());
+    } else if (s->tok_status) {
+        st = s->tok_status;
+        goto fail;
+    }
     /* the format decides what the planner measures; a planned q8/q4 policy
      * re-resolves it below */
     if ((st = resolve_weights(s, &s->policy, s->p.offload == FT_OFFLOAD_POLICY, &weights))) goto fail;
     if (s->p.offload == FT_OFFLOAD_AUTO) {
         if ((st = plan(s, weights))) goto fail;
         if ((st = resolve_weights(s, &s->policy, 1, &weights))) goto fail;
+    } else if (s->mem.budget && s->p.device == FT_DEVICE_CPU && (st = check_budget(s, weights))) {
+        goto fail;
     }
 
     ft_load_params lp;
@@ -225,6 +528,7 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         ft_offload_default_params(&s->op);
         s->op.policy = s->policy;
         s->op.device_budget = s->p.device_mem;
+        s->op.drop_cache = s->mem.binding;
         s->op.token_file = s->p.token_file;
         s->op.decode_threads = s->p.decode_threads ? s->p.decode_threads : ft_default_threads();
         if (s->p.failover_ms) s->op.failover_ms = s->p.failover_ms;
@@ -240,16 +544,6 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         s->op.user = NULL;
     } else {
         if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
-    }
-    /* The tokenizer is optional for token-level use (benchmarks on random
-     * ids); a broken one is an error now, a missing one when text is
-     * asked for. */
-    s->tok_status = ft_tokenizer_load_dir_ex(s->dir, s->p.strict ? FT_TOKENIZER_STRICT : 0, &s->tok);
-    if (s->tok_status == FT_ERR_NOT_FOUND) {
-        snprintf(s->tok_error, sizeof s->tok_error, "%s", ft_last_error());
-    } else if (s->tok_status) {
-        st = s->tok_status;
-        goto fail;
     }
     ft_clear_error();
     *out = s;
@@ -322,7 +616,16 @@ void ft_session_close(ft_session *s)
         ft_model_free(s->m);
     }
     ft_tokenizer_free(s->tok);
+    remove_tmp_disk(s);
     free(s);
+}
+
+void ft_session_get_memory(const ft_session *s, ft_session_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    *out = s->mem;
+    snprintf(out->disk_dir, sizeof out->disk_dir, "%s", s->tmp_disk);
 }
 
 const ft_model_config *ft_session_config(const ft_session *s) { return s ? ft_model_get_config(s->m) : NULL; }
@@ -359,9 +662,10 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
     ft_ctx_params cp = s->cp;
     size_t b = batch, q = seq;
     if (!s->c && !s->g) {   /* first: at least what the session was opened for */
-        if (s->p.max_batch > b) b = s->p.max_batch;
-        size_t dflt = cfg->max_pos < 2048 ? (size_t)cfg->max_pos : 2048;
-        if ((s->p.max_seq ? s->p.max_seq : dflt) > q) q = s->p.max_seq ? s->p.max_seq : dflt;
+        ft_ctx_params fc;
+        first_ctx(s, cfg, 0, &fc);
+        if ((size_t)fc.max_batch > b) b = (size_t)fc.max_batch;
+        if ((size_t)fc.max_seq > q) q = (size_t)fc.max_seq;
     }
     if ((size_t)cp.max_batch > b) b = (size_t)cp.max_batch;
     if ((size_t)cp.max_seq > q) q = (size_t)cp.max_seq;
@@ -389,6 +693,31 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
                             ft_dtype_name((ft_dtype)s->p.kv_dtype));
     cp.kv_dtype = cp.external_kv ? FT_F32 : s->p.kv_dtype >= 0 ? (ft_dtype)s->p.kv_dtype : FT_BF16;
     ft_status st;
+    if (s->mem.budget && s->p.device == FT_DEVICE_CPU) {
+        /* the process now, plus this context and the KV offloader's share
+         * of the cache (what it will hold in memory) */
+        uint64_t kv = 0, scratch = 0, now = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+        if (cgu > now) now = cgu;
+        if ((st = ft_ctx_estimate(s->m, &cp, &kv, &scratch))) return st;
+        uint64_t cache = 0;
+        if (cp.external_kv) {
+            const ft_model_config *c = ft_model_get_config(s->m);
+            double row = 2.0 * c->n_kv_heads * c->head_dim * 4.0, stored = row;
+            if (s->policy.compress_cache == FT_CODEC_Q8) stored = row / 4.0 * (1.0 + 4.0 / 64);
+            if (s->policy.compress_cache == FT_CODEC_Q4) stored = row / 8.0 * (1.0 + 8.0 / 64);
+            double inmem = (s->policy.c_pct[FT_TIER_DEVICE] * row + s->policy.c_pct[FT_TIER_HOST] * stored) / 100.0;
+            cache = (uint64_t)(inmem * (double)c->n_layers * (double)b * (double)q +
+                               2.0 * (double)b * (100.0 - s->policy.c_pct[FT_TIER_DEVICE]) / 100.0 * (double)q * row);
+        }
+        /* what is still to come: the logits, the sampler (the rest of the
+         * slack counted at open is in `now` by now) */
+        uint64_t need = now + kv + scratch + cache + (4ull << 20) + 3ull * b * (uint64_t)cfg->vocab * sizeof(float);
+        if (need > s->mem.budget)
+            return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s): a context for %zu sequences of %zu "
+                                "positions needs KV cache %.1f MiB + scratch %.1f MiB + offloaded cache in memory "
+                                "%.1f MiB beside the %.1f MiB this process holds", mib(s->mem.budget), s->mem.source,
+                                b, q, mib(kv), mib(scratch), mib(cache), mib(now));
+    }
     if (s->p.device == FT_DEVICE_CUDA) {
         ft_cuda_ctx_params gp;
         memset(&gp, 0, sizeof gp);
@@ -430,6 +759,7 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
         kp.max_seq = cp.max_seq;
         kp.token_file = s->p.token_file;
         kp.failover_ms = s->p.failover_ms;
+        kp.drop_cache = s->mem.binding;
         if (s->p.device_mem) {   /* what the weights left of the budget */
             ft_offload_stats w;
             memset(&w, 0, sizeof w);

@@ -23,7 +23,16 @@ typedef struct file_backend {
     char            *dir;
     int              dirfd;
     atomic_ulong     seq;
+    int              drop_cache;   /* ft_store_params.drop_cache */
 } file_backend;
+
+/* With drop_cache: the file's pages leave the page cache once read or
+ * written (and synced), so the disk tier charges no memory to this
+ * process's cgroup beyond the frame being moved. */
+static void drop_file_cache(const file_backend *f, int fd)
+{
+    if (f->drop_cache) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+}
 
 static ft_status name_of(const char *key, char *name)
 {
@@ -64,6 +73,7 @@ static ft_status file_put(ft_store_backend *b, const char *key, const void *fram
         unlinkat(f->dirfd, tmp, 0);
         return ft_set_error(FT_ERR_IO, "%s/%s: %s", f->dir, tmp, strerror(e));
     }
+    drop_file_cache(f, fd);
     if (close(fd) != 0 || renameat(f->dirfd, tmp, f->dirfd, name) != 0) {
         int e = errno;
         unlinkat(f->dirfd, tmp, 0);
@@ -98,6 +108,7 @@ static ft_status read_file(file_backend *f, const char *key, ft_buf *out,
         else if (r == 0) break;
         else n += (size_t)r;
     }
+    drop_file_cache(f, fd);
     close(fd);
     if (st != FT_OK) return st;
     *got = n;
@@ -250,6 +261,7 @@ static ft_status file_open(const char *spec, const ft_store_params *p, ft_store_
     f->base.ops = &file_ops;
     f->dir = d;
     f->dirfd = fd;
+    f->drop_cache = p && p->drop_cache;
     atomic_init(&f->seq, 0);
     *out = &f->base;
     return FT_OK;

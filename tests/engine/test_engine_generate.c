@@ -327,3 +327,33 @@ TEST(sampler_filters)
     CHECK(lg[1] == 1.5f && lg[0] == -2.0f && lg[2] == 2.0f);
     ft_sampler_free(s);
 }
+
+/* ft_ctx_estimate says what ft_ctx_create allocates (memory budgets rely
+ * on it), for both architectures, in-memory and external caches, kv
+ * dtypes, all-logits contexts; and a layout-only model holds nothing. */
+TEST(ctx_estimate_equals_allocation)
+{
+    for (int a = 0; a < 2; a++) {
+        ft_model *m = random_model(a ? FT_ARCH_OPT : FT_ARCH_LLAMA, 3);
+        REQUIRE(m);
+        ft_ctx_params shapes[] = {
+            {.max_batch = 1, .max_seq = 16, .threads = 1},
+            {.max_batch = 4, .max_seq = 40, .max_rows = 64, .threads = 2, .kv_dtype = FT_BF16},
+            {.max_batch = 3, .max_seq = 33, .threads = 3, .all_logits = 1, .kv_dtype = FT_F16},
+            {.max_batch = 2, .max_seq = 64, .max_rows = 9, .threads = 2, .external_kv = 1},
+        };
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            ft_ctx *c = NULL;
+            uint64_t kv = 0, scratch = 0;
+            CHECK_OK(ft_ctx_estimate(m, &shapes[k], &kv, &scratch));
+            CHECK_OK(ft_ctx_create(m, &shapes[k], &c));
+            REQUIRE(c);
+            CHECK_MSG(kv == ft_ctx_kv_bytes(c) && scratch == ft_ctx_scratch_bytes(c),
+                      "arch %d shape %zu: estimate kv %llu scratch %llu, allocated %llu %llu", a, k,
+                      (unsigned long long)kv, (unsigned long long)scratch, (unsigned long long)ft_ctx_kv_bytes(c),
+                      (unsigned long long)ft_ctx_scratch_bytes(c));
+            ft_ctx_free(c);
+        }
+        ft_model_free(m);
+    }
+}

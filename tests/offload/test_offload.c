@@ -797,6 +797,88 @@ TEST(planner_memory_matches_scheduler)
     }
 }
 
+/* The calibration cache (issue 20): a second calibration of the same
+ * model shape reads what the first measured (identical inputs, so plans
+ * agree); recalibrate measures again; a damaged file is measured again
+ * and replaced, never trusted. */
+TEST(calibration_cache)
+{
+    setup();
+    REQUIRE(g_model);
+    char cdir[300], cmd[700];
+    snprintf(cdir, sizeof cdir, "%s/calib", dir);
+    ft_policy base;
+    ft_policy_default(&base);
+    ft_calibrate_params cp;
+    ft_calibrate_default_params(&cp);
+    cp.base = &base;
+    cp.cache_dir = cdir;
+    cp.threads = 1;
+    /* the checkpoint's config.json (llama_cfg) */
+    char cfgp[300];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    FILE *f = fopen(cfgp, "w");
+    REQUIRE(f);
+    fputs("{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+          "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+          "\"intermediate_size\": 96, \"vocab_size\": 128, \"max_position_embeddings\": 256, "
+          "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"hidden_act\": \"silu\", "
+          "\"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": 2}\n", f);
+    fclose(f);
+    ft_cost_inputs a, b;
+    memset(&a, 0, sizeof a);
+    CHECK_OK(ft_cost_inputs_load(dir, FT_WEIGHTS_AS_STORED, &a));
+    b = a;
+    CHECK_OK(ft_calibrate(dir, &cp, &a));
+    CHECK(!a.calibration_cached);
+    CHECK_OK(ft_calibrate(dir, &cp, &b));
+    CHECK(b.calibration_cached);
+    CHECK(a.mem_bw == b.mem_bw && a.flops == b.flops && !memcmp(a.timing, b.timing, sizeof a.timing) &&
+          !memcmp(a.ratio, b.ratio, sizeof a.ratio) && !memcmp(a.decode_bw, b.decode_bw, sizeof a.decode_bw));
+    ft_policy p;
+    ft_policy_default(&p);
+    ft_cost_estimate ea, eb;
+    ft_cost_predict(&a, &p, &ea);
+    ft_cost_predict(&b, &p, &eb);
+    CHECK(ea.decode_tps == eb.decode_tps);
+    /* another batch is another key */
+    ft_cost_inputs c = b;
+    cp.batch = 2;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached);
+    cp.batch = 1;
+    cp.recalibrate = 1;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached);
+    cp.recalibrate = 0;
+    /* flip a byte in every cached file: measured again, then cached again */
+    snprintf(cmd, sizeof cmd, "for f in %s/*.bin; do printf '\\377' | dd of=\"$f\" bs=1 seek=40 conv=notrunc "
+             "status=none; done", cdir);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached);
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached);
+    /* a disk tier that the first calibration creates keeps its key */
+    ft_policy withdisk = base;
+    REQUIRE(strlen(dir) < 200);
+    memcpy(withdisk.disk_uri, "file:", 5);
+    memcpy(withdisk.disk_uri + 5, dir, strlen(dir));
+    memcpy(withdisk.disk_uri + 5 + strlen(dir), "/calib-disk", 12);
+    cp.base = &withdisk;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
+    cp.base = &base;
+    /* a truncated file too */
+    snprintf(cmd, sizeof cmd, "for f in %s/*.bin; do truncate -s 17 \"$f\"; done", cdir);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(!c.calibration_cached);
+}
+
+
 TEST(cleanup)
 {
     char cmd[600];
@@ -805,3 +887,4 @@ TEST(cleanup)
     free(g_ref);
     ft_model_free(g_model);
 }
+

@@ -298,3 +298,33 @@ TEST(cost_inputs_of_an_moe_model)
     CHECK(in.layer_params == 2 * 32 * 32 + 2 * 16 * 32 + 2 * 32 + 2 * 8 + 8 * 32 + 2 * 3 * 32 * 32);
     ft_model_free(m);
 }
+
+/* A memory budget for the whole process (issue 20): the device and host
+ * tiers together, plus the page cache of one layer's disk reads, stay
+ * within proc_cap; what does not fit goes to disk. */
+TEST(planner_bounds_device_and_host_by_the_process_budget)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    ft_policy base, best;
+    ft_policy_default(&base);
+    snprintf(base.disk_uri, sizeof base.disk_uri, "file:/nonexistent");
+    in.bw[FT_TIER_DISK] = 1e9;
+    in.cap[FT_TIER_HOST] = UINT64_MAX;
+    in.cap[FT_TIER_DISK] = UINT64_MAX;
+    double W = (double)in.n_layers * (double)in.layer_params * 2;   /* bf16 weights */
+    in.proc_cap = (uint64_t)(W * 0.5);
+    ft_cost_estimate e;
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, FT_CACHE_TIERS, &best, &e));
+    CHECK(e.feasible && e.mem_process <= in.proc_cap);
+    CHECK(e.mem[FT_TIER_DEVICE] + e.mem[FT_TIER_HOST] <= in.proc_cap);
+    CHECK(best.w_pct[FT_TIER_DISK] >= 50);
+    /* without the bound the same inputs keep everything in memory */
+    in.proc_cap = 0;
+    CHECK_OK(ft_plan(&in, &base, 1, 1, 0, 0, FT_CACHE_TIERS, &best, &e));
+    CHECK(best.w_pct[FT_TIER_DISK] == 0);
+    /* a bound below two layer slots fits nothing: refused with the numbers */
+    in.proc_cap = (uint64_t)(in.layer_params * 2);   /* one layer */
+    CHECK(ft_plan(&in, &base, 1, 1, 0, 0, FT_CACHE_TIERS, &best, &e) == FT_ERR_NO_SPACE);
+    CHECK(strstr(ft_last_error(), "memory budget leaves") != NULL);
+}

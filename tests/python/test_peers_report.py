@@ -92,3 +92,25 @@ def test_memtable_oom_and_failures(tmp_path):
     assert "failed: exit 1: no space left" in lines[("lossless", "-", "FlexTier")]
     fit = lines[("fit", "-", "FlexTier")]
     assert "3.00 (1 run(s) failed or OOM-killed)" in fit and "**1.50x** llama.cpp" in fit
+
+
+def test_limittable_ratios_oom_and_failures(tmp_path):
+    res, meta = tmp_path / "r.tsv", tmp_path / "m.tsv"
+    g = 1536 << 20
+    write_tsv(res, [["limit", "batch", "row", "run", "tok_s", "peak_bytes", "oom", "read_bytes_per_token"],
+                    [g, 1, "ft-disk", 1, 0.8, 1400 << 20, 0, 800000000],
+                    [g, 1, "ft-disk", 2, 1.0, 1300 << 20, 0, 800000000],
+                    [g, 1, "llama-bf16", 1, 0.3, 1536 << 20, 0, 2000000000],
+                    [g, 1, "hf-bf16", 1, 0.6, 1000 << 20, 0, 3000000000],
+                    [768 << 20, 1, "ft-disk-q4", 1, 3.0, 700 << 20, 0, 300000000],
+                    [768 << 20, 1, "llama-q4_0", 1, "OOM", 768 << 20, 1, "-"],
+                    [768 << 20, 16, "ft-node", 1, "ERR", 20 << 20, 0, "-"]])
+    write_tsv(meta, [["err_768M_16_ft-node", "exit 1: no space left"]])
+    rc, out, err = run("limittable", res, meta)
+    assert rc == 0, err
+    lines = {tuple(c.strip() for c in l.strip("|").split("|")[:4]): l for l in out.splitlines() if l.startswith("| ")}
+    d = lines[("1.50 GiB", "1", "FlexTier", "local disk, lossless (auto)")]
+    assert "| 0.90 |" in d and "**3.00x** bf16 GGUF" in d and "**1.50x**" in d and "1350 MiB" in d
+    assert "OOM-killed" in lines[("768 MiB", "1", "llama.cpp", "q4_0 GGUF, mmap")]
+    assert "peer OOM" in lines[("768 MiB", "1", "FlexTier", "local disk, q4")]
+    assert "failed: exit 1: no space left" in lines[("768 MiB", "16", "FlexTier", "memory node, lossless (auto)")]

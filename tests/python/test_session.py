@@ -117,3 +117,18 @@ def test_device_cuda_without_a_backend_says_why():
     with open("/proc/self/maps") as f:
         maps = f.read()
     assert "libcudart" not in maps and "libcublas" not in maps
+
+
+@needs_cli
+def test_memory_budget_auto_is_lossless_and_refuses_too_little(tmp_path):
+    # issue 20: memory= bounds the whole process; auto plans within it and
+    # stays lossless (f32 cache rows, as --kv-dtype f32 in memory)
+    prompt = "And God said unto Moses,"
+    want = cli_run(DEMO, prompt, 12, "--kv-dtype", "f32")
+    with flextier.Session(DEMO, threads=1, policy="auto", memory="1G", kv_dtype="f32",
+                          disk_dir=str(tmp_path / "d")) as s:
+        pol = s.info()["policy"]
+        assert "cw=q" not in pol and "cc=q" not in pol, pol
+        assert s.generate(prompt, 12, temperature=0) == want
+    with pytest.raises(flextier.Error, match="cannot hold"):
+        flextier.Session(DEMO, threads=1, policy="auto", memory="8M")

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# --memory holds (issue 20): generation inside a memory cgroup (v1 here, v2
+# elsewhere) at 30%, 60% and 100% of a generated model's stored size with
+# --memory equal to the limit: the cgroup's peak (page cache included) stays
+# within the limit, nothing is OOM-killed, and the text and logits equal
+# the unlimited in-memory run (lossless formats). A budget below the
+# minimum working set is refused before loading; the default budget follows
+# the cgroup's limit; auto without a lossy flag keeps lossless formats.
+# Root only (cgroups, drop_caches): skipped (exit 77) with a message
+# otherwise. Prints "N passed, N failed".
+set -u
+bin=$(readlink -f "$1")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ "$(id -u)" != 0 ]; then echo "skipped: needs root (memory cgroups)"; exit 77; fi
+PEERS_PROG=test_cli_memory
+. "$here/../../scripts/bench/peers-lib.sh"
+# peers_cg_init exits on a machine without a memory controller: probe first
+if ! { [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; } &&
+   [ ! -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+    echo "skipped: no cgroup memory controller"; exit 77
+fi
+peers_cg_init
+work=$(mktemp -d /var/tmp/ft-memtest.XXXXXX)
+trap 'peers_cg_cleanup; rm -rf "$work"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $1"; }
+bad() { fail=$((fail+1)); echo "FAIL $1"; }
+mib() { echo "$(( $1 >> 20 ))"; }
+# 36 layers of 6.5 MiB (bf16): 234 MiB, big beside the process itself
+"$bin" gen-model --arch llama --out "$work/m" --hidden 512 --layers 36 --heads 8 --kv-heads 8 --ffn 1536 \
+    --vocab 1000 --dtype bf16 >/dev/null 2>&1 || { echo "gen-model failed"; echo "0 passed, 1 failed"; exit 1; }
+size=$(stat -c %s "$work/m/model.safetensors")
+export FLEXTIER_CALIB_CACHE="$work/calib"   # this test's own calibration
+run() { "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 6 --temperature 0 --kv-dtype f32 "$@"; }
+run --memory unlimited --dump-logits "$work/ref.bin" > "$work/ref.txt" 2> "$work/ref.err" || bad "unlimited run: $(tail -1 "$work/ref.err")"
+for pct in 30 60 100; do
+    lim=$((size * pct / 100))
+    rc=0
+    peers_cg_run "$lim" "$work/o$pct.txt" -- "$bin" run --model "$work/m" --prompt "Once upon a time" \
+        --max-new-tokens 6 --temperature 0 --kv-dtype f32 --policy auto --memory "$lim" \
+        --dump-logits "$work/o$pct.bin" || rc=$?
+    what="$pct% of the model ($(mib "$lim") MiB): $(grep -h '^offload policy' "$work/o$pct.txt.err" | cut -c17-60)"
+    [ "$rc" = 0 ] || bad "$what: exit $rc: $(tail -1 "$work/o$pct.txt.err")"
+    [ "$PEERS_CG_OOM" = 0 ] && ok "$what: no OOM kill" || bad "$what: $PEERS_CG_OOM OOM kills"
+    [ "$PEERS_CG_PEAK" -le "$lim" ] && ok "$what: cgroup peak $(mib "$PEERS_CG_PEAK") MiB <= limit" \
+        || bad "$what: cgroup peak $(mib "$PEERS_CG_PEAK") MiB > limit"
+    cmp -s "$work/ref.txt" "$work/o$pct.txt" && cmp -s "$work/ref.bin" "$work/o$pct.bin" \
+        && ok "$what: text and logits equal the unlimited run" || bad "$what: output differs from the unlimited run"
+    grep -q "^formats: weights bf16 .*lossless), KV cache .* (lossless)" "$work/o$pct.txt.err" \
+        && ! grep -q "cw=q\|cc=q" "$work/o$pct.txt.err" && ok "$what: auto kept lossless formats" \
+        || bad "$what: auto chose a lossy format: $(grep -h '^formats' "$work/o$pct.txt.err")"
+done
+# the budget holds by itself: a cgroup twice as large, --memory at 60% of
+# the model: the cgroup's peak (the page cache of the checkpoint, the disk
+# tier and the libraries included) stays within --memory
+lim=$((size * 60 / 100))
+peers_cg_run $((2 * lim)) "$work/loose.txt" -- "$bin" run --model "$work/m" --prompt "Once upon a time" \
+    --max-new-tokens 6 --temperature 0 --kv-dtype f32 --policy auto --memory "$lim" || bad "loose cgroup: exit $?"
+[ "$PEERS_CG_PEAK" -le "$lim" ] && ok "cgroup of 2x --memory $(mib "$lim") MiB: peak $(mib "$PEERS_CG_PEAK") MiB <= --memory" \
+    || bad "cgroup of 2x --memory $(mib "$lim") MiB: peak $(mib "$PEERS_CG_PEAK") MiB > --memory"
+# below the minimum working set: refused before any weight is read
+t0=$(date +%s%N)
+if run --policy auto --memory 24M > /dev/null 2> "$work/small.err"; then
+    bad "--memory 24M was accepted"
+else
+    grep -q "cannot hold .* MiB = this process" "$work/small.err" && ! grep -q "placing weights" "$work/small.err" \
+        && ok "--memory 24M refused before loading: $(cut -c1-100 "$work/small.err" | tail -1)" \
+        || bad "--memory 24M: $(tail -1 "$work/small.err")"
+fi
+run --memory 24M > /dev/null 2> "$work/small2.err" && bad "in-memory run under --memory 24M accepted" \
+    || { grep -q "the model in memory" "$work/small2.err" && ok "in-memory run under --memory 24M refused with the numbers" \
+         || bad "in-memory refusal: $(tail -1 "$work/small2.err")"; }
+# the default budget follows the cgroup's limit (minus max(64 MiB, limit/16))
+lim=$((size * 60 / 100 + (64 << 20)))
+peers_cg_run "$lim" "$work/dflt.txt" -- "$bin" run --model "$work/m" --prompt "Once upon a time" \
+    --max-new-tokens 2 --temperature 0 --kv-dtype f32 --policy auto || true
+head=$(( lim / 16 > (64 << 20) ? lim / 16 : (64 << 20) ))
+want=$(awk -v b=$((lim - head)) 'BEGIN { printf "%.1f", b / 1048576 }')
+grep -q "^memory: budget $want MiB (cgroup v[12] memory" "$work/dflt.txt.err" && [ "$PEERS_CG_OOM" = 0 ] \
+    && ok "default budget = the cgroup limit minus headroom ($want MiB)" \
+    || bad "default budget: want $want MiB: $(grep -h '^memory' "$work/dflt.txt.err") $(tail -1 "$work/dflt.txt.err")"
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
