@@ -1,0 +1,222 @@
+/* LoRA adapters in PEFT's format: adapter_config.json +
+ * adapter_model.safetensors (f32 lora_A / lora_B per module, PEFT's key
+ * names), written for peft.PeftModel.from_pretrained and read back. */
+#include "train/train_internal.h"
+
+#include "flextier/model.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
+
+ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const char *base_model)
+{
+    if (!t || !dir) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_save_adapter: NULL argument");
+    if (mkdir(dir, 0777) && errno != EEXIST)
+        return ft_set_error(FT_ERR_IO, "adapter: cannot create %s: %s", dir, strerror(errno));
+    const ft_train_params *p = ft_tr_params(t);
+    size_t nm = ft_tr_n_mods(t), n = 0;
+    ft_named_tensor *nt = calloc(2 * nm + 1, sizeof *nt);
+    char (*names)[160] = calloc(2 * nm + 1, sizeof *names);
+    char path[4096];
+    ft_status st = FT_OK;
+    FILE *f = NULL;
+    if (!nt || !names) {
+        st = ft_set_error(FT_ERR_NOMEM, "adapter: out of memory");
+        goto cleanup;
+    }
+    for (size_t k = 0; k < nm; k++) {
+        float *A, *B;
+        int64_t as[2], bs[2];
+        if (!ft_tr_mod(t, k, names[n], names[n + 1], sizeof names[0], &A, &B, as, bs)) continue;
+        nt[n].name = names[n];
+        if ((st = ft_tensor_init(&nt[n].tensor, FT_F32, 2, as, A))) goto cleanup;
+        nt[n + 1].name = names[n + 1];
+        if ((st = ft_tensor_init(&nt[n + 1].tensor, FT_F32, 2, bs, B))) goto cleanup;
+        n += 2;
+    }
+    if ((size_t)snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir) >= sizeof path) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: path too long");
+        goto cleanup;
+    }
+    static const char *const meta[] = {"format", "pt", NULL};
+    if ((st = ft_safetensors_write(path, nt, n, meta))) goto cleanup;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    f = fopen(path, "w");
+    if (!f) {
+        st = ft_set_error(FT_ERR_IO, "adapter: cannot write %s: %s", path, strerror(errno));
+        goto cleanup;
+    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "peft_type", json_object_new_string("LORA"));
+    json_object_object_add(o, "task_type", json_object_new_string("CAUSAL_LM"));
+    json_object_object_add(o, "base_model_name_or_path", base_model ? json_object_new_string(base_model) : NULL);
+    json_object_object_add(o, "r", json_object_new_int(p->rank));
+    json_object_object_add(o, "lora_alpha", json_object_new_double((double)p->alpha));
+    json_object_object_add(o, "lora_dropout", json_object_new_double(0.0));
+    json_object *tm = json_object_new_array();
+    for (int i = 0; i < 7; i++)
+        if (p->targets & (1u << i)) json_object_array_add(tm, json_object_new_string(ft_tr_target_name(i)));
+    json_object_object_add(o, "target_modules", tm);
+    json_object_object_add(o, "bias", json_object_new_string("none"));
+    json_object_object_add(o, "fan_in_fan_out", json_object_new_boolean(0));
+    json_object_object_add(o, "inference_mode", json_object_new_boolean(1));
+    json_object_object_add(o, "init_lora_weights", json_object_new_boolean(1));
+    json_object_object_add(o, "use_rslora", json_object_new_boolean(0));
+    json_object_object_add(o, "use_dora", json_object_new_boolean(0));
+    json_object_object_add(o, "modules_to_save", NULL);
+    json_object_object_add(o, "layers_to_transform", NULL);
+    json_object_object_add(o, "rank_pattern", json_object_new_object());
+    json_object_object_add(o, "alpha_pattern", json_object_new_object());
+    const char *js = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+    int bad = fputs(js, f) < 0 || fputc('\n', f) == EOF;
+    json_object_put(o);
+    if (fclose(f) || bad) st = ft_set_error(FT_ERR_IO, "adapter: writing %s failed", path);
+    f = NULL;
+cleanup:
+    free(nt);
+    free(names);
+    return st;
+}
+
+static char *slurp(const char *path, size_t max, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = malloc(max + 1);
+    size_t n = b ? fread(b, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!b || n > max) {
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    *len = n;
+    return b;
+}
+
+/* the config's value of key is JSON null / absent, false, or an empty object */
+static int is_off(json_object *o, const char *key)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 1;
+    if (json_object_is_type(v, json_type_boolean)) return !json_object_get_boolean(v);
+    if (json_object_is_type(v, json_type_object)) return json_object_object_length(v) == 0;
+    return 0;
+}
+
+static ft_status check_config(const ft_trainer *t, const char *dir)
+{
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/adapter_config.json", dir) >= sizeof path)
+        return ft_set_error(FT_ERR_INVALID_ARG, "adapter: path too long");
+    size_t len;
+    char *js = slurp(path, 1 << 20, &len);
+    if (!js) return ft_set_error(FT_ERR_NOT_FOUND, "adapter: cannot read %s (not a PEFT adapter directory?)", path);
+    json_tokener *tk = json_tokener_new();
+    json_object *o = tk ? json_tokener_parse_ex(tk, js, (int)len) : NULL;
+    int perr = !tk || json_tokener_get_error(tk) != json_tokener_success;
+    if (tk) json_tokener_free(tk);
+    free(js);
+    ft_status st = FT_OK;
+    const ft_train_params *p = ft_tr_params(t);
+    json_object *v;
+    if (perr || !o || !json_object_is_type(o, json_type_object)) {
+        st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s is not a JSON object", path);
+        goto done;
+    }
+    if (!json_object_object_get_ex(o, "peft_type", &v) || !json_object_is_type(v, json_type_string) ||
+        strcmp(json_object_get_string(v), "LORA")) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: peft_type is not LORA", path);
+        goto done;
+    }
+    if (!json_object_object_get_ex(o, "r", &v) || !json_object_is_type(v, json_type_int) ||
+        json_object_get_int(v) != p->rank) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: r differs from the trainer's %d", path, p->rank);
+        goto done;
+    }
+    if (!json_object_object_get_ex(o, "lora_alpha", &v) ||
+        !(json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double)) ||
+        (float)json_object_get_double(v) != p->alpha) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: lora_alpha differs from the trainer's %g", path,
+                          (double)p->alpha);
+        goto done;
+    }
+    static const char *const off[] = {"use_rslora", "use_dora", "fan_in_fan_out", "modules_to_save",
+                                      "layers_to_transform", "rank_pattern", "alpha_pattern", "layer_replication",
+                                      "trainable_token_indices", "lora_bias", "use_qalora", "target_parameters"};
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
+        if (!is_off(o, off[i])) {
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: %s is set (not implemented)", path, off[i]);
+            goto done;
+        }
+    if (json_object_object_get_ex(o, "bias", &v) && v &&
+        (!json_object_is_type(v, json_type_string) || strcmp(json_object_get_string(v), "none"))) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: bias other than \"none\" is not implemented", path);
+        goto done;
+    }
+    unsigned mask = 0;
+    if (!json_object_object_get_ex(o, "target_modules", &v) || !json_object_is_type(v, json_type_array)) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target_modules must be a list of module names", path);
+        goto done;
+    }
+    for (size_t i = 0; i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        unsigned b = json_object_is_type(e, json_type_string) ? ft_lora_target_bit(json_object_get_string(e)) : 0;
+        if (!b) {
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target module %s is not implemented", path,
+                              json_object_to_json_string(e));
+            goto done;
+        }
+        mask |= b;
+    }
+    if (mask != p->targets) st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules differ from the "
+                                              "trainer's", path);
+done:
+    if (o) json_object_put(o);
+    return st;
+}
+
+ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir)
+{
+    if (!t || !dir) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_load_adapter: NULL argument");
+    TRY(check_config(t, dir));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    ft_checkpoint *ck = NULL;
+    TRY(ft_checkpoint_open(path, &ck));
+    ft_status st = FT_OK;
+    size_t nm = ft_tr_n_mods(t), found = 0;
+    for (size_t k = 0; k < nm && !st; k++) {
+        char an[160], bn[160];
+        float *P[2];
+        int64_t sh[2][2];
+        if (!ft_tr_mod(t, k, an, bn, sizeof an, &P[0], &P[1], sh[0], sh[1])) continue;
+        const char *nms[2] = {an, bn};
+        for (int j = 0; j < 2 && !st; j++) {
+            ft_tensor x;
+            st = ft_checkpoint_get(ck, nms[j], &x);
+            if (st) {
+                st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s has no tensor %s", path, nms[j]);
+                break;
+            }
+            if (x.dtype != FT_F32 || x.ndim != 2 || x.shape[0] != sh[j][0] || x.shape[1] != sh[j][1]) {
+                st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s is not f32 [%lld, %lld]", path, nms[j],
+                                  (long long)sh[j][0], (long long)sh[j][1]);
+                break;
+            }
+            memcpy(P[j], x.data, (size_t)sh[j][0] * (size_t)sh[j][1] * sizeof(float));
+            found++;
+        }
+    }
+    if (!st && found != ft_checkpoint_count(ck))
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s has %zu tensors, %zu of them LoRA A/B of this model's "
+                          "targets (other adapted modules are not implemented)", path, ft_checkpoint_count(ck), found);
+    ft_checkpoint_close(ck);
+    return st;
+}
