@@ -66,6 +66,10 @@ FT_API void ft_trainer_free(ft_trainer *t);      /* NULL ok */
  * + adapter_model.safetensors, f32): its r, alpha and targets must equal
  * the trainer's (FT_ERR_INVALID_ARG naming the difference). */
 FT_API ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir);
+/* Read a PEFT adapter directory's adapter_config.json into p's rank,
+ * alpha and targets (the rest of p is left as it is); what is not
+ * implemented (DoRA, rsLoRA, other modules, patterns) is refused. */
+FT_API ft_status ft_lora_read_config(const char *dir, ft_train_params *p);
 /* Write the adapters in PEFT's format into dir (created if missing). */
 FT_API ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const char *base_model);
 

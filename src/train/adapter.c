@@ -6,6 +6,7 @@
 #include "flextier/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,9 @@ static int is_off(json_object *o, const char *key)
     return 0;
 }
 
-static ft_status check_config(const ft_trainer *t, const char *dir)
+/* Check dir's adapter_config.json against p (fill == 0) or fill p's
+ * rank, alpha and targets from it (fill == 1). */
+static ft_status check_config(ft_train_params *p, int fill, const char *dir)
 {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/adapter_config.json", dir) >= sizeof path)
@@ -124,7 +127,6 @@ static ft_status check_config(const ft_trainer *t, const char *dir)
     if (tk) json_tokener_free(tk);
     free(js);
     ft_status st = FT_OK;
-    const ft_train_params *p = ft_tr_params(t);
     json_object *v;
     if (perr || !o || !json_object_is_type(o, json_type_object)) {
         st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s is not a JSON object", path);
@@ -136,13 +138,23 @@ static ft_status check_config(const ft_trainer *t, const char *dir)
         goto done;
     }
     if (!json_object_object_get_ex(o, "r", &v) || !json_object_is_type(v, json_type_int) ||
-        json_object_get_int(v) != p->rank) {
+        json_object_get_int(v) < 1 || json_object_get_int(v) > 4096) {
+        st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: r must be an integer in [1, 4096]", path);
+        goto done;
+    }
+    if (fill) p->rank = json_object_get_int(v);
+    if (json_object_get_int(v) != p->rank) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: r differs from the trainer's %d", path, p->rank);
         goto done;
     }
     if (!json_object_object_get_ex(o, "lora_alpha", &v) ||
         !(json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double)) ||
-        (float)json_object_get_double(v) != p->alpha) {
+        !(json_object_get_double(v) > 0.0) || !isfinite(json_object_get_double(v))) {
+        st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: lora_alpha must be a positive number", path);
+        goto done;
+    }
+    if (fill) p->alpha = (float)json_object_get_double(v);
+    if ((float)json_object_get_double(v) != p->alpha) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: lora_alpha differs from the trainer's %g", path,
                           (double)p->alpha);
         goto done;
@@ -175,6 +187,7 @@ static ft_status check_config(const ft_trainer *t, const char *dir)
         }
         mask |= b;
     }
+    if (fill) p->targets = mask;
     if (mask != p->targets) st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules differ from the "
                                               "trainer's", path);
 done:
@@ -185,7 +198,8 @@ done:
 ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir)
 {
     if (!t || !dir) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_load_adapter: NULL argument");
-    TRY(check_config(t, dir));
+    ft_train_params p = *ft_tr_params(t);
+    TRY(check_config(&p, 0, dir));
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     ft_checkpoint *ck = NULL;
@@ -219,4 +233,10 @@ ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir)
                           "targets (other adapted modules are not implemented)", path, ft_checkpoint_count(ck), found);
     ft_checkpoint_close(ck);
     return st;
+}
+
+ft_status ft_lora_read_config(const char *dir, ft_train_params *p)
+{
+    if (!dir || !p) return ft_set_error(FT_ERR_INVALID_ARG, "ft_lora_read_config: NULL argument");
+    return check_config(p, 1, dir);
 }

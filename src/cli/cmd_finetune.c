@@ -1,0 +1,439 @@
+/* flextier finetune: LoRA fine-tuning of a model directory on a text or
+ * JSONL file (the train layer, docs/training.md); and flextier run --lora
+ * (greedy generation with a PEFT adapter applied, unmerged). */
+#include "cli.h"
+#include "session_opts.h"
+#include "flextier/engine.h"
+#include "flextier/model.h"
+#include "flextier/train.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char FT_USAGE[] =
+    "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
+    "LoRA fine-tuning (llama, mistral, qwen2; base weights frozen in their stored format).\n"
+    "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} object per line; tokenized,\n"
+    "packed into sequences of --seq-len tokens; the last --eval-frac of them are held out\n"
+    "(loss and perplexity before and after). Writes a PEFT adapter (adapter_config.json +\n"
+    "adapter_model.safetensors) that peft.PeftModel.from_pretrained and `flextier run --lora` load.\n"
+    "  --steps N           optimizer steps (default 100)\n"
+    "  --lr X              peak learning rate (default 1e-3)\n"
+    "  --rank R            LoRA rank (default 8)       --alpha A   lora_alpha (default 16)\n"
+    "  --targets LIST      q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default)\n"
+    "  --seq-len N         tokens per sequence (default 128, at most the model's context)\n"
+    "  --batch B           sequences per micro-batch (default 4)\n"
+    "  --grad-accum N      micro-batches per step (default 1)\n"
+    "  --warmup N          linear warmup steps (default steps / 10)\n"
+    "  --schedule S        cosine (default), linear, constant\n"
+    "  --weight-decay X    AdamW decoupled weight decay (default 0.01)\n"
+    "  --clip X            max global gradient norm, 0 = off (default 1.0)\n"
+    "  --seed N            adapter init and data order (default 0): equal seeds, equal runs\n"
+    "  --eval-frac X       held-out fraction of the sequences (default 0.1; 0 = none)\n"
+    "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
+    "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
+    "  --dropout X         lora_dropout: only 0 is implemented\n";
+
+static int is_jsonl(const char *path)
+{
+    size_t n = strlen(path);
+    return n > 6 && !strcmp(path + n - 6, ".jsonl");
+}
+
+static ft_status append(int32_t **all, size_t *n, size_t *cap, const int32_t *ids, size_t k)
+{
+    if (*n + k > *cap) {
+        size_t c = (*cap ? *cap * 2 : 4096);
+        while (c < *n + k) c *= 2;
+        int32_t *p = realloc(*all, c * sizeof(int32_t));
+        if (!p) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
+        *all = p;
+        *cap = c;
+    }
+    memcpy(*all + *n, ids, k * sizeof(int32_t));
+    *n += k;
+    return FT_OK;
+}
+
+/* the file's tokens: plain text as one document, JSONL one document per
+ * line ({"text": ...}), each followed by EOS when the model has one */
+static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg, int32_t **out,
+                               size_t *nout)
+{
+    uint8_t *raw = NULL;
+    size_t rawn = 0, n = 0, cap = 0;
+    int32_t *all = NULL, *ids = NULL;
+    size_t k = 0;
+    ft_status st = ft_cli_read_file(path, &raw, &rawn);
+    if (st) return st;
+    if (memchr(raw, 0, rawn)) {
+        st = ft_set_error(FT_ERR_CORRUPT, "data: %s holds NUL bytes (not text)", path);
+        goto done;
+    }
+    int32_t eos = cfg->n_eos > 0 ? cfg->eos_ids[0] : -1;
+    if (!is_jsonl(path)) {
+        if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &k))) goto done;
+        if ((st = append(&all, &n, &cap, ids, k))) goto done;
+    } else {
+        size_t line = 0, docs = 0;
+        const char *p = (const char *)raw, *end = p + rawn;
+        while (p < end) {
+            const char *e = memchr(p, '\n', (size_t)(end - p));
+            size_t len = e ? (size_t)(e - p) : (size_t)(end - p);
+            line++;
+            const char *q = p;
+            p += len + (e ? 1 : 0);
+            size_t blank = 0;
+            while (blank < len && (q[blank] == ' ' || q[blank] == '\t' || q[blank] == '\r')) blank++;
+            if (blank == len) continue;
+            json_tokener *tk = json_tokener_new();
+            json_object *o = tk ? json_tokener_parse_ex(tk, q, (int)len) : NULL;
+            int bad = !tk || json_tokener_get_error(tk) != json_tokener_success || !o ||
+                      !json_object_is_type(o, json_type_object);
+            if (tk) json_tokener_free(tk);
+            json_object *v = NULL;
+            if (!bad && json_object_object_get_ex(o, "messages", &v) && !json_object_object_get_ex(o, "text", &v)) {
+                json_object_put(o);
+                st = ft_set_error(FT_ERR_UNSUPPORTED, "data: %s line %zu: chat \"messages\" are not implemented "
+                                  "(needs the model's chat template); use {\"text\": ...}", path, line);
+                goto done;
+            }
+            if (bad || !json_object_object_get_ex(o, "text", &v) || !json_object_is_type(v, json_type_string)) {
+                if (o) json_object_put(o);
+                st = ft_set_error(FT_ERR_CORRUPT, "data: %s line %zu: expected a JSON object with a string \"text\"",
+                                  path, line);
+                goto done;
+            }
+            free(ids);
+            ids = NULL;
+            st = ft_tokenizer_encode(tok, json_object_get_string(v), (size_t)json_object_get_string_len(v), 1, &ids,
+                                     &k);
+            json_object_put(o);
+            if (st) goto done;
+            if ((st = append(&all, &n, &cap, ids, k))) goto done;
+            if (eos >= 0 && (st = append(&all, &n, &cap, &eos, 1))) goto done;
+            docs++;
+        }
+        if (!docs) {
+            st = ft_set_error(FT_ERR_CORRUPT, "data: %s has no JSONL documents", path);
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (all[i] < 0 || all[i] >= cfg->vocab) {
+            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d", (int)all[i],
+                              cfg->vocab);
+            goto done;
+        }
+    *out = all;
+    *nout = n;
+    all = NULL;
+done:
+    free(ids);
+    free(all);
+    ft_free_aligned(raw);
+    return st;
+}
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void shuffle(long *perm, long n, uint64_t seed, long epoch)
+{
+    uint64_t s = seed * 0x100000001B3ull + (uint64_t)epoch;
+    for (long i = 0; i < n; i++) perm[i] = i;
+    for (long i = n - 1; i > 0; i--) {
+        long j = (long)(mix(&s) % (uint64_t)(i + 1));
+        long t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+static ft_status evaluate(ft_trainer *t, const int32_t *seqs, long n, long T, long batch, double *loss, double *ppl)
+{
+    double sum = 0.0;
+    int64_t cnt = 0;
+    for (long i = 0; i < n; i += batch) {
+        long nb = n - i < batch ? n - i : batch;
+        double s;
+        int64_t c;
+        ft_status st = ft_trainer_eval(t, seqs + (size_t)i * (size_t)T, (int)nb, (int)T, &s, &c);
+        if (st) return st;
+        sum += s;
+        cnt += c;
+    }
+    *loss = sum / (double)cnt;
+    *ppl = exp(*loss);
+    return FT_OK;
+}
+
+static int parse_float(const char *v, double lo, double hi, double *out)
+{
+    char *e;
+    double d = strtod(v, &e);
+    if (e == v || *e || !isfinite(d) || d < lo || d > hi) return -1;
+    *out = d;
+    return 0;
+}
+
+static void fmt_eta(double s, char *buf, size_t n)
+{
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%02ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+int ft_cmd_finetune(int argc, char **argv)
+{
+    const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
+    long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
+    double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
+    int weights = FT_WEIGHTS_AS_STORED;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(FT_USAGE, stdout);
+            return FT_EXIT_OK;
+        }
+        if (i + 1 >= argc) return ft_cli_usage_error(FT_USAGE, "option %s needs a value", a);
+        const char *v = argv[++i];
+        long *li = NULL, lo = 1, hi = 1 << 30;
+        double *fd = NULL, flo = 0.0, fhi = 1e9;
+        if (!strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--out")) outdir = v;
+        else if (!strcmp(a, "--init")) init = v;
+        else if (!strcmp(a, "--targets")) targets = v;
+        else if (!strcmp(a, "--schedule")) sched = v;
+        else if (!strcmp(a, "--steps")) li = &steps;
+        else if (!strcmp(a, "--rank")) { li = &rank; hi = 4096; }
+        else if (!strcmp(a, "--seq-len")) { li = &seq; lo = 2; hi = 1 << 20; }
+        else if (!strcmp(a, "--batch")) { li = &batch; hi = 4096; }
+        else if (!strcmp(a, "--grad-accum")) { li = &accum; hi = 65536; }
+        else if (!strcmp(a, "--warmup")) { li = &warmup; lo = 0; }
+        else if (!strcmp(a, "--seed")) { li = &seed; lo = 0; hi = 0x7fffffff; }
+        else if (!strcmp(a, "--lr")) { fd = &lr; flo = 1e-12; fhi = 10.0; }
+        else if (!strcmp(a, "--alpha")) { fd = &alpha; flo = 1e-6; fhi = 1e6; }
+        else if (!strcmp(a, "--weight-decay")) { fd = &wd; fhi = 10.0; }
+        else if (!strcmp(a, "--clip")) fd = &clip;
+        else if (!strcmp(a, "--eval-frac")) { fd = &evalf; fhi = 0.9; }
+        else if (!strcmp(a, "--dropout")) { fd = &dropout; fhi = 1.0; }
+        else if (!strcmp(a, "--weights-dtype")) {
+            if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(FT_USAGE, "--weights-dtype: %s", ft_last_error());
+        } else return ft_cli_usage_error(FT_USAGE, "unknown option %s", a);
+        if (li && ft_cli_parse_int(v, lo, hi, li))
+            return ft_cli_usage_error(FT_USAGE, "bad value for %s: %s (an integer in [%ld, %ld])", a, v, lo, hi);
+        if (fd && parse_float(v, flo, fhi, fd))
+            return ft_cli_usage_error(FT_USAGE, "bad value for %s: %s (a number in [%g, %g])", a, v, flo, fhi);
+    }
+    if (!dir || !data || !outdir) return ft_cli_usage_error(FT_USAGE, "--model, --data and --out are required");
+    if (warmup < 0) warmup = steps / 10;
+    if (warmup > steps) return ft_cli_usage_error(FT_USAGE, "--warmup %ld is more than --steps %ld", warmup, steps);
+
+    ft_train_params tp;
+    ft_train_params_default(&tp);
+    ft_status st;
+    if ((st = ft_lora_parse_targets(targets, &tp.targets))) return ft_cli_usage_error(FT_USAGE, "%s", ft_last_error());
+    if (!strcmp(sched, "cosine")) tp.schedule = FT_SCHED_COSINE;
+    else if (!strcmp(sched, "linear")) tp.schedule = FT_SCHED_LINEAR;
+    else if (!strcmp(sched, "constant")) tp.schedule = FT_SCHED_CONSTANT;
+    else return ft_cli_usage_error(FT_USAGE, "--schedule %s: expected cosine, linear or constant", sched);
+    tp.rank = (int)rank;
+    tp.alpha = (float)alpha;
+    tp.dropout = (float)dropout;
+    tp.lr = (float)lr;
+    tp.weight_decay = (float)wd;
+    tp.clip = (float)clip;
+    tp.warmup = (int)warmup;
+    tp.total_steps = (int)steps;
+    tp.grad_accum = (int)accum;
+    tp.seed = (uint64_t)seed;
+
+    int rc = FT_EXIT_ERR;
+    ft_model *m = NULL;
+    ft_tokenizer *tok = NULL;
+    ft_trainer *t = NULL;
+    int32_t *ids = NULL, *step_tok = NULL;
+    long *perm = NULL;
+    size_t ntok = 0;
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.weights = weights;
+    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
+    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
+    const ft_model_config *cfg = ft_model_get_config(m);
+    if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("finetune", st); goto done; }
+    if (init && (st = ft_trainer_load_adapter(t, init))) { ft_cli_fail(init, st); goto done; }
+    if (seq > cfg->max_pos) seq = cfg->max_pos;
+    if ((st = tokenize_data(data, tok, cfg, &ids, &ntok))) { ft_cli_fail(data, st); goto done; }
+    long nseq = (long)(ntok / (size_t)seq);
+    long neval = evalf > 0.0 && nseq >= 2 ? (long)ceil(evalf * (double)nseq) : 0;
+    long ntrain = nseq - neval;
+    if (ntrain < 1) {
+        fprintf(stderr, "flextier: finetune: %s has %zu tokens: %ld sequence(s) of %ld, too few for training%s\n",
+                data, ntok, nseq, seq, nseq ? " and a held-out split (--eval-frac 0, or a shorter --seq-len)" : "");
+        goto done;
+    }
+    const int32_t *evals = ids + (size_t)ntrain * (size_t)seq;
+    printf("finetune: %s (%s, weights %s), %zu tokens of %s: %ld training + %ld held-out sequences of %ld\n", dir,
+           cfg->model_type, ft_wfmt_name(ft_model_weights_format(m)), ntok, data, ntrain, neval, seq);
+    printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "
+           "(%s, warmup %ld), seed %ld\n", rank, alpha, targets, ft_trainer_param_count(t), steps, accum, batch, lr,
+           sched, warmup, seed);
+    double eloss, eppl;
+    if (neval) {
+        if ((st = evaluate(t, evals, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
+        printf("held-out before: loss %.4f perplexity %.3f\n", eloss, eppl);
+    }
+    size_t per = (size_t)accum * (size_t)batch;
+    step_tok = malloc(per * (size_t)seq * sizeof(int32_t));
+    perm = malloc((size_t)ntrain * sizeof(long));
+    if (!step_tok || !perm) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
+    long cursor = 0, epoch = 0;
+    shuffle(perm, ntrain, (uint64_t)seed, epoch);
+    double t0 = ft_now();
+    for (long s = 0; s < steps; s++) {
+        for (size_t k = 0; k < per; k++) {
+            if (cursor == ntrain) {
+                cursor = 0;
+                shuffle(perm, ntrain, (uint64_t)seed, ++epoch);
+            }
+            memcpy(step_tok + k * (size_t)seq, ids + (size_t)perm[cursor++] * (size_t)seq, (size_t)seq * sizeof(int32_t));
+        }
+        double loss, gn, lrs = ft_trainer_lr_at(t, (int)s);
+        if ((st = ft_trainer_step(t, step_tok, (int)batch, (int)seq, &loss, &gn))) {
+            fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
+            goto done;
+        }
+        double el = ft_now() - t0, tps = (double)(s + 1) * (double)per * (double)seq / el;
+        char eta[32];
+        fmt_eta(el / (double)(s + 1) * (double)(steps - s - 1), eta, sizeof eta);
+        printf("step %ld/%ld loss %.4f lr %.3g grad_norm %.3f tok/s %.0f ETA %s\n", s + 1, steps, loss, lrs, gn, tps,
+               eta);
+        fflush(stdout);
+    }
+    if (neval) {
+        double aloss, appl;
+        if ((st = evaluate(t, evals, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
+        printf("held-out after: loss %.4f perplexity %.3f (before %.3f)\n", aloss, appl, eppl);
+    }
+    if ((st = ft_trainer_save_adapter(t, outdir, dir))) { ft_cli_fail(outdir, st); goto done; }
+    printf("adapter written to %s (PEFT: adapter_config.json, adapter_model.safetensors)\n", outdir);
+    rc = FT_EXIT_OK;
+done:
+    free(perm);
+    free(step_tok);
+    free(ids);
+    ft_trainer_free(t);
+    ft_tokenizer_free(tok);
+    ft_model_free(m);
+    return rc;
+}
+
+/* ------------------------------------------------------ run --lora */
+
+static const char RL_USAGE[] =
+    "usage: flextier run --model DIR --lora ADAPTER_DIR (--prompt TEXT | --prompt-file FILE)\n"
+    "         [--max-new-tokens N] [--weights-dtype F] [--ids]\n"
+    "Greedy generation with one PEFT LoRA adapter applied unmerged (y = W x + alpha/r B A x),\n"
+    "through the trainer's forward (each token recomputes the sequence: no KV cache). Other\n"
+    "run options (sampling, offloading, batches, several adapters) are not implemented with\n"
+    "--lora. --ids prints the token ids.\n";
+
+int ft_cmd_run_lora(int argc, char **argv)
+{
+    const char *dir = NULL, *lora = NULL, *prompt = NULL, *pfile = NULL;
+    long max_new = 32;
+    int weights = FT_WEIGHTS_AS_STORED, print_ids = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(RL_USAGE, stdout);
+            return FT_EXIT_OK;
+        }
+        if (!strcmp(a, "--ids")) { print_ids = 1; continue; }
+        if (i + 1 >= argc) return ft_cli_usage_error(RL_USAGE, "option %s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--lora")) {
+            if (lora) return ft_cli_usage_error(RL_USAGE, "several --lora adapters are not implemented (one only)");
+            lora = v;
+        } else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--prompt-file")) pfile = v;
+        else if (!strcmp(a, "--max-new-tokens")) {
+            if (ft_cli_parse_int(v, 0, 1 << 20, &max_new)) return ft_cli_usage_error(RL_USAGE, "bad --max-new-tokens %s", v);
+        } else if (!strcmp(a, "--weights-dtype")) {
+            if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(RL_USAGE, "--weights-dtype: %s", ft_last_error());
+        } else return ft_cli_usage_error(RL_USAGE, "option %s is not implemented with --lora", a);
+    }
+    if (!dir || !lora || (!prompt == !pfile))
+        return ft_cli_usage_error(RL_USAGE, "--model, --lora and one of --prompt / --prompt-file are required");
+    int rc = FT_EXIT_ERR;
+    ft_status st;
+    ft_model *m = NULL;
+    ft_tokenizer *tok = NULL;
+    ft_trainer *t = NULL;
+    uint8_t *raw = NULL;
+    size_t rawn = 0, n = 0;
+    int32_t *ids = NULL, *seqv = NULL;
+    float *lg = NULL;
+    char *text = NULL;
+    ft_train_params tp;
+    ft_train_params_default(&tp);
+    if ((st = ft_lora_read_config(lora, &tp))) { ft_cli_fail(lora, st); goto done; }
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.weights = weights;
+    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
+    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
+    if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("run --lora", st); goto done; }
+    if ((st = ft_trainer_load_adapter(t, lora))) { ft_cli_fail(lora, st); goto done; }
+    if (pfile) {
+        if ((st = ft_cli_read_file(pfile, &raw, &rawn))) { ft_cli_fail(pfile, st); goto done; }
+        st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &n);
+    } else {
+        st = ft_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n);
+    }
+    if (st) { ft_cli_fail("encode", st); goto done; }
+    const ft_model_config *cfg = ft_model_get_config(m);
+    if (n == 0) { fprintf(stderr, "flextier: run --lora: the prompt has no tokens\n"); goto done; }
+    if ((long)n + max_new > cfg->max_pos) max_new = cfg->max_pos - (long)n;
+    if (max_new < 0) { fprintf(stderr, "flextier: run --lora: the prompt is longer than the context\n"); goto done; }
+    seqv = malloc(((size_t)n + (size_t)max_new) * sizeof(int32_t));
+    lg = malloc((size_t)cfg->vocab * sizeof(float));
+    if (!seqv || !lg) { ft_cli_fail("run --lora", FT_ERR_NOMEM); goto done; }
+    memcpy(seqv, ids, n * sizeof(int32_t));
+    size_t len = n;
+    for (long g = 0; g < max_new; g++) {
+        if ((st = ft_trainer_last_logits(t, seqv, (int)len, lg))) { ft_cli_fail("forward", st); goto done; }
+        int best = 0;
+        for (int v = 1; v < cfg->vocab; v++) if (lg[v] > lg[best]) best = v;
+        seqv[len++] = best;
+    }
+    if (print_ids) {
+        for (size_t i = n; i < len; i++) printf("%s%d", i > n ? " " : "", (int)seqv[i]);
+        printf("\n");
+    } else {
+        size_t tl;
+        if ((st = ft_tokenizer_decode(tok, seqv + n, len - n, 1, &text, &tl))) { ft_cli_fail("decode", st); goto done; }
+        printf("%s%s\n", prompt ? prompt : "", text);
+    }
+    rc = FT_EXIT_OK;
+done:
+    free(text);
+    free(lg);
+    free(seqv);
+    free(ids);
+    ft_free_aligned(raw);
+    ft_trainer_free(t);
+    ft_tokenizer_free(tok);
+    ft_model_free(m);
+    return rc;
+}
