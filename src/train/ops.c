@@ -8,6 +8,10 @@
 #include <math.h>
 #include <string.h>
 
+/* the engine's dot/axpy (SIMD with scalar twins, tests/engine) */
+#define KDOT(a, b, n) (kk->dot((a), (b), (n)))
+#define KAXPY(y, a, x, n) (kk->axpy((y), (a), (x), (n)))
+
 static const float *wrow(const ft_wmat *W, int o, float *buf)
 {
     if (W->fmt == FT_WF_F32) return (const float *)W->data + (size_t)o * (size_t)W->cols;
@@ -18,12 +22,20 @@ static const float *wrow(const ft_wmat *W, int o, float *buf)
 void ft_tr_matT(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
                 float *row)
 {
+    /* blocks of RB rows keep their dx rows in cache while every weight row
+     * passes; a stored row is converted once per block */
+    enum { RB = 32 };
     const ft_kernels *k = ft_k_get();
-    for (int o = o0; o < o1; o++) {
-        const float *w = wrow(W, o, row);
-        for (int r = 0; r < rows; r++) {
-            float g = dy[(size_t)r * (size_t)ldy + (size_t)o];
-            if (g != 0.0f) k->axpy(dx + (size_t)r * (size_t)ldx, g, w, W->cols);
+    for (int r0 = 0; r0 < rows; r0 += RB) {
+        int r1 = rows - r0 < RB ? rows : r0 + RB;
+        for (int o = o0; o < o1; o++) {
+            const float *w = NULL;
+            for (int r = r0; r < r1; r++) {
+                float g = dy[(size_t)r * (size_t)ldy + (size_t)o];
+                if (g == 0.0f) continue;
+                if (!w) w = wrow(W, o, row);
+                k->axpy(dx + (size_t)r * (size_t)ldx, g, w, W->cols);
+            }
         }
     }
 }
@@ -83,6 +95,7 @@ void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const 
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
+    const ft_kernels *kk = ft_k_get();
     for (int h = 0; h < nh; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
@@ -93,9 +106,7 @@ void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const 
             for (int j = 0; j < T; j++) {
                 if (j < j0 || j > i) { p[j] = 0.0f; continue; }
                 const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                float s = 0.0f;
-                for (int d = 0; d < hd; d++) s += qi[d] * kj[d];
-                p[j] = s * scale;
+                p[j] = KDOT(qi, kj, hd) * scale;
                 if (p[j] > mx) mx = p[j];
             }
             float sum = 0.0f;
@@ -106,10 +117,7 @@ void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const 
             for (int j = j0; j <= i; j++) p[j] /= sum;
             float *oi = out + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
             memset(oi, 0, sizeof(float) * (size_t)hd);
-            for (int j = j0; j <= i; j++) {
-                const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                for (int d = 0; d < hd; d++) oi[d] += p[j] * vj[d];
-            }
+            for (int j = j0; j <= i; j++) KAXPY(oi, p[j], v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
         }
     }
 }
@@ -119,6 +127,7 @@ void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
+    const ft_kernels *kk = ft_k_get();
     for (int h = 0; h < nh; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
@@ -130,24 +139,17 @@ void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
             /* dP_j = dot(do_i, v_j); dv_j += P_j do_i */
             float rs = 0.0f;
             for (int j = j0; j <= i; j++) {
-                const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                float s = 0.0f;
-                for (int d = 0; d < hd; d++) s += doi[d] * vj[d];
-                rs += p[j] * s;
+                rs += p[j] * KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
             }
             for (int j = j0; j <= i; j++) {
                 const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dvj = dv + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dkj = dk + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                float s = 0.0f;
-                for (int d = 0; d < hd; d++) s += doi[d] * vj[d];
-                float ds = p[j] * (s - rs) * scale;
-                for (int d = 0; d < hd; d++) {
-                    dvj[d] += p[j] * doi[d];
-                    dqi[d] += ds * kj[d];
-                    dkj[d] += ds * qi[d];
-                }
+                float ds = p[j] * (KDOT(doi, vj, hd) - rs) * scale;
+                KAXPY(dvj, p[j], doi, hd);
+                KAXPY(dqi, ds, kj, hd);
+                KAXPY(dkj, ds, qi, hd);
             }
         }
     }

@@ -321,14 +321,10 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     const int rk = t->p.rank, in = md->in, out = md->out;
     const float *A = t->w + md->a, *B = t->w + md->b;
     float *tl = t->tl[i];
+    const ft_kernels *kk = ft_k_get();
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            const float *aj = A + (size_t)j * (size_t)in;
-            float s = 0.0f;
-            for (int c = 0; c < in; c++) s += xr[c] * aj[c];
-            tl[(size_t)r * (size_t)rk + (size_t)j] = s;
-        }
+        for (int j = 0; j < rk; j++) tl[(size_t)r * (size_t)rk + (size_t)j] = kk->dot(xr, A + (size_t)j * (size_t)in, in);
         float *yr = y + (size_t)r * (size_t)out;
         const float *tr = tl + (size_t)r * (size_t)rk;
         for (int o = 0; o < out; o++) {
@@ -352,6 +348,7 @@ static void lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy
     const float *A = t->w + md->a, *B = t->w + md->b, *tl = t->tl[i];
     float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt;
     const float s = t->scale;
+    const ft_kernels *kk = ft_k_get();
     for (int r = 0; r < R; r++) {
         const float *dyr = dy + (size_t)r * (size_t)out, *tr = tl + (size_t)r * (size_t)rk;
         float *dtr = dt + (size_t)r * (size_t)rk;
@@ -369,13 +366,8 @@ static void lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy
         const float *xr = x + (size_t)r * (size_t)in;
         float *dxr = dx + (size_t)r * (size_t)in;
         for (int j = 0; j < rk; j++) {
-            const float *aj = A + (size_t)j * (size_t)in;
-            float *gaj = gA + (size_t)j * (size_t)in;
-            float d = dtr[j];
-            for (int c = 0; c < in; c++) {
-                gaj[c] += d * xr[c];
-                dxr[c] += d * aj[c];
-            }
+            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
         }
     }
 }
