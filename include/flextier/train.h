@@ -73,6 +73,13 @@ FT_API ft_status ft_lora_read_config(const char *dir, ft_train_params *p);
 /* Write the adapters in PEFT's format into dir (created if missing). */
 FT_API ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const char *base_model);
 
+/* The whole training state (adapters, AdamW moments, steps taken) as one
+ * safetensors file, and back: a run resumed from it continues bit for bit
+ * as the uninterrupted run (same data order given). The file must come
+ * from a trainer of the same rank, alpha and targets. */
+FT_API ft_status ft_trainer_save_state(const ft_trainer *t, const char *path);
+FT_API ft_status ft_trainer_load_state(ft_trainer *t, const char *path);
+
 /* One optimizer step over grad_accum micro-batches: tokens holds
  * grad_accum * batch * seq ids, micro-batch a at a * batch * seq, each
  * sequence's position i predicting its token i + 1 (labels = inputs, as

@@ -34,7 +34,12 @@ static const char FT_USAGE[] =
     "  --eval-frac X       held-out fraction of the sequences (default 0.1; 0 = none)\n"
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
-    "  --dropout X         lora_dropout: only 0 is implemented\n";
+    "  --dropout X         lora_dropout: only 0 is implemented\n"
+    "  --save-every N      also write the adapter and the training state (AdamW moments,\n"
+    "                      step: trainer_state.safetensors + .json) to --out every N steps\n"
+    "  --stop-after N      stop after N steps of this run (writing the state), to resume later\n"
+    "  --resume DIR        continue the run whose state is in DIR (same data and options):\n"
+    "                      the result equals the uninterrupted run's bit for bit\n";
 
 static int is_jsonl(const char *path)
 {
@@ -184,6 +189,49 @@ static int parse_float(const char *v, double lo, double hi, double *out)
     return 0;
 }
 
+typedef struct run_id { long steps, seq, batch, accum, seed, ntrain, ntok; } run_id;
+
+static ft_status save_all(ft_trainer *t, const char *outdir, const char *model, const run_id *r)
+{
+    ft_status st = ft_trainer_save_adapter(t, outdir, model);
+    if (st) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/trainer_state.safetensors", outdir);
+    if ((st = ft_trainer_save_state(t, path))) return st;
+    char js[512];
+    int n = snprintf(js, sizeof js, "{\"step\": %d, \"steps\": %ld, \"seq_len\": %ld, \"batch\": %ld, "
+                     "\"grad_accum\": %ld, \"seed\": %ld, \"train_sequences\": %ld, \"tokens\": %ld}\n",
+                     ft_trainer_steps(t), r->steps, r->seq, r->batch, r->accum, r->seed, r->ntrain, r->ntok);
+    snprintf(path, sizeof path, "%s/trainer_state.json", outdir);
+    return ft_cli_write_file(path, js, (size_t)n);
+}
+
+/* check DIR/trainer_state.json against this run; load the state */
+static ft_status resume(ft_trainer *t, const char *dir, const run_id *r)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    json_object *o = json_object_from_file(path);
+    if (!o || !json_object_is_type(o, json_type_object)) {
+        if (o) json_object_put(o);
+        return ft_set_error(FT_ERR_NOT_FOUND, "resume: cannot read %s (a --save-every/--stop-after output?)", path);
+    }
+    static const char *const keys[] = {"steps", "seq_len", "batch", "grad_accum", "seed", "train_sequences", "tokens"};
+    const long want[] = {r->steps, r->seq, r->batch, r->accum, r->seed, r->ntrain, r->ntok};
+    ft_status st = FT_OK;
+    for (int i = 0; i < 7 && !st; i++) {
+        json_object *v;
+        if (!json_object_object_get_ex(o, keys[i], &v) || !json_object_is_type(v, json_type_int) ||
+            json_object_get_int64(v) != want[i])
+            st = ft_set_error(FT_ERR_INVALID_ARG, "resume: %s: %s differs from this run's %ld (resume with the same "
+                              "data and options)", path, keys[i], want[i]);
+    }
+    json_object_put(o);
+    if (st) return st;
+    snprintf(path, sizeof path, "%s/trainer_state.safetensors", dir);
+    return ft_trainer_load_state(t, path);
+}
+
 static void fmt_eta(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
@@ -193,6 +241,8 @@ static void fmt_eta(double s, char *buf, size_t n)
 int ft_cmd_finetune(int argc, char **argv)
 {
     const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
+    const char *resume_dir = NULL;
+    long save_every = 0, stop_after = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
     int weights = FT_WEIGHTS_AS_STORED;
@@ -210,6 +260,9 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--out")) outdir = v;
         else if (!strcmp(a, "--init")) init = v;
+        else if (!strcmp(a, "--resume")) resume_dir = v;
+        else if (!strcmp(a, "--save-every")) li = &save_every;
+        else if (!strcmp(a, "--stop-after")) li = &stop_after;
         else if (!strcmp(a, "--targets")) targets = v;
         else if (!strcmp(a, "--schedule")) sched = v;
         else if (!strcmp(a, "--steps")) li = &steps;
@@ -234,6 +287,7 @@ int ft_cmd_finetune(int argc, char **argv)
             return ft_cli_usage_error(FT_USAGE, "bad value for %s: %s (a number in [%g, %g])", a, v, flo, fhi);
     }
     if (!dir || !data || !outdir) return ft_cli_usage_error(FT_USAGE, "--model, --data and --out are required");
+    if (init && resume_dir) return ft_cli_usage_error(FT_USAGE, "--init and --resume exclude each other");
     if (warmup < 0) warmup = steps / 10;
     if (warmup > steps) return ft_cli_usage_error(FT_USAGE, "--warmup %ld is more than --steps %ld", warmup, steps);
 
@@ -292,14 +346,23 @@ int ft_cmd_finetune(int argc, char **argv)
         if ((st = evaluate(t, evals, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out before: loss %.4f perplexity %.3f\n", eloss, eppl);
     }
+    run_id rid = {steps, seq, batch, accum, seed, ntrain, (long)ntok};
+    long start = 0;
+    if (resume_dir) {
+        if ((st = resume(t, resume_dir, &rid))) { ft_cli_fail(resume_dir, st); goto done; }
+        start = ft_trainer_steps(t);
+        printf("resumed from %s at step %ld\n", resume_dir, start);
+    }
     size_t per = (size_t)accum * (size_t)batch;
     step_tok = malloc(per * (size_t)seq * sizeof(int32_t));
     perm = malloc((size_t)ntrain * sizeof(long));
     if (!step_tok || !perm) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
-    long cursor = 0, epoch = 0;
+    /* the data order is a function of (seed, sequences consumed) */
+    long consumed = start * (long)per, epoch = consumed / ntrain, cursor = consumed % ntrain;
     shuffle(perm, ntrain, (uint64_t)seed, epoch);
     double t0 = ft_now();
-    for (long s = 0; s < steps; s++) {
+    long end_step = stop_after && start + stop_after < steps ? start + stop_after : steps;
+    for (long s = start; s < end_step; s++) {
         for (size_t k = 0; k < per; k++) {
             if (cursor == ntrain) {
                 cursor = 0;
@@ -312,20 +375,27 @@ int ft_cmd_finetune(int argc, char **argv)
             fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
             goto done;
         }
-        double el = ft_now() - t0, tps = (double)(s + 1) * (double)per * (double)seq / el;
+        double el = ft_now() - t0, tps = (double)(s + 1 - start) * (double)per * (double)seq / el;
         char eta[32];
-        fmt_eta(el / (double)(s + 1) * (double)(steps - s - 1), eta, sizeof eta);
+        fmt_eta(el / (double)(s + 1 - start) * (double)(end_step - s - 1), eta, sizeof eta);
         printf("step %ld/%ld loss %.4f lr %.3g grad_norm %.3f tok/s %.0f ETA %s\n", s + 1, steps, loss, lrs, gn, tps,
                eta);
         fflush(stdout);
+        if (save_every && (s + 1) % save_every == 0 && s + 1 < end_step) {
+            if ((st = save_all(t, outdir, dir, &rid))) { ft_cli_fail(outdir, st); goto done; }
+            printf("state saved to %s at step %ld\n", outdir, s + 1);
+        }
     }
     if (neval) {
         double aloss, appl;
         if ((st = evaluate(t, evals, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out after: loss %.4f perplexity %.3f (before %.3f)\n", aloss, appl, eppl);
     }
-    if ((st = ft_trainer_save_adapter(t, outdir, dir))) { ft_cli_fail(outdir, st); goto done; }
-    printf("adapter written to %s (PEFT: adapter_config.json, adapter_model.safetensors)\n", outdir);
+    if (save_every || stop_after || resume_dir) st = save_all(t, outdir, dir, &rid);
+    else st = ft_trainer_save_adapter(t, outdir, dir);
+    if (st) { ft_cli_fail(outdir, st); goto done; }
+    printf("adapter written to %s (PEFT: adapter_config.json, adapter_model.safetensors)%s\n", outdir,
+           end_step < steps ? "; stopped early: continue with --resume" : "");
     rc = FT_EXIT_OK;
 done:
     free(perm);

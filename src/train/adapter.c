@@ -240,3 +240,84 @@ ft_status ft_lora_read_config(const char *dir, ft_train_params *p)
     if (!dir || !p) return ft_set_error(FT_ERR_INVALID_ARG, "ft_lora_read_config: NULL argument");
     return check_config(p, 1, dir);
 }
+
+/* ------------------------------------------------ optimizer state */
+
+#define STATE_FORMAT "flextier-lora-state-1"
+
+ft_status ft_trainer_save_state(const ft_trainer *t, const char *path)
+{
+    if (!t || !path) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_save_state: NULL argument");
+    size_t n = ft_trainer_param_count(t);
+    float *w, *m1, *m2;
+    int step;
+    ft_tr_state((ft_trainer *)(uintptr_t)t, &w, &m1, &m2, &step);
+    const ft_train_params *p = ft_tr_params(t);
+    int64_t shape[1] = {(int64_t)n};
+    ft_named_tensor nt[3] = {{"params", {0}}, {"exp_avg", {0}}, {"exp_avg_sq", {0}}};
+    float *d[3] = {w, m1, m2};
+    for (int i = 0; i < 3; i++) TRY(ft_tensor_init(&nt[i].tensor, FT_F32, 1, shape, d[i]));
+    char st[32], rk[32], tg[32], al[48];
+    snprintf(st, sizeof st, "%d", step);
+    snprintf(rk, sizeof rk, "%d", p->rank);
+    snprintf(tg, sizeof tg, "%u", p->targets);
+    snprintf(al, sizeof al, "%.9g", (double)p->alpha);
+    const char *meta[] = {"format", STATE_FORMAT, "step", st, "rank", rk, "targets", tg, "alpha", al, NULL};
+    return ft_safetensors_write(path, nt, 3, meta);
+}
+
+static int meta_is(const ft_checkpoint *ck, const char *key, const char *want)
+{
+    const char *v = ft_checkpoint_metadata(ck, key);
+    return v && !strcmp(v, want);
+}
+
+ft_status ft_trainer_load_state(ft_trainer *t, const char *path)
+{
+    if (!t || !path) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_load_state: NULL argument");
+    ft_checkpoint *ck = NULL;
+    TRY(ft_checkpoint_open(path, &ck));
+    ft_status st = FT_OK;
+    const ft_train_params *p = ft_tr_params(t);
+    char rk[32], tg[32], al[48];
+    snprintf(rk, sizeof rk, "%d", p->rank);
+    snprintf(tg, sizeof tg, "%u", p->targets);
+    snprintf(al, sizeof al, "%.9g", (double)p->alpha);
+    const char *sv = ft_checkpoint_metadata(ck, "step");
+    char *end = NULL;
+    long step = sv ? strtol(sv, &end, 10) : -1;
+    size_t n = ft_trainer_param_count(t);
+    float *d[3];
+    int cur;
+    ft_tr_state(t, &d[0], &d[1], &d[2], &cur);
+    if (!meta_is(ck, "format", STATE_FORMAT)) {
+        st = ft_set_error(FT_ERR_CORRUPT, "train state: %s is not a flextier LoRA state file", path);
+        goto done;
+    }
+    if (!meta_is(ck, "rank", rk) || !meta_is(ck, "targets", tg) || !meta_is(ck, "alpha", al)) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "train state: %s was written with another rank, alpha or targets", path);
+        goto done;
+    }
+    if (!sv || !end || *end || step < 0 || step > p->total_steps) {
+        st = ft_set_error(FT_ERR_CORRUPT, "train state: %s: step '%s' is not in [0, %d]", path, sv ? sv : "(none)",
+                          p->total_steps);
+        goto done;
+    }
+    static const char *const names[3] = {"params", "exp_avg", "exp_avg_sq"};
+    for (int i = 0; i < 3; i++) {
+        ft_tensor x;
+        if (ft_checkpoint_get(ck, names[i], &x) || x.dtype != FT_F32 || x.ndim != 1 || x.shape[0] != (int64_t)n) {
+            st = ft_set_error(FT_ERR_CORRUPT, "train state: %s: %s missing or not f32 [%zu]", path, names[i], n);
+            goto done;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        ft_tensor x;
+        ft_checkpoint_get(ck, names[i], &x);
+        memcpy(d[i], x.data, n * sizeof(float));
+    }
+    ft_tr_set_step(t, (int)step);
+done:
+    ft_checkpoint_close(ck);
+    return st;
+}

@@ -701,3 +701,13 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
 
 const ft_train_params *ft_tr_params(const ft_trainer *t) { return &t->p; }
 const char *ft_tr_target_name(int i) { return i >= 0 && i < NT ? tname[i] : NULL; }
+
+void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step)
+{
+    *w = t->w;
+    *m1 = t->m1;
+    *m2 = t->m2;
+    *step = t->step;
+}
+
+void ft_tr_set_step(ft_trainer *t, int step) { t->step = step; }

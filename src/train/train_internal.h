@@ -46,4 +46,7 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
               int64_t ashape[2], int64_t bshape[2]);
 const ft_train_params *ft_tr_params(const ft_trainer *t);
 const char *ft_tr_target_name(int i);
+/* the parameters, Adam moments and steps taken (for the state file) */
+void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step);
+void ft_tr_set_step(ft_trainer *t, int step);
 #endif

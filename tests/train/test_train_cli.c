@@ -73,6 +73,28 @@ TEST(finetune_then_run_lora)
                 ft_test_bin(), model, tmp, tmp, tmp) == 0);
 }
 
+/* interrupted twice (--stop-after) and resumed: the same adapter, byte for byte */
+TEST(resume_equals_uninterrupted)
+{
+    setup();
+    const char *b = ft_test_bin();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/full " FT_ARGS " --steps 5 > /dev/null 2>&1", b,
+                model, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part " FT_ARGS " --steps 5 --stop-after 2 "
+                "> %s/r1 2>&1", b, model, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "r1", "continue with --resume"));
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "--stop-after 2 > /dev/null 2>&1", b, model, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "> %s/r3 2>&1", b, model, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "r3", "resumed from"));
+    CHECK(ft_sh("cmp -s %s/full/adapter_model.safetensors %s/part/adapter_model.safetensors", tmp, tmp) == 0);
+    /* other options than the saved run's are refused */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "--batch 3 > %s/r4 2>&1", b, model, tmp, tmp, tmp, tmp) == 1);
+    CHECK(ft_file_has(tmp, "r4", "batch differs"));
+}
+
 static void fails(int want_rc, const char *args, const char *needle)
 {
     int rc = ft_sh("%s %s > %s/err 2>&1", ft_test_bin(), args, tmp);
