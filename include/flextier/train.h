@@ -10,7 +10,8 @@
  * memory is the layers' inputs plus one layer's activations.
  *
  * This slice supports the llama family (llama, mistral, qwen2) with the
- * model's layers in memory, on the CPU, single-threaded; everything else
+ * model's layers in memory, on the CPU (threads over the products, the
+ * transposed products and attention heads); everything else
  * (OPT, layers streamed by the offloading scheduler, dropout > 0, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
@@ -50,6 +51,8 @@ typedef struct ft_train_params {
     int grad_accum;           /* micro-batches per optimizer step (default 1)   */
     uint64_t seed;            /* adapter initialisation (default 0)             */
     int vocab_chunk;          /* LM-head rows per cross-entropy chunk (4096)    */
+    unsigned threads;         /* 0: every core (FLEXTIER_THREADS); results do
+                                 not depend on it (tested)                     */
 } ft_train_params;
 
 FT_API void ft_train_params_default(ft_train_params *p);

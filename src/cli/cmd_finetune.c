@@ -35,6 +35,7 @@ static const char FT_USAGE[] =
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
     "  --dropout X         lora_dropout: only 0 is implemented\n"
+    "  --threads N         worker threads (default: every core; results do not depend on it)\n"
     "  --save-every N      also write the adapter and the training state (AdamW moments,\n"
     "                      step: trainer_state.safetensors + .json) to --out every N steps\n"
     "  --stop-after N      stop after N steps of this run (writing the state), to resume later\n"
@@ -242,7 +243,7 @@ int ft_cmd_finetune(int argc, char **argv)
 {
     const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
     const char *resume_dir = NULL;
-    long save_every = 0, stop_after = 0;
+    long save_every = 0, stop_after = 0, threads = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
     int weights = FT_WEIGHTS_AS_STORED;
@@ -263,6 +264,7 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--resume")) resume_dir = v;
         else if (!strcmp(a, "--save-every")) li = &save_every;
         else if (!strcmp(a, "--stop-after")) li = &stop_after;
+        else if (!strcmp(a, "--threads")) { li = &threads; lo = 0; hi = 1024; }
         else if (!strcmp(a, "--targets")) targets = v;
         else if (!strcmp(a, "--schedule")) sched = v;
         else if (!strcmp(a, "--steps")) li = &steps;
@@ -309,6 +311,7 @@ int ft_cmd_finetune(int argc, char **argv)
     tp.total_steps = (int)steps;
     tp.grad_accum = (int)accum;
     tp.seed = (uint64_t)seed;
+    tp.threads = (unsigned)threads;
 
     int rc = FT_EXIT_ERR;
     ft_model *m = NULL;

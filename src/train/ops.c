@@ -93,10 +93,16 @@ static int first_pos(int i, int window) { return window > 0 && i - window + 1 > 
 void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
                     int hd, int window)
 {
+    ft_tr_attn_fwd_g(out, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+}
+
+void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                      int hd, int window, int g0, int g1)
+{
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
     const ft_kernels *kk = ft_k_get();
-    for (int h = 0; h < nh; h++) {
+    for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
             float *p = P + ((size_t)h * (size_t)T + (size_t)i) * (size_t)T;
@@ -125,10 +131,16 @@ void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const 
 void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
                     const float *k, const float *v, int T, int nh, int nkv, int hd, int window)
 {
+    ft_tr_attn_bwd_g(dq, dk, dv, dout, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+}
+
+void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1)
+{
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hd);
     const ft_kernels *kk = ft_k_get();
-    for (int h = 0; h < nh; h++) {
+    for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
             const float *p = P + ((size_t)h * (size_t)T + (size_t)i) * (size_t)T;

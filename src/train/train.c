@@ -43,7 +43,10 @@ struct ft_trainer {
     double *lmax, *lsum;
     void *ws;
     size_t ws_cap;
-    float *row;
+    float *row;              /* a row of scratch per worker */
+    size_t row_len;
+    ft_pool *pool;
+    unsigned nthreads;
 };
 
 unsigned ft_lora_target_bit(const char *name)
@@ -167,6 +170,11 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
     t->m = m;
     t->cfg = *c;
+    if (ft_pool_create(p->threads, &t->pool)) {
+        free(t);
+        return ft_set_error(FT_ERR_NOMEM, "train: cannot start %u threads", p->threads);
+    }
+    t->nthreads = ft_pool_size(t->pool);
     t->p = *p;
     t->scale = p->alpha / (float)p->rank;
     t->mods = calloc((size_t)c->n_layers * NT, sizeof *t->mods);
@@ -232,6 +240,7 @@ void ft_trainer_free(ft_trainer *t)
 {
     if (!t) return;
     free_ws(t);
+    ft_pool_free(t->pool);
     free(t->ws);
     free(t->mods);
     free(t->w);
@@ -276,7 +285,8 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->lsum = calloc(r, sizeof(double));
     size_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
-    t->row = fz(maxc);
+    t->row_len = maxc;
+    t->row = fz(maxc * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
@@ -290,6 +300,24 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->cap_T = T;
     t->cap_nb = nb;
     return FT_OK;
+}
+
+typedef struct prod_job {
+    float *y;
+    int ldy;
+    const ft_wk_act *a;
+    const ft_wmat *W;
+    int o0, o1;
+    const float *b;
+    int per;
+} prod_job;
+
+static void prod_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const prod_job *j = arg;
+    int a = j->o0 + (int)i * j->per, e = a + j->per < j->o1 ? a + j->per : j->o1;
+    ft_wk_product(j->y, j->ldy, j->a, j->W, a, e, j->b);
 }
 
 /* y (ldy) = x W^T (+ b) for output rows [o0, o1), on W as stored */
@@ -306,8 +334,41 @@ static ft_status prod(ft_trainer *t, float *y, int ldy, const float *x, int rows
     }
     ft_wk_act a;
     TRY(ft_wk_prep(&a, need ? t->ws : NULL, need ? t->ws_cap : 0, W, x, rows));
-    ft_wk_product(y, ldy, &a, W, o0, o1, b);
+    /* output rows split over the threads: any split computes the same values */
+    prod_job j = {y, ldy, &a, W, o0, o1, b, 0};
+    size_t n = (size_t)(o1 - o0), per = (n + (size_t)t->nthreads * 4 - 1) / ((size_t)t->nthreads * 4);
+    if (per < 16) per = 16;
+    j.per = (int)per;
+    ft_pool_run(n > per ? t->pool : NULL, (n + per - 1) / per, prod_task, &j);
     return FT_OK;
+}
+
+typedef struct matT_job {
+    float *dx;
+    int ldx;
+    const float *dy;
+    int ldy, rows;
+    const ft_wmat *W;
+    int o0, o1;
+    float *row;
+    size_t row_len;
+} matT_job;
+
+static void matT_task(void *arg, size_t i, unsigned worker)
+{
+    const matT_job *j = arg;
+    int r0 = (int)i * 32, n = j->rows - r0 < 32 ? j->rows - r0 : 32;
+    ft_tr_matT(j->dx + (size_t)r0 * (size_t)j->ldx, j->ldx, j->dy + (size_t)r0 * (size_t)j->ldy, j->ldy, n, j->W,
+               j->o0, j->o1, j->row + (size_t)worker * j->row_len);
+}
+
+/* ft_tr_matT over blocks of 32 rows in parallel (each row's sums in the same order) */
+static void matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
+                 int o1)
+{
+    matT_job j = {dx, ldx, dy, ldy, rows, W, o0, o1, t->row, t->row_len};
+    size_t nb = (size_t)(rows + 31) / 32;
+    ft_pool_run(nb > 1 ? t->pool : NULL, nb, matT_task, &j);
 }
 
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
@@ -341,7 +402,7 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
 static void lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy, int R, float *dx)
 {
     const ft_wmat *W = wmat(lw_of(t, l), tslot[i]);
-    ft_tr_matT(dx, W->cols, dy, W->rows, R, W, 0, W->rows, t->row);
+    matT(t, dx, W->cols, dy, W->rows, R, W, 0, W->rows);
     const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
     if (!md->on) return;
     const int rk = t->p.rank, in = md->in, out = md->out;
@@ -372,6 +433,36 @@ static void lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy
     }
 }
 
+/* attention over (sequence, kv head) tasks: disjoint outputs */
+typedef struct attn_job { ft_trainer *t; int nb, T, win; } attn_job;
+
+static void attn_fwd_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const attn_job *j = arg;
+    const ft_trainer *t = j->t;
+    const ft_model_config *c = &t->cfg;
+    int b = (int)(i / (size_t)c->n_kv_heads), g = (int)(i % (size_t)c->n_kv_heads), T = j->T;
+    size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t r0 = (size_t)b * (size_t)T;
+    ft_tr_attn_fwd_g(t->att + r0 * qw, t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw,
+                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+}
+
+static void attn_bwd_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const attn_job *j = arg;
+    const ft_trainer *t = j->t;
+    const ft_model_config *c = &t->cfg;
+    int b = (int)(i / (size_t)c->n_kv_heads), g = (int)(i % (size_t)c->n_kv_heads), T = j->T;
+    size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t r0 = (size_t)b * (size_t)T;
+    ft_tr_attn_bwd_g(t->dq + r0 * qw, t->dk + r0 * kw, t->dv + r0 * kw, t->datt + r0 * qw,
+                     t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw, t->k + r0 * kw,
+                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+}
+
 /* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
 static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
 {
@@ -392,12 +483,8 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
         k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
         k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
     }
-    int win = ft_model_config_layer_window(c, l);
-    for (int b = 0; b < nb; b++) {
-        size_t r0 = (size_t)b * (size_t)T;
-        ft_tr_attn_fwd(t->att + r0 * qw, t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T,
-                       t->q + r0 * qw, t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, hd, win);
-    }
+    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_fwd_task, &aj);
     TRY(lin_fwd(t, l, TO, t->att, R, t->tmp));
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
     for (int r = 0; r < R; r++)
@@ -439,13 +526,8 @@ static void layer_bwd(ft_trainer *t, int l, int nb, int T)
     memset(t->dq, 0, (size_t)R * qw * sizeof(float));
     memset(t->dk, 0, (size_t)R * kw * sizeof(float));
     memset(t->dv, 0, (size_t)R * kw * sizeof(float));
-    int win = ft_model_config_layer_window(c, l);
-    for (int b = 0; b < nb; b++) {
-        size_t r0 = (size_t)b * (size_t)T;
-        ft_tr_attn_bwd(t->dq + r0 * qw, t->dk + r0 * kw, t->dv + r0 * kw, t->datt + r0 * qw,
-                       t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw,
-                       t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, hd, win);
-    }
+    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_bwd_task, &aj);
     for (int r = 0; r < R; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
         ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
@@ -580,7 +662,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
             int tg = tokens[r + 1];
             if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
         }
-        ft_tr_matT(dhf, H, t->lchunk, n, R, &sub, 0, n, t->row);
+        matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n);
     }
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
     for (int r = 0; r < R; r++)

@@ -29,6 +29,13 @@ void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const 
 void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
                     const float *k, const float *v, int T, int nh, int nkv, int hd, int window);
 
+/* The same for the heads of kv heads [g0, g1) only (threads split there:
+ * the heads of one kv head add into the same dk/dv). */
+void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                      int hd, int window, int g0, int g1);
+void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1);
+
 /* Loss over batch sequences of seq tokens (without an update); with
  * grad_scale != 0 the parameters' gradients get grad_scale * d(mean loss)
  * added. *loss_sum: summed token loss, *n: predicted tokens. */

@@ -424,6 +424,37 @@ TEST(seed_reproducible_and_init)
     ft_model_free(m);
 }
 
+/* threads split products, transposed products and attention heads; every
+ * value is computed in the same order whatever the split */
+TEST(threads_do_not_change_results)
+{
+    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 3;
+    p.lr = 1e-2f;
+    p.vocab_chunk = 96;
+    ft_trainer *t[3] = {NULL, NULL, NULL};
+    unsigned th[3] = {1, 2, 5};
+    int32_t tok[3 * 40];
+    for (int i = 0; i < 120; i++) tok[i] = (int32_t)((i * 101 + 3) % 320);
+    for (int k = 0; k < 3; k++) {
+        p.threads = th[k];
+        CHECK_OK(ft_trainer_create(m, &p, &t[k]));
+        REQUIRE(t[k]);
+        for (int s = 0; s < 3; s++) CHECK_OK(ft_trainer_step(t[k], tok, 3, 40, NULL, NULL));
+    }
+    size_t n;
+    float *a = ft_trainer_param_data(t[0], &n);
+    for (int k = 1; k < 3; k++) {
+        CHECK_MSG(memcmp(a, ft_trainer_param_data(t[k], &n), n * sizeof(float)) == 0, "%u threads differ", th[k]);
+        ft_trainer_free(t[k]);
+    }
+    ft_trainer_free(t[0]);
+    ft_model_free(m);
+}
+
 TEST(refusals)
 {
     ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
