@@ -43,6 +43,9 @@ struct ft_trainer {
     double *lmax, *lsum;
     void *ws;
     size_t ws_cap;
+    float *wt, *tmp2;        /* one matrix transposed to f32; R x wide     */
+    float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
+    size_t wt_cap;
     float *row;              /* a row of scratch per worker */
     size_t row_len;
     ft_pool *pool;
@@ -221,7 +224,7 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row};
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -241,6 +244,7 @@ void ft_trainer_free(ft_trainer *t)
     if (!t) return;
     free_ws(t);
     ft_pool_free(t->pool);
+    free(t->wt);
     free(t->ws);
     free(t->mods);
     free(t->w);
@@ -273,6 +277,9 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
     t->x2 = fz(r * H); t->h2 = fz(r * H); t->gt = fz(r * I); t->up = fz(r * I); t->mm = fz(r * I);
     t->tmp = fz(r * wide);
+    t->tmp2 = fz(r * wide);
+    t->bt = fz((size_t)t->p.rank * wide);
+    t->gbt = fz((size_t)t->p.rank * wide);
     t->P = fz((size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T);
     for (int i = 0; i < NT; i++) t->tl[i] = fz(r * (size_t)t->p.rank);
     t->dt = fz(r * (size_t)t->p.rank);
@@ -289,7 +296,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->row = fz(maxc * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
-             t->dup && t->dmm && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
+             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
     for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
     if (!ok) {
         free_ws(t);
@@ -363,12 +370,64 @@ static void matT_task(void *arg, size_t i, unsigned worker)
 }
 
 /* ft_tr_matT over blocks of 32 rows in parallel (each row's sums in the same order) */
-static void matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
-                 int o1)
+static void matT_axpy(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
+                      int o1)
 {
     matT_job j = {dx, ldx, dy, ldy, rows, W, o0, o1, t->row, t->row_len};
     size_t nb = (size_t)(rows + 31) / 32;
     ft_pool_run(nb > 1 ? t->pool : NULL, nb, matT_task, &j);
+}
+
+typedef struct wt_job { const ft_wmat *W; float *wt, *row; size_t row_len; } wt_job;
+
+static void wt_task(void *arg, size_t i, unsigned worker)
+{
+    const wt_job *j = arg;
+    const ft_wmat *W = j->W;
+    int o0 = (int)i * 64, o1 = o0 + 64 < W->rows ? o0 + 64 : W->rows;
+    float *row = j->row + (size_t)worker * j->row_len;
+    for (int o = o0; o < o1; o++) {
+        const float *r;
+        if (W->fmt == FT_WF_F32) r = (const float *)W->data + (size_t)o * (size_t)W->cols;
+        else {
+            ft_wmat_row_f32(W, o, row);
+            r = row;
+        }
+        for (int c = 0; c < W->cols; c++) j->wt[(size_t)c * (size_t)W->rows + (size_t)o] = r[c];
+    }
+}
+
+/* dx (R x W->cols) += dy (R x W->rows) W: W converted (dequantized as
+ * ft_wmat_row_f32 does) and transposed into one f32 matrix, then the
+ * engine's f32 product on it. Memory: one matrix in f32 at a time. */
+ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W)
+{
+    size_t need = (size_t)W->rows * (size_t)W->cols;
+    if (need > t->wt_cap) {
+        free(t->wt);
+        t->wt = malloc(need * sizeof(float));
+        t->wt_cap = t->wt ? need : 0;
+        if (!t->wt) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a transposed matrix");
+    }
+    wt_job wj = {W, t->wt, t->row, t->row_len};
+    ft_pool_run(t->pool, (size_t)(W->rows + 63) / 64, wt_task, &wj);
+    ft_wmat M = {FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
+    float *y = t->tmp2;
+    ft_status st = prod(t, y, W->cols, dy, R, &M, 0, W->cols, NULL);
+    if (st) return st;
+    for (size_t k = 0; k < (size_t)R * (size_t)W->cols; k++) dx[k] += y[k];
+    return FT_OK;
+}
+
+static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
+                      int o1)
+{
+    /* the fast path needs whole, contiguous operands and room in tmp2 */
+    if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
+        (size_t)W->cols <= t->row_len)
+        return ft_tr_matT_fast(t, dx, dy, rows, W);
+    matT_axpy(t, dx, ldx, dy, ldy, rows, W, o0, o1);
+    return FT_OK;
 }
 
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
@@ -380,57 +439,50 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
     if (!md->on) return FT_OK;
     const int rk = t->p.rank, in = md->in, out = md->out;
-    const float *A = t->w + md->a, *B = t->w + md->b;
-    float *tl = t->tl[i];
-    const ft_kernels *kk = ft_k_get();
-    for (int r = 0; r < R; r++) {
-        const float *xr = x + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) tl[(size_t)r * (size_t)rk + (size_t)j] = kk->dot(xr, A + (size_t)j * (size_t)in, in);
-        float *yr = y + (size_t)r * (size_t)out;
-        const float *tr = tl + (size_t)r * (size_t)rk;
-        for (int o = 0; o < out; o++) {
-            const float *bo = B + (size_t)o * (size_t)rk;
-            float s = 0.0f;
-            for (int j = 0; j < rk; j++) s += tr[j] * bo[j];
-            yr[o] += s * t->scale;
-        }
-    }
+    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
+    float *u = t->tmp2;
+    TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
+    for (size_t k = 0; k < (size_t)R * (size_t)out; k++) y[k] += u[k] * t->scale;
     return FT_OK;
 }
 
 /* dx += W^T dy + A^T dt, and the adapter's gradients (x, tl[i] from the forward) */
-static void lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy, int R, float *dx)
+static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy, int R, float *dx)
 {
     const ft_wmat *W = wmat(lw_of(t, l), tslot[i]);
-    matT(t, dx, W->cols, dy, W->rows, R, W, 0, W->rows);
+    TRY(matT(t, dx, W->cols, dy, W->rows, R, W, 0, W->rows));
     const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-    if (!md->on) return;
+    if (!md->on) return FT_OK;
     const int rk = t->p.rank, in = md->in, out = md->out;
     const float *A = t->w + md->a, *B = t->w + md->b, *tl = t->tl[i];
-    float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt;
+    float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt, *bt = t->bt, *gbt = t->gbt;
     const float s = t->scale;
     const ft_kernels *kk = ft_k_get();
+    /* dt = s dy B: B^T (rk x out) as a matrix of its own */
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
+    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
+    TRY(prod(t, dt, rk, dy, R, &BT, 0, rk, NULL));
+    for (size_t k = 0; k < (size_t)R * (size_t)rk; k++) dt[k] *= s;
+    /* dB^T = s t^T dy, along out */
+    memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < rk; j++)
+            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
+                     dy + (size_t)r * (size_t)out, out);
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
+    /* dA += dt^T x, dx += dt A */
     for (int r = 0; r < R; r++) {
-        const float *dyr = dy + (size_t)r * (size_t)out, *tr = tl + (size_t)r * (size_t)rk;
-        float *dtr = dt + (size_t)r * (size_t)rk;
-        for (int j = 0; j < rk; j++) dtr[j] = 0.0f;
-        for (int o = 0; o < out; o++) {
-            float d = dyr[o] * s;
-            if (d == 0.0f) continue;
-            const float *bo = B + (size_t)o * (size_t)rk;
-            float *gbo = gB + (size_t)o * (size_t)rk;
-            for (int j = 0; j < rk; j++) {
-                gbo[j] += d * tr[j];
-                dtr[j] += d * bo[j];
-            }
-        }
-        const float *xr = x + (size_t)r * (size_t)in;
+        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
         float *dxr = dx + (size_t)r * (size_t)in;
         for (int j = 0; j < rk; j++) {
             kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
             kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
         }
     }
+    return FT_OK;
 }
 
 /* attention over (sequence, kv head) tasks: disjoint outputs */
@@ -503,7 +555,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
 }
 
 /* t->dx holds d loss / d xs[l + 1]; leaves d loss / d xs[l] there */
-static void layer_bwd(ft_trainer *t, int l, int nb, int T)
+static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
 {
     const ft_model_config *c = &t->cfg;
     const int R = nb * T, H = c->hidden, hd = c->head_dim, half = hd / 2;
@@ -513,16 +565,16 @@ static void layer_bwd(ft_trainer *t, int l, int nb, int T)
     const float *x = t->xs + (size_t)l * RH;
     memcpy(t->dx2, t->dx, RH * sizeof(float));
     memset(t->dmm, 0, RI * sizeof(float));
-    lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm);
+    TRY(lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm));
     ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
     memset(t->dh, 0, RH * sizeof(float));
-    lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh);
-    lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh);
+    TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
     for (int r = 0; r < R; r++)
         ft_tr_rmsnorm_bwd(t->dx2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W),
                           t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
-    lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt);
+    TRY(lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt));
     memset(t->dq, 0, (size_t)R * qw * sizeof(float));
     memset(t->dk, 0, (size_t)R * kw * sizeof(float));
     memset(t->dv, 0, (size_t)R * kw * sizeof(float));
@@ -534,13 +586,14 @@ static void layer_bwd(ft_trainer *t, int l, int nb, int T)
         ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
     }
     memset(t->dh, 0, RH * sizeof(float));
-    lin_bwd(t, l, TQ, t->h1, t->dq, R, t->dh);
-    lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh);
-    lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh);
+    TRY(lin_bwd(t, l, TQ, t->h1, t->dq, R, t->dh));
+    TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
+    TRY(lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh));
     memcpy(t->dx, t->dx2, RH * sizeof(float));
     for (int r = 0; r < R; r++)
         ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W),
                           t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    return FT_OK;
 }
 
 /* rows [v0, v0 + n) of W as a matrix of its own (q8/q4: v0 on a chunk) */
@@ -662,7 +715,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
             int tg = tokens[r + 1];
             if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
         }
-        matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n);
+        TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
     }
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
     for (int r = 0; r < R; r++)
@@ -671,7 +724,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     /* the layers in reverse, each recomputed from its saved input */
     for (int l = L - 1; l >= 0; l--) {
         TRY(layer_fwd(t, l, nb, T));
-        layer_bwd(t, l, nb, T);
+        TRY(layer_bwd(t, l, nb, T));
     }
     return FT_OK;
 }

@@ -13,6 +13,11 @@ void ft_tr_matT(float *dx, int ldx, const float *dy, int ldy, int rows, const ft
 void ft_tr_matT_ref(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
                     float *row);
 
+/* The trainer's W^T dy: W dequantized and transposed into one f32 matrix
+ * (t's scratch), the engine's f32 product on it, added into dx
+ * (R x W->cols, contiguous); dy R x W->rows. */
+ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
+
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
 void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
 /* RoPE backward: the inverse rotation (any cos/sin, scaled ones too). */

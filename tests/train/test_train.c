@@ -162,6 +162,24 @@ TEST(matT_stored_formats)
         ft_tr_matT_ref(b, W->cols, dy, W->rows, R, W, 0, W->rows, row);
         float d = ft_max_abs_diff(a, b, (size_t)R * (size_t)W->cols);
         CHECK_MSG(d < 1e-5f, "%s: matT vs ref %g", ft_wfmt_name(W->fmt), (double)d);
+        /* the trainer's path: transposed f32 copy + the engine's product */
+        {
+            ft_train_params tp;
+            ft_train_params_default(&tp);
+            ft_trainer *t = NULL;
+            CHECK_OK(ft_trainer_create(m, &tp, &t));
+            REQUIRE(t);
+            int32_t tk[R] = {1, 2, 3};
+            double ls;
+            int64_t cnt;
+            CHECK_OK(ft_trainer_eval(t, tk, 1, R, &ls, &cnt));   /* sizes the scratch for R rows */
+            float *c = calloc((size_t)R * (size_t)W->cols, 4);
+            CHECK_OK(ft_tr_matT_fast(t, c, dy, R, W));
+            d = ft_max_abs_diff(c, b, (size_t)R * (size_t)W->cols);
+            CHECK_MSG(d < 1e-5f, "%s: matT_fast vs ref %g", ft_wfmt_name(W->fmt), (double)d);
+            free(c);
+            ft_trainer_free(t);
+        }
         /* adjoint: y_r[o] = sum_i row_o[i] x_r[i] with dequantized rows */
         float *x = malloc(4 * (size_t)R * (size_t)W->cols);
         fill(x, (size_t)R * (size_t)W->cols, 1.0f);
