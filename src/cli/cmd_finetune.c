@@ -363,7 +363,7 @@ int ft_cmd_finetune(int argc, char **argv)
     /* the data order is a function of (seed, sequences consumed) */
     long consumed = start * (long)per, epoch = consumed / ntrain, cursor = consumed % ntrain;
     shuffle(perm, ntrain, (uint64_t)seed, epoch);
-    double t0 = ft_now();
+    double t0 = ft_now(), t1 = 0.0;
     long end_step = stop_after && start + stop_after < steps ? start + stop_after : steps;
     for (long s = start; s < end_step; s++) {
         for (size_t k = 0; k < per; k++) {
@@ -378,6 +378,7 @@ int ft_cmd_finetune(int argc, char **argv)
             fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
             goto done;
         }
+        if (s == start) t1 = ft_now();
         double el = ft_now() - t0, tps = (double)(s + 1 - start) * (double)per * (double)seq / el;
         char eta[32];
         fmt_eta(el / (double)(s + 1 - start) * (double)(end_step - s - 1), eta, sizeof eta);
@@ -389,6 +390,10 @@ int ft_cmd_finetune(int argc, char **argv)
             printf("state saved to %s at step %ld\n", outdir, s + 1);
         }
     }
+    if (end_step - start > 1)
+        printf("trained %ld steps in %.1f s: %.0f tok/s after the first step (%.0f overall)\n", end_step - start,
+               ft_now() - t0, (double)(end_step - start - 1) * (double)per * (double)seq / (ft_now() - t1),
+               (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
     if (neval) {
         double aloss, appl;
         if ((st = evaluate(t, evals, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
