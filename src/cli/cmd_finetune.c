@@ -418,16 +418,17 @@ done:
 /* ------------------------------------------------------ run --lora */
 
 static const char RL_USAGE[] =
-    "usage: flextier run --model DIR --lora ADAPTER_DIR (--prompt TEXT | --prompt-file FILE)\n"
-    "         [--max-new-tokens N] [--weights-dtype F] [--ids]\n"
+    "usage: flextier run --model DIR --lora ADAPTER_DIR (--prompt TEXT | --prompt-file FILE |\n"
+    "         --prompt-ids ID,ID,...) [--max-new-tokens N] [--weights-dtype F] [--ids]\n"
     "Greedy generation with one PEFT LoRA adapter applied unmerged (y = W x + alpha/r B A x),\n"
     "through the trainer's forward (each token recomputes the sequence: no KV cache). Other\n"
     "run options (sampling, offloading, batches, several adapters) are not implemented with\n"
-    "--lora. --ids prints the token ids.\n";
+    "--lora. --ids prints the token ids; --prompt-ids takes the prompt as token ids (to compare\n"
+    "with transformers + peft on the same ids).\n";
 
 int ft_cmd_run_lora(int argc, char **argv)
 {
-    const char *dir = NULL, *lora = NULL, *prompt = NULL, *pfile = NULL;
+    const char *dir = NULL, *lora = NULL, *prompt = NULL, *pfile = NULL, *pids = NULL;
     long max_new = 32;
     int weights = FT_WEIGHTS_AS_STORED, print_ids = 0;
     for (int i = 1; i < argc; i++) {
@@ -445,14 +446,17 @@ int ft_cmd_run_lora(int argc, char **argv)
             lora = v;
         } else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--prompt-file")) pfile = v;
+        else if (!strcmp(a, "--prompt-ids")) pids = v;
         else if (!strcmp(a, "--max-new-tokens")) {
             if (ft_cli_parse_int(v, 0, 1 << 20, &max_new)) return ft_cli_usage_error(RL_USAGE, "bad --max-new-tokens %s", v);
         } else if (!strcmp(a, "--weights-dtype")) {
             if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(RL_USAGE, "--weights-dtype: %s", ft_last_error());
         } else return ft_cli_usage_error(RL_USAGE, "option %s is not implemented with --lora", a);
     }
-    if (!dir || !lora || (!prompt == !pfile))
-        return ft_cli_usage_error(RL_USAGE, "--model, --lora and one of --prompt / --prompt-file are required");
+    if (!dir || !lora || (!!prompt + !!pfile + !!pids) != 1)
+        return ft_cli_usage_error(RL_USAGE, "--model, --lora and one of --prompt / --prompt-file / --prompt-ids are "
+                                  "required");
+    if (pids) print_ids = 1;
     int rc = FT_EXIT_ERR;
     ft_status st;
     ft_model *m = NULL;
@@ -473,7 +477,24 @@ int ft_cmd_run_lora(int argc, char **argv)
     if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
     if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("run --lora", st); goto done; }
     if ((st = ft_trainer_load_adapter(t, lora))) { ft_cli_fail(lora, st); goto done; }
-    if (pfile) {
+    if (pids) {
+        size_t cap = strlen(pids) / 2 + 1;
+        ids = malloc(cap * sizeof(int32_t));
+        if (!ids) { ft_cli_fail("run --lora", FT_ERR_NOMEM); goto done; }
+        const char *q = pids;
+        st = FT_OK;
+        while (*q && n < cap) {
+            char *e;
+            long id = strtol(q, &e, 10);
+            if (e == q || id < 0 || id >= ft_model_get_config(m)->vocab || (*e && *e != ',')) {
+                st = ft_set_error(FT_ERR_INVALID_ARG, "--prompt-ids: '%s': expected ids in [0, vocab) separated by "
+                                  "commas", pids);
+                break;
+            }
+            ids[n++] = (int32_t)id;
+            q = *e ? e + 1 : e;
+        }
+    } else if (pfile) {
         if ((st = ft_cli_read_file(pfile, &raw, &rawn))) { ft_cli_fail(pfile, st); goto done; }
         st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &n);
     } else {

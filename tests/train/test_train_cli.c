@@ -6,6 +6,7 @@
 #include "support/cli_run.h"
 #include "support/fixture.h"
 
+#include <json-c/json.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,6 +94,29 @@ TEST(resume_equals_uninterrupted)
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
                 "--batch 3 > %s/r4 2>&1", b, model, tmp, tmp, tmp, tmp) == 1);
     CHECK(ft_file_has(tmp, "r4", "batch differs"));
+}
+
+/* run --lora with PEFT's final adapter gives transformers + peft's greedy
+ * tokens (tests/data/lora/llama-tiny/run.json) */
+TEST(run_lora_matches_peft_greedy)
+{
+    setup();
+    char dir[1024], path[1200], ids[512] = "", want[512] = "";
+    ft_fixture_dir("lora", "llama-tiny", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    json_object *run = json_object_from_file(path);
+    REQUIRE(run);
+    json_object *p = json_object_object_get(run, "prompt"), *g = json_object_object_get(run, "greedy");
+    for (size_t i = 0; i < json_object_array_length(p); i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "",
+                 json_object_get_int(json_object_array_get_idx(p, i)));
+    for (size_t i = 0; i < json_object_array_length(g); i++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "",
+                 json_object_get_int(json_object_array_get_idx(g, i)));
+    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu > %s/peft_gen 2>&1",
+                ft_test_bin(), model, dir, ids, json_object_array_length(g), tmp) == 0);
+    CHECK(ft_file_has(tmp, "peft_gen", want));
+    json_object_put(run);
 }
 
 static void fails(int want_rc, const char *args, const char *needle)
