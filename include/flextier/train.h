@@ -97,6 +97,16 @@ FT_API ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int batch
 /* Logits of the last position of one sequence (vocab floats), with the
  * adapters applied: y = W x + (alpha / r) B (A x). For `run --lora`. */
 FT_API ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits);
+/* JSONL training data: calls fn(user, text, len) for the "text" string of
+ * each non-blank line's object, in order (len bytes, no NUL inside: JSON
+ * strings holding \u0000 are refused by the NUL check on the input, and
+ * text is NUL-terminated). FT_ERR_CORRUPT naming `what` and the line for
+ * a line that is not an object with a string "text" (or has trailing
+ * bytes), or for no documents; FT_ERR_UNSUPPORTED for chat "messages";
+ * a status other than FT_OK from fn stops and is returned. */
+typedef ft_status (*ft_train_text_fn)(void *user, const char *text, size_t len);
+FT_API ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft_train_text_fn fn, void *user);
+
 /* The learning rate of optimizer step s (0-based). */
 FT_API double ft_trainer_lr_at(const ft_trainer *t, int s);
 /* Steps taken; the number of trainable parameters. */

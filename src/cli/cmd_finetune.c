@@ -63,6 +63,25 @@ static ft_status append(int32_t **all, size_t *n, size_t *cap, const int32_t *id
     return FT_OK;
 }
 
+typedef struct jl_ctx {
+    const ft_tokenizer *tok;
+    int32_t **all;
+    size_t *n, *cap;
+    int32_t eos;
+} jl_ctx;
+
+static ft_status jl_doc(void *user, const char *text, size_t len)
+{
+    jl_ctx *c = user;
+    int32_t *ids = NULL;
+    size_t k = 0;
+    ft_status st = ft_tokenizer_encode(c->tok, text, len, 1, &ids, &k);
+    if (!st) st = append(c->all, c->n, c->cap, ids, k);
+    if (!st && c->eos >= 0) st = append(c->all, c->n, c->cap, &c->eos, 1);
+    free(ids);
+    return st;
+}
+
 /* the file's tokens: plain text as one document, JSONL one document per
  * line ({"text": ...}), each followed by EOS when the model has one */
 static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg, int32_t **out,
@@ -83,49 +102,8 @@ static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const 
         if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &k))) goto done;
         if ((st = append(&all, &n, &cap, ids, k))) goto done;
     } else {
-        size_t line = 0, docs = 0;
-        const char *p = (const char *)raw, *end = p + rawn;
-        while (p < end) {
-            const char *e = memchr(p, '\n', (size_t)(end - p));
-            size_t len = e ? (size_t)(e - p) : (size_t)(end - p);
-            line++;
-            const char *q = p;
-            p += len + (e ? 1 : 0);
-            size_t blank = 0;
-            while (blank < len && (q[blank] == ' ' || q[blank] == '\t' || q[blank] == '\r')) blank++;
-            if (blank == len) continue;
-            json_tokener *tk = json_tokener_new();
-            json_object *o = tk ? json_tokener_parse_ex(tk, q, (int)len) : NULL;
-            int bad = !tk || json_tokener_get_error(tk) != json_tokener_success || !o ||
-                      !json_object_is_type(o, json_type_object);
-            if (tk) json_tokener_free(tk);
-            json_object *v = NULL;
-            if (!bad && json_object_object_get_ex(o, "messages", &v) && !json_object_object_get_ex(o, "text", &v)) {
-                json_object_put(o);
-                st = ft_set_error(FT_ERR_UNSUPPORTED, "data: %s line %zu: chat \"messages\" are not implemented "
-                                  "(needs the model's chat template); use {\"text\": ...}", path, line);
-                goto done;
-            }
-            if (bad || !json_object_object_get_ex(o, "text", &v) || !json_object_is_type(v, json_type_string)) {
-                if (o) json_object_put(o);
-                st = ft_set_error(FT_ERR_CORRUPT, "data: %s line %zu: expected a JSON object with a string \"text\"",
-                                  path, line);
-                goto done;
-            }
-            free(ids);
-            ids = NULL;
-            st = ft_tokenizer_encode(tok, json_object_get_string(v), (size_t)json_object_get_string_len(v), 1, &ids,
-                                     &k);
-            json_object_put(o);
-            if (st) goto done;
-            if ((st = append(&all, &n, &cap, ids, k))) goto done;
-            if (eos >= 0 && (st = append(&all, &n, &cap, &eos, 1))) goto done;
-            docs++;
-        }
-        if (!docs) {
-            st = ft_set_error(FT_ERR_CORRUPT, "data: %s has no JSONL documents", path);
-            goto done;
-        }
+        jl_ctx c = {tok, &all, &n, &cap, eos};
+        if ((st = ft_train_jsonl_each((const char *)raw, rawn, path, jl_doc, &c))) goto done;
     }
     for (size_t i = 0; i < n; i++)
         if (all[i] < 0 || all[i] >= cfg->vocab) {
