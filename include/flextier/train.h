@@ -107,6 +107,9 @@ FT_API ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, in
 typedef ft_status (*ft_train_text_fn)(void *user, const char *text, size_t len);
 FT_API ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft_train_text_fn fn, void *user);
 
+/* Greedy decoding with the adapters applied and a K/V cache (one row per
+ * position): max_new token ids into out. n + max_new <= the context. */
+FT_API ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out);
 /* The learning rate of optimizer step s (0-based). */
 FT_API double ft_trainer_lr_at(const ft_trainer *t, int s);
 /* Steps taken; the number of trainable parameters. */

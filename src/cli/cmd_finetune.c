@@ -399,7 +399,7 @@ static const char RL_USAGE[] =
     "usage: flextier run --model DIR --lora ADAPTER_DIR (--prompt TEXT | --prompt-file FILE |\n"
     "         --prompt-ids ID,ID,...) [--max-new-tokens N] [--weights-dtype F] [--ids]\n"
     "Greedy generation with one PEFT LoRA adapter applied unmerged (y = W x + alpha/r B A x),\n"
-    "through the trainer's forward (each token recomputes the sequence: no KV cache). Other\n"
+    "through the trainer's forward with a K/V cache (one row per position). Other\n"
     "run options (sampling, offloading, batches, several adapters) are not implemented with\n"
     "--lora. --ids prints the token ids; --prompt-ids takes the prompt as token ids (to compare\n"
     "with transformers + peft on the same ids).\n";
@@ -487,13 +487,8 @@ int ft_cmd_run_lora(int argc, char **argv)
     lg = malloc((size_t)cfg->vocab * sizeof(float));
     if (!seqv || !lg) { ft_cli_fail("run --lora", FT_ERR_NOMEM); goto done; }
     memcpy(seqv, ids, n * sizeof(int32_t));
-    size_t len = n;
-    for (long g = 0; g < max_new; g++) {
-        if ((st = ft_trainer_last_logits(t, seqv, (int)len, lg))) { ft_cli_fail("forward", st); goto done; }
-        int best = 0;
-        for (int v = 1; v < cfg->vocab; v++) if (lg[v] > lg[best]) best = v;
-        seqv[len++] = best;
-    }
+    if ((st = ft_trainer_generate(t, seqv, (int)n, (int)max_new, seqv + n))) { ft_cli_fail("generate", st); goto done; }
+    size_t len = n + (size_t)max_new;
     if (print_ids) {
         for (size_t i = n; i < len; i++) printf("%s%d", i > n ? " " : "", (int)seqv[i]);
         printf("\n");

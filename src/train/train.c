@@ -846,3 +846,99 @@ void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step)
 }
 
 void ft_tr_set_step(ft_trainer *t, int step) { t->step = step; }
+
+/* ------------------------------------------------ greedy decoding */
+
+/* one row at position pos through layer l, K/V appended to the caches */
+static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, float *vc, float *sc)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_kernels *k = ft_k_get();
+    const int H = c->hidden, hd = c->head_dim, half = hd / 2, rep = c->n_heads / c->n_kv_heads;
+    const size_t kw = (size_t)c->n_kv_heads * (size_t)hd;
+    const ft_layer_weights *lw = lw_of(t, l);
+    k->rmsnorm(t->h1, x, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
+    TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
+    TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
+    size_t po = (size_t)pos * (size_t)half;
+    k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
+    k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+    memcpy(kc + (size_t)pos * kw, t->k, kw * sizeof(float));
+    memcpy(vc + (size_t)pos * kw, t->v, kw * sizeof(float));
+    int win = ft_model_config_layer_window(c, l), j0 = win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t go = (size_t)(h / rep) * (size_t)hd;
+        const float *qh = t->q + (size_t)h * (size_t)hd;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = j0; j <= pos; j++) {
+            sc[j] = k->dot(qh, kc + (size_t)j * kw + go, hd) * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        for (int j = j0; j <= pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *oh = t->att + (size_t)h * (size_t)hd;
+        memset(oh, 0, (size_t)hd * sizeof(float));
+        for (int j = j0; j <= pos; j++) k->axpy(oh, sc[j] / sum, vc + (size_t)j * kw + go, hd);
+    }
+    TRY(lin_fwd(t, l, TO, t->att, 1, t->tmp));
+    for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
+    k->rmsnorm(t->h2, t->x2, wvec(lw, LW_NORM2_W), H, c->norm_eps);
+    TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
+    TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+    for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
+    TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
+    return FT_OK;
+}
+
+ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out)
+{
+    if (!t || !out || max_new < 0) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_generate: bad argument");
+    TRY(check_tokens(t, prompt, 1, n, 1));
+    const ft_model_config *c = &t->cfg;
+    if ((int64_t)n + max_new > c->max_pos)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %d + %d tokens exceed the context of %d", n, max_new,
+                            c->max_pos);
+    const int total = n + max_new, H = c->hidden;
+    if (total == 0 || max_new == 0) return FT_OK;
+    TRY(ensure(t, 1, total));
+    const size_t kw = (size_t)c->n_kv_heads * (size_t)c->head_dim, per = (size_t)total * kw;
+    float *cache = malloc(2 * (size_t)c->n_layers * per * sizeof(float)), *sc = malloc((size_t)total * sizeof(float));
+    float *x = malloc((size_t)H * sizeof(float)), *hf = malloc((size_t)H * sizeof(float));
+    float *lg = malloc((size_t)c->vocab * sizeof(float));
+    ft_status st = FT_OK;
+    if (!cache || !sc || !x || !hf || !lg) {
+        st = ft_set_error(FT_ERR_NOMEM, "generate: out of memory for the cache of %d tokens", total);
+        goto done;
+    }
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *W = ft_model_global(t->m, GW_LM_HEAD);
+    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    int32_t tok = prompt[0];
+    for (int pos = 0; pos < total - 1; pos++) {
+        ft_wmat_row_f32(E, tok, x);
+        for (int l = 0; l < c->n_layers && !st; l++)
+            st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        if (st) goto done;
+        if (pos + 1 < n) {
+            tok = prompt[pos + 1];
+            continue;
+        }
+        ft_k_get()->rmsnorm(hf, x, fw, H, c->norm_eps);
+        if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
+        int best = 0;
+        for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;
+        out[pos + 1 - n] = best;
+        tok = best;
+    }
+done:
+    free(cache);
+    free(sc);
+    free(x);
+    free(hf);
+    free(lg);
+    return st;
+}

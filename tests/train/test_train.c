@@ -411,6 +411,44 @@ TEST(lora_run_matches_peft)
     json_object_put(run);
 }
 
+/* cached greedy decoding equals recomputing the whole sequence per token */
+static void generate_vs_recompute(const char *name, int fmt)
+{
+    ft_model *m = load(name, fmt);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = 3;
+    ft_trainer *t = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &t));
+    REQUIRE(t);
+    size_t n = 0;
+    float *w = ft_trainer_param_data(t, &n);
+    fill(w, n, 0.2f);
+    int32_t seq[32] = {1, 20, 30, 40, 50, 60, 70};
+    int32_t out[12];
+    CHECK_OK(ft_trainer_generate(t, seq, 7, 12, out));
+    int V = ft_model_get_config(m)->vocab;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int g = 0; g < 12; g++) {
+        CHECK_OK(ft_trainer_last_logits(t, seq, 7 + g, lg));
+        int best = 0;
+        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        CHECK_MSG(best == out[g], "%s token %d: cached %d, recomputed %d", name, g, (int)out[g], best);
+        seq[7 + g] = best;
+    }
+    free(lg);
+    ft_trainer_free(t);
+    ft_model_free(m);
+}
+
+TEST(generate_cached_equals_recompute)
+{
+    generate_vs_recompute("llama-tiny", FT_WF_F32);
+    generate_vs_recompute("mistral-sw", FT_WF_F32);   /* window 5 < 19 positions */
+    generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
+}
+
 TEST(seed_reproducible_and_init)
 {
     ft_model *m = load("llama-tiny", FT_WF_F32);
