@@ -25,6 +25,7 @@
 #include "flextier/engine.h"
 #include "flextier/offload.h"
 #include "flextier/cuda.h"
+#include "flextier/train.h"
 #include "flextier/session.h"
 #include "flextier/server.h"
 

@@ -183,6 +183,7 @@ static const char RUN_USAGE[] =
     "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
     "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [--device cpu|cuda]\n"
     "         [--strict] [offloading options]\n"
+    "       flextier run --model DIR --lora ADAPTER_DIR --prompt TEXT   (run --lora --help)\n"
     "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
     "tokenizer.json or vocab.json + merges.txt). One --prompt streams its text; a --prompt-file\n"
     "holds one prompt per\n"
@@ -232,6 +233,9 @@ static int stream_text(void *user, size_t seq, const char *text, size_t len)
 
 int ft_cmd_run(int argc, char **argv)
 {
+    /* --lora: the trainer's forward with the adapter (cmd_finetune.c) */
+    for (int i = 1; i < argc; i++)
+        if (opt_is(argv[i], "--lora")) return ft_cmd_run_lora(argc, argv);
     const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL;
     long max_new = 64, top_k = -1, threads = 0, seed = 0;
     double temp = -1, top_p = -1, rep = -1;

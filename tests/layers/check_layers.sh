@@ -6,7 +6,7 @@
 # its target (FT_CUDA=FAKE's emulation, tests/cuda/fake, counts as cuda).
 #   check_layers.sh OBJECT...
 set -euo pipefail
-order="core codec net store agent model engine offload pipe cuda session server"
+order="core codec net store agent model engine offload pipe cuda train session server"
 rank() {   # layer name -> position in $order, or nothing
     local i=0 l
     for l in $order; do [ "$l" = "$1" ] && { echo $i; return; }; i=$((i + 1)); done

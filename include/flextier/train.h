@@ -1,0 +1,122 @@
+/* LoRA fine-tuning (the train layer, src/train; docs/training.md).
+ *
+ * The base model's weights stay frozen in their stored format (f32, bf16,
+ * q8, q4: the engine's products run on them as they are); only LoRA
+ * adapters (rank r, scale alpha / r, on the projections PEFT names
+ * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) are trained,
+ * in f32, with AdamW (PyTorch's update), warmup + cosine / linear decay,
+ * gradient accumulation and clipping by the global norm. The backward pass
+ * recomputes each layer's forward (per-layer activation checkpointing):
+ * memory is the layers' inputs plus one layer's activations.
+ *
+ * This slice supports the llama family (llama, mistral, qwen2) with the
+ * model's layers in memory, on the CPU (threads over the products, the
+ * transposed products and attention heads); everything else
+ * (OPT, layers streamed by the offloading scheduler, dropout > 0, ...) is
+ * refused with FT_ERR_UNSUPPORTED and a message naming what. */
+#ifndef FLEXTIER_TRAIN_H
+#define FLEXTIER_TRAIN_H
+#include "flextier/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Target modules (PEFT names), a bit mask. */
+enum {
+    FT_LORA_Q = 1, FT_LORA_K = 2, FT_LORA_V = 4, FT_LORA_O = 8,
+    FT_LORA_GATE = 16, FT_LORA_UP = 32, FT_LORA_DOWN = 64,
+    FT_LORA_ALL = 127
+};
+/* "q_proj" -> FT_LORA_Q; 0 if unknown. */
+FT_API unsigned ft_lora_target_bit(const char *name);
+/* A comma-separated list ("q_proj,v_proj" or "all") into a mask; FT_ERR_INVALID_ARG
+ * naming the unknown entry. */
+FT_API ft_status ft_lora_parse_targets(const char *list, unsigned *mask);
+
+typedef enum ft_lr_schedule { FT_SCHED_COSINE = 0, FT_SCHED_LINEAR = 1, FT_SCHED_CONSTANT = 2 } ft_lr_schedule;
+
+typedef struct ft_train_params {
+    int rank;                 /* LoRA r (default 8)                              */
+    float alpha;              /* lora_alpha (default 16); scale = alpha / r      */
+    float dropout;            /* lora_dropout: only 0 is implemented            */
+    unsigned targets;         /* FT_LORA_* mask (default FT_LORA_ALL)           */
+    float lr;                 /* peak learning rate (default 2e-4)              */
+    float beta1, beta2, eps;  /* AdamW (0.9, 0.999, 1e-8)                       */
+    float weight_decay;       /* decoupled (default 0.01)                       */
+    float clip;               /* max global gradient norm; 0: no clipping (1.0)  */
+    int warmup;               /* linear warmup steps (default 0)                */
+    int total_steps;          /* for the decay (required, >= 1)                 */
+    ft_lr_schedule schedule;  /* default cosine                                 */
+    int grad_accum;           /* micro-batches per optimizer step (default 1)   */
+    uint64_t seed;            /* adapter initialisation (default 0)             */
+    int vocab_chunk;          /* LM-head rows per cross-entropy chunk (4096)    */
+    unsigned threads;         /* 0: every core (FLEXTIER_THREADS); results do
+                                 not depend on it (tested)                     */
+} ft_train_params;
+
+FT_API void ft_train_params_default(ft_train_params *p);
+
+typedef struct ft_trainer ft_trainer;
+
+/* A trainer over a loaded model (which must outlive it). The adapters are
+ * initialised as PEFT does: lora_A kaiming-uniform(a = sqrt(5)), i.e.
+ * uniform(-1/sqrt(in), 1/sqrt(in)), from the seed; lora_B zeros. */
+FT_API ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trainer **out);
+FT_API void ft_trainer_free(ft_trainer *t);      /* NULL ok */
+
+/* Replace the adapters by a PEFT adapter directory's (adapter_config.json
+ * + adapter_model.safetensors, f32): its r, alpha and targets must equal
+ * the trainer's (FT_ERR_INVALID_ARG naming the difference). */
+FT_API ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir);
+/* Read a PEFT adapter directory's adapter_config.json into p's rank,
+ * alpha and targets (the rest of p is left as it is); what is not
+ * implemented (DoRA, rsLoRA, other modules, patterns) is refused. */
+FT_API ft_status ft_lora_read_config(const char *dir, ft_train_params *p);
+/* Write the adapters in PEFT's format into dir (created if missing). */
+FT_API ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const char *base_model);
+
+/* The whole training state (adapters, AdamW moments, steps taken) as one
+ * safetensors file, and back: a run resumed from it continues bit for bit
+ * as the uninterrupted run (same data order given). The file must come
+ * from a trainer of the same rank, alpha and targets. */
+FT_API ft_status ft_trainer_save_state(const ft_trainer *t, const char *path);
+FT_API ft_status ft_trainer_load_state(ft_trainer *t, const char *path);
+
+/* One optimizer step over grad_accum micro-batches: tokens holds
+ * grad_accum * batch * seq ids, micro-batch a at a * batch * seq, each
+ * sequence's position i predicting its token i + 1 (labels = inputs, as
+ * transformers' causal-LM loss). *loss: the mean of the micro-batches'
+ * mean losses; *grad_norm: the global norm before clipping (NULL ok). */
+FT_API ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss,
+                                 double *grad_norm);
+/* The summed token loss of batch sequences (no update) and the number of
+ * predicted tokens: perplexity = exp(sum / n) over a held-out set. */
+FT_API ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss_sum,
+                                 int64_t *n_tokens);
+/* Logits of the last position of one sequence (vocab floats), with the
+ * adapters applied: y = W x + (alpha / r) B (A x). For `run --lora`. */
+FT_API ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits);
+/* JSONL training data: calls fn(user, text, len) for the "text" string of
+ * each non-blank line's object, in order (len bytes, no NUL inside: JSON
+ * strings holding \u0000 are refused by the NUL check on the input, and
+ * text is NUL-terminated). FT_ERR_CORRUPT naming `what` and the line for
+ * a line that is not an object with a string "text" (or has trailing
+ * bytes), or for no documents; FT_ERR_UNSUPPORTED for chat "messages";
+ * a status other than FT_OK from fn stops and is returned. */
+typedef ft_status (*ft_train_text_fn)(void *user, const char *text, size_t len);
+FT_API ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft_train_text_fn fn, void *user);
+
+/* Greedy decoding with the adapters applied and a K/V cache (one row per
+ * position): max_new token ids into out. n + max_new <= the context. */
+FT_API ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out);
+/* The learning rate of optimizer step s (0-based). */
+FT_API double ft_trainer_lr_at(const ft_trainer *t, int s);
+/* Steps taken; the number of trainable parameters. */
+FT_API int ft_trainer_steps(const ft_trainer *t);
+FT_API size_t ft_trainer_param_count(const ft_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

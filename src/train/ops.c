@@ -1,0 +1,168 @@
+/* The backward of the llama-family ops (train_internal.h), f32. The
+ * transposed product uses the engine's axpy kernel and has a scalar
+ * reference twin; the rest is scalar code. */
+#include "train/train_internal.h"
+
+#include "engine/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* the engine's dot/axpy (SIMD with scalar twins, tests/engine) */
+#define KDOT(a, b, n) (kk->dot((a), (b), (n)))
+#define KAXPY(y, a, x, n) (kk->axpy((y), (a), (x), (n)))
+
+static const float *wrow(const ft_wmat *W, int o, float *buf)
+{
+    if (W->fmt == FT_WF_F32) return (const float *)W->data + (size_t)o * (size_t)W->cols;
+    ft_wmat_row_f32(W, o, buf);
+    return buf;
+}
+
+void ft_tr_matT(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
+                float *row)
+{
+    /* blocks of RB rows keep their dx rows in cache while every weight row
+     * passes; a stored row is converted once per block */
+    enum { RB = 32 };
+    const ft_kernels *k = ft_k_get();
+    for (int r0 = 0; r0 < rows; r0 += RB) {
+        int r1 = rows - r0 < RB ? rows : r0 + RB;
+        for (int o = o0; o < o1; o++) {
+            const float *w = NULL;
+            for (int r = r0; r < r1; r++) {
+                float g = dy[(size_t)r * (size_t)ldy + (size_t)o];
+                if (g == 0.0f) continue;
+                if (!w) w = wrow(W, o, row);
+                k->axpy(dx + (size_t)r * (size_t)ldx, g, w, W->cols);
+            }
+        }
+    }
+}
+
+void ft_tr_matT_ref(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
+                    float *row)
+{
+    for (int o = o0; o < o1; o++) {
+        const float *w = wrow(W, o, row);
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < W->cols; i++)
+                dx[(size_t)r * (size_t)ldx + (size_t)i] += dy[(size_t)r * (size_t)ldy + (size_t)o] * w[i];
+    }
+}
+
+void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps)
+{
+    /* y_i = w_i x_i s, s = (mean(x^2) + eps)^-1/2:
+     * dx_i = s w_i dy_i - x_i s^3 / n * sum_j w_j dy_j x_j */
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float s = 1.0f / sqrtf(ss / (float)n + eps);
+    float dot = 0.0f;
+    for (int i = 0; i < n; i++) dot += w[i] * dy[i] * x[i];
+    float c = dot * s * s * s / (float)n;
+    for (int i = 0; i < n; i++) dx[i] += s * w[i] * dy[i] - x[i] * c;
+}
+
+void ft_tr_rope_bwd(float *dx, int n_heads, int head_dim, const float *cos, const float *sin)
+{
+    /* forward: y_i = x_i c - x_{i+h} s, y_{i+h} = x_{i+h} c + x_i s */
+    int h = head_dim / 2;
+    for (int hd = 0; hd < n_heads; hd++) {
+        float *d = dx + (size_t)hd * (size_t)head_dim;
+        for (int i = 0; i < h; i++) {
+            float a = d[i], b = d[i + h];
+            d[i] = a * cos[i] + b * sin[i];
+            d[i + h] = b * cos[i] - a * sin[i];
+        }
+    }
+}
+
+void ft_tr_silu_mul_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float sg = 1.0f / (1.0f + expf(-g[i]));
+        float silu = g[i] * sg;
+        du[i] = dy[i] * silu;
+        dg[i] = dy[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+    }
+}
+
+static int first_pos(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
+
+void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                    int hd, int window)
+{
+    ft_tr_attn_fwd_g(out, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+}
+
+void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                      int hd, int window, int g0, int g1)
+{
+    const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const ft_kernels *kk = ft_k_get();
+    for (int h = g0 * rep; h < g1 * rep; h++) {
+        int g = h / rep;
+        for (int i = 0; i < T; i++) {
+            float *p = P + ((size_t)h * (size_t)T + (size_t)i) * (size_t)T;
+            const float *qi = q + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
+            int j0 = first_pos(i, window);
+            float mx = -INFINITY;
+            for (int j = 0; j < T; j++) {
+                if (j < j0 || j > i) { p[j] = 0.0f; continue; }
+                const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
+                p[j] = KDOT(qi, kj, hd) * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            float sum = 0.0f;
+            for (int j = j0; j <= i; j++) {
+                p[j] = expf(p[j] - mx);
+                sum += p[j];
+            }
+            for (int j = j0; j <= i; j++) p[j] /= sum;
+            float *oi = out + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
+            memset(oi, 0, sizeof(float) * (size_t)hd);
+            for (int j = j0; j <= i; j++) KAXPY(oi, p[j], v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+        }
+    }
+}
+
+void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                    const float *k, const float *v, int T, int nh, int nkv, int hd, int window)
+{
+    ft_tr_attn_bwd_g(dq, dk, dv, dout, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+}
+
+void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1)
+{
+    const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const ft_kernels *kk = ft_k_get();
+    for (int h = g0 * rep; h < g1 * rep; h++) {
+        int g = h / rep;
+        for (int i = 0; i < T; i++) {
+            const float *p = P + ((size_t)h * (size_t)T + (size_t)i) * (size_t)T;
+            const float *doi = dout + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
+            const float *qi = q + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
+            float *dqi = dq + (size_t)i * (size_t)qw + (size_t)h * (size_t)hd;
+            int j0 = first_pos(i, window);
+            /* dP_j = dot(do_i, v_j); dv_j += P_j do_i */
+            float rs = 0.0f;
+            for (int j = j0; j <= i; j++) {
+                rs += p[j] * KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+            }
+            for (int j = j0; j <= i; j++) {
+                const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
+                const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
+                float *dvj = dv + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
+                float *dkj = dk + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
+                float ds = p[j] * (KDOT(doi, vj, hd) - rs) * scale;
+                KAXPY(dvj, p[j], doi, hd);
+                KAXPY(dqi, ds, kj, hd);
+                KAXPY(dkj, ds, qi, hd);
+            }
+        }
+    }
+}

@@ -1,0 +1,944 @@
+/* LoRA fine-tuning of the llama family (flextier/train.h,
+ * docs/training.md): forward with per-layer checkpoints, backward by
+ * recomputing each layer, AdamW. Frozen weights are computed on as stored
+ * (the engine's stored-format products forward, ft_tr_matT backward). */
+#include "train/train_internal.h"
+
+#include "engine/graph.h"
+#include "engine/kernels.h"
+#include "engine/wkernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
+#define NT 7
+
+static const char *const tname[NT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+static const int tslot[NT] = {LW_Q, LW_K, LW_V, LW_O, LW_GATE, LW_UP, LW_DOWN};
+static const int tbias[NT] = {LW_QB, LW_KB, LW_VB, LW_OB, LW_GATE_B, LW_UP_B, LW_DOWN_B};
+enum { TQ, TK, TV, TO, TG, TU, TD };
+
+typedef struct lmod { int on, in, out; size_t a, b; } lmod;
+
+struct ft_trainer {
+    const ft_model *m;
+    ft_model_config cfg;
+    ft_train_params p;
+    float scale;
+    lmod *mods;              /* [layer][NT] */
+    float *w, *g, *m1, *m2;  /* params, grads, Adam moments */
+    size_t np;
+    int step;
+    /* workspaces for cap_rows rows of sequences of cap_T */
+    int cap_rows, cap_T, cap_nb;
+    float *xs;               /* (L+1) x R x H layer inputs */
+    float *h1, *q, *k, *v, *att, *x2, *h2, *gt, *up, *mm, *tmp, *P;
+    float *tl[NT], *dt;
+    float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
+    float *cosT, *sinT;
+    float *lchunk, *ltgt;
+    double *lmax, *lsum;
+    void *ws;
+    size_t ws_cap;
+    float *wt, *tmp2;        /* one matrix transposed to f32; R x wide     */
+    float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
+    size_t wt_cap;
+    float *row;              /* a row of scratch per worker */
+    size_t row_len;
+    ft_pool *pool;
+    unsigned nthreads;
+};
+
+unsigned ft_lora_target_bit(const char *name)
+{
+    for (int i = 0; name && i < NT; i++)
+        if (!strcmp(name, tname[i])) return 1u << i;
+    return 0;
+}
+
+ft_status ft_lora_parse_targets(const char *list, unsigned *mask)
+{
+    if (!list || !mask) return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: NULL argument");
+    if (!strcmp(list, "all")) {
+        *mask = FT_LORA_ALL;
+        return FT_OK;
+    }
+    unsigned m = 0;
+    const char *s = list;
+    while (*s) {
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        char name[32];
+        if (n == 0 || n >= sizeof name)
+            return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: bad entry in '%s' (PEFT names: q_proj k_proj "
+                                "v_proj o_proj gate_proj up_proj down_proj, or all)", list);
+        memcpy(name, s, n);
+        name[n] = 0;
+        unsigned b = ft_lora_target_bit(name);
+        if (!b)
+            return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: unknown module '%s' (PEFT names: q_proj k_proj "
+                                "v_proj o_proj gate_proj up_proj down_proj, or all)", name);
+        m |= b;
+        s += n;
+        if (*s == ',') s++;
+    }
+    if (!m) return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: empty list");
+    *mask = m;
+    return FT_OK;
+}
+
+void ft_train_params_default(ft_train_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->rank = 8;
+    p->alpha = 16.0f;
+    p->targets = FT_LORA_ALL;
+    p->lr = 2e-4f;
+    p->beta1 = 0.9f;
+    p->beta2 = 0.999f;
+    p->eps = 1e-8f;
+    p->weight_decay = 0.01f;
+    p->clip = 1.0f;
+    p->total_steps = 1;
+    p->schedule = FT_SCHED_COSINE;
+    p->grad_accum = 1;
+    p->vocab_chunk = 4096;
+}
+
+static ft_status check_params(const ft_train_params *p)
+{
+    if (p->rank < 1 || p->rank > 4096) return ft_set_error(FT_ERR_INVALID_ARG, "train: rank %d outside [1, 4096]", p->rank);
+    if (!(p->alpha > 0.0f) || !isfinite(p->alpha))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: alpha must be a positive number");
+    if (p->dropout != 0.0f)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout %g: only 0 is implemented", (double)p->dropout);
+    if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ALL))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: no (or unknown) target modules");
+    if (!(p->lr > 0.0f) || !isfinite(p->lr)) return ft_set_error(FT_ERR_INVALID_ARG, "train: lr must be > 0");
+    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: AdamW betas must be in [0, 1)");
+    if (!(p->eps > 0.0f) || !isfinite(p->eps)) return ft_set_error(FT_ERR_INVALID_ARG, "train: eps must be > 0");
+    if (!(p->weight_decay >= 0.0f) || !isfinite(p->weight_decay))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: weight decay must be >= 0");
+    if (!(p->clip >= 0.0f) || !isfinite(p->clip)) return ft_set_error(FT_ERR_INVALID_ARG, "train: clip must be >= 0");
+    if (p->total_steps < 1) return ft_set_error(FT_ERR_INVALID_ARG, "train: total steps must be >= 1");
+    if (p->warmup < 0 || p->warmup > p->total_steps)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: warmup %d outside [0, steps = %d]", p->warmup, p->total_steps);
+    if (p->schedule < FT_SCHED_COSINE || p->schedule > FT_SCHED_CONSTANT)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: unknown lr schedule");
+    if (p->grad_accum < 1 || p->grad_accum > 65536)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: grad_accum %d outside [1, 65536]", p->grad_accum);
+    if (p->vocab_chunk < 1) return ft_set_error(FT_ERR_INVALID_ARG, "train: vocab_chunk must be >= 1");
+    return FT_OK;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static const ft_layer_weights *lw_of(const ft_trainer *t, int l) { return ft_model_layer(t->m, l); }
+static const ft_wmat *wmat(const ft_layer_weights *w, int slot)
+{
+    return ft_layer_weights_mat((ft_layer_weights *)(uintptr_t)w, slot);
+}
+static const float *wvec(const ft_layer_weights *w, int slot)
+{
+    return slot < 0 ? NULL : *ft_layer_weights_vec((ft_layer_weights *)(uintptr_t)w, slot);
+}
+
+ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trainer **out)
+{
+    if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_create: NULL argument");
+    TRY(check_params(p));
+    const ft_model_config *c = ft_model_get_config(m);
+    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only the llama family (llama, mistral, "
+                            "qwen2) is implemented", c->model_type);
+    if (!ft_model_layers_loaded(m))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
+                            "base weights are not implemented for training)");
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < NT; i++)
+            if (!ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
+    size_t np = 0;
+    ft_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
+    t->m = m;
+    t->cfg = *c;
+    if (ft_pool_create(p->threads, &t->pool)) {
+        free(t);
+        return ft_set_error(FT_ERR_NOMEM, "train: cannot start %u threads", p->threads);
+    }
+    t->nthreads = ft_pool_size(t->pool);
+    t->p = *p;
+    t->scale = p->alpha / (float)p->rank;
+    t->mods = calloc((size_t)c->n_layers * NT, sizeof *t->mods);
+    if (!t->mods) goto nomem;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < NT; i++) {
+            lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+            const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
+            md->in = W->cols;
+            md->out = W->rows;
+            if (!(p->targets & (1u << i))) continue;
+            md->on = 1;
+            md->a = np;
+            np += (size_t)p->rank * (size_t)W->cols;
+            md->b = np;
+            np += (size_t)W->rows * (size_t)p->rank;
+        }
+    t->np = np;
+    t->w = calloc(np, sizeof(float));
+    t->g = calloc(np, sizeof(float));
+    t->m1 = calloc(np, sizeof(float));
+    t->m2 = calloc(np, sizeof(float));
+    if (!t->w || !t->g || !t->m1 || !t->m2) goto nomem;
+    /* PEFT: A kaiming_uniform_(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
+    uint64_t s = p->seed;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < NT; i++) {
+            lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+            if (!md->on) continue;
+            float bound = 1.0f / sqrtf((float)md->in);
+            for (size_t j = 0; j < (size_t)p->rank * (size_t)md->in; j++) {
+                float u = (float)(splitmix(&s) >> 40) * (1.0f / 16777216.0f);
+                t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
+            }
+        }
+    *out = t;
+    return FT_OK;
+nomem:
+    ft_trainer_free(t);
+    return ft_set_error(FT_ERR_NOMEM, "train: out of memory for %zu adapter parameters", np);
+}
+
+static void free_ws(ft_trainer *t)
+{
+    float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
+                   &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        free(*f[i]);
+        *f[i] = NULL;
+    }
+    for (int i = 0; i < NT; i++) {
+        free(t->tl[i]);
+        t->tl[i] = NULL;
+    }
+    free(t->lmax);
+    free(t->lsum);
+    t->lmax = t->lsum = NULL;
+    t->cap_rows = t->cap_T = t->cap_nb = 0;
+}
+
+void ft_trainer_free(ft_trainer *t)
+{
+    if (!t) return;
+    free_ws(t);
+    ft_pool_free(t->pool);
+    free(t->wt);
+    free(t->ws);
+    free(t->mods);
+    free(t->w);
+    free(t->g);
+    free(t->m1);
+    free(t->m2);
+    free(t);
+}
+
+float *ft_trainer_param_data(ft_trainer *t, size_t *n) { *n = t->np; return t->w; }
+float *ft_trainer_grad_data(ft_trainer *t, size_t *n) { *n = t->np; return t->g; }
+int ft_trainer_steps(const ft_trainer *t) { return t ? t->step : 0; }
+size_t ft_trainer_param_count(const ft_trainer *t) { return t ? t->np : 0; }
+
+static float *fz(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+static ft_status ensure(ft_trainer *t, int nb, int T)
+{
+    int R = nb * T;
+    if (R <= t->cap_rows && T == t->cap_T && nb <= t->cap_nb) return FT_OK;
+    free_ws(t);
+    const ft_model_config *c = &t->cfg;
+    size_t H = (size_t)c->hidden, qw = (size_t)c->n_heads * (size_t)c->head_dim,
+           kw = (size_t)c->n_kv_heads * (size_t)c->head_dim, I = (size_t)c->ffn, r = (size_t)R;
+    size_t wide = H > qw ? H : qw;
+    if (I > wide) wide = I;
+    size_t vc = (size_t)t->p.vocab_chunk < (size_t)c->vocab ? (size_t)t->p.vocab_chunk : (size_t)c->vocab;
+    size_t half = (size_t)c->head_dim / 2;
+    t->xs = fz(((size_t)c->n_layers + 1) * r * H);
+    t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
+    t->x2 = fz(r * H); t->h2 = fz(r * H); t->gt = fz(r * I); t->up = fz(r * I); t->mm = fz(r * I);
+    t->tmp = fz(r * wide);
+    t->tmp2 = fz(r * wide);
+    t->bt = fz((size_t)t->p.rank * wide);
+    t->gbt = fz((size_t)t->p.rank * wide);
+    t->P = fz((size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T);
+    for (int i = 0; i < NT; i++) t->tl[i] = fz(r * (size_t)t->p.rank);
+    t->dt = fz(r * (size_t)t->p.rank);
+    t->dx = fz(r * H); t->dx2 = fz(r * H); t->dh = fz(r * H); t->dq = fz(r * qw); t->dk = fz(r * kw);
+    t->dv = fz(r * kw); t->datt = fz(r * qw); t->dgt = fz(r * I); t->dup = fz(r * I); t->dmm = fz(r * I);
+    t->cosT = fz((size_t)T * half); t->sinT = fz((size_t)T * half);
+    t->lchunk = fz(r * (vc + 64));   /* q8/q4 heads round the chunk to whole frame chunks */
+    t->ltgt = fz(r);
+    t->lmax = calloc(r, sizeof(double));
+    t->lsum = calloc(r, sizeof(double));
+    size_t maxc = H > I ? H : I;
+    if (qw > maxc) maxc = qw;
+    t->row_len = maxc;
+    t->row = fz(maxc * t->nthreads);
+    int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
+             t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
+             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
+    for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
+    if (!ok) {
+        free_ws(t);
+        return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the activations of %d x %d tokens", nb, T);
+    }
+    ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
+    t->cap_rows = R;
+    t->cap_T = T;
+    t->cap_nb = nb;
+    return FT_OK;
+}
+
+typedef struct prod_job {
+    float *y;
+    int ldy;
+    const ft_wk_act *a;
+    const ft_wmat *W;
+    int o0, o1;
+    const float *b;
+    int per;
+} prod_job;
+
+static void prod_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const prod_job *j = arg;
+    int a = j->o0 + (int)i * j->per, e = a + j->per < j->o1 ? a + j->per : j->o1;
+    ft_wk_product(j->y, j->ldy, j->a, j->W, a, e, j->b);
+}
+
+/* y (ldy) = x W^T (+ b) for output rows [o0, o1), on W as stored */
+static ft_status prod(ft_trainer *t, float *y, int ldy, const float *x, int rows, const ft_wmat *W, int o0, int o1,
+                      const float *b)
+{
+    size_t need = ft_wk_ws_size(W, rows);
+    if (need > t->ws_cap) {
+        free(t->ws);
+        size_t n = (need + 63) / 64 * 64;
+        t->ws = aligned_alloc(64, n);
+        t->ws_cap = t->ws ? n : 0;
+        if (!t->ws) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a product's workspace");
+    }
+    ft_wk_act a;
+    TRY(ft_wk_prep(&a, need ? t->ws : NULL, need ? t->ws_cap : 0, W, x, rows));
+    /* output rows split over the threads: any split computes the same values */
+    prod_job j = {y, ldy, &a, W, o0, o1, b, 0};
+    size_t n = (size_t)(o1 - o0), per = (n + (size_t)t->nthreads * 4 - 1) / ((size_t)t->nthreads * 4);
+    if (per < 16) per = 16;
+    j.per = (int)per;
+    ft_pool_run(n > per ? t->pool : NULL, (n + per - 1) / per, prod_task, &j);
+    return FT_OK;
+}
+
+typedef struct matT_job {
+    float *dx;
+    int ldx;
+    const float *dy;
+    int ldy, rows;
+    const ft_wmat *W;
+    int o0, o1;
+    float *row;
+    size_t row_len;
+} matT_job;
+
+static void matT_task(void *arg, size_t i, unsigned worker)
+{
+    const matT_job *j = arg;
+    int r0 = (int)i * 32, n = j->rows - r0 < 32 ? j->rows - r0 : 32;
+    ft_tr_matT(j->dx + (size_t)r0 * (size_t)j->ldx, j->ldx, j->dy + (size_t)r0 * (size_t)j->ldy, j->ldy, n, j->W,
+               j->o0, j->o1, j->row + (size_t)worker * j->row_len);
+}
+
+/* ft_tr_matT over blocks of 32 rows in parallel (each row's sums in the same order) */
+static void matT_axpy(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
+                      int o1)
+{
+    matT_job j = {dx, ldx, dy, ldy, rows, W, o0, o1, t->row, t->row_len};
+    size_t nb = (size_t)(rows + 31) / 32;
+    ft_pool_run(nb > 1 ? t->pool : NULL, nb, matT_task, &j);
+}
+
+typedef struct wt_job { const ft_wmat *W; float *wt, *row; size_t row_len; } wt_job;
+
+static void wt_task(void *arg, size_t i, unsigned worker)
+{
+    const wt_job *j = arg;
+    const ft_wmat *W = j->W;
+    int o0 = (int)i * 64, o1 = o0 + 64 < W->rows ? o0 + 64 : W->rows;
+    float *row = j->row + (size_t)worker * j->row_len;
+    for (int o = o0; o < o1; o++) {
+        const float *r;
+        if (W->fmt == FT_WF_F32) r = (const float *)W->data + (size_t)o * (size_t)W->cols;
+        else {
+            ft_wmat_row_f32(W, o, row);
+            r = row;
+        }
+        for (int c = 0; c < W->cols; c++) j->wt[(size_t)c * (size_t)W->rows + (size_t)o] = r[c];
+    }
+}
+
+/* dx (R x W->cols) += dy (R x W->rows) W: W converted (dequantized as
+ * ft_wmat_row_f32 does) and transposed into one f32 matrix, then the
+ * engine's f32 product on it. Memory: one matrix in f32 at a time. */
+ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W)
+{
+    size_t need = (size_t)W->rows * (size_t)W->cols;
+    if (need > t->wt_cap) {
+        free(t->wt);
+        t->wt = malloc(need * sizeof(float));
+        t->wt_cap = t->wt ? need : 0;
+        if (!t->wt) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a transposed matrix");
+    }
+    wt_job wj = {W, t->wt, t->row, t->row_len};
+    ft_pool_run(t->pool, (size_t)(W->rows + 63) / 64, wt_task, &wj);
+    ft_wmat M = {FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
+    float *y = t->tmp2;
+    ft_status st = prod(t, y, W->cols, dy, R, &M, 0, W->cols, NULL);
+    if (st) return st;
+    for (size_t k = 0; k < (size_t)R * (size_t)W->cols; k++) dx[k] += y[k];
+    return FT_OK;
+}
+
+static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
+                      int o1)
+{
+    /* the fast path needs whole, contiguous operands and room in tmp2 */
+    if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
+        (size_t)W->cols <= t->row_len)
+        return ft_tr_matT_fast(t, dx, dy, rows, W);
+    matT_axpy(t, dx, ldx, dy, ldy, rows, W, o0, o1);
+    return FT_OK;
+}
+
+/* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
+static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, float *y)
+{
+    const ft_layer_weights *lw = lw_of(t, l);
+    const ft_wmat *W = wmat(lw, tslot[i]);
+    TRY(prod(t, y, W->rows, x, R, W, 0, W->rows, wvec(lw, tbias[i])));
+    const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+    if (!md->on) return FT_OK;
+    const int rk = t->p.rank, in = md->in, out = md->out;
+    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
+    float *u = t->tmp2;
+    TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
+    for (size_t k = 0; k < (size_t)R * (size_t)out; k++) y[k] += u[k] * t->scale;
+    return FT_OK;
+}
+
+/* dx += W^T dy + A^T dt, and the adapter's gradients (x, tl[i] from the forward) */
+static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy, int R, float *dx)
+{
+    const ft_wmat *W = wmat(lw_of(t, l), tslot[i]);
+    TRY(matT(t, dx, W->cols, dy, W->rows, R, W, 0, W->rows));
+    const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+    if (!md->on) return FT_OK;
+    const int rk = t->p.rank, in = md->in, out = md->out;
+    const float *A = t->w + md->a, *B = t->w + md->b, *tl = t->tl[i];
+    float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt, *bt = t->bt, *gbt = t->gbt;
+    const float s = t->scale;
+    const ft_kernels *kk = ft_k_get();
+    /* dt = s dy B: B^T (rk x out) as a matrix of its own */
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
+    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
+    TRY(prod(t, dt, rk, dy, R, &BT, 0, rk, NULL));
+    for (size_t k = 0; k < (size_t)R * (size_t)rk; k++) dt[k] *= s;
+    /* dB^T = s t^T dy, along out */
+    memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < rk; j++)
+            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
+                     dy + (size_t)r * (size_t)out, out);
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
+    /* dA += dt^T x, dx += dt A */
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
+        float *dxr = dx + (size_t)r * (size_t)in;
+        for (int j = 0; j < rk; j++) {
+            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+        }
+    }
+    return FT_OK;
+}
+
+/* attention over (sequence, kv head) tasks: disjoint outputs */
+typedef struct attn_job { ft_trainer *t; int nb, T, win; } attn_job;
+
+static void attn_fwd_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const attn_job *j = arg;
+    const ft_trainer *t = j->t;
+    const ft_model_config *c = &t->cfg;
+    int b = (int)(i / (size_t)c->n_kv_heads), g = (int)(i % (size_t)c->n_kv_heads), T = j->T;
+    size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t r0 = (size_t)b * (size_t)T;
+    ft_tr_attn_fwd_g(t->att + r0 * qw, t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw,
+                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+}
+
+static void attn_bwd_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const attn_job *j = arg;
+    const ft_trainer *t = j->t;
+    const ft_model_config *c = &t->cfg;
+    int b = (int)(i / (size_t)c->n_kv_heads), g = (int)(i % (size_t)c->n_kv_heads), T = j->T;
+    size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t r0 = (size_t)b * (size_t)T;
+    ft_tr_attn_bwd_g(t->dq + r0 * qw, t->dk + r0 * kw, t->dv + r0 * kw, t->datt + r0 * qw,
+                     t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw, t->k + r0 * kw,
+                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+}
+
+/* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
+static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_kernels *k = ft_k_get();
+    const int R = nb * T, H = c->hidden, hd = c->head_dim, half = hd / 2;
+    const size_t qw = (size_t)c->n_heads * (size_t)hd, kw = (size_t)c->n_kv_heads * (size_t)hd;
+    const ft_layer_weights *lw = lw_of(t, l);
+    const float *x = t->xs + (size_t)l * (size_t)R * (size_t)H;
+    float *xo = t->xs + (size_t)(l + 1) * (size_t)R * (size_t)H;
+    for (int r = 0; r < R; r++)
+        k->rmsnorm(t->h1 + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    TRY(lin_fwd(t, l, TQ, t->h1, R, t->q));
+    TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
+    TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
+    for (int r = 0; r < R; r++) {
+        size_t pos = (size_t)(r % T) * (size_t)half;
+        k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
+        k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+    }
+    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_fwd_task, &aj);
+    TRY(lin_fwd(t, l, TO, t->att, R, t->tmp));
+    for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
+    for (int r = 0; r < R; r++)
+        k->rmsnorm(t->h2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W), H,
+                   c->norm_eps);
+    TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
+    TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+    size_t ni = (size_t)R * (size_t)c->ffn;
+    for (size_t i = 0; i < ni; i++) {
+        float g = t->gt[i];
+        t->mm[i] = g / (1.0f + expf(-g)) * t->up[i];
+    }
+    TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
+    for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
+    return FT_OK;
+}
+
+/* t->dx holds d loss / d xs[l + 1]; leaves d loss / d xs[l] there */
+static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
+{
+    const ft_model_config *c = &t->cfg;
+    const int R = nb * T, H = c->hidden, hd = c->head_dim, half = hd / 2;
+    const size_t qw = (size_t)c->n_heads * (size_t)hd, kw = (size_t)c->n_kv_heads * (size_t)hd;
+    const size_t RH = (size_t)R * (size_t)H, RI = (size_t)R * (size_t)c->ffn;
+    const ft_layer_weights *lw = lw_of(t, l);
+    const float *x = t->xs + (size_t)l * RH;
+    memcpy(t->dx2, t->dx, RH * sizeof(float));
+    memset(t->dmm, 0, RI * sizeof(float));
+    TRY(lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm));
+    ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+    memset(t->dh, 0, RH * sizeof(float));
+    TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
+    for (int r = 0; r < R; r++)
+        ft_tr_rmsnorm_bwd(t->dx2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W),
+                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    memset(t->datt, 0, (size_t)R * qw * sizeof(float));
+    TRY(lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt));
+    memset(t->dq, 0, (size_t)R * qw * sizeof(float));
+    memset(t->dk, 0, (size_t)R * kw * sizeof(float));
+    memset(t->dv, 0, (size_t)R * kw * sizeof(float));
+    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_bwd_task, &aj);
+    for (int r = 0; r < R; r++) {
+        size_t pos = (size_t)(r % T) * (size_t)half;
+        ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
+        ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+    }
+    memset(t->dh, 0, RH * sizeof(float));
+    TRY(lin_bwd(t, l, TQ, t->h1, t->dq, R, t->dh));
+    TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
+    TRY(lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh));
+    memcpy(t->dx, t->dx2, RH * sizeof(float));
+    for (int r = 0; r < R; r++)
+        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W),
+                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    return FT_OK;
+}
+
+/* rows [v0, v0 + n) of W as a matrix of its own (q8/q4: v0 on a chunk) */
+static void wview(const ft_wmat *W, int v0, int n, ft_wmat *o)
+{
+    *o = *W;
+    o->rows = n;
+    if (W->fmt == FT_WF_F32) o->data = (const float *)W->data + (size_t)v0 * (size_t)W->cols;
+    else if (W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16)
+        o->data = (const uint16_t *)W->data + (size_t)v0 * (size_t)W->cols;
+    else o->chunk = W->chunk + v0 / W->rows_per_chunk;
+}
+
+static int vchunk(const ft_trainer *t, const ft_wmat *W)
+{
+    int vc = t->p.vocab_chunk < W->rows ? t->p.vocab_chunk : W->rows;
+    if (W->fmt == FT_WF_Q8 || W->fmt == FT_WF_Q4) {
+        int rpc = W->rows_per_chunk;
+        vc = vc < rpc ? rpc : vc / rpc * rpc;
+        if (vc > W->rows) vc = W->rows;
+    }
+    return vc;
+}
+
+static ft_status check_tokens(const ft_trainer *t, const int32_t *tokens, int nb, int T, int min_T)
+{
+    if (!tokens || nb < 1 || T < min_T)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: need tokens, batch >= 1 and seq >= %d (got %d x %d)", min_T,
+                            nb, T);
+    if (T > t->cfg.max_pos)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: seq %d > the model's max_position_embeddings %d", T,
+                            t->cfg.max_pos);
+    if ((int64_t)nb * T > (1 << 24)) return ft_set_error(FT_ERR_INVALID_ARG, "train: batch x seq too large");
+    for (size_t i = 0; i < (size_t)nb * (size_t)T; i++)
+        if (tokens[i] < 0 || tokens[i] >= t->cfg.vocab)
+            return ft_set_error(FT_ERR_INVALID_ARG, "train: token id %d outside the vocabulary of %d", (int)tokens[i],
+                                t->cfg.vocab);
+    return FT_OK;
+}
+
+/* embeddings and every layer: xs[0..L] */
+static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
+{
+    const ft_model_config *c = &t->cfg;
+    TRY(ensure(t, nb, T));
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
+    for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    for (int l = 0; l < c->n_layers; l++) TRY(layer_fwd(t, l, nb, T));
+    return FT_OK;
+}
+
+ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int T, double grad_scale,
+                               double *loss_sum, int64_t *n_out)
+{
+    if (!t) return ft_set_error(FT_ERR_INVALID_ARG, "train: NULL trainer");
+    TRY(check_tokens(t, tokens, nb, T, 2));
+    const ft_model_config *c = &t->cfg;
+    const int R = nb * T, H = c->hidden, L = c->n_layers;
+    TRY(forward(t, tokens, nb, T));
+    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
+    float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
+    const ft_kernels *k = ft_k_get();
+    for (int r = 0; r < R; r++) k->rmsnorm(hf + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, H, c->norm_eps);
+    const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
+    const int V = W->rows, vc = vchunk(t, W);
+    for (int r = 0; r < R; r++) {
+        t->lmax[r] = -INFINITY;
+        t->lsum[r] = 0.0;
+    }
+    /* pass 1: log-sum-exp and the target's logit per row, chunk by chunk */
+    for (int v0 = 0; v0 < V; v0 += vc) {
+        int n = V - v0 < vc ? V - v0 : vc;
+        ft_wmat sub;
+        wview(W, v0, n, &sub);
+        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        for (int r = 0; r < R; r++) {
+            if (r % T == T - 1) continue;
+            const float *lr = t->lchunk + (size_t)r * (size_t)n;
+            double mx = t->lmax[r];
+            for (int j = 0; j < n; j++) if (lr[j] > mx) mx = lr[j];
+            double s = t->lsum[r] * exp(t->lmax[r] - mx);
+            for (int j = 0; j < n; j++) s += exp((double)lr[j] - mx);
+            t->lmax[r] = mx;
+            t->lsum[r] = s;
+            int tg = tokens[r + 1];
+            if (tg >= v0 && tg < v0 + n) t->ltgt[r] = lr[tg - v0];
+        }
+    }
+    double sum = 0.0;
+    int64_t cnt = 0;
+    for (int r = 0; r < R; r++) {
+        if (r % T == T - 1) continue;
+        t->lmax[r] += log(t->lsum[r]);   /* now the log-sum-exp */
+        sum += t->lmax[r] - (double)t->ltgt[r];
+        cnt++;
+    }
+    if (!isfinite(sum)) return ft_set_error(FT_ERR_INVALID_ARG, "train: the loss is not finite (diverged?)");
+    *loss_sum = sum;
+    *n_out = cnt;
+    if (grad_scale == 0.0) return FT_OK;
+
+    /* pass 2: d loss / d logits = (softmax - onehot) * grad_scale / cnt */
+    const double gs = grad_scale / (double)cnt;
+    float *dhf = t->dh;
+    memset(dhf, 0, (size_t)R * (size_t)H * sizeof(float));
+    for (int v0 = 0; v0 < V; v0 += vc) {
+        int n = V - v0 < vc ? V - v0 : vc;
+        ft_wmat sub;
+        wview(W, v0, n, &sub);
+        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        for (int r = 0; r < R; r++) {
+            float *lr = t->lchunk + (size_t)r * (size_t)n;
+            if (r % T == T - 1) {
+                memset(lr, 0, (size_t)n * sizeof(float));
+                continue;
+            }
+            for (int j = 0; j < n; j++) lr[j] = (float)(exp((double)lr[j] - t->lmax[r]) * gs);
+            int tg = tokens[r + 1];
+            if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
+        }
+        TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
+    }
+    memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
+    for (int r = 0; r < R; r++)
+        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, dhf + (size_t)r * (size_t)H,
+                          H, c->norm_eps);
+    /* the layers in reverse, each recomputed from its saved input */
+    for (int l = L - 1; l >= 0; l--) {
+        TRY(layer_fwd(t, l, nb, T));
+        TRY(layer_bwd(t, l, nb, T));
+    }
+    return FT_OK;
+}
+
+double ft_trainer_lr_at(const ft_trainer *t, int s)
+{
+    const ft_train_params *p = &t->p;
+    double base = p->lr;
+    if (s < p->warmup) return base * (double)s / (double)(p->warmup > 1 ? p->warmup : 1);
+    int rest = p->total_steps - p->warmup;
+    double prog = (double)(s - p->warmup) / (double)(rest > 1 ? rest : 1);
+    switch (p->schedule) {
+    case FT_SCHED_COSINE: {
+        double f = 0.5 * (1.0 + cos(3.14159265358979323846 * 0.5 * 2.0 * prog));
+        return base * (f > 0.0 ? f : 0.0);
+    }
+    case FT_SCHED_LINEAR: {
+        double f = (double)(p->total_steps - s) / (double)(rest > 1 ? rest : 1);
+        return base * (f > 0.0 ? f : 0.0);
+    }
+    default:
+        return base;
+    }
+}
+
+ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss, double *grad_norm)
+{
+    if (!t || !tokens) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_step: NULL argument");
+    const int A = t->p.grad_accum;
+    memset(t->g, 0, t->np * sizeof(float));
+    double tot = 0.0;
+    for (int a = 0; a < A; a++) {
+        double s;
+        int64_t n;
+        TRY(ft_trainer_loss_grad(t, tokens + (size_t)a * (size_t)nb * (size_t)T, nb, T, 1.0 / A, &s, &n));
+        tot += s / (double)n;
+    }
+    /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
+    double ss = 0.0;
+    for (size_t i = 0; i < t->np; i++) ss += (double)t->g[i] * (double)t->g[i];
+    double norm = sqrt(ss);
+    if (!isfinite(norm)) return ft_set_error(FT_ERR_INVALID_ARG, "train: the gradient is not finite (diverged?)");
+    if (t->p.clip > 0.0f) {
+        float coef = (float)((double)t->p.clip / (norm + 1e-6));
+        if (coef < 1.0f)
+            for (size_t i = 0; i < t->np; i++) t->g[i] *= coef;
+    }
+    /* torch.optim.AdamW (single-tensor): p *= 1 - lr wd; m = lerp(m, g, 1 - b1);
+     * v = b2 v + (1 - b2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) */
+    const ft_train_params *p = &t->p;
+    double lr = ft_trainer_lr_at(t, t->step);
+    int st = ++t->step;
+    double bc1 = 1.0 - pow((double)p->beta1, st), bc2 = 1.0 - pow((double)p->beta2, st);
+    float decay = (float)(1.0 - lr * (double)p->weight_decay);
+    float w1 = (float)(1.0 - (double)p->beta1), b2 = p->beta2, w2 = (float)(1.0 - (double)p->beta2);
+    float step_size = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
+    for (size_t i = 0; i < t->np; i++) {
+        float g = t->g[i];
+        t->w[i] *= decay;
+        t->m1[i] += (g - t->m1[i]) * w1;
+        t->m2[i] = t->m2[i] * b2 + w2 * g * g;
+        float den = sqrtf(t->m2[i]) / bc2s + p->eps;
+        t->w[i] -= step_size * (t->m1[i] / den);
+    }
+    if (loss) *loss = tot / A;
+    if (grad_norm) *grad_norm = norm;
+    return FT_OK;
+}
+
+ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss_sum, int64_t *n)
+{
+    if (!loss_sum || !n) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_eval: NULL argument");
+    return ft_trainer_loss_grad(t, tokens, nb, T, 0.0, loss_sum, n);
+}
+
+ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits)
+{
+    if (!t || !logits) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_last_logits: NULL argument");
+    TRY(check_tokens(t, tokens, 1, n, 1));
+    const ft_model_config *c = &t->cfg;
+    TRY(forward(t, tokens, 1, n));
+    const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
+    ft_k_get()->rmsnorm(t->h1, xl, ft_model_global(t->m, GW_FINAL_NORM_W)->data, c->hidden, c->norm_eps);
+    const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
+    return prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL);
+}
+
+/* ------------------------------------------------ PEFT adapter files */
+
+size_t ft_tr_n_mods(const ft_trainer *t) { return (size_t)t->cfg.n_layers * NT; }
+
+int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t cap, float **A, float **B,
+              int64_t ashape[2], int64_t bshape[2])
+{
+    const lmod *md = &t->mods[k];
+    if (!md->on) return 0;
+    int l = (int)(k / NT), i = (int)(k % NT);
+    const char *blk = i <= TO ? "self_attn" : "mlp";
+    snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, tname[i]);
+    snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, tname[i]);
+    *A = t->w + md->a;
+    *B = t->w + md->b;
+    ashape[0] = t->p.rank;
+    ashape[1] = md->in;
+    bshape[0] = md->out;
+    bshape[1] = t->p.rank;
+    return 1;
+}
+
+const ft_train_params *ft_tr_params(const ft_trainer *t) { return &t->p; }
+const char *ft_tr_target_name(int i) { return i >= 0 && i < NT ? tname[i] : NULL; }
+
+void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step)
+{
+    *w = t->w;
+    *m1 = t->m1;
+    *m2 = t->m2;
+    *step = t->step;
+}
+
+void ft_tr_set_step(ft_trainer *t, int step) { t->step = step; }
+
+/* ------------------------------------------------ greedy decoding */
+
+/* one row at position pos through layer l, K/V appended to the caches */
+static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, float *vc, float *sc)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_kernels *k = ft_k_get();
+    const int H = c->hidden, hd = c->head_dim, half = hd / 2, rep = c->n_heads / c->n_kv_heads;
+    const size_t kw = (size_t)c->n_kv_heads * (size_t)hd;
+    const ft_layer_weights *lw = lw_of(t, l);
+    k->rmsnorm(t->h1, x, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
+    TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
+    TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
+    size_t po = (size_t)pos * (size_t)half;
+    k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
+    k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+    memcpy(kc + (size_t)pos * kw, t->k, kw * sizeof(float));
+    memcpy(vc + (size_t)pos * kw, t->v, kw * sizeof(float));
+    int win = ft_model_config_layer_window(c, l), j0 = win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t go = (size_t)(h / rep) * (size_t)hd;
+        const float *qh = t->q + (size_t)h * (size_t)hd;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = j0; j <= pos; j++) {
+            sc[j] = k->dot(qh, kc + (size_t)j * kw + go, hd) * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        for (int j = j0; j <= pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *oh = t->att + (size_t)h * (size_t)hd;
+        memset(oh, 0, (size_t)hd * sizeof(float));
+        for (int j = j0; j <= pos; j++) k->axpy(oh, sc[j] / sum, vc + (size_t)j * kw + go, hd);
+    }
+    TRY(lin_fwd(t, l, TO, t->att, 1, t->tmp));
+    for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
+    k->rmsnorm(t->h2, t->x2, wvec(lw, LW_NORM2_W), H, c->norm_eps);
+    TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
+    TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+    for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
+    TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
+    return FT_OK;
+}
+
+ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out)
+{
+    if (!t || !out || max_new < 0) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_generate: bad argument");
+    TRY(check_tokens(t, prompt, 1, n, 1));
+    const ft_model_config *c = &t->cfg;
+    if ((int64_t)n + max_new > c->max_pos)
+        return ft_set_error(FT_ERR_INVALID_ARG, "generate: %d + %d tokens exceed the context of %d", n, max_new,
+                            c->max_pos);
+    const int total = n + max_new, H = c->hidden;
+    if (total == 0 || max_new == 0) return FT_OK;
+    TRY(ensure(t, 1, total));
+    const size_t kw = (size_t)c->n_kv_heads * (size_t)c->head_dim, per = (size_t)total * kw;
+    float *cache = malloc(2 * (size_t)c->n_layers * per * sizeof(float)), *sc = malloc((size_t)total * sizeof(float));
+    float *x = malloc((size_t)H * sizeof(float)), *hf = malloc((size_t)H * sizeof(float));
+    float *lg = malloc((size_t)c->vocab * sizeof(float));
+    ft_status st = FT_OK;
+    if (!cache || !sc || !x || !hf || !lg) {
+        st = ft_set_error(FT_ERR_NOMEM, "generate: out of memory for the cache of %d tokens", total);
+        goto done;
+    }
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *W = ft_model_global(t->m, GW_LM_HEAD);
+    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    int32_t tok = prompt[0];
+    for (int pos = 0; pos < total - 1; pos++) {
+        ft_wmat_row_f32(E, tok, x);
+        for (int l = 0; l < c->n_layers && !st; l++)
+            st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        if (st) goto done;
+        if (pos + 1 < n) {
+            tok = prompt[pos + 1];
+            continue;
+        }
+        ft_k_get()->rmsnorm(hf, x, fw, H, c->norm_eps);
+        if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
+        int best = 0;
+        for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;
+        out[pos + 1 - n] = best;
+        tok = best;
+    }
+done:
+    free(cache);
+    free(sc);
+    free(x);
+    free(hf);
+    free(lg);
+    return st;
+}

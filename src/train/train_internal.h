@@ -1,0 +1,64 @@
+/* The train layer's internals, for its tests (tests/train): the backward
+ * of every op of the llama-family graph, each the derivative of the
+ * forward the trainer runs, and the transposed product on stored weights. */
+#ifndef FT_TRAIN_INTERNAL_H
+#define FT_TRAIN_INTERNAL_H
+#include "flextier/train.h"
+
+/* dx[r*ldx + i] += sum_{o0 <= o < o1} dy[r*ldy + o] W[o][i] for r < rows
+ * (x-gradient of a frozen linear: W^T dy, on W as stored; q8/q4 rows
+ * dequantized as ft_wmat_row_f32 does). row: W->cols floats of scratch. */
+void ft_tr_matT(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
+                float *row);
+void ft_tr_matT_ref(float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0, int o1,
+                    float *row);
+
+/* The trainer's W^T dy: W dequantized and transposed into one f32 matrix
+ * (t's scratch), the engine's f32 product on it, added into dx
+ * (R x W->cols, contiguous); dy R x W->rows. */
+ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
+
+/* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
+void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
+/* RoPE backward: the inverse rotation (any cos/sin, scaled ones too). */
+void ft_tr_rope_bwd(float *dx, int n_heads, int head_dim, const float *cos, const float *sin);
+/* g' = silu(g) * u: given dy, dg and du (overwritten). */
+void ft_tr_silu_mul_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int n);
+
+/* Causal attention of one sequence of T rows, GQA: q [T][nh*hd], k, v
+ * [T][nkv*hd], out [T][nh*hd], P [nh][T][T] (probabilities, saved for the
+ * backward); window > 0: a row attends to the last `window` positions. */
+void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                    int hd, int window);
+/* dq, dk, dv (accumulated) from dout, with P from the forward. */
+void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                    const float *k, const float *v, int T, int nh, int nkv, int hd, int window);
+
+/* The same for the heads of kv heads [g0, g1) only (threads split there:
+ * the heads of one kv head add into the same dk/dv). */
+void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
+                      int hd, int window, int g0, int g1);
+void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1);
+
+/* Loss over batch sequences of seq tokens (without an update); with
+ * grad_scale != 0 the parameters' gradients get grad_scale * d(mean loss)
+ * added. *loss_sum: summed token loss, *n: predicted tokens. */
+ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int batch, int seq, double grad_scale,
+                               double *loss_sum, int64_t *n);
+/* The flat trainable parameters and their gradients (n floats each). */
+float *ft_trainer_param_data(ft_trainer *t, size_t *n);
+float *ft_trainer_grad_data(ft_trainer *t, size_t *n);
+
+
+/* For adapter.c: module k of n (layer k / 7, target k % 7): 0 if not
+ * trained, else its PEFT tensor names, data and shapes. */
+size_t ft_tr_n_mods(const ft_trainer *t);
+int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t cap, float **A, float **B,
+              int64_t ashape[2], int64_t bshape[2]);
+const ft_train_params *ft_tr_params(const ft_trainer *t);
+const char *ft_tr_target_name(int i);
+/* the parameters, Adam moments and steps taken (for the state file) */
+void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step);
+void ft_tr_set_step(ft_trainer *t, int step);
+#endif

@@ -1,0 +1,553 @@
+/* The train layer (src/train, docs/training.md): every op's backward
+ * against finite differences, the transposed stored-format product
+ * against its scalar reference, whole-model LoRA gradients against
+ * finite differences (llama, qwen2 with biases, mistral with a sliding
+ * window), and a LoRA run against PyTorch + PEFT
+ * (tests/data/lora/llama-tiny, scripts/fixtures/gen_lora_fixtures.py). */
+#include "ft_test.h"
+#include "support/fixture.h"
+#include "flextier/engine.h"
+#include "flextier/model.h"
+#include "flextier/train.h"
+#include "train/train_internal.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t seed = 12345;
+static float frand(void) { return (float)((double)(ft_test_rand(&seed) >> 11) * 0x1p-53 * 2.0 - 1.0); }
+static void fill(float *x, size_t n, float s) { for (size_t i = 0; i < n; i++) x[i] = frand() * s; }
+static double dotd(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+    return s;
+}
+/* analytic vs central difference: |a - fd| <= tol (1 + |fd|) */
+static int close_fd(double an, double fd, double tol) { return fabs(an - fd) <= tol * (1.0 + fabs(fd)); }
+
+static ft_model *load(const char *name, int weights)
+{
+    char dir[1024];
+    ft_fixture_dir("models", name, dir, sizeof dir);
+    ft_load_params p;
+    ft_load_params_default(&p);
+    p.weights = weights;
+    ft_model *m = NULL;
+    if (ft_model_load(dir, &p, &m)) {
+        fprintf(stderr, "load %s: %s\n", dir, ft_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+TEST(rmsnorm_bwd_fd)
+{
+    enum { N = 24 };
+    float x[N], w[N], dy[N], dx[N] = {0}, y[N], xp[N];
+    fill(x, N, 1.0f);
+    fill(w, N, 1.0f);
+    fill(dy, N, 1.0f);
+    ft_tr_rmsnorm_bwd(dx, x, w, dy, N, 1e-5f);
+    for (int i = 0; i < N; i++) {
+        double f[2];
+        for (int s = 0; s < 2; s++) {
+            memcpy(xp, x, sizeof x);
+            xp[i] += s ? -1e-3f : 1e-3f;
+            float ss = 0.0f;
+            for (int j = 0; j < N; j++) ss += xp[j] * xp[j];
+            float r = 1.0f / sqrtf(ss / N + 1e-5f);
+            for (int j = 0; j < N; j++) y[j] = xp[j] * r * w[j];
+            f[s] = dotd(dy, y, N);
+        }
+        double fd = (f[0] - f[1]) / (double)((x[i] + 1e-3f) - (x[i] - 1e-3f));
+        CHECK_MSG(close_fd(dx[i], fd, 2e-3), "i %d: %g vs %g", i, (double)dx[i], fd);
+    }
+}
+
+TEST(rope_bwd_is_inverse_rotation)
+{
+    enum { NH = 3, HD = 8 };
+    float c[HD / 2], s[HD / 2], x[NH * HD], y[NH * HD], dy[NH * HD], dx[NH * HD];
+    for (int i = 0; i < HD / 2; i++) {
+        float a = 0.7f * (float)(i + 1);
+        c[i] = cosf(a) * 1.3f;   /* scaled tables (yarn) too */
+        s[i] = sinf(a) * 1.3f;
+    }
+    fill(x, NH * HD, 1.0f);
+    fill(dy, NH * HD, 1.0f);
+    /* linear: <dy, rope(x)> = <rope_bwd(dy), x> */
+    memcpy(y, x, sizeof x);
+    for (int h = 0; h < NH; h++)
+        for (int i = 0; i < HD / 2; i++) {
+            float a = x[h * HD + i], b = x[h * HD + i + HD / 2];
+            y[h * HD + i] = a * c[i] - b * s[i];
+            y[h * HD + i + HD / 2] = b * c[i] + a * s[i];
+        }
+    memcpy(dx, dy, sizeof dy);
+    ft_tr_rope_bwd(dx, NH, HD, c, s);
+    CHECK(fabs(dotd(dy, y, NH * HD) - dotd(dx, x, NH * HD)) < 1e-5);
+}
+
+TEST(silu_mul_bwd_fd)
+{
+    enum { N = 32 };
+    float g[N], u[N], dy[N], dg[N], du[N];
+    fill(g, N, 4.0f);
+    fill(u, N, 2.0f);
+    fill(dy, N, 1.0f);
+    ft_tr_silu_mul_bwd(dg, du, g, u, dy, N);
+    for (int i = 0; i < N; i++) {
+        double h = 1e-4, G = g[i];
+        double fp = (G + h) / (1 + exp(-(G + h))) * u[i], fm = (G - h) / (1 + exp(-(G - h))) * u[i];
+        CHECK_MSG(close_fd(dg[i], dy[i] * (fp - fm) / (2 * h), 1e-4), "dg %d", i);
+        CHECK(close_fd(du[i], dy[i] * G / (1 + exp(-G)), 1e-5));
+    }
+}
+
+static double attn_obj(const float *q, const float *k, const float *v, const float *dout, int T, int nh, int nkv,
+                       int hd, int win, float *out, float *P)
+{
+    ft_tr_attn_fwd(out, P, q, k, v, T, nh, nkv, hd, win);
+    return dotd(dout, out, (size_t)T * (size_t)nh * (size_t)hd);
+}
+
+static void attn_fd(int win)
+{
+    enum { T = 6, NH = 4, NKV = 2, HD = 4 };
+    float q[T * NH * HD], k[T * NKV * HD], v[T * NKV * HD], dout[T * NH * HD], out[T * NH * HD], P[NH * T * T];
+    float dq[T * NH * HD] = {0}, dk[T * NKV * HD] = {0}, dv[T * NKV * HD] = {0};
+    fill(q, sizeof q / 4, 1.0f);
+    fill(k, sizeof k / 4, 1.0f);
+    fill(v, sizeof v / 4, 1.0f);
+    fill(dout, sizeof dout / 4, 1.0f);
+    attn_obj(q, k, v, dout, T, NH, NKV, HD, win, out, P);
+    ft_tr_attn_bwd(dq, dk, dv, dout, P, q, k, v, T, NH, NKV, HD, win);
+    float *xs[3] = {q, k, v}, *gs[3] = {dq, dk, dv};
+    size_t ns[3] = {sizeof q / 4, sizeof k / 4, sizeof v / 4};
+    for (int a = 0; a < 3; a++)
+        for (size_t i = 0; i < ns[a]; i++) {
+            float x0 = xs[a][i], h = 1e-2f;
+            xs[a][i] = x0 + h;
+            double fp = attn_obj(q, k, v, dout, T, NH, NKV, HD, win, out, P);
+            xs[a][i] = x0 - h;
+            double fm = attn_obj(q, k, v, dout, T, NH, NKV, HD, win, out, P);
+            xs[a][i] = x0;
+            double fd = (fp - fm) / (double)((x0 + h) - (x0 - h));
+            CHECK_MSG(close_fd(gs[a][i], fd, 2e-3), "win %d tensor %d i %zu: %g vs %g", win, a, i, (double)gs[a][i], fd);
+        }
+}
+
+TEST(attention_bwd_fd_gqa) { attn_fd(0); }
+TEST(attention_bwd_fd_window) { attn_fd(3); }
+
+/* W^T dy on stored weights (f32, bf16, q8, q4) vs the scalar reference,
+ * and the adjoint identity <dy, W x> = <W^T dy, x> on the forward product */
+TEST(matT_stored_formats)
+{
+    static const int fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_Q8, FT_WF_Q4};
+    for (size_t f = 0; f < 4; f++) {
+        ft_model *m = load("llama-tiny", fmts[f]);
+        REQUIRE(m);
+        const ft_wmat *W = ft_layer_weights_mat((ft_layer_weights *)(uintptr_t)ft_model_layer(m, 1), 2 /* LW_K */);
+        CHECK(W->fmt == (ft_wfmt)fmts[f]);
+        enum { R = 3 };
+        float *dy = malloc(sizeof(float) * R * (size_t)W->rows), *a = calloc((size_t)R * (size_t)W->cols, 4),
+              *b = calloc((size_t)R * (size_t)W->cols, 4), *row = malloc(4 * (size_t)W->cols);
+        fill(dy, (size_t)R * (size_t)W->rows, 1.0f);
+        ft_tr_matT(a, W->cols, dy, W->rows, R, W, 0, W->rows, row);
+        ft_tr_matT_ref(b, W->cols, dy, W->rows, R, W, 0, W->rows, row);
+        float d = ft_max_abs_diff(a, b, (size_t)R * (size_t)W->cols);
+        CHECK_MSG(d < 1e-5f, "%s: matT vs ref %g", ft_wfmt_name(W->fmt), (double)d);
+        /* the trainer's path: transposed f32 copy + the engine's product */
+        {
+            ft_train_params tp;
+            ft_train_params_default(&tp);
+            ft_trainer *t = NULL;
+            CHECK_OK(ft_trainer_create(m, &tp, &t));
+            REQUIRE(t);
+            int32_t tk[R] = {1, 2, 3};
+            double ls;
+            int64_t cnt;
+            CHECK_OK(ft_trainer_eval(t, tk, 1, R, &ls, &cnt));   /* sizes the scratch for R rows */
+            float *c = calloc((size_t)R * (size_t)W->cols, 4);
+            CHECK_OK(ft_tr_matT_fast(t, c, dy, R, W));
+            d = ft_max_abs_diff(c, b, (size_t)R * (size_t)W->cols);
+            CHECK_MSG(d < 1e-5f, "%s: matT_fast vs ref %g", ft_wfmt_name(W->fmt), (double)d);
+            free(c);
+            ft_trainer_free(t);
+        }
+        /* adjoint: y_r[o] = sum_i row_o[i] x_r[i] with dequantized rows */
+        float *x = malloc(4 * (size_t)R * (size_t)W->cols);
+        fill(x, (size_t)R * (size_t)W->cols, 1.0f);
+        double lhs = 0.0;
+        for (int o = 0; o < W->rows; o++) {
+            ft_wmat_row_f32(W, o, row);
+            for (int r = 0; r < R; r++) lhs += dy[r * W->rows + o] * dotd(row, x + (size_t)r * W->cols, (size_t)W->cols);
+        }
+        double rhs = dotd(a, x, (size_t)R * (size_t)W->cols);
+        CHECK_MSG(fabs(lhs - rhs) < 1e-4 * (1 + fabs(lhs)), "%s adjoint %g vs %g", ft_wfmt_name(W->fmt), lhs, rhs);
+        free(dy); free(a); free(b); free(row); free(x);
+        ft_model_free(m);
+    }
+}
+
+/* d mean-loss / d (every LoRA parameter we probe) vs central differences */
+static void model_fd_fmt(const char *name, int T, int fmt)
+{
+    ft_model *m = load(name, fmt);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = 2;
+    p.alpha = 4.0f;
+    p.vocab_chunk = 100;   /* several chunks, a short last one */
+    ft_trainer *t = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &t));
+    REQUIRE(t);
+    size_t n;
+    float *w = ft_trainer_param_data(t, &n), *g = ft_trainer_grad_data(t, &n);
+    fill(w, n, 0.3f);
+    const int nb = 2, V = ft_model_get_config(m)->vocab;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(nb * T));
+    for (int i = 0; i < nb * T; i++) tok[i] = (int32_t)(ft_test_rand(&seed) % (uint64_t)V);
+    double ls;
+    int64_t cnt;
+    memset(g, 0, n * sizeof(float));
+    CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 1.0, &ls, &cnt));
+    CHECK(cnt == nb * (T - 1));
+    float *an = malloc(n * sizeof(float));
+    memcpy(an, g, n * sizeof(float));
+    int bad = 0, probes = 0;
+    for (size_t i = 0; i < n; i += n / 37 + 1) {
+        float x0 = w[i], h = 1e-2f;
+        double fp, fm;
+        w[i] = x0 + h;
+        CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fp, &cnt));
+        w[i] = x0 - h;
+        CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fm, &cnt));
+        w[i] = x0;
+        double fd = (fp - fm) / (double)cnt / (double)((x0 + h) - (x0 - h));
+        probes++;
+        if (fabs(an[i] - fd) > 5e-4 + 2e-2 * fabs(fd)) {
+            bad++;
+            fprintf(stderr, "  %s param %zu: analytic %.6g fd %.6g\n", name, i, (double)an[i], fd);
+        }
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d probes off", name, bad, probes);
+    free(an);
+    free(tok);
+    ft_trainer_free(t);
+    ft_model_free(m);
+}
+
+static void model_fd(const char *name, int T) { model_fd_fmt(name, T, FT_WF_F32); }
+
+TEST(model_grad_fd_llama) { model_fd("llama-tiny", 7); }
+/* bf16 weights: the forward is exact f32 math on the widened weights */
+TEST(model_grad_fd_llama_bf16) { model_fd_fmt("llama-tiny", 7, FT_WF_BF16); }
+
+/* q8/q4 base weights (QLoRA-style): the loss on a fixed batch goes down */
+TEST(train_on_quantized_weights)
+{
+    static const int fmts[] = {FT_WF_Q8, FT_WF_Q4};
+    for (int f = 0; f < 2; f++) {
+        ft_model *m = load("llama-tiny", fmts[f]);
+        REQUIRE(m);
+        ft_train_params p;
+        ft_train_params_default(&p);
+        p.lr = 1e-2f;
+        p.total_steps = 8;
+        p.schedule = FT_SCHED_CONSTANT;
+        ft_trainer *t = NULL;
+        CHECK_OK(ft_trainer_create(m, &p, &t));
+        REQUIRE(t);
+        int32_t tok[2 * 12];
+        for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 53 + 7) % 320);
+        double first = 0, loss = 0;
+        for (int s = 0; s < 8; s++) {
+            CHECK_OK(ft_trainer_step(t, tok, 2, 12, &loss, NULL));
+            if (s == 0) first = loss;
+        }
+        CHECK_MSG(loss < first - 0.1, "%s: loss %g -> %g", ft_wfmt_name(ft_model_weights_format(m)), first, loss);
+        ft_trainer_free(t);
+        ft_model_free(m);
+    }
+}
+TEST(model_grad_fd_qwen2_bias) { model_fd("qwen2-tiny", 6); }
+TEST(model_grad_fd_mistral_window) { model_fd("mistral-sw", 9); }
+
+/* ------------------------------------------------ against PyTorch + PEFT */
+
+static json_object *run_json(char *dir, size_t n)
+{
+    ft_fixture_dir("lora", "llama-tiny", dir, n);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    return json_object_from_file(path);
+}
+static double jd(json_object *o, const char *k) { return json_object_get_double(json_object_object_get(o, k)); }
+static int ji(json_object *o, const char *k) { return json_object_get_int(json_object_object_get(o, k)); }
+
+static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
+{
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = ji(run, "rank");
+    p.alpha = (float)jd(run, "alpha");
+    p.lr = (float)jd(run, "lr");
+    p.warmup = ji(run, "warmup");
+    p.total_steps = ji(run, "steps");
+    p.weight_decay = (float)jd(run, "weight_decay");
+    p.beta1 = (float)jd(run, "beta1");
+    p.beta2 = (float)jd(run, "beta2");
+    p.eps = (float)jd(run, "eps");
+    p.clip = (float)jd(run, "clip");
+    p.grad_accum = ji(run, "grad_accum");
+    p.vocab_chunk = 128;
+    ft_trainer *t = NULL;
+    if (ft_trainer_create(m, &p, &t)) return NULL;
+    if (dir && ft_trainer_load_adapter(t, dir)) {
+        fprintf(stderr, "load adapter %s: %s\n", dir, ft_last_error());
+        ft_trainer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+TEST(lora_run_matches_peft)
+{
+    char dir[1024], sub[1200];
+    json_object *run = run_json(dir, sizeof dir);
+    REQUIRE(run);
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    snprintf(sub, sizeof sub, "%s/init", dir);
+    ft_trainer *t = peft_trainer(m, run, sub);
+    REQUIRE(t);
+    const int steps = ji(run, "steps"), A = ji(run, "grad_accum"), nb = ji(run, "batch"), T = ji(run, "seq");
+    json_object *batches = json_object_object_get(run, "batches"), *losses = json_object_object_get(run, "losses"),
+                *norms = json_object_object_get(run, "grad_norms"), *lrs = json_object_object_get(run, "lrs");
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(A * nb * T));
+    double worst = 0.0;
+    for (int s = 0; s < steps; s++) {
+        for (int a = 0; a < A; a++)
+            for (int b = 0; b < nb; b++)
+                for (int i = 0; i < T; i++)
+                    tok[(a * nb + b) * T + i] = json_object_get_int(json_object_array_get_idx(
+                        json_object_array_get_idx(json_object_array_get_idx(batches, (size_t)(s * A + a)), (size_t)b),
+                        (size_t)i));
+        double want_lr = json_object_get_double(json_object_array_get_idx(lrs, (size_t)s));
+        CHECK_MSG(fabs(ft_trainer_lr_at(t, s) - want_lr) <= 1e-9 * (1 + want_lr), "lr step %d", s);
+        double loss, gn;
+        CHECK_OK(ft_trainer_step(t, tok, nb, T, &loss, &gn));
+        double want = json_object_get_double(json_object_array_get_idx(losses, (size_t)s));
+        double wn = json_object_get_double(json_object_array_get_idx(norms, (size_t)s));
+        double rel = fabs(loss - want) / want;
+        if (rel > worst) worst = rel;
+        printf("  step %d loss %.7f (torch %.7f, rel %.2e) grad norm %.6f (torch %.6f)\n", s + 1, loss, want, rel,
+               gn, wn);
+        CHECK_MSG(rel <= 1e-4, "step %d loss %.8g vs %.8g", s + 1, loss, want);
+        CHECK_MSG(fabs(gn - wn) <= 1e-3 * wn, "step %d grad norm %.8g vs %.8g", s + 1, gn, wn);
+    }
+    /* the final adapter vs PEFT's */
+    snprintf(sub, sizeof sub, "%s/final", dir);
+    ft_trainer *ref = peft_trainer(m, run, sub);
+    REQUIRE(ref);
+    size_t n;
+    float *a = ft_trainer_param_data(t, &n), *b = ft_trainer_param_data(ref, &n);
+    float d = ft_max_abs_diff(a, b, n);
+    printf("  final adapter: max |flextier - peft| = %.3g over %zu parameters (worst loss rel %.2e)\n", (double)d, n,
+           worst);
+    CHECK_MSG(d <= 2e-5f, "final adapter differs by %g", (double)d);
+
+    /* the saved adapter reads back bit for bit; PEFT's final adapter gives
+     * transformers + peft's last-position logits and greedy tokens */
+    char tmp[] = "/tmp/ft_lora_XXXXXX";
+    REQUIRE(mkdtemp(tmp));
+    CHECK_OK(ft_trainer_save_adapter(t, tmp, "llama-tiny"));
+    ft_trainer *back = peft_trainer(m, run, tmp);
+    REQUIRE(back);
+    float *c = ft_trainer_param_data(back, &n);
+    CHECK(memcmp(a, c, n * sizeof(float)) == 0);
+    char path[1300];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+    unlink(path);
+    rmdir(tmp);
+
+    json_object *prompt = json_object_object_get(run, "prompt"), *greedy = json_object_object_get(run, "greedy"),
+                *ll = json_object_object_get(run, "last_logits");
+    int np = (int)json_object_array_length(prompt), ng = (int)json_object_array_length(greedy);
+    int V = ft_model_get_config(m)->vocab;
+    int32_t seq[64];
+    for (int i = 0; i < np; i++) seq[i] = json_object_get_int(json_object_array_get_idx(prompt, (size_t)i));
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int g = 0; g < ng; g++) {
+        CHECK_OK(ft_trainer_last_logits(ref, seq, np + g, lg));
+        if (g == 0) {
+            float md = 0.0f;
+            for (int v = 0; v < V; v++) {
+                float e = fabsf(lg[v] - (float)json_object_get_double(json_object_array_get_idx(ll, (size_t)v)));
+                if (e > md) md = e;
+            }
+            CHECK_MSG(md < 1e-4f, "last logits differ by %g", (double)md);
+        }
+        int best = 0;
+        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        CHECK_MSG(best == json_object_get_int(json_object_array_get_idx(greedy, (size_t)g)), "greedy token %d", g);
+        seq[np + g] = best;
+    }
+    free(lg);
+    free(tok);
+    ft_trainer_free(back);
+    ft_trainer_free(ref);
+    ft_trainer_free(t);
+    ft_model_free(m);
+    json_object_put(run);
+}
+
+/* cached greedy decoding equals recomputing the whole sequence per token */
+static void generate_vs_recompute(const char *name, int fmt)
+{
+    ft_model *m = load(name, fmt);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = 3;
+    ft_trainer *t = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &t));
+    REQUIRE(t);
+    size_t n = 0;
+    float *w = ft_trainer_param_data(t, &n);
+    fill(w, n, 0.2f);
+    int32_t seq[32] = {1, 20, 30, 40, 50, 60, 70};
+    int32_t out[12];
+    CHECK_OK(ft_trainer_generate(t, seq, 7, 12, out));
+    int V = ft_model_get_config(m)->vocab;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int g = 0; g < 12; g++) {
+        CHECK_OK(ft_trainer_last_logits(t, seq, 7 + g, lg));
+        int best = 0;
+        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        CHECK_MSG(best == out[g], "%s token %d: cached %d, recomputed %d", name, g, (int)out[g], best);
+        seq[7 + g] = best;
+    }
+    free(lg);
+    ft_trainer_free(t);
+    ft_model_free(m);
+}
+
+TEST(generate_cached_equals_recompute)
+{
+    generate_vs_recompute("llama-tiny", FT_WF_F32);
+    generate_vs_recompute("mistral-sw", FT_WF_F32);   /* window 5 < 19 positions */
+    generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
+}
+
+TEST(seed_reproducible_and_init)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.seed = 9;
+    p.total_steps = 2;
+    p.lr = 1e-2f;
+    ft_trainer *a = NULL, *b = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &a));
+    CHECK_OK(ft_trainer_create(m, &p, &b));
+    REQUIRE(a && b);
+    size_t n;
+    float *wa = ft_trainer_param_data(a, &n), *wb = ft_trainer_param_data(b, &n);
+    /* A uniform in +-1/sqrt(64) (q_proj's in = 64), B zero */
+    CHECK(wa[0] != 0.0f && fabsf(wa[0]) <= 0.125f);
+    int32_t tok[2 * 8];
+    for (int i = 0; i < 16; i++) tok[i] = (int32_t)(i * 37 % 320);
+    double la, lb;
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(ft_trainer_step(a, tok, 2, 8, &la, NULL));
+        CHECK_OK(ft_trainer_step(b, tok, 2, 8, &lb, NULL));
+        CHECK(la == lb);
+    }
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    ft_trainer_free(a);
+    ft_trainer_free(b);
+    ft_model_free(m);
+}
+
+/* threads split products, transposed products and attention heads; every
+ * value is computed in the same order whatever the split */
+TEST(threads_do_not_change_results)
+{
+    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 3;
+    p.lr = 1e-2f;
+    p.vocab_chunk = 96;
+    ft_trainer *t[3] = {NULL, NULL, NULL};
+    unsigned th[3] = {1, 2, 5};
+    int32_t tok[3 * 40];
+    for (int i = 0; i < 120; i++) tok[i] = (int32_t)((i * 101 + 3) % 320);
+    for (int k = 0; k < 3; k++) {
+        p.threads = th[k];
+        CHECK_OK(ft_trainer_create(m, &p, &t[k]));
+        REQUIRE(t[k]);
+        for (int s = 0; s < 3; s++) CHECK_OK(ft_trainer_step(t[k], tok, 3, 40, NULL, NULL));
+    }
+    size_t n;
+    float *a = ft_trainer_param_data(t[0], &n);
+    for (int k = 1; k < 3; k++) {
+        CHECK_MSG(memcmp(a, ft_trainer_param_data(t[k], &n), n * sizeof(float)) == 0, "%u threads differ", th[k]);
+        ft_trainer_free(t[k]);
+    }
+    ft_trainer_free(t[0]);
+    ft_model_free(m);
+}
+
+TEST(refusals)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
+    REQUIRE(m && opt);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    ft_trainer *t = NULL;
+    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "llama family"));
+    p.dropout = 0.1f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
+    p.dropout = 0.0f;
+    p.rank = 0;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG);
+    p.rank = 8;
+    p.lr = -1.0f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG);
+    p.lr = 1e-3f;
+    p.warmup = 5;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "warmup"));
+    p.warmup = 0;
+    unsigned mask;
+    CHECK(ft_lora_parse_targets("q_proj,fc1", &mask) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    CHECK_OK(ft_lora_parse_targets("q_proj,v_proj", &mask));
+    CHECK(mask == (FT_LORA_Q | FT_LORA_V));
+    CHECK_OK(ft_trainer_create(m, &p, &t));
+    REQUIRE(t);
+    int32_t tok[4] = {1, 2, 999, 3};
+    double l;
+    CHECK(ft_trainer_step(t, tok, 1, 4, &l, NULL) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "999"));
+    CHECK(ft_trainer_step(t, tok, 1, 1, &l, NULL) == FT_ERR_INVALID_ARG);
+    /* an adapter of another rank is refused */
+    char dir[1024], sub[1200];
+    ft_fixture_dir("lora", "llama-tiny", dir, sizeof dir);
+    snprintf(sub, sizeof sub, "%s/init", dir);
+    CHECK(ft_trainer_load_adapter(t, sub) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "r differs"));
+    CHECK(ft_trainer_load_adapter(t, "/nonexistent") == FT_ERR_NOT_FOUND);
+    ft_trainer_free(t);
+    ft_model_free(m);
+    ft_model_free(opt);
+}

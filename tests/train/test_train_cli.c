@@ -1,0 +1,161 @@
+/* flextier finetune and run --lora (src/cli/cmd_finetune.c) on the tiny
+ * Llama fixture: a run writes a PEFT adapter that run --lora loads, equal
+ * seeds give identical adapters, and bad data / hyper-parameters get
+ * clear errors. */
+#include "ft_test.h"
+#include "support/cli_run.h"
+#include "support/fixture.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <string.h>
+
+static char model[1024], opt[1024];
+static const char *tmp;
+
+static void setup(void)
+{
+    if (tmp) return;
+    tmp = ft_test_tmpdir("train_cli");
+    ft_fixture_dir("models", "llama-tiny", model, sizeof model);
+    ft_fixture_dir("models", "opt-tiny", opt, sizeof opt);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/data.txt", tmp);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; f && i < 40; i++)
+        fprintf(f, "The quick brown fox jumps over the lazy dog. Hello world %d, hello again.\n", i);
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "%s/data.jsonl", tmp);
+    f = fopen(path, "w");
+    for (int i = 0; f && i < 30; i++) fprintf(f, "{\"text\": \"FlexTier streams weights through tiers, %d.\"}\n", i);
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "%s/bad.jsonl", tmp);
+    f = fopen(path, "w");
+    if (f) { fputs("{\"text\": \"ok\"}\n{\"txt\": 1}\n", f); fclose(f); }
+    snprintf(path, sizeof path, "%s/chat.jsonl", tmp);
+    f = fopen(path, "w");
+    if (f) { fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", f); fclose(f); }
+    snprintf(path, sizeof path, "%s/short.txt", tmp);
+    f = fopen(path, "w");
+    if (f) { fputs("Hello.\n", f); fclose(f); }
+}
+
+#define FT_ARGS "--steps 3 --seq-len 16 --batch 2 --grad-accum 2 --warmup 1 --lr 1e-2"
+
+TEST(finetune_then_run_lora)
+{
+    setup();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad " FT_ARGS " > %s/out 2>&1", ft_test_bin(), model,
+                tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "out", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "out", "tok/s"));
+    CHECK(ft_file_has(tmp, "out", "held-out after: loss"));
+    CHECK(ft_file_has(tmp, "ad/adapter_config.json", "\"peft_type\":\"LORA\""));
+    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 5 --ids > %s/gen 2>&1",
+                ft_test_bin(), model, tmp, tmp) == 0);
+    size_t n = 0;
+    char p[1200];
+    snprintf(p, sizeof p, "%s/gen", tmp);
+    char *g = ft_slurp(p, &n);
+    int k = 0;
+    for (char *s = g; s && *s; s++) k += *s == ' ';
+    CHECK_MSG(g && k == 4, "run --lora printed '%s'", g ? g : "");
+    free(g);
+    /* the same seed: the same adapter, byte for byte; JSONL data */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad2 " FT_ARGS " > /dev/null 2>&1", ft_test_bin(),
+                model, tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/ad/adapter_model.safetensors %s/ad2/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.jsonl --out %s/ad3 " FT_ARGS " --seed 3 > %s/out3 2>&1",
+                ft_test_bin(), model, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "out3", "step 3/3"));
+    CHECK(ft_sh("cmp -s %s/ad/adapter_model.safetensors %s/ad3/adapter_model.safetensors", tmp, tmp) != 0);
+    /* --init continues from an adapter */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad4 --init %s/ad " FT_ARGS " > /dev/null 2>&1",
+                ft_test_bin(), model, tmp, tmp, tmp) == 0);
+}
+
+/* interrupted twice (--stop-after) and resumed: the same adapter, byte for byte */
+TEST(resume_equals_uninterrupted)
+{
+    setup();
+    const char *b = ft_test_bin();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/full " FT_ARGS " --steps 5 > /dev/null 2>&1", b,
+                model, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part " FT_ARGS " --steps 5 --stop-after 2 "
+                "> %s/r1 2>&1", b, model, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "r1", "continue with --resume"));
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "--stop-after 2 > /dev/null 2>&1", b, model, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "> %s/r3 2>&1", b, model, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "r3", "resumed from"));
+    CHECK(ft_sh("cmp -s %s/full/adapter_model.safetensors %s/part/adapter_model.safetensors", tmp, tmp) == 0);
+    /* other options than the saved run's are refused */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/part --resume %s/part " FT_ARGS " --steps 5 "
+                "--batch 3 > %s/r4 2>&1", b, model, tmp, tmp, tmp, tmp) == 1);
+    CHECK(ft_file_has(tmp, "r4", "batch differs"));
+}
+
+/* run --lora with PEFT's final adapter gives transformers + peft's greedy
+ * tokens (tests/data/lora/llama-tiny/run.json) */
+TEST(run_lora_matches_peft_greedy)
+{
+    setup();
+    char dir[1024], path[1200], ids[512] = "", want[512] = "";
+    ft_fixture_dir("lora", "llama-tiny", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    json_object *run = json_object_from_file(path);
+    REQUIRE(run);
+    json_object *p = json_object_object_get(run, "prompt"), *g = json_object_object_get(run, "greedy");
+    for (size_t i = 0; i < json_object_array_length(p); i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "",
+                 json_object_get_int(json_object_array_get_idx(p, i)));
+    for (size_t i = 0; i < json_object_array_length(g); i++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "",
+                 json_object_get_int(json_object_array_get_idx(g, i)));
+    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu > %s/peft_gen 2>&1",
+                ft_test_bin(), model, dir, ids, json_object_array_length(g), tmp) == 0);
+    CHECK(ft_file_has(tmp, "peft_gen", want));
+    json_object_put(run);
+}
+
+static void fails(int want_rc, const char *args, const char *needle)
+{
+    int rc = ft_sh("%s %s > %s/err 2>&1", ft_test_bin(), args, tmp);
+    CHECK_MSG(rc == want_rc, "'%s' exited %d, want %d", args, rc, want_rc);
+    CHECK_MSG(ft_file_has(tmp, "err", needle), "'%s' does not say '%s'", args, needle);
+}
+
+TEST(finetune_errors)
+{
+    setup();
+    char a[4096];
+    snprintf(a, sizeof a, "finetune --model %s --data %s/short.txt --out %s/x", model, tmp, tmp);
+    fails(1, a, "too few");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/bad.jsonl --out %s/x", model, tmp, tmp);
+    fails(1, a, "line 2");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x", model, tmp, tmp);
+    fails(1, a, "messages");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/nonexistent --out %s/x", model, tmp, tmp);
+    fails(1, a, "nonexistent");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --rank 0", model, tmp, tmp);
+    fails(2, a, "--rank");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --lr -1", model, tmp, tmp);
+    fails(2, a, "--lr");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc1", model, tmp, tmp);
+    fails(2, a, "fc1");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", model, tmp, tmp);
+    fails(1, a, "dropout");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
+    fails(2, a, "warmup");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", opt, tmp, tmp);
+    fails(1, a, "llama family");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
+    fails(2, a, "required");
+    snprintf(a, sizeof a, "run --model %s --lora %s --lora %s --prompt hi", model, tmp, tmp);
+    fails(2, a, "several");
+    snprintf(a, sizeof a, "run --model %s --lora %s --prompt hi --temperature 0.7", model, tmp);
+    fails(2, a, "not implemented with --lora");
+    snprintf(a, sizeof a, "run --model %s --lora %s/nonexistent --prompt hi", model, tmp);
+    fails(1, a, "adapter_config.json");
+}
