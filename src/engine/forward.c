@@ -159,6 +159,29 @@ int ft_config_min_window(const ft_model_config *cfg)
     return w;
 }
 
+/* The product workspace: the largest any matrix of the model needs at
+ * max_rows rows, in any format it may be computed in (an offloading
+ * scheduler may hand q8/q4 views of a plain model's layers). One function
+ * for ft_ctx_create and ft_ctx_estimate. */
+static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int rows)
+{
+    int dims[][2] = {{qdim, cfg->hidden}, {kvdim, cfg->hidden}, {cfg->hidden, qdim},
+                     {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
+                     {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim},
+                     {cfg->n_experts ? cfg->n_experts : 1, cfg->hidden},
+                     {cfg->moe_ffn ? cfg->moe_ffn : 1, cfg->hidden}, {cfg->hidden, cfg->moe_ffn ? cfg->moe_ffn : 1}};
+    size_t need = 0;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
+            ft_wmat w = {.fmt = (ft_wfmt)f, .rows = dims[d][0], .cols = dims[d][1],
+                         .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
+            if ((f == FT_WF_Q8 || f == FT_WF_Q4) && !w.group) continue;
+            size_t z = ft_wk_ws_size(&w, rows);
+            if (z > need) need = z;
+        }
+    return need;
+}
+
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
 {
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ctx: NULL argument");
@@ -243,20 +266,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
      * max_rows rows, in any format it may be computed in (an offloading
      * scheduler may hand q8/q4 views of a plain model's layers). */
     {
-        int dims[][2] = {{c->qdim, cfg->hidden}, {c->kvdim, cfg->hidden}, {cfg->hidden, c->qdim},
-                         {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
-                         {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim},
-                         {cfg->n_experts ? cfg->n_experts : 1, cfg->hidden},
-                         {cfg->moe_ffn ? cfg->moe_ffn : 1, cfg->hidden}, {cfg->hidden, cfg->moe_ffn ? cfg->moe_ffn : 1}};
-        size_t need = 0;
-        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-            for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
-                ft_wmat w = {.fmt = (ft_wfmt)f, .rows = dims[d][0], .cols = dims[d][1],
-                             .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
-                if ((f == FT_WF_Q8 || f == FT_WF_Q4) && !w.group) continue;
-                size_t z = ft_wk_ws_size(&w, c->p.max_rows);
-                if (z > need) need = z;
-            }
+        size_t need = ctx_ws_need(cfg, c->qdim, c->kvdim, c->p.max_rows);
         c->wkws_size = need;
         c->scratch_bytes += need;
         c->wkws = ft_malloc_aligned(need ? need : 64, 64);
@@ -366,24 +376,21 @@ ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *k
     }
     size_t esz = (size_t)ft_dtype_nbytes(p->kv_dtype, 1);
     size_t selrows = p->all_logits ? R : B;
-    uint64_t f = R * edim * 2 + R * qdim * 2 + R * kvdim * 2 + R * (size_t)cfg->ffn * 2 + selrows * edim * 2 +
-                 threads * S;
-    if (esz != 4 && ft_config_min_window(cfg)) f += threads * 2 * S * (size_t)cfg->head_dim;
-    if (m->arch->pos == FT_POS_ROPE) f += 2 * S * (size_t)(cfg->head_dim / 2);
+    /* the same buffers as ft_ctx_create, in floats */
+    size_t fw = (size_t)(cfg->moe_ffn > cfg->ffn ? cfg->moe_ffn : cfg->ffn);
+    uint64_t f = R * edim * 2 + R * qdim * 2 + R * kvdim * 2 + R * fw * 2 + selrows * edim * 2 + threads * S +
+                 (size_t)cfg->hidden + qdim + kvdim;
+    if (cfg->n_experts) {
+        size_t E = (size_t)cfg->n_experts, K = (size_t)cfg->n_experts_used;
+        f += R * E + 2 * R * K + 3 * R * (size_t)cfg->hidden;
+    }
+    if (esz != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0)) f += threads * 2 * S * (size_t)cfg->head_dim;
+    if (m->arch->pos == FT_POS_ROPE) {
+        f += 2 * S * (size_t)(cfg->head_dim / 2);
+        if (cfg->rope_local_theta != 0) f += 2 * S * (size_t)(cfg->head_dim / 2);
+    }
     uint64_t scratch = f * sizeof(float);
-    int dims[][2] = {{(int)qdim, cfg->hidden}, {(int)kvdim, cfg->hidden}, {cfg->hidden, (int)qdim},
-                     {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
-                     {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim}};
-    size_t need = 0;
-    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-        for (int fm = FT_WF_F32; fm <= FT_WF_Q4; fm++) {
-            ft_wmat w = {.fmt = (ft_wfmt)fm, .rows = dims[d][0], .cols = dims[d][1],
-                         .group = ft_wmat_group_for(dims[d][1]), .rows_per_chunk = 1};
-            if ((fm == FT_WF_Q8 || fm == FT_WF_Q4) && !w.group) continue;
-            size_t z = ft_wk_ws_size(&w, (int)R);
-            if (z > need) need = z;
-        }
-    scratch += need;
+    scratch += ctx_ws_need(cfg, (int)qdim, (int)kvdim, (int)R);
     if (kv_bytes) *kv_bytes = kvn * esz;
     if (scratch_bytes) *scratch_bytes = scratch;
     return FT_OK;
