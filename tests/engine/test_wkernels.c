@@ -335,6 +335,29 @@ TEST(wk_quant_formats)
     printf("  worst SIMD/ref %.3g u S', worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
 }
 
+/* Batch 1 over ranges long enough that the kernels prefetch rows ahead
+ * (PF_AHEAD bytes: 4-8 rows of 2048 columns), with the rows ahead in
+ * other chunks (rows_per_chunk 5) and ranges that end inside a block. */
+TEST(wk_batch1_prefetch)
+{
+    static const ft_wfmt fmts[] = {FT_WF_BF16, FT_WF_F16, FT_WF_Q8, FT_WF_Q4};
+    worst_simd = worst_exact = 0;
+    for (int f = 0; f < 4; f++)
+        for (int rpc = 5; rpc <= 40; rpc += 35) {
+            int q = fmts[f] == FT_WF_Q8 || fmts[f] == FT_WF_Q4;
+            if (!q && rpc != 5) continue;
+            tmat t;
+            tmat_make(&t, fmts[f], 40, 2048, q ? 64 : 0, rpc);
+            char what[64];
+            snprintf(what, sizeof what, "%s 40x2048 rpc %d", ft_wfmt_name(fmts[f]), rpc);
+            run_case(&t, 1, 0, 40, 1, what);
+            run_case(&t, 1, 3, 37, 0, what);
+            run_case(&t, 2, 0, 40, 0, what);
+            tmat_free(&t);
+        }
+    printf("  worst SIMD/ref %.3g, worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
+}
+
 /* The activation quantizer's definition on a known group. */
 TEST(wk_quant_prep)
 {
