@@ -33,6 +33,12 @@
  *                               vectors of x along the rows: exact f32
  *                               products of the stored (dequantized)
  *                               weights and the f32 activations, f32 sums.
+ *                               bf16 weights: x is rounded to bf16 first
+ *                               (RNE, as ft_f32_to_bf16_1), on every CPU:
+ *                               exact products of bf16 x and bf16 w, f32
+ *                               sums (what vdpbf16ps computes, which the
+ *                               avx512bf16 table uses; the others widen
+ *                               both to f32 and use FMAs).
  *   q8/q4 (any rows)            FT_WK_X_Q8: x quantized per weight group:
  *                               symmetric int8, scale xs = max|x| / 127 per
  *                               (row, group), xq = round_half_even(x *
@@ -54,7 +60,8 @@
  * last bit); the q8/q4 product differs from exact f32 math on the
  * dequantized weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i|
  * (activation rounding) plus reassociation; every other mode by
- * reassociation only. */
+ * reassociation only (bf16 X_T: the rounded x is the operand; against
+ * the unrounded x the activation rounding adds at most 2^-8 S). */
 #ifndef FT_ENGINE_WKERNELS_H
 #define FT_ENGINE_WKERNELS_H
 
@@ -81,6 +88,12 @@ typedef struct ft_wk_act {
      * x[b*ldx + j][i] at [i*ldx + j], zeros past `rows`; 64-byte aligned. */
     const float *xt;
     int ldx, nblk;
+    /* X_T with bf16 weights on a CPU with AVX512_BF16 (else NULL): the
+     * same bf16 values as xt in pairs, for vdpbf16ps: block b (32 rows)
+     * at xb + b*np*64, pair p (columns 2p, 2p+1; np = ceil(cols / 2)) at
+     * + p*64: 32-bit lane r holds row r's two values (2p in the low
+     * half); zeros past `rows` and `cols`; 64-byte aligned. */
+    const uint16_t *xb;
     /* X_Q8: rows are taken in quads (4 rows, zero padded past `rows`).
      * Group g of quad q is nsb 16-element sub-blocks, sub-block s at
      * xq + ((q*gpr + g)*nsb + s)*64: 16 bytes per row of the quad, q4
@@ -187,7 +200,12 @@ typedef struct ft_wk_table {
  * then the SIMD ones; NULL past the end. FLEXTIER_NO_SIMD=1 leaves only
  * the scalar one. */
 const ft_wk_table *ft_wk_list(int i);
-/* The table ft_wk_product / ft_wk_attend_h use (the last of the list). */
+/* The table ft_wk_product / ft_wk_attend_h use: the last of the list,
+ * except that avx512bf16 is used only where vdpbf16ps measured at least
+ * 1.5x the multiply-adds per second of f32 FMAs (ft_wk_bf16_gain; AMD
+ * Zen 4: 2x; Sapphire Rapids: 1x, half-rate instruction), else the one
+ * before it. FLEXTIER_WK_TABLE=NAME picks a table of the list by name
+ * (benchmarks; unknown or unusable names are ignored). */
 const ft_wk_table *ft_wk_best(void);
 
 /* Scalar references (the definitions). */
@@ -218,4 +236,8 @@ const ft_wk_table *ft_wk_avx2(void);       /* AVX2 + FMA + F16C            */
 const ft_wk_table *ft_wk_avx512(void);     /* + AVX-512 F/BW/VL (q8/q4 decode
                                               as avx2)                    */
 const ft_wk_table *ft_wk_avx512vnni(void); /* + AVX512_VNNI (q8/q4 decode) */
+const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (bf16 X_T: vdpbf16ps) */
+/* Multiply-adds per second of vdpbf16ps over f32 FMAs (zmm, register
+ * loops, best of a few short runs; 0 without AVX512_BF16). */
+double ft_wk_bf16_gain(void);
 #endif

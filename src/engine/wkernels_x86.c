@@ -41,6 +41,7 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,avx2,fma,f16c")))
 /* Register blocking needs the small constant loops unrolled. Sanitizer
  * builds skip that (the arrays then live in memory: slower, the same
  * results), which keeps clang's ASan/UBSan/libFuzzer build of this file
@@ -510,6 +511,115 @@ AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float
 {
     if (pf) xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 1);
     else xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 0);
+}
+
+/* ============================================= bf16 X_T with vdpbf16ps */
+
+/* O <= 12 weight rows (bf16, row stride cols) x one 32-row block of x
+ * pairs (ft_wk_act.xb), over all columns: per pair of columns two loads
+ * of x and, per weight row, the pair broadcast from the stored row
+ * against both (24 accumulators; no panel: the weights are used as
+ * stored). tmp[j*32 + r] as xt_tile_512. nx: the rows of the next block
+ * (NULL: none), prefetched into L2 a line per row every 32 columns. */
+BF16 static INL void bh_tile(float *tmp, const uint16_t *xb, const uint16_t *w, size_t cols, const uint16_t *nx,
+                             const int O)
+{
+    __m512 acc[12][2];
+    UNROLL for (int j = 0; j < O; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    const size_t np = cols / 2;
+    const uint16_t *wj[12];
+    UNROLL for (int j = 0; j < O; j++) wj[j] = w + (size_t)j * cols;
+    for (size_t p = 0; p < np; p++) {
+        if (nx && !(p & 15))
+            UNROLL for (int j = 0; j < O; j++) _mm_prefetch((const char *)(nx + (size_t)j * cols + 2 * p), _MM_HINT_T1);
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + p * 64), x1 = (__m512bh)_mm512_load_si512(xb + p * 64 + 32);
+        UNROLL for (int j = 0; j < O; j++) {
+            int32_t v;
+            memcpy(&v, wj[j] + 2 * p, 4);
+            __m512bh wv = (__m512bh)_mm512_set1_epi32(v);
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
+        }
+    }
+    if (cols & 1) {   /* the last column: (w, 0) against (x, 0) */
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + np * 64), x1 = (__m512bh)_mm512_load_si512(xb + np * 64 + 32);
+        UNROLL for (int j = 0; j < O; j++) {
+            __m512bh wv = (__m512bh)_mm512_set1_epi32((int32_t)wj[j][2 * np]);
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
+        }
+    }
+    UNROLL for (int j = 0; j < O; j++) {
+        _mm512_store_ps(tmp + (size_t)j * 32, acc[j][0]);
+        _mm512_store_ps(tmp + (size_t)j * 32 + 16, acc[j][1]);
+    }
+}
+
+/* Blocks of x (32 rows each) per pass: their pairs (cols * 64 bytes
+ * each) stay in L2 while every weight row of the range passes. */
+#define BH_L2 (512u << 10)
+
+BF16 static void product_bh(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                            const float *b)
+{
+    const size_t cols = (size_t)W->cols, np = (cols + 1) / 2;
+    const uint16_t *W16 = W->data;
+    float tmp[12 * 32] __attribute__((aligned(64)));
+    memset(tmp, 0, sizeof tmp);
+    size_t per = np * 64 * sizeof(uint16_t);
+    int gb = per >= BH_L2 ? 1 : (int)(BH_L2 / per);
+    for (int b0 = 0; b0 < a->nblk; b0 += gb) {
+        int b1 = a->nblk - b0 < gb ? a->nblk : b0 + gb;
+        for (int o = o0; o < o1;) {
+            int O = o1 - o >= 12 ? 12 : o1 - o >= 4 ? 4 : 1;
+            const uint16_t *w = W16 + (size_t)o * cols;
+            for (int bk = b0; bk < b1; bk++) {
+                const uint16_t *nx = bk == b0 && o + O + 12 <= o1 ? w + (size_t)O * cols : NULL;
+                const uint16_t *xb = a->xb + (size_t)bk * np * 64;
+                if (O == 12) bh_tile(tmp, xb, w, cols, nx, 12);
+                else if (O == 4) bh_tile(tmp, xb, w, cols, nx, 4);
+                else bh_tile(tmp, xb, w, cols, nx, 1);
+                int nr = a->rows - bk * 32 < 32 ? a->rows - bk * 32 : 32;
+                store_tile_512(y + (size_t)bk * 32 * ldy + o, ldy, tmp, O, nr, 1, b ? b + o : NULL);
+            }
+            o += O;
+        }
+    }
+}
+
+/* Multiply-adds per second, vdpbf16ps over vfmadd231ps (zmm, 12
+ * independent chains, register operands): best of 5 runs of each. */
+BF16 static double bf16_gain_run(void)
+{
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 5; rep++)
+        for (int k = 0; k < 2; k++) {
+            __m512 acc[12];   /* distinct, so that the chains stay independent */
+            UNROLL for (int j = 0; j < 12; j++) {
+                acc[j] = _mm512_set1_ps((float)j);
+                __asm__ volatile("" : "+v"(acc[j]));
+            }
+            __m512 xf = _mm512_set1_ps(1e-3f);
+            __m512bh xh = (__m512bh)_mm512_set1_epi16(0x3a83);
+            double t0 = ft_now();
+            if (k == 0)
+                for (int n = 0; n < 4000; n++) {
+                    UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_dpbf16_ps(acc[j], xh, xh);
+                    __asm__ volatile("" : "+v"(xh));
+                }
+            else
+                for (int n = 0; n < 4000; n++) {
+                    UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(acc[j], xf, xf);
+                    __asm__ volatile("" : "+v"(xf));
+                }
+            double t = ft_now() - t0;
+            UNROLL for (int j = 1; j < 12; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+            volatile float sink = _mm512_reduce_add_ps(acc[0]);
+            (void)sink;
+            if (t < best[k]) best[k] = t;
+        }
+    /* 32 multiply-adds per vdpbf16ps, 16 per FMA */
+    return best[0] > 0 ? 2.0 * best[1] / best[0] : 0.0;
 }
 
 /* ====================================================== X_Q8 products */
@@ -1063,9 +1173,20 @@ static void product_avx512vnni(float *y, int ldy, const ft_wk_act *a, const ft_w
     product_avx512_common(y, ldy, a, W, o0, o1, b, 1);
 }
 
+BF16 static void product_avx512bf16(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                                    const float *b)
+{
+    if (o0 < o1 && a->mode == FT_WK_X_T && W->fmt == FT_WF_BF16 && a->xb) {
+        product_bh(y, ldy, a, W, o0, o1, b);
+        return;
+    }
+    product_avx512_common(y, ldy, a, W, o0, o1, b, 1);
+}
+
 static const ft_wk_table t_avx2 = {"avx2", product_avx2, attend_h_avx2, prep_q_avx2};
 static const ft_wk_table t_avx512 = {"avx512", product_avx512, attend_h_avx512, prep_q_512};
 static const ft_wk_table t_avx512vnni = {"avx512vnni", product_avx512vnni, attend_h_avx512, prep_q_512};
+static const ft_wk_table t_avx512bf16 = {"avx512bf16", product_avx512bf16, attend_h_avx512, prep_q_512};
 
 const ft_wk_table *ft_wk_avx2(void)
 {
@@ -1083,8 +1204,20 @@ const ft_wk_table *ft_wk_avx512vnni(void)
 {
     return ft_wk_avx512() && ft_cpu()->avx512vnni ? &t_avx512vnni : NULL;
 }
+
+const ft_wk_table *ft_wk_avx512bf16(void)
+{
+    return ft_wk_avx512vnni() && ft_cpu()->avx512bf16 ? &t_avx512bf16 : NULL;
+}
+
+double ft_wk_bf16_gain(void)
+{
+    return ft_wk_avx512bf16() ? bf16_gain_run() : 0.0;
+}
 #else
 const ft_wk_table *ft_wk_avx2(void) { return NULL; }
 const ft_wk_table *ft_wk_avx512(void) { return NULL; }
 const ft_wk_table *ft_wk_avx512vnni(void) { return NULL; }
+const ft_wk_table *ft_wk_avx512bf16(void) { return NULL; }
+double ft_wk_bf16_gain(void) { return 0.0; }
 #endif

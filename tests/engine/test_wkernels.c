@@ -129,20 +129,25 @@ static float bf16r(float v) { return ft_bf16_to_f32_1(ft_f32_to_bf16_1(v)); }
 
 /* Per (r, o): the exact product (double), S (for the f32/bf16 modes), S'
  * and the activation-rounding bound for q. */
-typedef struct { double exact, S, Sq, qerr; } refv;
+typedef struct { double exact, S, Sq, qerr, exact0, S0; } refv;
 
 static refv ref_values(const tmat *t, const float *x, int r, int o, const float *b, int bf16x)
 {
     const ft_wmat *W = &t->W;
     int cols = W->cols;
-    refv v = {0, 0, 0, 0};
+    refv v = {0, 0, 0, 0, 0, 0};
     const float *xr = x + (size_t)r * cols;
     const float *wr = t->wd + (size_t)o * cols;
+    /* bf16x: the operand is x rounded to bf16 (bf16 weights, X_T); exact0
+     * and S0 with x as given */
     for (int i = 0; i < cols; i++) {
         double xi = bf16x ? bf16r(xr[i]) : xr[i];
-        v.exact += (double)xr[i] * wr[i];
+        v.exact += xi * wr[i];
         v.S += fabs(xi * wr[i]);
+        v.exact0 += (double)xr[i] * wr[i];
+        v.S0 += fabs((double)xr[i] * wr[i]);
     }
+    if (b) v.exact0 += b[o];
     if (t->mn) {
         int G = W->group, gpr = cols / G;
         for (int g = 0; g < gpr; g++) {
@@ -186,7 +191,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
     float *yr = malloc(ny * sizeof(float)), *ys = malloc(ny * sizeof(float));
     for (size_t i = 0; i < ny; i++) yr[i] = NAN;
     ft_wk_list(0)->product(yr, ldy, &a, W, o0, o1, b);
-    int bf16x = 0, q = a.mode == FT_WK_X_Q8;
+    int bf16x = W->fmt == FT_WF_BF16 && a.mode == FT_WK_X_T, q = a.mode == FT_WK_X_Q8;
     const double u = 1.0 / (1 << 24);
     /* the reference against exact math */
     for (int r = 0; r < rows; r++)
@@ -200,6 +205,11 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
             if (d / bound > worst_exact) worst_exact = d / bound;
             CHECK_MSG(d <= bound, "%s rows %d: ref r %d o %d: %.9g vs exact %.9g (bound %.3g)", what,
                       rows, r, o, got, v.exact, bound);
+            if (bf16x) {   /* against x as given: + the activation rounding, 2^-8 S */
+                double b0 = bound + v.S0 / 256;
+                CHECK_MSG(fabs(got - v.exact0) <= b0, "%s rows %d: ref r %d o %d: %.9g vs exact (x as given) "
+                          "%.9g (bound %.3g)", what, rows, r, o, got, v.exact0, b0);
+            }
         }
     for (int ti = 1; ft_wk_list(ti); ti++) {
         const ft_wk_table *T = ft_wk_list(ti);
