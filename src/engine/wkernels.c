@@ -124,7 +124,7 @@ size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 /* Byte offset of element i of group g of row r in the X_Q8 layout. */
 static inline size_t qoff(const ft_wk_qdst *d, int r, int g, int i)
 {
-    if (d->row1) return ft_wk_qpos1(d->q4, d->nu, g, i);
+    if (d->row1) return ft_wk_qpos1(d->q4, d->nu, d->group, g, i);
     int q4 = d->q4, gpr = d->gpr, nsb = d->nsb;
     int e = i & 15;
     if (q4) e = (e & 1) ? 8 + (e >> 1) : (e >> 1);

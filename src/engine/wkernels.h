@@ -106,7 +106,11 @@ typedef struct ft_wk_act {
      * One row (row1 = 1) is laid out for a one-row kernel instead: group
      * g is nu = ceil(group / 64) units of 64 bytes at xq + (g*nu + u)*64,
      * q4 storing a unit's even elements first and its odd ones from byte
-     * 32 (where a unit's 32 weight bytes put their high nibbles). */
+     * 32 (where a unit's 32 weight bytes put their high nibbles). q4 with
+     * group 64 (the default) instead interleaves 4 groups, so that one
+     * vpdpbusd serves 4 groups (16 bytes each, in 4-lane quarters): group
+     * g = 4c + j, element e = 32h + 2i + d (h, d in {0, 1}, i < 16) at
+     * xq + c*256 + (2h + d)*64 + j*16 + i (ft_wk_qpos1). */
     const int8_t *xq;
     int nsb, gpr, nquad, row1, nu;
     const float *xs4, *xsum4, *xs, *xsum;
@@ -170,8 +174,11 @@ static inline void ft_wk_prep_q_put(const ft_wk_qdst *d, int r, int g, float s, 
 
 /* Position of element i of a group: one-row layout (64-element units)
  * and the quad layout (16-element sub-blocks). */
-static inline size_t ft_wk_qpos1(int q4, int nu, int g, int i)
+static inline size_t ft_wk_qpos1(int q4, int nu, int G, int g, int i)
 {
+    if (q4 && G == 64)
+        return (size_t)(g >> 2) * 256 + (size_t)((i >> 5) * 2 + (i & 1)) * 64 + (size_t)(g & 3) * 16 +
+               (size_t)((i & 31) >> 1);
     int j = i & 63;
     if (q4) j = (j & 1) ? 32 + (j >> 1) : (j >> 1);
     return ((size_t)g * (size_t)nu + (size_t)(i >> 6)) * 64 + (size_t)j;

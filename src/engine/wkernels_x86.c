@@ -721,7 +721,15 @@ AVX2 static INL void q2r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, in
             int un = u < nu - 1 ? 64 : G - 64 * (nu - 1);
             size_t e = (size_t)g * G + 64 * (size_t)u;
             const int8_t *xp = a->xq + ((size_t)g * nu + (size_t)u) * 64;
-            __m256i x0 = _mm256_load_si256((const __m256i *)xp), x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+            __m256i x0, x1;
+            if (q4 && G == 64) {   /* 4 groups interleaved: evens, odds of each half */
+                xp = a->xq + (size_t)(g >> 2) * 256 + (size_t)(g & 3) * 16;
+                x0 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(xp + 128)), _mm_loadu_si128((const __m128i *)xp));
+                x1 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(xp + 192)), _mm_loadu_si128((const __m128i *)(xp + 64)));
+            } else {
+                x0 = _mm256_load_si256((const __m256i *)xp);
+                x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+            }
             for (int k = 0; k < O; k++) {
                 uint8_t t64[64];
                 const uint8_t *p = vb[k] + (q4 ? e / 2 : e);
@@ -815,6 +823,81 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
             }
             UNROLL for (int k = 0; k < O; k++)
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[k]), _mm512_set1_ps(cf[k][g - g0]), acc[k]);
+        }
+    }
+    UNROLL for (int k = 0; k < O; k++) y[o + k] = _mm512_reduce_add_ps(acc[k]) + (b ? b[o + k] : 0.0f);
+}
+
+/* VNNI, one row, q4 with group 64: 4 groups at a time (the activations'
+ * interleaved layout, ft_wk_qpos1). The 4 groups' 128 weight bytes are
+ * two loads; two lane shuffles put bytes 0-15 (S0) and 16-31 (S1) of
+ * group j in quarter j; their low and high nibbles are 4 vpdpbusd into
+ * one int32 vector (lanes 4j..4j+3: group j), so the conversion and the
+ * FMA by step * xs (permuted to the quarters) are one per 4 groups
+ * instead of one per group. O <= 4 weight rows; rows `ahead` on are
+ * prefetched into L2. */
+VNNI static INL void q512r1_q4g(float *y, const ft_wk_act *a, const ft_wmat *W, int o, const float *b,
+                                const int O, int ahead)
+{
+    const int gpr = a->gpr;
+    const uint8_t *par[4], *vb[4], *nx[4];
+    UNROLL for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + e0 / 2;
+        nx[k] = NULL;
+        if (ahead) {
+            const uint8_t *np;
+            ft_wk_qrow(W, o + ahead + k, &np, &vals, &e0);
+            nx[k] = vals + e0 / 2;
+        }
+    }
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    size_t pfo = 0;
+    __m512 acc[4];
+    UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
+    for (int g0 = 0; g0 < gpr; g0 += 16) {
+        int ng = gpr - g0 < 16 ? gpr - g0 : 16;
+        __mmask16 gm = (__mmask16)((1u << ng) - 1);
+        __m512 xsv = _mm512_maskz_loadu_ps(gm, a->xs + g0), usv = _mm512_maskz_loadu_ps(gm, a->xsum + g0);
+        __m512 cfv[4];
+        UNROLL for (int k = 0; k < O; k++) {
+            __m512i p = _mm512_maskz_loadu_epi32(gm, par[k] + 4 * (size_t)g0);
+            __m512 mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+            __m512 sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
+            cfv[k] = _mm512_mul_ps(sv, xsv);
+            acc[k] = _mm512_fmadd_ps(mv, usv, acc[k]);
+            _mm_prefetch((const char *)(par[k] + 4 * (size_t)(g0 + 32)), _MM_HINT_T0);
+        }
+        for (int m = 0; m < ng; m += 4) {
+            const int g = g0 + m, nvg = ng - m < 4 ? ng - m : 4;
+            if (ahead)
+                for (; pfo < (size_t)(g + nvg) * 32; pfo += 64)
+                    UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(nx[k] + pfo), _MM_HINT_T1);
+            const int8_t *xq = a->xq + (size_t)(g >> 2) * 256;
+            __m512i x0 = _mm512_load_si512(xq), x1 = _mm512_load_si512(xq + 64);
+            __m512i x2 = _mm512_load_si512(xq + 128), x3 = _mm512_load_si512(xq + 192);
+            __m512i idx = _mm512_add_epi32(qidx, _mm512_set1_epi32(m));
+            UNROLL for (int k = 0; k < O; k++) {
+                const uint8_t *wp = vb[k] + (size_t)g * 32;
+                __m512i A, B;
+                if (nvg == 4) {
+                    A = _mm512_loadu_si512(wp);
+                    B = _mm512_loadu_si512(wp + 64);
+                } else {   /* the row's last groups: bytes past them are not read */
+                    int n = nvg * 32;
+                    A = _mm512_maskz_loadu_epi8(n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1, wp);
+                    B = n > 64 ? _mm512_maskz_loadu_epi8(((__mmask64)1 << (n - 64)) - 1, wp + 64) : _mm512_setzero_si512();
+                }
+                __m512i S0 = _mm512_shuffle_i64x2(A, B, 0x88), S1 = _mm512_shuffle_i64x2(A, B, 0xDD);
+                __m512i it = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(S0, m4), x0);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(_mm512_srli_epi16(S0, 4), m4), x1);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(S1, m4), x2);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(_mm512_srli_epi16(S1, 4), m4), x3);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_permutexvar_ps(idx, cfv[k]), acc[k]);
+            }
         }
     }
     UNROLL for (int k = 0; k < O; k++) y[o + k] = _mm512_reduce_add_ps(acc[k]) + (b ? b[o + k] : 0.0f);
@@ -952,6 +1035,19 @@ VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_
     int q4 = W->fmt == FT_WF_Q4;
     if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
     int g64 = W->group == 64;   /* the default group: sub-block loop unrolled */
+    if (a->row1 && q4 && W->group == 64) {
+        const int ah = pf_ahead((size_t)W->cols / 2, 4);
+        for (int o = o0; o < o1;) {
+            if (o1 - o >= 4) {
+                q512r1_q4g(y, a, W, o, b, 4, o + ah + 4 <= o1 ? ah : 0);
+                o += 4;
+            } else {
+                q512r1_q4g(y, a, W, o, b, 1, 0);
+                o++;
+            }
+        }
+        return;
+    }
     if (a->row1) {
         const int ah = pf_ahead(q4 ? (size_t)W->cols / 2 : (size_t)W->cols, 4);
         for (int o = o0; o < o1;) {
@@ -1030,7 +1126,13 @@ AVX512 static void prep_q_512(const ft_wk_qdst *d, const float *x, int rows)
                             isum = _mm512_add_epi32(isum, q[p]);
                         }
                         int8_t *dst = d->xq + ((size_t)g * d->nu + (size_t)u) * 64;
-                        if (d->q4) {
+                        if (d->q4 && G == 64) {   /* 4 groups interleaved (ft_wk_qpos1) */
+                            dst = d->xq + (size_t)(g >> 2) * 256 + (size_t)(g & 3) * 16;
+                            _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], ev, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 64), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], od, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 128), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], ev, q[3])));
+                            _mm_storeu_si128((__m128i *)(dst + 192), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], od, q[3])));
+                        } else if (d->q4) {
                             _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], ev, q[1])));
                             _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], ev, q[3])));
                             _mm_storeu_si128((__m128i *)(dst + 32), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], od, q[1])));
@@ -1100,7 +1202,7 @@ AVX2 static void prep_q_avx2(const ft_wk_qdst *d, const float *x, int rows)
                     }
                     int8_t *dst = d->xq + ft_wk_qsub(d->gpr, d->nsb, r, g, sb);
                     for (k = 0; k < n; k++) {
-                        if (d->row1) d->xq[ft_wk_qpos1(d->q4, d->nu, g, i0 + k)] = (int8_t)q[k];
+                        if (d->row1) d->xq[ft_wk_qpos1(d->q4, d->nu, G, g, i0 + k)] = (int8_t)q[k];
                         else dst[d->q4 ? ((k & 1) ? 8 + (k >> 1) : (k >> 1)) : k] = (int8_t)q[k];
                         isum += q[k];
                     }

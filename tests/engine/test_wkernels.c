@@ -302,7 +302,7 @@ TEST(wk_quant_formats)
 {
     static const int geo[][3] = {   /* group, cols, rows */
         {64, 192, 23}, {128, 256, 9}, {32, 96, 11}, {96, 192, 10}, {2, 34, 7}, {34, 68, 6},
-        {7, 21, 5}, {21, 63, 5}, {64, 64, 4},
+        {7, 21, 5}, {21, 63, 5}, {64, 64, 4}, {64, 1152, 6},
     };
     static const int rpcs[] = {1, 3, 5, 64};
     worst_simd = worst_exact = 0;
@@ -385,9 +385,11 @@ TEST(wk_quant_prep)
         int sum = 0;
         for (int i = 0; i < 64; i++) {
             int q = (int)rintf(x[i] * (127.0f / (43.0f / 8.0f)));
-            /* one row: a 64-unit's evens, then its odds from byte 32; quad:
-             * sub-block i/16 of 64 bytes, 16 per row, evens then odds */
-            int e = i % 16, pos = rows == 1 ? ((i & 1) ? 32 + i / 2 : i / 2)
+            /* one row (q4, group 64: 4 groups interleaved): 64 bytes each
+             * for the evens and the odds of elements 0..31, then of 32..63,
+             * this group's 16 at the start of each; quad: sub-block i/16 of
+             * 64 bytes, 16 per row, evens then odds */
+            int e = i % 16, pos = rows == 1 ? ((i / 32) * 2 + (i & 1)) * 64 + (i % 32) / 2
                                             : (i / 16) * 64 + ((e & 1) ? 8 + e / 2 : e / 2);
             CHECK_MSG(a.xq[pos] == q, "rows %d i %d: %d vs %d", rows, i, a.xq[pos], q);
             if (rows == 2) {
@@ -398,7 +400,7 @@ TEST(wk_quant_prep)
         }
         for (int l = 0; l < 4; l++) CHECK(a.xs4[l] == a.xs[0] && a.xs4[8 + l] == 0.0f);
         CHECK(a.xsum4[0] == a.xsum[0] && a.xsum4[1] == 0.0f);
-        CHECK(a.xq[rows == 1 ? 63 : 3 * 64 + 15] == 127);   /* element 63: odd, the last */
+        CHECK(a.xq[3 * 64 + 15] == 127);   /* element 63: odd, the last, in both layouts */
         CHECK(a.xsum[0] == a.xs[0] * (float)sum);
     }
     /* a NaN poisons its group's outputs instead of being undefined */
