@@ -109,7 +109,7 @@ size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 {
     if (!W || rows < 1 || W->cols < 1 || W->fmt < FT_WF_F32 || W->fmt > FT_WF_Q4) return 0;
     switch (wk_mode(W, rows)) {
-    case FT_WK_X_F32: return 0;
+    case FT_WK_X_F32: return W->fmt == FT_WF_BF16 ? al64((size_t)rows * (size_t)(W->cols & ~31) * sizeof(float)) : 0;
     case FT_WK_X_T: {
         size_t ldx = rows <= 16 ? 16 : 32, nb = ((size_t)rows + ldx - 1) / ldx;
         return al64(nb * (size_t)W->cols * ldx * sizeof(float)) + xb_size(W, rows);
@@ -185,6 +185,17 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
     t.cols = W->cols;
     t.group = is_q(W->fmt) ? W->group : 0;
     t.x = x;
+    if (t.mode == FT_WK_X_F32 && W->fmt == FT_WF_BF16 && W->cols >= 32) {
+        size_t c32 = (size_t)(W->cols & ~31);
+        float *xd = ws;
+        for (int r = 0; r < rows; r++)
+            for (size_t i = 0; i < c32; i += 32)
+                for (int k = 0; k < 16; k++) {
+                    xd[(size_t)r * c32 + i + (size_t)k] = x[(size_t)r * W->cols + i + 2 * (size_t)k];
+                    xd[(size_t)r * c32 + i + 16 + (size_t)k] = x[(size_t)r * W->cols + i + 2 * (size_t)k + 1];
+                }
+        t.xd = xd;
+    }
     if (t.mode == FT_WK_X_T) {
         t.ldx = rows <= 16 ? 16 : 32;
         t.nblk = (rows + t.ldx - 1) / t.ldx;

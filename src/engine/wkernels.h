@@ -23,7 +23,8 @@
  *   f32 rows < 16,              FT_WK_X_F32: x as given. Exact f32
  *   bf16/f16 rows < 25          products (16-bit weights widened exactly:
  *                               bf16 by a shift, f16 by vcvtph2ps), f32
- *                               sums. Decode: memory-bound.
+ *                               sums. Decode: memory-bound. (bf16: also
+ *                               x deinterleaved, xd, for the SIMD tables.)
  *   f32 rows >= 16,             FT_WK_X_T: x transposed into blocks of
  *   bf16/f16 rows >= 25         ldx rows (16 when rows <= 16, else 32).
  *                               Weight rows (f32 as stored; bf16/f16
@@ -71,7 +72,7 @@
 #include <stdint.h>
 
 typedef enum ft_wk_mode {
-    FT_WK_X_F32 = 0,    /* x used as given (not copied)                  */
+    FT_WK_X_F32 = 0,    /* x used as given (bf16: also deinterleaved)    */
     FT_WK_X_T = 1,      /* x transposed in blocks of ldx rows            */
     FT_WK_X_Q8 = 2      /* x quantized per group to int8                 */
 } ft_wk_mode;
@@ -84,6 +85,12 @@ typedef struct ft_wk_act {
     ft_wfmt fmt;             /* the weights' format it was prepared for */
     int rows, cols, group;
     const float *x;          /* X_F32: rows x cols, row stride cols          */
+    /* X_F32 with bf16 weights and cols >= 32: x deinterleaved per 32
+     * columns (row r at xd + r*(cols & ~31); block i: x[i + 2k] at i + k,
+     * x[i + 2k + 1] at i + 16 + k, k < 16; the last cols % 32 columns
+     * only in x), so that 32 bf16 weights widen with one shift (evens) and
+     * one AND (odds); else NULL. */
+    const float *xd;
     /* X_T: block b (rows [b*ldx, b*ldx + ldx)) at xt + b*cols*ldx holds
      * x[b*ldx + j][i] at [i*ldx + j], zeros past `rows`; 64-byte aligned. */
     const float *xt;
@@ -123,7 +130,7 @@ typedef struct ft_wk_act {
 ft_status ft_wmat_check(const ft_wmat *W, const char *what);
 
 /* Bytes of workspace ft_wk_prep needs for `rows` rows against W (0 when
- * x is used as given). */
+ * x is used as given only). */
 size_t ft_wk_ws_size(const ft_wmat *W, int rows);
 
 /* Prepare x (rows x W->cols f32, row stride W->cols) for products with W.

@@ -181,11 +181,40 @@ AVX512 static INL __m512 h16(const uint16_t *p, __mmask16 m, int f16)
  * weight rows a few blocks ahead (NULL: none), prefetched into L2 one
  * line per row every 32 columns (see PF_AHEAD). */
 AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int cols,
-                                 const float *b, const int O, const int R, const int f16, const uint16_t *nx)
+                                 const float *b, const int O, const int R, const int f16, const uint16_t *nx,
+                                 const float *xd, int ldd)
 {
-    __m512 acc[4][6];
+    __m512 acc[4][6], acc2[4][6];
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
-    for (int i = 0; i < cols; i += 16) {
+    int i = 0;
+    if (!f16 && xd) {
+        /* bf16, x deinterleaved (ft_wk_act.xd): 32 weights per load, the
+         * evens widened by a shift, the odds by an AND; one and two rows
+         * keep the odds in their own accumulators (independent chains) */
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        const int R2 = R <= 2 ? R : 0;
+        UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R2; r++) acc2[o][r] = _mm512_setzero_ps();
+        for (; i + 32 <= cols; i += 32) {
+            if (nx)
+                UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
+            __m512 we[4], wo[4];
+            UNROLL for (int o = 0; o < O; o++) {
+                __m512i v = _mm512_loadu_si512(w + (size_t)o * cols + i);
+                we[o] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                wo[o] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+            }
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 xe = _mm512_loadu_ps(xd + (size_t)r * ldd + i), xo = _mm512_loadu_ps(xd + (size_t)r * ldd + i + 16);
+                UNROLL for (int o = 0; o < O; o++) {
+                    acc[o][r] = _mm512_fmadd_ps(we[o], xe, acc[o][r]);
+                    if (R <= 2) acc2[o][r] = _mm512_fmadd_ps(wo[o], xo, acc2[o][r]);
+                    else acc[o][r] = _mm512_fmadd_ps(wo[o], xo, acc[o][r]);
+                }
+            }
+        }
+        UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R2; r++) acc[o][r] = _mm512_add_ps(acc[o][r], acc2[o][r]);
+    }
+    for (; i < cols; i += 16) {
         __mmask16 m = cols - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - i)) - 1);
         if (nx && !(i & 31))
             UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
@@ -202,19 +231,20 @@ AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, con
 
 #define HX512_R(O, F)                                                                          \
     switch (R) {                                                                               \
-    case 6: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 6, F, nx); break;                          \
-    case 5: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 5, F, nx); break;                          \
-    case 4: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 4, F, nx); break;                          \
-    case 3: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 3, F, nx); break;                          \
-    case 2: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 2, F, nx); break;                          \
-    default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F, nx); break;                         \
+    case 6: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 6, F, nx, xdd, ldd); break;                          \
+    case 5: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 5, F, nx, xdd, ldd); break;                          \
+    case 4: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 4, F, nx, xdd, ldd); break;                          \
+    case 3: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 3, F, nx, xdd, ldd); break;                          \
+    case 2: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 2, F, nx, xdd, ldd); break;                          \
+    default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F, nx, xdd, ldd); break;                         \
     }
 
 /* X_F32 (rows < 25): blocks of at most 6 rows (4 x 6 accumulators;
  * the weight rows, 4 x cols x 2 bytes, stay in L1 between blocks). */
 AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W,
-                           int cols, int o0, int o1, const float *b, int f16)
+                           int cols, int o0, int o1, const float *b, int f16, const float *xd)
 {
+    const int ldd = cols & ~31;
     const int ahead = pf_ahead((size_t)cols * 2, 4);
     for (int o = o0; o < o1;) {
         int O = o1 - o >= 4 ? 4 : 1;
@@ -225,7 +255,7 @@ AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows,
             /* the rows ahead, while the first rows of x pass over this block */
             const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
             float *yy = y + (size_t)r * ldy + o;
-            const float *xx = x + (size_t)r * ldx;
+            const float *xx = x + (size_t)r * ldx, *xdd = xd ? xd + (size_t)r * ldd : NULL;
             if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
             else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
             r += R;
@@ -1258,7 +1288,7 @@ AVX512 static void product_avx512_common(float *y, int ldy, const ft_wk_act *a, 
                                     o1 - o0, W->cols, b ? b + o0 : NULL);
             return;
         }
-        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
+        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16, a->xd);
         return;
     }
 }
