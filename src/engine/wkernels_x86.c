@@ -32,6 +32,7 @@
 #include "codec/quant_kern.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -165,8 +166,24 @@ AVX2 static void attend_h_avx2(float *out, const float *q, const uint16_t *K, co
  * 0.8x (bf16). */
 #define PF_AHEAD 8192
 
+/* FLEXTIER_WK_PREFETCH=row: the previous form instead (q8/q4: L1, 16
+ * groups ahead within the row; bf16/f16: none), for A/B runs on other
+ * CPUs (it was tuned on Sapphire Rapids). */
+static int pf_row(void)
+{
+    static int v = -1;
+    int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (x < 0) {
+        const char *e = getenv("FLEXTIER_WK_PREFETCH");
+        x = e && !strcmp(e, "row");
+        __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    }
+    return x;
+}
+
 static int pf_ahead(size_t rowbytes, int O)
 {
+    if (pf_row()) return 0;
     size_t blk = rowbytes * (size_t)O, n = (PF_AHEAD + blk - 1) / blk;
     return (int)(n ? n : 1) * O;
 }
@@ -823,6 +840,7 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
     }
     const size_t gb = q4 ? (size_t)G / 2 : (size_t)G;   /* value bytes per group */
     size_t pfo = 0;                                      /* next offset to prefetch */
+    const int rowpf = pf_row();
     __m512 acc[4];
     UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
     float cf[4][16] __attribute__((aligned(64)));
@@ -844,6 +862,8 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
             if (ahead)
                 for (; pfo < (size_t)(g + 1) * gb; pfo += 64)
                     UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(nx[k] + pfo), _MM_HINT_T1);
+            else if (rowpf)
+                UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(vb[k] + (size_t)(g + 16) * gb), _MM_HINT_T0);
             for (int u = 0; u < nu; u++) {
                 int un = NU || u < nu - 1 ? 64 : G - 64 * (nu - 1);
                 size_t e = (size_t)g * G + 64 * (size_t)u;
@@ -886,6 +906,7 @@ VNNI static INL void q512r1_q4g(float *y, const ft_wk_act *a, const ft_wmat *W, 
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     size_t pfo = 0;
+    const int rowpf = pf_row();
     __m512 acc[4];
     UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
     for (int g0 = 0; g0 < gpr; g0 += 16) {
@@ -906,6 +927,11 @@ VNNI static INL void q512r1_q4g(float *y, const ft_wk_act *a, const ft_wmat *W, 
             if (ahead)
                 for (; pfo < (size_t)(g + nvg) * 32; pfo += 64)
                     UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(nx[k] + pfo), _MM_HINT_T1);
+            else if (rowpf)
+                UNROLL for (int k = 0; k < O; k++) {
+                    _mm_prefetch((const char *)(vb[k] + (size_t)(g + 16) * 32), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vb[k] + (size_t)(g + 18) * 32), _MM_HINT_T0);
+                }
             const int8_t *xq = a->xq + (size_t)(g >> 2) * 256;
             __m512i x0 = _mm512_load_si512(xq), x1 = _mm512_load_si512(xq + 64);
             __m512i x2 = _mm512_load_si512(xq + 128), x3 = _mm512_load_si512(xq + 192);
