@@ -280,7 +280,8 @@ int main(int argc, char **argv)
     for (int t = 0; t < nth; t++) if ((unsigned)threads[t] > maxth) maxth = (unsigned)threads[t];
     ft_pool *pool = NULL;
     if (ft_pool_create(maxth, &pool)) { fprintf(stderr, "bench_wkernels: %s\n", ft_last_error()); return 1; }
-    printf("kernels: %s; working set %zu MiB; median of %d runs (1 thread: CPU time)\n", ft_wk_best()->name, mib, runs);
+    printf("kernels: %s (vdpbf16ps / FMA multiply-adds per s: %.2f); working set %zu MiB; median of %d runs "
+           "(1 thread: CPU time)\n", ft_wk_best()->name, ft_wk_bf16_gain(), mib, runs);
     double roof[8];
     for (int t = 0; t < nth; t++) {
         roof[t] = roofline(pool, (unsigned)threads[t], mib << 20, runs);

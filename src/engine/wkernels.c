@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int is_q(ft_wfmt f) { return f == FT_WF_Q8 || f == FT_WF_Q4; }
@@ -84,14 +85,34 @@ static qlayout q_layout(const ft_wmat *W, int rows)
     return L;
 }
 
+/* The pair layout of x for vdpbf16ps (ft_wk_act.xb): bf16 weights, 32-row
+ * blocks, a CPU that has the instruction. */
+static size_t xb_size(const ft_wmat *W, int rows)
+{
+    if (W->fmt != FT_WF_BF16 || rows <= 16 || !ft_wk_avx512bf16()) return 0;
+    size_t nb = ((size_t)rows + 31) / 32, np = ((size_t)W->cols + 1) / 2;
+    return al64(nb * np * 64 * sizeof(uint16_t));
+}
+
+/* v rounded to bf16 (RNE, NaN kept and made quiet: ft_f32_to_bf16_1),
+ * as f32. */
+static inline uint32_t bf16_bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x400000u) & 0xffff0000u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u & 0xffff0000u;
+}
+
 size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 {
     if (!W || rows < 1 || W->cols < 1 || W->fmt < FT_WF_F32 || W->fmt > FT_WF_Q4) return 0;
     switch (wk_mode(W, rows)) {
-    case FT_WK_X_F32: return 0;
+    case FT_WK_X_F32: return W->fmt == FT_WF_BF16 ? al64((size_t)rows * (size_t)(W->cols & ~31) * sizeof(float)) : 0;
     case FT_WK_X_T: {
         size_t ldx = rows <= 16 ? 16 : 32, nb = ((size_t)rows + ldx - 1) / ldx;
-        return al64(nb * (size_t)W->cols * ldx * sizeof(float));
+        return al64(nb * (size_t)W->cols * ldx * sizeof(float)) + xb_size(W, rows);
     }
     case FT_WK_X_Q8:
         if (W->group < 1 || W->cols % W->group) return 0;
@@ -103,7 +124,7 @@ size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 /* Byte offset of element i of group g of row r in the X_Q8 layout. */
 static inline size_t qoff(const ft_wk_qdst *d, int r, int g, int i)
 {
-    if (d->row1) return ft_wk_qpos1(d->q4, d->nu, g, i);
+    if (d->row1) return ft_wk_qpos1(d->q4, d->nu, d->group, g, i);
     int q4 = d->q4, gpr = d->gpr, nsb = d->nsb;
     int e = i & 15;
     if (q4) e = (e & 1) ? 8 + (e >> 1) : (e >> 1);
@@ -164,6 +185,17 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
     t.cols = W->cols;
     t.group = is_q(W->fmt) ? W->group : 0;
     t.x = x;
+    if (t.mode == FT_WK_X_F32 && W->fmt == FT_WF_BF16 && W->cols >= 32) {
+        size_t c32 = (size_t)(W->cols & ~31);
+        float *xd = ws;
+        for (int r = 0; r < rows; r++)
+            for (size_t i = 0; i < c32; i += 32)
+                for (int k = 0; k < 16; k++) {
+                    xd[(size_t)r * c32 + i + (size_t)k] = x[(size_t)r * W->cols + i + 2 * (size_t)k];
+                    xd[(size_t)r * c32 + i + 16 + (size_t)k] = x[(size_t)r * W->cols + i + 2 * (size_t)k + 1];
+                }
+        t.xd = xd;
+    }
     if (t.mode == FT_WK_X_T) {
         t.ldx = rows <= 16 ? 16 : 32;
         t.nblk = (rows + t.ldx - 1) / t.ldx;
@@ -174,6 +206,30 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
                                 nr, W->cols);
         }
         t.xt = xt;
+        if (W->fmt == FT_WF_BF16) {   /* x rounded to bf16 (the operand of every table) */
+            size_t n = (size_t)t.nblk * W->cols * t.ldx;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u = bf16_bits(xt[i]);
+                memcpy(&xt[i], &u, 4);
+            }
+        }
+        if (xb_size(W, rows) && t.ldx == 32) {   /* and in pairs for vdpbf16ps */
+            size_t np = ((size_t)W->cols + 1) / 2, cols = (size_t)W->cols;
+            uint16_t *xb = (uint16_t *)((uint8_t *)ws + al64((size_t)t.nblk * cols * 32 * sizeof(float)));
+            for (int b = 0; b < t.nblk; b++)
+                for (size_t p = 0; p < np; p++) {
+                    const float *c0 = xt + ((size_t)b * cols + 2 * p) * 32;
+                    uint16_t *d = xb + ((size_t)b * np + p) * 64;
+                    for (int r = 0; r < 32; r++) {
+                        uint32_t lo, hi = 0;
+                        memcpy(&lo, &c0[r], 4);
+                        if (2 * p + 1 < cols) memcpy(&hi, &c0[32 + r], 4);
+                        d[2 * r] = (uint16_t)(lo >> 16);
+                        d[2 * r + 1] = (uint16_t)(hi >> 16);
+                    }
+                }
+            t.xb = xb;
+        }
     } else if (t.mode == FT_WK_X_Q8) {
         qlayout L = q_layout(W, rows);
         uint8_t *w8 = ws;
@@ -289,8 +345,9 @@ void ft_wk_attend_h_ref(float *out, const float *q, const uint16_t *K, const uin
 
 static const ft_wk_table ref_table = {"scalar", ft_wk_product_ref, ft_wk_attend_h_ref, ft_wk_prep_q_ref};
 
-static const ft_wk_table *tables[5];
+static const ft_wk_table *tables[6];
 static int ntables;
+static const ft_wk_table *best;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void tables_init(void)
@@ -300,6 +357,13 @@ static void tables_init(void)
     if ((t = ft_wk_avx2())) tables[ntables++] = t;
     if ((t = ft_wk_avx512())) tables[ntables++] = t;
     if ((t = ft_wk_avx512vnni())) tables[ntables++] = t;
+    if ((t = ft_wk_avx512bf16())) tables[ntables++] = t;
+    best = tables[ntables - 1];
+    /* vdpbf16ps only where it is measured faster than widening to f32 */
+    if (best == ft_wk_avx512bf16() && ntables > 1 && ft_wk_bf16_gain() < 1.5) best = tables[ntables - 2];
+    const char *want = getenv("FLEXTIER_WK_TABLE");
+    for (int i = 0; want && i < ntables; i++)
+        if (!strcmp(want, tables[i]->name)) best = tables[i];
 }
 
 const ft_wk_table *ft_wk_list(int i)
@@ -311,7 +375,7 @@ const ft_wk_table *ft_wk_list(int i)
 const ft_wk_table *ft_wk_best(void)
 {
     pthread_once(&tables_once, tables_init);
-    return tables[ntables - 1];
+    return best;
 }
 
 void ft_wk_product(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,

@@ -23,7 +23,8 @@
  *   f32 rows < 16,              FT_WK_X_F32: x as given. Exact f32
  *   bf16/f16 rows < 25          products (16-bit weights widened exactly:
  *                               bf16 by a shift, f16 by vcvtph2ps), f32
- *                               sums. Decode: memory-bound.
+ *                               sums. Decode: memory-bound. (bf16: also
+ *                               x deinterleaved, xd, for the SIMD tables.)
  *   f32 rows >= 16,             FT_WK_X_T: x transposed into blocks of
  *   bf16/f16 rows >= 25         ldx rows (16 when rows <= 16, else 32).
  *                               Weight rows (f32 as stored; bf16/f16
@@ -33,6 +34,12 @@
  *                               vectors of x along the rows: exact f32
  *                               products of the stored (dequantized)
  *                               weights and the f32 activations, f32 sums.
+ *                               bf16 weights: x is rounded to bf16 first
+ *                               (RNE, as ft_f32_to_bf16_1), on every CPU:
+ *                               exact products of bf16 x and bf16 w, f32
+ *                               sums (what vdpbf16ps computes, which the
+ *                               avx512bf16 table uses; the others widen
+ *                               both to f32 and use FMAs).
  *   q8/q4 (any rows)            FT_WK_X_Q8: x quantized per weight group:
  *                               symmetric int8, scale xs = max|x| / 127 per
  *                               (row, group), xq = round_half_even(x *
@@ -54,7 +61,8 @@
  * last bit); the q8/q4 product differs from exact f32 math on the
  * dequantized weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i|
  * (activation rounding) plus reassociation; every other mode by
- * reassociation only. */
+ * reassociation only (bf16 X_T: the rounded x is the operand; against
+ * the unrounded x the activation rounding adds at most 2^-8 S). */
 #ifndef FT_ENGINE_WKERNELS_H
 #define FT_ENGINE_WKERNELS_H
 
@@ -64,7 +72,7 @@
 #include <stdint.h>
 
 typedef enum ft_wk_mode {
-    FT_WK_X_F32 = 0,    /* x used as given (not copied)                  */
+    FT_WK_X_F32 = 0,    /* x used as given (bf16: also deinterleaved)    */
     FT_WK_X_T = 1,      /* x transposed in blocks of ldx rows            */
     FT_WK_X_Q8 = 2      /* x quantized per group to int8                 */
 } ft_wk_mode;
@@ -77,10 +85,22 @@ typedef struct ft_wk_act {
     ft_wfmt fmt;             /* the weights' format it was prepared for */
     int rows, cols, group;
     const float *x;          /* X_F32: rows x cols, row stride cols          */
+    /* X_F32 with bf16 weights and cols >= 32: x deinterleaved per 32
+     * columns (row r at xd + r*(cols & ~31); block i: x[i + 2k] at i + k,
+     * x[i + 2k + 1] at i + 16 + k, k < 16; the last cols % 32 columns
+     * only in x), so that 32 bf16 weights widen with one shift (evens) and
+     * one AND (odds); else NULL. */
+    const float *xd;
     /* X_T: block b (rows [b*ldx, b*ldx + ldx)) at xt + b*cols*ldx holds
      * x[b*ldx + j][i] at [i*ldx + j], zeros past `rows`; 64-byte aligned. */
     const float *xt;
     int ldx, nblk;
+    /* X_T with bf16 weights on a CPU with AVX512_BF16 (else NULL): the
+     * same bf16 values as xt in pairs, for vdpbf16ps: block b (32 rows)
+     * at xb + b*np*64, pair p (columns 2p, 2p+1; np = ceil(cols / 2)) at
+     * + p*64: 32-bit lane r holds row r's two values (2p in the low
+     * half); zeros past `rows` and `cols`; 64-byte aligned. */
+    const uint16_t *xb;
     /* X_Q8: rows are taken in quads (4 rows, zero padded past `rows`).
      * Group g of quad q is nsb 16-element sub-blocks, sub-block s at
      * xq + ((q*gpr + g)*nsb + s)*64: 16 bytes per row of the quad, q4
@@ -93,7 +113,11 @@ typedef struct ft_wk_act {
      * One row (row1 = 1) is laid out for a one-row kernel instead: group
      * g is nu = ceil(group / 64) units of 64 bytes at xq + (g*nu + u)*64,
      * q4 storing a unit's even elements first and its odd ones from byte
-     * 32 (where a unit's 32 weight bytes put their high nibbles). */
+     * 32 (where a unit's 32 weight bytes put their high nibbles). q4 with
+     * group 64 (the default) instead interleaves 4 groups, so that one
+     * vpdpbusd serves 4 groups (16 bytes each, in 4-lane quarters): group
+     * g = 4c + j, element e = 32h + 2i + d (h, d in {0, 1}, i < 16) at
+     * xq + c*256 + (2h + d)*64 + j*16 + i (ft_wk_qpos1). */
     const int8_t *xq;
     int nsb, gpr, nquad, row1, nu;
     const float *xs4, *xsum4, *xs, *xsum;
@@ -106,7 +130,7 @@ typedef struct ft_wk_act {
 ft_status ft_wmat_check(const ft_wmat *W, const char *what);
 
 /* Bytes of workspace ft_wk_prep needs for `rows` rows against W (0 when
- * x is used as given). */
+ * x is used as given only). */
 size_t ft_wk_ws_size(const ft_wmat *W, int rows);
 
 /* Prepare x (rows x W->cols f32, row stride W->cols) for products with W.
@@ -157,8 +181,11 @@ static inline void ft_wk_prep_q_put(const ft_wk_qdst *d, int r, int g, float s, 
 
 /* Position of element i of a group: one-row layout (64-element units)
  * and the quad layout (16-element sub-blocks). */
-static inline size_t ft_wk_qpos1(int q4, int nu, int g, int i)
+static inline size_t ft_wk_qpos1(int q4, int nu, int G, int g, int i)
 {
+    if (q4 && G == 64)
+        return (size_t)(g >> 2) * 256 + (size_t)((i >> 5) * 2 + (i & 1)) * 64 + (size_t)(g & 3) * 16 +
+               (size_t)((i & 31) >> 1);
     int j = i & 63;
     if (q4) j = (j & 1) ? 32 + (j >> 1) : (j >> 1);
     return ((size_t)g * (size_t)nu + (size_t)(i >> 6)) * 64 + (size_t)j;
@@ -187,7 +214,12 @@ typedef struct ft_wk_table {
  * then the SIMD ones; NULL past the end. FLEXTIER_NO_SIMD=1 leaves only
  * the scalar one. */
 const ft_wk_table *ft_wk_list(int i);
-/* The table ft_wk_product / ft_wk_attend_h use (the last of the list). */
+/* The table ft_wk_product / ft_wk_attend_h use: the last of the list,
+ * except that avx512bf16 is used only where vdpbf16ps measured at least
+ * 1.5x the multiply-adds per second of f32 FMAs (ft_wk_bf16_gain; AMD
+ * Zen 4: 2x; Sapphire Rapids: 1x, half-rate instruction), else the one
+ * before it. FLEXTIER_WK_TABLE=NAME picks a table of the list by name
+ * (benchmarks; unknown or unusable names are ignored). */
 const ft_wk_table *ft_wk_best(void);
 
 /* Scalar references (the definitions). */
@@ -218,4 +250,8 @@ const ft_wk_table *ft_wk_avx2(void);       /* AVX2 + FMA + F16C            */
 const ft_wk_table *ft_wk_avx512(void);     /* + AVX-512 F/BW/VL (q8/q4 decode
                                               as avx2)                    */
 const ft_wk_table *ft_wk_avx512vnni(void); /* + AVX512_VNNI (q8/q4 decode) */
+const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (bf16 X_T: vdpbf16ps) */
+/* Multiply-adds per second of vdpbf16ps over f32 FMAs (zmm, register
+ * loops, best of a few short runs; 0 without AVX512_BF16). */
+double ft_wk_bf16_gain(void);
 #endif

@@ -32,6 +32,7 @@
 #include "codec/quant_kern.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -41,6 +42,7 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,avx2,fma,f16c")))
 /* Register blocking needs the small constant loops unrolled. Sanitizer
  * builds skip that (the arrays then live in memory: slower, the same
  * results), which keeps clang's ASan/UBSan/libFuzzer build of this file
@@ -155,20 +157,84 @@ AVX2 static void attend_h_avx2(float *out, const float *q, const uint16_t *K, co
 
 /* ============================================================= AVX-512 */
 
+/* Batch-1 products stream their weights once: a block of O rows is read
+ * while the rows `pf_ahead` further on (at least PF_AHEAD bytes ahead,
+ * whole blocks; the same column) are prefetched into L2, one line per
+ * 64 bytes of each row. Measured on AMD EPYC (Zen 4; docs/engine.md):
+ * 1.2-2.2x over an L1 prefetch 16 groups ahead within the row; the same
+ * rows prefetched into L1 instead of L2 gained 1.0-1.3x (q8/q4) and lost
+ * 0.8x (bf16). */
+#define PF_AHEAD 8192
+
+/* FLEXTIER_WK_PREFETCH=row: the previous form instead (q8/q4: L1, 16
+ * groups ahead within the row; bf16/f16: none), for A/B runs on other
+ * CPUs (it was tuned on Sapphire Rapids). */
+static int pf_row(void)
+{
+    static int v = -1;
+    int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (x < 0) {
+        const char *e = getenv("FLEXTIER_WK_PREFETCH");
+        x = e && !strcmp(e, "row");
+        __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    }
+    return x;
+}
+
+static int pf_ahead(size_t rowbytes, int O)
+{
+    if (pf_row()) return 0;
+    size_t blk = rowbytes * (size_t)O, n = (PF_AHEAD + blk - 1) / blk;
+    return (int)(n ? n : 1) * O;
+}
+
 AVX512 static INL __m512 h16(const uint16_t *p, __mmask16 m, int f16)
 {
     __m256i v = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
     return f16 ? _mm512_cvtph_ps(v) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-/* O weight rows x R activation rows (x f32); masked tails. */
+/* O weight rows x R activation rows (x f32); masked tails. nx: the
+ * weight rows a few blocks ahead (NULL: none), prefetched into L2 one
+ * line per row every 32 columns (see PF_AHEAD). */
 AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int cols,
-                                 const float *b, const int O, const int R, const int f16)
+                                 const float *b, const int O, const int R, const int f16, const uint16_t *nx,
+                                 const float *xd, int ldd)
 {
-    __m512 acc[4][6];
+    __m512 acc[4][6], acc2[4][6];
     UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
-    for (int i = 0; i < cols; i += 16) {
+    int i = 0;
+    if (!f16 && xd) {
+        /* bf16, x deinterleaved (ft_wk_act.xd): 32 weights per load, the
+         * evens widened by a shift, the odds by an AND; one and two rows
+         * keep the odds in their own accumulators (independent chains) */
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        const int R2 = R <= 2 ? R : 0;
+        UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R2; r++) acc2[o][r] = _mm512_setzero_ps();
+        for (; i + 32 <= cols; i += 32) {
+            if (nx)
+                UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
+            __m512 we[4], wo[4];
+            UNROLL for (int o = 0; o < O; o++) {
+                __m512i v = _mm512_loadu_si512(w + (size_t)o * cols + i);
+                we[o] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                wo[o] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+            }
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 xe = _mm512_loadu_ps(xd + (size_t)r * ldd + i), xo = _mm512_loadu_ps(xd + (size_t)r * ldd + i + 16);
+                UNROLL for (int o = 0; o < O; o++) {
+                    acc[o][r] = _mm512_fmadd_ps(we[o], xe, acc[o][r]);
+                    if (R <= 2) acc2[o][r] = _mm512_fmadd_ps(wo[o], xo, acc2[o][r]);
+                    else acc[o][r] = _mm512_fmadd_ps(wo[o], xo, acc[o][r]);
+                }
+            }
+        }
+        UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R2; r++) acc[o][r] = _mm512_add_ps(acc[o][r], acc2[o][r]);
+    }
+    for (; i < cols; i += 16) {
         __mmask16 m = cols - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - i)) - 1);
+        if (nx && !(i & 31))
+            UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
         __m512 wv[4];
         UNROLL for (int o = 0; o < O; o++) wv[o] = h16(w + (size_t)o * cols + i, m, f16);
         UNROLL for (int r = 0; r < R; r++) {
@@ -182,27 +248,31 @@ AVX512 static INL void hx512_blk(float *y, int ldy, const float *x, int ldx, con
 
 #define HX512_R(O, F)                                                                          \
     switch (R) {                                                                               \
-    case 6: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 6, F); break;                           \
-    case 5: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 5, F); break;                           \
-    case 4: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 4, F); break;                           \
-    case 3: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 3, F); break;                           \
-    case 2: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 2, F); break;                           \
-    default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F); break;                          \
+    case 6: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 6, F, nx, xdd, ldd); break;                          \
+    case 5: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 5, F, nx, xdd, ldd); break;                          \
+    case 4: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 4, F, nx, xdd, ldd); break;                          \
+    case 3: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 3, F, nx, xdd, ldd); break;                          \
+    case 2: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 2, F, nx, xdd, ldd); break;                          \
+    default: hx512_blk(yy, ldy, xx, ldx, w, cols, bb, O, 1, F, nx, xdd, ldd); break;                         \
     }
 
 /* X_F32 (rows < 25): blocks of at most 6 rows (4 x 6 accumulators;
  * the weight rows, 4 x cols x 2 bytes, stay in L1 between blocks). */
 AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows, const uint16_t *W,
-                           int cols, int o0, int o1, const float *b, int f16)
+                           int cols, int o0, int o1, const float *b, int f16, const float *xd)
 {
+    const int ldd = cols & ~31;
+    const int ahead = pf_ahead((size_t)cols * 2, 4);
     for (int o = o0; o < o1;) {
         int O = o1 - o >= 4 ? 4 : 1;
         const uint16_t *w = W + (size_t)o * cols;
         const float *bb = b ? b + o : NULL;
         for (int r = 0; r < rows;) {
             int R = rows - r >= 6 ? 6 : rows - r;
+            /* the rows ahead, while the first rows of x pass over this block */
+            const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
             float *yy = y + (size_t)r * ldy + o;
-            const float *xx = x + (size_t)r * ldx;
+            const float *xx = x + (size_t)r * ldx, *xdd = xd ? xd + (size_t)r * ldd : NULL;
             if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
             else { if (f16) { HX512_R(1, 1) } else { HX512_R(1, 0) } }
             r += R;
@@ -490,6 +560,115 @@ AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float
     else xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 0);
 }
 
+/* ============================================= bf16 X_T with vdpbf16ps */
+
+/* O <= 12 weight rows (bf16, row stride cols) x one 32-row block of x
+ * pairs (ft_wk_act.xb), over all columns: per pair of columns two loads
+ * of x and, per weight row, the pair broadcast from the stored row
+ * against both (24 accumulators; no panel: the weights are used as
+ * stored). tmp[j*32 + r] as xt_tile_512. nx: the rows of the next block
+ * (NULL: none), prefetched into L2 a line per row every 32 columns. */
+BF16 static INL void bh_tile(float *tmp, const uint16_t *xb, const uint16_t *w, size_t cols, const uint16_t *nx,
+                             const int O)
+{
+    __m512 acc[12][2];
+    UNROLL for (int j = 0; j < O; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    const size_t np = cols / 2;
+    const uint16_t *wj[12];
+    UNROLL for (int j = 0; j < O; j++) wj[j] = w + (size_t)j * cols;
+    for (size_t p = 0; p < np; p++) {
+        if (nx && !(p & 15))
+            UNROLL for (int j = 0; j < O; j++) _mm_prefetch((const char *)(nx + (size_t)j * cols + 2 * p), _MM_HINT_T1);
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + p * 64), x1 = (__m512bh)_mm512_load_si512(xb + p * 64 + 32);
+        UNROLL for (int j = 0; j < O; j++) {
+            int32_t v;
+            memcpy(&v, wj[j] + 2 * p, 4);
+            __m512bh wv = (__m512bh)_mm512_set1_epi32(v);
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
+        }
+    }
+    if (cols & 1) {   /* the last column: (w, 0) against (x, 0) */
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + np * 64), x1 = (__m512bh)_mm512_load_si512(xb + np * 64 + 32);
+        UNROLL for (int j = 0; j < O; j++) {
+            __m512bh wv = (__m512bh)_mm512_set1_epi32((int32_t)wj[j][2 * np]);
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
+        }
+    }
+    UNROLL for (int j = 0; j < O; j++) {
+        _mm512_store_ps(tmp + (size_t)j * 32, acc[j][0]);
+        _mm512_store_ps(tmp + (size_t)j * 32 + 16, acc[j][1]);
+    }
+}
+
+/* Blocks of x (32 rows each) per pass: their pairs (cols * 64 bytes
+ * each) stay in L2 while every weight row of the range passes. */
+#define BH_L2 (512u << 10)
+
+BF16 static void product_bh(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                            const float *b)
+{
+    const size_t cols = (size_t)W->cols, np = (cols + 1) / 2;
+    const uint16_t *W16 = W->data;
+    float tmp[12 * 32] __attribute__((aligned(64)));
+    memset(tmp, 0, sizeof tmp);
+    size_t per = np * 64 * sizeof(uint16_t);
+    int gb = per >= BH_L2 ? 1 : (int)(BH_L2 / per);
+    for (int b0 = 0; b0 < a->nblk; b0 += gb) {
+        int b1 = a->nblk - b0 < gb ? a->nblk : b0 + gb;
+        for (int o = o0; o < o1;) {
+            int O = o1 - o >= 12 ? 12 : o1 - o >= 4 ? 4 : 1;
+            const uint16_t *w = W16 + (size_t)o * cols;
+            for (int bk = b0; bk < b1; bk++) {
+                const uint16_t *nx = bk == b0 && o + O + 12 <= o1 ? w + (size_t)O * cols : NULL;
+                const uint16_t *xb = a->xb + (size_t)bk * np * 64;
+                if (O == 12) bh_tile(tmp, xb, w, cols, nx, 12);
+                else if (O == 4) bh_tile(tmp, xb, w, cols, nx, 4);
+                else bh_tile(tmp, xb, w, cols, nx, 1);
+                int nr = a->rows - bk * 32 < 32 ? a->rows - bk * 32 : 32;
+                store_tile_512(y + (size_t)bk * 32 * ldy + o, ldy, tmp, O, nr, 1, b ? b + o : NULL);
+            }
+            o += O;
+        }
+    }
+}
+
+/* Multiply-adds per second, vdpbf16ps over vfmadd231ps (zmm, 12
+ * independent chains, register operands): best of 5 runs of each. */
+BF16 static double bf16_gain_run(void)
+{
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 5; rep++)
+        for (int k = 0; k < 2; k++) {
+            __m512 acc[12];   /* distinct, so that the chains stay independent */
+            UNROLL for (int j = 0; j < 12; j++) {
+                acc[j] = _mm512_set1_ps((float)j);
+                __asm__ volatile("" : "+v"(acc[j]));
+            }
+            __m512 xf = _mm512_set1_ps(1e-3f);
+            __m512bh xh = (__m512bh)_mm512_set1_epi16(0x3a83);
+            double t0 = ft_now();
+            if (k == 0)
+                for (int n = 0; n < 4000; n++) {
+                    UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_dpbf16_ps(acc[j], xh, xh);
+                    __asm__ volatile("" : "+v"(xh));
+                }
+            else
+                for (int n = 0; n < 4000; n++) {
+                    UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_fmadd_ps(acc[j], xf, xf);
+                    __asm__ volatile("" : "+v"(xf));
+                }
+            double t = ft_now() - t0;
+            UNROLL for (int j = 1; j < 12; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+            volatile float sink = _mm512_reduce_add_ps(acc[0]);
+            (void)sink;
+            if (t < best[k]) best[k] = t;
+        }
+    /* 32 multiply-adds per vdpbf16ps, 16 per FMA */
+    return best[0] > 0 ? 2.0 * best[1] / best[0] : 0.0;
+}
+
 /* ====================================================== X_Q8 products */
 
 /* AVX2: 2 weight rows x 1 quad. A ymm holds 2 rows' 16 bytes of one
@@ -589,7 +768,15 @@ AVX2 static INL void q2r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, in
             int un = u < nu - 1 ? 64 : G - 64 * (nu - 1);
             size_t e = (size_t)g * G + 64 * (size_t)u;
             const int8_t *xp = a->xq + ((size_t)g * nu + (size_t)u) * 64;
-            __m256i x0 = _mm256_load_si256((const __m256i *)xp), x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+            __m256i x0, x1;
+            if (q4 && G == 64) {   /* 4 groups interleaved: evens, odds of each half */
+                xp = a->xq + (size_t)(g >> 2) * 256 + (size_t)(g & 3) * 16;
+                x0 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(xp + 128)), _mm_loadu_si128((const __m128i *)xp));
+                x1 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(xp + 192)), _mm_loadu_si128((const __m128i *)(xp + 64)));
+            } else {
+                x0 = _mm256_load_si256((const __m256i *)xp);
+                x1 = _mm256_load_si256((const __m256i *)(xp + 32));
+            }
             for (int k = 0; k < O; k++) {
                 uint8_t t64[64];
                 const uint8_t *p = vb[k] + (q4 ? e / 2 : e);
@@ -630,22 +817,30 @@ VNNI static INL __m512i qunit512(const uint8_t *p, int nb, const int q4)
     return _mm512_and_si512(z, _mm512_set1_epi8(15));
 }
 
-#define QPF1 16   /* groups of weights prefetched ahead (one row) */
-
 /* VNNI, one row: O <= 4 weight rows; per unit one vpdpbusd per weight
  * row (all 64 lanes useful), per group one conversion and one FMA by
- * step * xs; the min terms lane-wise for 16 groups at a time. */
+ * step * xs; the min terms lane-wise for 16 groups at a time. The rows
+ * `ahead` further on (0: none) are prefetched into L2 (PF_AHEAD). */
 VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, int o, const float *b,
-                                const int O, const int q4, const int NU)
+                                const int O, const int q4, const int NU, int ahead)
 {
     const int G = W->group, gpr = a->gpr, nu = NU ? NU : a->nu;
-    const uint8_t *par[4], *vb[4];
+    const uint8_t *par[4], *vb[4], *nx[4];
     UNROLL for (int k = 0; k < O; k++) {
         const uint8_t *vals;
         size_t e0;
         ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
         vb[k] = vals + (q4 ? e0 / 2 : e0);
+        nx[k] = NULL;
+        if (ahead) {
+            const uint8_t *np;
+            ft_wk_qrow(W, o + ahead + k, &np, &vals, &e0);
+            nx[k] = vals + (q4 ? e0 / 2 : e0);
+        }
     }
+    const size_t gb = q4 ? (size_t)G / 2 : (size_t)G;   /* value bytes per group */
+    size_t pfo = 0;                                      /* next offset to prefetch */
+    const int rowpf = pf_row();
     __m512 acc[4];
     UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
     float cf[4][16] __attribute__((aligned(64)));
@@ -663,10 +858,12 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
         }
         for (int g = g0; g < g0 + ng; g++) {
             __m512i it[4];
-            UNROLL for (int k = 0; k < O; k++) {
-                it[k] = _mm512_setzero_si512();
-                _mm_prefetch((const char *)(vb[k] + (size_t)(g + QPF1) * G / (q4 ? 2 : 1)), _MM_HINT_T0);
-            }
+            UNROLL for (int k = 0; k < O; k++) it[k] = _mm512_setzero_si512();
+            if (ahead)
+                for (; pfo < (size_t)(g + 1) * gb; pfo += 64)
+                    UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(nx[k] + pfo), _MM_HINT_T1);
+            else if (rowpf)
+                UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(vb[k] + (size_t)(g + 16) * gb), _MM_HINT_T0);
             for (int u = 0; u < nu; u++) {
                 int un = NU || u < nu - 1 ? 64 : G - 64 * (nu - 1);
                 size_t e = (size_t)g * G + 64 * (size_t)u;
@@ -676,6 +873,87 @@ VNNI static INL void q512r1_blk(float *y, const ft_wk_act *a, const ft_wmat *W, 
             }
             UNROLL for (int k = 0; k < O; k++)
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it[k]), _mm512_set1_ps(cf[k][g - g0]), acc[k]);
+        }
+    }
+    UNROLL for (int k = 0; k < O; k++) y[o + k] = _mm512_reduce_add_ps(acc[k]) + (b ? b[o + k] : 0.0f);
+}
+
+/* VNNI, one row, q4 with group 64: 4 groups at a time (the activations'
+ * interleaved layout, ft_wk_qpos1). The 4 groups' 128 weight bytes are
+ * two loads; two lane shuffles put bytes 0-15 (S0) and 16-31 (S1) of
+ * group j in quarter j; their low and high nibbles are 4 vpdpbusd into
+ * one int32 vector (lanes 4j..4j+3: group j), so the conversion and the
+ * FMA by step * xs (permuted to the quarters) are one per 4 groups
+ * instead of one per group. O <= 4 weight rows; rows `ahead` on are
+ * prefetched into L2. */
+VNNI static INL void q512r1_q4g(float *y, const ft_wk_act *a, const ft_wmat *W, int o, const float *b,
+                                const int O, int ahead)
+{
+    const int gpr = a->gpr;
+    const uint8_t *par[4], *vb[4], *nx[4];
+    UNROLL for (int k = 0; k < O; k++) {
+        const uint8_t *vals;
+        size_t e0;
+        ft_wk_qrow(W, o + k, &par[k], &vals, &e0);
+        vb[k] = vals + e0 / 2;
+        nx[k] = NULL;
+        if (ahead) {
+            const uint8_t *np;
+            ft_wk_qrow(W, o + ahead + k, &np, &vals, &e0);
+            nx[k] = vals + e0 / 2;
+        }
+    }
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    size_t pfo = 0;
+    const int rowpf = pf_row();
+    __m512 acc[4];
+    UNROLL for (int k = 0; k < O; k++) acc[k] = _mm512_setzero_ps();
+    for (int g0 = 0; g0 < gpr; g0 += 16) {
+        int ng = gpr - g0 < 16 ? gpr - g0 : 16;
+        __mmask16 gm = (__mmask16)((1u << ng) - 1);
+        __m512 xsv = _mm512_maskz_loadu_ps(gm, a->xs + g0), usv = _mm512_maskz_loadu_ps(gm, a->xsum + g0);
+        __m512 cfv[4];
+        UNROLL for (int k = 0; k < O; k++) {
+            __m512i p = _mm512_maskz_loadu_epi32(gm, par[k] + 4 * (size_t)g0);
+            __m512 mv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+            __m512 sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
+            cfv[k] = _mm512_mul_ps(sv, xsv);
+            acc[k] = _mm512_fmadd_ps(mv, usv, acc[k]);
+            _mm_prefetch((const char *)(par[k] + 4 * (size_t)(g0 + 32)), _MM_HINT_T0);
+        }
+        for (int m = 0; m < ng; m += 4) {
+            const int g = g0 + m, nvg = ng - m < 4 ? ng - m : 4;
+            if (ahead)
+                for (; pfo < (size_t)(g + nvg) * 32; pfo += 64)
+                    UNROLL for (int k = 0; k < O; k++) _mm_prefetch((const char *)(nx[k] + pfo), _MM_HINT_T1);
+            else if (rowpf)
+                UNROLL for (int k = 0; k < O; k++) {
+                    _mm_prefetch((const char *)(vb[k] + (size_t)(g + 16) * 32), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vb[k] + (size_t)(g + 18) * 32), _MM_HINT_T0);
+                }
+            const int8_t *xq = a->xq + (size_t)(g >> 2) * 256;
+            __m512i x0 = _mm512_load_si512(xq), x1 = _mm512_load_si512(xq + 64);
+            __m512i x2 = _mm512_load_si512(xq + 128), x3 = _mm512_load_si512(xq + 192);
+            __m512i idx = _mm512_add_epi32(qidx, _mm512_set1_epi32(m));
+            UNROLL for (int k = 0; k < O; k++) {
+                const uint8_t *wp = vb[k] + (size_t)g * 32;
+                __m512i A, B;
+                if (nvg == 4) {
+                    A = _mm512_loadu_si512(wp);
+                    B = _mm512_loadu_si512(wp + 64);
+                } else {   /* the row's last groups: bytes past them are not read */
+                    int n = nvg * 32;
+                    A = _mm512_maskz_loadu_epi8(n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1, wp);
+                    B = n > 64 ? _mm512_maskz_loadu_epi8(((__mmask64)1 << (n - 64)) - 1, wp + 64) : _mm512_setzero_si512();
+                }
+                __m512i S0 = _mm512_shuffle_i64x2(A, B, 0x88), S1 = _mm512_shuffle_i64x2(A, B, 0xDD);
+                __m512i it = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(S0, m4), x0);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(_mm512_srli_epi16(S0, 4), m4), x1);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(S1, m4), x2);
+                it = _mm512_dpbusd_epi32(it, _mm512_and_si512(_mm512_srli_epi16(S1, 4), m4), x3);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(it), _mm512_permutexvar_ps(idx, cfv[k]), acc[k]);
+            }
         }
     }
     UNROLL for (int k = 0; k < O; k++) y[o + k] = _mm512_reduce_add_ps(acc[k]) + (b ? b[o + k] : 0.0f);
@@ -813,14 +1091,29 @@ VNNI static void product_q_vnni(float *y, int ldy, const ft_wk_act *a, const ft_
     int q4 = W->fmt == FT_WF_Q4;
     if (q4 && (W->group & 1)) { ft_wk_product_ref(y, ldy, a, W, o0, o1, b); return; }
     int g64 = W->group == 64;   /* the default group: sub-block loop unrolled */
-    if (a->row1) {
+    if (a->row1 && q4 && W->group == 64) {
+        const int ah = pf_ahead((size_t)W->cols / 2, 4);
         for (int o = o0; o < o1;) {
             if (o1 - o >= 4) {
-                if (g64) { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 1); else q512r1_blk(y, a, W, o, b, 4, 0, 1); }
-                else { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 0); else q512r1_blk(y, a, W, o, b, 4, 0, 0); }
+                q512r1_q4g(y, a, W, o, b, 4, o + ah + 4 <= o1 ? ah : 0);
                 o += 4;
             } else {
-                if (q4) q512r1_blk(y, a, W, o, b, 1, 1, 0); else q512r1_blk(y, a, W, o, b, 1, 0, 0);
+                q512r1_q4g(y, a, W, o, b, 1, 0);
+                o++;
+            }
+        }
+        return;
+    }
+    if (a->row1) {
+        const int ah = pf_ahead(q4 ? (size_t)W->cols / 2 : (size_t)W->cols, 4);
+        for (int o = o0; o < o1;) {
+            if (o1 - o >= 4) {
+                int pa = o + ah + 4 <= o1 ? ah : 0;
+                if (g64) { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 1, pa); else q512r1_blk(y, a, W, o, b, 4, 0, 1, pa); }
+                else { if (q4) q512r1_blk(y, a, W, o, b, 4, 1, 0, pa); else q512r1_blk(y, a, W, o, b, 4, 0, 0, pa); }
+                o += 4;
+            } else {
+                if (q4) q512r1_blk(y, a, W, o, b, 1, 1, 0, 0); else q512r1_blk(y, a, W, o, b, 1, 0, 0, 0);
                 o++;
             }
         }
@@ -889,7 +1182,13 @@ AVX512 static void prep_q_512(const ft_wk_qdst *d, const float *x, int rows)
                             isum = _mm512_add_epi32(isum, q[p]);
                         }
                         int8_t *dst = d->xq + ((size_t)g * d->nu + (size_t)u) * 64;
-                        if (d->q4) {
+                        if (d->q4 && G == 64) {   /* 4 groups interleaved (ft_wk_qpos1) */
+                            dst = d->xq + (size_t)(g >> 2) * 256 + (size_t)(g & 3) * 16;
+                            _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], ev, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 64), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], od, q[1])));
+                            _mm_storeu_si128((__m128i *)(dst + 128), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], ev, q[3])));
+                            _mm_storeu_si128((__m128i *)(dst + 192), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], od, q[3])));
+                        } else if (d->q4) {
                             _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], ev, q[1])));
                             _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], ev, q[3])));
                             _mm_storeu_si128((__m128i *)(dst + 32), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], od, q[1])));
@@ -959,7 +1258,7 @@ AVX2 static void prep_q_avx2(const ft_wk_qdst *d, const float *x, int rows)
                     }
                     int8_t *dst = d->xq + ft_wk_qsub(d->gpr, d->nsb, r, g, sb);
                     for (k = 0; k < n; k++) {
-                        if (d->row1) d->xq[ft_wk_qpos1(d->q4, d->nu, g, i0 + k)] = (int8_t)q[k];
+                        if (d->row1) d->xq[ft_wk_qpos1(d->q4, d->nu, G, g, i0 + k)] = (int8_t)q[k];
                         else dst[d->q4 ? ((k & 1) ? 8 + (k >> 1) : (k >> 1)) : k] = (int8_t)q[k];
                         isum += q[k];
                     }
@@ -1015,7 +1314,7 @@ AVX512 static void product_avx512_common(float *y, int ldy, const ft_wk_act *a, 
                                     o1 - o0, W->cols, b ? b + o0 : NULL);
             return;
         }
-        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16);
+        hx512_f(y, ldy, a->x, W->cols, a->rows, W->data, W->cols, o0, o1, b, W->fmt == FT_WF_F16, a->xd);
         return;
     }
 }
@@ -1032,9 +1331,20 @@ static void product_avx512vnni(float *y, int ldy, const ft_wk_act *a, const ft_w
     product_avx512_common(y, ldy, a, W, o0, o1, b, 1);
 }
 
+BF16 static void product_avx512bf16(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                                    const float *b)
+{
+    if (o0 < o1 && a->mode == FT_WK_X_T && W->fmt == FT_WF_BF16 && a->xb) {
+        product_bh(y, ldy, a, W, o0, o1, b);
+        return;
+    }
+    product_avx512_common(y, ldy, a, W, o0, o1, b, 1);
+}
+
 static const ft_wk_table t_avx2 = {"avx2", product_avx2, attend_h_avx2, prep_q_avx2};
 static const ft_wk_table t_avx512 = {"avx512", product_avx512, attend_h_avx512, prep_q_512};
 static const ft_wk_table t_avx512vnni = {"avx512vnni", product_avx512vnni, attend_h_avx512, prep_q_512};
+static const ft_wk_table t_avx512bf16 = {"avx512bf16", product_avx512bf16, attend_h_avx512, prep_q_512};
 
 const ft_wk_table *ft_wk_avx2(void)
 {
@@ -1052,8 +1362,20 @@ const ft_wk_table *ft_wk_avx512vnni(void)
 {
     return ft_wk_avx512() && ft_cpu()->avx512vnni ? &t_avx512vnni : NULL;
 }
+
+const ft_wk_table *ft_wk_avx512bf16(void)
+{
+    return ft_wk_avx512vnni() && ft_cpu()->avx512bf16 ? &t_avx512bf16 : NULL;
+}
+
+double ft_wk_bf16_gain(void)
+{
+    return ft_wk_avx512bf16() ? bf16_gain_run() : 0.0;
+}
 #else
 const ft_wk_table *ft_wk_avx2(void) { return NULL; }
 const ft_wk_table *ft_wk_avx512(void) { return NULL; }
 const ft_wk_table *ft_wk_avx512vnni(void) { return NULL; }
+const ft_wk_table *ft_wk_avx512bf16(void) { return NULL; }
+double ft_wk_bf16_gain(void) { return 0.0; }
 #endif

@@ -129,20 +129,25 @@ static float bf16r(float v) { return ft_bf16_to_f32_1(ft_f32_to_bf16_1(v)); }
 
 /* Per (r, o): the exact product (double), S (for the f32/bf16 modes), S'
  * and the activation-rounding bound for q. */
-typedef struct { double exact, S, Sq, qerr; } refv;
+typedef struct { double exact, S, Sq, qerr, exact0, S0; } refv;
 
 static refv ref_values(const tmat *t, const float *x, int r, int o, const float *b, int bf16x)
 {
     const ft_wmat *W = &t->W;
     int cols = W->cols;
-    refv v = {0, 0, 0, 0};
+    refv v = {0, 0, 0, 0, 0, 0};
     const float *xr = x + (size_t)r * cols;
     const float *wr = t->wd + (size_t)o * cols;
+    /* bf16x: the operand is x rounded to bf16 (bf16 weights, X_T); exact0
+     * and S0 with x as given */
     for (int i = 0; i < cols; i++) {
         double xi = bf16x ? bf16r(xr[i]) : xr[i];
-        v.exact += (double)xr[i] * wr[i];
+        v.exact += xi * wr[i];
         v.S += fabs(xi * wr[i]);
+        v.exact0 += (double)xr[i] * wr[i];
+        v.S0 += fabs((double)xr[i] * wr[i]);
     }
+    if (b) v.exact0 += b[o];
     if (t->mn) {
         int G = W->group, gpr = cols / G;
         for (int g = 0; g < gpr; g++) {
@@ -186,7 +191,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
     float *yr = malloc(ny * sizeof(float)), *ys = malloc(ny * sizeof(float));
     for (size_t i = 0; i < ny; i++) yr[i] = NAN;
     ft_wk_list(0)->product(yr, ldy, &a, W, o0, o1, b);
-    int bf16x = 0, q = a.mode == FT_WK_X_Q8;
+    int bf16x = W->fmt == FT_WF_BF16 && a.mode == FT_WK_X_T, q = a.mode == FT_WK_X_Q8;
     const double u = 1.0 / (1 << 24);
     /* the reference against exact math */
     for (int r = 0; r < rows; r++)
@@ -200,6 +205,11 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
             if (d / bound > worst_exact) worst_exact = d / bound;
             CHECK_MSG(d <= bound, "%s rows %d: ref r %d o %d: %.9g vs exact %.9g (bound %.3g)", what,
                       rows, r, o, got, v.exact, bound);
+            if (bf16x) {   /* against x as given: + the activation rounding, 2^-8 S */
+                double b0 = bound + v.S0 / 256;
+                CHECK_MSG(fabs(got - v.exact0) <= b0, "%s rows %d: ref r %d o %d: %.9g vs exact (x as given) "
+                          "%.9g (bound %.3g)", what, rows, r, o, got, v.exact0, b0);
+            }
         }
     for (int ti = 1; ft_wk_list(ti); ti++) {
         const ft_wk_table *T = ft_wk_list(ti);
@@ -292,7 +302,7 @@ TEST(wk_quant_formats)
 {
     static const int geo[][3] = {   /* group, cols, rows */
         {64, 192, 23}, {128, 256, 9}, {32, 96, 11}, {96, 192, 10}, {2, 34, 7}, {34, 68, 6},
-        {7, 21, 5}, {21, 63, 5}, {64, 64, 4},
+        {7, 21, 5}, {21, 63, 5}, {64, 64, 4}, {64, 1152, 6},
     };
     static const int rpcs[] = {1, 3, 5, 64};
     worst_simd = worst_exact = 0;
@@ -335,6 +345,29 @@ TEST(wk_quant_formats)
     printf("  worst SIMD/ref %.3g u S', worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
 }
 
+/* Batch 1 over ranges long enough that the kernels prefetch rows ahead
+ * (PF_AHEAD bytes: 4-8 rows of 2048 columns), with the rows ahead in
+ * other chunks (rows_per_chunk 5) and ranges that end inside a block. */
+TEST(wk_batch1_prefetch)
+{
+    static const ft_wfmt fmts[] = {FT_WF_BF16, FT_WF_F16, FT_WF_Q8, FT_WF_Q4};
+    worst_simd = worst_exact = 0;
+    for (int f = 0; f < 4; f++)
+        for (int rpc = 5; rpc <= 40; rpc += 35) {
+            int q = fmts[f] == FT_WF_Q8 || fmts[f] == FT_WF_Q4;
+            if (!q && rpc != 5) continue;
+            tmat t;
+            tmat_make(&t, fmts[f], 40, 2048, q ? 64 : 0, rpc);
+            char what[64];
+            snprintf(what, sizeof what, "%s 40x2048 rpc %d", ft_wfmt_name(fmts[f]), rpc);
+            run_case(&t, 1, 0, 40, 1, what);
+            run_case(&t, 1, 3, 37, 0, what);
+            run_case(&t, 2, 0, 40, 0, what);
+            tmat_free(&t);
+        }
+    printf("  worst SIMD/ref %.3g, worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
+}
+
 /* The activation quantizer's definition on a known group. */
 TEST(wk_quant_prep)
 {
@@ -352,9 +385,11 @@ TEST(wk_quant_prep)
         int sum = 0;
         for (int i = 0; i < 64; i++) {
             int q = (int)rintf(x[i] * (127.0f / (43.0f / 8.0f)));
-            /* one row: a 64-unit's evens, then its odds from byte 32; quad:
-             * sub-block i/16 of 64 bytes, 16 per row, evens then odds */
-            int e = i % 16, pos = rows == 1 ? ((i & 1) ? 32 + i / 2 : i / 2)
+            /* one row (q4, group 64: 4 groups interleaved): 64 bytes each
+             * for the evens and the odds of elements 0..31, then of 32..63,
+             * this group's 16 at the start of each; quad: sub-block i/16 of
+             * 64 bytes, 16 per row, evens then odds */
+            int e = i % 16, pos = rows == 1 ? ((i / 32) * 2 + (i & 1)) * 64 + (i % 32) / 2
                                             : (i / 16) * 64 + ((e & 1) ? 8 + e / 2 : e / 2);
             CHECK_MSG(a.xq[pos] == q, "rows %d i %d: %d vs %d", rows, i, a.xq[pos], q);
             if (rows == 2) {
@@ -365,7 +400,7 @@ TEST(wk_quant_prep)
         }
         for (int l = 0; l < 4; l++) CHECK(a.xs4[l] == a.xs[0] && a.xs4[8 + l] == 0.0f);
         CHECK(a.xsum4[0] == a.xsum[0] && a.xsum4[1] == 0.0f);
-        CHECK(a.xq[rows == 1 ? 63 : 3 * 64 + 15] == 127);   /* element 63: odd, the last */
+        CHECK(a.xq[3 * 64 + 15] == 127);   /* element 63: odd, the last, in both layouts */
         CHECK(a.xsum[0] == a.xs[0] * (float)sum);
     }
     /* a NaN poisons its group's outputs instead of being undefined */
