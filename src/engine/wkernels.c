@@ -87,9 +87,22 @@ static qlayout q_layout(const ft_wmat *W, int rows)
 
 /* The pair layout of x for vdpbf16ps (ft_wk_act.xb): bf16 weights, 32-row
  * blocks, a CPU that has the instruction. */
+static int bf16_act = -1;   /* -1: not read from the environment yet */
+
+int ft_wk_bf16_activations(void)
+{
+    if (bf16_act < 0) {
+        const char *e = getenv("FLEXTIER_BF16_ACTIVATIONS");
+        bf16_act = e && e[0] == '1' && !e[1];
+    }
+    return bf16_act;
+}
+
+void ft_wk_set_bf16_activations(int on) { bf16_act = on ? 1 : 0; }
+
 static size_t xb_size(const ft_wmat *W, int rows)
 {
-    if (W->fmt != FT_WF_BF16 || rows <= 16 || !ft_wk_avx512bf16()) return 0;
+    if (W->fmt != FT_WF_BF16 || rows <= 16 || !ft_wk_avx512bf16() || !ft_wk_bf16_activations()) return 0;
     size_t nb = ((size_t)rows + 31) / 32, np = ((size_t)W->cols + 1) / 2;
     return al64(nb * np * 64 * sizeof(uint16_t));
 }
@@ -206,7 +219,7 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
                                 nr, W->cols);
         }
         t.xt = xt;
-        if (W->fmt == FT_WF_BF16) {   /* x rounded to bf16 (the operand of every table) */
+        if (W->fmt == FT_WF_BF16 && ft_wk_bf16_activations()) {   /* x rounded to bf16 (the operand of every table) */
             size_t n = (size_t)t.nblk * W->cols * t.ldx;
             for (size_t i = 0; i < n; i++) {
                 uint32_t u = bf16_bits(xt[i]);

@@ -254,4 +254,16 @@ const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (bf16 X_T: vdpbf16ps
 /* Multiply-adds per second of vdpbf16ps over f32 FMAs (zmm, register
  * loops, best of a few short runs; 0 without AVX512_BF16). */
 double ft_wk_bf16_gain(void);
+
+/* bf16 weights at >= 25 rows compute on x rounded to bf16 (what llama.cpp
+ * does at every batch size; with the avx512bf16 table, vdpbf16ps on the
+ * stored weights: 2x the f32 panels on AMD Zen 4) only when this is on.
+ * Off by default: the rounding applies from 25 rows only, so with it a
+ * token's logits depend on how many rows share its product (a prompt
+ * prefilled whole vs after a cached prefix, a batch of 30 vs alone), which
+ * the prefix cache and batched serving must not see. Default from the
+ * environment, FLEXTIER_BF16_ACTIVATIONS=1; the setter is for tests and
+ * benchmarks (not thread-safe against products in flight). */
+int ft_wk_bf16_activations(void);
+void ft_wk_set_bf16_activations(int on);
 #endif

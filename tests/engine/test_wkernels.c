@@ -191,7 +191,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
     float *yr = malloc(ny * sizeof(float)), *ys = malloc(ny * sizeof(float));
     for (size_t i = 0; i < ny; i++) yr[i] = NAN;
     ft_wk_list(0)->product(yr, ldy, &a, W, o0, o1, b);
-    int bf16x = W->fmt == FT_WF_BF16 && a.mode == FT_WK_X_T, q = a.mode == FT_WK_X_Q8;
+    int bf16x = W->fmt == FT_WF_BF16 && a.mode == FT_WK_X_T && ft_wk_bf16_activations(), q = a.mode == FT_WK_X_Q8;
     const double u = 1.0 / (1 << 24);
     /* the reference against exact math */
     for (int r = 0; r < rows; r++)
@@ -293,6 +293,27 @@ TEST(wk_float_formats)
             tmat_free(&t);
         }
     printf("  worst SIMD/ref %.3g u S, worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
+}
+
+/* bf16 weights with FLEXTIER_BF16_ACTIVATIONS on: from 25 rows the operand
+ * is x rounded to bf16 (vdpbf16ps where the avx512bf16 table is chosen),
+ * checked against the rounded-x product and against x as given; off (the
+ * default, wk_float_formats) every row count computes on x as given. */
+TEST(wk_bf16_activations_opt_in)
+{
+    int was = ft_wk_bf16_activations();
+    ft_wk_set_bf16_activations(1);
+    static const int shapes[][2] = {{37, 131}, {13, 16}, {9, 200}, {64, 256}};
+    for (int s = 0; s < 4; s++) {
+        tmat t;
+        tmat_make(&t, FT_WF_BF16, shapes[s][0], shapes[s][1], 0, 0);
+        char what[64];
+        snprintf(what, sizeof what, "bf16 (rounded x) %dx%d", shapes[s][0], shapes[s][1]);
+        for (int rows = 24; rows <= 40; rows += 4) run_case(&t, rows, rows % 3, t.W.rows - (rows % 2), rows & 1, what);
+        run_case(&t, 67, 0, t.W.rows, 0, what);
+        tmat_free(&t);
+    }
+    ft_wk_set_bf16_activations(was);
 }
 
 /* q8 / q4: groups 64, 128, 32, 96 (partial 64-units), 2, 34, odd 7 and
