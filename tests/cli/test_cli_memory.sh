@@ -12,6 +12,9 @@ set -u
 bin=$(readlink -f "$1")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [ "$(id -u)" != 0 ]; then echo "skipped: needs root (memory cgroups)"; exit 77; fi
+if [ -n "${FT_TEST_SANITIZED:-}" ]; then
+    echo "skipped: a sanitizer build (ASan's shadow memory is charged to the cgroup, outside any --memory budget)"; exit 77
+fi
 PEERS_PROG=test_cli_memory
 . "$here/../../scripts/bench/peers-lib.sh"
 # peers_cg_init exits on a machine without a memory controller: probe first
