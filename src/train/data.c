@@ -39,7 +39,14 @@ ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft
             return ft_set_error(FT_ERR_CORRUPT, "data: %s line %zu: expected a JSON object with a string \"text\"",
                                 what, line);
         }
-        ft_status st = fn(user, json_object_get_string(v), (size_t)json_object_get_string_len(v));
+        const char *txt = json_object_get_string(v);
+        size_t tl = (size_t)json_object_get_string_len(v);
+        if (memchr(txt, 0, tl)) {   /* a \u0000 escape: the text would end early for the tokenizer */
+            json_object_put(o);
+            return ft_set_error(FT_ERR_CORRUPT, "data: %s line %zu: \"text\" holds a NUL character (\\u0000)", what,
+                                line);
+        }
+        ft_status st = fn(user, txt, tl);
         json_object_put(o);
         if (st) return st;
         docs++;

@@ -44,6 +44,31 @@ static ft_model *load(const char *name, int weights)
     return m;
 }
 
+static ft_status count_text(void *user, const char *text, size_t len)
+{
+    (void)text;
+    *(size_t *)user += len;
+    return FT_OK;
+}
+
+/* JSONL data: documents are handed out whole; a "text" holding a \u0000
+ * escape is refused (the tokenizer would stop at it), as are NUL bytes,
+ * non-objects and missing "text" (found by fuzz_train_jsonl). */
+TEST(jsonl_reader_refuses_nul_and_bad_lines)
+{
+    size_t n = 0;
+    const char ok[] = "{\"text\": \"hello\"}\n\n{\"text\": \"w\\u00e9rld\"}\n";
+    CHECK_OK(ft_train_jsonl_each(ok, sizeof ok - 1, "t", count_text, &n));
+    CHECK(n == 5 + 6);
+    const char nul[] = "{\"text\": \"hello\"}\n{\"text\": \"w\\u0000e9rld\"}\n";
+    CHECK(ft_train_jsonl_each(nul, sizeof nul - 1, "t", count_text, &n) == FT_ERR_CORRUPT);
+    CHECK(strstr(ft_last_error(), "line 2") && strstr(ft_last_error(), "NUL"));
+    const char arr[] = "[1, 2]\n";
+    CHECK(ft_train_jsonl_each(arr, sizeof arr - 1, "t", count_text, &n) == FT_ERR_CORRUPT);
+    const char num[] = "{\"text\": 3}\n";
+    CHECK(ft_train_jsonl_each(num, sizeof num - 1, "t", count_text, &n) == FT_ERR_CORRUPT);
+}
+
 TEST(rmsnorm_bwd_fd)
 {
     enum { N = 24 };
