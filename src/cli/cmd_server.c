@@ -83,14 +83,8 @@ int ft_cmd_server(int argc, char **argv)
     long threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(USAGE, stdout);
-            fputs(ft_cli_engine_usage, stdout);
-            fputs(ft_cli_offload_usage, stdout);
-            fputs(ft_cli_cuda_usage, stdout);
-            return FT_EXIT_OK;
-        }
-        int r = ft_cli_session_arg(&o, argc, argv, &i);
+        int r = ft_cli_session_cmd_arg(&o, USAGE, argc, argv, &i);
+        if (r == FT_CLI_HELP) return FT_EXIT_OK;
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (!strcmp(a, "--insecure")) { sp.insecure = 1; continue; }

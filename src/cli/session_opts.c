@@ -211,6 +211,19 @@ bad:
     return -1;
 }
 
+int ft_cli_session_cmd_arg(ft_cli_session *o, const char *usage, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        fputs(usage, stdout);
+        fputs(ft_cli_engine_usage, stdout);
+        fputs(ft_cli_offload_usage, stdout);
+        fputs(ft_cli_cuda_usage, stdout);
+        return FT_CLI_HELP;
+    }
+    return ft_cli_session_arg(o, argc, argv, i);
+}
+
 static void progress(void *user, const char *stage, uint64_t done, uint64_t total)
 {
     double *last = user;
