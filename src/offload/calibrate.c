@@ -392,6 +392,20 @@ static int disk_load(const char *path, uint64_t key, double *bw)
     return 1;
 }
 
+/* Write one record to path atomically (a temporary file renamed over it),
+ * creating dir first; a cache write that fails leaves no file behind. */
+static void record_save(const char *dir, const char *path, const void *rec, size_t size)
+{
+    mkdirs(dir);
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    int ok = fwrite(rec, size, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path)) remove(tmp);
+}
+
 static void disk_save(const char *dir, const char *path, uint64_t key, double bw)
 {
     calib_disk_rec r;
@@ -400,14 +414,7 @@ static void disk_save(const char *dir, const char *path, uint64_t key, double bw
     r.key = key;
     r.bw = bw;
     r.sum = ft_xxh3(&r, offsetof(calib_disk_rec, sum));
-    mkdirs(dir);
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    int ok = fwrite(&r, sizeof r, 1, f) == 1;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) remove(tmp);
+    record_save(dir, path, &r, sizeof r);
 }
 
 static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
@@ -480,14 +487,7 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
     r.key = key;
     calib_pack(&r, in);
     r.sum = ft_xxh3(&r, offsetof(calib_rec, sum));
-    mkdirs(dir);
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    int ok = fwrite(&r, sizeof r, 1, f) == 1;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) remove(tmp);
+    record_save(dir, path, &r, sizeof r);
 }
 
 /* Read bandwidth of the disk tier as the scheduler reads it: one layer's
