@@ -228,14 +228,8 @@ int ft_cmd_chat(int argc, char **argv)
     ft_cli_session_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(USAGE, stdout);
-            fputs(ft_cli_engine_usage, stdout);
-            fputs(ft_cli_offload_usage, stdout);
-            fputs(ft_cli_cuda_usage, stdout);
-            return FT_EXIT_OK;
-        }
-        int r = ft_cli_session_arg(&o, argc, argv, &i);
+        int r = ft_cli_session_cmd_arg(&o, USAGE, argc, argv, &i);
+        if (r == FT_CLI_HELP) return FT_EXIT_OK;
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (!strcmp(a, "--stats")) { stats = 1; continue; }
@@ -279,22 +273,9 @@ int ft_cmd_chat(int argc, char **argv)
         goto done;
     }
     if (tmpl_file) {
-        uint8_t *d = NULL;
-        size_t n = 0;
-        if ((st = ft_cli_read_file(tmpl_file, &d, &n))) {
-            ft_cli_fail("--chat-template", st);
-            goto done;
-        }
-        char *src = strndup((const char *)d, n);
-        ft_free_aligned(d);
         const char *bos = c.cfg->bos_id >= 0 ? ft_tokenizer_token_str(c.tok, c.cfg->bos_id) : NULL;
         const char *eos = c.cfg->n_eos ? ft_tokenizer_token_str(c.tok, c.cfg->eos_ids[0]) : NULL;
-        st = src ? ft_chat_template_load_string(src, bos, eos, &c.tmpl) : ft_set_error(FT_ERR_NOMEM, "allocation");
-        free(src);
-        if (st) {
-            ft_cli_fail(tmpl_file, st);
-            goto done;
-        }
+        if (ft_cli_load_template_file(tmpl_file, bos, eos, &c.tmpl)) goto done;
     } else if ((st = ft_chat_template_load_dir(dir, &c.tmpl))) {
         if (st == FT_ERR_NOT_FOUND) {
             fprintf(stderr, "flextier chat: %s has no chat template (tokenizer_config.json chat_template or "

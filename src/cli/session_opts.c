@@ -211,6 +211,36 @@ bad:
     return -1;
 }
 
+int ft_cli_session_cmd_arg(ft_cli_session *o, const char *usage, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        fputs(usage, stdout);
+        fputs(ft_cli_engine_usage, stdout);
+        fputs(ft_cli_offload_usage, stdout);
+        fputs(ft_cli_cuda_usage, stdout);
+        return FT_CLI_HELP;
+    }
+    return ft_cli_session_arg(o, argc, argv, i);
+}
+
+ft_status ft_cli_load_template_file(const char *file, const char *bos, const char *eos, ft_chat_template **out)
+{
+    uint8_t *d = NULL;
+    size_t n = 0;
+    ft_status st;
+    if ((st = ft_cli_read_file(file, &d, &n))) {
+        ft_cli_fail("--chat-template", st);
+        return st;
+    }
+    char *src = strndup((const char *)d, n);
+    ft_free_aligned(d);
+    st = src ? ft_chat_template_load_string(src, bos, eos, out) : ft_set_error(FT_ERR_NOMEM, "allocation");
+    free(src);
+    if (st) ft_cli_fail(file, st);
+    return st;
+}
+
 static void progress(void *user, const char *stage, uint64_t done, uint64_t total)
 {
     double *last = user;

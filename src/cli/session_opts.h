@@ -2,6 +2,7 @@
  * an ft_session_params, and the end-of-run metrics (session_opts.c). */
 #ifndef FT_CLI_SESSION_OPTS_H
 #define FT_CLI_SESSION_OPTS_H
+#include "flextier/chat.h"
 #include "flextier/session.h"
 #include <stdio.h>
 
@@ -19,6 +20,14 @@ void ft_cli_session_init(ft_cli_session *o);
 /* argv[*i] is one of these options: consume it (and its value) and return
  * 1; 0 if it is not one; -1 after printing an error. */
 int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i);
+/* The options that chat and server share: -h/--help prints usage and the
+ * engine, offloading and CUDA option lists to stdout and returns
+ * FT_CLI_HELP; otherwise as ft_cli_session_arg. */
+#define FT_CLI_HELP 2
+int ft_cli_session_cmd_arg(ft_cli_session *o, const char *usage, int argc, char **argv, int *i);
+/* --chat-template FILE: read it and load it with these bos/eos tokens;
+ * reports a failure on stderr (as ft_cli_fail) and returns its status. */
+ft_status ft_cli_load_template_file(const char *file, const char *bos, const char *eos, ft_chat_template **out);
 /* Open the session (planning the policy first for --policy auto, for a run
  * of `batch` prompts of about prompt_len tokens and gen_len new ones),
  * with progress on stderr, and print the policy in force. */

@@ -62,6 +62,21 @@ static uint64_t walk_limits(const char *root, const char *rel, const char *file)
     return best;
 }
 
+/* One line of /proc/self/cgroup, "hierarchy-ID:controller-list:path":
+ * split it in place (line keeps the "ID:" prefix); 0 if malformed or the
+ * path is not absolute. */
+static int cgroup_line(char *line, const char **ctrls, const char **path)
+{
+    char *c1 = strchr(line, ':');
+    if (!c1) return 0;
+    char *c2 = strchr(c1 + 1, ':');
+    if (!c2) return 0;
+    *c2 = '\0';
+    *ctrls = c1 + 1;
+    *path = c2 + 1;
+    return **path == '/';
+}
+
 uint64_t ft_cgroup_memory_limit(int *version)
 {
     char buf[8192];
@@ -70,14 +85,8 @@ uint64_t ft_cgroup_memory_limit(int *version)
     uint64_t v1 = 0, v2 = 0;
     char *save = NULL;
     for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        /* hierarchy-ID:controller-list:path */
-        char *c1 = strchr(line, ':');
-        if (!c1) continue;
-        char *c2 = strchr(c1 + 1, ':');
-        if (!c2) continue;
-        *c2 = '\0';
-        const char *ctrls = c1 + 1, *path = c2 + 1;
-        if (*path != '/') continue;
+        const char *ctrls, *path;
+        if (!cgroup_line(line, &ctrls, &path)) continue;
         if (!*ctrls && !strncmp(line, "0:", 2)) {
             v2 = walk_limits("/sys/fs/cgroup", path, "memory.max");
         } else {
@@ -163,13 +172,8 @@ static int own_cgroup(char *dir, size_t n, int *version)
     char *save = NULL;
     int found = -1;
     for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char *c1 = strchr(line, ':');
-        if (!c1) continue;
-        char *c2 = strchr(c1 + 1, ':');
-        if (!c2) continue;
-        *c2 = '\0';
-        const char *ctrls = c1 + 1, *path = c2 + 1;
-        if (*path != '/') continue;
+        const char *ctrls, *path;
+        if (!cgroup_line(line, &ctrls, &path)) continue;
         char probe[4096];
         if (!*ctrls && !strncmp(line, "0:", 2)) {
             snprintf(probe, sizeof probe, "/sys/fs/cgroup%s/memory.max", strcmp(path, "/") ? path : "");

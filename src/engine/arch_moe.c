@@ -6,60 +6,36 @@
 
 #include <stdio.h>
 
-static int attn_name(const ft_model_config *c, int slot, const char **s)
+/* The router and the experts live under block ("block_sparse_moe" or
+ * "mlp"); ex names an expert's gate, up and down projections. */
+static int moe_layer(const ft_model_config *c, int layer, int slot, const char *block, const char *const ex[3],
+                     char *b, size_t n)
 {
     static const char *const names[LW_COUNT] = {
-        [LW_NORM1_W] = "input_layernorm.weight",
-        [LW_Q] = "self_attn.q_proj.weight", [LW_QB] = "self_attn.q_proj.bias",
-        [LW_K] = "self_attn.k_proj.weight", [LW_KB] = "self_attn.k_proj.bias",
-        [LW_V] = "self_attn.v_proj.weight", [LW_VB] = "self_attn.v_proj.bias",
-        [LW_O] = "self_attn.o_proj.weight", [LW_OB] = "self_attn.o_proj.bias",
         [LW_NORM2_W] = "post_attention_layernorm.weight",
-        [LW_QNORM] = "self_attn.q_norm.weight", [LW_KNORM] = "self_attn.k_norm.weight",
     };
-    *s = slot < LW_COUNT ? names[slot] : NULL;
-    if (!*s) return 0;
-    if ((slot == LW_QB || slot == LW_KB || slot == LW_VB || slot == LW_OB) && !c->attention_bias) return 0;
-    if ((slot == LW_QNORM || slot == LW_KNORM) && !c->qk_norm) return 0;
+    if (slot >= LW_COUNT) return ft_hf_expert_name(c, layer, slot, block, ex, b, n);
+    if (slot == LW_ROUTER) {
+        snprintf(b, n, "model.layers.%d.%s.gate.weight", layer, block);
+        return 1;
+    }
+    const char *s = ft_hf_attn_name(c, slot);
+    if (!s) s = names[slot];
+    if (!s) return 0;
+    snprintf(b, n, "model.layers.%d.%s", layer, s);
     return 1;
 }
 
 static int mixtral_layer(const ft_model_config *c, int layer, int slot, char *b, size_t n)
 {
-    const char *s;
-    if (slot >= LW_COUNT) {
-        static const char *const ex[3] = {"w1", "w3", "w2"};
-        if (!c->n_experts || !c->layer_moe[layer]) return 0;
-        snprintf(b, n, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", layer, (slot - LW_COUNT) / 3,
-                 ex[(slot - LW_COUNT) % 3]);
-        return 1;
-    }
-    if (slot == LW_ROUTER) {
-        snprintf(b, n, "model.layers.%d.block_sparse_moe.gate.weight", layer);
-        return 1;
-    }
-    if (!attn_name(c, slot, &s)) return 0;
-    snprintf(b, n, "model.layers.%d.%s", layer, s);
-    return 1;
+    static const char *const ex[3] = {"w1", "w3", "w2"};
+    return moe_layer(c, layer, slot, "block_sparse_moe", ex, b, n);
 }
 
 static int olmoe_layer(const ft_model_config *c, int layer, int slot, char *b, size_t n)
 {
-    const char *s;
-    if (slot >= LW_COUNT) {
-        static const char *const ex[3] = {"gate_proj", "up_proj", "down_proj"};
-        if (!c->n_experts || !c->layer_moe[layer]) return 0;
-        snprintf(b, n, "model.layers.%d.mlp.experts.%d.%s.weight", layer, (slot - LW_COUNT) / 3,
-                 ex[(slot - LW_COUNT) % 3]);
-        return 1;
-    }
-    if (slot == LW_ROUTER) {
-        snprintf(b, n, "model.layers.%d.mlp.gate.weight", layer);
-        return 1;
-    }
-    if (!attn_name(c, slot, &s)) return 0;
-    snprintf(b, n, "model.layers.%d.%s", layer, s);
-    return 1;
+    static const char *const ex[3] = {"gate_proj", "up_proj", "down_proj"};
+    return moe_layer(c, layer, slot, "mlp", ex, b, n);
 }
 
 static int moe_global(const ft_model_config *c, int slot, char *b, size_t n)

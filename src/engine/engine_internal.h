@@ -48,6 +48,16 @@ extern const ft_arch ft_arch_phi3;
 extern const ft_arch ft_arch_gemma2;
 extern const ft_arch ft_arch_mixtral;
 extern const ft_arch ft_arch_olmoe;
+/* Hugging Face names shared by the Llama-like architectures (arch_llama.c).
+ * ft_hf_attn_name: the name after "model.layers.<l>." of input_layernorm,
+ * the q/k/v/o projections, their biases (only with attention_bias) and the
+ * q/k norms (only with qk_norm); NULL for any other slot or one this config
+ * lacks. ft_hf_expert_name: for an expert slot (>= LW_COUNT) of a sparse
+ * layer, writes "model.layers.<l>.<block>.experts.<e>.<ex[k]>.weight" and
+ * returns 1; 0 for a dense layer. */
+const char *ft_hf_attn_name(const ft_model_config *c, int slot);
+int ft_hf_expert_name(const ft_model_config *c, int layer, int slot, const char *block,
+                      const char *const ex[3], char *b, size_t n);
 /* Every slot of layer l, fixed then experts: for (s = 0; s < ft_layer_nslots(c, l); s++). */
 int ft_layer_nslots(const ft_model_config *c, int layer);
 const ft_arch *ft_arch_get(ft_arch_id id);

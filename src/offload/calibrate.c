@@ -377,19 +377,40 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
     return ft_xxh3(b, strlen(b));
 }
 
+/* Read a record of exactly size bytes from path: 1, or 0 if the file is
+ * missing, shorter or longer. */
+static int record_load(const char *path, void *rec, size_t size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(rec, 1, size, f);
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    return n == size && !extra;
+}
+
 static int disk_load(const char *path, uint64_t key, double *bw)
 {
     calib_disk_rec r;
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(&r, 1, sizeof r, f);
-    int extra = fgetc(f) != EOF;
-    fclose(f);
-    if (n != sizeof r || extra || r.magic != CALIB_DISK_MAGIC || r.key != key ||
+    if (!record_load(path, &r, sizeof r) || r.magic != CALIB_DISK_MAGIC || r.key != key ||
         r.sum != ft_xxh3(&r, offsetof(calib_disk_rec, sum)) || !isfinite(r.bw) || r.bw <= 0 || r.bw > 1e15)
         return 0;
     *bw = r.bw;
     return 1;
+}
+
+/* Write one record to path atomically (a temporary file renamed over it),
+ * creating dir first; a cache write that fails leaves no file behind. */
+static void record_save(const char *dir, const char *path, const void *rec, size_t size)
+{
+    mkdirs(dir);
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    int ok = fwrite(rec, size, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path)) remove(tmp);
 }
 
 static void disk_save(const char *dir, const char *path, uint64_t key, double bw)
@@ -400,14 +421,7 @@ static void disk_save(const char *dir, const char *path, uint64_t key, double bw
     r.key = key;
     r.bw = bw;
     r.sum = ft_xxh3(&r, offsetof(calib_disk_rec, sum));
-    mkdirs(dir);
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    int ok = fwrite(&r, sizeof r, 1, f) == 1;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) remove(tmp);
+    record_save(dir, path, &r, sizeof r);
 }
 
 static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
@@ -462,12 +476,7 @@ static int calib_valid(const calib_rec *r, uint64_t key)
 static int calib_load(const char *path, uint64_t key, ft_cost_inputs *in)
 {
     calib_rec r;
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(&r, 1, sizeof r, f);
-    int extra = fgetc(f) != EOF;
-    fclose(f);
-    if (n != sizeof r || extra || !calib_valid(&r, key)) return 0;
+    if (!record_load(path, &r, sizeof r) || !calib_valid(&r, key)) return 0;
     calib_unpack(&r, in);
     return 1;
 }
@@ -480,14 +489,7 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
     r.key = key;
     calib_pack(&r, in);
     r.sum = ft_xxh3(&r, offsetof(calib_rec, sum));
-    mkdirs(dir);
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
-    int ok = fwrite(&r, sizeof r, 1, f) == 1;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) remove(tmp);
+    record_save(dir, path, &r, sizeof r);
 }
 
 /* Read bandwidth of the disk tier as the scheduler reads it: one layer's
