@@ -342,12 +342,9 @@ static void req_finish(srv_sched *q, srv_req *r, int how, const char *err)
         }
         r->slot = -1;
     }
-    pthread_mutex_lock(&r->mu);
-    r->finish = how;
-    if (err) snprintf(r->error, sizeof r->error, "%s", err);
-    r->shown = r->tlen;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    /* the request leaves the count before its client is told: a client
+     * that sends again as soon as it has its answer must find the room
+     * (test_queue_full saw a 429 in that window) */
     pthread_mutex_lock(&q->mu);
     q->inflight--;
     switch (how) {
@@ -357,6 +354,12 @@ static void req_finish(srv_sched *q, srv_req *r, int how, const char *err)
     default: q->m.errors++; break;
     }
     pthread_mutex_unlock(&q->mu);
+    pthread_mutex_lock(&r->mu);
+    r->finish = how;
+    if (err) snprintf(r->error, sizeof r->error, "%s", err);
+    r->shown = r->tlen;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
     srv_req_unref(r);
 }
 

@@ -398,7 +398,13 @@ static ft_status plan(ft_session *s, int weights)
             s->mem.need = fixed;
             return no_space(s, "the model's fixed part", "give a larger --memory");
         }
-        in.proc_cap = s->mem.budget - fixed;
+        /* a margin for what the estimates do not see (allocator rounding
+         * and arenas, thread stacks, pages the cgroup charges late): 2% of
+         * the budget, at least 4 MiB. Without it a budget equal to the
+         * model's size planned every weight into memory and the context's
+         * 3.3 MiB then did not fit beside 311.8 MiB held (cli_memory). */
+        uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
+        in.proc_cap = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
         if (!s->policy.disk_uri[0] && !s->policy.n_remotes) {
             if ((st = make_tmp_disk(s))) return st;
             snprintf(s->policy.disk_uri, sizeof s->policy.disk_uri, "file:%s", s->tmp_disk);
