@@ -143,16 +143,18 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
-    if (ft_config_min_window(cfg) > 0 && p->max_seq > ft_config_min_window(cfg))
-        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
-                            "sliding_window = %d (windowed attention is not implemented on CUDA; "
-                            "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
+    /* what the backend lacks first (names every missing operation), then
+     * the window past which it would compute wrongly */
     if (ft_model_features(m)) {
         char fb[192];
         return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: %s needs %s, which the CUDA backend does not "
                             "implement yet (the CPU engine has it)", cfg->model_type,
                             ft_model_features_name(ft_model_features(m), fb, sizeof fb));
     }
+    if (ft_config_min_window(cfg) > 0 && p->max_seq > ft_config_min_window(cfg))
+        return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
+                            "sliding_window = %d (windowed attention is not implemented on CUDA; "
+                            "the CPU engine has it)", p->max_seq, ft_config_min_window(cfg));
     if (p->stream_weights && !p->hook)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: stream_weights needs a weight hook");
     if (!p->stream_weights && !ft_model_layers_loaded(m))
