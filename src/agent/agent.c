@@ -1078,13 +1078,8 @@ void ft_agent_default_params(ft_agent_params *p)
  * policy leaves no transport: clients on this machine use CMA. */
 static void ucp_open(agent *A, const struct sockaddr_storage *listen_addr)
 {
-    char devs[512] = "";
-    if (ft_net_devices_for(listen_addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
-    if (!A->p.trusted_network) {   /* RDMA only: the ports, not the netdev */
-        char *comma = strchr(devs, ',');
-        if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
-        else devs[0] = 0;
-    }
+    char devs[512];
+    ft_net_listen_devices(listen_addr, A->p.trusted_network, devs, sizeof devs);
     ft_net_ucx_opts uo = {A->p.trusted_network, devs, NULL, 0,
                           UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, A->p.client_tls};
     ucs_status_t s = ft_net_ucp_open("flextier-agent", &uo, &A->ctx, &A->w, &A->efd);

@@ -404,6 +404,17 @@ static int same_addr(const struct sockaddr *ifa, const struct sockaddr_storage *
     return 0;
 }
 
+void ft_net_listen_devices(const struct sockaddr_storage *a, int trusted_network, char *out, size_t n)
+{
+    if (!n) return;
+    if (ft_net_devices_for(a, out, n) != FT_OK) out[0] = 0;
+    if (!trusted_network) {   /* RDMA only: the ports, not the netdev */
+        char *comma = strchr(out, ',');
+        if (comma) memmove(out, comma + 1, strlen(comma + 1) + 1);
+        else out[0] = 0;
+    }
+}
+
 ft_status ft_net_devices_for(const struct sockaddr_storage *a, char *out, size_t n)
 {
     out[0] = 0;

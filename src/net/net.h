@@ -73,6 +73,10 @@ FT_API ucs_status_t ft_net_ucp_connect(ucp_worker_h w, const void *addr, size_t 
  * "eth2,mlx5_0:1". For a wildcard address: "" (all devices). FT_OK and ""
  * also when no interface holds the address (UCX then picks). */
 FT_API ft_status ft_net_devices_for(const struct sockaddr_storage *a, char *out, size_t n);
+/* The UCX devices a listening process may use on the --listen interface:
+ * ft_net_devices_for's list, without the netdev itself (UCX's TCP) unless
+ * trusted_network; "" when none (or on error). */
+FT_API void ft_net_listen_devices(const struct sockaddr_storage *a, int trusted_network, char *out, size_t n);
 
 /* Non-blocking, close-on-exec TCP socket connected to addr within
  * timeout_ms; TCP_NODELAY and keepalive set. */

@@ -1751,13 +1751,8 @@ static ft_status check_params(server *S, const struct sockaddr_storage *addr)
 static void open_ucx(server *S, const struct sockaddr_storage *addr)
 {
     /* the interface of --listen (and the RDMA ports behind it): one rail */
-    char devs[512] = "";
-    if (ft_net_devices_for(addr, devs, sizeof devs) != FT_OK) devs[0] = 0;
-    if (!S->p.trusted_network) {   /* RDMA only: the ports, not the netdev */
-        char *comma = strchr(devs, ',');
-        if (comma) memmove(devs, comma + 1, strlen(comma + 1) + 1);
-        else devs[0] = 0;
-    }
+    char devs[512];
+    ft_net_listen_devices(addr, S->p.trusted_network, devs, sizeof devs);
     ft_net_ucx_opts uo = {S->p.trusted_network, devs, "get_zcopy", 1, 0, NULL};
     ucs_status_t s = ft_net_ucp_open("flextier-serve", &uo, &S->ctx, &S->w, &S->efd);
     if (s == UCS_OK) {
