@@ -97,7 +97,7 @@ step() {
 cat "$out/env.txt"
 
 # ------------------------------------------------- C library dependencies
-pcs="liblz4 libzstd libdeflate libxxhash openblas json-c libpcre2-8 ucx"
+pcs="liblz4 libzstd libdeflate libxxhash openblas json-c libpcre2-8 libutf8proc ucx libcrypto"
 cmake_extra=()
 if [ "${FT_GPU_FORCE_DEPS:-0}" = 1 ] || ! command -v pkg-config > /dev/null || ! pkg-config --exists $pcs 2> /dev/null; then
     if ls "$root"/.gpu-deps/*.deb > /dev/null 2>&1; then
@@ -113,6 +113,10 @@ if [ "${FT_GPU_FORCE_DEPS:-0}" = 1 ] || ! command -v pkg-config > /dev/null || !
             fi
         done
         lib="$droot/usr/lib/x86_64-linux-gnu"
+        # some Debian .pc files name /usr/lib (libdeflate, libzstd) where the
+        # library lies in the multiarch folder: point them there
+        sed -i -E 's#^libdir=(/usr|\$\{prefix\}|\$\{exec_prefix\})/lib/?$#libdir=\1/lib/x86_64-linux-gnu#' \
+            "$lib"/pkgconfig/*.pc
         export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$droot/usr/share/pkgconfig"
         export PKG_CONFIG_PATH="$PKG_CONFIG_LIBDIR"
         export PKG_CONFIG_SYSROOT_DIR="$droot"
@@ -137,8 +141,14 @@ cuda_opt=(-DFT_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch")
 build_ok=0
 if step configure 120 "$out/build.log" cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
         -DFT_WERROR=ON "${cuda_opt[@]}" "${cmake_extra[@]}" &&
-   step build 420 "$out/build.log" cmake --build "$build" -j "$jobs"; then
+   step build 420 "$out/build.log" cmake --build "$build" -j "$jobs" -- $([ "${gen[1]}" = Ninja ] && echo "-k 0" || echo -k); then
     build_ok=1
+elif [ -x "$bin" ] && { [ -f "$build/libflextier-cuda.so" ] || [ "$fake" = 1 ]; }; then
+    # keep going past one failing file (a compiler's new warning in a test,
+    # say): the GPU time is better spent on what did build; the failure
+    # stays in the steps table and in the exit status
+    build_ok=1
+    build_partial=1
 fi
 
 # ------------------------------------------- the benchmark model (background)
@@ -361,4 +371,4 @@ then
 fi
 failed=$(grep -cv -P '\tok\t' "$steps_tsv" || true)
 echo "== gpu-check: $(grep -cP '\tok\t' "$steps_tsv") steps ok, $failed not ok, $(elapsed) s; results in $out"
-[ "$tests_ok" = 1 ] && [ "$build_ok" = 1 ]
+[ "$tests_ok" = 1 ] && [ "$build_ok" = 1 ] && [ "${build_partial:-0}" = 0 ]

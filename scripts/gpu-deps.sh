@@ -17,6 +17,7 @@ PKGS=(
   libjson-c-dev libjson-c5
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libucx-dev libucx0 libibverbs1 ibverbs-providers librdmacm1 libnuma1
+  libssl-dev libssl3 libutf8proc-dev libutf8proc2
   pkgconf pkgconf-bin libpkgconf3
 )
 mkdir -p "$dir"
