@@ -254,8 +254,11 @@ typedef struct ft_cuda_stats {
     uint64_t h2d_weight_bytes;  /* bytes of streamed weights copied so far  */
     uint64_t layers_streamed;
     double hook_s;              /* host time in the hook and CPU decode     */
-    double stall_s;             /* GPU time the compute stream waited for
-                                   streamed weights (CUDA events)          */
+    double stall_s;             /* GPU time the compute stream stood idle
+                                   between layers, waiting for streamed
+                                   weights (CUDA events)                   */
+    double copy_s;              /* GPU time the load stream spent copying
+                                   and decoding streamed weights           */
     double forward_s;           /* wall time in successful forward calls    */
 } ft_cuda_stats;
 FT_API void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out);

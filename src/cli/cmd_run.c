@@ -25,15 +25,18 @@ static double peak_rss_bytes(void)
 
 static const char BENCH_USAGE[] =
     "usage: flextier bench run --model DIR --batch B --prompt-len P --gen-len G\n"
-    "         [--threads N] [--seed N] [--json] [--device cpu|cuda] [offloading options]\n"
+    "         [--threads N] [--seed N] [--warmup N] [--json] [--device cpu|cuda] [offloading options]\n"
     "FlexGen's benchmark shape: B random prompts of P tokens, G new tokens each (greedy,\n"
     "EOS ignored). Reports prefill and decode tokens/s and peak RSS vs weight bytes;\n"
-    "with --policy, the offloading metrics too.\n";
+    "with --policy, the offloading metrics too.\n"
+    "  --warmup N   N untimed runs of the same prompts with 2 new tokens first (default:\n"
+    "               1 with --device cuda, where the first calls load the kernels and\n"
+    "               pick the GEMM algorithms; 0 on the CPU)\n";
 
 int ft_bench_run(int argc, char **argv)
 {
     const char *dir = NULL;
-    long batch = 1, plen = 0, glen = 0, threads = 0, seed = 1;
+    long batch = 1, plen = 0, glen = 0, threads = 0, seed = 1, warmup = -1;
     int json = 0;
     ft_cli_session o;
     ft_cli_session_init(&o);
@@ -64,6 +67,7 @@ int ft_bench_run(int argc, char **argv)
         else if (opt_is(a, "--gen-len")) dst = &glen;
         else if (opt_is(a, "--threads")) { dst = &threads; hi = 1024; }
         else if (opt_is(a, "--seed")) { dst = &seed; lo = 0; hi = 0x7fffffffL; }
+        else if (opt_is(a, "--warmup")) { dst = &warmup; lo = 0; hi = 100; }
         else return ft_cli_usage_error(BENCH_USAGE, "unknown option %s", a);
         if (dst && ft_cli_parse_int(v, lo, hi, dst))
             return ft_cli_usage_error(BENCH_USAGE, "bad value for %s: %s", a, v);
@@ -109,6 +113,15 @@ int ft_bench_run(int argc, char **argv)
         pp[j] = prompts + j * plen;
         op[j] = outs + j * glen;
         pl[j] = (size_t)plen;
+    }
+    if (warmup < 0) warmup = gpu && !pipe.mode ? 1 : 0;
+    for (long w = 0; w < warmup; w++) {
+        ft_gen_params wp = {.max_new_tokens = glen < 2 ? (size_t)glen : 2, .ignore_eos = 1};
+        ft_gen_stats ws;
+        if ((st = ft_session_generate(s, (size_t)batch, pp, pl, &wp, op, no, &ws))) {
+            ft_cli_fail("warm-up", st);
+            goto done;
+        }
     }
     ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
     ft_gen_stats gs;

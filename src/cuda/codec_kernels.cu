@@ -66,11 +66,41 @@ static __global__ void k_q_dequant(ftk_qgeom g, const uint8_t *frame, const uint
     GRID_STRIDE(e, g.numel) km_store(out_dt, dst, e, km_q_dequant(&g, frame, table, e));
 }
 
+/* km_q_dequant8: one thread per 8 values, stored as one 16-byte (bf16,
+ * f16) or two (f32) vector writes; dst 16-byte aligned. */
+static __global__ void k_q_dequant8(ftk_qgeom g, const uint8_t *frame, const uint64_t *table, int out_dt,
+                                    void *dst)
+{
+    const uint32_t n8 = (uint32_t)(g.numel / 8);
+    for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n8; t += gridDim.x * blockDim.x) {
+        float v[8];
+        km_q_dequant8(&g, frame, table, t, v);
+        if (out_dt == FT_F32) {
+            float4 *o = (float4 *)dst + 2 * (uint64_t)t;
+            o[0] = make_float4(v[0], v[1], v[2], v[3]);
+            o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
+            uint32_t w[4];
+            for (int j = 0; j < 4; j++) {
+                uint32_t lo = out_dt == FT_BF16 ? km_f32_to_bf16(v[2 * j]) : km_f32_to_f16(v[2 * j]);
+                uint32_t hi = out_dt == FT_BF16 ? km_f32_to_bf16(v[2 * j + 1]) : km_f32_to_f16(v[2 * j + 1]);
+                w[j] = lo | (hi << 16);
+            }
+            ((uint4 *)dst)[t] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
 extern "C" cudaError_t ftk_q_dequant(const ftk_qgeom *g, const uint8_t *frame, const uint64_t *table,
                                      int out_dt, void *dst, cudaStream_t s)
 {
     if (g->numel == 0) return cudaSuccess;
     unsigned b, t;
+    if (km_q_fast8_ok(g) && ((uintptr_t)dst & 15) == 0) {
+        grid_for(g->numel / 8, &b, &t);
+        k_q_dequant8<<<b, t, 0, s>>>(*g, frame, table, out_dt, dst);
+        return cudaGetLastError();
+    }
     grid_for(g->numel, &b, &t);
     k_q_dequant<<<b, t, 0, s>>>(*g, frame, table, out_dt, dst);
     return cudaGetLastError();

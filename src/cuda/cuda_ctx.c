@@ -58,8 +58,13 @@ struct ft_cuda_ctx {
     int64_t lshape[LW_COUNT][2];
     ft_cuda_dec_ws dec;
     cudaEvent_t ev_loaded[2], ev_free[2];
-    cudaEvent_t *stall0, *stall1;  /* per layer, on the compute stream around its
-                                      wait for the layer's weights (timing) */
+    cudaEvent_t *stall0, *stall1;  /* per layer, on the compute stream: the end of
+                                      the layer before (or the call's start) and
+                                      the end of the wait for this layer's
+                                      weights, so the gap holds every idle moment
+                                      between layers (timing) */
+    cudaEvent_t *copy0, *copy1;    /* per layer, on the load stream around its
+                                      copies and decode (timing) */
     /* KV cache and per-slot lengths */
     float *kv;
     int *seq_len;
@@ -74,7 +79,7 @@ struct ft_cuda_ctx {
     int *h_row_slot, *h_row_pos, *h_sel;
     uint64_t weight_bytes, kv_bytes, scratch_bytes;
     uint64_t h2d_weight_bytes, layers_streamed;
-    double hook_s, stall_s, forward_s;
+    double hook_s, stall_s, copy_s, forward_s;
     /* the forward call in progress (graph ops) */
     int call_n;
     int pos_offset, swiglu;        /* the architecture's blocks */
@@ -204,10 +209,17 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (p->stream_weights) {
         c->stall0 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
         c->stall1 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
-        if (!c->stall0 || !c->stall1) { st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation"); goto fail; }
+        c->copy0 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        c->copy1 = calloc((size_t)cfg->n_layers, sizeof(cudaEvent_t));
+        if (!c->stall0 || !c->stall1 || !c->copy0 || !c->copy1) {
+            st = ft_set_error(FT_ERR_NOMEM, "cuda ctx: allocation");
+            goto fail;
+        }
         for (int l = 0; l < cfg->n_layers; l++)
             if ((st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall0[l], cudaEventDefault), "cudaEventCreate")) ||
-                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall1[l], cudaEventDefault), "cudaEventCreate")))
+                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->stall1[l], cudaEventDefault), "cudaEventCreate")) ||
+                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->copy0[l], cudaEventDefault), "cudaEventCreate")) ||
+                (st = ft_cuda_status(cudaEventCreateWithFlags(&c->copy1[l], cudaEventDefault), "cudaEventCreate")))
                 goto fail;
     }
     if ((st = blas_status(cublasCreate(&c->blas), "cublasCreate")) ||
@@ -366,9 +378,13 @@ void ft_cuda_ctx_free(ft_cuda_ctx *c)
     for (int l = 0; l < ft_model_get_config(c->m)->n_layers; l++) {
         if (c->stall0 && c->stall0[l]) (void)cudaEventDestroy(c->stall0[l]);
         if (c->stall1 && c->stall1[l]) (void)cudaEventDestroy(c->stall1[l]);
+        if (c->copy0 && c->copy0[l]) (void)cudaEventDestroy(c->copy0[l]);
+        if (c->copy1 && c->copy1[l]) (void)cudaEventDestroy(c->copy1[l]);
     }
     free(c->stall0);
     free(c->stall1);
+    free(c->copy0);
+    free(c->copy1);
     if (c->cs) (void)cudaStreamDestroy(c->cs);
     if (c->ls) (void)cudaStreamDestroy(c->ls);
     free(c->seq_len);
@@ -419,6 +435,7 @@ void ft_cuda_ctx_get_stats(const ft_cuda_ctx *c, ft_cuda_stats *out)
     out->layers_streamed = c->layers_streamed;
     out->hook_s = c->hook_s;
     out->stall_s = c->stall_s;
+    out->copy_s = c->copy_s;
     out->forward_s = c->forward_s;
 }
 
@@ -491,6 +508,7 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
     ft_status st = c->p.hook(c->p.hook_user, l, src);
     if (st) return st;
     FT_CU(cudaStreamWaitEvent(c->ls, c->ev_free[slot], 0), "cudaStreamWaitEvent");
+    FT_CU(cudaEventRecord(c->copy0[l], c->ls), "cudaEventRecord");
     uint8_t *block = c->lbuf + (size_t)slot * c->lbytes;
     for (int s = 0; s < LW_COUNT; s++) {
         const ft_cuda_wsrc *w = &src[s];
@@ -533,6 +551,7 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
         }
         if (st) return st;
     }
+    FT_CU(cudaEventRecord(c->copy1[l], c->ls), "cudaEventRecord");
     FT_CU(cudaEventRecord(c->ev_loaded[slot], c->ls), "cudaEventRecord");
     c->layers_streamed++;
     c->hook_s += ft_now() - t0;
@@ -605,9 +624,13 @@ static ft_status cu_layer_begin(void *b, int l, const void **w)
 {
     ft_cuda_ctx *c = b;
     if (c->p.stream_weights) {
-        if (l == 0) TRY(load_layer(c, 0));
+        if (l == 0) {
+            FT_CU(cudaEventRecord(c->stall0[0], c->cs), "cudaEventRecord");
+            TRY(load_layer(c, 0));
+        }
+        /* (stall0[l] for l > 0 was recorded at the end of layer l - 1,
+         * before the host waited for this layer's copies in load_layer) */
         if (l + 1 < ft_model_get_config(c->m)->n_layers) TRY(load_layer(c, l + 1));
-        FT_CU(cudaEventRecord(c->stall0[l], c->cs), "cudaEventRecord");
         FT_CU(cudaStreamWaitEvent(c->cs, c->ev_loaded[l & 1], 0), "cudaStreamWaitEvent");
         FT_CU(cudaEventRecord(c->stall1[l], c->cs), "cudaEventRecord");
         layer_ptrs(c, c->lbuf + (size_t)(l & 1) * c->lbytes, (dev_layer *)(void *)&c->cur);
@@ -621,7 +644,11 @@ static ft_status cu_layer_begin(void *b, int l, const void **w)
 static ft_status cu_layer_end(void *b, int l)
 {
     ft_cuda_ctx *c = b;
-    if (c->p.stream_weights) FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
+    if (c->p.stream_weights) {
+        FT_CU(cudaEventRecord(c->ev_free[l & 1], c->cs), "cudaEventRecord");
+        if (l + 1 < ft_model_get_config(c->m)->n_layers)
+            FT_CU(cudaEventRecord(c->stall0[l + 1], c->cs), "cudaEventRecord");
+    }
     return FT_OK;
 }
 
@@ -749,6 +776,8 @@ static ft_status finish(ft_cuda_ctx *c, size_t n, const int *slots, const size_t
     for (int l = 0; c->p.stream_weights && l < ft_model_get_config(c->m)->n_layers; l++) {
         float ms = 0;
         if (cudaEventElapsedTime(&ms, c->stall0[l], c->stall1[l]) == cudaSuccess) c->stall_s += ms * 1e-3;
+        else (void)cudaGetLastError();
+        if (cudaEventElapsedTime(&ms, c->copy0[l], c->copy1[l]) == cudaSuccess) c->copy_s += ms * 1e-3;
         else (void)cudaGetLastError();
     }
     c->forward_s += ft_now() - t0;

@@ -193,6 +193,43 @@ FT_HD float km_q_dequant(const ftk_qgeom *g, const uint8_t *frame, const uint64_
     return KM_FMA((float)q, km_f16_to_f32(km_get16(hp + 2)), km_f16_to_f32(km_get16(hp)));
 }
 
+/* The fast path of the common layout: groups along the contiguous last
+ * dimension (inner 1), whole groups of a multiple of 8 (D % G == 0,
+ * G % 8 == 0) and fewer than 2^32 elements. Then element e's slab is e / G
+ * and a run of 8 elements from a multiple of 8 lies in one group: one
+ * thread per 8 values with one header and a 32-bit index path (the
+ * general km_q_dequant spends five divisions per element). */
+FT_HD int km_q_fast8_ok(const ftk_qgeom *g)
+{
+    return g->inner == 1 && g->G >= 8 && g->G % 8 == 0 && g->D % g->G == 0 && g->numel % 8 == 0 &&
+           g->numel < ((uint64_t)1 << 32) && g->spc >= 1 && g->spc < ((uint64_t)1 << 32);
+}
+
+/* Elements 8t .. 8t+7 (km_q_fast8_ok(g)), each equal to km_q_dequant's. */
+FT_HD void km_q_dequant8(const ftk_qgeom *g, const uint8_t *frame, const uint64_t *table, uint32_t t, float v[8])
+{
+    const uint32_t G = (uint32_t)g->G, spc = (uint32_t)g->spc;
+    const uint32_t total = (uint32_t)(g->outer * g->ngroups);
+    const uint32_t e0 = t * 8u;
+    const uint32_t slab = e0 / G;
+    const uint32_t c = slab / spc, s0 = c * spc;
+    const uint32_t s1 = s0 + spc < total ? s0 + spc : total;
+    const uint32_t k = e0 - s0 * G;
+    const uint8_t *p = frame + table[c];
+    const uint8_t *hp = p + 4u * (slab - s0);
+    const uint8_t *packed = p + 4u * (s1 - s0);
+    const float mn = km_f16_to_f32(km_get16(hp)), step = km_f16_to_f32(km_get16(hp + 2));
+    if (g->bits == 8) {
+        for (int j = 0; j < 8; j++) v[j] = KM_FMA((float)packed[k + (uint32_t)j], step, mn);
+    } else {
+        const uint8_t *b = packed + (k >> 1);
+        for (int j = 0; j < 4; j++) {
+            v[2 * j] = KM_FMA((float)(b[j] & 15u), step, mn);
+            v[2 * j + 1] = KM_FMA((float)(b[j] >> 4), step, mn);
+        }
+    }
+}
+
 /* ------------------------------------------------ byte planes */
 
 /* The value bits of element e from its chunk's planes (layout of

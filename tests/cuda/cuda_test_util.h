@@ -91,6 +91,9 @@ static const ut_qcase ut_qcases[] = {
     {2, {37, 70}, -1, 64},   {2, {64, 130}, 0, 7},    {3, {5, 9, 33}, 1, 4},  {1, {1000}, 0, 128},
     {0, {0}, 0, 64},         {2, {0, 16}, -1, 64},    {2, {16, 16}, -1, 1},   {2, {300, 257}, -1, 64},
     {4, {3, 4, 5, 7}, 2, 3}, {2, {33, 2}, 0, 300},    {2, {1, 33}, -1, 64},   {2, {129, 64}, 0, 64},
+    /* groups along the last dimension, whole and a multiple of 8: the
+     * kernels' 8-at-a-time path (km_q_fast8_ok) */
+    {2, {48, 256}, -1, 64},  {2, {10, 96}, 1, 32},    {1, {520}, 0, 8},
 };
 #define UT_NQCASES (sizeof ut_qcases / sizeof ut_qcases[0])
 

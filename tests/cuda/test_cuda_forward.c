@@ -525,6 +525,10 @@ TEST(fwd_streamed_equals_resident)
                 CHECK(st.layers_streamed == (uint64_t)L * 9);   /* 9 forwards */
                 CHECK(st.h2d_weight_bytes > 0 && st.slot_bytes > 0);
                 CHECK(st.forward_s > 0 && st.stall_s >= 0 && st.stall_s <= st.forward_s);
+#ifndef FT_TEST_CUDA_FAKE
+                CHECK(st.copy_s > 0);
+#endif
+                CHECK(st.copy_s >= 0 && st.copy_s <= st.forward_s);
                 if (codecs[ci].codec == FT_CODEC_Q4)
                     CHECK_MSG(st.h2d_weight_bytes * 3 < (uint64_t)ft_model_layer_bytes(m) * (uint64_t)L * 9,
                               "q4: %llu bytes copied", (unsigned long long)st.h2d_weight_bytes);

@@ -53,7 +53,7 @@ TEST(hm_quant_frames_bit_exact)
 {
     static const ft_dtype idts[] = {FT_F32, FT_F16, FT_BF16}, odts[] = {FT_F32, FT_BF16, FT_F16};
     static const uint32_t chunks[] = {4096, FT_DEFAULT_CHUNK_SIZE};
-    int ncase = 0;
+    int ncase = 0, nfast = 0;
     for (int codec = FT_CODEC_Q8; codec <= FT_CODEC_Q4; codec++)
         for (size_t ci = 0; ci < UT_NQCASES; ci++)
             for (int a = 0; a < 3; a++)
@@ -88,6 +88,18 @@ TEST(hm_quant_frames_bit_exact)
                             snprintf(what, sizeof what, "%s case %zu %s->%s chunk %u", ft_codec_name((ft_codec_id)codec),
                                      ci, ft_dtype_name(idts[a]), ft_dtype_name(odts[o]), chunks[ch]);
                             CHECK(ut_same_bits(got, want, ob, what));
+                            if (km_q_fast8_ok(&g)) {   /* the kernel's 8-at-a-time path, same bits */
+                                memset(got, 0xAB, ob);
+                                for (uint32_t t8 = 0; t8 < n / 8; t8++) {
+                                    float v[8];
+                                    km_q_dequant8(&g, f, table, t8, v);
+                                    for (int j = 0; j < 8; j++) km_store(odts[o], got, 8 * (uint64_t)t8 + (uint64_t)j, v[j]);
+                                }
+                                char what8[112];
+                                snprintf(what8, sizeof what8, "%s (8 at a time)", what);
+                                CHECK(ut_same_bits(got, want, ob, what8));
+                                nfast++;
+                            }
                             ft_free_aligned(want);
                             ft_free_aligned(got);
                             ncase++;
@@ -99,7 +111,8 @@ TEST(hm_quant_frames_bit_exact)
                     ft_free_aligned(f);
                     ft_free_aligned(t.data);
                 }
-    printf("  %d q8/q4 decodes compared\n", ncase);
+    printf("  %d q8/q4 decodes compared, %d of them also 8 at a time\n", ncase, nfast);
+    CHECK(nfast > 0);
 }
 
 /* Byte-plane frames: the host stage (entropy decode into the planes
