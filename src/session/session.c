@@ -363,6 +363,48 @@ static ft_status check_budget(ft_session *s, int weights)
     return FT_OK;
 }
 
+/* --device cuda: what this process holds in host memory for the GPU,
+ * refused before loading when the budget cannot hold it. The KV cache and
+ * the activations live on the GPU (device_mem's); here: the model as the
+ * backend packs it (f32 layers and globals, kept for a larger context
+ * later), the pinned copy it streams from (w=0,100: raw bf16, or the
+ * q8/q4 frames), or, with the scheduler (w=0,...), the layers' host-tier
+ * share in their stored format. */
+static ft_status check_budget_cuda(ft_session *s, int weights)
+{
+    ft_model *lm = NULL;
+    ft_status st = count_fixed(s, weights, &lm);
+    if (st) return st;
+    ft_session_memory *m = &s->mem;
+    const ft_model_config *cfg = ft_model_get_config(lm);
+    m->scratch = slack_bytes(cfg, s->p.max_batch ? s->p.max_batch : 1);
+    ft_model_free(lm);
+    uint64_t pinned = 0;
+    if (s->cuda_sched) {
+        m->tiers = m->layers / 100 * s->policy.w_pct[FT_TIER_HOST];
+    } else {
+        if (s->cuda_stream) {   /* bits per f32 value of the layers: 16 raw, 8.5 q8, 4.5 q4 (groups of 64) */
+            double bits = s->cuda_codec == FT_CODEC_Q8 ? 8.5 : s->cuda_codec == FT_CODEC_Q4 ? 4.5 : 16.0;
+            pinned = (uint64_t)((double)m->layers * bits / 32.0);
+        }
+        m->tiers = m->layers + pinned;
+    }
+    m->need = fixed_total(m) + m->tiers;
+    if (m->need <= m->budget) return FT_OK;
+    return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s) cannot hold what --device cuda keeps in "
+                        "host memory: %.1f MiB = this process %.1f MiB + embeddings and LM head %.1f MiB + %s "
+                        "%.1f MiB + slack %.1f MiB; %s", mib(m->budget), m->source, mib(m->need), mib(m->process),
+                        mib(m->globals),
+                        s->cuda_sched ? "the layers' host-tier share" :
+                        s->cuda_stream ? "the f32 model and its pinned copy for streaming" : "the f32 model it uploads",
+                        mib(m->tiers), mib(m->scratch),
+                        s->cuda_sched && s->policy.w_pct[FT_TIER_HOST] == 0 ? "a larger --memory"
+                        : s->cuda_sched ? "put more of the weights on disk or memory nodes (--policy w=0,0,100 --disk-dir "
+                                          "DIR), or a larger --memory"
+                                      : "stream the weights from disk instead (--policy w=0,0,100 --disk-dir DIR), or a "
+                                        "larger --memory");
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -494,8 +536,9 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     }
     if (s->p.offload == FT_OFFLOAD_POLICY && (st = ft_policy_validate(&s->policy))) goto fail;
     if (s->p.device == FT_DEVICE_CUDA && (st = check_cuda(s))) goto fail;
-    /* the memory budget (the GPU's own memory is device_mem's) */
-    if (s->p.device == FT_DEVICE_CPU && (st = resolve_budget(s))) goto fail;
+    /* the memory budget of this process (the GPU's own memory is
+     * device_mem's) */
+    if ((st = resolve_budget(s))) goto fail;
     /* The tokenizer first: its memory is part of the process the budget
      * counts. It is optional for token-level use (benchmarks on random
      * ids); a broken one is an error now, a missing one when text is
@@ -514,6 +557,8 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         if ((st = plan(s, weights))) goto fail;
         if ((st = resolve_weights(s, &s->policy, 1, &weights))) goto fail;
     } else if (s->mem.budget && s->p.device == FT_DEVICE_CPU && (st = check_budget(s, weights))) {
+        goto fail;
+    } else if (s->mem.budget && s->p.device == FT_DEVICE_CUDA && (st = check_budget_cuda(s, weights))) {
         goto fail;
     }
 
