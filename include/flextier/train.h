@@ -107,6 +107,32 @@ FT_API ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, in
 typedef ft_status (*ft_train_text_fn)(void *user, const char *text, size_t len);
 FT_API ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft_train_text_fn fn, void *user);
 
+/* A PEFT LoRA adapter directory read for inference or merging (any
+ * architecture: the tensors name the modules): every adapted module's
+ * Hugging Face path ("model.layers.0.self_attn.q_proj", from the keys
+ * base_model.model.<module>.lora_A.weight / .lora_B.weight) with A
+ * [rank][in] and B [out][rank] as f32 (f32, bf16 or f16 in the file);
+ * scale = lora_alpha / r, as PEFT's scaling. What the reader does not
+ * implement (DoRA, rsLoRA, rank/alpha patterns, bias, modules_to_save,
+ * embedding adapters, other tensors) is refused naming it. */
+typedef struct ft_peft_module {
+    char module[256];
+    int rank, in, out;
+    float *A, *B;
+} ft_peft_module;
+typedef struct ft_peft_adapter {
+    int rank;
+    float alpha, scale;
+    size_t n;
+    ft_peft_module *mods;
+} ft_peft_adapter;
+FT_API ft_status ft_peft_adapter_read(const char *dir, ft_peft_adapter **out);
+FT_API void ft_peft_adapter_free(ft_peft_adapter *a);      /* NULL ok */
+/* Add a's modules to an engine adapter set (flextier/engine.h, ft_lora)
+ * with scale (alpha / r) * user_scale (PEFT's set_scale); a module the
+ * model does not have, or of another shape, is refused. */
+FT_API ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_lora *l);
+
 /* Greedy decoding with the adapters applied and a K/V cache (one row per
  * position): max_new token ids into out. n + max_new <= the context. */
 FT_API ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out);

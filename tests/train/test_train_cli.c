@@ -51,7 +51,8 @@ TEST(finetune_then_run_lora)
     CHECK(ft_file_has(tmp, "out", "tok/s"));
     CHECK(ft_file_has(tmp, "out", "held-out after: loss"));
     CHECK(ft_file_has(tmp, "ad/adapter_config.json", "\"peft_type\":\"LORA\""));
-    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 5 --ids > %s/gen 2>&1",
+    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 5 --ids --ignore-eos "
+                "--temperature 0 > %s/gen 2>&1",
                 ft_test_bin(), model, tmp, tmp) == 0);
     size_t n = 0;
     char p[1200];
@@ -113,7 +114,8 @@ TEST(run_lora_matches_peft_greedy)
     for (size_t i = 0; i < json_object_array_length(g); i++)
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "",
                  json_object_get_int(json_object_array_get_idx(g, i)));
-    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu > %s/peft_gen 2>&1",
+    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu --temperature 0 "
+                "> %s/peft_gen 2>&1",
                 ft_test_bin(), model, dir, ids, json_object_array_length(g), tmp) == 0);
     CHECK(ft_file_has(tmp, "peft_gen", want));
     json_object_put(run);
@@ -152,10 +154,12 @@ TEST(finetune_errors)
     fails(1, a, "llama family");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
     fails(2, a, "required");
-    snprintf(a, sizeof a, "run --model %s --lora %s --lora %s --prompt hi", model, tmp, tmp);
-    fails(2, a, "several");
-    snprintf(a, sizeof a, "run --model %s --lora %s --prompt hi --temperature 0.7", model, tmp);
-    fails(2, a, "not implemented with --lora");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --device cuda", model, tmp);
+    fails(1, a, "CPU backend only");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad:inf --prompt hi", model, tmp);
+    fails(2, a, "finite");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --pipeline local:2", model, tmp);
+    fails(1, a, "pipeline");
     snprintf(a, sizeof a, "run --model %s --lora %s/nonexistent --prompt hi", model, tmp);
     fails(1, a, "adapter_config.json");
 }
