@@ -133,6 +133,18 @@ FT_API void ft_peft_adapter_free(ft_peft_adapter *a);      /* NULL ok */
  * model does not have, or of another shape, is refused. */
 FT_API ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_lora *l);
 
+/* Merge n PEFT adapters (each with its user scale, as
+ * ft_peft_adapter_apply) into the Hugging Face checkpoint of model_dir:
+ * W' = W + sum_k scale_k (alpha_k / r_k) B_k A_k, computed in f32 (PEFT's
+ * merge_and_unload), written to out_dir/model.safetensors (one file,
+ * streamed: one tensor in memory at a time) in dtype (FT_F32, FT_BF16,
+ * FT_F16; -1: each tensor's own), with the directory's other files
+ * (config.json, its torch_dtype set to dtype; tokenizer, generation and
+ * chat-template files) copied. An adapter module without a weight of its
+ * shape in the checkpoint is an error (nothing is left behind). */
+FT_API ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *adapters, const float *scales,
+                                          size_t n, const char *out_dir, int dtype);
+
 /* Greedy decoding with the adapters applied and a K/V cache (one row per
  * position): max_new token ids into out. n + max_new <= the context. */
 FT_API ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int max_new, int32_t *out);

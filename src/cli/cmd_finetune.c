@@ -392,3 +392,53 @@ done:
     ft_model_free(m);
     return rc;
 }
+
+/* ------------------------------------------------- export --merge-lora */
+
+static const char EX_USAGE[] =
+    "usage: flextier export --model DIR --merge-lora ADAPTER[:SCALE] [--merge-lora ...] --out DIR\n"
+    "         [--dtype f32|bf16|f16]\n"
+    "Writes DIR (--out) as a Hugging Face checkpoint with the PEFT LoRA adapters merged into the\n"
+    "weights: W' = W + sum SCALE * alpha/r * B A, in f32, in the order given (as PEFT's\n"
+    "merge_and_unload): model.safetensors (one file, one tensor in memory at a time) plus the\n"
+    "model directory's config, tokenizer and generation files. --dtype: the float tensors'\n"
+    "dtype (default: each tensor's own; config.json's torch_dtype follows). transformers and\n"
+    "every flextier command (--device cuda, --pipeline) load the result.\n";
+
+int ft_cmd_export(int argc, char **argv)
+{
+    const char *dir = NULL, *out = NULL;
+    char ads[FT_CLI_MAX_LORA][4096];
+    const char *adp[FT_CLI_MAX_LORA];
+    float scales[FT_CLI_MAX_LORA];
+    size_t n = 0;
+    int dtype = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(EX_USAGE, stdout);
+            return FT_EXIT_OK;
+        }
+        if (i + 1 >= argc) return ft_cli_usage_error(EX_USAGE, "option %s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--merge-lora")) {
+            if (n == FT_CLI_MAX_LORA) return ft_cli_usage_error(EX_USAGE, "at most %d adapters", FT_CLI_MAX_LORA);
+            if (ft_cli_parse_lora(v, ads[n], sizeof ads[n], &scales[n]))
+                return ft_cli_usage_error(EX_USAGE, "--merge-lora: %s", ft_last_error());
+            adp[n] = ads[n];
+            n++;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32")) dtype = FT_F32;
+            else if (!strcmp(v, "bf16")) dtype = FT_BF16;
+            else if (!strcmp(v, "f16")) dtype = FT_F16;
+            else return ft_cli_usage_error(EX_USAGE, "--dtype: '%s': expected f32, bf16 or f16", v);
+        } else return ft_cli_usage_error(EX_USAGE, "unknown option %s", a);
+    }
+    if (!dir || !out || !n) return ft_cli_usage_error(EX_USAGE, "--model, --merge-lora and --out are required");
+    ft_status st = ft_lora_merge_checkpoint(dir, adp, scales, n, out, dtype);
+    if (st) return ft_cli_fail("export", st);
+    printf("merged %zu adapter%s into %s/model.safetensors\n", n, n == 1 ? "" : "s", out);
+    return FT_EXIT_OK;
+}

@@ -251,3 +251,69 @@ TEST(bad_adapters_refused)
     ft_lora_free(l);
     ft_model_free(m);
 }
+
+/* a merged checkpoint (ft_lora_merge_checkpoint, `flextier export
+ * --merge-lora`) gives the logits of the adapters applied unmerged, and
+ * peft's; bf16 output within bf16's rounding; a wrong adapter writes
+ * nothing */
+static void merged_logits(const char *dir, const int32_t *ids, size_t n, float *out)
+{
+    ft_session_params p;
+    ft_session_default_params(&p);
+    p.kv_dtype = FT_F32;
+    p.threads = 2;
+    ft_session *s = NULL;
+    ft_status st = ft_session_open(dir, &p, &s);
+    CHECK_MSG(st == FT_OK, "open %s: %s", dir, ft_last_error());
+    if (st) return;
+    CHECK_OK(last_logits(s, ids, n, out));
+    ft_session_close(s);
+}
+
+TEST(merge_equals_unmerged)
+{
+    json_object *root = NULL, *c = multi_case(&root, "llama-ab");
+    REQUIRE(c);
+    char a[1200], b[1200], mdir[1024], out[1200], outb[1200], bad[1200], o[1200];
+    snprintf(a, sizeof a, "%s/llama-a", multi);
+    snprintf(b, sizeof b, "%s/llama-b", multi);
+    snprintf(o, sizeof o, "%s/opt-a", multi);
+    ft_fixture_dir("models", "llama-tiny", mdir, sizeof mdir);
+    const char *tmp = ft_test_tmpdir("lora_merge");
+    snprintf(out, sizeof out, "%s/m32", tmp);
+    snprintf(outb, sizeof outb, "%s/mbf16", tmp);
+    snprintf(bad, sizeof bad, "%s/bad", tmp);
+    const char *ads[2] = {a, b};
+    const float sc[2] = {0.7f, 1.5f};
+    CHECK_OK(ft_lora_merge_checkpoint(mdir, ads, sc, 2, out, FT_F32));
+    CHECK_OK(ft_lora_merge_checkpoint(mdir, ads, sc, 2, outb, FT_BF16));
+    json_object *pr = json_object_object_get(c, "prompt"), *lg = json_object_object_get(c, "last_logits");
+    int32_t ids[64];
+    size_t np = json_object_array_length(pr);
+    for (size_t i = 0; i < np; i++) ids[i] = json_object_get_int(json_object_array_get_idx(pr, i));
+    int V = (int)json_object_array_length(lg);
+    float *want = malloc((size_t)V * 4), *got = malloc((size_t)V * 4), *unm = malloc((size_t)V * 4);
+    REQUIRE(want && got && unm);
+    for (int v = 0; v < V; v++) want[v] = (float)json_object_get_double(json_object_array_get_idx(lg, v));
+    ft_session_lora ls[2] = {{a, 0.7f}, {b, 1.5f}};
+    ft_session *s = open_with("llama-tiny", ls, 2, FT_WEIGHTS_AS_STORED, NULL);
+    REQUIRE(s);
+    CHECK_OK(last_logits(s, ids, np, unm));
+    ft_session_close(s);
+    merged_logits(out, ids, np, got);
+    CHECK_MSG(maxdiff(got, unm, V) < 1e-4, "merged vs unmerged: %g", maxdiff(got, unm, V));
+    CHECK_MSG(maxdiff(got, want, V) < 1e-4, "merged vs peft: %g", maxdiff(got, want, V));
+    merged_logits(outb, ids, np, got);
+    CHECK_MSG(maxdiff(got, want, V) < 0.1, "bf16 merged vs peft: %g", maxdiff(got, want, V));
+    CHECK(ft_file_has(outb, "config.json", "bfloat16"));
+    CHECK(ft_file_has(out, "tokenizer.json", "\"model\""));
+    /* an OPT adapter does not merge into llama: nothing written */
+    const char *oa[1] = {o};
+    const float one = 1.0f;
+    CHECK(ft_lora_merge_checkpoint(mdir, oa, &one, 1, bad, -1) == FT_ERR_INVALID_ARG);
+    CHECK(strstr(ft_last_error(), "no weight") != NULL);
+    CHECK(ft_sh("test -e %s/model.safetensors", bad) != 0);
+    CHECK(ft_lora_merge_checkpoint(mdir, ads, sc, 2, mdir, -1) == FT_ERR_INVALID_ARG);
+    free(want); free(got); free(unm);
+    json_object_put(root);
+}

@@ -62,6 +62,15 @@ TEST(finetune_then_run_lora)
     for (char *s = g; s && *s; s++) k += *s == ' ';
     CHECK_MSG(g && k == 4, "run --lora printed '%s'", g ? g : "");
     free(g);
+    /* merged into the model: the same greedy ids without --lora */
+    CHECK(ft_sh("%s export --model %s --merge-lora %s/ad --out %s/merged > %s/exp 2>&1", ft_test_bin(), model, tmp,
+                tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "exp", "merged 1 adapter"));
+    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/gen3 2>&1", ft_test_bin(), model, tmp, tmp) == 0);
+    CHECK(ft_sh("%s run --model %s/merged --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/gen2 2>&1 && cmp -s %s/gen3 %s/gen2", ft_test_bin(), tmp, tmp,
+                tmp, tmp) == 0);
     /* the same seed: the same adapter, byte for byte; JSONL data */
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad2 " FT_ARGS " > /dev/null 2>&1", ft_test_bin(),
                 model, tmp, tmp) == 0);
@@ -160,6 +169,12 @@ TEST(finetune_errors)
     fails(2, a, "finite");
     snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --pipeline local:2", model, tmp);
     fails(1, a, "pipeline");
+    snprintf(a, sizeof a, "export --model %s --out %s/merged", model, tmp);
+    fails(2, a, "--merge-lora");
+    snprintf(a, sizeof a, "export --model %s --merge-lora %s/ad --out %s/merged --dtype q4", model, tmp, tmp);
+    fails(2, a, "--dtype");
+    snprintf(a, sizeof a, "export --model %s --merge-lora %s/nonexistent --out %s/merged", model, tmp, tmp);
+    fails(1, a, "adapter_config.json");
     snprintf(a, sizeof a, "run --model %s --lora %s/nonexistent --prompt hi", model, tmp);
     fails(1, a, "adapter_config.json");
 }
