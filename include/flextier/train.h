@@ -17,6 +17,8 @@
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
 #include "flextier/engine.h"
+#include "flextier/model.h"
+#include "flextier/chat.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,6 +146,38 @@ FT_API ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scal
  * shape in the checkpoint is an error (nothing is left behind). */
 FT_API ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *adapters, const float *scales,
                                           size_t n, const char *out_dir, int dtype);
+
+/* The same reader with chat lines: a line {"messages": [...]} (without
+ * "text") calls chat(user, messages, line) with the messages as a JSON
+ * array (a non-empty list of objects with a string "role", one of them
+ * "assistant": FT_ERR_CORRUPT naming the line otherwise). chat NULL: such
+ * lines are FT_ERR_UNSUPPORTED (ft_train_jsonl_each). */
+typedef ft_status (*ft_train_chat_fn)(void *user, const char *messages_json, size_t line);
+FT_API ft_status ft_train_jsonl_each_ex(const char *data, size_t len, const char *what, ft_train_text_fn fn,
+                                        ft_train_chat_fn chat, void *user);
+/* A conversation rendered with a chat template and tokenized, with a label
+ * mask: mask[i] = 1 where token i is part of an assistant turn (the loss is
+ * taken on those only). An assistant message i's turn is the text that
+ * rendering messages[:i+1] adds to rendering messages[:i] with the
+ * generation prompt (its content and the template's end of turn); the
+ * whole conversation's rendering must start with both (else
+ * FT_ERR_UNSUPPORTED: the template does not render prefix by prefix). The
+ * text is tokenized in pieces at the turns' edges, without the tokenizer's
+ * special tokens (the template writes them), so that every token is all
+ * in or all out of a turn. ids and mask: malloc'd, n of them. */
+FT_API ft_status ft_train_chat_tokens(const ft_chat_template *tpl, const ft_tokenizer *tok, const char *messages_json,
+                                      int32_t **ids, uint8_t **mask, size_t *n);
+/* ft_trainer_step / ft_trainer_eval with a label mask (mask[i] for
+ * tokens[i], same layout): position i predicting token i + 1 counts only
+ * where mask[i + 1] != 0 (transformers' labels = -100 elsewhere); the
+ * mean is over the counted positions of each micro-batch. A micro-batch
+ * with no counted position adds no gradient and no loss (the step's loss
+ * is the mean over the micro-batches that have some; FT_ERR_INVALID_ARG
+ * when none of the step's has). mask NULL: every position counts. */
+FT_API ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int batch, int seq,
+                                        double *loss, double *grad_norm);
+FT_API ft_status ft_trainer_eval_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int batch, int seq,
+                                        double *loss_sum, int64_t *n_tokens);
 
 /* Greedy decoding with the adapters applied and a K/V cache (one row per
  * position): max_new token ids into out. n + max_new <= the context. */

@@ -15,7 +15,9 @@
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
     "LoRA fine-tuning (llama, mistral, qwen2; base weights frozen in their stored format).\n"
-    "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} object per line; tokenized,\n"
+    "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} or {\"messages\": [...]} object per\n"
+    "line (chat: rendered with the model's chat template or --chat-template FILE, the loss\n"
+    "on the assistant turns only); tokenized,\n"
     "packed into sequences of --seq-len tokens; the last --eval-frac of them are held out\n"
     "(loss and perplexity before and after). Writes a PEFT adapter (adapter_config.json +\n"
     "adapter_model.safetensors) that peft.PeftModel.from_pretrained and `flextier run --lora` load.\n"
@@ -33,6 +35,7 @@ static const char FT_USAGE[] =
     "  --seed N            adapter init and data order (default 0): equal seeds, equal runs\n"
     "  --eval-frac X       held-out fraction of the sequences (default 0.1; 0 = none)\n"
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
+    "  --chat-template F   the Jinja chat template for {\"messages\"} lines (default: the model's)\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
     "  --dropout X         lora_dropout: only 0 is implemented\n"
     "  --threads N         worker threads (default: every core; results do not depend on it)\n"
@@ -48,26 +51,39 @@ static int is_jsonl(const char *path)
     return n > 6 && !strcmp(path + n - 6, ".jsonl");
 }
 
-static ft_status append(int32_t **all, size_t *n, size_t *cap, const int32_t *ids, size_t k)
+/* the data's tokens and label mask (1: in the loss) */
+typedef struct tokens {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t n, cap;
+    int chat;           /* some tokens are masked out (chat data) */
+} tokens;
+
+static ft_status append(tokens *d, const int32_t *ids, const uint8_t *mask, size_t k)
 {
-    if (*n + k > *cap) {
-        size_t c = (*cap ? *cap * 2 : 4096);
-        while (c < *n + k) c *= 2;
-        int32_t *p = realloc(*all, c * sizeof(int32_t));
-        if (!p) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
-        *all = p;
-        *cap = c;
+    if (d->n + k > d->cap) {
+        size_t c = (d->cap ? d->cap * 2 : 4096);
+        while (c < d->n + k) c *= 2;
+        int32_t *p = realloc(d->ids, c * sizeof(int32_t));
+        if (p) d->ids = p;
+        uint8_t *q = p ? realloc(d->mask, c) : NULL;
+        if (q) d->mask = q;
+        if (!p || !q) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
+        d->cap = c;
     }
-    memcpy(*all + *n, ids, k * sizeof(int32_t));
-    *n += k;
+    memcpy(d->ids + d->n, ids, k * sizeof(int32_t));
+    if (mask) memcpy(d->mask + d->n, mask, k);
+    else memset(d->mask + d->n, 1, k);
+    d->n += k;
     return FT_OK;
 }
 
 typedef struct jl_ctx {
     const ft_tokenizer *tok;
-    int32_t **all;
-    size_t *n, *cap;
+    tokens *d;
     int32_t eos;
+    const char *model_dir, *template_file, *path;
+    ft_chat_template *tpl;
 } jl_ctx;
 
 static ft_status jl_doc(void *user, const char *text, size_t len)
@@ -76,21 +92,70 @@ static ft_status jl_doc(void *user, const char *text, size_t len)
     int32_t *ids = NULL;
     size_t k = 0;
     ft_status st = ft_tokenizer_encode(c->tok, text, len, 1, &ids, &k);
-    if (!st) st = append(c->all, c->n, c->cap, ids, k);
-    if (!st && c->eos >= 0) st = append(c->all, c->n, c->cap, &c->eos, 1);
+    if (!st) st = append(c->d, ids, NULL, k);
+    if (!st && c->eos >= 0) st = append(c->d, &c->eos, NULL, 1);
     free(ids);
     return st;
 }
 
+/* a chat line: rendered with the template (loaded at the first one), the
+ * assistant turns in the loss */
+static ft_status jl_chat(void *user, const char *messages, size_t line)
+{
+    jl_ctx *c = user;
+    ft_status st;
+    if (!c->tpl) {
+        if (c->template_file) {
+            uint8_t *src = NULL;
+            size_t n = 0;
+            if ((st = ft_cli_read_file(c->template_file, &src, &n))) return st;
+            char *z = malloc(n + 1);
+            if (!z) {
+                ft_free_aligned(src);
+                return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
+            }
+            memcpy(z, src, n);
+            z[n] = 0;
+            ft_free_aligned(src);
+            st = ft_chat_template_load_string(z, NULL, NULL, &c->tpl);
+            free(z);
+        } else {
+            st = ft_chat_template_load_dir(c->model_dir, &c->tpl);
+            if (st == FT_ERR_NOT_FOUND)
+                return ft_set_error(st, "data: %s line %zu has chat \"messages\" and the model has no chat template "
+                                    "(give one with --chat-template FILE)", c->path, line);
+        }
+        if (st) return st;
+    }
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t k = 0;
+    st = ft_train_chat_tokens(c->tpl, c->tok, messages, &ids, &mask, &k);
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ft_last_error());
+        return ft_set_error(st, "data: %s line %zu: %s", c->path, line, msg);
+    }
+    st = append(c->d, ids, mask, k);
+    c->d->chat = 1;
+    free(ids);
+    free(mask);
+    return st;
+}
+
 /* the file's tokens: plain text as one document, JSONL one document per
- * line ({"text": ...}), each followed by EOS when the model has one */
-static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg, int32_t **out,
-                               size_t *nout)
+ * line ({"text": ...}, followed by EOS when the model has one; or
+ * {"messages": [...]} rendered with the chat template, the assistant turns
+ * in the loss) */
+static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg,
+                               const char *model_dir, const char *template_file, tokens *out)
 {
     uint8_t *raw = NULL;
-    size_t rawn = 0, n = 0, cap = 0;
-    int32_t *all = NULL, *ids = NULL;
+    size_t rawn = 0;
+    tokens all = {0};
+    int32_t *ids = NULL;
     size_t k = 0;
+    jl_ctx c = {tok, &all, -1, model_dir, template_file, path, NULL};
     ft_status st = ft_cli_read_file(path, &raw, &rawn);
     if (st) return st;
     if (memchr(raw, 0, rawn)) {
@@ -100,23 +165,25 @@ static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const 
     int32_t eos = cfg->n_eos > 0 ? cfg->eos_ids[0] : -1;
     if (!is_jsonl(path)) {
         if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &k))) goto done;
-        if ((st = append(&all, &n, &cap, ids, k))) goto done;
+        if ((st = append(&all, ids, NULL, k))) goto done;
     } else {
-        jl_ctx c = {tok, &all, &n, &cap, eos};
-        if ((st = ft_train_jsonl_each((const char *)raw, rawn, path, jl_doc, &c))) goto done;
+        c.eos = eos;
+        if ((st = ft_train_jsonl_each_ex((const char *)raw, rawn, path, jl_doc, jl_chat, &c))) goto done;
     }
-    for (size_t i = 0; i < n; i++)
-        if (all[i] < 0 || all[i] >= cfg->vocab) {
-            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d", (int)all[i],
-                              cfg->vocab);
+    for (size_t i = 0; i < all.n; i++)
+        if (all.ids[i] < 0 || all.ids[i] >= cfg->vocab) {
+            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d",
+                              (int)all.ids[i], cfg->vocab);
             goto done;
         }
     *out = all;
-    *nout = n;
-    all = NULL;
+    all.ids = NULL;
+    all.mask = NULL;
 done:
+    ft_chat_template_free(c.tpl);
     free(ids);
-    free(all);
+    free(all.ids);
+    free(all.mask);
     ft_free_aligned(raw);
     return st;
 }
@@ -141,7 +208,8 @@ static void shuffle(long *perm, long n, uint64_t seed, long epoch)
     }
 }
 
-static ft_status evaluate(ft_trainer *t, const int32_t *seqs, long n, long T, long batch, double *loss, double *ppl)
+static ft_status evaluate(ft_trainer *t, const int32_t *seqs, const uint8_t *mask, long n, long T, long batch,
+                          double *loss, double *ppl)
 {
     double sum = 0.0;
     int64_t cnt = 0;
@@ -149,11 +217,13 @@ static ft_status evaluate(ft_trainer *t, const int32_t *seqs, long n, long T, lo
         long nb = n - i < batch ? n - i : batch;
         double s;
         int64_t c;
-        ft_status st = ft_trainer_eval(t, seqs + (size_t)i * (size_t)T, (int)nb, (int)T, &s, &c);
+        ft_status st = ft_trainer_eval_masked(t, seqs + (size_t)i * (size_t)T, mask ? mask + (size_t)i * (size_t)T : NULL,
+                                              (int)nb, (int)T, &s, &c);
         if (st) return st;
         sum += s;
         cnt += c;
     }
+    if (!cnt) return ft_set_error(FT_ERR_INVALID_ARG, "eval: the held-out sequences have no labelled token");
     *loss = sum / (double)cnt;
     *ppl = exp(*loss);
     return FT_OK;
@@ -220,7 +290,7 @@ static void fmt_eta(double s, char *buf, size_t n)
 int ft_cmd_finetune(int argc, char **argv)
 {
     const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
-    const char *resume_dir = NULL;
+    const char *resume_dir = NULL, *chat_template = NULL;
     long save_every = 0, stop_after = 0, threads = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
@@ -239,6 +309,7 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--out")) outdir = v;
         else if (!strcmp(a, "--init")) init = v;
+        else if (!strcmp(a, "--chat-template")) chat_template = v;
         else if (!strcmp(a, "--resume")) resume_dir = v;
         else if (!strcmp(a, "--save-every")) li = &save_every;
         else if (!strcmp(a, "--stop-after")) li = &stop_after;
@@ -296,6 +367,8 @@ int ft_cmd_finetune(int argc, char **argv)
     ft_tokenizer *tok = NULL;
     ft_trainer *t = NULL;
     int32_t *ids = NULL, *step_tok = NULL;
+    uint8_t *tmask = NULL, *step_mask = NULL;
+    tokens data_tok = {0};
     long *perm = NULL;
     size_t ntok = 0;
     ft_load_params lp;
@@ -307,7 +380,11 @@ int ft_cmd_finetune(int argc, char **argv)
     if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("finetune", st); goto done; }
     if (init && (st = ft_trainer_load_adapter(t, init))) { ft_cli_fail(init, st); goto done; }
     if (seq > cfg->max_pos) seq = cfg->max_pos;
-    if ((st = tokenize_data(data, tok, cfg, &ids, &ntok))) { ft_cli_fail(data, st); goto done; }
+    if ((st = tokenize_data(data, tok, cfg, dir, chat_template, &data_tok))) { ft_cli_fail(data, st); goto done; }
+    ids = data_tok.ids;
+    ntok = data_tok.n;
+    if (data_tok.chat) tmask = data_tok.mask;   /* else every token is a label: no mask */
+    else free(data_tok.mask);
     long nseq = (long)(ntok / (size_t)seq);
     long neval = evalf > 0.0 && nseq >= 2 ? (long)ceil(evalf * (double)nseq) : 0;
     long ntrain = nseq - neval;
@@ -317,6 +394,12 @@ int ft_cmd_finetune(int argc, char **argv)
         goto done;
     }
     const int32_t *evals = ids + (size_t)ntrain * (size_t)seq;
+    const uint8_t *emask = tmask ? tmask + (size_t)ntrain * (size_t)seq : NULL;
+    if (tmask) {
+        size_t lab = 0;
+        for (size_t i = 0; i < ntok; i++) lab += tmask[i];
+        printf("chat data: %zu of %zu tokens in assistant turns (the loss is on those)\n", lab, ntok);
+    }
     printf("finetune: %s (%s, weights %s), %zu tokens of %s: %ld training + %ld held-out sequences of %ld\n", dir,
            cfg->model_type, ft_wfmt_name(ft_model_weights_format(m)), ntok, data, ntrain, neval, seq);
     printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "
@@ -324,7 +407,7 @@ int ft_cmd_finetune(int argc, char **argv)
            sched, warmup, seed);
     double eloss, eppl;
     if (neval) {
-        if ((st = evaluate(t, evals, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
+        if ((st = evaluate(t, evals, emask, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out before: loss %.4f perplexity %.3f\n", eloss, eppl);
     }
     run_id rid = {steps, seq, batch, accum, seed, ntrain, (long)ntok};
@@ -336,6 +419,8 @@ int ft_cmd_finetune(int argc, char **argv)
     }
     size_t per = (size_t)accum * (size_t)batch;
     step_tok = malloc(per * (size_t)seq * sizeof(int32_t));
+    step_mask = tmask ? malloc(per * (size_t)seq) : NULL;
+    if (tmask && !step_mask) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
     perm = malloc((size_t)ntrain * sizeof(long));
     if (!step_tok || !perm) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
     /* the data order is a function of (seed, sequences consumed) */
@@ -349,10 +434,12 @@ int ft_cmd_finetune(int argc, char **argv)
                 cursor = 0;
                 shuffle(perm, ntrain, (uint64_t)seed, ++epoch);
             }
-            memcpy(step_tok + k * (size_t)seq, ids + (size_t)perm[cursor++] * (size_t)seq, (size_t)seq * sizeof(int32_t));
+            size_t from = (size_t)perm[cursor++] * (size_t)seq;
+            memcpy(step_tok + k * (size_t)seq, ids + from, (size_t)seq * sizeof(int32_t));
+            if (tmask) memcpy(step_mask + k * (size_t)seq, tmask + from, (size_t)seq);
         }
         double loss, gn, lrs = ft_trainer_lr_at(t, (int)s);
-        if ((st = ft_trainer_step(t, step_tok, (int)batch, (int)seq, &loss, &gn))) {
+        if ((st = ft_trainer_step_masked(t, step_tok, step_mask, (int)batch, (int)seq, &loss, &gn))) {
             fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
             goto done;
         }
@@ -374,7 +461,7 @@ int ft_cmd_finetune(int argc, char **argv)
                (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
     if (neval) {
         double aloss, appl;
-        if ((st = evaluate(t, evals, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
+        if ((st = evaluate(t, evals, emask, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out after: loss %.4f perplexity %.3f (before %.3f)\n", aloss, appl, eppl);
     }
     if (save_every || stop_after || resume_dir) st = save_all(t, outdir, dir, &rid);
@@ -386,6 +473,8 @@ int ft_cmd_finetune(int argc, char **argv)
 done:
     free(perm);
     free(step_tok);
+    free(step_mask);
+    free(tmask);
     free(ids);
     ft_trainer_free(t);
     ft_tokenizer_free(tok);

@@ -106,6 +106,20 @@ TEST(resume_equals_uninterrupted)
     CHECK(ft_file_has(tmp, "r4", "batch differs"));
 }
 
+/* chat JSONL rendered with a template: trains on the assistant turns */
+TEST(finetune_chat_messages)
+{
+    setup();
+    char cdir[1024];
+    ft_fixture_dir("lora", "chat", cdir, sizeof cdir);
+    CHECK(ft_sh("%s finetune --model %s --data %s/chat.jsonl --chat-template %s/template.jinja --out %s/chat "
+                "--steps 3 --seq-len 16 --batch 2 --lr 1e-2 > %s/cout 2>&1", ft_test_bin(), model, cdir, cdir, tmp,
+                tmp) == 0);
+    CHECK(ft_file_has(tmp, "cout", "chat data: 73 of 227 tokens in assistant turns"));
+    CHECK(ft_file_has(tmp, "cout", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "chat/adapter_config.json", "\"peft_type\":\"LORA\""));
+}
+
 /* run --lora with PEFT's final adapter gives transformers + peft's greedy
  * tokens (tests/data/lora/llama-tiny/run.json) */
 TEST(run_lora_matches_peft_greedy)
@@ -146,7 +160,14 @@ TEST(finetune_errors)
     snprintf(a, sizeof a, "finetune --model %s --data %s/bad.jsonl --out %s/x", model, tmp, tmp);
     fails(1, a, "line 2");
     snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x", model, tmp, tmp);
-    fails(1, a, "messages");
+    fails(1, a, "assistant");
+    char cdir[1024];
+    ft_fixture_dir("lora", "chat", cdir, sizeof cdir);
+    snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x", model, cdir, tmp);
+    fails(1, a, "--chat-template");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x --chat-template %s/none.jinja", model,
+             cdir, tmp, tmp);
+    fails(1, a, "none.jinja");
     snprintf(a, sizeof a, "finetune --model %s --data %s/nonexistent --out %s/x", model, tmp, tmp);
     fails(1, a, "nonexistent");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --rank 0", model, tmp, tmp);

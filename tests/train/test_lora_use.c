@@ -13,6 +13,7 @@
 #include "flextier/model.h"
 #include "flextier/session.h"
 #include "flextier/train.h"
+#include "flextier/chat.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -316,4 +317,129 @@ TEST(merge_equals_unmerged)
     CHECK(ft_lora_merge_checkpoint(mdir, ads, sc, 2, mdir, -1) == FT_ERR_INVALID_ARG);
     free(want); free(got); free(unm);
     json_object_put(root);
+}
+
+/* ------------------------------------------------------- chat data */
+
+/* conversations rendered with a tiny template: the ids and label mask
+ * transformers gives (tests/data/lora/chat, gen_lora_chat_fixtures.py),
+ * and the masked loss of peft's init adapter; the JSONL reader hands the
+ * messages over; templates that do not render prefix by prefix and bad
+ * messages are refused */
+TEST(chat_tokens_and_masked_loss_match_transformers)
+{
+    char cdir[1024], path[1200], mdir[1024], lora[1024];
+    ft_fixture_dir("lora", "chat", cdir, sizeof cdir);
+    ft_fixture_dir("models", "llama-tiny", mdir, sizeof mdir);
+    ft_fixture_dir("lora", "llama-tiny", lora, sizeof lora);
+    snprintf(path, sizeof path, "%s/chat.json", cdir);
+    json_object *root = json_object_from_file(path);
+    REQUIRE(root);
+    const char *src = json_object_get_string(json_object_object_get(root, "template"));
+    ft_chat_template *tpl = NULL;
+    REQUIRE(ft_chat_template_load_string(src, NULL, NULL, &tpl) == FT_OK);
+    ft_tokenizer *tok = NULL;
+    REQUIRE(ft_tokenizer_load_dir(mdir, &tok) == FT_OK);
+    ft_model *m = NULL;
+    REQUIRE(ft_model_load(mdir, NULL, &m) == FT_OK);
+    snprintf(path, sizeof path, "%s/init", lora);
+    ft_train_params tp;
+    ft_train_params_default(&tp);
+    CHECK_OK(ft_lora_read_config(path, &tp));
+    tp.total_steps = 1;
+    ft_trainer *t = NULL;
+    REQUIRE(ft_trainer_create(m, &tp, &t) == FT_OK);
+    CHECK_OK(ft_trainer_load_adapter(t, path));
+    json_object *cases = json_object_object_get(root, "cases");
+    for (size_t c = 0; c < json_object_array_length(cases); c++) {
+        json_object *k = json_object_array_get_idx(cases, c);
+        const char *msgs = json_object_to_json_string_ext(json_object_object_get(k, "messages"), JSON_C_TO_STRING_PLAIN);
+        json_object *wi = json_object_object_get(k, "ids"), *wm = json_object_object_get(k, "mask");
+        int32_t *ids = NULL;
+        uint8_t *mask = NULL;
+        size_t n = 0;
+        CHECK_OK(ft_train_chat_tokens(tpl, tok, msgs, &ids, &mask, &n));
+        CHECK_MSG(n == json_object_array_length(wi), "case %zu: %zu tokens, transformers %zu", c, n,
+                  json_object_array_length(wi));
+        int same = n == json_object_array_length(wi);
+        for (size_t i = 0; same && i < n; i++)
+            same = ids[i] == json_object_get_int(json_object_array_get_idx(wi, i)) &&
+                   mask[i] == json_object_get_int(json_object_array_get_idx(wm, i));
+        CHECK_MSG(same, "case %zu: ids or mask differ from transformers'", c);
+        double s = 0;
+        int64_t cnt = 0;
+        CHECK_OK(ft_trainer_eval_masked(t, ids, mask, 1, (int)n, &s, &cnt));
+        double want = json_object_get_double(json_object_object_get(k, "loss"));
+        CHECK_MSG(cnt > 0 && fabs(s / (double)cnt - want) <= 1e-5 * want, "case %zu: masked loss %.7f, "
+                  "transformers %.7f", c, cnt ? s / (double)cnt : 0.0, want);
+        /* without the mask the loss is another one */
+        double s2 = 0;
+        int64_t cnt2 = 0;
+        CHECK_OK(ft_trainer_eval_masked(t, ids, NULL, 1, (int)n, &s2, &cnt2));
+        CHECK(cnt2 == (int64_t)n - 1 && cnt2 > cnt && fabs(s2 / (double)cnt2 - want) > 1e-3);
+        /* a step on it trains (a finite loss, the adapter moves) */
+        if (c == 0) {
+            double loss = 0, gn = 0;
+            CHECK_OK(ft_trainer_step_masked(t, ids, mask, 1, (int)n, &loss, &gn));
+            CHECK(fabs(loss - want) <= 1e-5 * want && gn > 0);
+            memset(mask, 0, n);
+            CHECK(ft_trainer_step_masked(t, ids, mask, 1, (int)n, &loss, &gn) == FT_ERR_INVALID_ARG);
+            ft_trainer_free(t);
+            t = NULL;
+            REQUIRE(ft_trainer_create(m, &tp, &t) == FT_OK);
+            CHECK_OK(ft_trainer_load_adapter(t, path));
+        }
+        free(ids);
+        free(mask);
+    }
+    /* refusals */
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    CHECK(ft_train_chat_tokens(tpl, tok, "[{\"role\": \"user\", \"content\": \"hi\"}]", &ids, &mask, &n) ==
+          FT_ERR_CORRUPT);   /* no assistant turn */
+    CHECK(ft_train_chat_tokens(tpl, tok, "{\"role\": \"user\"}", &ids, &mask, &n) == FT_ERR_CORRUPT);
+    CHECK(ft_train_chat_tokens(tpl, tok, "[{\"content\": 1}]", &ids, &mask, &n) == FT_ERR_CORRUPT);
+    ft_chat_template *rev = NULL;   /* renders the messages newest first: not prefix by prefix */
+    REQUIRE(ft_chat_template_load_string("{% for m in messages|reverse %}{{ m['content'] }};{% endfor %}", NULL, NULL,
+                                         &rev) == FT_OK);
+    CHECK(ft_train_chat_tokens(rev, tok, "[{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", "
+                               "\"content\": \"b\"}]", &ids, &mask, &n) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "prefix by prefix") != NULL);
+    ft_chat_template_free(rev);
+    ft_trainer_free(t);
+    ft_model_free(m);
+    ft_tokenizer_free(tok);
+    ft_chat_template_free(tpl);
+    json_object_put(root);
+}
+
+static ft_status count_text(void *u, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    ((int *)u)[0]++;
+    return FT_OK;
+}
+
+static ft_status count_chat(void *u, const char *messages, size_t line)
+{
+    (void)line;
+    ((int *)u)[1] += strstr(messages, "\"assistant\"") != NULL;
+    return FT_OK;
+}
+
+TEST(jsonl_reader_with_chat)
+{
+    const char *d = "{\"text\": \"a\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+                    "\"assistant\", \"content\": \"r\"}]}\n\n{\"text\": \"b\"}\n";
+    int cnt[2] = {0, 0};
+    CHECK_OK(ft_train_jsonl_each_ex(d, strlen(d), "t", count_text, count_chat, cnt));
+    CHECK(cnt[0] == 2 && cnt[1] == 1);
+    CHECK(ft_train_jsonl_each(d, strlen(d), "t", count_text, cnt) == FT_ERR_UNSUPPORTED);
+    const char *bad = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n";
+    CHECK(ft_train_jsonl_each_ex(bad, strlen(bad), "t", count_text, count_chat, cnt) == FT_ERR_CORRUPT);
+    CHECK(strstr(ft_last_error(), "line 1") != NULL);
+    const char *bad2 = "{\"messages\": \"hi\"}\n";
+    CHECK(ft_train_jsonl_each_ex(bad2, strlen(bad2), "t", count_text, count_chat, cnt) == FT_ERR_CORRUPT);
 }
