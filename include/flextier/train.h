@@ -167,6 +167,24 @@ FT_API ft_status ft_train_jsonl_each_ex(const char *data, size_t len, const char
  * in or all out of a turn. ids and mask: malloc'd, n of them. */
 FT_API ft_status ft_train_chat_tokens(const ft_chat_template *tpl, const ft_tokenizer *tok, const char *messages_json,
                                       int32_t **ids, uint8_t **mask, size_t *n);
+/* A training data file as `flextier finetune` reads it: plain text (one
+ * document, the tokenizer's special tokens added), or JSONL when the path
+ * ends in .jsonl (ft_train_jsonl_each_ex: {"text"} documents each followed
+ * by the model's first EOS; {"messages"} conversations rendered with the
+ * chat template of chat_template_file, else of model_dir, their assistant
+ * turns labelled: ft_train_chat_tokens). ids: n token ids; mask: n label
+ * flags (all 1 without chat lines); chat: some line was a conversation;
+ * labels: the flags set. Free with ft_train_data_free. */
+typedef struct ft_train_data {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t n, labels;
+    int chat;
+} ft_train_data;
+FT_API ft_status ft_train_data_load(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg,
+                                    const char *model_dir, const char *chat_template_file, ft_train_data *out);
+FT_API void ft_train_data_free(ft_train_data *d);
+
 /* ft_trainer_step / ft_trainer_eval with a label mask (mask[i] for
  * tokens[i], same layout): position i predicting token i + 1 counts only
  * where mask[i + 1] != 0 (transformers' labels = -100 elsewhere); the

@@ -45,149 +45,6 @@ static const char FT_USAGE[] =
     "  --resume DIR        continue the run whose state is in DIR (same data and options):\n"
     "                      the result equals the uninterrupted run's bit for bit\n";
 
-static int is_jsonl(const char *path)
-{
-    size_t n = strlen(path);
-    return n > 6 && !strcmp(path + n - 6, ".jsonl");
-}
-
-/* the data's tokens and label mask (1: in the loss) */
-typedef struct tokens {
-    int32_t *ids;
-    uint8_t *mask;
-    size_t n, cap;
-    int chat;           /* some tokens are masked out (chat data) */
-} tokens;
-
-static ft_status append(tokens *d, const int32_t *ids, const uint8_t *mask, size_t k)
-{
-    if (d->n + k > d->cap) {
-        size_t c = (d->cap ? d->cap * 2 : 4096);
-        while (c < d->n + k) c *= 2;
-        int32_t *p = realloc(d->ids, c * sizeof(int32_t));
-        if (p) d->ids = p;
-        uint8_t *q = p ? realloc(d->mask, c) : NULL;
-        if (q) d->mask = q;
-        if (!p || !q) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
-        d->cap = c;
-    }
-    memcpy(d->ids + d->n, ids, k * sizeof(int32_t));
-    if (mask) memcpy(d->mask + d->n, mask, k);
-    else memset(d->mask + d->n, 1, k);
-    d->n += k;
-    return FT_OK;
-}
-
-typedef struct jl_ctx {
-    const ft_tokenizer *tok;
-    tokens *d;
-    int32_t eos;
-    const char *model_dir, *template_file, *path;
-    ft_chat_template *tpl;
-} jl_ctx;
-
-static ft_status jl_doc(void *user, const char *text, size_t len)
-{
-    jl_ctx *c = user;
-    int32_t *ids = NULL;
-    size_t k = 0;
-    ft_status st = ft_tokenizer_encode(c->tok, text, len, 1, &ids, &k);
-    if (!st) st = append(c->d, ids, NULL, k);
-    if (!st && c->eos >= 0) st = append(c->d, &c->eos, NULL, 1);
-    free(ids);
-    return st;
-}
-
-/* a chat line: rendered with the template (loaded at the first one), the
- * assistant turns in the loss */
-static ft_status jl_chat(void *user, const char *messages, size_t line)
-{
-    jl_ctx *c = user;
-    ft_status st;
-    if (!c->tpl) {
-        if (c->template_file) {
-            uint8_t *src = NULL;
-            size_t n = 0;
-            if ((st = ft_cli_read_file(c->template_file, &src, &n))) return st;
-            char *z = malloc(n + 1);
-            if (!z) {
-                ft_free_aligned(src);
-                return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
-            }
-            memcpy(z, src, n);
-            z[n] = 0;
-            ft_free_aligned(src);
-            st = ft_chat_template_load_string(z, NULL, NULL, &c->tpl);
-            free(z);
-        } else {
-            st = ft_chat_template_load_dir(c->model_dir, &c->tpl);
-            if (st == FT_ERR_NOT_FOUND)
-                return ft_set_error(st, "data: %s line %zu has chat \"messages\" and the model has no chat template "
-                                    "(give one with --chat-template FILE)", c->path, line);
-        }
-        if (st) return st;
-    }
-    int32_t *ids = NULL;
-    uint8_t *mask = NULL;
-    size_t k = 0;
-    st = ft_train_chat_tokens(c->tpl, c->tok, messages, &ids, &mask, &k);
-    if (st) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ft_last_error());
-        return ft_set_error(st, "data: %s line %zu: %s", c->path, line, msg);
-    }
-    st = append(c->d, ids, mask, k);
-    c->d->chat = 1;
-    free(ids);
-    free(mask);
-    return st;
-}
-
-/* the file's tokens: plain text as one document, JSONL one document per
- * line ({"text": ...}, followed by EOS when the model has one; or
- * {"messages": [...]} rendered with the chat template, the assistant turns
- * in the loss) */
-static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg,
-                               const char *model_dir, const char *template_file, tokens *out)
-{
-    uint8_t *raw = NULL;
-    size_t rawn = 0;
-    tokens all = {0};
-    int32_t *ids = NULL;
-    size_t k = 0;
-    jl_ctx c = {tok, &all, -1, model_dir, template_file, path, NULL};
-    ft_status st = ft_cli_read_file(path, &raw, &rawn);
-    if (st) return st;
-    if (memchr(raw, 0, rawn)) {
-        st = ft_set_error(FT_ERR_CORRUPT, "data: %s holds NUL bytes (not text)", path);
-        goto done;
-    }
-    int32_t eos = cfg->n_eos > 0 ? cfg->eos_ids[0] : -1;
-    if (!is_jsonl(path)) {
-        if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &k))) goto done;
-        if ((st = append(&all, ids, NULL, k))) goto done;
-    } else {
-        c.eos = eos;
-        if ((st = ft_train_jsonl_each_ex((const char *)raw, rawn, path, jl_doc, jl_chat, &c))) goto done;
-    }
-    for (size_t i = 0; i < all.n; i++)
-        if (all.ids[i] < 0 || all.ids[i] >= cfg->vocab) {
-            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d",
-                              (int)all.ids[i], cfg->vocab);
-            goto done;
-        }
-    *out = all;
-    all.ids = NULL;
-    all.mask = NULL;
-done:
-    ft_chat_template_free(c.tpl);
-    free(ids);
-    free(all.ids);
-    free(all.mask);
-    ft_free_aligned(raw);
-    return st;
-}
-
 static uint64_t mix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -368,7 +225,8 @@ int ft_cmd_finetune(int argc, char **argv)
     ft_trainer *t = NULL;
     int32_t *ids = NULL, *step_tok = NULL;
     uint8_t *tmask = NULL, *step_mask = NULL;
-    tokens data_tok = {0};
+    ft_train_data data_tok;
+    memset(&data_tok, 0, sizeof data_tok);
     long *perm = NULL;
     size_t ntok = 0;
     ft_load_params lp;
@@ -380,7 +238,7 @@ int ft_cmd_finetune(int argc, char **argv)
     if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("finetune", st); goto done; }
     if (init && (st = ft_trainer_load_adapter(t, init))) { ft_cli_fail(init, st); goto done; }
     if (seq > cfg->max_pos) seq = cfg->max_pos;
-    if ((st = tokenize_data(data, tok, cfg, dir, chat_template, &data_tok))) { ft_cli_fail(data, st); goto done; }
+    if ((st = ft_train_data_load(data, tok, cfg, dir, chat_template, &data_tok))) { ft_cli_fail(data, st); goto done; }
     ids = data_tok.ids;
     ntok = data_tok.n;
     if (data_tok.chat) tmask = data_tok.mask;   /* else every token is a label: no mask */
@@ -395,11 +253,7 @@ int ft_cmd_finetune(int argc, char **argv)
     }
     const int32_t *evals = ids + (size_t)ntrain * (size_t)seq;
     const uint8_t *emask = tmask ? tmask + (size_t)ntrain * (size_t)seq : NULL;
-    if (tmask) {
-        size_t lab = 0;
-        for (size_t i = 0; i < ntok; i++) lab += tmask[i];
-        printf("chat data: %zu of %zu tokens in assistant turns (the loss is on those)\n", lab, ntok);
-    }
+    if (tmask) printf("chat data: %zu of %zu tokens in assistant turns (the loss is on those)\n", data_tok.labels, ntok);
     printf("finetune: %s (%s, weights %s), %zu tokens of %s: %ld training + %ld held-out sequences of %ld\n", dir,
            cfg->model_type, ft_wfmt_name(ft_model_weights_format(m)), ntok, data, ntrain, neval, seq);
     printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "

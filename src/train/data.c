@@ -6,7 +6,9 @@
 #include "flextier/chat.h"
 #include "flextier/model.h"
 
+#include <errno.h>
 #include <json-c/json.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,4 +200,168 @@ ft_status ft_train_chat_tokens(const ft_chat_template *tpl, const ft_tokenizer *
     *mask = b.mask;
     *n = b.n;
     return FT_OK;
+}
+
+/* ------------------------------------------------- a data file's tokens */
+
+static ft_status slurp_file(const char *path, size_t max, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return ft_set_error(FT_ERR_NOT_FOUND, "data: cannot open %s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    ft_status st = FT_OK;
+    char *b = malloc(cap + 1);
+    while (b) {
+        n += fread(b + n, 1, cap - n, f);
+        if (n < cap) break;
+        if (cap >= max) {
+            st = ft_set_error(FT_ERR_INVALID_ARG, "data: %s is larger than %zu bytes", path, max);
+            break;
+        }
+        char *nb = realloc(b, 2 * cap + 1);
+        if (!nb) break;
+        b = nb;
+        cap *= 2;
+    }
+    if (!st && (!b || n == cap)) st = ft_set_error(FT_ERR_NOMEM, "data: out of memory reading %s", path);
+    if (!st && ferror(f)) st = ft_set_error(FT_ERR_IO, "data: reading %s failed", path);
+    fclose(f);
+    if (st) {
+        free(b);
+        return st;
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return FT_OK;
+}
+
+static ft_status append(ft_train_data *d, size_t *cap, const int32_t *ids, const uint8_t *mask, size_t k)
+{
+    if (d->n + k > *cap) {
+        size_t c = (*cap ? *cap * 2 : 4096);
+        while (c < d->n + k) c *= 2;
+        int32_t *p = realloc(d->ids, c * sizeof(int32_t));
+        if (p) d->ids = p;
+        uint8_t *q = p ? realloc(d->mask, c) : NULL;
+        if (q) d->mask = q;
+        if (!p || !q) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
+        *cap = c;
+    }
+    memcpy(d->ids + d->n, ids, k * sizeof(int32_t));
+    if (mask) memcpy(d->mask + d->n, mask, k);
+    else memset(d->mask + d->n, 1, k);
+    for (size_t i = 0; i < k; i++) d->labels += d->mask[d->n + i] != 0;
+    d->n += k;
+    return FT_OK;
+}
+
+typedef struct jl_ctx {
+    const ft_tokenizer *tok;
+    ft_train_data *d;
+    size_t cap;
+    int32_t eos;
+    const char *model_dir, *template_file, *path;
+    ft_chat_template *tpl;
+} jl_ctx;
+
+static ft_status jl_doc(void *user, const char *text, size_t len)
+{
+    jl_ctx *c = user;
+    int32_t *ids = NULL;
+    size_t k = 0;
+    ft_status st = ft_tokenizer_encode(c->tok, text, len, 1, &ids, &k);
+    if (!st) st = append(c->d, &c->cap, ids, NULL, k);
+    if (!st && c->eos >= 0) st = append(c->d, &c->cap, &c->eos, NULL, 1);
+    free(ids);
+    return st;
+}
+
+/* a chat line: rendered with the template (loaded at the first one), the
+ * assistant turns in the loss */
+static ft_status jl_chat(void *user, const char *messages, size_t line)
+{
+    jl_ctx *c = user;
+    ft_status st;
+    if (!c->tpl) {
+        if (c->template_file) {
+            size_t n = 0;
+            char *src = NULL;
+            if ((st = slurp_file(c->template_file, (size_t)1 << 24, &src, &n))) return st;
+            st = ft_chat_template_load_string(src, NULL, NULL, &c->tpl);
+            free(src);
+        } else {
+            if (!c->model_dir)
+                return ft_set_error(FT_ERR_INVALID_ARG, "data: %s line %zu has chat \"messages\": give a chat template",
+                                    c->path, line);
+            st = ft_chat_template_load_dir(c->model_dir, &c->tpl);
+            if (st == FT_ERR_NOT_FOUND)
+                return ft_set_error(st, "data: %s line %zu has chat \"messages\" and the model has no chat template "
+                                    "(give one with --chat-template FILE)", c->path, line);
+        }
+        if (st) return st;
+    }
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t k = 0;
+    st = ft_train_chat_tokens(c->tpl, c->tok, messages, &ids, &mask, &k);
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ft_last_error());
+        return ft_set_error(st, "data: %s line %zu: %s", c->path, line, msg);
+    }
+    st = append(c->d, &c->cap, ids, mask, k);
+    c->d->chat = 1;
+    free(ids);
+    free(mask);
+    return st;
+}
+
+void ft_train_data_free(ft_train_data *d)
+{
+    if (!d) return;
+    free(d->ids);
+    free(d->mask);
+    memset(d, 0, sizeof *d);
+}
+
+ft_status ft_train_data_load(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg,
+                             const char *model_dir, const char *chat_template_file, ft_train_data *out)
+{
+    if (!path || !tok || !cfg || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_train_data_load: NULL argument");
+    memset(out, 0, sizeof *out);
+    size_t rawn = 0, pl = strlen(path);
+    char *raw = NULL;
+    ft_status st = slurp_file(path, (size_t)1 << 40, &raw, &rawn);
+    if (st) return st;
+    ft_train_data all;
+    memset(&all, 0, sizeof all);
+    int32_t *ids = NULL;
+    size_t k = 0;
+    jl_ctx c = {tok, &all, 0, -1, model_dir, chat_template_file, path, NULL};
+    if (memchr(raw, 0, rawn)) {
+        st = ft_set_error(FT_ERR_CORRUPT, "data: %s holds NUL bytes (not text)", path);
+        goto done;
+    }
+    if (!(pl > 6 && !strcmp(path + pl - 6, ".jsonl"))) {
+        if ((st = ft_tokenizer_encode(tok, raw, rawn, 1, &ids, &k))) goto done;
+        if ((st = append(&all, &c.cap, ids, NULL, k))) goto done;
+    } else {
+        c.eos = cfg->n_eos > 0 ? cfg->eos_ids[0] : -1;
+        if ((st = ft_train_jsonl_each_ex(raw, rawn, path, jl_doc, jl_chat, &c))) goto done;
+    }
+    for (size_t i = 0; i < all.n; i++)
+        if (all.ids[i] < 0 || all.ids[i] >= cfg->vocab) {
+            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d",
+                              (int)all.ids[i], cfg->vocab);
+            goto done;
+        }
+    *out = all;
+    memset(&all, 0, sizeof all);
+done:
+    ft_chat_template_free(c.tpl);
+    free(ids);
+    ft_train_data_free(&all);
+    free(raw);
+    return st;
 }
