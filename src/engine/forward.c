@@ -62,6 +62,7 @@ struct ft_ctx {
     float *out_logits;              /* the caller's logits (FT_GB_LOGITS) */
     const ft_lora *lora;            /* adapters (ft_ctx_set_lora), NULL: none */
     float *lora_t, *lora_u;         /* [max_rows][max rank], [max_rows][max out] */
+    size_t lora_bytes;              /* their bytes (in scratch_bytes) */
 };
 
 static float *falloc(ft_ctx *c, size_t n)
@@ -344,6 +345,8 @@ ft_status ft_ctx_set_lora(ft_ctx *c, const ft_lora *l)
     ft_free_aligned(c->lora_u);
     c->lora_t = c->lora_u = NULL;
     c->lora = NULL;
+    c->scratch_bytes -= c->lora_bytes;
+    c->lora_bytes = 0;
     if (!l || !l->n) return FT_OK;
     size_t R = (size_t)c->p.max_rows;
     /* the products' workspace: A (rank x in) and B (out x rank) as f32 */
@@ -371,6 +374,8 @@ ft_status ft_ctx_set_lora(ft_ctx *c, const ft_lora *l)
         c->lora_t = c->lora_u = NULL;
         return ft_set_error(FT_ERR_NOMEM, "ctx_set_lora: scratch for %zu rows", R);
     }
+    c->lora_bytes = R * ((size_t)l->max_rank + (size_t)l->max_out) * sizeof(float);
+    c->scratch_bytes += c->lora_bytes;
     c->lora = l;
     return FT_OK;
 }

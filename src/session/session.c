@@ -585,6 +585,10 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
     }
     if (params->n_lora && (st = load_adapters(s, params->lora, params->n_lora))) goto fail;
+    if (s->lora) {   /* counted as model-wide tensors (the budget was checked before they were read) */
+        s->mem.globals += ft_lora_bytes(s->lora);
+        s->mem.need += ft_lora_bytes(s->lora);
+    }
     ft_clear_error();
     *out = s;
     return FT_OK;
