@@ -243,7 +243,7 @@ ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *ada
             continue;
         struct stat s;
         if (stat(path, &s) || !S_ISREG(s.st_mode)) continue;
-        if (!strcmp(f, "config.json"))
+        if (!strcmp(f, "config.json") && dtype != -1)   /* else copied byte for byte */
             st = write_config(path, to, dtype == -1 ? NULL : dtype == FT_F32 ? "float32" : dtype == FT_BF16 ? "bfloat16"
                                                                                   : "float16");
         else
