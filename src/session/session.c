@@ -7,6 +7,7 @@
 #include "flextier/session.h"
 #include "flextier/cuda.h"
 #include "flextier/pipe.h"
+#include "flextier/train.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -54,6 +55,7 @@ struct ft_session {
     int micro_batches;
     ft_pipe_gen_stats pipe_stats; /* the last generation's               */
     ft_session_memory mem;        /* the budget and what was counted      */
+    ft_lora *lora;                /* adapters applied in every forward     */
     char tmp_disk[FT_URI_MAX - 8]; /* a private disk tier to remove, or "" */
 };
 
@@ -501,6 +503,26 @@ static ft_status plan(ft_session *s, int weights)
     return FT_OK;
 }
 
+/* The adapters into one engine set, in order (each PEFT directory's
+ * modules with its alpha / r times the user's scale). */
+static ft_status load_adapters(ft_session *s, const ft_session_lora *ls, size_t n)
+{
+    ft_status st = ft_lora_create(s->m, &s->lora);
+    for (size_t i = 0; i < n && !st; i++) {
+        ft_peft_adapter *a = NULL;
+        if (!ls[i].dir) return ft_set_error(FT_ERR_INVALID_ARG, "session: adapter %zu has no directory", i + 1);
+        st = ft_peft_adapter_read(ls[i].dir, &a);
+        if (!st) st = ft_peft_adapter_apply(a, ls[i].scale, s->lora);
+        ft_peft_adapter_free(a);
+        if (st) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", ft_last_error());
+            return ft_set_error(st, "adapter %s: %s", ls[i].dir, msg);
+        }
+    }
+    return st;
+}
+
 ft_status ft_session_open(const char *model_dir, const ft_session_params *params, ft_session **out)
 {
     if (!model_dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
@@ -535,6 +557,17 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         goto fail;
     }
     if (s->p.offload == FT_OFFLOAD_POLICY && (st = ft_policy_validate(&s->policy))) goto fail;
+    s->p.lora = NULL;   /* read below from params; the caller's array is not kept */
+    if (params->n_lora && !params->lora) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "session: %zu adapters but no list", params->n_lora);
+        goto fail;
+    }
+    if (params->n_lora && s->p.device == FT_DEVICE_CUDA) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "session: LoRA adapters are applied by the CPU backend only (the CUDA "
+                          "backend has no adapter op: merge them with `flextier export --merge-lora` and run the "
+                          "merged model)");
+        goto fail;
+    }
     if (s->p.device == FT_DEVICE_CUDA && (st = check_cuda(s))) goto fail;
     /* the memory budget of this process (the GPU's own memory is
      * device_mem's) */
@@ -596,6 +629,11 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     } else {
         if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
     }
+    if (params->n_lora && (st = load_adapters(s, params->lora, params->n_lora))) goto fail;
+    if (s->lora) {   /* counted as model-wide tensors (the budget was checked before they were read) */
+        s->mem.globals += ft_lora_bytes(s->lora);
+        s->mem.need += ft_lora_bytes(s->lora);
+    }
     ft_clear_error();
     *out = s;
     return FT_OK;
@@ -621,6 +659,9 @@ ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_param
         return ft_set_error(FT_ERR_UNSUPPORTED, "session: automatic policies are not planned for pipeline stages: "
                             "give each stage's policy");
     if (micro_batches < 0) return ft_set_error(FT_ERR_INVALID_ARG, "session: %d micro-batches", micro_batches);
+    if (params->n_lora)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: LoRA adapters are not implemented over a pipeline (the "
+                            "stages hold the layers: merge them with `flextier export --merge-lora`)");
     ft_session *s = calloc(1, sizeof *s);
     if (!s) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
     snprintf(s->dir, sizeof s->dir, "%s", model_dir);
@@ -661,6 +702,7 @@ void ft_session_close(ft_session *s)
 {
     if (!s) return;
     free_ctx(s);
+    ft_lora_free(s->lora);
     ft_cuda_host_weights_free(s->hw);
     if (!s->pipe) {   /* a pipeline stage's model and scheduler are the stage's */
         ft_offload_free(s->wo);
@@ -798,6 +840,11 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
         return FT_OK;
     }
     if ((st = ft_ctx_create(s->m, &cp, &s->c))) return st;
+    if (s->lora && (st = ft_ctx_set_lora(s->c, s->lora))) {
+        ft_ctx_free(s->c);
+        s->c = NULL;
+        return st;
+    }
     if (s->wo) {
         ft_ctx_set_layer_hook(s->c, ft_offload_hook, s->wo);
         ft_offload_reset_stats(s->wo);
