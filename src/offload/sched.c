@@ -31,7 +31,7 @@
  * expert (o->ns of them; a dense layer of an MoE model lacks the expert
  * slots: o->lpres says which (layer, slot) exist). */
 #define MAX_PIECES FT_MAX_REMOTES
-#define LW_ROUTER_SLOT (FT_LAYER_SLOTS - 1)   /* ft_layer_weights.w_router */
+#define LW_ROUTER_SLOT FT_LAYER_SLOT_ROUTER   /* ft_layer_weights.w_router */
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)

@@ -164,6 +164,9 @@ TEST(qwen3moe_tiny) { check_model("qwen3moe-tiny"); }   /* layer 1 dense (mlp_on
 TEST(olmoe_tiny) { check_model("olmoe-tiny"); }
 TEST(mixtral_tiny) { check_model("mixtral-tiny"); }
 TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
+/* a shared expert in the dense MLP's slots, placed with its layer */
+TEST(qwen2moe_tiny) { check_model("qwen2moe-tiny"); }
+TEST(qwen2moe_shared) { check_model("qwen2moe-shared"); }
 
 /* The device budget sizes the expert cache (no size given), and a budget
  * that cannot hold one layer's experts is refused. */
