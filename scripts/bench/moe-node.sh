@@ -19,10 +19,10 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-PEERS_PROG=moe-node.sh
+export PEERS_PROG=moe-node.sh   # peers-lib.sh names its messages with it
 . "$here/peers-lib.sh"
 
-FT=$root/build/flextier MODEL= LIMITS="200M 100M" POLICY="w=3,0,0,97" FTARGS= BATCH=1 PROMPT=32 GEN=32 THREADS=2 RUNS=1
+FT=$root/build/flextier MODEL='' LIMITS="200M 100M" POLICY="w=3,0,0,97" FTARGS='' BATCH=1 PROMPT=32 GEN=32 THREADS=2 RUNS=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
