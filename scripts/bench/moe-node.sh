@@ -12,7 +12,7 @@
 #                        the experts on the node)
 #     --ft-args "ARGS"  extra bench-run options (e.g. --expert-cache 24M)
 #     --batch N (1) --prompt N (32) --gen N (32) --threads N (2) --runs N (1)
-# Prints one row per limit: decode tok/s (median of the runs), the cgroup's
+# Prints one row per limit: decode tok/s (median of the runs; each run's), the cgroup's
 # peak (memory.max_usage_in_bytes / memory.peak), OOM kills, the expert
 # cache's hit rate (its --json "experts"), and bytes read from the node per generated token (its
 # --json remote read bytes over batch x gen; prefill included).
@@ -59,7 +59,7 @@ node="ucx://$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/se
 [ "$node" != "ucx://" ] || peers_die "the memory node did not start: $(cat "$work/serve.log")"
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# model $MODEL ($(( msize / 1048576 )) MiB), policy $POLICY, node $node, batch $BATCH, prompt $PROMPT, gen $GEN, threads $THREADS $FTARGS"
-printf "| limit | decode tok/s | cgroup peak | OOM | expert hit rate | node bytes / token | load |\n|---|---|---|---|---|---|---|\n"
+printf "| limit | decode tok/s (runs) | cgroup peak | OOM | expert hit rate | node bytes / token | load |\n|---|---|---|---|---|---|---|\n"
 for lim in $LIMITS; do
     lb=$(bytes "$lim")
     tps=() peak=0 oom=0 hit=- bpt=- err=
@@ -80,6 +80,6 @@ for lim in $LIMITS; do
         oom=$((oom + PEERS_CG_OOM))
     done
     med=$(printf "%s\n" "${tps[@]:-}" | sort -g | awk 'NF {a[n++]=$1} END {print n ? a[int((n-1)/2)] : "ERR"}')
-    printf "| %s | %s | %.1f MiB | %d | %s | %s | %s |%s\n" "$lim" "$med" "$(python3 -c "print($peak/1048576)")" "$oom" \
+    printf "| %s | %s (%s) | %.1f MiB | %d | %s | %s | %s |%s\n" "$lim" "$med" "${tps[*]:-}" "$(python3 -c "print($peak/1048576)")" "$oom" \
         "${hit:--}" "$bpt" "$(cut -d' ' -f1 /proc/loadavg)" "${err:+ $err}"
 done
