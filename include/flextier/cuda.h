@@ -135,9 +135,9 @@ FT_API ft_status ft_cuda_qrow_decode(int bits, const void *src, size_t rows, siz
 /* Layer tensors in ft_layer_weights field order (norm1_w, norm1_b, wq, bq,
  * wk, bk, wv, bv, wo, bo, norm2_w, norm2_b, w_gate, b_gate, w_up, b_up,
  * w_down, b_down, q_norm, k_norm, post_attn_norm, post_ffn_norm,
- * w_router): FT_LAYER_SLOTS. The last five are absent in every model the
- * CUDA backend computes (it refuses the families that have them). */
-#define FT_CUDA_LAYER_TENSORS 23
+ * w_router, w_shared_gate): FT_LAYER_SLOTS. The last six are absent in every
+ * model the CUDA backend computes (it refuses the families that have them). */
+#define FT_CUDA_LAYER_TENSORS 24
 
 typedef enum ft_cuda_wsrc_kind {
     FT_CUDA_WSRC_ABSENT = 0,    /* the architecture has no such tensor     */

@@ -132,8 +132,14 @@ typedef struct ft_model_config {
      * moe_ffn each on the layers with layer_moe[l] set (the others are
      * dense with ffn); the router's softmax over all experts picks the
      * n_experts_used largest, whose weights are renormalised to sum 1 when
-     * moe_norm_topk is set. 0 experts: a dense model. */
+     * moe_norm_topk is set. 0 experts: a dense model. shared_expert
+     * (qwen2_moe): each sparse layer also has a shared expert, a SwiGLU MLP
+     * of width ffn in the dense MLP's slots (w_gate, w_up, w_down), whose
+     * output, times sigmoid(w_shared_gate . x), is added to the routed
+     * experts' sum. no_qkv_bias: qwen2 / qwen2_moe without q/k/v biases
+     * (qwen2_moe's qkv_bias = false). */
     int n_experts, n_experts_used, moe_ffn, moe_norm_topk;
+    int shared_expert, no_qkv_bias;
     unsigned char layer_moe[FT_MAX_LAYERS];
     /* special tokens (-1 = none) */
     int32_t bos_id, pad_id;
@@ -237,6 +243,7 @@ typedef struct ft_layer_weights {
     const float *q_norm, *k_norm;          /* qk_norm                      */
     const float *post_attn_norm, *post_ffn_norm;   /* sandwich_norm        */
     ft_wmat w_router;                      /* MoE: [n_experts][hidden]     */
+    ft_wmat w_shared_gate;                 /* MoE with a shared expert: [1][hidden] */
     /* MoE: the experts' matrices, 3 per expert (gate, up, down; slots
      * FT_LAYER_SLOTS + 3 * e + k), n_experts of them on a sparse layer,
      * else 0 and NULL. The array belongs to whoever filled the struct (the
@@ -368,7 +375,10 @@ FT_API ft_status ft_model_tensor(ft_model *m, size_t i, const char **name,
  * to supply a model's layers per call without touching its internals.
  * Slots: the fields of ft_layer_weights in order (0 .. FT_LAYER_SLOTS-1);
  * a slot holds a matrix (ft_wmat) or an f32 vector (norms, biases). */
-#define FT_LAYER_SLOTS 23
+#define FT_LAYER_SLOTS 24
+/* The router's and the shared-expert gate's slots (w_router, w_shared_gate). */
+#define FT_LAYER_SLOT_ROUTER 22
+#define FT_LAYER_SLOT_SHARED_GATE 23
 /* Expert k (0 gate, 1 up, 2 down) of expert e: a matrix slot past the
  * fixed ones (ft_layer_weights.experts). */
 #define FT_EXPERT_SLOT(e, k) (FT_LAYER_SLOTS + 3 * (e) + (k))

@@ -155,10 +155,14 @@ typedef struct ft_cost_inputs {
      * 1 - (1 - experts_used / n_experts)^B (uniform routing, the random
      * routers' case; a skewed router needs fewer). Streamed experts are
      * found in a cache of expert_cache experts (0: one layer's) with the
-     * hit rate of uniform use, expert_cache / streamed experts. */
+     * hit rate of uniform use, expert_cache / streamed experts, unless
+     * expert_hit_rate (in (0, 1]) gives the rate a run measured
+     * (--offload-stats, bench run --json "experts"): routing that repeats
+     * hits far more than uniform use. */
     uint32_t n_experts, experts_used;
     uint64_t expert_bytes[FT_CODEC_COUNT];
     uint64_t expert_cache;
+    double expert_hit_rate;
     /* A memory budget for the whole process (CPU-only machines, where the
      * device and host tiers are both this process's memory): the device
      * and host tiers together, plus the page cache a disk read holds, must

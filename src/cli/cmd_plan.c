@@ -21,7 +21,7 @@ static const char plan_usage[] =
     "                     [--link-bw remote=RATE,disk=RATE,host=RATE] [--codecs none,bp,q8,q4]\n"
     "                     [--cache-codecs none,q8,q4] [--policy SPEC] [--threads N] [--json]\n"
     "                     [--weights-dtype auto|f32|bf16|f16] [--memory SIZE] [--allow-lossy]\n"
-    "                     [--recalibrate]\n"
+    "                     [--recalibrate] [--expert-hit RATE]\n"
     "\n"
     "Measures compute (GEMM flop/s), memory bandwidth, codec ratio and decode speed\n"
     "(on synthetic weights) and, when a memory node is given, its link; then searches\n"
@@ -40,7 +40,10 @@ static const char plan_usage[] =
     "--cache-codecs). --memory SIZE bounds the device and host tiers together (the\n"
     "whole process, as run --memory: what the process, embeddings and scratch leave).\n"
     "The machine's measurements are cached per model shape (~/.cache/flextier/calib;\n"
-    "FLEXTIER_CALIB_CACHE=DIR or 0): --recalibrate measures again.\n";
+    "FLEXTIER_CALIB_CACHE=DIR or 0): --recalibrate measures again.\n"
+    "--expert-hit RATE (0 < RATE <= 1; a mixture of experts): the expert cache's hit rate\n"
+    "a run measured (run --offload-stats; bench run --json \"experts\".\"hit_rate\") instead\n"
+    "of the uniform-routing estimate (cache / streamed experts), which repeated routing beats.\n";
 
 /* "1gbit", "10Gbit", "125M" (bytes/s), "1.5G" */
 static ft_status parse_rate(const char *s, double *out)
@@ -97,12 +100,13 @@ int ft_cmd_plan(int argc, char **argv)
         {"json", no_argument, 0, 'j'}, {"policy", required_argument, 0, 'P'},
         {"cache-codecs", required_argument, 0, 'C'}, {"weights-dtype", required_argument, 0, 'W'},
         {"memory", required_argument, 0, 'M'}, {"allow-lossy", no_argument, 0, 'L'},
-        {"recalibrate", no_argument, 0, 'X'},
+        {"recalibrate", no_argument, 0, 'X'}, {"expert-hit", required_argument, 0, 'E'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *model = NULL, *links = NULL, *codecs = NULL, *given_policy = NULL;
     const char *cache_codecs = NULL;
     uint64_t memory = 0;
     int lossy = 0, recal = 0;
+    double expert_hit = 0;
     uint64_t dev = 0, host = UINT64_MAX, disk = UINT64_MAX, remote = UINT64_MAX;
     long batch = 1, plen = 128, glen = 32, threads = 0;
     int fixed = 0, json = 0, have_dev = 0, weights = FT_WEIGHTS_AS_STORED;
@@ -147,6 +151,13 @@ int ft_cmd_plan(int argc, char **argv)
         case 'M': st = ft_cli_parse_size(optarg, &memory); break;
         case 'L': lossy = 1; break;
         case 'X': recal = 1; break;
+        case 'E': {
+            char *end = NULL;
+            expert_hit = strtod(optarg, &end);
+            if (!end || end == optarg || *end || !(expert_hit > 0 && expert_hit <= 1))
+                return ft_cli_usage_error(plan_usage, "--expert-hit: expected a rate in (0, 1], got '%s'", optarg);
+            break;
+        }
         case 'h': fputs(plan_usage, stdout); return FT_EXIT_OK;
         default: return ft_cli_usage_error(plan_usage, "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -231,6 +242,7 @@ int ft_cmd_plan(int argc, char **argv)
     if (!json) fprintf(stderr, "plan: measuring compute, memory, codecs and links...\n");
     if ((st = ft_calibrate(model, &calp, &in))) return ft_cli_fail("plan", st);
     if (!host) in.cap[FT_TIER_HOST] = 0;
+    in.expert_hit_rate = expert_hit;
     ft_policy best;
     ft_cost_estimate e;
     if (given_policy) {
@@ -249,9 +261,17 @@ int ft_cmd_plan(int argc, char **argv)
     if (json) {
         printf("{\"policy\": \"%s\", \"decode_tps\": %.4f, \"prefill_tps\": %.4f, \"bottleneck\": \"%s\", "
                "\"t_layer_s\": %.6g, \"flops\": %.4g, \"mem_bw\": %.4g, \"bw\": {\"host\": %.4g, \"disk\": %.4g, "
-               "\"remote\": %.4g}, \"device_bytes\": %llu}\n",
+               "\"remote\": %.4g}, \"device_bytes\": %llu",
                pol, e.decode_tps, e.prefill_tps, e.bottleneck, e.t_layer_decode, in.flops, in.mem_bw,
                in.bw[1], in.bw[2], in.bw[3], (unsigned long long)e.mem[0]);
+        if (in.n_experts)   /* the expert model's terms (per sparse layer and decode step) */
+            printf(", \"t_compute_s\": %.6g, \"t_fixed_s\": %.6g, \"expert_hit\": %.4f, "
+                   "\"expert_fetch_bytes_per_layer_step\": %.6g, \"expert_cache_bytes\": %.6g",
+                   e.t_compute,
+                   e.decode_tps > 0 ? (double)best.gpu_batch_size * best.num_gpu_batches / e.decode_tps -
+                                          in.n_layers * e.t_layer_decode : 0.0,
+                   e.expert_hit, e.expert_fetch_bytes, e.expert_cache_mem);
+        printf("}\n");
         return FT_EXIT_OK;
     }
     char b1[32];
@@ -291,8 +311,8 @@ int ft_cmd_plan(int argc, char **argv)
         ft_cli_fmt_bytes(e.expert_fetch_bytes, b2, sizeof b2);
         ft_cli_fmt_bytes(e.expert_cache_mem, b3, sizeof b3);
         printf("experts:  %u per sparse layer of %s, %u per token; expert cache %s, hit rate %.0f%% "
-               "(uniform routing); %s of experts fetched per layer per decode step\n", in.n_experts, b1,
-               in.experts_used, b3, 100.0 * e.expert_hit, b2);
+               "(%s); %s of experts fetched per layer per decode step\n", in.n_experts, b1,
+               in.experts_used, b3, 100.0 * e.expert_hit, expert_hit > 0 ? "--expert-hit" : "uniform routing", b2);
     }
     for (int k = 0; k < FT_TIER_COUNT; k++) {
         ft_cli_fmt_bytes((double)e.mem[k], b1, sizeof b1);

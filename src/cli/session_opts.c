@@ -537,6 +537,30 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
             d.all.roof_s, d.all.eff);
     fprintf(f, ",\"prefill_overlap_efficiency\":%.4f,\"decode_overlap_efficiency\":%.4f", d.prefill.eff,
                 d.decode.eff);
+    /* the expert cache's totals over the layers (--offload-stats' last line) */
+    const ft_offload *wo = ft_session_offload(s);
+    int entries = 0;
+    uint64_t cbytes = 0;
+    ft_offload_expert_cache(wo, &entries, &cbytes);
+    if (entries) {
+        ft_expert_stats t;
+        memset(&t, 0, sizeof t);
+        for (int l = 0; l < ft_session_config(s)->n_layers; l++) {
+            ft_expert_stats e;
+            if (ft_offload_expert_stats(wo, l, &e)) continue;
+            t.needed += e.needed; t.resident += e.resident; t.hits += e.hits; t.misses += e.misses;
+            t.prefetch_hits += e.prefetch_hits; t.bytes += e.bytes; t.predicted += e.predicted;
+            t.predicted_used += e.predicted_used;
+        }
+        uint64_t str = t.hits + t.misses;
+        fprintf(f, ",\"experts\":{\"cache_entries\":%d,\"cache_bytes\":%llu,\"needed\":%llu,\"resident\":%llu,"
+                   "\"hits\":%llu,\"misses\":%llu,\"prefetch_hits\":%llu,\"read_bytes\":%llu,\"hit_rate\":%.4f,"
+                   "\"predicted\":%llu,\"predicted_used\":%llu}", entries, (unsigned long long)cbytes,
+                (unsigned long long)t.needed, (unsigned long long)t.resident, (unsigned long long)t.hits,
+                (unsigned long long)t.misses, (unsigned long long)t.prefetch_hits, (unsigned long long)t.bytes,
+                str ? (double)t.hits / (double)str : 0.0, (unsigned long long)t.predicted,
+                (unsigned long long)t.predicted_used);
+    }
     fputc('}', f);
 }
 

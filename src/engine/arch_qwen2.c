@@ -1,6 +1,11 @@
 /* Qwen2: the Llama graph with biases on q/k/v (none on o_proj or the MLP).
  * Everything but the tensor names is Llama's; this file is the whole
- * architecture. */
+ * architecture. Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): the same
+ * attention (q/k/v biases unless qkv_bias is false); its sparse layers
+ * (decoder_sparse_step, mlp_only_layers) have a router (mlp.gate), experts
+ * mlp.experts.<e>.{gate,up,down}_proj and a shared expert
+ * mlp.shared_expert.{gate,up,down}_proj, kept in the dense MLP's slots,
+ * gated by mlp.shared_expert_gate. */
 #include "engine_internal.h"
 
 #include <stdio.h>
@@ -22,9 +27,21 @@ static int qwen2_layer(const ft_model_config *c, int layer, int slot, char *b, s
         [LW_GATE] = "mlp.gate_proj.weight", [LW_UP] = "mlp.up_proj.weight",
         [LW_DOWN] = "mlp.down_proj.weight",
     };
-    (void)c;
-    if (!names[slot]) return 0;
-    snprintf(b, n, "model.layers.%d.%s", layer, names[slot]);
+    static const char *const shared[3] = {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+                                          "mlp.shared_expert.down_proj.weight"};
+    int moe = c->n_experts && c->layer_moe[layer];
+    if (slot >= LW_COUNT) {
+        static const char *const ex[3] = {"gate_proj", "up_proj", "down_proj"};
+        return ft_hf_expert_name(c, layer, slot, "mlp", ex, b, n);
+    }
+    const char *s = names[slot];
+    if (moe && slot == LW_ROUTER) s = "mlp.gate.weight";
+    if (moe && c->shared_expert && slot == LW_SHARED_GATE) s = "mlp.shared_expert_gate.weight";
+    if (moe && (slot == LW_GATE || slot == LW_UP || slot == LW_DOWN))
+        s = c->shared_expert ? shared[slot == LW_GATE ? 0 : slot == LW_UP ? 1 : 2] : NULL;
+    if ((slot == LW_QB || slot == LW_KB || slot == LW_VB) && c->no_qkv_bias) s = NULL;
+    if (!s) return 0;
+    snprintf(b, n, "model.layers.%d.%s", layer, s);
     return 1;
 }
 

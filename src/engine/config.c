@@ -259,6 +259,10 @@ static const char *const KEYS_QWEN3_MOE[] = {
     "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "decoder_sparse_step",
     "moe_intermediate_size", "num_experts_per_tok", "num_experts", "num_local_experts", "norm_topk_prob",
     "output_router_logits", "router_aux_loss_coef", "mlp_only_layers", NULL};
+static const char *const KEYS_QWEN2_MOE[] = {
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "decoder_sparse_step",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok", "num_experts",
+    "norm_topk_prob", "output_router_logits", "router_aux_loss_coef", "mlp_only_layers", "qkv_bias", NULL};
 /* router_jitter_noise: applied only in training */
 static const char *const KEYS_MIXTRAL[] = {"sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok",
                                            "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
@@ -603,7 +607,7 @@ static ft_status parse_llama(json_object *o, const char *what, unsigned flags, f
     const char *mt = c->model_type;
     int mistral = !strcmp(mt, "mistral") || !strcmp(mt, "mixtral"), qwen = c->arch == FT_ARCH_QWEN2;
     int qwen3 = c->arch == FT_ARCH_QWEN3, gemma = c->arch == FT_ARCH_GEMMA2;
-    int dflt_kv = mistral ? 8 : qwen ? 32 : qwen3 ? (strcmp(mt, "qwen3") ? 4 : 32) : gemma ? 4 : 0;
+    int dflt_kv = mistral ? 8 : qwen ? (strcmp(mt, "qwen2_moe") ? 32 : 16) : qwen3 ? (strcmp(mt, "qwen3") ? 4 : 32) : gemma ? 4 : 0;
     int dflt_pos = mistral ? 4096 * 32 : qwen || qwen3 ? 32768 : gemma ? (strcmp(mt, "gemma2") ? 131072 : 8192)
                  : c->arch == FT_ARCH_OLMOE ? 4096 : c->arch == FT_ARCH_PHI3 ? 4096 : 2048;
     double dflt_eps = qwen3 || gemma ? 1e-6 : c->arch == FT_ARCH_PHI3 || c->arch == FT_ARCH_OLMOE ? 1e-5 : 1e-6;
@@ -679,17 +683,19 @@ static ft_status layer_list(json_object *o, const char *key, const char *what, i
     return FT_OK;
 }
 
-/* The mixture of experts of mixtral, qwen3_moe and olmoe. */
+/* The mixture of experts of mixtral, qwen3_moe, qwen2_moe and olmoe. */
 static ft_status parse_moe(json_object *o, const char *what, ft_model_config *c)
 {
     ft_status st;
-    int mixtral = c->arch == FT_ARCH_MIXTRAL, q3 = c->arch == FT_ARCH_QWEN3;
+    int mixtral = c->arch == FT_ARCH_MIXTRAL, q2 = c->arch == FT_ARCH_QWEN2;
+    int q3 = c->arch == FT_ARCH_QWEN3 || q2;   /* sparse steps, dense layers, moe_intermediate_size */
     int ne = 0, ne2 = 0, present2 = 0;
     /* qwen3_moe: num_experts (4.x) or num_local_experts (5.x) */
     if ((st = opt_int(o, mixtral ? "num_local_experts" : "num_experts", what, 0, FT_MAX_EXPERTS,
-                      mixtral ? 8 : q3 ? 128 : 64, &ne)))
+                      mixtral ? 8 : q2 ? 60 : q3 ? 128 : 64, &ne)))
         return st;
-    if (q3) {
+    if (q2) q3 = 2;
+    if (q3 == 1) {
         json_object *v;
         present2 = json_object_object_get_ex(o, "num_local_experts", &v) && v;
         if ((st = opt_int(o, "num_local_experts", what, 0, FT_MAX_EXPERTS, 0, &ne2))) return st;
@@ -701,11 +707,11 @@ static ft_status parse_moe(json_object *o, const char *what, ft_model_config *c)
         if (present2) ne = ne2;
     }
     int k = 0;
-    if ((st = opt_int(o, "num_experts_per_tok", what, 1, FT_MAX_EXPERTS, mixtral ? 2 : 8, &k))) return st;
+    if ((st = opt_int(o, "num_experts_per_tok", what, 1, FT_MAX_EXPERTS, mixtral ? 2 : q2 ? 4 : 8, &k))) return st;
     c->moe_norm_topk = 1;
     if (!mixtral && (st = opt_bool(o, "norm_topk_prob", what, 0, &c->moe_norm_topk))) return st;
     c->moe_ffn = c->ffn;
-    if (q3 && (st = opt_int(o, "moe_intermediate_size", what, 1, LIM_FFN, 768, &c->moe_ffn))) return st;
+    if (q3 && (st = opt_int(o, "moe_intermediate_size", what, 1, LIM_FFN, q2 ? 1408 : 768, &c->moe_ffn))) return st;
     if (ne == 0) {
         if (!q3) return ft_set_error(FT_ERR_CORRUPT, "%s: a %s model with 0 experts", what, c->model_type);
         return FT_OK;   /* qwen3_moe without experts: every layer dense */
@@ -728,6 +734,43 @@ static ft_status parse_moe(json_object *o, const char *what, ft_model_config *c)
         any |= c->layer_moe[l];
     }
     if (!any) c->n_experts = c->n_experts_used = 0;   /* every layer dense */
+    return FT_OK;
+}
+
+/* Qwen2-MoE: the shared expert of every sparse layer (in the dense MLP's
+ * slots: one width per slot, so dense layers must have the same), q/k/v
+ * biases per qkv_bias, no sliding windows. */
+static ft_status parse_qwen2_moe(json_object *o, const char *what, ft_model_config *c)
+{
+    ft_status st;
+    int usw = 0, qkv_bias = 1, shared = 0;
+    if ((st = opt_bool(o, "use_sliding_window", what, 0, &usw))) return st;
+    if (usw)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" = true (transformers 4.x and 5.x "
+                            "window different layers of qwen2_moe; flextier refuses rather than guess)", what);
+    json_object *lt;
+    if (json_object_object_get_ex(o, "layer_types", &lt) && lt) {
+        if (!json_object_is_type(lt, json_type_array))
+            return ft_set_error(FT_ERR_CORRUPT, "%s: field \"layer_types\" is not an array", what);
+        for (size_t i = 0; i < json_object_array_length(lt); i++) {
+            const char *t = json_object_get_string(json_object_array_get_idx(lt, i));
+            if (!t || strcmp(t, "full_attention"))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%zu] = \"%.32s\" (qwen2_moe: "
+                                    "only \"full_attention\")", what, i, t ? t : "?");
+        }
+    }
+    if ((st = opt_bool(o, "qkv_bias", what, 1, &qkv_bias))) return st;
+    c->no_qkv_bias = !qkv_bias;
+    if ((st = parse_moe(o, what, c))) return st;
+    if ((st = opt_int(o, "shared_expert_intermediate_size", what, 1, LIM_FFN, 5632, &shared))) return st;
+    if (!c->n_experts) return FT_OK;   /* every layer dense: no shared expert */
+    for (int l = 0; l < c->n_layers; l++)
+        if (!c->layer_moe[l] && shared != c->ffn)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "%s: dense layer %d (intermediate_size %d) beside sparse layers "
+                                "whose shared expert is %d wide: flextier keeps both in one slot and needs them "
+                                "equal", what, l, c->ffn, shared);
+    c->ffn = shared;   /* every layer sparse: intermediate_size is unused */
+    c->shared_expert = 1;
     return FT_OK;
 }
 
@@ -880,6 +923,16 @@ ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *wha
                               "and sdpa qwen3_moe attention ignore it; flextier refuses rather than guess)", what);
         if (!st) st = parse_moe(root, what, &c);
         if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_QWEN3_MOE);
+    } else if (!strcmp(mt, "qwen2_moe")) {
+        c.arch = FT_ARCH_QWEN2;
+        st = parse_llama(root, what, flags, &c);
+        if (!st) st = parse_qwen2_moe(root, what, &c);
+        if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_QWEN2_MOE);
+    } else if (!strncmp(mt, "deepseek_v", 10) || !strcmp(mt, "deepseek")) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.32s\" is not supported: DeepSeek's multi-head "
+                          "latent attention (MLA: compressed q/kv projections, decoupled RoPE) and its group-limited "
+                          "sigmoid routing with e_score_correction_bias are not implemented (shared experts alone are: "
+                          "qwen2_moe)", what, mt);
     } else if (!strcmp(mt, "mixtral")) {
         c.arch = FT_ARCH_MIXTRAL;
         st = parse_llama(root, what, flags, &c);
@@ -912,7 +965,7 @@ ft_status ft_model_config_parse_ex(const char *json, size_t len, const char *wha
         if (!st) st = check_keys(root, what, NULL, flags, HARMLESS, KEYS_LLAMA, KEYS_GEMMA);
     } else {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported (supported: opt, llama, "
-                          "mistral, qwen2, qwen3, qwen3_moe, mixtral, olmoe, phi3, gemma2, gemma3_text)", what, mt);
+                          "mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, olmoe, phi3, gemma2, gemma3_text)", what, mt);
     }
     if (st) goto done;
     if ((st = token_ids(root, what, &c))) goto done;

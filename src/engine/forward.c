@@ -173,7 +173,8 @@ static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int r
                      {cfg->ffn, cfg->hidden}, {cfg->hidden, cfg->ffn}, {cfg->hidden, cfg->word_embed_proj_dim},
                      {cfg->word_embed_proj_dim, cfg->hidden}, {cfg->vocab, cfg->word_embed_proj_dim},
                      {cfg->n_experts ? cfg->n_experts : 1, cfg->hidden},
-                     {cfg->moe_ffn ? cfg->moe_ffn : 1, cfg->hidden}, {cfg->hidden, cfg->moe_ffn ? cfg->moe_ffn : 1}};
+                     {cfg->moe_ffn ? cfg->moe_ffn : 1, cfg->hidden}, {cfg->hidden, cfg->moe_ffn ? cfg->moe_ffn : 1},
+                     {1, cfg->hidden}};
     size_t need = 0;
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
         for (int f = FT_WF_F32; f <= FT_WF_Q4; f++) {
@@ -1103,6 +1104,23 @@ static ft_status cpu_moe(void *b, ft_gbuf outb, ft_gbuf inb, int rows, const voi
             float *o = out + (size_t)c->moe_grow[a + i] * H;
             const float *y = c->moe_y + (size_t)i * H;
             for (int h = 0; h < H; h++) o[h] += y[h] * wt;
+        }
+    }
+    if (cfg->shared_expert) {   /* qwen2_moe: + sigmoid(gate . x) * SwiGLU_shared(x), as transformers adds it */
+        const ft_wmat *sg = &lw->w_gate, *su = &lw->w_up, *sd = &lw->w_down, *gg = &lw->w_shared_gate;
+        if (!ft_wmat_present(sg) || !ft_wmat_present(su) || !ft_wmat_present(sd) || !ft_wmat_present(gg))
+            return ft_set_error(FT_ERR_INVALID_ARG, "forward: layer %d has no shared expert", c->layer);
+        if ((st = linear_ctx(c, c->h1, in, rows, sg, NULL)) || (st = linear_ctx(c, c->h2, in, rows, su, NULL)))
+            return st;
+        ft_k_silu_mul(c->h1, c->h2, rows * cfg->ffn);
+        if ((st = linear_ctx(c, c->moe_y, c->h1, rows, sd, NULL)) ||
+            (st = linear_ctx(c, c->moe_logits, in, rows, gg, NULL)))
+            return st;
+        for (int r = 0; r < rows; r++) {
+            float g = 1.0f / (1.0f + expf(-c->moe_logits[r]));
+            float *o = out + (size_t)r * H;
+            const float *y = c->moe_y + (size_t)r * H;
+            for (int h = 0; h < H; h++) o[h] += g * y[h];
         }
     }
     return FT_OK;

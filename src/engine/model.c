@@ -42,13 +42,14 @@ static const size_t lw_off[LW_COUNT] = {
     offsetof(ft_layer_weights, w_down), offsetof(ft_layer_weights, b_down),
     offsetof(ft_layer_weights, q_norm), offsetof(ft_layer_weights, k_norm),
     offsetof(ft_layer_weights, post_attn_norm), offsetof(ft_layer_weights, post_ffn_norm),
-    offsetof(ft_layer_weights, w_router),
+    offsetof(ft_layer_weights, w_router), offsetof(ft_layer_weights, w_shared_gate),
 };
 
 int ft_slot_is_matrix(int slot)
 {
     switch (slot) {
-    case LW_Q: case LW_K: case LW_V: case LW_O: case LW_GATE: case LW_UP: case LW_DOWN: case LW_ROUTER: return 1;
+    case LW_Q: case LW_K: case LW_V: case LW_O: case LW_GATE: case LW_UP: case LW_DOWN: case LW_ROUTER:
+    case LW_SHARED_GATE: return 1;
     default: return slot >= LW_COUNT;
     }
 }
@@ -96,6 +97,7 @@ int ft_layer_shape(const ft_model_config *c, int slot, int64_t s[2])
     case LW_QNORM: s[0] = c->qk_norm == 2 ? q : c->head_dim; return 1;
     case LW_KNORM: s[0] = c->qk_norm == 2 ? kv : c->head_dim; return 1;
     case LW_ROUTER: s[0] = c->n_experts; s[1] = c->hidden; return 2;
+    case LW_SHARED_GATE: s[0] = 1; s[1] = c->hidden; return 2;
     default:
         if (slot >= LW_COUNT) {
             int k = (slot - LW_COUNT) % 3;
@@ -571,6 +573,8 @@ void ft_load_params_default(ft_load_params *p)
 /* ------------------------------------------------- public layer layout */
 
 _Static_assert(FT_LAYER_SLOTS == LW_COUNT, "FT_LAYER_SLOTS is the number of ft_layer_weights fields");
+_Static_assert(FT_LAYER_SLOT_ROUTER == LW_ROUTER && FT_LAYER_SLOT_SHARED_GATE == LW_SHARED_GATE,
+               "the public router / shared-gate slot numbers");
 
 int ft_layer_slot_is_matrix(int slot) { return slot >= 0 && ft_slot_is_matrix(slot); }
 

@@ -95,6 +95,7 @@ static int moe_place(const ft_cost_inputs *in, const ft_policy *p, double B, dou
     double streamed = xn[FT_TIER_DISK] + xn[FT_TIER_REMOTE] + (bp ? xn[FT_TIER_HOST] : 0);
     double entries = in->expert_cache ? (double)in->expert_cache : E;
     double hit = streamed > 0 ? fmin(1.0, entries / (in->n_layers * streamed)) : 1.0;
+    if (streamed > 0 && in->expert_hit_rate > 0) hit = fmin(1.0, in->expert_hit_rate);   /* measured */
     double fetch = 0;
     for (int t = 0; t < FT_TIER_COUNT; t++) {
         int fetched = t == FT_TIER_DISK || t == FT_TIER_REMOTE || (bp && t == FT_TIER_HOST);

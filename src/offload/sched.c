@@ -31,7 +31,7 @@
  * expert (o->ns of them; a dense layer of an MoE model lacks the expert
  * slots: o->lpres says which (layer, slot) exist). */
 #define MAX_PIECES FT_MAX_REMOTES
-#define LW_ROUTER_SLOT (FT_LAYER_SLOTS - 1)   /* ft_layer_weights.w_router */
+#define LW_ROUTER_SLOT FT_LAYER_SLOT_ROUTER   /* ft_layer_weights.w_router */
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
@@ -1427,6 +1427,44 @@ static ft_status x_setup(ft_offload *o)
     return ft_codec_ctx_create(o->p.decode_threads, &o->x_cc);
 }
 
+/* Start reading piece q of (layer, s) into buf as fetch_layer does, and,
+ * with replicas, on the next live replica when the node refuses at once
+ * (*retries counts the reissues). */
+static ft_status x_issue_piece(ft_offload *o, int layer, int s, int q, uint8_t *buf, remote_read *rr,
+                               uint64_t *retries)
+{
+    rr->node = -1;
+    ft_status st = issue_remote(o, layer, s, q, buf, rr, -1);
+    for (int round = 1; st && rr->node >= 0 && round < o->replicas && ft_rset_failed(o->rset, rr->node, st);
+         round++) {
+        int failed = rr->node;
+        ft_request_free(rr->req);
+        rr->req = NULL;
+        rr->node = -1;
+        st = issue_remote(o, layer, s, q, buf, rr, failed);
+        if (!st) (*retries)++;
+    }
+    return st;
+}
+
+/* Wait for piece q of (layer, s); with replicas, a read that failed on its
+ * node is issued again on the next live replica (the node is marked down
+ * for the repair thread, as for a layer's reads) until it succeeds or no
+ * replica is left. */
+static ft_status x_finish_piece(ft_offload *o, int layer, int s, int q, uint8_t *buf, remote_read *rr,
+                                uint64_t *retries)
+{
+    const slot_info *si = &o->slot[s];
+    ft_status r = finish_remote(o, si, rr);
+    for (int round = 1; r && round < o->replicas && ft_rset_failed(o->rset, rr->node, r); round++) {
+        ft_status ri = x_issue_piece(o, layer, s, q, buf, rr, retries);
+        if (ri) return ri;
+        (*retries)++;
+        r = finish_remote(o, si, rr);
+    }
+    return r;
+}
+
 /* Start reading the streamed matrices of expert e of `layer` into entry id. */
 static ft_status x_issue(ft_offload *o, int id, int layer, int e)
 {
@@ -1437,6 +1475,7 @@ static ft_status x_issue(ft_offload *o, int id, int layer, int e)
     xe->state = X_LOADING;
     o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = id;
     ft_status st = FT_OK;
+    uint64_t retries = 0;
     for (int k = 0; k < 3 && !st; k++) {
         int s = FT_LAYER_SLOTS + 3 * e + k;
         const slot_info *si = &o->slot[s];
@@ -1446,7 +1485,7 @@ static ft_status x_issue(ft_offload *o, int id, int layer, int e)
         if (si->use != USE_EXPERT || si->tier == FT_TIER_HOST) continue;
         if (si->tier == FT_TIER_REMOTE) {
             for (int q = 0; q < si->np && !st; q++) {
-                st = issue_remote(o, layer, s, q, buf, &xe->rr[k][q], -1);
+                st = x_issue_piece(o, layer, s, q, buf, &xe->rr[k][q], &retries);
                 if (!st) xe->started[k] = q + 1;
             }
         } else {
@@ -1457,6 +1496,11 @@ static ft_status x_issue(ft_offload *o, int id, int layer, int e)
         if (st)
             st = ft_set_error(st, "layer %d expert %d: reading %s from the %s tier: %s", layer, e, o->keys[idx],
                               ft_tier_name(si->tier), ft_last_error());
+    }
+    if (retries) {
+        pthread_mutex_lock(&o->mu);
+        o->st.retries += retries;
+        pthread_mutex_unlock(&o->mu);
     }
     return st;
 }
@@ -1469,7 +1513,7 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
     uint8_t *buf = o->xbuf + (size_t)id * o->xstride;
     const int layer = xe->layer, e = xe->e;
     ft_status st = FT_OK;
-    uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0};
+    uint64_t logical[FT_TIER_COUNT] = {0}, wire[FT_TIER_COUNT] = {0}, retries = 0;
     *bytes = 0;
     for (int k = 0; k < 3; k++) {
         int s = FT_LAYER_SLOTS + 3 * e + k;
@@ -1485,7 +1529,7 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
             size = (size_t)o->wire[idx];
         } else if (si->tier == FT_TIER_REMOTE) {
             for (int q = 0; q < xe->started[k]; q++) {
-                ft_status rq = finish_remote(o, si, &xe->rr[k][q]);
+                ft_status rq = x_finish_piece(o, layer, s, q, buf, &xe->rr[k][q], &retries);
                 if (!r) r = rq;
             }
             if (!r && xe->started[k] < si->np) r = ft_set_error(FT_ERR_IO, "not every piece was requested");
@@ -1534,6 +1578,7 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
         o->st.logical_bytes[t] += logical[t];
         o->st.wire_bytes[t] += wire[t];
     }
+    o->st.retries += retries;
     pthread_mutex_unlock(&o->mu);
     if (st) {
         o->xmap[(size_t)layer * (size_t)o->n_experts + (size_t)e] = -1;

@@ -233,6 +233,14 @@ TEST(new_families)
         CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
         CHECK(c.arch == FT_ARCH_QWEN3 && c.n_experts == 8 && c.n_experts_used == 2 && c.moe_ffn == 32);
         CHECK(c.moe_norm_topk && c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2] && c.ffn == 64);
+        snprintf(dir, sizeof dir, "%s/%s/qwen2moe-tiny", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.arch == FT_ARCH_QWEN2 && c.n_experts == 8 && c.n_experts_used == 2 && c.moe_ffn == 32);
+        CHECK(!c.moe_norm_topk && c.shared_expert && c.no_qkv_bias && c.ffn == 64);
+        CHECK(c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2]);
+        snprintf(dir, sizeof dir, "%s/%s/qwen2moe-shared", data_dir(), sets[i]);
+        CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
+        CHECK(c.shared_expert && !c.no_qkv_bias && c.ffn == 96 && c.n_experts_used == 4);   /* every layer sparse */
         snprintf(dir, sizeof dir, "%s/%s/olmoe-tiny", data_dir(), sets[i]);
         CHECK_OK(ft_model_config_load_ex(dir, FT_CONFIG_STRICT, &c));
         CHECK(c.arch == FT_ARCH_OLMOE && c.qk_norm == 2 && !c.moe_norm_topk && c.n_experts == 8);
@@ -260,6 +268,22 @@ TEST(new_families)
                 "\"rope_theta\":1e4}}}", &c) == FT_ERR_UNSUPPORTED);
     CHECK(parse("{\"model_type\":\"olmoe\"," BASE ",\"clip_qkv\":8.0}", &c) == FT_ERR_UNSUPPORTED);
     CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"use_sliding_window\":true}", &c) == FT_ERR_UNSUPPORTED);
+    /* qwen2_moe: windows, a dense layer narrower than the shared expert, DeepSeek's MLA */
+    CHECK(parse("{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":2," BASE ",\"use_sliding_window\":true}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":2," BASE ",\"layer_types\":[\"sliding_attention\","
+                "\"full_attention\"]}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(parse("{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":2," BASE ",\"num_experts\":4,\"mlp_only_layers\":[1],"
+                "\"shared_expert_intermediate_size\":96}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "dense layer 1") != NULL);
+    CHECK_OK(parse("{\"model_type\":\"qwen2_moe\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+                   "\"intermediate_size\":64,\"vocab_size\":50,\"num_experts\":4,\"mlp_only_layers\":[1],"
+                   "\"shared_expert_intermediate_size\":64}", &c));   /* Qwen2MoeConfig's defaults */
+    CHECK(c.shared_expert && c.n_experts_used == 4 && c.n_kv_heads == 16 && c.moe_ffn == 1408 && !c.no_qkv_bias);
+    CHECK_OK(parse("{\"model_type\":\"qwen2_moe\",\"num_key_value_heads\":2," BASE ",\"num_experts\":0}", &c));
+    CHECK(!c.shared_expert && c.n_experts == 0);   /* no sparse layer: a dense model */
+    CHECK(parse("{\"model_type\":\"deepseek_v3\"," BASE "}", &c) == FT_ERR_UNSUPPORTED);
+    CHECK(strstr(ft_last_error(), "latent attention") != NULL);
+    CHECK(parse("{\"model_type\":\"deepseek_v2\"," BASE "}", &c) == FT_ERR_UNSUPPORTED);
     CHECK(parse("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_local_experts\":8}", &c) ==
           FT_ERR_CORRUPT);
     CHECK(parse("{\"model_type\":\"mixtral\"," BASE ",\"num_local_experts\":2,\"num_experts_per_tok\":3}", &c) ==

@@ -165,8 +165,8 @@ static int check_set(const char *set)
     return n;
 }
 
-TEST(transformers_4_46) { CHECK(check_set("models") >= 25); }
-TEST(transformers_5) { CHECK(check_set("models-tf5") >= 26); }
+TEST(transformers_4_46) { CHECK(check_set("models") >= 27); }
+TEST(transformers_5) { CHECK(check_set("models-tf5") >= 28); }
 
 TEST(bad_dirs)
 {

@@ -12,6 +12,7 @@
 #include "ft_test.h"
 #include "support/fixture.h"
 #include "flextier/offload.h"
+#include "support/server_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +20,22 @@
 #include <unistd.h>
 
 #define STEPS 8
+
+/* The scheduler's hook; at call `at` sends `sig` to a memory node (the
+ * replica tests; NULL: the plain hook). */
+typedef struct {
+    ft_offload *o;
+    int calls, at, sig;
+    pid_t pid;
+} fault_hook;
+static fault_hook *g_fault;
+
+static ft_status fault_hook_fn(void *u, int layer, ft_layer_weights *w)
+{
+    fault_hook *f = u;
+    if (++f->calls == f->at && f->pid > 0) kill(f->pid, f->sig);
+    return ft_offload_hook(f->o, layer, w);
+}
 
 /* prefill of every prompt, then STEPS greedy steps fed `feed` (the
  * reference run writes it): the last-position logits of every call */
@@ -31,7 +48,8 @@ static float *run(ft_model *m, ft_offload *o, const ft_fixture *f, int32_t *feed
     ft_ctx *c = NULL;
     float *all = calloc((1 + STEPS) * np * V, sizeof(float));
     if ((*st = ft_ctx_create(m, &cp, &c))) goto out;
-    if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
+    if (o && g_fault) ft_ctx_set_layer_hook(c, fault_hook_fn, g_fault);
+    else if (o) ft_ctx_set_layer_hook(c, ft_offload_hook, o);
     int slots[FT_FIXTURE_MAXP];
     const int32_t *tp[FT_FIXTURE_MAXP];
     size_t nt[FT_FIXTURE_MAXP];
@@ -164,6 +182,9 @@ TEST(qwen3moe_tiny) { check_model("qwen3moe-tiny"); }   /* layer 1 dense (mlp_on
 TEST(olmoe_tiny) { check_model("olmoe-tiny"); }
 TEST(mixtral_tiny) { check_model("mixtral-tiny"); }
 TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
+/* a shared expert in the dense MLP's slots, placed with its layer */
+TEST(qwen2moe_tiny) { check_model("qwen2moe-tiny"); }
+TEST(qwen2moe_shared) { check_model("qwen2moe-shared"); }
 
 /* The device budget sizes the expert cache (no size given), and a budget
  * that cannot hold one layer's experts is refused. */
@@ -212,3 +233,99 @@ TEST(budget_sizes_the_cache)
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     if (system(cmd) != 0) printf("  (could not remove %s)\n", disk);
 }
+
+/* Replica failover for expert reads: only experts live on two memory
+ * nodes (two replicas of every piece; the attention, norms and router
+ * resident, so no layer read touches the nodes), and a node killed
+ * (SIGKILL) or stalled (SIGSTOP, given up on after failover_ms) at a point
+ * of the run changes no logit: the expert reads that failed on it are
+ * issued again on the other replica. */
+static void expert_failover(int sig, int at)
+{
+    char dir[512];
+    ft_fixture_dir("models", "olmoe-tiny", dir, sizeof dir);
+    ft_fixture f;
+    int ok = ft_fixture_load(dir, &f) && f.np > 0;
+    REQUIRE(ok);
+    ft_model *ref_m = NULL;
+    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
+    REQUIRE(ref_m);
+    const ft_model_config *cfg = ft_model_get_config(ref_m);
+    size_t n = (1 + STEPS) * (size_t)f.np * (size_t)cfg->vocab;
+    int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    ft_status st;
+    float *ref = run(ref_m, NULL, &f, feed, &st);
+    CHECK_OK(st);
+    static const char *const args[] = {"--capacity", "64M", NULL};
+    srv_t nd[2];
+    int up = srv_start(&nd[0], "127.0.0.1:0", args) == 0;
+    if (up && srv_start(&nd[1], "127.0.0.1:0", args) != 0) { srv_stop(&nd[0]); up = 0; }
+    if (!up) { free(ref); ft_model_free(ref_m); ft_fixture_free(&f); REQUIRE(0); }
+    ft_offload_params p;
+    ft_offload_default_params(&p);
+    p.stripe_min = 512;   /* every expert matrix in two pieces, one per node, each on both */
+    p.failover_ms = 300;
+    p.expert_prefetch = 0;
+    char spec[512];
+    snprintf(spec, sizeof spec, "w=15,0,0,85 rep=2 remote=%s,%s", nd[0].uri, nd[1].uri);
+    CHECK_OK(ft_policy_parse(spec, &p.policy));
+    ft_load_params lp = {0};
+    lp.external_layers = 1;
+    ft_model *m = NULL;
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    ft_offload *o = NULL;
+    st = ft_offload_create(m, dir, &p, &o);
+    CHECK_MSG(st == FT_OK, "%s", ft_last_error());
+    if (o) {
+        fault_hook fh = {o, 0, at, sig, nd[1].pid};
+        g_fault = &fh;
+        float *got = run(m, o, &f, feed, &st);
+        g_fault = NULL;
+        CHECK_MSG(st == FT_OK, "node %s at layer call %d: %s", sig == SIGKILL ? "killed" : "stalled", at,
+                  ft_last_error());
+        size_t diff = 0;
+        for (size_t i = 0; got && i < n; i++) diff += got[i] != ref[i];
+        CHECK_MSG(diff == 0, "%zu logits differ", diff);
+        ft_offload_stats s;
+        ft_offload_get_stats(o, &s);
+        ft_expert_stats t = {0};
+        for (int l = 0; l < cfg->n_layers; l++) {
+            ft_expert_stats e;
+            CHECK_OK(ft_offload_expert_stats(o, l, &e));
+            t.misses += e.misses;
+            t.resident += e.resident;
+        }
+        /* killed: given up on once; stalled: a read started before it was
+         * given up on may time out while a probe of it is under way, which
+         * counts again */
+        CHECK(sig == SIGKILL ? s.failovers == 1 : s.failovers >= 1);
+        CHECK(s.retries >= 1);
+        CHECK(s.layers_fetched == 0);   /* every read that failed over was an expert's */
+        CHECK(t.misses > 0);
+        printf("  node %s at layer call %2d: %zu logits differ; %llu expert reads retried on the replica "
+               "(%llu misses, %llu resident)\n", sig == SIGKILL ? "killed" : "stalled", at, diff,
+               (unsigned long long)s.retries, (unsigned long long)t.misses, (unsigned long long)t.resident);
+        free(got);
+        ft_offload_free(o);
+    }
+    ft_model_free(m);
+    if (sig == SIGKILL) {
+        waitpid(nd[1].pid, NULL, 0);
+        ft_proc_forget(nd[1].pid);
+        nd[1].pid = 0;
+    } else {
+        kill(nd[1].pid, SIGCONT);
+    }
+    srv_stop(&nd[0]);
+    if (nd[1].pid > 0) srv_stop(&nd[1]);
+    free(ref);
+    ft_model_free(ref_m);
+    ft_fixture_free(&f);
+}
+
+TEST(replica_expert_node_killed)
+{
+    expert_failover(SIGKILL, 2);    /* during the prefill */
+    expert_failover(SIGKILL, 9);    /* during decode */
+}
+TEST(replica_expert_node_stalled) { expert_failover(SIGSTOP, 7); }

@@ -163,3 +163,4 @@ TEST(gemma3_tiny) { check_model("gemma3-tiny"); }
 TEST(mixtral_tiny) { check_model("mixtral-tiny"); }
 TEST(qwen3moe_tiny) { check_model("qwen3moe-tiny"); }
 TEST(olmoe_tiny) { check_model("olmoe-tiny"); }
+TEST(qwen2moe_shared) { check_model("qwen2moe-shared"); }

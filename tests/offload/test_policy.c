@@ -270,6 +270,13 @@ TEST(cost_model_experts)
     ft_cost_predict(&in, &p, &e2);
     CHECK(e2.expert_hit == 1.0 && e2.expert_fetch_bytes == 0 && e2.decode_tps > e1.decode_tps);
     in.expert_cache = 0;
+    in.expert_hit_rate = 0.9;     /* a measured rate replaces the uniform estimate */
+    ft_cost_predict(&in, &p, &e2);
+    double want9 = 64.0 * (3u << 20) * (8.0 / 64) * (1 - 0.9);
+    CHECK_MSG(fabs(e2.expert_hit - 0.9) < 1e-12 && fabs(e2.expert_fetch_bytes - want9) < 1e-3 * want9,
+              "hit %g, fetch %g (want %g)", e2.expert_hit, e2.expert_fetch_bytes, want9);
+    CHECK(e2.decode_tps >= e1.decode_tps);
+    in.expert_hit_rate = 0;
     p.gpu_batch_size = 32;        /* 32 rows select almost every expert */
     ft_cost_predict(&in, &p, &e3);
     double act = 1 - pow(56.0 / 64, 32);

@@ -11,7 +11,7 @@ import flextier
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODELS = os.path.join(ROOT, "tests", "data", "models")
-NEW = ["qwen3-tiny", "qwen3-sw", "phi3-tiny", "phi3-sw", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny",
+NEW = ["qwen3-tiny", "qwen3-sw", "phi3-tiny", "phi3-sw", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen2moe-tiny",
        "qwen3moe-tiny", "olmoe-tiny"]
 
 
@@ -24,7 +24,7 @@ def test_greedy_equals_transformers(name, tmp_path):
         kws.append(dict(kv_dtype="f32", policy="w=0,0,100", disk_dir=str(tmp_path / "disk")))
     for kw in kws:
         with flextier.Session(d, threads=1, **kw) as s:
-            assert s.info()["model_type"] in ("qwen3", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
+            assert s.info()["model_type"] in ("qwen3", "phi3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "qwen2_moe",
                                               "olmoe")
             got = s.generate_ids(fx["prompts"], len(fx["greedy"][0]), temperature=0, ignore_eos=True)
             assert [list(g) for g in got] == fx["greedy"], (name, kw)
