@@ -36,6 +36,7 @@ struct ft_trainer {
     int cap_rows, cap_T, cap_nb;
     float *xs;               /* (L+1) x R x H layer inputs */
     float *h1, *q, *k, *v, *att, *x2, *h2, *gt, *up, *mm, *tmp, *P;
+    float *qr, *kr;          /* q, k before their norms (qk_norm)          */
     float *tl[NT], *dt;
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
     float *cosT, *sinT;
@@ -158,9 +159,16 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_create: NULL argument");
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
-    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only the llama family (llama, mistral, "
-                            "qwen2) is implemented", c->model_type);
+    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2 and qwen3 are "
+                            "implemented (opt, phi3, gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
+    {
+        unsigned f = ft_model_features(m) & ~(unsigned)FT_FEAT_QK_NORM;
+        char nb[160];
+        if (f)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': %s not implemented for training",
+                                c->model_type, ft_model_features_name(f, nb, sizeof nb));
+    }
     if (!ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
                             "base weights are not implemented for training)");
@@ -224,7 +232,7 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt};
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -275,6 +283,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     size_t half = (size_t)c->head_dim / 2;
     t->xs = fz(((size_t)c->n_layers + 1) * r * H);
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
+    t->qr = fz(r * qw); t->kr = fz(r * kw);
     t->x2 = fz(r * H); t->h2 = fz(r * H); t->gt = fz(r * I); t->up = fz(r * I); t->mm = fz(r * I);
     t->tmp = fz(r * wide);
     t->tmp2 = fz(r * wide);
@@ -296,7 +305,8 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->row = fz(maxc * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
-             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
+             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
+             t->qr && t->kr;
     for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
     if (!ok) {
         free_ws(t);
@@ -515,6 +525,39 @@ static void attn_bwd_task(void *arg, size_t i, unsigned worker)
                      t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
 }
 
+/* RMSNorm of q and k (qk_norm 1: each head over head_dim, qwen3; 2: the
+ * whole projection, olmoe), before RoPE; the inputs kept in qr, kr */
+static void qk_norm_fwd(ft_trainer *t, const ft_layer_weights *lw, int R)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_kernels *k = ft_k_get();
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
+    memcpy(t->qr, t->q, (size_t)R * qw * sizeof(float));
+    memcpy(t->kr, t->k, (size_t)R * kw * sizeof(float));
+    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq)
+        k->rmsnorm(t->q + i, t->qr + i, wvec(lw, LW_QNORM), nq, c->norm_eps);
+    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk)
+        k->rmsnorm(t->k + i, t->kr + i, wvec(lw, LW_KNORM), nk, c->norm_eps);
+}
+
+/* dq, dk (after the norms) -> before them */
+static void qk_norm_bwd(ft_trainer *t, const ft_layer_weights *lw, int R)
+{
+    const ft_model_config *c = &t->cfg;
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
+    float *d = t->tmp;   /* R x wide floats, free here */
+    memset(d, 0, (size_t)R * qw * sizeof(float));
+    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq)
+        ft_tr_rmsnorm_bwd(d + i, t->qr + i, wvec(lw, LW_QNORM), t->dq + i, nq, c->norm_eps);
+    memcpy(t->dq, d, (size_t)R * qw * sizeof(float));
+    memset(d, 0, (size_t)R * kw * sizeof(float));
+    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk)
+        ft_tr_rmsnorm_bwd(d + i, t->kr + i, wvec(lw, LW_KNORM), t->dk + i, nk, c->norm_eps);
+    memcpy(t->dk, d, (size_t)R * kw * sizeof(float));
+}
+
 /* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
 static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
 {
@@ -530,6 +573,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     TRY(lin_fwd(t, l, TQ, t->h1, R, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
+    if (c->qk_norm) qk_norm_fwd(t, lw, R);
     for (int r = 0; r < R; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
         k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
@@ -585,6 +629,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
         ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
         ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
     }
+    if (c->qk_norm) qk_norm_bwd(t, lw, R);
     memset(t->dh, 0, RH * sizeof(float));
     TRY(lin_bwd(t, l, TQ, t->h1, t->dq, R, t->dh));
     TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
@@ -861,6 +906,7 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
+    if (c->qk_norm) qk_norm_fwd(t, lw, 1);
     size_t po = (size_t)pos * (size_t)half;
     k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
     k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);

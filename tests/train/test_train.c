@@ -304,12 +304,15 @@ TEST(train_on_quantized_weights)
 }
 TEST(model_grad_fd_qwen2_bias) { model_fd("qwen2-tiny", 6); }
 TEST(model_grad_fd_mistral_window) { model_fd("mistral-sw", 9); }
+/* q/k RMSNorm per head before RoPE */
+TEST(model_grad_fd_qwen3_qk_norm) { model_fd("qwen3-tiny", 7); }
+TEST(model_grad_fd_qwen3_window) { model_fd("qwen3-sw", 9); }
 
 /* ------------------------------------------------ against PyTorch + PEFT */
 
-static json_object *run_json(char *dir, size_t n)
+static json_object *run_json(const char *name, char *dir, size_t n)
 {
-    ft_fixture_dir("lora", "llama-tiny", dir, n);
+    ft_fixture_dir("lora", name, dir, n);
     char path[1200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     return json_object_from_file(path);
@@ -343,12 +346,12 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     return t;
 }
 
-TEST(lora_run_matches_peft)
+static void peft_match(const char *name)
 {
     char dir[1024], sub[1200];
-    json_object *run = run_json(dir, sizeof dir);
+    json_object *run = run_json(name, dir, sizeof dir);
     REQUIRE(run);
-    ft_model *m = load("llama-tiny", FT_WF_F32);
+    ft_model *m = load(name, FT_WF_F32);
     REQUIRE(m);
     snprintf(sub, sizeof sub, "%s/init", dir);
     ft_trainer *t = peft_trainer(m, run, sub);
@@ -393,7 +396,7 @@ TEST(lora_run_matches_peft)
      * transformers + peft's last-position logits and greedy tokens */
     char tmp[] = "/tmp/ft_lora_XXXXXX";
     REQUIRE(mkdtemp(tmp));
-    CHECK_OK(ft_trainer_save_adapter(t, tmp, "llama-tiny"));
+    CHECK_OK(ft_trainer_save_adapter(t, tmp, name));
     ft_trainer *back = peft_trainer(m, run, tmp);
     REQUIRE(back);
     float *c = ft_trainer_param_data(back, &n);
@@ -436,6 +439,10 @@ TEST(lora_run_matches_peft)
     json_object_put(run);
 }
 
+TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
+/* qwen3: q/k norms per head; tied embeddings */
+TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
+
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
 {
@@ -472,6 +479,7 @@ TEST(generate_cached_equals_recompute)
     generate_vs_recompute("llama-tiny", FT_WF_F32);
     generate_vs_recompute("mistral-sw", FT_WF_F32);   /* window 5 < 19 positions */
     generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
+    generate_vs_recompute("qwen3-sw", FT_WF_F32);     /* q/k norms, window 4 */
 }
 
 TEST(seed_reproducible_and_init)
@@ -543,7 +551,12 @@ TEST(refusals)
     ft_train_params p;
     ft_train_params_default(&p);
     ft_trainer *t = NULL;
-    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "llama family"));
+    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "'opt'"));
+    /* qwen3_moe: the qwen3 graph, refused for its experts */
+    ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
+    REQUIRE(moe);
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "mixture of experts"));
+    ft_model_free(moe);
     p.dropout = 0.1f;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
     p.dropout = 0.0f;

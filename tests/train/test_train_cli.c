@@ -149,7 +149,7 @@ TEST(finetune_errors)
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", opt, tmp, tmp);
-    fails(1, a, "llama family");
+    fails(1, a, "model type 'opt'");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
     fails(2, a, "required");
     snprintf(a, sizeof a, "run --model %s --lora %s --lora %s --prompt hi", model, tmp, tmp);
