@@ -90,6 +90,26 @@ FT_API ft_status ft_trainer_load_state(ft_trainer *t, const char *path);
  * mean losses; *grad_norm: the global norm before clipping (NULL ok). */
 FT_API ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss,
                                  double *grad_norm);
+/* Data-parallel steps (docs/training.md): size processes (ranks), each
+ * with its own trainer over the same model, options and adapter, call
+ * ft_trainer_step_dp with the same global batch (grad_accum micro-batches,
+ * as ft_trainer_step). Rank k computes micro-batches
+ * [k A / size, (k + 1) A / size) (A = grad_accum >= size); the gradient
+ * is the left fold ((g_0 + g_1) + g_2) + ... of the micro-batches'
+ * gradients, carried from rank to rank in rank order and then sent by the
+ * last rank to all: every rank gets the same sum, bit for bit that of
+ * ft_trainer_step in one process (which folds the same way), whatever
+ * size is. send / recv move len bytes to / from a rank, blocking, in
+ * order per pair of ranks (MPI_Send / MPI_Recv); a rank whose micro-batch
+ * fails passes the failure on, so every rank returns an error. */
+typedef struct ft_train_comm {
+    int rank, size;
+    void *user;
+    ft_status (*send)(void *user, int to, const void *buf, size_t len);
+    ft_status (*recv)(void *user, int from, void *buf, size_t len);
+} ft_train_comm;
+FT_API ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens, int batch,
+                                    int seq, double *loss, double *grad_norm);
 /* The summed token loss of batch sequences (no update) and the number of
  * predicted tokens: perplexity = exp(sum / n) over a held-out set. */
 FT_API ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss_sum,

@@ -31,6 +31,9 @@ struct ft_trainer {
     lmod *mods;              /* [layer][NT] */
     float *w, *g, *m1, *m2;  /* params, grads, Adam moments */
     size_t np;
+    float *gu;               /* per micro-batch gradients (the fold)       */
+    double *gul;             /* and their mean losses                      */
+    size_t gu_units;
     int step;
     /* workspaces for cap_rows rows of sequences of cap_T */
     int cap_rows, cap_T, cap_nb;
@@ -255,6 +258,8 @@ void ft_trainer_free(ft_trainer *t)
     free(t->wt);
     free(t->ws);
     free(t->mods);
+    free(t->gu);
+    free(t->gul);
     free(t->w);
     free(t->g);
     free(t->m1);
@@ -795,18 +800,112 @@ double ft_trainer_lr_at(const ft_trainer *t, int s)
     }
 }
 
+/* the gradient of micro-batch tok alone into dst (zeroed first): its
+ * mean loss into *l */
+static ft_status unit_grad(ft_trainer *t, const int32_t *tok, int nb, int T, float *dst, double *l)
+{
+    float *keep = t->g;
+    double s = 0.0;
+    int64_t n = 0;
+    memset(dst, 0, t->np * sizeof(float));
+    t->g = dst;
+    ft_status st = ft_trainer_loss_grad(t, tok, nb, T, 1.0 / t->p.grad_accum, &s, &n);
+    t->g = keep;
+    *l = st ? 0.0 : s / (double)n;
+    return st;
+}
+
+static ft_status want_units(ft_trainer *t, size_t units)
+{
+    if (units <= t->gu_units) return FT_OK;
+    free(t->gu);
+    free(t->gul);
+    t->gu = malloc(units * t->np * sizeof(float));
+    t->gul = malloc(units * sizeof(double));
+    t->gu_units = t->gu && t->gul ? units : 0;
+    if (!t->gu_units) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for %zu micro-batch gradients", units);
+    return FT_OK;
+}
+
+/* What travels along the chain of ranks with the running sums. */
+typedef struct dp_head { double loss; int32_t status, failed_rank; } dp_head;
+
+static ft_status dp_send(const ft_train_comm *c, int to, const dp_head *h, const float *g, size_t np)
+{
+    TRY(c->send(c->user, to, h, sizeof *h));
+    return c->send(c->user, to, g, np * sizeof(float));
+}
+
+static ft_status dp_recv(const ft_train_comm *c, int from, dp_head *h, float *g, size_t np)
+{
+    TRY(c->recv(c->user, from, h, sizeof *h));
+    return c->recv(c->user, from, g, np * sizeof(float));
+}
+
 ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss, double *grad_norm)
 {
+    return ft_trainer_step_dp(t, NULL, tokens, nb, T, loss, grad_norm);
+}
+
+ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens, int nb, int T,
+                             double *loss, double *grad_norm)
+{
     if (!t || !tokens) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_step: NULL argument");
-    const int A = t->p.grad_accum;
-    memset(t->g, 0, t->np * sizeof(float));
-    double tot = 0.0;
-    for (int a = 0; a < A; a++) {
-        double s;
-        int64_t n;
-        TRY(ft_trainer_loss_grad(t, tokens + (size_t)a * (size_t)nb * (size_t)T, nb, T, 1.0 / A, &s, &n));
-        tot += s / (double)n;
+    const int A = t->p.grad_accum, N = comm ? comm->size : 1, me = comm ? comm->rank : 0;
+    if (comm && (!comm->send || !comm->recv || N < 1 || me < 0 || me >= N))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: data-parallel: bad communicator (rank %d of %d)", me, N);
+    if (A < N)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: data-parallel: %d micro-batches per step (grad_accum) for %d "
+                            "processes: each process needs at least one", A, N);
+    /* The step's gradient is the left fold S = ((g_0 + g_1) + g_2) + ...
+     * of the micro-batches' gradients (each computed from zero), the loss
+     * likewise: rank k computes micro-batches [a0, a1), receives the sum
+     * so far from rank k - 1, continues the fold and passes it on; the
+     * last rank sends the total to every rank. The additions are the same
+     * whatever N, so the result is bit for bit that of one process. */
+    const int a0 = (int)((int64_t)me * A / N), a1 = (int)((int64_t)(me + 1) * A / N);
+    const size_t np = t->np, mb = (size_t)nb * (size_t)T;
+    ft_status st = FT_OK;
+    dp_head h = {0.0, 0, -1};
+    if (me == 0) {
+        TRY(want_units(t, 1));
+        for (int a = a0; a < a1 && !st; a++) {
+            double l;
+            if (a == 0) st = unit_grad(t, tokens, nb, T, t->g, &l);
+            else if (!(st = unit_grad(t, tokens + (size_t)a * mb, nb, T, t->gu, &l)))
+                for (size_t i = 0; i < np; i++) t->g[i] += t->gu[i];
+            h.loss += l;
+        }
+    } else {
+        st = want_units(t, (size_t)(a1 - a0));
+        for (int a = a0; a < a1 && !st; a++)
+            st = unit_grad(t, tokens + (size_t)a * mb, nb, T, t->gu + (size_t)(a - a0) * np, &t->gul[a - a0]);
+        ft_status rs = dp_recv(comm, me - 1, &h, t->g, np);
+        if (rs) return rs;
+        if (!h.status && !st)
+            for (int a = a0; a < a1; a++) {
+                const float *gu = t->gu + (size_t)(a - a0) * np;
+                for (size_t i = 0; i < np; i++) t->g[i] += gu[i];
+                h.loss += t->gul[a - a0];
+            }
     }
+    if (st && !h.status) {
+        h.status = (int32_t)st;
+        h.failed_rank = me;
+    }
+    if (N > 1) {
+        if (me < N - 1) {
+            TRY(dp_send(comm, me + 1, &h, t->g, np));
+            TRY(dp_recv(comm, N - 1, &h, t->g, np));
+        } else {
+            for (int r = 0; r < N - 1; r++) TRY(dp_send(comm, r, &h, t->g, np));
+        }
+    }
+    if (st) return st;   /* this rank's own error (its message) */
+    if (h.status)
+        return ft_set_error((ft_status)h.status, "train: data-parallel: rank %d failed in its micro-batches (%s; its "
+                            "message is on its stderr)", (int)h.failed_rank, ft_status_str((ft_status)h.status));
+    const double tot = h.loss;
     /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
     double ss = 0.0;
     for (size_t i = 0; i < t->np; i++) ss += (double)t->g[i] * (double)t->g[i];
@@ -821,8 +920,8 @@ ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, d
      * v = b2 v + (1 - b2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) */
     const ft_train_params *p = &t->p;
     double lr = ft_trainer_lr_at(t, t->step);
-    int st = ++t->step;
-    double bc1 = 1.0 - pow((double)p->beta1, st), bc2 = 1.0 - pow((double)p->beta2, st);
+    int stp = ++t->step;
+    double bc1 = 1.0 - pow((double)p->beta1, stp), bc2 = 1.0 - pow((double)p->beta2, stp);
     float decay = (float)(1.0 - lr * (double)p->weight_decay);
     float w1 = (float)(1.0 - (double)p->beta1), b2 = p->beta2, w2 = (float)(1.0 - (double)p->beta2);
     float step_size = (float)(lr / bc1), bc2s = (float)sqrt(bc2);

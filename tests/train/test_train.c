@@ -13,6 +13,7 @@
 
 #include <json-c/json.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -541,6 +542,177 @@ TEST(threads_do_not_change_results)
         ft_trainer_free(t[k]);
     }
     ft_trainer_free(t[0]);
+    ft_model_free(m);
+}
+
+/* ------------------------------------------------ data-parallel steps */
+
+/* An in-process communicator: one byte FIFO per ordered pair of ranks,
+ * each rank a thread with its own trainer over the shared model. */
+enum { DPN = 4 };
+typedef struct fifo { unsigned char *b; size_t len, cap; } fifo;
+typedef struct dpnet {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fifo f[DPN][DPN];   /* [from][to] */
+} dpnet;
+typedef struct dprank {
+    dpnet *net;
+    int rank, size, steps, nb, T, A;
+    ft_trainer *t;
+    const int32_t *tok;
+    double loss[8];
+    ft_status st;
+} dprank;
+
+static ft_status dp_send_fn(void *user, int to, const void *buf, size_t len)
+{
+    dprank *r = user;
+    fifo *f = &r->net->f[r->rank][to];
+    pthread_mutex_lock(&r->net->mu);
+    if (f->len + len > f->cap) {
+        size_t c = f->cap ? f->cap : 256;
+        while (c < f->len + len) c *= 2;
+        unsigned char *p = realloc(f->b, c);
+        if (!p) {
+            pthread_mutex_unlock(&r->net->mu);
+            return FT_ERR_NOMEM;
+        }
+        f->b = p;
+        f->cap = c;
+    }
+    memcpy(f->b + f->len, buf, len);
+    f->len += len;
+    pthread_cond_broadcast(&r->net->cv);
+    pthread_mutex_unlock(&r->net->mu);
+    return FT_OK;
+}
+
+static ft_status dp_recv_fn(void *user, int from, void *buf, size_t len)
+{
+    dprank *r = user;
+    fifo *f = &r->net->f[from][r->rank];
+    pthread_mutex_lock(&r->net->mu);
+    while (f->len < len) pthread_cond_wait(&r->net->cv, &r->net->mu);
+    memcpy(buf, f->b, len);
+    memmove(f->b, f->b + len, f->len - len);
+    f->len -= len;
+    pthread_mutex_unlock(&r->net->mu);
+    return FT_OK;
+}
+
+static void *dp_main(void *arg)
+{
+    dprank *r = arg;
+    ft_train_comm c = {r->rank, r->size, r, dp_send_fn, dp_recv_fn};
+    size_t per = (size_t)r->A * (size_t)r->nb * (size_t)r->T;
+    for (int s = 0; s < r->steps && !r->st; s++)
+        r->st = ft_trainer_step_dp(r->t, &c, r->tok + (size_t)s * per, r->nb, r->T, &r->loss[s], NULL);
+    return NULL;
+}
+
+static ft_trainer *dp_trainer(ft_model *m, int A)
+{
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = 2;
+    p.lr = 1e-2f;
+    p.grad_accum = A;
+    p.total_steps = 3;
+    p.threads = 1;
+    p.seed = 5;
+    ft_trainer *t = NULL;
+    if (ft_trainer_create(m, &p, &t)) return NULL;
+    size_t n;
+    float *w = ft_trainer_param_data(t, &n);
+    uint64_t s = 99;
+    for (size_t i = 0; i < n; i++) w[i] = (float)((double)(ft_test_rand(&s) >> 11) * 0x1p-53 - 0.5) * 0.2f;
+    return t;
+}
+
+/* 1, 2, 3 and 4 processes (4 uneven over 6 micro-batches) give the losses
+ * and the adapter of ft_trainer_step bit for bit */
+TEST(data_parallel_equals_one_process)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    enum { A = 6, NB = 1, T = 9, STEPS = 3 };
+    int32_t tok[STEPS * A * NB * T];
+    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++) tok[i] = (int32_t)(ft_test_rand(&seed) % 320u);
+    ft_trainer *ref = dp_trainer(m, A);
+    REQUIRE(ref);
+    double want[STEPS];
+    for (int s = 0; s < STEPS; s++) CHECK_OK(ft_trainer_step(ref, tok + s * A * NB * T, NB, T, &want[s], NULL));
+    size_t n;
+    const float *wref = ft_trainer_param_data(ref, &n);
+    for (int N = 1; N <= DPN; N++) {
+        dpnet net;
+        memset(&net, 0, sizeof net);
+        pthread_mutex_init(&net.mu, NULL);
+        pthread_cond_init(&net.cv, NULL);
+        dprank r[DPN];
+        pthread_t th[DPN];
+        for (int k = 0; k < N; k++) {
+            r[k] = (dprank){&net, k, N, STEPS, NB, T, A, dp_trainer(m, A), tok, {0}, FT_OK};
+            REQUIRE(r[k].t);
+        }
+        for (int k = 0; k < N; k++) REQUIRE(pthread_create(&th[k], NULL, dp_main, &r[k]) == 0);
+        for (int k = 0; k < N; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < N; k++) {
+            CHECK_MSG(r[k].st == FT_OK, "N=%d rank %d: %s", N, k, ft_last_error());
+            for (int s = 0; s < STEPS; s++)
+                CHECK_MSG(r[k].loss[s] == want[s], "N=%d rank %d step %d: loss %.17g vs %.17g", N, k, s,
+                          r[k].loss[s], want[s]);
+            size_t nk;
+            const float *wk = ft_trainer_param_data(r[k].t, &nk);
+            CHECK_MSG(nk == n && memcmp(wk, wref, n * sizeof(float)) == 0, "N=%d rank %d: adapter differs", N, k);
+            ft_trainer_free(r[k].t);
+        }
+        for (int a = 0; a < DPN; a++)
+            for (int b = 0; b < DPN; b++) {
+                CHECK(net.f[a][b].len == 0);   /* every message consumed */
+                free(net.f[a][b].b);
+            }
+        pthread_mutex_destroy(&net.mu);
+        pthread_cond_destroy(&net.cv);
+    }
+    printf("  data-parallel: N = 1..%d, losses %.6f %.6f %.6f equal bit for bit\n", DPN, want[0], want[1], want[2]);
+    /* more processes than micro-batches is refused */
+    ft_train_comm c = {0, A + 1, NULL, dp_send_fn, dp_recv_fn};
+    double l;
+    CHECK(ft_trainer_step_dp(ref, &c, tok, NB, T, &l, NULL) == FT_ERR_INVALID_ARG &&
+          strstr(ft_last_error(), "at least one"));
+    ft_trainer_free(ref);
+    ft_model_free(m);
+}
+
+/* a rank whose micro-batch fails: every rank returns an error, none hangs */
+TEST(data_parallel_failure_reaches_every_rank)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    enum { A = 2, NB = 1, T = 5 };
+    int32_t tok[A * NB * T];
+    for (int i = 0; i < A * NB * T; i++) tok[i] = i + 1;
+    tok[A * NB * T - 1] = 100000;   /* rank 1's micro-batch: outside the vocabulary */
+    dpnet net;
+    memset(&net, 0, sizeof net);
+    pthread_mutex_init(&net.mu, NULL);
+    pthread_cond_init(&net.cv, NULL);
+    dprank r[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        r[k] = (dprank){&net, k, 2, 1, NB, T, A, dp_trainer(m, A), tok, {0}, FT_OK};
+        REQUIRE(r[k].t);
+    }
+    for (int k = 0; k < 2; k++) REQUIRE(pthread_create(&th[k], NULL, dp_main, &r[k]) == 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    CHECK(r[0].st == FT_ERR_INVALID_ARG && r[1].st == FT_ERR_INVALID_ARG);
+    for (int k = 0; k < 2; k++) ft_trainer_free(r[k].t);
+    for (int a = 0; a < DPN; a++)
+        for (int b = 0; b < DPN; b++) free(net.f[a][b].b);
+    pthread_mutex_destroy(&net.mu);
+    pthread_cond_destroy(&net.cv);
     ft_model_free(m);
 }
 
