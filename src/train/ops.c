@@ -166,3 +166,29 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
         }
     }
 }
+
+void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps)
+{
+    /* y_i = w_i xh_i + b_i, xh = (x - mean) r, r = (var + eps)^-1/2, g = w dy:
+     * dx_i = r (g_i - mean(g) - xh_i mean(g xh)) */
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) {
+        float d = x[i] - mean;
+        var += d * d;
+    }
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps), sg = 0.0f, sgx = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float g = (w ? w[i] : 1.0f) * dy[i];
+        sg += g;
+        sgx += g * (x[i] - mean) * r;
+    }
+    sg /= (float)n;
+    sgx /= (float)n;
+    for (int i = 0; i < n; i++) {
+        float g = (w ? w[i] : 1.0f) * dy[i];
+        dx[i] += r * (g - sg - (x[i] - mean) * r * sgx);
+    }
+}

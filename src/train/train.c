@@ -17,6 +17,12 @@
 #define NT 7
 
 static const char *const tname[NT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+/* every PEFT name by its bit (FT_LORA_*): the llama names, then OPT's
+ * out_proj, fc1, fc2 (its o_proj, up_proj, down_proj slots) */
+#define NB_NAMES 10
+static const char *const bitname[NB_NAMES] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                              "down_proj", "out_proj", "fc1", "fc2"};
+static const char *const opt_tname[NT] = {"q_proj", "k_proj", "v_proj", "out_proj", NULL, "fc1", "fc2"};
 static const int tslot[NT] = {LW_Q, LW_K, LW_V, LW_O, LW_GATE, LW_UP, LW_DOWN};
 static const int tbias[NT] = {LW_QB, LW_KB, LW_VB, LW_OB, LW_GATE_B, LW_UP_B, LW_DOWN_B};
 enum { TQ, TK, TV, TO, TG, TU, TD };
@@ -26,6 +32,8 @@ typedef struct lmod { int on, in, out; size_t a, b; } lmod;
 struct ft_trainer {
     const ft_model *m;
     ft_model_config cfg;
+    ft_model_blocks blk;     /* norm, positions, FFN of the architecture   */
+    int is_opt;
     ft_train_params p;
     float scale;
     lmod *mods;              /* [layer][NT] */
@@ -58,8 +66,8 @@ struct ft_trainer {
 
 unsigned ft_lora_target_bit(const char *name)
 {
-    for (int i = 0; name && i < NT; i++)
-        if (!strcmp(name, tname[i])) return 1u << i;
+    for (int i = 0; name && i < NB_NAMES; i++)
+        if (!strcmp(name, bitname[i])) return 1u << i;
     return 0;
 }
 
@@ -78,13 +86,15 @@ ft_status ft_lora_parse_targets(const char *list, unsigned *mask)
         char name[32];
         if (n == 0 || n >= sizeof name)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: bad entry in '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj, or all)", list);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: q_proj k_proj v_proj out_proj fc1 "
+                                "fc2; or all)", list);
         memcpy(name, s, n);
         name[n] = 0;
         unsigned b = ft_lora_target_bit(name);
         if (!b)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: unknown module '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj, or all)", name);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: q_proj k_proj v_proj out_proj fc1 "
+                                "fc2; or all)", name);
         m |= b;
         s += n;
         if (*s == ',') s++;
@@ -119,7 +129,7 @@ static ft_status check_params(const ft_train_params *p)
         return ft_set_error(FT_ERR_INVALID_ARG, "train: alpha must be a positive number");
     if (p->dropout != 0.0f)
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout %g: only 0 is implemented", (double)p->dropout);
-    if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ALL))
+    if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ANY))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: no (or unknown) target modules");
     if (!(p->lr > 0.0f) || !isfinite(p->lr)) return ft_set_error(FT_ERR_INVALID_ARG, "train: lr must be > 0");
     if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
@@ -162,9 +172,34 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_create: NULL argument");
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
-    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2 and qwen3 are "
-                            "implemented (opt, phi3, gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
+    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3 and opt "
+                            "are implemented (phi3, gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
+    const int is_opt = c->arch == FT_ARCH_OPT;
+    if (is_opt && (!c->do_layer_norm_before || ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ||
+                   ft_wmat_present(ft_model_global(m, GW_PROJ_OUT))))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: this OPT has %s: only pre-LN OPT without project_in/out is "
+                            "implemented", !c->do_layer_norm_before ? "post-LN layers (do_layer_norm_before false)"
+                                                                    : "project_in/project_out");
+    /* the modules to adapt, by slot: PEFT's names differ between the families */
+    unsigned on = 0, want = p->targets;
+    if (is_opt) {
+        if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2;
+        unsigned bad = want & (FT_LORA_O | FT_LORA_GATE | FT_LORA_UP | FT_LORA_DOWN);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: OPT has no module %s (its PEFT names: q_proj k_proj "
+                                    "v_proj out_proj fc1 fc2)", bitname[i]);
+        on = (want & (FT_LORA_Q | FT_LORA_K | FT_LORA_V)) | (want & FT_LORA_OUT ? 1u << TO : 0) |
+             (want & FT_LORA_FC1 ? 1u << TU : 0) | (want & FT_LORA_FC2 ? 1u << TD : 0);
+    } else {
+        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is an OPT module name; this %s model's are q_proj "
+                                    "k_proj v_proj o_proj gate_proj up_proj down_proj", bitname[i], c->model_type);
+        on = want;
+    }
     {
         unsigned f = ft_model_features(m) & ~(unsigned)FT_FEAT_QK_NORM;
         char nb[160];
@@ -177,29 +212,33 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                             "base weights are not implemented for training)");
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++)
-            if (!ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
+            if (!(is_opt && i == TG) && !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
                 return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
     size_t np = 0;
     ft_trainer *t = calloc(1, sizeof *t);
     if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
     t->m = m;
     t->cfg = *c;
+    t->is_opt = is_opt;
+    ft_model_get_blocks(m, &t->blk);
     if (ft_pool_create(p->threads, &t->pool)) {
         free(t);
         return ft_set_error(FT_ERR_NOMEM, "train: cannot start %u threads", p->threads);
     }
     t->nthreads = ft_pool_size(t->pool);
     t->p = *p;
+    t->p.targets = want;   /* "all" as the family's names */
     t->scale = p->alpha / (float)p->rank;
     t->mods = calloc((size_t)c->n_layers * NT, sizeof *t->mods);
     if (!t->mods) goto nomem;
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+            if (is_opt && i == TG) continue;
             const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
             md->in = W->cols;
             md->out = W->rows;
-            if (!(p->targets & (1u << i))) continue;
+            if (!(on & (1u << i))) continue;
             md->on = 1;
             md->a = np;
             np += (size_t)p->rank * (size_t)W->cols;
@@ -317,7 +356,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
         free_ws(t);
         return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the activations of %d x %d tokens", nb, T);
     }
-    ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
+    if (t->blk.pos == FT_POS_ROPE) ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
     t->cap_rows = R;
     t->cap_T = T;
     t->cap_nb = nb;
@@ -530,6 +569,35 @@ static void attn_bwd_task(void *arg, size_t i, unsigned worker)
                      t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
 }
 
+/* the architecture's norm (RMSNorm, or LayerNorm with a bias) over R rows
+ * of hidden, and its backward (dx += ...) */
+static void norm_fwd(const ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
+{
+    const ft_kernels *k = ft_k_get();
+    const int H = t->cfg.hidden;
+    for (int r = 0; r < R; r++) {
+        const size_t o = (size_t)r * (size_t)H;
+        if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(out + o, in + o, w, H, t->cfg.norm_eps);
+        else k->layernorm(out + o, in + o, w, b, H, t->cfg.norm_eps);
+    }
+}
+
+static void norm_bwd(const ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
+{
+    const int H = t->cfg.hidden;
+    for (int r = 0; r < R; r++) {
+        const size_t o = (size_t)r * (size_t)H;
+        if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
+        else ft_tr_layernorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
+    }
+}
+
+static const float *gvec(const ft_trainer *t, int slot)
+{
+    const ft_wmat *g = ft_model_global(t->m, slot);
+    return g ? (const float *)g->data : NULL;
+}
+
 /* RMSNorm of q and k (qk_norm 1: each head over head_dim, qwen3; 2: the
  * whole projection, olmoe), before RoPE; the inputs kept in qr, kr */
 static void qk_norm_fwd(ft_trainer *t, const ft_layer_weights *lw, int R)
@@ -573,13 +641,12 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     const ft_layer_weights *lw = lw_of(t, l);
     const float *x = t->xs + (size_t)l * (size_t)R * (size_t)H;
     float *xo = t->xs + (size_t)(l + 1) * (size_t)R * (size_t)H;
-    for (int r = 0; r < R; r++)
-        k->rmsnorm(t->h1 + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    norm_fwd(t, t->h1, x, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, R, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
     if (c->qk_norm) qk_norm_fwd(t, lw, R);
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
         k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
         k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
@@ -588,15 +655,18 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_fwd_task, &aj);
     TRY(lin_fwd(t, l, TO, t->att, R, t->tmp));
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
-    for (int r = 0; r < R; r++)
-        k->rmsnorm(t->h2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W), H,
-                   c->norm_eps);
-    TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
-    TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+    norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     size_t ni = (size_t)R * (size_t)c->ffn;
-    for (size_t i = 0; i < ni; i++) {
-        float g = t->gt[i];
-        t->mm[i] = g / (1.0f + expf(-g)) * t->up[i];
+    if (t->blk.ffn == FT_FFN_SWIGLU) {
+        TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
+        TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+        for (size_t i = 0; i < ni; i++) {
+            float g = t->gt[i];
+            t->mm[i] = g / (1.0f + expf(-g)) * t->up[i];
+        }
+    } else {   /* OPT: relu(fc1) */
+        TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+        for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
     }
     TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
@@ -615,13 +685,15 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     memcpy(t->dx2, t->dx, RH * sizeof(float));
     memset(t->dmm, 0, RI * sizeof(float));
     TRY(lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm));
-    ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
     memset(t->dh, 0, RH * sizeof(float));
-    TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    if (t->blk.ffn == FT_FFN_SWIGLU) {
+        ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    } else {
+        for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;
+    }
     TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W),
-                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
     TRY(lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt));
     memset(t->dq, 0, (size_t)R * qw * sizeof(float));
@@ -629,7 +701,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     memset(t->dv, 0, (size_t)R * kw * sizeof(float));
     attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_bwd_task, &aj);
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
         ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
         ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
@@ -640,9 +712,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
     TRY(lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh));
     memcpy(t->dx, t->dx2, RH * sizeof(float));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W),
-                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    norm_bwd(t, t->dx, x, R, wvec(lw, LW_NORM1_W), t->dh);
     return FT_OK;
 }
 
@@ -691,6 +761,15 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
     TRY(ensure(t, nb, T));
     const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
     for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    if (t->blk.pos == FT_POS_LEARNED) {   /* OPT: position r % T + offset */
+        const ft_wmat *P = ft_model_global(t->m, GW_POS_EMB);
+        float *pe = t->h1;
+        for (int r = 0; r < nb * T; r++) {
+            ft_wmat_row_f32(P, r % T + t->blk.pos_offset, pe);
+            float *x = t->xs + (size_t)r * (size_t)c->hidden;
+            for (int i = 0; i < c->hidden; i++) x[i] += pe[i];
+        }
+    }
     for (int l = 0; l < c->n_layers; l++) TRY(layer_fwd(t, l, nb, T));
     return FT_OK;
 }
@@ -703,11 +782,10 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     const ft_model_config *c = &t->cfg;
     const int R = nb * T, H = c->hidden, L = c->n_layers;
     TRY(forward(t, tokens, nb, T));
-    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
     const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
     float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
-    const ft_kernels *k = ft_k_get();
-    for (int r = 0; r < R; r++) k->rmsnorm(hf + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, H, c->norm_eps);
+    norm_fwd(t, hf, xl, R, fw, fb);
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
     const int V = W->rows, vc = vchunk(t, W);
     for (int r = 0; r < R; r++) {
@@ -768,9 +846,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
     }
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, dhf + (size_t)r * (size_t)H,
-                          H, c->norm_eps);
+    norm_bwd(t, t->dx, xl, R, fw, dhf);
     /* the layers in reverse, each recomputed from its saved input */
     for (int l = L - 1; l >= 0; l--) {
         TRY(layer_fwd(t, l, nb, T));
@@ -951,7 +1027,7 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     const ft_model_config *c = &t->cfg;
     TRY(forward(t, tokens, 1, n));
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
-    ft_k_get()->rmsnorm(t->h1, xl, ft_model_global(t->m, GW_FINAL_NORM_W)->data, c->hidden, c->norm_eps);
+    norm_fwd(t, t->h1, xl, 1, gvec(t, GW_FINAL_NORM_W), gvec(t, GW_FINAL_NORM_B));
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
     return prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL);
 }
@@ -966,9 +1042,15 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
     const lmod *md = &t->mods[k];
     if (!md->on) return 0;
     int l = (int)(k / NT), i = (int)(k % NT);
-    const char *blk = i <= TO ? "self_attn" : "mlp";
-    snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, tname[i]);
-    snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, tname[i]);
+    if (t->is_opt) {   /* model.decoder.layers.L.self_attn.q_proj, ...layers.L.fc1 */
+        const char *blk = i <= TO ? "self_attn." : "";
+        snprintf(a_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_A.weight", l, blk, opt_tname[i]);
+        snprintf(b_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_B.weight", l, blk, opt_tname[i]);
+    } else {
+        const char *blk = i <= TO ? "self_attn" : "mlp";
+        snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, tname[i]);
+        snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, tname[i]);
+    }
     *A = t->w + md->a;
     *B = t->w + md->b;
     ashape[0] = t->p.rank;
@@ -979,7 +1061,7 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
 }
 
 const ft_train_params *ft_tr_params(const ft_trainer *t) { return &t->p; }
-const char *ft_tr_target_name(int i) { return i >= 0 && i < NT ? tname[i] : NULL; }
+const char *ft_tr_target_name(int i) { return i >= 0 && i < NB_NAMES ? bitname[i] : NULL; }
 
 void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step)
 {
@@ -1001,14 +1083,16 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     const int H = c->hidden, hd = c->head_dim, half = hd / 2, rep = c->n_heads / c->n_kv_heads;
     const size_t kw = (size_t)c->n_kv_heads * (size_t)hd;
     const ft_layer_weights *lw = lw_of(t, l);
-    k->rmsnorm(t->h1, x, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    norm_fwd(t, t->h1, x, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
     if (c->qk_norm) qk_norm_fwd(t, lw, 1);
     size_t po = (size_t)pos * (size_t)half;
-    k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
-    k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+    if (t->blk.pos == FT_POS_ROPE) {
+        k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
+        k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+    }
     memcpy(kc + (size_t)pos * kw, t->k, kw * sizeof(float));
     memcpy(vc + (size_t)pos * kw, t->v, kw * sizeof(float));
     int win = ft_model_config_layer_window(c, l), j0 = win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0;
@@ -1031,10 +1115,15 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     }
     TRY(lin_fwd(t, l, TO, t->att, 1, t->tmp));
     for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
-    k->rmsnorm(t->h2, t->x2, wvec(lw, LW_NORM2_W), H, c->norm_eps);
-    TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
-    TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
-    for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
+    norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    if (t->blk.ffn == FT_FFN_SWIGLU) {
+        TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
+        TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+        for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
+    } else {
+        TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+        for (int i = 0; i < c->ffn; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
+    }
     TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
     for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
     return FT_OK;
@@ -1061,10 +1150,14 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
         goto done;
     }
     const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *W = ft_model_global(t->m, GW_LM_HEAD);
-    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
     int32_t tok = prompt[0];
     for (int pos = 0; pos < total - 1; pos++) {
         ft_wmat_row_f32(E, tok, x);
+        if (t->blk.pos == FT_POS_LEARNED) {
+            ft_wmat_row_f32(ft_model_global(t->m, GW_POS_EMB), pos + t->blk.pos_offset, hf);
+            for (int i = 0; i < H; i++) x[i] += hf[i];
+        }
         for (int l = 0; l < c->n_layers && !st; l++)
             st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
         if (st) goto done;
@@ -1072,7 +1165,7 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
             tok = prompt[pos + 1];
             continue;
         }
-        ft_k_get()->rmsnorm(hf, x, fw, H, c->norm_eps);
+        norm_fwd(t, hf, x, 1, fw, fb);
         if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
         int best = 0;
         for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;

@@ -20,6 +20,9 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
 
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
 void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
+/* LayerNorm y = (x - mean) / sqrt(var + eps) * w + b over n (w NULL: 1):
+ * dx += d/dx of dot(dy, y) (b does not enter). */
+void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
 /* RoPE backward: the inverse rotation (any cos/sin, scaled ones too). */
 void ft_tr_rope_bwd(float *dx, int n_heads, int head_dim, const float *cos, const float *sin);
 /* g' = silu(g) * u: given dy, dg and du (overwritten). */

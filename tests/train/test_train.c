@@ -10,6 +10,7 @@
 #include "flextier/model.h"
 #include "flextier/train.h"
 #include "train/train_internal.h"
+#include "engine/kernels.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -91,6 +92,33 @@ TEST(rmsnorm_bwd_fd)
         }
         double fd = (f[0] - f[1]) / (double)((x[i] + 1e-3f) - (x[i] - 1e-3f));
         CHECK_MSG(close_fd(dx[i], fd, 2e-3), "i %d: %g vs %g", i, (double)dx[i], fd);
+    }
+}
+
+/* LayerNorm (OPT), with and without affine weights, against the engine's forward */
+TEST(layernorm_bwd_fd)
+{
+    enum { N = 24 };
+    float x[N], w[N], b[N], dy[N], y[N], xp[N];
+    fill(x, N, 1.0f);
+    fill(w, N, 1.0f);
+    fill(b, N, 1.0f);
+    fill(dy, N, 1.0f);
+    for (int affine = 0; affine < 2; affine++) {
+        float dx[N] = {0};
+        const float *wp = affine ? w : NULL;
+        ft_tr_layernorm_bwd(dx, x, wp, dy, N, 1e-5f);
+        for (int i = 0; i < N; i++) {
+            double f[2];
+            for (int s = 0; s < 2; s++) {
+                memcpy(xp, x, sizeof x);
+                xp[i] += s ? -1e-3f : 1e-3f;
+                ft_k_layernorm_ref(y, xp, wp, affine ? b : NULL, N, 1e-5f);
+                f[s] = dotd(dy, y, N);
+            }
+            double fd = (f[0] - f[1]) / (double)((x[i] + 1e-3f) - (x[i] - 1e-3f));
+            CHECK_MSG(close_fd(dx[i], fd, 2e-3), "affine %d i %d: %g vs %g", affine, i, (double)dx[i], fd);
+        }
     }
 }
 
@@ -222,7 +250,7 @@ TEST(matT_stored_formats)
 }
 
 /* d mean-loss / d (every LoRA parameter we probe) vs central differences */
-static void model_fd_fmt(const char *name, int T, int fmt)
+static void model_fd_h(const char *name, int T, int fmt, float h0)
 {
     ft_model *m = load(name, fmt);
     REQUIRE(m);
@@ -249,7 +277,7 @@ static void model_fd_fmt(const char *name, int T, int fmt)
     memcpy(an, g, n * sizeof(float));
     int bad = 0, probes = 0;
     for (size_t i = 0; i < n; i += n / 37 + 1) {
-        float x0 = w[i], h = 1e-2f;
+        float x0 = w[i], h = h0;
         double fp, fm;
         w[i] = x0 + h;
         CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fp, &cnt));
@@ -270,6 +298,7 @@ static void model_fd_fmt(const char *name, int T, int fmt)
     ft_model_free(m);
 }
 
+static void model_fd_fmt(const char *name, int T, int fmt) { model_fd_h(name, T, fmt, 1e-2f); }
 static void model_fd(const char *name, int T) { model_fd_fmt(name, T, FT_WF_F32); }
 
 TEST(model_grad_fd_llama) { model_fd("llama-tiny", 7); }
@@ -308,6 +337,8 @@ TEST(model_grad_fd_mistral_window) { model_fd("mistral-sw", 9); }
 /* q/k RMSNorm per head before RoPE */
 TEST(model_grad_fd_qwen3_qk_norm) { model_fd("qwen3-tiny", 7); }
 TEST(model_grad_fd_qwen3_window) { model_fd("qwen3-sw", 9); }
+/* OPT: LayerNorm with biases, biases on every projection, ReLU, learned positions */
+TEST(model_grad_fd_opt) { model_fd_h("opt-tiny", 7, FT_WF_F32, 5e-4f); }   /* ReLU kinks: a smaller step */
 
 /* ------------------------------------------------ against PyTorch + PEFT */
 
@@ -443,6 +474,8 @@ static void peft_match(const char *name)
 TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
 /* qwen3: q/k norms per head; tied embeddings */
 TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
+/* OPT: q_proj k_proj v_proj out_proj fc1 fc2, LayerNorm, ReLU, learned positions */
+TEST(lora_run_matches_peft_opt) { peft_match("opt-tiny"); }
 
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
@@ -481,6 +514,7 @@ TEST(generate_cached_equals_recompute)
     generate_vs_recompute("mistral-sw", FT_WF_F32);   /* window 5 < 19 positions */
     generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
     generate_vs_recompute("qwen3-sw", FT_WF_F32);     /* q/k norms, window 4 */
+    generate_vs_recompute("opt-tiny", FT_WF_F32);     /* learned positions */
 }
 
 TEST(seed_reproducible_and_init)
@@ -723,7 +757,23 @@ TEST(refusals)
     ft_train_params p;
     ft_train_params_default(&p);
     ft_trainer *t = NULL;
-    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "'opt'"));
+    /* architectures not implemented, by name */
+    static const char *const other[][2] = {{"phi3-tiny", "'phi3'"}, {"gemma2-tiny", "'gemma2'"},
+                                           {"mixtral-tiny", "'mixtral'"}, {"olmoe-tiny", "'olmoe'"},
+                                           {"opt-tiny-postln", "post-LN"}, {"opt-tiny-proj", "project_in"}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        ft_model *o = load(other[i][0], FT_WF_F32);
+        REQUIRE(o);
+        CHECK_MSG(ft_trainer_create(o, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), other[i][1]),
+                  "%s: %s", other[i][0], ft_last_error());
+        ft_model_free(o);
+    }
+    /* each family's PEFT names */
+    p.targets = FT_LORA_Q | FT_LORA_O;
+    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "o_proj"));
+    p.targets = FT_LORA_Q | FT_LORA_FC1;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    p.targets = FT_LORA_ALL;
     /* qwen3_moe: the qwen3 graph, refused for its experts */
     ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
     REQUIRE(moe);
@@ -742,7 +792,9 @@ TEST(refusals)
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "warmup"));
     p.warmup = 0;
     unsigned mask;
-    CHECK(ft_lora_parse_targets("q_proj,fc1", &mask) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    CHECK(ft_lora_parse_targets("q_proj,fc3", &mask) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc3"));
+    CHECK_OK(ft_lora_parse_targets("q_proj,fc1", &mask));
+    CHECK(mask == (FT_LORA_Q | FT_LORA_FC1));
     CHECK_OK(ft_lora_parse_targets("q_proj,v_proj", &mask));
     CHECK(mask == (FT_LORA_Q | FT_LORA_V));
     CHECK_OK(ft_trainer_create(m, &p, &t));

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static char model[1024], opt[1024];
+static char model[1024], opt[1024], phi3[1024];
 static const char *tmp;
 
 static void setup(void)
@@ -19,6 +19,7 @@ static void setup(void)
     tmp = ft_test_tmpdir("train_cli");
     ft_fixture_dir("models", "llama-tiny", model, sizeof model);
     ft_fixture_dir("models", "opt-tiny", opt, sizeof opt);
+    ft_fixture_dir("models", "phi3-tiny", phi3, sizeof phi3);
     char path[1200];
     snprintf(path, sizeof path, "%s/data.txt", tmp);
     FILE *f = fopen(path, "w");
@@ -75,6 +76,18 @@ TEST(finetune_data_parallel_mpirun)
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dpz --data-parallel ucx > %s/dpz.out 2>&1",
                 ft_test_bin(), model, tmp, tmp, tmp) == 2);
     CHECK(ft_file_has(tmp, "dpz.out", "only mpi"));
+}
+
+/* OPT: its PEFT names in the adapter, run --lora through learned positions */
+TEST(finetune_opt)
+{
+    setup();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/opt --targets q_proj,out_proj,fc1,fc2 " FT_ARGS
+                " > %s/opt.out 2>&1", ft_test_bin(), opt, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "opt.out", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "opt/adapter_config.json", "\"fc1\""));
+    CHECK(ft_sh("%s run --model %s --lora %s/opt --prompt 'Hello world' --max-new-tokens 4 --ids > %s/optgen 2>&1",
+                ft_test_bin(), opt, tmp, tmp) == 0);
 }
 
 TEST(finetune_then_run_lora)
@@ -177,14 +190,18 @@ TEST(finetune_errors)
     fails(2, a, "--rank");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --lr -1", model, tmp, tmp);
     fails(2, a, "--lr");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc3", model, tmp, tmp);
+    fails(2, a, "fc3");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc1", model, tmp, tmp);
-    fails(2, a, "fc1");
+    fails(1, a, "fc1 is an OPT module name");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", model, tmp, tmp);
     fails(1, a, "dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", opt, tmp, tmp);
-    fails(1, a, "model type 'opt'");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", phi3, tmp, tmp);
+    fails(1, a, "model type 'phi3'");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,o_proj", opt, tmp, tmp);
+    fails(1, a, "OPT has no module o_proj");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
     fails(2, a, "required");
     snprintf(a, sizeof a, "run --model %s --lora %s --lora %s --prompt hi", model, tmp, tmp);
