@@ -23,14 +23,16 @@ extern "C" {
 #endif
 
 /* Target modules (PEFT names), a bit mask: the llama family's, then
- * OPT's out_proj, fc1, fc2 (q/k/v_proj are shared). FT_LORA_ALL ("all")
+ * OPT's out_proj, fc1, fc2 (q/k/v_proj are shared), phi3's qkv_proj and
+ * gate_up_proj (o_proj, down_proj shared). FT_LORA_ALL ("all")
  * means every projection of the model's family. */
 enum {
     FT_LORA_Q = 1, FT_LORA_K = 2, FT_LORA_V = 4, FT_LORA_O = 8,
     FT_LORA_GATE = 16, FT_LORA_UP = 32, FT_LORA_DOWN = 64,
     FT_LORA_ALL = 127,
     FT_LORA_OUT = 128, FT_LORA_FC1 = 256, FT_LORA_FC2 = 512,
-    FT_LORA_ANY = 1023
+    FT_LORA_QKV = 1024, FT_LORA_GATE_UP = 2048,   /* phi3's fused projections */
+    FT_LORA_ANY = 4095
 };
 /* "q_proj" -> FT_LORA_Q; 0 if unknown. */
 FT_API unsigned ft_lora_target_bit(const char *name);

@@ -19,21 +19,24 @@
 static const char *const tname[NT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 /* every PEFT name by its bit (FT_LORA_*): the llama names, then OPT's
  * out_proj, fc1, fc2 (its o_proj, up_proj, down_proj slots) */
-#define NB_NAMES 10
+#define NB_NAMES 12
 static const char *const bitname[NB_NAMES] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                              "down_proj", "out_proj", "fc1", "fc2"};
+                                              "down_proj", "out_proj", "fc1", "fc2", "qkv_proj", "gate_up_proj"};
 static const char *const opt_tname[NT] = {"q_proj", "k_proj", "v_proj", "out_proj", NULL, "fc1", "fc2"};
 static const int tslot[NT] = {LW_Q, LW_K, LW_V, LW_O, LW_GATE, LW_UP, LW_DOWN};
 static const int tbias[NT] = {LW_QB, LW_KB, LW_VB, LW_OB, LW_GATE_B, LW_UP_B, LW_DOWN_B};
 enum { TQ, TK, TV, TO, TG, TU, TD };
 
-typedef struct lmod { int on, in, out; size_t a, b; } lmod;
+/* one adapted projection; phi3's fused qkv_proj / gate_up_proj are one
+ * LoRA whose B is sliced by rows: the k/v (up) parts share the q (gate)
+ * part's A (shared = 1) and use the next rows of its B (fused_out rows) */
+typedef struct lmod { int on, in, out, shared, fused_out; size_t a, b; } lmod;
 
 struct ft_trainer {
     const ft_model *m;
     ft_model_config cfg;
     ft_model_blocks blk;     /* norm, positions, FFN of the architecture   */
-    int is_opt;
+    int is_opt, is_phi3;
     ft_train_params p;
     float scale;
     lmod *mods;              /* [layer][NT] */
@@ -86,15 +89,15 @@ ft_status ft_lora_parse_targets(const char *list, unsigned *mask)
         char name[32];
         if (n == 0 || n >= sizeof name)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: bad entry in '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj; OPT: q_proj k_proj v_proj out_proj fc1 "
-                                "fc2; or all)", list);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: out_proj fc1 fc2; phi3: qkv_proj "
+                                "gate_up_proj; or all)", list);
         memcpy(name, s, n);
         name[n] = 0;
         unsigned b = ft_lora_target_bit(name);
         if (!b)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: unknown module '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj; OPT: q_proj k_proj v_proj out_proj fc1 "
-                                "fc2; or all)", name);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: out_proj fc1 fc2; phi3: qkv_proj "
+                                "gate_up_proj; or all)", name);
         m |= b;
         s += n;
         if (*s == ',') s++;
@@ -172,10 +175,11 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_create: NULL argument");
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
-    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3 and opt "
-                            "are implemented (phi3, gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
-    const int is_opt = c->arch == FT_ARCH_OPT;
+    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT &&
+        c->arch != FT_ARCH_PHI3)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3, phi3 and "
+                            "opt are implemented (gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
+    const int is_opt = c->arch == FT_ARCH_OPT, is_phi3 = c->arch == FT_ARCH_PHI3;
     if (is_opt && (!c->do_layer_norm_before || ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ||
                    ft_wmat_present(ft_model_global(m, GW_PROJ_OUT))))
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: this OPT has %s: only pre-LN OPT without project_in/out is "
@@ -192,12 +196,22 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     "v_proj out_proj fc1 fc2)", bitname[i]);
         on = (want & (FT_LORA_Q | FT_LORA_K | FT_LORA_V)) | (want & FT_LORA_OUT ? 1u << TO : 0) |
              (want & FT_LORA_FC1 ? 1u << TU : 0) | (want & FT_LORA_FC2 ? 1u << TD : 0);
-    } else {
-        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2);
+    } else if (is_phi3) {
+        if (want == FT_LORA_ALL) want = FT_LORA_QKV | FT_LORA_O | FT_LORA_GATE_UP | FT_LORA_DOWN;
+        unsigned bad = want & ~(unsigned)(FT_LORA_QKV | FT_LORA_O | FT_LORA_GATE_UP | FT_LORA_DOWN);
         for (int i = 0; bad && i < NB_NAMES; i++)
             if (bad & (1u << i))
-                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is an OPT module name; this %s model's are q_proj "
-                                    "k_proj v_proj o_proj gate_proj up_proj down_proj", bitname[i], c->model_type);
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: phi3 has no module %s (its fused projections' PEFT "
+                                    "names: qkv_proj o_proj gate_up_proj down_proj)", bitname[i]);
+        on = (want & FT_LORA_QKV ? 7u : 0) | (want & FT_LORA_O) | (want & FT_LORA_GATE_UP ? 3u << TG : 0) |
+             (want & FT_LORA_DOWN);
+    } else {
+        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2 | FT_LORA_QKV | FT_LORA_GATE_UP);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is an %s module name; this %s model's are q_proj "
+                                    "k_proj v_proj o_proj gate_proj up_proj down_proj", bitname[i],
+                                    i >= 10 ? "phi3" : "OPT", c->model_type);
         on = want;
     }
     {
@@ -220,6 +234,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     t->m = m;
     t->cfg = *c;
     t->is_opt = is_opt;
+    t->is_phi3 = is_phi3;
     ft_model_get_blocks(m, &t->blk);
     if (ft_pool_create(p->threads, &t->pool)) {
         free(t);
@@ -240,6 +255,22 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
             md->out = W->rows;
             if (!(on & (1u << i))) continue;
             md->on = 1;
+            if (is_phi3 && (i == TK || i == TV || i == TU)) {   /* later rows of the fused B */
+                const lmod *prev = md - 1;
+                md->shared = 1;
+                md->a = prev->a;
+                md->b = prev->b + (size_t)prev->out * (size_t)p->rank;
+                continue;
+            }
+            if (is_phi3 && (i == TQ || i == TG)) {
+                md->fused_out = i == TQ ? W->rows + 2 * wmat(ft_model_layer(m, l), tslot[TK])->rows
+                                        : 2 * W->rows;
+                md->a = np;
+                np += (size_t)p->rank * (size_t)W->cols;
+                md->b = np;
+                np += (size_t)md->fused_out * (size_t)p->rank;
+                continue;
+            }
             md->a = np;
             np += (size_t)p->rank * (size_t)W->cols;
             md->b = np;
@@ -256,7 +287,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            if (!md->on) continue;
+            if (!md->on || md->shared) continue;
             float bound = 1.0f / sqrtf((float)md->in);
             for (size_t j = 0; j < (size_t)p->rank * (size_t)md->in; j++) {
                 float u = (float)(splitmix(&s) >> 40) * (1.0f / 16777216.0f);
@@ -1040,7 +1071,7 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
               int64_t ashape[2], int64_t bshape[2])
 {
     const lmod *md = &t->mods[k];
-    if (!md->on) return 0;
+    if (!md->on || md->shared) return 0;
     int l = (int)(k / NT), i = (int)(k % NT);
     if (t->is_opt) {   /* model.decoder.layers.L.self_attn.q_proj, ...layers.L.fc1 */
         const char *blk = i <= TO ? "self_attn." : "";
@@ -1048,14 +1079,15 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
         snprintf(b_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_B.weight", l, blk, opt_tname[i]);
     } else {
         const char *blk = i <= TO ? "self_attn" : "mlp";
-        snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, tname[i]);
-        snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, tname[i]);
+        const char *nm = md->fused_out ? (i == TQ ? "qkv_proj" : "gate_up_proj") : tname[i];
+        snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, nm);
+        snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, nm);
     }
     *A = t->w + md->a;
     *B = t->w + md->b;
     ashape[0] = t->p.rank;
     ashape[1] = md->in;
-    bshape[0] = md->out;
+    bshape[0] = md->fused_out ? md->fused_out : md->out;
     bshape[1] = t->p.rank;
     return 1;
 }

@@ -338,6 +338,8 @@ TEST(model_grad_fd_mistral_window) { model_fd("mistral-sw", 9); }
 TEST(model_grad_fd_qwen3_qk_norm) { model_fd("qwen3-tiny", 7); }
 TEST(model_grad_fd_qwen3_window) { model_fd("qwen3-sw", 9); }
 /* OPT: LayerNorm with biases, biases on every projection, ReLU, learned positions */
+/* phi3: one LoRA on each fused projection (qkv_proj, gate_up_proj) */
+TEST(model_grad_fd_phi3_fused) { model_fd("phi3-tiny", 7); }
 TEST(model_grad_fd_opt) { model_fd_h("opt-tiny", 7, FT_WF_F32, 5e-4f); }   /* ReLU kinks: a smaller step */
 
 /* ------------------------------------------------ against PyTorch + PEFT */
@@ -476,6 +478,8 @@ TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
 TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
 /* OPT: q_proj k_proj v_proj out_proj fc1 fc2, LayerNorm, ReLU, learned positions */
 TEST(lora_run_matches_peft_opt) { peft_match("opt-tiny"); }
+/* phi3: qkv_proj o_proj gate_up_proj down_proj */
+TEST(lora_run_matches_peft_phi3) { peft_match("phi3-tiny"); }
 
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
@@ -515,6 +519,7 @@ TEST(generate_cached_equals_recompute)
     generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
     generate_vs_recompute("qwen3-sw", FT_WF_F32);     /* q/k norms, window 4 */
     generate_vs_recompute("opt-tiny", FT_WF_F32);     /* learned positions */
+    generate_vs_recompute("phi3-sw", FT_WF_F32);      /* fused projections, a window */
 }
 
 TEST(seed_reproducible_and_init)
@@ -758,7 +763,7 @@ TEST(refusals)
     ft_train_params_default(&p);
     ft_trainer *t = NULL;
     /* architectures not implemented, by name */
-    static const char *const other[][2] = {{"phi3-tiny", "'phi3'"}, {"gemma2-tiny", "'gemma2'"},
+    static const char *const other[][2] = {{"gemma3-tiny", "'gemma3"}, {"gemma2-tiny", "'gemma2'"},
                                            {"mixtral-tiny", "'mixtral'"}, {"olmoe-tiny", "'olmoe'"},
                                            {"opt-tiny-postln", "post-LN"}, {"opt-tiny-proj", "project_in"}};
     for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
@@ -773,6 +778,13 @@ TEST(refusals)
     CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "o_proj"));
     p.targets = FT_LORA_Q | FT_LORA_FC1;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    p.targets = FT_LORA_QKV;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "qkv_proj"));
+    ft_model *phi = load("phi3-tiny", FT_WF_F32);
+    REQUIRE(phi);
+    p.targets = FT_LORA_Q;
+    CHECK(ft_trainer_create(phi, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "phi3 has no module q_proj"));
+    ft_model_free(phi);
     p.targets = FT_LORA_ALL;
     /* qwen3_moe: the qwen3 graph, refused for its experts */
     ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
