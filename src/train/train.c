@@ -51,6 +51,9 @@ struct ft_trainer {
     float *xs;               /* (L+1) x R x H layer inputs */
     float *h1, *q, *k, *v, *att, *x2, *h2, *gt, *up, *mm, *tmp, *P;
     float *qr, *kr;          /* q, k before their norms (qk_norm)          */
+    float *ao, *fo, *dsw;    /* attention / FFN outputs before gemma's sandwich norms */
+    float *lcosT, *lsinT;    /* gemma3: the sliding layers' RoPE (rope_local_theta) */
+    float *nw;               /* (1 + w) norm weights (gemma)                */
     float *tl[NT], *dt;
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
     float *cosT, *sinT;
@@ -176,9 +179,10 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
     if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT &&
-        c->arch != FT_ARCH_PHI3)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3, phi3 and "
-                            "opt are implemented (gemma2/3, mixtral, qwen3_moe, olmoe are not)", c->model_type);
+        c->arch != FT_ARCH_PHI3 && c->arch != FT_ARCH_GEMMA2)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3, phi3, "
+                            "gemma2, gemma3_text and opt are implemented (mixtral, qwen3_moe, olmoe are not)",
+                            c->model_type);
     const int is_opt = c->arch == FT_ARCH_OPT, is_phi3 = c->arch == FT_ARCH_PHI3;
     if (is_opt && (!c->do_layer_norm_before || ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ||
                    ft_wmat_present(ft_model_global(m, GW_PROJ_OUT))))
@@ -215,7 +219,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
         on = want;
     }
     {
-        unsigned f = ft_model_features(m) & ~(unsigned)FT_FEAT_QK_NORM;
+        unsigned f = ft_model_features(m) & (unsigned)FT_FEAT_MOE;   /* every other feature is implemented */
         char nb[160];
         if (f)
             return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': %s not implemented for training",
@@ -305,7 +309,7 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr};
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -359,6 +363,12 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->xs = fz(((size_t)c->n_layers + 1) * r * H);
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
     t->qr = fz(r * qw); t->kr = fz(r * kw);
+    t->ao = fz(r * H); t->fo = fz(r * H); t->dsw = fz(r * H);
+    t->nw = fz(wide + kw);
+    if (c->rope_local_theta != 0) {
+        t->lcosT = fz((size_t)T * half);
+        t->lsinT = fz((size_t)T * half);
+    }
     t->x2 = fz(r * H); t->h2 = fz(r * H); t->gt = fz(r * I); t->up = fz(r * I); t->mm = fz(r * I);
     t->tmp = fz(r * wide);
     t->tmp2 = fz(r * wide);
@@ -381,13 +391,21 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
-             t->qr && t->kr;
+             t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw &&
+             (c->rope_local_theta == 0 || (t->lcosT && t->lsinT));
     for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
     if (!ok) {
         free_ws(t);
         return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the activations of %d x %d tokens", nb, T);
     }
     if (t->blk.pos == FT_POS_ROPE) ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
+    if (c->rope_local_theta != 0) {   /* as the engine: the default RoPE with the local base */
+        ft_model_config lc = *c;
+        lc.rope_theta = c->rope_local_theta;
+        lc.rope_type = FT_ROPE_DEFAULT;
+        lc.rope_attention_factor = 1.0f;
+        ft_rope_tables(&lc, (size_t)T, t->lcosT, t->lsinT);
+    }
     t->cap_rows = R;
     t->cap_T = T;
     t->cap_nb = nb;
@@ -571,7 +589,23 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
 }
 
 /* attention over (sequence, kv head) tasks: disjoint outputs */
-typedef struct attn_job { ft_trainer *t; int nb, T, win; } attn_job;
+typedef struct attn_job { ft_trainer *t; int nb, T, win; float scale, cap; } attn_job;
+
+static attn_job attn_of(ft_trainer *t, int l, int nb, int T)
+{
+    const ft_model_config *c = &t->cfg;
+    attn_job j = {t, nb, T, ft_model_config_layer_window(c, l),
+                  c->attn_scale != 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim), c->attn_softcap};
+    return j;
+}
+
+/* the RoPE tables of layer l (gemma3's sliding layers: the local ones) */
+static void rope_tabs(const ft_trainer *t, int l, const float **cs, const float **sn)
+{
+    int local = t->lcosT && t->cfg.layer_sliding[l];
+    *cs = local ? t->lcosT : t->cosT;
+    *sn = local ? t->lsinT : t->sinT;
+}
 
 static void attn_fwd_task(void *arg, size_t i, unsigned worker)
 {
@@ -583,7 +617,7 @@ static void attn_fwd_task(void *arg, size_t i, unsigned worker)
     size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t r0 = (size_t)b * (size_t)T;
     ft_tr_attn_fwd_g(t->att + r0 * qw, t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw,
-                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1, j->scale, j->cap);
 }
 
 static void attn_bwd_task(void *arg, size_t i, unsigned worker)
@@ -597,15 +631,24 @@ static void attn_bwd_task(void *arg, size_t i, unsigned worker)
     size_t r0 = (size_t)b * (size_t)T;
     ft_tr_attn_bwd_g(t->dq + r0 * qw, t->dk + r0 * kw, t->dv + r0 * kw, t->datt + r0 * qw,
                      t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw, t->k + r0 * kw,
-                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1, j->scale, j->cap);
 }
 
 /* the architecture's norm (RMSNorm, or LayerNorm with a bias) over R rows
  * of hidden, and its backward (dx += ...) */
-static void norm_fwd(const ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
+/* gemma's RMSNorm weights act as (1 + w): into t->nw (n <= its size) */
+static const float *nweights(ft_trainer *t, const float *w, int n)
+{
+    if (!t->cfg.norm_plus_one || !w) return w;
+    for (int i = 0; i < n; i++) t->nw[i] = 1.0f + w[i];
+    return t->nw;
+}
+
+static void norm_fwd(ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
 {
     const ft_kernels *k = ft_k_get();
     const int H = t->cfg.hidden;
+    w = nweights(t, w, H);
     for (int r = 0; r < R; r++) {
         const size_t o = (size_t)r * (size_t)H;
         if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(out + o, in + o, w, H, t->cfg.norm_eps);
@@ -613,9 +656,10 @@ static void norm_fwd(const ft_trainer *t, float *out, const float *in, int R, co
     }
 }
 
-static void norm_bwd(const ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
+static void norm_bwd(ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
 {
     const int H = t->cfg.hidden;
+    w = nweights(t, w, H);
     for (int r = 0; r < R; r++) {
         const size_t o = (size_t)r * (size_t)H;
         if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
@@ -639,10 +683,10 @@ static void qk_norm_fwd(ft_trainer *t, const ft_layer_weights *lw, int R)
     const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
     memcpy(t->qr, t->q, (size_t)R * qw * sizeof(float));
     memcpy(t->kr, t->k, (size_t)R * kw * sizeof(float));
-    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq)
-        k->rmsnorm(t->q + i, t->qr + i, wvec(lw, LW_QNORM), nq, c->norm_eps);
-    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk)
-        k->rmsnorm(t->k + i, t->kr + i, wvec(lw, LW_KNORM), nk, c->norm_eps);
+    const float *w = nweights(t, wvec(lw, LW_QNORM), nq);
+    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq) k->rmsnorm(t->q + i, t->qr + i, w, nq, c->norm_eps);
+    w = nweights(t, wvec(lw, LW_KNORM), nk);
+    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk) k->rmsnorm(t->k + i, t->kr + i, w, nk, c->norm_eps);
 }
 
 /* dq, dk (after the norms) -> before them */
@@ -653,13 +697,29 @@ static void qk_norm_bwd(ft_trainer *t, const ft_layer_weights *lw, int R)
     const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
     float *d = t->tmp;   /* R x wide floats, free here */
     memset(d, 0, (size_t)R * qw * sizeof(float));
+    const float *w = nweights(t, wvec(lw, LW_QNORM), nq);
     for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq)
-        ft_tr_rmsnorm_bwd(d + i, t->qr + i, wvec(lw, LW_QNORM), t->dq + i, nq, c->norm_eps);
+        ft_tr_rmsnorm_bwd(d + i, t->qr + i, w, t->dq + i, nq, c->norm_eps);
     memcpy(t->dq, d, (size_t)R * qw * sizeof(float));
     memset(d, 0, (size_t)R * kw * sizeof(float));
+    w = nweights(t, wvec(lw, LW_KNORM), nk);
     for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk)
-        ft_tr_rmsnorm_bwd(d + i, t->kr + i, wvec(lw, LW_KNORM), t->dk + i, nk, c->norm_eps);
+        ft_tr_rmsnorm_bwd(d + i, t->kr + i, w, t->dk + i, nk, c->norm_eps);
     memcpy(t->dk, d, (size_t)R * kw * sizeof(float));
+}
+
+/* SwiGLU silu(g) u, or gemma's GeGLU gelu_tanh(g) u (as the engine computes them) */
+static void ffn_gate(const ft_model_config *c, float *m, const float *g, const float *u, size_t n)
+{
+    if (c->act == FT_ACT_GELU_TANH) {
+        const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i];
+            m[i] = 0.5f * x * (1.0f + tanhf(k0 * (x + k1 * x * x * x))) * u[i];
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) m[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
 }
 
 /* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
@@ -677,29 +737,36 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
     if (c->qk_norm) qk_norm_fwd(t, lw, R);
+    const float *cs, *sn;
+    rope_tabs(t, l, &cs, &sn);
     for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
-        k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
-        k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+        k->rope(t->q + (size_t)r * qw, c->n_heads, hd, cs + pos, sn + pos);
+        k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, cs + pos, sn + pos);
     }
-    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    attn_job aj = attn_of(t, l, nb, T);
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_fwd_task, &aj);
     TRY(lin_fwd(t, l, TO, t->att, R, t->tmp));
+    if (c->sandwich_norm) {   /* gemma: a norm on the block's output before the residual add */
+        memcpy(t->ao, t->tmp, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->ao, R, wvec(lw, LW_POST_ATTN_NORM), NULL);
+    }
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
     norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     size_t ni = (size_t)R * (size_t)c->ffn;
     if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
-        for (size_t i = 0; i < ni; i++) {
-            float g = t->gt[i];
-            t->mm[i] = g / (1.0f + expf(-g)) * t->up[i];
-        }
+        ffn_gate(c, t->mm, t->gt, t->up, ni);
     } else {   /* OPT: relu(fc1) */
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
         for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
     }
     TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->fo, t->tmp, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->fo, R, wvec(lw, LW_POST_FFN_NORM), NULL);
+    }
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
     return FT_OK;
 }
@@ -715,10 +782,17 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     const float *x = t->xs + (size_t)l * RH;
     memcpy(t->dx2, t->dx, RH * sizeof(float));
     memset(t->dmm, 0, RI * sizeof(float));
-    TRY(lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm));
+    const float *dyo = t->dx;
+    if (c->sandwich_norm) {
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->fo, R, wvec(lw, LW_POST_FFN_NORM), t->dx);
+        dyo = t->dsw;
+    }
+    TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     memset(t->dh, 0, RH * sizeof(float));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
-        ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        if (c->act == FT_ACT_GELU_TANH) ft_tr_gelu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        else ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
         TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
     } else {
         for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;
@@ -726,16 +800,24 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
     norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
-    TRY(lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt));
+    dyo = t->dx2;
+    if (c->sandwich_norm) {
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->ao, R, wvec(lw, LW_POST_ATTN_NORM), t->dx2);
+        dyo = t->dsw;
+    }
+    TRY(lin_bwd(t, l, TO, t->att, dyo, R, t->datt));
     memset(t->dq, 0, (size_t)R * qw * sizeof(float));
     memset(t->dk, 0, (size_t)R * kw * sizeof(float));
     memset(t->dv, 0, (size_t)R * kw * sizeof(float));
-    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    attn_job aj = attn_of(t, l, nb, T);
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_bwd_task, &aj);
+    const float *cs, *sn;
+    rope_tabs(t, l, &cs, &sn);
     for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
-        ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
-        ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+        ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, cs + pos, sn + pos);
+        ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, cs + pos, sn + pos);
     }
     if (c->qk_norm) qk_norm_bwd(t, lw, R);
     memset(t->dh, 0, RH * sizeof(float));
@@ -769,6 +851,14 @@ static int vchunk(const ft_trainer *t, const ft_wmat *W)
     return vc;
 }
 
+/* gemma2's final logit soft-capping: cap tanh(z / cap), as the engine */
+static void softcap(const ft_model_config *c, float *z, size_t n)
+{
+    const float cap = c->final_softcap;
+    if (cap == 0.0f) return;
+    for (size_t i = 0; i < n; i++) z[i] = tanhf(z[i] / cap) * cap;
+}
+
 static ft_status check_tokens(const ft_trainer *t, const int32_t *tokens, int nb, int T, int min_T)
 {
     if (!tokens || nb < 1 || T < min_T)
@@ -792,6 +882,8 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
     TRY(ensure(t, nb, T));
     const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
     for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    if (c->embed_scale != 0)   /* gemma: sqrt(hidden) */
+        for (size_t i = 0; i < (size_t)nb * (size_t)T * (size_t)c->hidden; i++) t->xs[i] *= c->embed_scale;
     if (t->blk.pos == FT_POS_LEARNED) {   /* OPT: position r % T + offset */
         const ft_wmat *P = ft_model_global(t->m, GW_POS_EMB);
         float *pe = t->h1;
@@ -829,6 +921,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         ft_wmat sub;
         wview(W, v0, n, &sub);
         TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        softcap(c, t->lchunk, (size_t)R * (size_t)n);
         for (int r = 0; r < R; r++) {
             if (r % T == T - 1) continue;
             const float *lr = t->lchunk + (size_t)r * (size_t)n;
@@ -870,9 +963,18 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
                 memset(lr, 0, (size_t)n * sizeof(float));
                 continue;
             }
-            for (int j = 0; j < n; j++) lr[j] = (float)(exp((double)lr[j] - t->lmax[r]) * gs);
+            const float cap = c->final_softcap;
             int tg = tokens[r + 1];
-            if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
+            if (cap == 0.0f) {
+                for (int j = 0; j < n; j++) lr[j] = (float)(exp((double)lr[j] - t->lmax[r]) * gs);
+                if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
+            } else {   /* through the cap: d/dz cap tanh(z / cap) = 1 - tanh^2 */
+                for (int j = 0; j < n; j++) {
+                    float th = tanhf(lr[j] / cap);
+                    double d = exp((double)(th * cap) - t->lmax[r]) * gs - (v0 + j == tg ? gs : 0.0);
+                    lr[j] = (float)(d * (double)(1.0f - th * th));
+                }
+            }
         }
         TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
     }
@@ -1060,7 +1162,9 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
     norm_fwd(t, t->h1, xl, 1, gvec(t, GW_FINAL_NORM_W), gvec(t, GW_FINAL_NORM_B));
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
-    return prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL);
+    TRY(prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL));
+    softcap(c, logits, (size_t)W->rows);
+    return FT_OK;
 }
 
 /* ------------------------------------------------ PEFT adapter files */
@@ -1122,19 +1226,23 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     if (c->qk_norm) qk_norm_fwd(t, lw, 1);
     size_t po = (size_t)pos * (size_t)half;
     if (t->blk.pos == FT_POS_ROPE) {
-        k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
-        k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+        const float *cs, *sn;
+        rope_tabs(t, l, &cs, &sn);
+        k->rope(t->q, c->n_heads, hd, cs + po, sn + po);
+        k->rope(t->k, c->n_kv_heads, hd, cs + po, sn + po);
     }
     memcpy(kc + (size_t)pos * kw, t->k, kw * sizeof(float));
     memcpy(vc + (size_t)pos * kw, t->v, kw * sizeof(float));
     int win = ft_model_config_layer_window(c, l), j0 = win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const attn_job aj = attn_of(t, l, 1, 1);
+    const float scale = aj.scale, cap = aj.cap;
     for (int h = 0; h < c->n_heads; h++) {
         size_t go = (size_t)(h / rep) * (size_t)hd;
         const float *qh = t->q + (size_t)h * (size_t)hd;
         float mx = -INFINITY, sum = 0.0f;
         for (int j = j0; j <= pos; j++) {
             sc[j] = k->dot(qh, kc + (size_t)j * kw + go, hd) * scale;
+            if (cap != 0.0f) sc[j] = tanhf(sc[j] / cap) * cap;
             if (sc[j] > mx) mx = sc[j];
         }
         for (int j = j0; j <= pos; j++) {
@@ -1146,17 +1254,25 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         for (int j = j0; j <= pos; j++) k->axpy(oh, sc[j] / sum, vc + (size_t)j * kw + go, hd);
     }
     TRY(lin_fwd(t, l, TO, t->att, 1, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->ao, t->tmp, (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->ao, 1, wvec(lw, LW_POST_ATTN_NORM), NULL);
+    }
     for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
     norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
-        for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
+        ffn_gate(c, t->mm, t->gt, t->up, (size_t)c->ffn);
     } else {
         TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
         for (int i = 0; i < c->ffn; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
     }
     TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->fo, t->tmp, (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->fo, 1, wvec(lw, LW_POST_FFN_NORM), NULL);
+    }
     for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
     return FT_OK;
 }
@@ -1186,6 +1302,8 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
     int32_t tok = prompt[0];
     for (int pos = 0; pos < total - 1; pos++) {
         ft_wmat_row_f32(E, tok, x);
+        if (c->embed_scale != 0)
+            for (int i = 0; i < H; i++) x[i] *= c->embed_scale;
         if (t->blk.pos == FT_POS_LEARNED) {
             ft_wmat_row_f32(ft_model_global(t->m, GW_POS_EMB), pos + t->blk.pos_offset, hf);
             for (int i = 0; i < H; i++) x[i] += hf[i];
@@ -1199,6 +1317,7 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
         }
         norm_fwd(t, hf, x, 1, fw, fb);
         if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
+        softcap(c, lg, (size_t)W->rows);
         int best = 0;
         for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;
         out[pos + 1 - n] = best;

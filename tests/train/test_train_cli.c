@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static char model[1024], opt[1024], gemma2[1024];
+static char model[1024], opt[1024], moe[1024];
 static const char *tmp;
 
 static void setup(void)
@@ -19,7 +19,7 @@ static void setup(void)
     tmp = ft_test_tmpdir("train_cli");
     ft_fixture_dir("models", "llama-tiny", model, sizeof model);
     ft_fixture_dir("models", "opt-tiny", opt, sizeof opt);
-    ft_fixture_dir("models", "gemma2-tiny", gemma2, sizeof gemma2);
+    ft_fixture_dir("models", "mixtral-tiny", moe, sizeof moe);
     char path[1200];
     snprintf(path, sizeof path, "%s/data.txt", tmp);
     FILE *f = fopen(path, "w");
@@ -198,8 +198,8 @@ TEST(finetune_errors)
     fails(1, a, "dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", gemma2, tmp, tmp);
-    fails(1, a, "model type 'gemma2'");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", moe, tmp, tmp);
+    fails(1, a, "model type 'mixtral'");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,o_proj", opt, tmp, tmp);
     fails(1, a, "OPT has no module o_proj");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
