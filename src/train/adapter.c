@@ -108,6 +108,7 @@ static int is_off(json_object *o, const char *key)
     if (!json_object_object_get_ex(o, key, &v) || !v) return 1;
     if (json_object_is_type(v, json_type_boolean)) return !json_object_get_boolean(v);
     if (json_object_is_type(v, json_type_object)) return json_object_object_length(v) == 0;
+    if (json_object_is_type(v, json_type_array)) return json_object_array_length(v) == 0;   /* PEFT's [] */
     return 0;
 }
 

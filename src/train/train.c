@@ -5,6 +5,7 @@
 #include "train/train_internal.h"
 
 #include "engine/graph.h"
+#include "engine/moe.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
 
@@ -54,6 +55,9 @@ struct ft_trainer {
     float *ao, *fo, *dsw;    /* attention / FFN outputs before gemma's sandwich norms */
     float *lcosT, *lsinT;    /* gemma3: the sliding layers' RoPE (rope_local_theta) */
     float *nw;               /* (1 + w) norm weights (gemma)                */
+    /* mixture of experts (frozen): routes and one expert's rows at a time */
+    float *mprob, *mwt, *mgwt, *mx, *mg, *mu, *mmx, *my, *mdy, *mdm, *mdg, *mdu, *mdx, *mdw, *mdl;
+    int *midx, *mstart, *mgrow;
     float *tl[NT], *dt;
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
     float *cosT, *sinT;
@@ -179,10 +183,12 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
     if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT &&
-        c->arch != FT_ARCH_PHI3 && c->arch != FT_ARCH_GEMMA2)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only llama, mistral, qwen2, qwen3, phi3, "
-                            "gemma2, gemma3_text and opt are implemented (mixtral, qwen3_moe, olmoe are not)",
+        c->arch != FT_ARCH_PHI3 && c->arch != FT_ARCH_GEMMA2 && c->arch != FT_ARCH_MIXTRAL &&
+        c->arch != FT_ARCH_OLMOE)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s' is not implemented for training",
                             c->model_type);
+    if (c->n_experts > 256)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: %d experts (at most 256 are implemented)", c->n_experts);
     const int is_opt = c->arch == FT_ARCH_OPT, is_phi3 = c->arch == FT_ARCH_PHI3;
     if (is_opt && (!c->do_layer_norm_before || ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ||
                    ft_wmat_present(ft_model_global(m, GW_PROJ_OUT))))
@@ -209,6 +215,15 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     "names: qkv_proj o_proj gate_up_proj down_proj)", bitname[i]);
         on = (want & FT_LORA_QKV ? 7u : 0) | (want & FT_LORA_O) | (want & FT_LORA_GATE_UP ? 3u << TG : 0) |
              (want & FT_LORA_DOWN);
+    } else if (c->n_experts) {   /* LoRA on the attention projections; the experts stay frozen */
+        if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O;
+        unsigned bad = want & ~(unsigned)(FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "train: %s on the mixture-of-experts model '%s': LoRA on "
+                                    "its MLPs (the experts) is not implemented; targets: q_proj k_proj v_proj "
+                                    "o_proj (or all)", bitname[i], c->model_type);
+        on = want;
     } else {
         unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2 | FT_LORA_QKV | FT_LORA_GATE_UP);
         for (int i = 0; bad && i < NB_NAMES; i++)
@@ -218,19 +233,13 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     i >= 10 ? "phi3" : "OPT", c->model_type);
         on = want;
     }
-    {
-        unsigned f = ft_model_features(m) & (unsigned)FT_FEAT_MOE;   /* every other feature is implemented */
-        char nb[160];
-        if (f)
-            return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': %s not implemented for training",
-                                c->model_type, ft_model_features_name(f, nb, sizeof nb));
-    }
     if (!ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
                             "base weights are not implemented for training)");
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++)
-            if (!(is_opt && i == TG) && !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
+            if (!(is_opt && i == TG) && !(c->n_experts && c->layer_moe[l] && i >= TG) &&
+                !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
                 return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
     size_t np = 0;
     ft_trainer *t = calloc(1, sizeof *t);
@@ -253,7 +262,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            if (is_opt && i == TG) continue;
+            if ((is_opt && i == TG) || (c->n_experts && c->layer_moe[l] && i >= TG)) continue;
             const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
             md->in = W->cols;
             md->out = W->rows;
@@ -309,7 +318,9 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw};
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw,
+                   &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
+                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -321,6 +332,10 @@ static void free_ws(ft_trainer *t)
     free(t->lmax);
     free(t->lsum);
     t->lmax = t->lsum = NULL;
+    free(t->midx);
+    free(t->mstart);
+    free(t->mgrow);
+    t->midx = t->mstart = t->mgrow = NULL;
     t->cap_rows = t->cap_T = t->cap_nb = 0;
 }
 
@@ -358,6 +373,9 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
            kw = (size_t)c->n_kv_heads * (size_t)c->head_dim, I = (size_t)c->ffn, r = (size_t)R;
     size_t wide = H > qw ? H : qw;
     if (I > wide) wide = I;
+    const size_t E = (size_t)c->n_experts, K = (size_t)c->n_experts_used, F = (size_t)c->moe_ffn;
+    if (F > wide) wide = F;
+    if (E > wide) wide = E;
     size_t vc = (size_t)t->p.vocab_chunk < (size_t)c->vocab ? (size_t)t->p.vocab_chunk : (size_t)c->vocab;
     size_t half = (size_t)c->head_dim / 2;
     t->xs = fz(((size_t)c->n_layers + 1) * r * H);
@@ -386,6 +404,22 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->lsum = calloc(r, sizeof(double));
     size_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
+    if (F > maxc) maxc = F;
+    if (E) {
+        t->mprob = fz(r * E); t->mdl = fz(r * E);
+        t->mwt = fz(r * K); t->mgwt = fz(r * K); t->mdw = fz(r * K);
+        t->mx = fz(r * H); t->my = fz(r * H); t->mdy = fz(r * H); t->mdx = fz(r * H);
+        t->mg = fz(r * F); t->mu = fz(r * F); t->mmx = fz(r * F); t->mdm = fz(r * F); t->mdg = fz(r * F);
+        t->mdu = fz(r * F);
+        t->midx = calloc(r * K, sizeof(int));
+        t->mgrow = calloc(r * K, sizeof(int));
+        t->mstart = calloc(E + 1, sizeof(int));
+        if (!t->mprob || !t->mdl || !t->mwt || !t->mgwt || !t->mdw || !t->mx || !t->my || !t->mdy || !t->mdx ||
+            !t->mg || !t->mu || !t->mmx || !t->mdm || !t->mdg || !t->mdu || !t->midx || !t->mgrow || !t->mstart) {
+            free_ws(t);
+            return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the experts' activations");
+        }
+    }
     t->row_len = maxc;
     t->row = fz(maxc * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
@@ -708,6 +742,112 @@ static void qk_norm_bwd(ft_trainer *t, const ft_layer_weights *lw, int R)
     memcpy(t->dk, d, (size_t)R * kw * sizeof(float));
 }
 
+static int moe_layer(const ft_trainer *t, int l) { return t->cfg.n_experts && t->cfg.layer_moe[l]; }
+
+/* expert e's SwiGLU on its n gathered rows (t->mx): t->mg, mu, mm, my */
+static ft_status expert_fwd(ft_trainer *t, const ft_layer_weights *lw, int e, int n)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_wmat *g = &lw->experts[3 * e + LW_EXP_GATE], *u = &lw->experts[3 * e + LW_EXP_UP],
+                  *d = &lw->experts[3 * e + LW_EXP_DOWN];
+    const int F = c->moe_ffn, H = c->hidden;
+    if (!ft_wmat_present(g) || !ft_wmat_present(u) || !ft_wmat_present(d))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: expert %d is not in memory", e);
+    TRY(prod(t, t->mg, F, t->mx, n, g, 0, F, NULL));
+    TRY(prod(t, t->mu, F, t->mx, n, u, 0, F, NULL));
+    for (size_t i = 0; i < (size_t)n * (size_t)F; i++) t->mmx[i] = t->mg[i] / (1.0f + expf(-t->mg[i])) * t->mu[i];
+    return prod(t, t->my, H, t->mmx, n, d, 0, H, NULL);
+}
+
+/* out (R x H) = the mixture of experts of in (router softmax, top-k,
+ * optionally renormalised, as the engine: ft_moe_route); the routes are
+ * kept for the backward */
+static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, int R, float *out)
+{
+    const ft_model_config *c = &t->cfg;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    if (lw->n_experts != E || !lw->experts || !ft_wmat_present(&lw->w_router))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: a layer's experts are not in memory");
+    TRY(prod(t, t->mprob, E, in, R, &lw->w_router, 0, E, NULL));
+    ft_moe_route(t->mprob, R, E, K, c->moe_norm_topk, t->midx, t->mwt);   /* mprob: the probabilities */
+    ft_moe_group(t->midx, t->mwt, R, E, K, t->mstart, t->mgrow, t->mgwt);
+    memset(out, 0, (size_t)R * (size_t)H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int a = t->mstart[e], n = t->mstart[e + 1] - a;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
+        TRY(expert_fwd(t, lw, e, n));
+        for (int i = 0; i < n; i++) {
+            float w = t->mgwt[a + i], *o = out + (size_t)t->mgrow[a + i] * H;
+            const float *y = t->my + (size_t)i * H;
+            for (int h = 0; h < H; h++) o[h] += y[h] * w;
+        }
+    }
+    return FT_OK;
+}
+
+/* din += d/d in of dot(dy, moe(in)): through each selected expert (frozen)
+ * and through the router's weights (softmax, top-k, renormalisation);
+ * the routes are moe_fwd's of the same input */
+static ft_status moe_bwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, const float *dy, int R,
+                         float *din)
+{
+    const ft_model_config *c = &t->cfg;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used, F = c->moe_ffn;
+    /* d weight of each route (r, j): dot(dy_r, y_e(r)), found expert by expert */
+    for (int e = 0; e < E; e++) {
+        int a = t->mstart[e], n = t->mstart[e + 1] - a;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
+        TRY(expert_fwd(t, lw, e, n));
+        for (int i = 0; i < n; i++) {
+            int r = t->mgrow[a + i];
+            const float *dyr = dy + (size_t)r * H, *y = t->my + (size_t)i * H;
+            float dw = 0.0f;
+            for (int h = 0; h < H; h++) dw += dyr[h] * y[h];
+            for (int j = 0; j < K; j++)
+                if (t->midx[(size_t)r * K + j] == e) t->mdw[(size_t)r * K + j] = dw;
+            float w = t->mgwt[a + i];
+            for (int h = 0; h < H; h++) t->mdy[(size_t)i * H + h] = dyr[h] * w;
+        }
+        /* the expert's x-gradient: dm = dY Wd, SwiGLU, dX = dg Wg + du Wu */
+        memset(t->mdm, 0, (size_t)n * (size_t)F * sizeof(float));
+        TRY(matT(t, t->mdm, F, t->mdy, H, n, &lw->experts[3 * e + LW_EXP_DOWN], 0, H));
+        ft_tr_silu_mul_bwd(t->mdg, t->mdu, t->mg, t->mu, t->mdm, n * F);
+        memset(t->mdx, 0, (size_t)n * (size_t)H * sizeof(float));
+        TRY(matT(t, t->mdx, H, t->mdg, F, n, &lw->experts[3 * e + LW_EXP_GATE], 0, F));
+        TRY(matT(t, t->mdx, H, t->mdu, F, n, &lw->experts[3 * e + LW_EXP_UP], 0, F));
+        for (int i = 0; i < n; i++) {
+            float *d = din + (size_t)t->mgrow[a + i] * H;
+            const float *s = t->mdx + (size_t)i * H;
+            for (int h = 0; h < H; h++) d[h] += s[h];
+        }
+    }
+    /* the router: w_j = p_j (/ S, S = the selected p's sum), p = softmax(logits) */
+    for (int r = 0; r < R; r++) {
+        const float *p = t->mprob + (size_t)r * E, *dw = t->mdw + (size_t)r * K, *w = t->mwt + (size_t)r * K;
+        const int *ix = t->midx + (size_t)r * K;
+        float *dl = t->mdl + (size_t)r * E, dp[256];
+        for (int e = 0; e < E; e++) dp[e] = 0.0f;
+        if (c->moe_norm_topk) {
+            float S = 0.0f, sw = 0.0f;
+            for (int j = 0; j < K; j++) {
+                S += p[ix[j]];
+                sw += dw[j] * w[j];
+            }
+            for (int j = 0; j < K; j++) dp[ix[j]] = (dw[j] - sw) / S;
+        } else {
+            for (int j = 0; j < K; j++) dp[ix[j]] = dw[j];
+        }
+        float sp = 0.0f;
+        for (int e = 0; e < E; e++) sp += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dl[e] = p[e] * (dp[e] - sp);
+    }
+    return matT(t, din, H, t->mdl, E, R, &lw->w_router, 0, E);
+}
+
 /* SwiGLU silu(g) u, or gemma's GeGLU gelu_tanh(g) u (as the engine computes them) */
 static void ffn_gate(const ft_model_config *c, float *m, const float *g, const float *u, size_t n)
 {
@@ -754,7 +894,9 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
     norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     size_t ni = (size_t)R * (size_t)c->ffn;
-    if (t->blk.ffn == FT_FFN_SWIGLU) {
+    if (moe_layer(t, l)) {
+        TRY(moe_fwd(t, lw, t->h2, R, t->tmp));
+    } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
         ffn_gate(c, t->mm, t->gt, t->up, ni);
@@ -762,7 +904,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
         for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
     }
-    TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
+    if (!moe_layer(t, l)) TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
     if (c->sandwich_norm) {
         memcpy(t->fo, t->tmp, (size_t)R * (size_t)H * sizeof(float));
         norm_fwd(t, t->tmp, t->fo, R, wvec(lw, LW_POST_FFN_NORM), NULL);
@@ -788,8 +930,11 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
         norm_bwd(t, t->dsw, t->fo, R, wvec(lw, LW_POST_FFN_NORM), t->dx);
         dyo = t->dsw;
     }
-    TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     memset(t->dh, 0, RH * sizeof(float));
+    if (moe_layer(t, l)) {
+        TRY(moe_bwd(t, lw, t->h2, dyo, R, t->dh));
+    } else {
+    TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
         if (c->act == FT_ACT_GELU_TANH) ft_tr_gelu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
         else ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
@@ -798,6 +943,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
         for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;
     }
     TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
+    }
     norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
     dyo = t->dx2;
@@ -1260,7 +1406,9 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     }
     for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
     norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
-    if (t->blk.ffn == FT_FFN_SWIGLU) {
+    if (moe_layer(t, l)) {
+        TRY(moe_fwd(t, lw, t->h2, 1, t->tmp));
+    } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
         ffn_gate(c, t->mm, t->gt, t->up, (size_t)c->ffn);
@@ -1268,7 +1416,7 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
         for (int i = 0; i < c->ffn; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
     }
-    TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    if (!moe_layer(t, l)) TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
     if (c->sandwich_norm) {
         memcpy(t->fo, t->tmp, (size_t)H * sizeof(float));
         norm_fwd(t, t->tmp, t->fo, 1, wvec(lw, LW_POST_FFN_NORM), NULL);
