@@ -2,17 +2,21 @@
  *
  * The base model's weights stay frozen in their stored format (f32, bf16,
  * q8, q4: the engine's products run on them as they are); only LoRA
- * adapters (rank r, scale alpha / r, on the projections PEFT names
- * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) are trained,
+ * adapters (rank r, scale alpha / r, on the projections PEFT names:
+ * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; OPT's out_proj
+ * fc1 fc2; phi3's qkv_proj gate_up_proj) are trained,
  * in f32, with AdamW (PyTorch's update), warmup + cosine / linear decay,
  * gradient accumulation and clipping by the global norm. The backward pass
  * recomputes each layer's forward (per-layer activation checkpointing):
  * memory is the layers' inputs plus one layer's activations.
  *
- * This slice supports the llama family (llama, mistral, qwen2) with the
- * model's layers in memory, on the CPU (threads over the products, the
- * transposed products and attention heads); everything else
- * (OPT, layers streamed by the offloading scheduler, dropout > 0, ...) is
+ * Architectures: llama, mistral, qwen2, qwen3, phi3 (fused projections),
+ * gemma2, gemma3_text, pre-LN opt, and the mixtures of experts mixtral,
+ * qwen3_moe, olmoe (LoRA on attention, experts frozen), with the model's
+ * layers in memory, on the CPU (threads over the products, the
+ * transposed products and attention heads); several processes with
+ * ft_trainer_step_dp. Everything else (post-LN OPT, LoRA on experts,
+ * layers streamed by the offloading scheduler, dropout > 0, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H

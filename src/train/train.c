@@ -1,7 +1,8 @@
-/* LoRA fine-tuning of the llama family (flextier/train.h,
- * docs/training.md): forward with per-layer checkpoints, backward by
- * recomputing each layer, AdamW. Frozen weights are computed on as stored
- * (the engine's stored-format products forward, ft_tr_matT backward). */
+/* LoRA fine-tuning (flextier/train.h, docs/training.md) of every family
+ * the engine runs but post-LN OPT: forward with per-layer checkpoints,
+ * backward by recomputing each layer, AdamW, data-parallel steps. Frozen
+ * weights are computed on as stored (the engine's stored-format products
+ * forward, ft_tr_matT backward). */
 #include "train/train_internal.h"
 
 #include "engine/graph.h"

@@ -1,9 +1,9 @@
 /* The train layer (src/train, docs/training.md): every op's backward
  * against finite differences, the transposed stored-format product
  * against its scalar reference, whole-model LoRA gradients against
- * finite differences (llama, qwen2 with biases, mistral with a sliding
- * window), and a LoRA run against PyTorch + PEFT
- * (tests/data/lora/llama-tiny, scripts/fixtures/gen_lora_fixtures.py). */
+ * finite differences (every family), LoRA runs against PyTorch + PEFT
+ * (tests/data/lora/NAME, scripts/fixtures/gen_lora_fixtures.py), and
+ * data-parallel steps (ranks as threads) against one process. */
 #include "ft_test.h"
 #include "support/fixture.h"
 #include "flextier/engine.h"
