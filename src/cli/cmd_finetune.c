@@ -15,7 +15,8 @@
 
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
-    "LoRA fine-tuning (llama, mistral, qwen2, qwen3; base weights frozen in their stored format).\n"
+    "LoRA fine-tuning (llama, mistral, qwen2, qwen3, phi3, gemma2/3, opt, and mixtral, qwen3_moe,\n"
+    "olmoe on their attention; base weights frozen in their stored format).\n"
     "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} object per line; tokenized,\n"
     "packed into sequences of --seq-len tokens; the last --eval-frac of them are held out\n"
     "(loss and perplexity before and after). Writes a PEFT adapter (adapter_config.json +\n"
@@ -23,7 +24,8 @@ static const char FT_USAGE[] =
     "  --steps N           optimizer steps (default 100)\n"
     "  --lr X              peak learning rate (default 1e-3)\n"
     "  --rank R            LoRA rank (default 8)       --alpha A   lora_alpha (default 16)\n"
-    "  --targets LIST      q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default)\n"
+    "  --targets LIST      q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default);\n"
+    "                      OPT: out_proj,fc1,fc2 for o/up/down; phi3: qkv_proj,gate_up_proj\n"
     "  --seq-len N         tokens per sequence (default 128, at most the model's context)\n"
     "  --batch B           sequences per micro-batch (default 4)\n"
     "  --grad-accum N      micro-batches per step (default 1)\n"
