@@ -211,6 +211,18 @@ ft_status ft_cli_mpi_recv(void *user, int from, void *buf, size_t len)
     do {
         int n = len > INT_MAX ? INT_MAX : (int)len, got = 0;
         MPI_Status s;
+        /* wait without spinning (a blocking MPI_Recv polls a core while
+         * the rank before finishes its micro-batches) */
+        for (int spins = 0;; spins++) {
+            int flag = 0;
+            int rc = MPI_Iprobe(from, DP_TAG, MPI_COMM_WORLD, &flag, &s);
+            if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Iprobe");
+            if (flag) break;
+            if (spins > 64) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
+        }
         int rc = MPI_Recv(p, n, MPI_BYTE, from, DP_TAG, MPI_COMM_WORLD, &s);
         if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Recv");
         MPI_Get_count(&s, MPI_BYTE, &got);

@@ -1224,7 +1224,7 @@ ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int
     ft_status st = FT_OK;
     dp_head h = {0.0, 0, -1};
     if (me == 0) {
-        TRY(want_units(t, 1));
+        st = want_units(t, 1);   /* an error still goes down the chain: no rank is left waiting */
         for (int a = a0; a < a1 && !st; a++) {
             double l;
             if (a == 0) st = unit_grad(t, tokens, nb, T, t->g, &l);
@@ -1258,6 +1258,9 @@ ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int
         }
     }
     if (st) return st;   /* this rank's own error (its message) */
+    if (h.status > 0 || h.failed_rank < -1 || h.failed_rank >= N)
+        return ft_set_error(FT_ERR_PROTOCOL, "train: data-parallel: a malformed header (status %d, rank %d)",
+                            (int)h.status, (int)h.failed_rank);
     if (h.status)
         return ft_set_error((ft_status)h.status, "train: data-parallel: rank %d failed in its micro-batches (%s; its "
                             "message is on its stderr)", (int)h.failed_rank, ft_status_str((ft_status)h.status));
