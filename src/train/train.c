@@ -39,6 +39,11 @@ struct ft_trainer {
     ft_model_config cfg;
     ft_model_blocks blk;     /* norm, positions, FFN of the architecture   */
     int is_opt, is_phi3;
+    int post;                /* OPT post-LN (do_layer_norm_before false)   */
+    int fnorm;               /* a final norm exists                        */
+    int E;                   /* word_embed_proj_dim (OPT project_in/out)   */
+    float *pin, *hp, *dhp;   /* R x E: embeddings before project_in; the
+                                LM head's input after project_out; its grad */
     ft_train_params p;
     float scale;
     lmod *mods;              /* [layer][NT] */
@@ -191,11 +196,8 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (c->n_experts > 256)
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: %d experts (at most 256 are implemented)", c->n_experts);
     const int is_opt = c->arch == FT_ARCH_OPT, is_phi3 = c->arch == FT_ARCH_PHI3;
-    if (is_opt && (!c->do_layer_norm_before || ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ||
-                   ft_wmat_present(ft_model_global(m, GW_PROJ_OUT))))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: this OPT has %s: only pre-LN OPT without project_in/out is "
-                            "implemented", !c->do_layer_norm_before ? "post-LN layers (do_layer_norm_before false)"
-                                                                    : "project_in/project_out");
+    if (ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) != ft_wmat_present(ft_model_global(m, GW_PROJ_OUT)))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: project_in without project_out (or the reverse)");
     /* the modules to adapt, by slot: PEFT's names differ between the families */
     unsigned on = 0, want = p->targets;
     if (is_opt) {
@@ -248,6 +250,9 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     t->m = m;
     t->cfg = *c;
     t->is_opt = is_opt;
+    t->post = is_opt && !c->do_layer_norm_before;
+    t->fnorm = ft_model_global(m, GW_FINAL_NORM_W)->data || (is_opt && c->final_norm);
+    t->E = ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ? c->word_embed_proj_dim : c->hidden;
     t->is_phi3 = is_phi3;
     ft_model_get_blocks(m, &t->blk);
     if (ft_pool_create(p->threads, &t->pool)) {
@@ -319,7 +324,7 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw,
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
                    &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
@@ -383,6 +388,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
     t->qr = fz(r * qw); t->kr = fz(r * kw);
     t->ao = fz(r * H); t->fo = fz(r * H); t->dsw = fz(r * H);
+    t->pin = fz(r * (size_t)t->E); t->hp = fz(r * (size_t)t->E); t->dhp = fz(r * (size_t)t->E);
     t->nw = fz(wide + kw);
     if (c->rope_local_theta != 0) {
         t->lcosT = fz((size_t)T * half);
@@ -426,7 +432,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
-             t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw &&
+             t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw && t->pin && t->hp && t->dhp &&
              (c->rope_local_theta == 0 || (t->lcosT && t->lsinT));
     for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
     if (!ok) {
@@ -873,7 +879,8 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     const ft_layer_weights *lw = lw_of(t, l);
     const float *x = t->xs + (size_t)l * (size_t)R * (size_t)H;
     float *xo = t->xs + (size_t)(l + 1) * (size_t)R * (size_t)H;
-    norm_fwd(t, t->h1, x, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+    if (t->post) memcpy(t->h1, x, (size_t)R * (size_t)H * sizeof(float));   /* OPT post-LN: no input norm */
+    else norm_fwd(t, t->h1, x, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, R, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
@@ -893,7 +900,13 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
         norm_fwd(t, t->tmp, t->ao, R, wvec(lw, LW_POST_ATTN_NORM), NULL);
     }
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
-    norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    if (t->post) {   /* x2 = LN1(x + attn): the sum kept in ao; the FFN's input is x2 */
+        memcpy(t->ao, t->x2, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->x2, t->ao, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+        memcpy(t->h2, t->x2, (size_t)R * (size_t)H * sizeof(float));
+    } else {
+        norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     size_t ni = (size_t)R * (size_t)c->ffn;
     if (moe_layer(t, l)) {
         TRY(moe_fwd(t, lw, t->h2, R, t->tmp));
@@ -911,6 +924,10 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
         norm_fwd(t, t->tmp, t->fo, R, wvec(lw, LW_POST_FFN_NORM), NULL);
     }
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
+    if (t->post) {   /* out = LN2(x2 + ffn): the sum kept in fo */
+        memcpy(t->fo, xo, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, xo, t->fo, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     return FT_OK;
 }
 
@@ -923,6 +940,11 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     const size_t RH = (size_t)R * (size_t)H, RI = (size_t)R * (size_t)c->ffn;
     const ft_layer_weights *lw = lw_of(t, l);
     const float *x = t->xs + (size_t)l * RH;
+    if (t->post) {   /* through LN2 to the sum x2 + ffn */
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->fo, R, wvec(lw, LW_NORM2_W), t->dx);
+        memcpy(t->dx, t->dsw, RH * sizeof(float));
+    }
     memcpy(t->dx2, t->dx, RH * sizeof(float));
     memset(t->dmm, 0, RI * sizeof(float));
     const float *dyo = t->dx;
@@ -945,7 +967,14 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     }
     TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
     }
-    norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
+    if (t->post) {   /* the FFN read x2 itself; then through LN1 to x + attn */
+        for (size_t i = 0; i < RH; i++) t->dx2[i] += t->dh[i];
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->ao, R, wvec(lw, LW_NORM1_W), t->dx2);
+        memcpy(t->dx2, t->dsw, RH * sizeof(float));
+    } else {
+        norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
+    }
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
     dyo = t->dx2;
     if (c->sandwich_norm) {
@@ -972,7 +1001,10 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
     TRY(lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh));
     memcpy(t->dx, t->dx2, RH * sizeof(float));
-    norm_bwd(t, t->dx, x, R, wvec(lw, LW_NORM1_W), t->dh);
+    if (t->post)
+        for (size_t i = 0; i < RH; i++) t->dx[i] += t->dh[i];
+    else
+        norm_bwd(t, t->dx, x, R, wvec(lw, LW_NORM1_W), t->dh);
     return FT_OK;
 }
 
@@ -1027,8 +1059,13 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
 {
     const ft_model_config *c = &t->cfg;
     TRY(ensure(t, nb, T));
-    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
-    for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *Pin = ft_model_global(t->m, GW_PROJ_IN);
+    if (ft_wmat_present(Pin)) {   /* OPT-350m: word_embed_proj_dim-wide embeddings, project_in */
+        for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->pin + (size_t)r * (size_t)t->E);
+        TRY(prod(t, t->xs, c->hidden, t->pin, nb * T, Pin, 0, c->hidden, NULL));
+    } else {
+        for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    }
     if (c->embed_scale != 0)   /* gemma: sqrt(hidden) */
         for (size_t i = 0; i < (size_t)nb * (size_t)T * (size_t)c->hidden; i++) t->xs[i] *= c->embed_scale;
     if (t->blk.pos == FT_POS_LEARNED) {   /* OPT: position r % T + offset */
@@ -1055,7 +1092,15 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
     const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
     float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
-    norm_fwd(t, hf, xl, R, fw, fb);
+    if (t->fnorm) norm_fwd(t, hf, xl, R, fw, fb);
+    else memcpy(hf, xl, (size_t)R * (size_t)H * sizeof(float));
+    const ft_wmat *Pout = ft_model_global(t->m, GW_PROJ_OUT);
+    const int proj = ft_wmat_present(Pout), HE = proj ? t->E : H;
+    const float *hin = hf;   /* the LM head's input */
+    if (proj) {
+        TRY(prod(t, t->hp, t->E, hf, R, Pout, 0, t->E, NULL));
+        hin = t->hp;
+    }
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
     const int V = W->rows, vc = vchunk(t, W);
     for (int r = 0; r < R; r++) {
@@ -1067,7 +1112,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
         softcap(c, t->lchunk, (size_t)R * (size_t)n);
         for (int r = 0; r < R; r++) {
             if (r % T == T - 1) continue;
@@ -1097,13 +1142,14 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
 
     /* pass 2: d loss / d logits = (softmax - onehot) * grad_scale / cnt */
     const double gs = grad_scale / (double)cnt;
-    float *dhf = t->dh;
+    float *dhf = t->dh, *dhin = proj ? t->dhp : dhf;
     memset(dhf, 0, (size_t)R * (size_t)H * sizeof(float));
+    memset(dhin, 0, (size_t)R * (size_t)HE * sizeof(float));
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
         for (int r = 0; r < R; r++) {
             float *lr = t->lchunk + (size_t)r * (size_t)n;
             if (r % T == T - 1) {
@@ -1123,10 +1169,12 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
                 }
             }
         }
-        TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
+        TRY(matT(t, dhin, HE, t->lchunk, n, R, &sub, 0, n));
     }
+    if (proj) TRY(matT(t, dhf, H, t->dhp, t->E, R, Pout, 0, t->E));
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
-    norm_bwd(t, t->dx, xl, R, fw, dhf);
+    if (t->fnorm) norm_bwd(t, t->dx, xl, R, fw, dhf);
+    else memcpy(t->dx, dhf, (size_t)R * (size_t)H * sizeof(float));
     /* the layers in reverse, each recomputed from its saved input */
     for (int l = L - 1; l >= 0; l--) {
         TRY(layer_fwd(t, l, nb, T));
@@ -1303,6 +1351,23 @@ ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int nb, int T, d
     return ft_trainer_loss_grad(t, tokens, nb, T, 0.0, loss_sum, n);
 }
 
+/* the final norm, project_out and the LM head (soft-capped) of one row */
+static ft_status head_row(ft_trainer *t, const float *x, float *hf, float *logits)
+{
+    const ft_model_config *c = &t->cfg;
+    if (t->fnorm) norm_fwd(t, hf, x, 1, gvec(t, GW_FINAL_NORM_W), gvec(t, GW_FINAL_NORM_B));
+    else memcpy(hf, x, (size_t)c->hidden * sizeof(float));
+    const ft_wmat *Pout = ft_model_global(t->m, GW_PROJ_OUT), *W = ft_model_global(t->m, GW_LM_HEAD);
+    const float *in = hf;
+    if (ft_wmat_present(Pout)) {
+        TRY(prod(t, t->hp, t->E, hf, 1, Pout, 0, t->E, NULL));
+        in = t->hp;
+    }
+    TRY(prod(t, logits, W->rows, in, 1, W, 0, W->rows, NULL));
+    softcap(c, logits, (size_t)W->rows);
+    return FT_OK;
+}
+
 ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits)
 {
     if (!t || !logits) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_last_logits: NULL argument");
@@ -1310,11 +1375,7 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     const ft_model_config *c = &t->cfg;
     TRY(forward(t, tokens, 1, n));
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
-    norm_fwd(t, t->h1, xl, 1, gvec(t, GW_FINAL_NORM_W), gvec(t, GW_FINAL_NORM_B));
-    const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
-    TRY(prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL));
-    softcap(c, logits, (size_t)W->rows);
-    return FT_OK;
+    return head_row(t, xl, t->h1, logits);
 }
 
 /* ------------------------------------------------ PEFT adapter files */
@@ -1369,7 +1430,8 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     const int H = c->hidden, hd = c->head_dim, half = hd / 2, rep = c->n_heads / c->n_kv_heads;
     const size_t kw = (size_t)c->n_kv_heads * (size_t)hd;
     const ft_layer_weights *lw = lw_of(t, l);
-    norm_fwd(t, t->h1, x, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+    if (t->post) memcpy(t->h1, x, (size_t)H * sizeof(float));
+    else norm_fwd(t, t->h1, x, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
@@ -1409,7 +1471,13 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         norm_fwd(t, t->tmp, t->ao, 1, wvec(lw, LW_POST_ATTN_NORM), NULL);
     }
     for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
-    norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    if (t->post) {
+        memcpy(t->ao, t->x2, (size_t)H * sizeof(float));
+        norm_fwd(t, t->x2, t->ao, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+        memcpy(t->h2, t->x2, (size_t)H * sizeof(float));
+    } else {
+        norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     if (moe_layer(t, l)) {
         TRY(moe_fwd(t, lw, t->h2, 1, t->tmp));
     } else if (t->blk.ffn == FT_FFN_SWIGLU) {
@@ -1426,6 +1494,10 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         norm_fwd(t, t->tmp, t->fo, 1, wvec(lw, LW_POST_FFN_NORM), NULL);
     }
     for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
+    if (t->post) {
+        memcpy(t->fo, x, (size_t)H * sizeof(float));
+        norm_fwd(t, x, t->fo, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     return FT_OK;
 }
 
@@ -1449,11 +1521,15 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
         st = ft_set_error(FT_ERR_NOMEM, "generate: out of memory for the cache of %d tokens", total);
         goto done;
     }
-    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *W = ft_model_global(t->m, GW_LM_HEAD);
-    const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *Pin = ft_model_global(t->m, GW_PROJ_IN);
     int32_t tok = prompt[0];
     for (int pos = 0; pos < total - 1; pos++) {
-        ft_wmat_row_f32(E, tok, x);
+        if (ft_wmat_present(Pin)) {
+            ft_wmat_row_f32(E, tok, t->pin);
+            if ((st = prod(t, x, H, t->pin, 1, Pin, 0, H, NULL))) goto done;
+        } else {
+            ft_wmat_row_f32(E, tok, x);
+        }
         if (c->embed_scale != 0)
             for (int i = 0; i < H; i++) x[i] *= c->embed_scale;
         if (t->blk.pos == FT_POS_LEARNED) {
@@ -1467,9 +1543,7 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
             tok = prompt[pos + 1];
             continue;
         }
-        norm_fwd(t, hf, x, 1, fw, fb);
-        if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
-        softcap(c, lg, (size_t)W->rows);
+        if ((st = head_row(t, x, hf, lg))) goto done;
         int best = 0;
         for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;
         out[pos + 1 - n] = best;

@@ -19,7 +19,7 @@ static void setup(void)
     tmp = ft_test_tmpdir("train_cli");
     ft_fixture_dir("models", "llama-tiny", model, sizeof model);
     ft_fixture_dir("models", "opt-tiny", opt, sizeof opt);
-    ft_fixture_dir("models", "opt-tiny-postln", moe, sizeof moe);
+    ft_fixture_dir("models", "mixtral-tiny", moe, sizeof moe);
     char path[1200];
     snprintf(path, sizeof path, "%s/data.txt", tmp);
     FILE *f = fopen(path, "w");
@@ -198,8 +198,8 @@ TEST(finetune_errors)
     fails(1, a, "dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", moe, tmp, tmp);
-    fails(1, a, "post-LN");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,up_proj", moe, tmp, tmp);
+    fails(1, a, "experts");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,o_proj", opt, tmp, tmp);
     fails(1, a, "OPT has no module o_proj");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
