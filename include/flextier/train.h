@@ -11,11 +11,11 @@
  * memory is the layers' inputs plus one layer's activations.
  *
  * Architectures: llama, mistral, qwen2, qwen3, phi3 (fused projections),
- * gemma2, gemma3_text, pre-LN opt, and the mixtures of experts mixtral,
+ * gemma2, gemma3_text, opt (pre- and post-LN), and the mixtures of experts mixtral,
  * qwen3_moe, olmoe (LoRA on attention, experts frozen), with the model's
  * layers in memory, on the CPU (threads over the products, the
  * transposed products and attention heads); several processes with
- * ft_trainer_step_dp. Everything else (post-LN OPT, LoRA on experts,
+ * ft_trainer_step_dp. Everything else (LoRA on experts,
  * layers streamed by the offloading scheduler, dropout > 0, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H

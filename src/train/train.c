@@ -1,5 +1,5 @@
 /* LoRA fine-tuning (flextier/train.h, docs/training.md) of every family
- * the engine runs but post-LN OPT: forward with per-layer checkpoints,
+ * the engine runs: forward with per-layer checkpoints,
  * backward by recomputing each layer, AdamW, data-parallel steps. Frozen
  * weights are computed on as stored (the engine's stored-format products
  * forward, ft_tr_matT backward). */
