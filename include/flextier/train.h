@@ -2,17 +2,21 @@
  *
  * The base model's weights stay frozen in their stored format (f32, bf16,
  * q8, q4: the engine's products run on them as they are); only LoRA
- * adapters (rank r, scale alpha / r, on the projections PEFT names
- * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) are trained,
+ * adapters (rank r, scale alpha / r, on the projections PEFT names:
+ * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; OPT's out_proj
+ * fc1 fc2; phi3's qkv_proj gate_up_proj) are trained,
  * in f32, with AdamW (PyTorch's update), warmup + cosine / linear decay,
  * gradient accumulation and clipping by the global norm. The backward pass
  * recomputes each layer's forward (per-layer activation checkpointing):
  * memory is the layers' inputs plus one layer's activations.
  *
- * This slice supports the llama family (llama, mistral, qwen2) with the
- * model's layers in memory, on the CPU (threads over the products, the
- * transposed products and attention heads); everything else
- * (OPT, layers streamed by the offloading scheduler, dropout > 0, ...) is
+ * Architectures: llama, mistral, qwen2, qwen3, phi3 (fused projections),
+ * gemma2, gemma3_text, opt (pre- and post-LN), and the mixtures of experts mixtral,
+ * qwen3_moe, olmoe (LoRA on attention, experts frozen), with the model's
+ * layers in memory, on the CPU (threads over the products, the
+ * transposed products and attention heads); several processes with
+ * ft_trainer_step_dp. Everything else (LoRA on experts,
+ * layers streamed by the offloading scheduler, dropout > 0, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
@@ -24,11 +28,17 @@
 extern "C" {
 #endif
 
-/* Target modules (PEFT names), a bit mask. */
+/* Target modules (PEFT names), a bit mask: the llama family's, then
+ * OPT's out_proj, fc1, fc2 (q/k/v_proj are shared), phi3's qkv_proj and
+ * gate_up_proj (o_proj, down_proj shared). FT_LORA_ALL ("all")
+ * means every projection of the model's family. */
 enum {
     FT_LORA_Q = 1, FT_LORA_K = 2, FT_LORA_V = 4, FT_LORA_O = 8,
     FT_LORA_GATE = 16, FT_LORA_UP = 32, FT_LORA_DOWN = 64,
-    FT_LORA_ALL = 127
+    FT_LORA_ALL = 127,
+    FT_LORA_OUT = 128, FT_LORA_FC1 = 256, FT_LORA_FC2 = 512,
+    FT_LORA_QKV = 1024, FT_LORA_GATE_UP = 2048,   /* phi3's fused projections */
+    FT_LORA_ANY = 4095
 };
 /* "q_proj" -> FT_LORA_Q; 0 if unknown. */
 FT_API unsigned ft_lora_target_bit(const char *name);
@@ -92,6 +102,26 @@ FT_API ft_status ft_trainer_load_state(ft_trainer *t, const char *path);
  * mean losses; *grad_norm: the global norm before clipping (NULL ok). */
 FT_API ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss,
                                  double *grad_norm);
+/* Data-parallel steps (docs/training.md): size processes (ranks), each
+ * with its own trainer over the same model, options and adapter, call
+ * ft_trainer_step_dp with the same global batch (grad_accum micro-batches,
+ * as ft_trainer_step). Rank k computes micro-batches
+ * [k A / size, (k + 1) A / size) (A = grad_accum >= size); the gradient
+ * is the left fold ((g_0 + g_1) + g_2) + ... of the micro-batches'
+ * gradients, carried from rank to rank in rank order and then sent by the
+ * last rank to all: every rank gets the same sum, bit for bit that of
+ * ft_trainer_step in one process (which folds the same way), whatever
+ * size is. send / recv move len bytes to / from a rank, blocking, in
+ * order per pair of ranks (MPI_Send / MPI_Recv); a rank whose micro-batch
+ * fails passes the failure on, so every rank returns an error. */
+typedef struct ft_train_comm {
+    int rank, size;
+    void *user;
+    ft_status (*send)(void *user, int to, const void *buf, size_t len);
+    ft_status (*recv)(void *user, int from, void *buf, size_t len);
+} ft_train_comm;
+FT_API ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens, int batch,
+                                    int seq, double *loss, double *grad_norm);
 /* The summed token loss of batch sequences (no update) and the number of
  * predicted tokens: perplexity = exp(sum / n) over a held-out set. */
 FT_API ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss_sum,
@@ -196,6 +226,10 @@ FT_API ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, co
                                         double *loss, double *grad_norm);
 FT_API ft_status ft_trainer_eval_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int batch, int seq,
                                         double *loss_sum, int64_t *n_tokens);
+/* Both: ft_trainer_step_dp with a label mask (each rank passes the whole
+ * global batch's tokens and mask, as ft_trainer_step_dp takes them). */
+FT_API ft_status ft_trainer_step_dp_masked(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens,
+                                           const uint8_t *mask, int batch, int seq, double *loss, double *grad_norm);
 
 /* Greedy decoding with the adapters applied and a K/V cache (one row per
  * position): max_new token ids into out. n + max_new <= the context. */

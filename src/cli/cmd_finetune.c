@@ -2,6 +2,7 @@
  * JSONL file (the train layer, docs/training.md); and flextier run --lora
  * (greedy generation with a PEFT adapter applied, unmerged). */
 #include "cli.h"
+#include "pipe_mpi.h"
 #include "session_opts.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
@@ -14,7 +15,8 @@
 
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
-    "LoRA fine-tuning (llama, mistral, qwen2; base weights frozen in their stored format).\n"
+    "LoRA fine-tuning (llama, mistral, qwen2, qwen3, phi3, gemma2/3, opt, and mixtral, qwen3_moe,\n"
+    "olmoe on their attention; base weights frozen in their stored format).\n"
     "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} or {\"messages\": [...]} object per\n"
     "line (chat: rendered with the model's chat template or --chat-template FILE, the loss\n"
     "on the assistant turns only); tokenized,\n"
@@ -24,7 +26,8 @@ static const char FT_USAGE[] =
     "  --steps N           optimizer steps (default 100)\n"
     "  --lr X              peak learning rate (default 1e-3)\n"
     "  --rank R            LoRA rank (default 8)       --alpha A   lora_alpha (default 16)\n"
-    "  --targets LIST      q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default)\n"
+    "  --targets LIST      q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default);\n"
+    "                      OPT: out_proj,fc1,fc2 for o/up/down; phi3: qkv_proj,gate_up_proj\n"
     "  --seq-len N         tokens per sequence (default 128, at most the model's context)\n"
     "  --batch B           sequences per micro-batch (default 4)\n"
     "  --grad-accum N      micro-batches per step (default 1)\n"
@@ -43,7 +46,11 @@ static const char FT_USAGE[] =
     "                      step: trainer_state.safetensors + .json) to --out every N steps\n"
     "  --stop-after N      stop after N steps of this run (writing the state), to resume later\n"
     "  --resume DIR        continue the run whose state is in DIR (same data and options):\n"
-    "                      the result equals the uninterrupted run's bit for bit\n";
+    "                      the result equals the uninterrupted run's bit for bit\n"
+    "  --data-parallel mpi under `mpirun -n N`: each process computes grad-accum / N of the\n"
+    "                      step's micro-batches (--grad-accum >= N); the gradients are summed\n"
+    "                      in micro-batch order, so any N gives the one-process run bit for\n"
+    "                      bit; rank 0 prints, evaluates and writes --out\n";
 
 static uint64_t mix(uint64_t *s)
 {
@@ -147,7 +154,7 @@ static void fmt_eta(double s, char *buf, size_t n)
 int ft_cmd_finetune(int argc, char **argv)
 {
     const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
-    const char *resume_dir = NULL, *chat_template = NULL;
+    const char *resume_dir = NULL, *chat_template = NULL, *dpmode = NULL;
     long save_every = 0, stop_after = 0, threads = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
@@ -156,6 +163,7 @@ int ft_cmd_finetune(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(FT_USAGE, stdout);
+            printf("  (this build: %s)\n", ft_cli_mpi_built() ? "MPI: built in" : "MPI: not built in (libopenmpi-dev)");
             return FT_EXIT_OK;
         }
         if (i + 1 >= argc) return ft_cli_usage_error(FT_USAGE, "option %s needs a value", a);
@@ -168,6 +176,7 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--init")) init = v;
         else if (!strcmp(a, "--chat-template")) chat_template = v;
         else if (!strcmp(a, "--resume")) resume_dir = v;
+        else if (!strcmp(a, "--data-parallel")) dpmode = v;
         else if (!strcmp(a, "--save-every")) li = &save_every;
         else if (!strcmp(a, "--stop-after")) li = &stop_after;
         else if (!strcmp(a, "--threads")) { li = &threads; lo = 0; hi = 1024; }
@@ -198,6 +207,9 @@ int ft_cmd_finetune(int argc, char **argv)
     if (init && resume_dir) return ft_cli_usage_error(FT_USAGE, "--init and --resume exclude each other");
     if (warmup < 0) warmup = steps / 10;
     if (warmup > steps) return ft_cli_usage_error(FT_USAGE, "--warmup %ld is more than --steps %ld", warmup, steps);
+    if (dpmode && strcmp(dpmode, "mpi"))
+        return ft_cli_usage_error(FT_USAGE, "--data-parallel %s: only mpi is implemented (run under mpirun -n N)",
+                                  dpmode);
 
     ft_train_params tp;
     ft_train_params_default(&tp);
@@ -229,6 +241,25 @@ int ft_cmd_finetune(int argc, char **argv)
     memset(&data_tok, 0, sizeof data_tok);
     long *perm = NULL;
     size_t ntok = 0;
+    /* data-parallel: rank 0 prints, evaluates and writes; every rank reads
+     * the same data and takes its micro-batches of each step */
+    ft_train_comm comm = {0, 1, NULL, ft_cli_mpi_send, ft_cli_mpi_recv};
+    if (dpmode) {
+        if ((st = ft_cli_mpi_init(&comm.rank, &comm.size))) { ft_cli_fail("--data-parallel mpi", st); return rc; }
+        if (accum < comm.size) {
+            if (comm.rank == 0)
+                fprintf(stderr, "flextier: finetune: --grad-accum %ld < %d processes: each process computes whole "
+                        "micro-batches of the step (use --grad-accum N or a multiple)\n", accum, comm.size);
+            ft_cli_mpi_finalize();
+            return FT_EXIT_USAGE;
+        }
+        if (comm.rank != 0 && !freopen("/dev/null", "w", stdout)) {
+            ft_cli_fail("finetune: stdout", FT_ERR_IO);
+            ft_cli_mpi_abort();
+            return rc;
+        }
+    }
+    const int lead = comm.rank == 0;
     ft_load_params lp;
     ft_load_params_default(&lp);
     lp.weights = weights;
@@ -259,8 +290,11 @@ int ft_cmd_finetune(int argc, char **argv)
     printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "
            "(%s, warmup %ld), seed %ld\n", rank, alpha, targets, ft_trainer_param_count(t), steps, accum, batch, lr,
            sched, warmup, seed);
+    if (dpmode)
+        printf("data-parallel: %d processes (MPI), each %ld-%ld of the %ld micro-batches of a step\n", comm.size,
+               accum / comm.size, (accum + comm.size - 1) / comm.size, accum);
     double eloss, eppl;
-    if (neval) {
+    if (neval && lead) {
         if ((st = evaluate(t, evals, emask, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out before: loss %.4f perplexity %.3f\n", eloss, eppl);
     }
@@ -293,7 +327,8 @@ int ft_cmd_finetune(int argc, char **argv)
             if (tmask) memcpy(step_mask + k * (size_t)seq, tmask + from, (size_t)seq);
         }
         double loss, gn, lrs = ft_trainer_lr_at(t, (int)s);
-        if ((st = ft_trainer_step_masked(t, step_tok, step_mask, (int)batch, (int)seq, &loss, &gn))) {
+        if ((st = ft_trainer_step_dp_masked(t, dpmode ? &comm : NULL, step_tok, step_mask, (int)batch, (int)seq, &loss,
+                                            &gn))) {
             fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
             goto done;
         }
@@ -304,7 +339,7 @@ int ft_cmd_finetune(int argc, char **argv)
         printf("step %ld/%ld loss %.4f lr %.3g grad_norm %.3f tok/s %.0f ETA %s\n", s + 1, steps, loss, lrs, gn, tps,
                eta);
         fflush(stdout);
-        if (save_every && (s + 1) % save_every == 0 && s + 1 < end_step) {
+        if (lead && save_every && (s + 1) % save_every == 0 && s + 1 < end_step) {
             if ((st = save_all(t, outdir, dir, &rid))) { ft_cli_fail(outdir, st); goto done; }
             printf("state saved to %s at step %ld\n", outdir, s + 1);
         }
@@ -313,12 +348,13 @@ int ft_cmd_finetune(int argc, char **argv)
         printf("trained %ld steps in %.1f s: %.0f tok/s after the first step (%.0f overall)\n", end_step - start,
                ft_now() - t0, (double)(end_step - start - 1) * (double)per * (double)seq / (ft_now() - t1),
                (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
-    if (neval) {
+    if (neval && lead) {
         double aloss, appl;
         if ((st = evaluate(t, evals, emask, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out after: loss %.4f perplexity %.3f (before %.3f)\n", aloss, appl, eppl);
     }
-    if (save_every || stop_after || resume_dir) st = save_all(t, outdir, dir, &rid);
+    if (!lead) st = FT_OK;
+    else if (save_every || stop_after || resume_dir) st = save_all(t, outdir, dir, &rid);
     else st = ft_trainer_save_adapter(t, outdir, dir);
     if (st) { ft_cli_fail(outdir, st); goto done; }
     printf("adapter written to %s (PEFT: adapter_config.json, adapter_model.safetensors)%s\n", outdir,
@@ -333,6 +369,13 @@ done:
     ft_trainer_free(t);
     ft_tokenizer_free(tok);
     ft_model_free(m);
+    if (dpmode) {
+        fflush(stdout);
+        /* a failure on some ranks only (a file, memory) would leave the
+         * others waiting: end the job */
+        if (rc != FT_EXIT_OK && comm.size > 1) ft_cli_mpi_abort();
+        ft_cli_mpi_finalize();
+    }
     return rc;
 }
 

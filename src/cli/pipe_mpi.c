@@ -185,3 +185,51 @@ ft_status ft_cli_mpi_allgather_double(double v, double *all)
     int rc = MPI_Allgather(&v, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? FT_OK : mpi_err(rc, "MPI_Allgather");
 }
+
+/* Blocking point-to-point bytes for the trainer's data-parallel steps
+ * (ft_train_comm; cmd_finetune.c), in pieces of at most INT_MAX. */
+#define DP_TAG 0x4655
+
+ft_status ft_cli_mpi_send(void *user, int to, const void *buf, size_t len)
+{
+    (void)user;
+    const char *p = buf;
+    do {
+        int n = len > INT_MAX ? INT_MAX : (int)len;
+        int rc = MPI_Send(p, n, MPI_BYTE, to, DP_TAG, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Send");
+        p += n;
+        len -= (size_t)n;
+    } while (len);
+    return FT_OK;
+}
+
+ft_status ft_cli_mpi_recv(void *user, int from, void *buf, size_t len)
+{
+    (void)user;
+    char *p = buf;
+    do {
+        int n = len > INT_MAX ? INT_MAX : (int)len, got = 0;
+        MPI_Status s;
+        /* wait without spinning (a blocking MPI_Recv polls a core while
+         * the rank before finishes its micro-batches) */
+        for (int spins = 0;; spins++) {
+            int flag = 0;
+            int rc = MPI_Iprobe(from, DP_TAG, MPI_COMM_WORLD, &flag, &s);
+            if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Iprobe");
+            if (flag) break;
+            if (spins > 64) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        int rc = MPI_Recv(p, n, MPI_BYTE, from, DP_TAG, MPI_COMM_WORLD, &s);
+        if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Recv");
+        MPI_Get_count(&s, MPI_BYTE, &got);
+        if (got != n)
+            return ft_set_error(FT_ERR_PROTOCOL, "MPI: rank %d sent %d bytes where %d were expected", from, got, n);
+        p += n;
+        len -= (size_t)n;
+    } while (len);
+    return FT_OK;
+}

@@ -17,4 +17,7 @@ ft_status ft_cli_mpi_link(int rank, int size, ft_pipe_link **out);
 ft_status ft_cli_mpi_allgather(const void *mine, size_t len, void *all, size_t cap, size_t *lens);
 /* Every rank's value into all[r]. */
 ft_status ft_cli_mpi_allgather_double(double v, double *all);
+/* Blocking bytes to / from a rank (the trainer's ft_train_comm). */
+ft_status ft_cli_mpi_send(void *user, int to, const void *buf, size_t len);
+ft_status ft_cli_mpi_recv(void *user, int from, void *buf, size_t len);
 #endif

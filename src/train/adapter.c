@@ -61,7 +61,7 @@ ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const ch
     json_object_object_add(o, "lora_alpha", json_object_new_double((double)p->alpha));
     json_object_object_add(o, "lora_dropout", json_object_new_double(0.0));
     json_object *tm = json_object_new_array();
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; ft_tr_target_name(i); i++)
         if (p->targets & (1u << i)) json_object_array_add(tm, json_object_new_string(ft_tr_target_name(i)));
     json_object_object_add(o, "target_modules", tm);
     json_object_object_add(o, "bias", json_object_new_string("none"));
@@ -108,6 +108,7 @@ static int is_off(json_object *o, const char *key)
     if (!json_object_object_get_ex(o, key, &v) || !v) return 1;
     if (json_object_is_type(v, json_type_boolean)) return !json_object_get_boolean(v);
     if (json_object_is_type(v, json_type_object)) return json_object_object_length(v) == 0;
+    if (json_object_is_type(v, json_type_array)) return json_object_array_length(v) == 0;   /* PEFT's [] */
     return 0;
 }
 

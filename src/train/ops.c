@@ -88,19 +88,31 @@ void ft_tr_silu_mul_bwd(float *dg, float *du, const float *g, const float *u, co
     }
 }
 
+void ft_tr_gelu_mul_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int n)
+{
+    /* gelu_tanh(x) = x/2 (1 + tanh(k0 (x + k1 x^3))), as the engine's GeGLU */
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    for (int i = 0; i < n; i++) {
+        float x = g[i], th = tanhf(k0 * (x + k1 * x * x * x));
+        float gel = 0.5f * x * (1.0f + th);
+        float d = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k0 * (1.0f + 3.0f * k1 * x * x);
+        du[i] = dy[i] * gel;
+        dg[i] = dy[i] * u[i] * d;
+    }
+}
+
 static int first_pos(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
 void ft_tr_attn_fwd(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
                     int hd, int window)
 {
-    ft_tr_attn_fwd_g(out, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+    ft_tr_attn_fwd_g(out, P, q, k, v, T, nh, nkv, hd, window, 0, nkv, 1.0f / sqrtf((float)hd), 0.0f);
 }
 
 void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
-                      int hd, int window, int g0, int g1)
+                      int hd, int window, int g0, int g1, float scale, float cap)
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
-    const float scale = 1.0f / sqrtf((float)hd);
     const ft_kernels *kk = ft_k_get();
     for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
@@ -113,6 +125,7 @@ void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, cons
                 if (j < j0 || j > i) { p[j] = 0.0f; continue; }
                 const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 p[j] = KDOT(qi, kj, hd) * scale;
+                if (cap != 0.0f) p[j] = tanhf(p[j] / cap) * cap;   /* gemma2's soft-capping */
                 if (p[j] > mx) mx = p[j];
             }
             float sum = 0.0f;
@@ -131,14 +144,14 @@ void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, cons
 void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
                     const float *k, const float *v, int T, int nh, int nkv, int hd, int window)
 {
-    ft_tr_attn_bwd_g(dq, dk, dv, dout, P, q, k, v, T, nh, nkv, hd, window, 0, nkv);
+    ft_tr_attn_bwd_g(dq, dk, dv, dout, P, q, k, v, T, nh, nkv, hd, window, 0, nkv, 1.0f / sqrtf((float)hd), 0.0f);
 }
 
 void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
-                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1)
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1,
+                      float scale, float cap)
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
-    const float scale = 1.0f / sqrtf((float)hd);
     const ft_kernels *kk = ft_k_get();
     for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
@@ -159,10 +172,40 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
                 float *dvj = dv + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dkj = dk + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float ds = p[j] * (KDOT(doi, vj, hd) - rs) * scale;
+                if (cap != 0.0f) {   /* d(cap tanh(x / cap)) / dx = 1 - tanh^2 */
+                    float th = tanhf(KDOT(qi, kj, hd) * scale / cap);
+                    ds *= 1.0f - th * th;
+                }
                 KAXPY(dvj, p[j], doi, hd);
                 KAXPY(dqi, ds, kj, hd);
                 KAXPY(dkj, ds, qi, hd);
             }
         }
+    }
+}
+
+void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps)
+{
+    /* y_i = w_i xh_i + b_i, xh = (x - mean) r, r = (var + eps)^-1/2, g = w dy:
+     * dx_i = r (g_i - mean(g) - xh_i mean(g xh)) */
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++) {
+        float d = x[i] - mean;
+        var += d * d;
+    }
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps), sg = 0.0f, sgx = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float g = (w ? w[i] : 1.0f) * dy[i];
+        sg += g;
+        sgx += g * (x[i] - mean) * r;
+    }
+    sg /= (float)n;
+    sgx /= (float)n;
+    for (int i = 0; i < n; i++) {
+        float g = (w ? w[i] : 1.0f) * dy[i];
+        dx[i] += r * (g - sg - (x[i] - mean) * r * sgx);
     }
 }

@@ -1,10 +1,12 @@
-/* LoRA fine-tuning of the llama family (flextier/train.h,
- * docs/training.md): forward with per-layer checkpoints, backward by
- * recomputing each layer, AdamW. Frozen weights are computed on as stored
- * (the engine's stored-format products forward, ft_tr_matT backward). */
+/* LoRA fine-tuning (flextier/train.h, docs/training.md) of every family
+ * the engine runs: forward with per-layer checkpoints,
+ * backward by recomputing each layer, AdamW, data-parallel steps. Frozen
+ * weights are computed on as stored (the engine's stored-format products
+ * forward, ft_tr_matT backward). */
 #include "train/train_internal.h"
 
 #include "engine/graph.h"
+#include "engine/moe.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
 
@@ -17,26 +19,52 @@
 #define NT 7
 
 static const char *const tname[NT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+/* every PEFT name by its bit (FT_LORA_*): the llama names, then OPT's
+ * out_proj, fc1, fc2 (its o_proj, up_proj, down_proj slots) */
+#define NB_NAMES 12
+static const char *const bitname[NB_NAMES] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                              "down_proj", "out_proj", "fc1", "fc2", "qkv_proj", "gate_up_proj"};
+static const char *const opt_tname[NT] = {"q_proj", "k_proj", "v_proj", "out_proj", NULL, "fc1", "fc2"};
 static const int tslot[NT] = {LW_Q, LW_K, LW_V, LW_O, LW_GATE, LW_UP, LW_DOWN};
 static const int tbias[NT] = {LW_QB, LW_KB, LW_VB, LW_OB, LW_GATE_B, LW_UP_B, LW_DOWN_B};
 enum { TQ, TK, TV, TO, TG, TU, TD };
 
-typedef struct lmod { int on, in, out; size_t a, b; } lmod;
+/* one adapted projection; phi3's fused qkv_proj / gate_up_proj are one
+ * LoRA whose B is sliced by rows: the k/v (up) parts share the q (gate)
+ * part's A (shared = 1) and use the next rows of its B (fused_out rows) */
+typedef struct lmod { int on, in, out, shared, fused_out; size_t a, b; } lmod;
 
 struct ft_trainer {
     const ft_model *m;
     const uint8_t *mask;     /* the current call's label mask (NULL: all) */
     ft_model_config cfg;
+    ft_model_blocks blk;     /* norm, positions, FFN of the architecture   */
+    int is_opt, is_phi3;
+    int post;                /* OPT post-LN (do_layer_norm_before false)   */
+    int fnorm;               /* a final norm exists                        */
+    int E;                   /* word_embed_proj_dim (OPT project_in/out)   */
+    float *pin, *hp, *dhp;   /* R x E: embeddings before project_in; the
+                                LM head's input after project_out; its grad */
     ft_train_params p;
     float scale;
     lmod *mods;              /* [layer][NT] */
     float *w, *g, *m1, *m2;  /* params, grads, Adam moments */
     size_t np;
+    float *gu;               /* per micro-batch gradients (the fold)       */
+    double *gul;             /* and their mean losses                      */
+    size_t gu_units;
     int step;
     /* workspaces for cap_rows rows of sequences of cap_T */
     int cap_rows, cap_T, cap_nb;
     float *xs;               /* (L+1) x R x H layer inputs */
     float *h1, *q, *k, *v, *att, *x2, *h2, *gt, *up, *mm, *tmp, *P;
+    float *qr, *kr;          /* q, k before their norms (qk_norm)          */
+    float *ao, *fo, *dsw;    /* attention / FFN outputs before gemma's sandwich norms */
+    float *lcosT, *lsinT;    /* gemma3: the sliding layers' RoPE (rope_local_theta) */
+    float *nw;               /* (1 + w) norm weights (gemma)                */
+    /* mixture of experts (frozen): routes and one expert's rows at a time */
+    float *mprob, *mwt, *mgwt, *mx, *mg, *mu, *mmx, *my, *mdy, *mdm, *mdg, *mdu, *mdx, *mdw, *mdl;
+    int *midx, *mstart, *mgrow;
     float *tl[NT], *dt;
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
     float *cosT, *sinT;
@@ -55,8 +83,8 @@ struct ft_trainer {
 
 unsigned ft_lora_target_bit(const char *name)
 {
-    for (int i = 0; name && i < NT; i++)
-        if (!strcmp(name, tname[i])) return 1u << i;
+    for (int i = 0; name && i < NB_NAMES; i++)
+        if (!strcmp(name, bitname[i])) return 1u << i;
     return 0;
 }
 
@@ -75,13 +103,15 @@ ft_status ft_lora_parse_targets(const char *list, unsigned *mask)
         char name[32];
         if (n == 0 || n >= sizeof name)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: bad entry in '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj, or all)", list);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: out_proj fc1 fc2; phi3: qkv_proj "
+                                "gate_up_proj; or all)", list);
         memcpy(name, s, n);
         name[n] = 0;
         unsigned b = ft_lora_target_bit(name);
         if (!b)
             return ft_set_error(FT_ERR_INVALID_ARG, "lora targets: unknown module '%s' (PEFT names: q_proj k_proj "
-                                "v_proj o_proj gate_proj up_proj down_proj, or all)", name);
+                                "v_proj o_proj gate_proj up_proj down_proj; OPT: out_proj fc1 fc2; phi3: qkv_proj "
+                                "gate_up_proj; or all)", name);
         m |= b;
         s += n;
         if (*s == ',') s++;
@@ -116,7 +146,7 @@ static ft_status check_params(const ft_train_params *p)
         return ft_set_error(FT_ERR_INVALID_ARG, "train: alpha must be a positive number");
     if (p->dropout != 0.0f)
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout %g: only 0 is implemented", (double)p->dropout);
-    if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ALL))
+    if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ANY))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: no (or unknown) target modules");
     if (!(p->lr > 0.0f) || !isfinite(p->lr)) return ft_set_error(FT_ERR_INVALID_ARG, "train: lr must be > 0");
     if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f) || !(p->beta2 >= 0.0f && p->beta2 < 1.0f))
@@ -159,38 +189,108 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_create: NULL argument");
     TRY(check_params(p));
     const ft_model_config *c = ft_model_get_config(m);
-    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only the llama family (llama, mistral, "
-                            "qwen2) is implemented", c->model_type);
+    if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2 && c->arch != FT_ARCH_QWEN3 && c->arch != FT_ARCH_OPT &&
+        c->arch != FT_ARCH_PHI3 && c->arch != FT_ARCH_GEMMA2 && c->arch != FT_ARCH_MIXTRAL &&
+        c->arch != FT_ARCH_OLMOE)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s' is not implemented for training",
+                            c->model_type);
+    if (c->n_experts > 256)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: %d experts (at most 256 are implemented)", c->n_experts);
+    const int is_opt = c->arch == FT_ARCH_OPT, is_phi3 = c->arch == FT_ARCH_PHI3;
+    if (ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) != ft_wmat_present(ft_model_global(m, GW_PROJ_OUT)))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: project_in without project_out (or the reverse)");
+    /* the modules to adapt, by slot: PEFT's names differ between the families */
+    unsigned on = 0, want = p->targets;
+    if (is_opt) {
+        if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2;
+        unsigned bad = want & (FT_LORA_O | FT_LORA_GATE | FT_LORA_UP | FT_LORA_DOWN);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: OPT has no module %s (its PEFT names: q_proj k_proj "
+                                    "v_proj out_proj fc1 fc2)", bitname[i]);
+        on = (want & (FT_LORA_Q | FT_LORA_K | FT_LORA_V)) | (want & FT_LORA_OUT ? 1u << TO : 0) |
+             (want & FT_LORA_FC1 ? 1u << TU : 0) | (want & FT_LORA_FC2 ? 1u << TD : 0);
+    } else if (is_phi3) {
+        if (want == FT_LORA_ALL) want = FT_LORA_QKV | FT_LORA_O | FT_LORA_GATE_UP | FT_LORA_DOWN;
+        unsigned bad = want & ~(unsigned)(FT_LORA_QKV | FT_LORA_O | FT_LORA_GATE_UP | FT_LORA_DOWN);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: phi3 has no module %s (its fused projections' PEFT "
+                                    "names: qkv_proj o_proj gate_up_proj down_proj)", bitname[i]);
+        on = (want & FT_LORA_QKV ? 7u : 0) | (want & FT_LORA_O) | (want & FT_LORA_GATE_UP ? 3u << TG : 0) |
+             (want & FT_LORA_DOWN);
+    } else if (c->n_experts) {   /* LoRA on the attention projections; the experts stay frozen */
+        if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O;
+        unsigned bad = want & ~(unsigned)(FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_UNSUPPORTED, "train: %s on the mixture-of-experts model '%s': LoRA on "
+                                    "its MLPs (the experts) is not implemented; targets: q_proj k_proj v_proj "
+                                    "o_proj (or all)", bitname[i], c->model_type);
+        on = want;
+    } else {
+        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2 | FT_LORA_QKV | FT_LORA_GATE_UP);
+        for (int i = 0; bad && i < NB_NAMES; i++)
+            if (bad & (1u << i))
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is an %s module name; this %s model's are q_proj "
+                                    "k_proj v_proj o_proj gate_proj up_proj down_proj", bitname[i],
+                                    i >= 10 ? "phi3" : "OPT", c->model_type);
+        on = want;
+    }
     if (!ft_model_layers_loaded(m))
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
                             "base weights are not implemented for training)");
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++)
-            if (!ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
+            if (!(is_opt && i == TG) && !(c->n_experts && c->layer_moe[l] && i >= TG) &&
+                !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
                 return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
     size_t np = 0;
     ft_trainer *t = calloc(1, sizeof *t);
     if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
     t->m = m;
     t->cfg = *c;
+    t->is_opt = is_opt;
+    t->post = is_opt && !c->do_layer_norm_before;
+    t->fnorm = ft_model_global(m, GW_FINAL_NORM_W)->data || (is_opt && c->final_norm);
+    t->E = ft_wmat_present(ft_model_global(m, GW_PROJ_IN)) ? c->word_embed_proj_dim : c->hidden;
+    t->is_phi3 = is_phi3;
+    ft_model_get_blocks(m, &t->blk);
     if (ft_pool_create(p->threads, &t->pool)) {
         free(t);
         return ft_set_error(FT_ERR_NOMEM, "train: cannot start %u threads", p->threads);
     }
     t->nthreads = ft_pool_size(t->pool);
     t->p = *p;
+    t->p.targets = want;   /* "all" as the family's names */
     t->scale = p->alpha / (float)p->rank;
     t->mods = calloc((size_t)c->n_layers * NT, sizeof *t->mods);
     if (!t->mods) goto nomem;
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+            if ((is_opt && i == TG) || (c->n_experts && c->layer_moe[l] && i >= TG)) continue;
             const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
             md->in = W->cols;
             md->out = W->rows;
-            if (!(p->targets & (1u << i))) continue;
+            if (!(on & (1u << i))) continue;
             md->on = 1;
+            if (is_phi3 && (i == TK || i == TV || i == TU)) {   /* later rows of the fused B */
+                const lmod *prev = md - 1;
+                md->shared = 1;
+                md->a = prev->a;
+                md->b = prev->b + (size_t)prev->out * (size_t)p->rank;
+                continue;
+            }
+            if (is_phi3 && (i == TQ || i == TG)) {
+                md->fused_out = i == TQ ? W->rows + 2 * wmat(ft_model_layer(m, l), tslot[TK])->rows
+                                        : 2 * W->rows;
+                md->a = np;
+                np += (size_t)p->rank * (size_t)W->cols;
+                md->b = np;
+                np += (size_t)md->fused_out * (size_t)p->rank;
+                continue;
+            }
             md->a = np;
             np += (size_t)p->rank * (size_t)W->cols;
             md->b = np;
@@ -207,7 +307,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            if (!md->on) continue;
+            if (!md->on || md->shared) continue;
             float bound = 1.0f / sqrtf((float)md->in);
             for (size_t j = 0; j < (size_t)p->rank * (size_t)md->in; j++) {
                 float u = (float)(splitmix(&s) >> 40) * (1.0f / 16777216.0f);
@@ -225,7 +325,9 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt};
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
+                   &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
+                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -237,6 +339,10 @@ static void free_ws(ft_trainer *t)
     free(t->lmax);
     free(t->lsum);
     t->lmax = t->lsum = NULL;
+    free(t->midx);
+    free(t->mstart);
+    free(t->mgrow);
+    t->midx = t->mstart = t->mgrow = NULL;
     t->cap_rows = t->cap_T = t->cap_nb = 0;
 }
 
@@ -248,6 +354,8 @@ void ft_trainer_free(ft_trainer *t)
     free(t->wt);
     free(t->ws);
     free(t->mods);
+    free(t->gu);
+    free(t->gul);
     free(t->w);
     free(t->g);
     free(t->m1);
@@ -272,10 +380,21 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
            kw = (size_t)c->n_kv_heads * (size_t)c->head_dim, I = (size_t)c->ffn, r = (size_t)R;
     size_t wide = H > qw ? H : qw;
     if (I > wide) wide = I;
+    const size_t E = (size_t)c->n_experts, K = (size_t)c->n_experts_used, F = (size_t)c->moe_ffn;
+    if (F > wide) wide = F;
+    if (E > wide) wide = E;
     size_t vc = (size_t)t->p.vocab_chunk < (size_t)c->vocab ? (size_t)t->p.vocab_chunk : (size_t)c->vocab;
     size_t half = (size_t)c->head_dim / 2;
     t->xs = fz(((size_t)c->n_layers + 1) * r * H);
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
+    t->qr = fz(r * qw); t->kr = fz(r * kw);
+    t->ao = fz(r * H); t->fo = fz(r * H); t->dsw = fz(r * H);
+    t->pin = fz(r * (size_t)t->E); t->hp = fz(r * (size_t)t->E); t->dhp = fz(r * (size_t)t->E);
+    t->nw = fz(wide + kw);
+    if (c->rope_local_theta != 0) {
+        t->lcosT = fz((size_t)T * half);
+        t->lsinT = fz((size_t)T * half);
+    }
     t->x2 = fz(r * H); t->h2 = fz(r * H); t->gt = fz(r * I); t->up = fz(r * I); t->mm = fz(r * I);
     t->tmp = fz(r * wide);
     t->tmp2 = fz(r * wide);
@@ -293,17 +412,42 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->lsum = calloc(r, sizeof(double));
     size_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
+    if (F > maxc) maxc = F;
+    if (E) {
+        t->mprob = fz(r * E); t->mdl = fz(r * E);
+        t->mwt = fz(r * K); t->mgwt = fz(r * K); t->mdw = fz(r * K);
+        t->mx = fz(r * H); t->my = fz(r * H); t->mdy = fz(r * H); t->mdx = fz(r * H);
+        t->mg = fz(r * F); t->mu = fz(r * F); t->mmx = fz(r * F); t->mdm = fz(r * F); t->mdg = fz(r * F);
+        t->mdu = fz(r * F);
+        t->midx = calloc(r * K, sizeof(int));
+        t->mgrow = calloc(r * K, sizeof(int));
+        t->mstart = calloc(E + 1, sizeof(int));
+        if (!t->mprob || !t->mdl || !t->mwt || !t->mgwt || !t->mdw || !t->mx || !t->my || !t->mdy || !t->mdx ||
+            !t->mg || !t->mu || !t->mmx || !t->mdm || !t->mdg || !t->mdu || !t->midx || !t->mgrow || !t->mstart) {
+            free_ws(t);
+            return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the experts' activations");
+        }
+    }
     t->row_len = maxc;
     t->row = fz(maxc * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
-             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
+             t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
+             t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw && t->pin && t->hp && t->dhp &&
+             (c->rope_local_theta == 0 || (t->lcosT && t->lsinT));
     for (int i = 0; i < NT; i++) ok = ok && t->tl[i];
     if (!ok) {
         free_ws(t);
         return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the activations of %d x %d tokens", nb, T);
     }
-    ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
+    if (t->blk.pos == FT_POS_ROPE) ft_rope_tables(c, (size_t)T, t->cosT, t->sinT);
+    if (c->rope_local_theta != 0) {   /* as the engine: the default RoPE with the local base */
+        ft_model_config lc = *c;
+        lc.rope_theta = c->rope_local_theta;
+        lc.rope_type = FT_ROPE_DEFAULT;
+        lc.rope_attention_factor = 1.0f;
+        ft_rope_tables(&lc, (size_t)T, t->lcosT, t->lsinT);
+    }
     t->cap_rows = R;
     t->cap_T = T;
     t->cap_nb = nb;
@@ -487,7 +631,23 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
 }
 
 /* attention over (sequence, kv head) tasks: disjoint outputs */
-typedef struct attn_job { ft_trainer *t; int nb, T, win; } attn_job;
+typedef struct attn_job { ft_trainer *t; int nb, T, win; float scale, cap; } attn_job;
+
+static attn_job attn_of(ft_trainer *t, int l, int nb, int T)
+{
+    const ft_model_config *c = &t->cfg;
+    attn_job j = {t, nb, T, ft_model_config_layer_window(c, l),
+                  c->attn_scale != 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim), c->attn_softcap};
+    return j;
+}
+
+/* the RoPE tables of layer l (gemma3's sliding layers: the local ones) */
+static void rope_tabs(const ft_trainer *t, int l, const float **cs, const float **sn)
+{
+    int local = t->lcosT && t->cfg.layer_sliding[l];
+    *cs = local ? t->lcosT : t->cosT;
+    *sn = local ? t->lsinT : t->sinT;
+}
 
 static void attn_fwd_task(void *arg, size_t i, unsigned worker)
 {
@@ -499,7 +659,7 @@ static void attn_fwd_task(void *arg, size_t i, unsigned worker)
     size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t r0 = (size_t)b * (size_t)T;
     ft_tr_attn_fwd_g(t->att + r0 * qw, t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw,
-                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+                     t->k + r0 * kw, t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1, j->scale, j->cap);
 }
 
 static void attn_bwd_task(void *arg, size_t i, unsigned worker)
@@ -513,7 +673,201 @@ static void attn_bwd_task(void *arg, size_t i, unsigned worker)
     size_t r0 = (size_t)b * (size_t)T;
     ft_tr_attn_bwd_g(t->dq + r0 * qw, t->dk + r0 * kw, t->dv + r0 * kw, t->datt + r0 * qw,
                      t->P + (size_t)b * (size_t)c->n_heads * (size_t)T * (size_t)T, t->q + r0 * qw, t->k + r0 * kw,
-                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
+                     t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1, j->scale, j->cap);
+}
+
+/* the architecture's norm (RMSNorm, or LayerNorm with a bias) over R rows
+ * of hidden, and its backward (dx += ...) */
+/* gemma's RMSNorm weights act as (1 + w): into t->nw (n <= its size) */
+static const float *nweights(ft_trainer *t, const float *w, int n)
+{
+    if (!t->cfg.norm_plus_one || !w) return w;
+    for (int i = 0; i < n; i++) t->nw[i] = 1.0f + w[i];
+    return t->nw;
+}
+
+static void norm_fwd(ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
+{
+    const ft_kernels *k = ft_k_get();
+    const int H = t->cfg.hidden;
+    w = nweights(t, w, H);
+    for (int r = 0; r < R; r++) {
+        const size_t o = (size_t)r * (size_t)H;
+        if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(out + o, in + o, w, H, t->cfg.norm_eps);
+        else k->layernorm(out + o, in + o, w, b, H, t->cfg.norm_eps);
+    }
+}
+
+static void norm_bwd(ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
+{
+    const int H = t->cfg.hidden;
+    w = nweights(t, w, H);
+    for (int r = 0; r < R; r++) {
+        const size_t o = (size_t)r * (size_t)H;
+        if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
+        else ft_tr_layernorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
+    }
+}
+
+static const float *gvec(const ft_trainer *t, int slot)
+{
+    const ft_wmat *g = ft_model_global(t->m, slot);
+    return g ? (const float *)g->data : NULL;
+}
+
+/* RMSNorm of q and k (qk_norm 1: each head over head_dim, qwen3; 2: the
+ * whole projection, olmoe), before RoPE; the inputs kept in qr, kr */
+static void qk_norm_fwd(ft_trainer *t, const ft_layer_weights *lw, int R)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_kernels *k = ft_k_get();
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
+    memcpy(t->qr, t->q, (size_t)R * qw * sizeof(float));
+    memcpy(t->kr, t->k, (size_t)R * kw * sizeof(float));
+    const float *w = nweights(t, wvec(lw, LW_QNORM), nq);
+    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq) k->rmsnorm(t->q + i, t->qr + i, w, nq, c->norm_eps);
+    w = nweights(t, wvec(lw, LW_KNORM), nk);
+    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk) k->rmsnorm(t->k + i, t->kr + i, w, nk, c->norm_eps);
+}
+
+/* dq, dk (after the norms) -> before them */
+static void qk_norm_bwd(ft_trainer *t, const ft_layer_weights *lw, int R)
+{
+    const ft_model_config *c = &t->cfg;
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const int nq = c->qk_norm == 1 ? c->head_dim : (int)qw, nk = c->qk_norm == 1 ? c->head_dim : (int)kw;
+    float *d = t->tmp;   /* R x wide floats, free here */
+    memset(d, 0, (size_t)R * qw * sizeof(float));
+    const float *w = nweights(t, wvec(lw, LW_QNORM), nq);
+    for (size_t i = 0; i < (size_t)R * qw; i += (size_t)nq)
+        ft_tr_rmsnorm_bwd(d + i, t->qr + i, w, t->dq + i, nq, c->norm_eps);
+    memcpy(t->dq, d, (size_t)R * qw * sizeof(float));
+    memset(d, 0, (size_t)R * kw * sizeof(float));
+    w = nweights(t, wvec(lw, LW_KNORM), nk);
+    for (size_t i = 0; i < (size_t)R * kw; i += (size_t)nk)
+        ft_tr_rmsnorm_bwd(d + i, t->kr + i, w, t->dk + i, nk, c->norm_eps);
+    memcpy(t->dk, d, (size_t)R * kw * sizeof(float));
+}
+
+static int moe_layer(const ft_trainer *t, int l) { return t->cfg.n_experts && t->cfg.layer_moe[l]; }
+
+/* expert e's SwiGLU on its n gathered rows (t->mx): t->mg, mu, mm, my */
+static ft_status expert_fwd(ft_trainer *t, const ft_layer_weights *lw, int e, int n)
+{
+    const ft_model_config *c = &t->cfg;
+    const ft_wmat *g = &lw->experts[3 * e + LW_EXP_GATE], *u = &lw->experts[3 * e + LW_EXP_UP],
+                  *d = &lw->experts[3 * e + LW_EXP_DOWN];
+    const int F = c->moe_ffn, H = c->hidden;
+    if (!ft_wmat_present(g) || !ft_wmat_present(u) || !ft_wmat_present(d))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: expert %d is not in memory", e);
+    TRY(prod(t, t->mg, F, t->mx, n, g, 0, F, NULL));
+    TRY(prod(t, t->mu, F, t->mx, n, u, 0, F, NULL));
+    for (size_t i = 0; i < (size_t)n * (size_t)F; i++) t->mmx[i] = t->mg[i] / (1.0f + expf(-t->mg[i])) * t->mu[i];
+    return prod(t, t->my, H, t->mmx, n, d, 0, H, NULL);
+}
+
+/* out (R x H) = the mixture of experts of in (router softmax, top-k,
+ * optionally renormalised, as the engine: ft_moe_route); the routes are
+ * kept for the backward */
+static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, int R, float *out)
+{
+    const ft_model_config *c = &t->cfg;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    if (lw->n_experts != E || !lw->experts || !ft_wmat_present(&lw->w_router))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: a layer's experts are not in memory");
+    TRY(prod(t, t->mprob, E, in, R, &lw->w_router, 0, E, NULL));
+    ft_moe_route(t->mprob, R, E, K, c->moe_norm_topk, t->midx, t->mwt);   /* mprob: the probabilities */
+    ft_moe_group(t->midx, t->mwt, R, E, K, t->mstart, t->mgrow, t->mgwt);
+    memset(out, 0, (size_t)R * (size_t)H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int a = t->mstart[e], n = t->mstart[e + 1] - a;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
+        TRY(expert_fwd(t, lw, e, n));
+        for (int i = 0; i < n; i++) {
+            float w = t->mgwt[a + i], *o = out + (size_t)t->mgrow[a + i] * H;
+            const float *y = t->my + (size_t)i * H;
+            for (int h = 0; h < H; h++) o[h] += y[h] * w;
+        }
+    }
+    return FT_OK;
+}
+
+/* din += d/d in of dot(dy, moe(in)): through each selected expert (frozen)
+ * and through the router's weights (softmax, top-k, renormalisation);
+ * the routes are moe_fwd's of the same input */
+static ft_status moe_bwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, const float *dy, int R,
+                         float *din)
+{
+    const ft_model_config *c = &t->cfg;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used, F = c->moe_ffn;
+    /* d weight of each route (r, j): dot(dy_r, y_e(r)), found expert by expert */
+    for (int e = 0; e < E; e++) {
+        int a = t->mstart[e], n = t->mstart[e + 1] - a;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
+        TRY(expert_fwd(t, lw, e, n));
+        for (int i = 0; i < n; i++) {
+            int r = t->mgrow[a + i];
+            const float *dyr = dy + (size_t)r * H, *y = t->my + (size_t)i * H;
+            float dw = 0.0f;
+            for (int h = 0; h < H; h++) dw += dyr[h] * y[h];
+            for (int j = 0; j < K; j++)
+                if (t->midx[(size_t)r * K + j] == e) t->mdw[(size_t)r * K + j] = dw;
+            float w = t->mgwt[a + i];
+            for (int h = 0; h < H; h++) t->mdy[(size_t)i * H + h] = dyr[h] * w;
+        }
+        /* the expert's x-gradient: dm = dY Wd, SwiGLU, dX = dg Wg + du Wu */
+        memset(t->mdm, 0, (size_t)n * (size_t)F * sizeof(float));
+        TRY(matT(t, t->mdm, F, t->mdy, H, n, &lw->experts[3 * e + LW_EXP_DOWN], 0, H));
+        ft_tr_silu_mul_bwd(t->mdg, t->mdu, t->mg, t->mu, t->mdm, n * F);
+        memset(t->mdx, 0, (size_t)n * (size_t)H * sizeof(float));
+        TRY(matT(t, t->mdx, H, t->mdg, F, n, &lw->experts[3 * e + LW_EXP_GATE], 0, F));
+        TRY(matT(t, t->mdx, H, t->mdu, F, n, &lw->experts[3 * e + LW_EXP_UP], 0, F));
+        for (int i = 0; i < n; i++) {
+            float *d = din + (size_t)t->mgrow[a + i] * H;
+            const float *s = t->mdx + (size_t)i * H;
+            for (int h = 0; h < H; h++) d[h] += s[h];
+        }
+    }
+    /* the router: w_j = p_j (/ S, S = the selected p's sum), p = softmax(logits) */
+    for (int r = 0; r < R; r++) {
+        const float *p = t->mprob + (size_t)r * E, *dw = t->mdw + (size_t)r * K, *w = t->mwt + (size_t)r * K;
+        const int *ix = t->midx + (size_t)r * K;
+        float *dl = t->mdl + (size_t)r * E, dp[256];
+        for (int e = 0; e < E; e++) dp[e] = 0.0f;
+        if (c->moe_norm_topk) {
+            float S = 0.0f, sw = 0.0f;
+            for (int j = 0; j < K; j++) {
+                S += p[ix[j]];
+                sw += dw[j] * w[j];
+            }
+            for (int j = 0; j < K; j++) dp[ix[j]] = (dw[j] - sw) / S;
+        } else {
+            for (int j = 0; j < K; j++) dp[ix[j]] = dw[j];
+        }
+        float sp = 0.0f;
+        for (int e = 0; e < E; e++) sp += p[e] * dp[e];
+        for (int e = 0; e < E; e++) dl[e] = p[e] * (dp[e] - sp);
+    }
+    return matT(t, din, H, t->mdl, E, R, &lw->w_router, 0, E);
+}
+
+/* SwiGLU silu(g) u, or gemma's GeGLU gelu_tanh(g) u (as the engine computes them) */
+static void ffn_gate(const ft_model_config *c, float *m, const float *g, const float *u, size_t n)
+{
+    if (c->act == FT_ACT_GELU_TANH) {
+        const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+        for (size_t i = 0; i < n; i++) {
+            float x = g[i];
+            m[i] = 0.5f * x * (1.0f + tanhf(k0 * (x + k1 * x * x * x))) * u[i];
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) m[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
 }
 
 /* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
@@ -526,32 +880,55 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     const ft_layer_weights *lw = lw_of(t, l);
     const float *x = t->xs + (size_t)l * (size_t)R * (size_t)H;
     float *xo = t->xs + (size_t)(l + 1) * (size_t)R * (size_t)H;
-    for (int r = 0; r < R; r++)
-        k->rmsnorm(t->h1 + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    if (t->post) memcpy(t->h1, x, (size_t)R * (size_t)H * sizeof(float));   /* OPT post-LN: no input norm */
+    else norm_fwd(t, t->h1, x, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, R, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, R, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, R, t->v));
-    for (int r = 0; r < R; r++) {
+    if (c->qk_norm) qk_norm_fwd(t, lw, R);
+    const float *cs, *sn;
+    rope_tabs(t, l, &cs, &sn);
+    for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
-        k->rope(t->q + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
-        k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+        k->rope(t->q + (size_t)r * qw, c->n_heads, hd, cs + pos, sn + pos);
+        k->rope(t->k + (size_t)r * kw, c->n_kv_heads, hd, cs + pos, sn + pos);
     }
-    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    attn_job aj = attn_of(t, l, nb, T);
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_fwd_task, &aj);
     TRY(lin_fwd(t, l, TO, t->att, R, t->tmp));
-    for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
-    for (int r = 0; r < R; r++)
-        k->rmsnorm(t->h2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W), H,
-                   c->norm_eps);
-    TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
-    TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
-    size_t ni = (size_t)R * (size_t)c->ffn;
-    for (size_t i = 0; i < ni; i++) {
-        float g = t->gt[i];
-        t->mm[i] = g / (1.0f + expf(-g)) * t->up[i];
+    if (c->sandwich_norm) {   /* gemma: a norm on the block's output before the residual add */
+        memcpy(t->ao, t->tmp, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->ao, R, wvec(lw, LW_POST_ATTN_NORM), NULL);
     }
-    TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
+    for (size_t i = 0; i < (size_t)R * (size_t)H; i++) t->x2[i] = x[i] + t->tmp[i];
+    if (t->post) {   /* x2 = LN1(x + attn): the sum kept in ao; the FFN's input is x2 */
+        memcpy(t->ao, t->x2, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->x2, t->ao, R, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+        memcpy(t->h2, t->x2, (size_t)R * (size_t)H * sizeof(float));
+    } else {
+        norm_fwd(t, t->h2, t->x2, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
+    size_t ni = (size_t)R * (size_t)c->ffn;
+    if (moe_layer(t, l)) {
+        TRY(moe_fwd(t, lw, t->h2, R, t->tmp));
+    } else if (t->blk.ffn == FT_FFN_SWIGLU) {
+        TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
+        TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+        ffn_gate(c, t->mm, t->gt, t->up, ni);
+    } else {   /* OPT: relu(fc1) */
+        TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
+        for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
+    }
+    if (!moe_layer(t, l)) TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->fo, t->tmp, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->fo, R, wvec(lw, LW_POST_FFN_NORM), NULL);
+    }
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
+    if (t->post) {   /* out = LN2(x2 + ffn): the sum kept in fo */
+        memcpy(t->fo, xo, (size_t)R * (size_t)H * sizeof(float));
+        norm_fwd(t, xo, t->fo, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     return FT_OK;
 }
 
@@ -564,36 +941,71 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     const size_t RH = (size_t)R * (size_t)H, RI = (size_t)R * (size_t)c->ffn;
     const ft_layer_weights *lw = lw_of(t, l);
     const float *x = t->xs + (size_t)l * RH;
+    if (t->post) {   /* through LN2 to the sum x2 + ffn */
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->fo, R, wvec(lw, LW_NORM2_W), t->dx);
+        memcpy(t->dx, t->dsw, RH * sizeof(float));
+    }
     memcpy(t->dx2, t->dx, RH * sizeof(float));
     memset(t->dmm, 0, RI * sizeof(float));
-    TRY(lin_bwd(t, l, TD, t->mm, t->dx, R, t->dmm));
-    ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+    const float *dyo = t->dx;
+    if (c->sandwich_norm) {
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->fo, R, wvec(lw, LW_POST_FFN_NORM), t->dx);
+        dyo = t->dsw;
+    }
     memset(t->dh, 0, RH * sizeof(float));
-    TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    if (moe_layer(t, l)) {
+        TRY(moe_bwd(t, lw, t->h2, dyo, R, t->dh));
+    } else {
+    TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
+    if (t->blk.ffn == FT_FFN_SWIGLU) {
+        if (c->act == FT_ACT_GELU_TANH) ft_tr_gelu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        else ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
+    } else {
+        for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;
+    }
     TRY(lin_bwd(t, l, TU, t->h2, t->dup, R, t->dh));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx2 + (size_t)r * (size_t)H, t->x2 + (size_t)r * (size_t)H, wvec(lw, LW_NORM2_W),
-                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    }
+    if (t->post) {   /* the FFN read x2 itself; then through LN1 to x + attn */
+        for (size_t i = 0; i < RH; i++) t->dx2[i] += t->dh[i];
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->ao, R, wvec(lw, LW_NORM1_W), t->dx2);
+        memcpy(t->dx2, t->dsw, RH * sizeof(float));
+    } else {
+        norm_bwd(t, t->dx2, t->x2, R, wvec(lw, LW_NORM2_W), t->dh);
+    }
     memset(t->datt, 0, (size_t)R * qw * sizeof(float));
-    TRY(lin_bwd(t, l, TO, t->att, t->dx2, R, t->datt));
+    dyo = t->dx2;
+    if (c->sandwich_norm) {
+        memset(t->dsw, 0, RH * sizeof(float));
+        norm_bwd(t, t->dsw, t->ao, R, wvec(lw, LW_POST_ATTN_NORM), t->dx2);
+        dyo = t->dsw;
+    }
+    TRY(lin_bwd(t, l, TO, t->att, dyo, R, t->datt));
     memset(t->dq, 0, (size_t)R * qw * sizeof(float));
     memset(t->dk, 0, (size_t)R * kw * sizeof(float));
     memset(t->dv, 0, (size_t)R * kw * sizeof(float));
-    attn_job aj = {t, nb, T, ft_model_config_layer_window(c, l)};
+    attn_job aj = attn_of(t, l, nb, T);
     ft_pool_run(t->pool, (size_t)nb * (size_t)c->n_kv_heads, attn_bwd_task, &aj);
-    for (int r = 0; r < R; r++) {
+    const float *cs, *sn;
+    rope_tabs(t, l, &cs, &sn);
+    for (int r = 0; r < R && t->blk.pos == FT_POS_ROPE; r++) {
         size_t pos = (size_t)(r % T) * (size_t)half;
-        ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, t->cosT + pos, t->sinT + pos);
-        ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, t->cosT + pos, t->sinT + pos);
+        ft_tr_rope_bwd(t->dq + (size_t)r * qw, c->n_heads, hd, cs + pos, sn + pos);
+        ft_tr_rope_bwd(t->dk + (size_t)r * kw, c->n_kv_heads, hd, cs + pos, sn + pos);
     }
+    if (c->qk_norm) qk_norm_bwd(t, lw, R);
     memset(t->dh, 0, RH * sizeof(float));
     TRY(lin_bwd(t, l, TQ, t->h1, t->dq, R, t->dh));
     TRY(lin_bwd(t, l, TK, t->h1, t->dk, R, t->dh));
     TRY(lin_bwd(t, l, TV, t->h1, t->dv, R, t->dh));
     memcpy(t->dx, t->dx2, RH * sizeof(float));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, x + (size_t)r * (size_t)H, wvec(lw, LW_NORM1_W),
-                          t->dh + (size_t)r * (size_t)H, H, c->norm_eps);
+    if (t->post)
+        for (size_t i = 0; i < RH; i++) t->dx[i] += t->dh[i];
+    else
+        norm_bwd(t, t->dx, x, R, wvec(lw, LW_NORM1_W), t->dh);
     return FT_OK;
 }
 
@@ -619,6 +1031,14 @@ static int vchunk(const ft_trainer *t, const ft_wmat *W)
     return vc;
 }
 
+/* gemma2's final logit soft-capping: cap tanh(z / cap), as the engine */
+static void softcap(const ft_model_config *c, float *z, size_t n)
+{
+    const float cap = c->final_softcap;
+    if (cap == 0.0f) return;
+    for (size_t i = 0; i < n; i++) z[i] = tanhf(z[i] / cap) * cap;
+}
+
 static ft_status check_tokens(const ft_trainer *t, const int32_t *tokens, int nb, int T, int min_T)
 {
     if (!tokens || nb < 1 || T < min_T)
@@ -640,8 +1060,24 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
 {
     const ft_model_config *c = &t->cfg;
     TRY(ensure(t, nb, T));
-    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
-    for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *Pin = ft_model_global(t->m, GW_PROJ_IN);
+    if (ft_wmat_present(Pin)) {   /* OPT-350m: word_embed_proj_dim-wide embeddings, project_in */
+        for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->pin + (size_t)r * (size_t)t->E);
+        TRY(prod(t, t->xs, c->hidden, t->pin, nb * T, Pin, 0, c->hidden, NULL));
+    } else {
+        for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
+    }
+    if (c->embed_scale != 0)   /* gemma: sqrt(hidden) */
+        for (size_t i = 0; i < (size_t)nb * (size_t)T * (size_t)c->hidden; i++) t->xs[i] *= c->embed_scale;
+    if (t->blk.pos == FT_POS_LEARNED) {   /* OPT: position r % T + offset */
+        const ft_wmat *P = ft_model_global(t->m, GW_POS_EMB);
+        float *pe = t->h1;
+        for (int r = 0; r < nb * T; r++) {
+            ft_wmat_row_f32(P, r % T + t->blk.pos_offset, pe);
+            float *x = t->xs + (size_t)r * (size_t)c->hidden;
+            for (int i = 0; i < c->hidden; i++) x[i] += pe[i];
+        }
+    }
     for (int l = 0; l < c->n_layers; l++) TRY(layer_fwd(t, l, nb, T));
     return FT_OK;
 }
@@ -661,11 +1097,18 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     const ft_model_config *c = &t->cfg;
     const int R = nb * T, H = c->hidden, L = c->n_layers;
     TRY(forward(t, tokens, nb, T));
-    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
     const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
     float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
-    const ft_kernels *k = ft_k_get();
-    for (int r = 0; r < R; r++) k->rmsnorm(hf + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, H, c->norm_eps);
+    if (t->fnorm) norm_fwd(t, hf, xl, R, fw, fb);
+    else memcpy(hf, xl, (size_t)R * (size_t)H * sizeof(float));
+    const ft_wmat *Pout = ft_model_global(t->m, GW_PROJ_OUT);
+    const int proj = ft_wmat_present(Pout), HE = proj ? t->E : H;
+    const float *hin = hf;   /* the LM head's input */
+    if (proj) {
+        TRY(prod(t, t->hp, t->E, hf, R, Pout, 0, t->E, NULL));
+        hin = t->hp;
+    }
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
     const int V = W->rows, vc = vchunk(t, W);
     for (int r = 0; r < R; r++) {
@@ -677,7 +1120,8 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
+        softcap(c, t->lchunk, (size_t)R * (size_t)n);
         for (int r = 0; r < R; r++) {
             if (skip_row(t, r, T)) continue;
             const float *lr = t->lchunk + (size_t)r * (size_t)n;
@@ -706,29 +1150,39 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
 
     /* pass 2: d loss / d logits = (softmax - onehot) * grad_scale / cnt */
     const double gs = grad_scale / (double)cnt;
-    float *dhf = t->dh;
+    float *dhf = t->dh, *dhin = proj ? t->dhp : dhf;
     memset(dhf, 0, (size_t)R * (size_t)H * sizeof(float));
+    memset(dhin, 0, (size_t)R * (size_t)HE * sizeof(float));
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
+        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
         for (int r = 0; r < R; r++) {
             float *lr = t->lchunk + (size_t)r * (size_t)n;
             if (skip_row(t, r, T)) {
                 memset(lr, 0, (size_t)n * sizeof(float));
                 continue;
             }
-            for (int j = 0; j < n; j++) lr[j] = (float)(exp((double)lr[j] - t->lmax[r]) * gs);
+            const float cap = c->final_softcap;
             int tg = tokens[r + 1];
-            if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
+            if (cap == 0.0f) {
+                for (int j = 0; j < n; j++) lr[j] = (float)(exp((double)lr[j] - t->lmax[r]) * gs);
+                if (tg >= v0 && tg < v0 + n) lr[tg - v0] -= (float)gs;
+            } else {   /* through the cap: d/dz cap tanh(z / cap) = 1 - tanh^2 */
+                for (int j = 0; j < n; j++) {
+                    float th = tanhf(lr[j] / cap);
+                    double d = exp((double)(th * cap) - t->lmax[r]) * gs - (v0 + j == tg ? gs : 0.0);
+                    lr[j] = (float)(d * (double)(1.0f - th * th));
+                }
+            }
         }
-        TRY(matT(t, dhf, H, t->lchunk, n, R, &sub, 0, n));
+        TRY(matT(t, dhin, HE, t->lchunk, n, R, &sub, 0, n));
     }
+    if (proj) TRY(matT(t, dhf, H, t->dhp, t->E, R, Pout, 0, t->E));
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
-    for (int r = 0; r < R; r++)
-        ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, dhf + (size_t)r * (size_t)H,
-                          H, c->norm_eps);
+    if (t->fnorm) norm_bwd(t, t->dx, xl, R, fw, dhf);
+    else memcpy(t->dx, dhf, (size_t)R * (size_t)H * sizeof(float));
     /* the layers in reverse, each recomputed from its saved input */
     for (int l = L - 1; l >= 0; l--) {
         TRY(layer_fwd(t, l, nb, T));
@@ -758,35 +1212,145 @@ double ft_trainer_lr_at(const ft_trainer *t, int s)
     }
 }
 
+/* the gradient of micro-batch tok alone into dst (zeroed first): its
+ * mean loss into *l */
+static ft_status unit_grad(ft_trainer *t, const int32_t *tok, const uint8_t *mask, int nb, int T, float *dst,
+                           double *l)
+{
+    float *keep = t->g;
+    double s = 0.0;
+    int64_t n = 0;
+    memset(dst, 0, t->np * sizeof(float));
+    t->g = dst;
+    t->mask = mask;
+    ft_status st = ft_trainer_loss_grad(t, tok, nb, T, 1.0 / t->p.grad_accum, &s, &n);
+    t->mask = NULL;
+    t->g = keep;
+    *l = st ? 0.0 : n ? s / (double)n : NAN;   /* NAN: no labelled position (fold_loss skips it) */
+    return st;
+}
+
+static ft_status want_units(ft_trainer *t, size_t units)
+{
+    if (units <= t->gu_units) return FT_OK;
+    free(t->gu);
+    free(t->gul);
+    t->gu = malloc(units * t->np * sizeof(float));
+    t->gul = malloc(units * sizeof(double));
+    t->gu_units = t->gu && t->gul ? units : 0;
+    if (!t->gu_units) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for %zu micro-batch gradients", units);
+    return FT_OK;
+}
+
+/* What travels along the chain of ranks with the running sums. */
+typedef struct dp_head { double loss; int32_t status, failed_rank, counted, pad; } dp_head;
+
+static ft_status dp_send(const ft_train_comm *c, int to, const dp_head *h, const float *g, size_t np)
+{
+    TRY(c->send(c->user, to, h, sizeof *h));
+    return c->send(c->user, to, g, np * sizeof(float));
+}
+
+static ft_status dp_recv(const ft_train_comm *c, int from, dp_head *h, float *g, size_t np)
+{
+    TRY(c->recv(c->user, from, h, sizeof *h));
+    return c->recv(c->user, from, g, np * sizeof(float));
+}
+
 ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss, double *grad_norm)
 {
-    return ft_trainer_step_masked(t, tokens, NULL, nb, T, loss, grad_norm);
+    return ft_trainer_step_dp_masked(t, NULL, tokens, NULL, nb, T, loss, grad_norm);
 }
 
 ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int nb, int T,
                                  double *loss, double *grad_norm)
 {
+    return ft_trainer_step_dp_masked(t, NULL, tokens, mask, nb, T, loss, grad_norm);
+}
+
+ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens, int nb, int T,
+                             double *loss, double *grad_norm)
+{
+    return ft_trainer_step_dp_masked(t, comm, tokens, NULL, nb, T, loss, grad_norm);
+}
+
+/* A micro-batch's loss as unit_grad reports it: NAN when none of its
+ * positions has a label (it adds nothing to the step's mean loss). */
+static void fold_loss(dp_head *h, double l)
+{
+    if (isnan(l)) return;
+    h->loss += l;
+    h->counted++;
+}
+
+ft_status ft_trainer_step_dp_masked(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens,
+                                    const uint8_t *mask, int nb, int T, double *loss, double *grad_norm)
+{
     if (!t || !tokens) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_step: NULL argument");
-    const int A = t->p.grad_accum;
-    memset(t->g, 0, t->np * sizeof(float));
-    double tot = 0.0;
-    int counted = 0;
-    for (int a = 0; a < A; a++) {
-        double s;
-        int64_t n;
-        size_t off = (size_t)a * (size_t)nb * (size_t)T;
-        t->mask = mask ? mask + off : NULL;
-        ft_status st = ft_trainer_loss_grad(t, tokens + off, nb, T, 1.0 / A, &s, &n);
-        t->mask = NULL;
-        if (st) return st;
-        if (n) {
-            tot += s / (double)n;
-            counted++;
+    const int A = t->p.grad_accum, N = comm ? comm->size : 1, me = comm ? comm->rank : 0;
+    if (comm && (!comm->send || !comm->recv || N < 1 || me < 0 || me >= N))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: data-parallel: bad communicator (rank %d of %d)", me, N);
+    if (A < N)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: data-parallel: %d micro-batches per step (grad_accum) for %d "
+                            "processes: each process needs at least one", A, N);
+    /* The step's gradient is the left fold S = ((g_0 + g_1) + g_2) + ...
+     * of the micro-batches' gradients (each computed from zero), the loss
+     * likewise: rank k computes micro-batches [a0, a1), receives the sum
+     * so far from rank k - 1, continues the fold and passes it on; the
+     * last rank sends the total to every rank. The additions are the same
+     * whatever N, so the result is bit for bit that of one process. */
+    const int a0 = (int)((int64_t)me * A / N), a1 = (int)((int64_t)(me + 1) * A / N);
+    const size_t np = t->np, mb = (size_t)nb * (size_t)T;
+    ft_status st = FT_OK;
+    dp_head h = {0.0, 0, -1, 0, 0};
+    if (me == 0) {
+        st = want_units(t, 1);   /* an error still goes down the chain: no rank is left waiting */
+        for (int a = a0; a < a1 && !st; a++) {
+            double l;
+            const uint8_t *mk = mask ? mask + (size_t)a * mb : NULL;
+            if (a == 0) st = unit_grad(t, tokens, mk, nb, T, t->g, &l);
+            else if (!(st = unit_grad(t, tokens + (size_t)a * mb, mk, nb, T, t->gu, &l)))
+                for (size_t i = 0; i < np; i++) t->g[i] += t->gu[i];
+            if (!st) fold_loss(&h, l);
+        }
+    } else {
+        st = want_units(t, (size_t)(a1 - a0));
+        for (int a = a0; a < a1 && !st; a++)
+            st = unit_grad(t, tokens + (size_t)a * mb, mask ? mask + (size_t)a * mb : NULL, nb, T,
+                           t->gu + (size_t)(a - a0) * np, &t->gul[a - a0]);
+        ft_status rs = dp_recv(comm, me - 1, &h, t->g, np);
+        if (rs) return rs;
+        if (!h.status && !st)
+            for (int a = a0; a < a1; a++) {
+                const float *gu = t->gu + (size_t)(a - a0) * np;
+                for (size_t i = 0; i < np; i++) t->g[i] += gu[i];
+                fold_loss(&h, t->gul[a - a0]);
+            }
+    }
+    if (st && !h.status) {
+        h.status = (int32_t)st;
+        h.failed_rank = me;
+    }
+    if (N > 1) {
+        if (me < N - 1) {
+            TRY(dp_send(comm, me + 1, &h, t->g, np));
+            TRY(dp_recv(comm, N - 1, &h, t->g, np));
+        } else {
+            for (int r = 0; r < N - 1; r++) TRY(dp_send(comm, r, &h, t->g, np));
         }
     }
-    if (!counted)
+    if (st) return st;   /* this rank's own error (its message) */
+    if (h.status > 0 || h.failed_rank < -1 || h.failed_rank >= N || h.counted < 0 || h.counted > A)
+        return ft_set_error(FT_ERR_PROTOCOL, "train: data-parallel: a malformed header (status %d, rank %d)",
+                            (int)h.status, (int)h.failed_rank);
+    if (h.status)
+        return ft_set_error((ft_status)h.status, "train: data-parallel: rank %d failed in its micro-batches (%s; its "
+                            "message is on its stderr)", (int)h.failed_rank, ft_status_str((ft_status)h.status));
+    if (!h.counted)
         return ft_set_error(FT_ERR_INVALID_ARG, "train: no position of this step's sequences has a label (every "
                             "token masked)");
+    const double tot = h.loss;
+    const int counted = h.counted;
     /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
     double ss = 0.0;
     for (size_t i = 0; i < t->np; i++) ss += (double)t->g[i] * (double)t->g[i];
@@ -801,8 +1365,8 @@ ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, const uin
      * v = b2 v + (1 - b2) g^2; p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) */
     const ft_train_params *p = &t->p;
     double lr = ft_trainer_lr_at(t, t->step);
-    int st = ++t->step;
-    double bc1 = 1.0 - pow((double)p->beta1, st), bc2 = 1.0 - pow((double)p->beta2, st);
+    int stp = ++t->step;
+    double bc1 = 1.0 - pow((double)p->beta1, stp), bc2 = 1.0 - pow((double)p->beta2, stp);
     float decay = (float)(1.0 - lr * (double)p->weight_decay);
     float w1 = (float)(1.0 - (double)p->beta1), b2 = p->beta2, w2 = (float)(1.0 - (double)p->beta2);
     float step_size = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
@@ -834,6 +1398,23 @@ ft_status ft_trainer_eval_masked(ft_trainer *t, const int32_t *tokens, const uin
     return st;
 }
 
+/* the final norm, project_out and the LM head (soft-capped) of one row */
+static ft_status head_row(ft_trainer *t, const float *x, float *hf, float *logits)
+{
+    const ft_model_config *c = &t->cfg;
+    if (t->fnorm) norm_fwd(t, hf, x, 1, gvec(t, GW_FINAL_NORM_W), gvec(t, GW_FINAL_NORM_B));
+    else memcpy(hf, x, (size_t)c->hidden * sizeof(float));
+    const ft_wmat *Pout = ft_model_global(t->m, GW_PROJ_OUT), *W = ft_model_global(t->m, GW_LM_HEAD);
+    const float *in = hf;
+    if (ft_wmat_present(Pout)) {
+        TRY(prod(t, t->hp, t->E, hf, 1, Pout, 0, t->E, NULL));
+        in = t->hp;
+    }
+    TRY(prod(t, logits, W->rows, in, 1, W, 0, W->rows, NULL));
+    softcap(c, logits, (size_t)W->rows);
+    return FT_OK;
+}
+
 ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits)
 {
     if (!t || !logits) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_last_logits: NULL argument");
@@ -841,9 +1422,7 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     const ft_model_config *c = &t->cfg;
     TRY(forward(t, tokens, 1, n));
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
-    ft_k_get()->rmsnorm(t->h1, xl, ft_model_global(t->m, GW_FINAL_NORM_W)->data, c->hidden, c->norm_eps);
-    const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
-    return prod(t, logits, W->rows, t->h1, 1, W, 0, W->rows, NULL);
+    return head_row(t, xl, t->h1, logits);
 }
 
 /* ------------------------------------------------ PEFT adapter files */
@@ -854,22 +1433,29 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
               int64_t ashape[2], int64_t bshape[2])
 {
     const lmod *md = &t->mods[k];
-    if (!md->on) return 0;
+    if (!md->on || md->shared) return 0;
     int l = (int)(k / NT), i = (int)(k % NT);
-    const char *blk = i <= TO ? "self_attn" : "mlp";
-    snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, tname[i]);
-    snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, tname[i]);
+    if (t->is_opt) {   /* model.decoder.layers.L.self_attn.q_proj, ...layers.L.fc1 */
+        const char *blk = i <= TO ? "self_attn." : "";
+        snprintf(a_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_A.weight", l, blk, opt_tname[i]);
+        snprintf(b_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_B.weight", l, blk, opt_tname[i]);
+    } else {
+        const char *blk = i <= TO ? "self_attn" : "mlp";
+        const char *nm = md->fused_out ? (i == TQ ? "qkv_proj" : "gate_up_proj") : tname[i];
+        snprintf(a_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l, blk, nm);
+        snprintf(b_name, cap, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l, blk, nm);
+    }
     *A = t->w + md->a;
     *B = t->w + md->b;
     ashape[0] = t->p.rank;
     ashape[1] = md->in;
-    bshape[0] = md->out;
+    bshape[0] = md->fused_out ? md->fused_out : md->out;
     bshape[1] = t->p.rank;
     return 1;
 }
 
 const ft_train_params *ft_tr_params(const ft_trainer *t) { return &t->p; }
-const char *ft_tr_target_name(int i) { return i >= 0 && i < NT ? tname[i] : NULL; }
+const char *ft_tr_target_name(int i) { return i >= 0 && i < NB_NAMES ? bitname[i] : NULL; }
 
 void ft_tr_state(ft_trainer *t, float **w, float **m1, float **m2, int *step)
 {
@@ -891,23 +1477,31 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
     const int H = c->hidden, hd = c->head_dim, half = hd / 2, rep = c->n_heads / c->n_kv_heads;
     const size_t kw = (size_t)c->n_kv_heads * (size_t)hd;
     const ft_layer_weights *lw = lw_of(t, l);
-    k->rmsnorm(t->h1, x, wvec(lw, LW_NORM1_W), H, c->norm_eps);
+    if (t->post) memcpy(t->h1, x, (size_t)H * sizeof(float));
+    else norm_fwd(t, t->h1, x, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
     TRY(lin_fwd(t, l, TQ, t->h1, 1, t->q));
     TRY(lin_fwd(t, l, TK, t->h1, 1, t->k));
     TRY(lin_fwd(t, l, TV, t->h1, 1, t->v));
+    if (c->qk_norm) qk_norm_fwd(t, lw, 1);
     size_t po = (size_t)pos * (size_t)half;
-    k->rope(t->q, c->n_heads, hd, t->cosT + po, t->sinT + po);
-    k->rope(t->k, c->n_kv_heads, hd, t->cosT + po, t->sinT + po);
+    if (t->blk.pos == FT_POS_ROPE) {
+        const float *cs, *sn;
+        rope_tabs(t, l, &cs, &sn);
+        k->rope(t->q, c->n_heads, hd, cs + po, sn + po);
+        k->rope(t->k, c->n_kv_heads, hd, cs + po, sn + po);
+    }
     memcpy(kc + (size_t)pos * kw, t->k, kw * sizeof(float));
     memcpy(vc + (size_t)pos * kw, t->v, kw * sizeof(float));
     int win = ft_model_config_layer_window(c, l), j0 = win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const attn_job aj = attn_of(t, l, 1, 1);
+    const float scale = aj.scale, cap = aj.cap;
     for (int h = 0; h < c->n_heads; h++) {
         size_t go = (size_t)(h / rep) * (size_t)hd;
         const float *qh = t->q + (size_t)h * (size_t)hd;
         float mx = -INFINITY, sum = 0.0f;
         for (int j = j0; j <= pos; j++) {
             sc[j] = k->dot(qh, kc + (size_t)j * kw + go, hd) * scale;
+            if (cap != 0.0f) sc[j] = tanhf(sc[j] / cap) * cap;
             if (sc[j] > mx) mx = sc[j];
         }
         for (int j = j0; j <= pos; j++) {
@@ -919,13 +1513,38 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         for (int j = j0; j <= pos; j++) k->axpy(oh, sc[j] / sum, vc + (size_t)j * kw + go, hd);
     }
     TRY(lin_fwd(t, l, TO, t->att, 1, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->ao, t->tmp, (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->ao, 1, wvec(lw, LW_POST_ATTN_NORM), NULL);
+    }
     for (int i = 0; i < H; i++) t->x2[i] = x[i] + t->tmp[i];
-    k->rmsnorm(t->h2, t->x2, wvec(lw, LW_NORM2_W), H, c->norm_eps);
-    TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
-    TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
-    for (int i = 0; i < c->ffn; i++) t->mm[i] = t->gt[i] / (1.0f + expf(-t->gt[i])) * t->up[i];
-    TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    if (t->post) {
+        memcpy(t->ao, t->x2, (size_t)H * sizeof(float));
+        norm_fwd(t, t->x2, t->ao, 1, wvec(lw, LW_NORM1_W), wvec(lw, LW_NORM1_B));
+        memcpy(t->h2, t->x2, (size_t)H * sizeof(float));
+    } else {
+        norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
+    if (moe_layer(t, l)) {
+        TRY(moe_fwd(t, lw, t->h2, 1, t->tmp));
+    } else if (t->blk.ffn == FT_FFN_SWIGLU) {
+        TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
+        TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+        ffn_gate(c, t->mm, t->gt, t->up, (size_t)c->ffn);
+    } else {
+        TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));
+        for (int i = 0; i < c->ffn; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
+    }
+    if (!moe_layer(t, l)) TRY(lin_fwd(t, l, TD, t->mm, 1, t->tmp));
+    if (c->sandwich_norm) {
+        memcpy(t->fo, t->tmp, (size_t)H * sizeof(float));
+        norm_fwd(t, t->tmp, t->fo, 1, wvec(lw, LW_POST_FFN_NORM), NULL);
+    }
     for (int i = 0; i < H; i++) x[i] = t->x2[i] + t->tmp[i];
+    if (t->post) {
+        memcpy(t->fo, x, (size_t)H * sizeof(float));
+        norm_fwd(t, x, t->fo, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
+    }
     return FT_OK;
 }
 
@@ -949,11 +1568,21 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
         st = ft_set_error(FT_ERR_NOMEM, "generate: out of memory for the cache of %d tokens", total);
         goto done;
     }
-    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *W = ft_model_global(t->m, GW_LM_HEAD);
-    const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
+    const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB), *Pin = ft_model_global(t->m, GW_PROJ_IN);
     int32_t tok = prompt[0];
     for (int pos = 0; pos < total - 1; pos++) {
-        ft_wmat_row_f32(E, tok, x);
+        if (ft_wmat_present(Pin)) {
+            ft_wmat_row_f32(E, tok, t->pin);
+            if ((st = prod(t, x, H, t->pin, 1, Pin, 0, H, NULL))) goto done;
+        } else {
+            ft_wmat_row_f32(E, tok, x);
+        }
+        if (c->embed_scale != 0)
+            for (int i = 0; i < H; i++) x[i] *= c->embed_scale;
+        if (t->blk.pos == FT_POS_LEARNED) {
+            ft_wmat_row_f32(ft_model_global(t->m, GW_POS_EMB), pos + t->blk.pos_offset, hf);
+            for (int i = 0; i < H; i++) x[i] += hf[i];
+        }
         for (int l = 0; l < c->n_layers && !st; l++)
             st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
         if (st) goto done;
@@ -961,8 +1590,7 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
             tok = prompt[pos + 1];
             continue;
         }
-        ft_k_get()->rmsnorm(hf, x, fw, H, c->norm_eps);
-        if ((st = prod(t, lg, W->rows, hf, 1, W, 0, W->rows, NULL))) goto done;
+        if ((st = head_row(t, x, hf, lg))) goto done;
         int best = 0;
         for (int v = 1; v < c->vocab; v++) if (lg[v] > lg[best]) best = v;
         out[pos + 1 - n] = best;

@@ -20,10 +20,16 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
 
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
 void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
+/* LayerNorm y = (x - mean) / sqrt(var + eps) * w + b over n (w NULL: 1):
+ * dx += d/dx of dot(dy, y) (b does not enter). */
+void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
 /* RoPE backward: the inverse rotation (any cos/sin, scaled ones too). */
 void ft_tr_rope_bwd(float *dx, int n_heads, int head_dim, const float *cos, const float *sin);
 /* g' = silu(g) * u: given dy, dg and du (overwritten). */
 void ft_tr_silu_mul_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int n);
+
+/* g' = gelu_tanh(g) * u (GeGLU, gemma): given dy, dg and du (overwritten). */
+void ft_tr_gelu_mul_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int n);
 
 /* Causal attention of one sequence of T rows, GQA: q [T][nh*hd], k, v
  * [T][nkv*hd], out [T][nh*hd], P [nh][T][T] (probabilities, saved for the
@@ -36,10 +42,13 @@ void ft_tr_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
 
 /* The same for the heads of kv heads [g0, g1) only (threads split there:
  * the heads of one kv head add into the same dk/dv). */
+/* scale: the score scale (1/sqrt(hd), or gemma's query_pre_attn_scalar^-1/2);
+ * cap != 0: scores soft-capped to cap tanh(s / cap) (gemma2). */
 void ft_tr_attn_fwd_g(float *out, float *P, const float *q, const float *k, const float *v, int T, int nh, int nkv,
-                      int hd, int window, int g0, int g1);
+                      int hd, int window, int g0, int g1, float scale, float cap);
 void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
-                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1);
+                      const float *k, const float *v, int T, int nh, int nkv, int hd, int window, int g0, int g1,
+                      float scale, float cap);
 
 /* Loss over batch sequences of seq tokens (without an update); with
  * grad_scale != 0 the parameters' gradients get grad_scale * d(mean loss)

@@ -1,18 +1,20 @@
 /* The train layer (src/train, docs/training.md): every op's backward
  * against finite differences, the transposed stored-format product
  * against its scalar reference, whole-model LoRA gradients against
- * finite differences (llama, qwen2 with biases, mistral with a sliding
- * window), and a LoRA run against PyTorch + PEFT
- * (tests/data/lora/llama-tiny, scripts/fixtures/gen_lora_fixtures.py). */
+ * finite differences (every family), LoRA runs against PyTorch + PEFT
+ * (tests/data/lora/NAME, scripts/fixtures/gen_lora_fixtures.py), and
+ * data-parallel steps (ranks as threads) against one process. */
 #include "ft_test.h"
 #include "support/fixture.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 #include "flextier/train.h"
 #include "train/train_internal.h"
+#include "engine/kernels.h"
 
 #include <json-c/json.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -93,6 +95,33 @@ TEST(rmsnorm_bwd_fd)
     }
 }
 
+/* LayerNorm (OPT), with and without affine weights, against the engine's forward */
+TEST(layernorm_bwd_fd)
+{
+    enum { N = 24 };
+    float x[N], w[N], b[N], dy[N], y[N], xp[N];
+    fill(x, N, 1.0f);
+    fill(w, N, 1.0f);
+    fill(b, N, 1.0f);
+    fill(dy, N, 1.0f);
+    for (int affine = 0; affine < 2; affine++) {
+        float dx[N] = {0};
+        const float *wp = affine ? w : NULL;
+        ft_tr_layernorm_bwd(dx, x, wp, dy, N, 1e-5f);
+        for (int i = 0; i < N; i++) {
+            double f[2];
+            for (int s = 0; s < 2; s++) {
+                memcpy(xp, x, sizeof x);
+                xp[i] += s ? -1e-3f : 1e-3f;
+                ft_k_layernorm_ref(y, xp, wp, affine ? b : NULL, N, 1e-5f);
+                f[s] = dotd(dy, y, N);
+            }
+            double fd = (f[0] - f[1]) / (double)((x[i] + 1e-3f) - (x[i] - 1e-3f));
+            CHECK_MSG(close_fd(dx[i], fd, 2e-3), "affine %d i %d: %g vs %g", affine, i, (double)dx[i], fd);
+        }
+    }
+}
+
 TEST(rope_bwd_is_inverse_rotation)
 {
     enum { NH = 3, HD = 8 };
@@ -133,10 +162,13 @@ TEST(silu_mul_bwd_fd)
     }
 }
 
+static float g_scale, g_cap;   /* 0: 1/sqrt(hd), no cap (ft_tr_attn_fwd) */
+
 static double attn_obj(const float *q, const float *k, const float *v, const float *dout, int T, int nh, int nkv,
                        int hd, int win, float *out, float *P)
 {
-    ft_tr_attn_fwd(out, P, q, k, v, T, nh, nkv, hd, win);
+    if (g_scale != 0) ft_tr_attn_fwd_g(out, P, q, k, v, T, nh, nkv, hd, win, 0, nkv, g_scale, g_cap);
+    else ft_tr_attn_fwd(out, P, q, k, v, T, nh, nkv, hd, win);
     return dotd(dout, out, (size_t)T * (size_t)nh * (size_t)hd);
 }
 
@@ -150,7 +182,8 @@ static void attn_fd(int win)
     fill(v, sizeof v / 4, 1.0f);
     fill(dout, sizeof dout / 4, 1.0f);
     attn_obj(q, k, v, dout, T, NH, NKV, HD, win, out, P);
-    ft_tr_attn_bwd(dq, dk, dv, dout, P, q, k, v, T, NH, NKV, HD, win);
+    if (g_scale != 0) ft_tr_attn_bwd_g(dq, dk, dv, dout, P, q, k, v, T, NH, NKV, HD, win, 0, NKV, g_scale, g_cap);
+    else ft_tr_attn_bwd(dq, dk, dv, dout, P, q, k, v, T, NH, NKV, HD, win);
     float *xs[3] = {q, k, v}, *gs[3] = {dq, dk, dv};
     size_t ns[3] = {sizeof q / 4, sizeof k / 4, sizeof v / 4};
     for (int a = 0; a < 3; a++)
@@ -168,6 +201,33 @@ static void attn_fd(int win)
 
 TEST(attention_bwd_fd_gqa) { attn_fd(0); }
 TEST(attention_bwd_fd_window) { attn_fd(3); }
+/* gemma2: another score scale, soft-capped scores (a cap the scores reach) */
+TEST(attention_bwd_fd_softcap)
+{
+    g_scale = 0.8f;
+    g_cap = 1.5f;
+    attn_fd(0);
+    attn_fd(3);
+    g_scale = g_cap = 0.0f;
+}
+
+TEST(gelu_mul_bwd_fd)
+{
+    enum { N = 32 };
+    float g[N], u[N], dy[N], dg[N], du[N];
+    fill(g, N, 4.0f);
+    fill(u, N, 2.0f);
+    fill(dy, N, 1.0f);
+    ft_tr_gelu_mul_bwd(dg, du, g, u, dy, N);
+    for (int i = 0; i < N; i++) {
+        double h = 1e-4, G = g[i], k0 = 0.7978845608028654, k1 = 0.044715;
+#define GEL(x) (0.5 * (x) * (1.0 + tanh(k0 * ((x) + k1 * (x) * (x) * (x)))))
+        double fp = GEL(G + h) * u[i], fm = GEL(G - h) * u[i];
+        CHECK_MSG(close_fd(dg[i], dy[i] * (fp - fm) / (2 * h), 1e-4), "dg %d", i);
+        CHECK(close_fd(du[i], dy[i] * GEL(G), 1e-5));
+#undef GEL
+    }
+}
 
 /* W^T dy on stored weights (f32, bf16, q8, q4) vs the scalar reference,
  * and the adjoint identity <dy, W x> = <W^T dy, x> on the forward product */
@@ -221,8 +281,10 @@ TEST(matT_stored_formats)
 }
 
 /* d mean-loss / d (every LoRA parameter we probe) vs central differences */
-static void model_fd_fmt(const char *name, int T, int fmt)
+static void model_fd_h(const char *name, int T, int fmt, float h0)
 {
+    seed = 12345;   /* the same draws whatever ran before */
+    for (const char *c = name; *c; c++) seed = seed * 131 + (uint64_t)(unsigned char)*c;
     ft_model *m = load(name, fmt);
     REQUIRE(m);
     ft_train_params p;
@@ -248,14 +310,19 @@ static void model_fd_fmt(const char *name, int T, int fmt)
     memcpy(an, g, n * sizeof(float));
     int bad = 0, probes = 0;
     for (size_t i = 0; i < n; i += n / 37 + 1) {
-        float x0 = w[i], h = 1e-2f;
-        double fp, fm;
-        w[i] = x0 + h;
-        CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fp, &cnt));
-        w[i] = x0 - h;
-        CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fm, &cnt));
-        w[i] = x0;
-        double fd = (fp - fm) / (double)cnt / (double)((x0 + h) - (x0 - h));
+        double fd = 0.0;
+        /* a step across a ReLU kink (OPT) misleads: a quarter step then */
+        for (int tries = 0; tries < 2; tries++) {
+            float x0 = w[i], h = tries ? h0 / 4 : h0;
+            double fp, fm;
+            w[i] = x0 + h;
+            CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fp, &cnt));
+            w[i] = x0 - h;
+            CHECK_OK(ft_trainer_loss_grad(t, tok, nb, T, 0.0, &fm, &cnt));
+            w[i] = x0;
+            fd = (fp - fm) / (double)cnt / (double)((x0 + h) - (x0 - h));
+            if (fabs(an[i] - fd) <= 5e-4 + 2e-2 * fabs(fd)) break;
+        }
         probes++;
         if (fabs(an[i] - fd) > 5e-4 + 2e-2 * fabs(fd)) {
             bad++;
@@ -269,6 +336,7 @@ static void model_fd_fmt(const char *name, int T, int fmt)
     ft_model_free(m);
 }
 
+static void model_fd_fmt(const char *name, int T, int fmt) { model_fd_h(name, T, fmt, 1e-2f); }
 static void model_fd(const char *name, int T) { model_fd_fmt(name, T, FT_WF_F32); }
 
 TEST(model_grad_fd_llama) { model_fd("llama-tiny", 7); }
@@ -304,12 +372,31 @@ TEST(train_on_quantized_weights)
 }
 TEST(model_grad_fd_qwen2_bias) { model_fd("qwen2-tiny", 6); }
 TEST(model_grad_fd_mistral_window) { model_fd("mistral-sw", 9); }
+/* q/k RMSNorm per head before RoPE */
+TEST(model_grad_fd_qwen3_qk_norm) { model_fd("qwen3-tiny", 7); }
+TEST(model_grad_fd_qwen3_window) { model_fd("qwen3-sw", 9); }
+/* OPT: LayerNorm with biases, biases on every projection, ReLU, learned positions */
+/* phi3: one LoRA on each fused projection (qkv_proj, gate_up_proj) */
+TEST(model_grad_fd_phi3_fused) { model_fd("phi3-tiny", 7); }
+/* gemma2: (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, score
+ * scale, attention and final soft-capping, alternating windows; gemma3:
+ * q/k norms and a local RoPE base on the sliding layers */
+TEST(model_grad_fd_gemma2) { model_fd("gemma2-tiny", 8); }
+TEST(model_grad_fd_gemma3) { model_fd_h("gemma3-tiny", 8, FT_WF_F32, 2e-3f); }   /* large curvature: a smaller step */
+/* mixture of experts (frozen, LoRA on attention): through the experts and the router */
+TEST(model_grad_fd_mixtral) { model_fd_h("mixtral-tiny", 7, FT_WF_F32, 2e-3f); }
+TEST(model_grad_fd_qwen3_moe) { model_fd_h("qwen3moe-tiny", 7, FT_WF_F32, 2e-3f); }
+TEST(model_grad_fd_olmoe) { model_fd_h("olmoe-tiny", 7, FT_WF_F32, 2e-3f); }
+/* OPT-350m's shapes: post-LN layers; project_in/out */
+TEST(model_grad_fd_opt_postln) { model_fd_h("opt-tiny-postln", 7, FT_WF_F32, 2e-3f); }
+TEST(model_grad_fd_opt_proj) { model_fd_h("opt-tiny-proj", 7, FT_WF_F32, 2e-3f); }
+TEST(model_grad_fd_opt) { model_fd_h("opt-tiny", 7, FT_WF_F32, 2e-3f); }   /* ReLU kinks: a smaller step */
 
 /* ------------------------------------------------ against PyTorch + PEFT */
 
-static json_object *run_json(char *dir, size_t n)
+static json_object *run_json(const char *name, char *dir, size_t n)
 {
-    ft_fixture_dir("lora", "llama-tiny", dir, n);
+    ft_fixture_dir("lora", name, dir, n);
     char path[1200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     return json_object_from_file(path);
@@ -343,12 +430,12 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     return t;
 }
 
-TEST(lora_run_matches_peft)
+static void peft_match(const char *name)
 {
     char dir[1024], sub[1200];
-    json_object *run = run_json(dir, sizeof dir);
+    json_object *run = run_json(name, dir, sizeof dir);
     REQUIRE(run);
-    ft_model *m = load("llama-tiny", FT_WF_F32);
+    ft_model *m = load(name, FT_WF_F32);
     REQUIRE(m);
     snprintf(sub, sizeof sub, "%s/init", dir);
     ft_trainer *t = peft_trainer(m, run, sub);
@@ -393,7 +480,7 @@ TEST(lora_run_matches_peft)
      * transformers + peft's last-position logits and greedy tokens */
     char tmp[] = "/tmp/ft_lora_XXXXXX";
     REQUIRE(mkdtemp(tmp));
-    CHECK_OK(ft_trainer_save_adapter(t, tmp, "llama-tiny"));
+    CHECK_OK(ft_trainer_save_adapter(t, tmp, name));
     ft_trainer *back = peft_trainer(m, run, tmp);
     REQUIRE(back);
     float *c = ft_trainer_param_data(back, &n);
@@ -436,6 +523,22 @@ TEST(lora_run_matches_peft)
     json_object_put(run);
 }
 
+TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
+/* qwen3: q/k norms per head; tied embeddings */
+TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
+/* OPT: q_proj k_proj v_proj out_proj fc1 fc2, LayerNorm, ReLU, learned positions */
+TEST(lora_run_matches_peft_opt) { peft_match("opt-tiny"); }
+TEST(lora_run_matches_peft_opt_postln) { peft_match("opt-tiny-postln"); }
+TEST(lora_run_matches_peft_opt_proj) { peft_match("opt-tiny-proj"); }
+/* phi3: qkv_proj o_proj gate_up_proj down_proj */
+TEST(lora_run_matches_peft_phi3) { peft_match("phi3-tiny"); }
+TEST(lora_run_matches_peft_gemma2) { peft_match("gemma2-tiny"); }
+TEST(lora_run_matches_peft_gemma3) { peft_match("gemma3-tiny"); }
+/* mixture of experts: LoRA on q/k/v/o through the frozen router and experts */
+TEST(lora_run_matches_peft_mixtral) { peft_match("mixtral-tiny"); }
+TEST(lora_run_matches_peft_qwen3_moe) { peft_match("qwen3moe-tiny"); }
+TEST(lora_run_matches_peft_olmoe) { peft_match("olmoe-tiny"); }
+
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
 {
@@ -472,6 +575,14 @@ TEST(generate_cached_equals_recompute)
     generate_vs_recompute("llama-tiny", FT_WF_F32);
     generate_vs_recompute("mistral-sw", FT_WF_F32);   /* window 5 < 19 positions */
     generate_vs_recompute("qwen2-tiny", FT_WF_BF16);
+    generate_vs_recompute("qwen3-sw", FT_WF_F32);     /* q/k norms, window 4 */
+    generate_vs_recompute("opt-tiny", FT_WF_F32);     /* learned positions */
+    generate_vs_recompute("opt-tiny-postln", FT_WF_F32);
+    generate_vs_recompute("opt-tiny-proj", FT_WF_F32);
+    generate_vs_recompute("phi3-sw", FT_WF_F32);      /* fused projections, a window */
+    generate_vs_recompute("gemma2-tiny", FT_WF_F32);  /* soft-capping, sandwich norms */
+    generate_vs_recompute("gemma3-tiny", FT_WF_F32);  /* local RoPE */
+    generate_vs_recompute("mixtral-tiny", FT_WF_F32); /* experts */
 }
 
 TEST(seed_reproducible_and_init)
@@ -536,6 +647,177 @@ TEST(threads_do_not_change_results)
     ft_model_free(m);
 }
 
+/* ------------------------------------------------ data-parallel steps */
+
+/* An in-process communicator: one byte FIFO per ordered pair of ranks,
+ * each rank a thread with its own trainer over the shared model. */
+enum { DPN = 4 };
+typedef struct fifo { unsigned char *b; size_t len, cap; } fifo;
+typedef struct dpnet {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fifo f[DPN][DPN];   /* [from][to] */
+} dpnet;
+typedef struct dprank {
+    dpnet *net;
+    int rank, size, steps, nb, T, A;
+    ft_trainer *t;
+    const int32_t *tok;
+    double loss[8];
+    ft_status st;
+} dprank;
+
+static ft_status dp_send_fn(void *user, int to, const void *buf, size_t len)
+{
+    dprank *r = user;
+    fifo *f = &r->net->f[r->rank][to];
+    pthread_mutex_lock(&r->net->mu);
+    if (f->len + len > f->cap) {
+        size_t c = f->cap ? f->cap : 256;
+        while (c < f->len + len) c *= 2;
+        unsigned char *p = realloc(f->b, c);
+        if (!p) {
+            pthread_mutex_unlock(&r->net->mu);
+            return FT_ERR_NOMEM;
+        }
+        f->b = p;
+        f->cap = c;
+    }
+    memcpy(f->b + f->len, buf, len);
+    f->len += len;
+    pthread_cond_broadcast(&r->net->cv);
+    pthread_mutex_unlock(&r->net->mu);
+    return FT_OK;
+}
+
+static ft_status dp_recv_fn(void *user, int from, void *buf, size_t len)
+{
+    dprank *r = user;
+    fifo *f = &r->net->f[from][r->rank];
+    pthread_mutex_lock(&r->net->mu);
+    while (f->len < len) pthread_cond_wait(&r->net->cv, &r->net->mu);
+    memcpy(buf, f->b, len);
+    memmove(f->b, f->b + len, f->len - len);
+    f->len -= len;
+    pthread_mutex_unlock(&r->net->mu);
+    return FT_OK;
+}
+
+static void *dp_main(void *arg)
+{
+    dprank *r = arg;
+    ft_train_comm c = {r->rank, r->size, r, dp_send_fn, dp_recv_fn};
+    size_t per = (size_t)r->A * (size_t)r->nb * (size_t)r->T;
+    for (int s = 0; s < r->steps && !r->st; s++)
+        r->st = ft_trainer_step_dp(r->t, &c, r->tok + (size_t)s * per, r->nb, r->T, &r->loss[s], NULL);
+    return NULL;
+}
+
+static ft_trainer *dp_trainer(ft_model *m, int A)
+{
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.rank = 2;
+    p.lr = 1e-2f;
+    p.grad_accum = A;
+    p.total_steps = 3;
+    p.threads = 1;
+    p.seed = 5;
+    ft_trainer *t = NULL;
+    if (ft_trainer_create(m, &p, &t)) return NULL;
+    size_t n;
+    float *w = ft_trainer_param_data(t, &n);
+    uint64_t s = 99;
+    for (size_t i = 0; i < n; i++) w[i] = (float)((double)(ft_test_rand(&s) >> 11) * 0x1p-53 - 0.5) * 0.2f;
+    return t;
+}
+
+/* 1, 2, 3 and 4 processes (4 uneven over 6 micro-batches) give the losses
+ * and the adapter of ft_trainer_step bit for bit */
+TEST(data_parallel_equals_one_process)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    enum { A = 6, NB = 1, T = 9, STEPS = 3 };
+    int32_t tok[STEPS * A * NB * T];
+    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++) tok[i] = (int32_t)(ft_test_rand(&seed) % 320u);
+    ft_trainer *ref = dp_trainer(m, A);
+    REQUIRE(ref);
+    double want[STEPS];
+    for (int s = 0; s < STEPS; s++) CHECK_OK(ft_trainer_step(ref, tok + s * A * NB * T, NB, T, &want[s], NULL));
+    size_t n;
+    const float *wref = ft_trainer_param_data(ref, &n);
+    for (int N = 1; N <= DPN; N++) {
+        dpnet net;
+        memset(&net, 0, sizeof net);
+        pthread_mutex_init(&net.mu, NULL);
+        pthread_cond_init(&net.cv, NULL);
+        dprank r[DPN];
+        pthread_t th[DPN];
+        for (int k = 0; k < N; k++) {
+            r[k] = (dprank){&net, k, N, STEPS, NB, T, A, dp_trainer(m, A), tok, {0}, FT_OK};
+            REQUIRE(r[k].t);
+        }
+        for (int k = 0; k < N; k++) REQUIRE(pthread_create(&th[k], NULL, dp_main, &r[k]) == 0);
+        for (int k = 0; k < N; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < N; k++) {
+            CHECK_MSG(r[k].st == FT_OK, "N=%d rank %d: %s", N, k, ft_last_error());
+            for (int s = 0; s < STEPS; s++)
+                CHECK_MSG(r[k].loss[s] == want[s], "N=%d rank %d step %d: loss %.17g vs %.17g", N, k, s,
+                          r[k].loss[s], want[s]);
+            size_t nk;
+            const float *wk = ft_trainer_param_data(r[k].t, &nk);
+            CHECK_MSG(nk == n && memcmp(wk, wref, n * sizeof(float)) == 0, "N=%d rank %d: adapter differs", N, k);
+            ft_trainer_free(r[k].t);
+        }
+        for (int a = 0; a < DPN; a++)
+            for (int b = 0; b < DPN; b++) {
+                CHECK(net.f[a][b].len == 0);   /* every message consumed */
+                free(net.f[a][b].b);
+            }
+        pthread_mutex_destroy(&net.mu);
+        pthread_cond_destroy(&net.cv);
+    }
+    printf("  data-parallel: N = 1..%d, losses %.6f %.6f %.6f equal bit for bit\n", DPN, want[0], want[1], want[2]);
+    /* more processes than micro-batches is refused */
+    ft_train_comm c = {0, A + 1, NULL, dp_send_fn, dp_recv_fn};
+    double l;
+    CHECK(ft_trainer_step_dp(ref, &c, tok, NB, T, &l, NULL) == FT_ERR_INVALID_ARG &&
+          strstr(ft_last_error(), "at least one"));
+    ft_trainer_free(ref);
+    ft_model_free(m);
+}
+
+/* a rank whose micro-batch fails: every rank returns an error, none hangs */
+TEST(data_parallel_failure_reaches_every_rank)
+{
+    ft_model *m = load("llama-tiny", FT_WF_F32);
+    REQUIRE(m);
+    enum { A = 2, NB = 1, T = 5 };
+    int32_t tok[A * NB * T];
+    for (int i = 0; i < A * NB * T; i++) tok[i] = i + 1;
+    tok[A * NB * T - 1] = 100000;   /* rank 1's micro-batch: outside the vocabulary */
+    dpnet net;
+    memset(&net, 0, sizeof net);
+    pthread_mutex_init(&net.mu, NULL);
+    pthread_cond_init(&net.cv, NULL);
+    dprank r[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        r[k] = (dprank){&net, k, 2, 1, NB, T, A, dp_trainer(m, A), tok, {0}, FT_OK};
+        REQUIRE(r[k].t);
+    }
+    for (int k = 0; k < 2; k++) REQUIRE(pthread_create(&th[k], NULL, dp_main, &r[k]) == 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    CHECK(r[0].st == FT_ERR_INVALID_ARG && r[1].st == FT_ERR_INVALID_ARG);
+    for (int k = 0; k < 2; k++) ft_trainer_free(r[k].t);
+    for (int a = 0; a < DPN; a++)
+        for (int b = 0; b < DPN; b++) free(net.f[a][b].b);
+    pthread_mutex_destroy(&net.mu);
+    pthread_cond_destroy(&net.cv);
+    ft_model_free(m);
+}
+
 TEST(refusals)
 {
     ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
@@ -543,7 +825,27 @@ TEST(refusals)
     ft_train_params p;
     ft_train_params_default(&p);
     ft_trainer *t = NULL;
-    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "llama family"));
+    /* architectures not implemented, by name */
+    /* each family's PEFT names */
+    p.targets = FT_LORA_Q | FT_LORA_O;
+    CHECK(ft_trainer_create(opt, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "o_proj"));
+    p.targets = FT_LORA_Q | FT_LORA_FC1;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    p.targets = FT_LORA_QKV;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "qkv_proj"));
+    ft_model *phi = load("phi3-tiny", FT_WF_F32);
+    REQUIRE(phi);
+    p.targets = FT_LORA_Q;
+    CHECK(ft_trainer_create(phi, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "phi3 has no module q_proj"));
+    ft_model_free(phi);
+    p.targets = FT_LORA_ALL;
+    /* MoE: LoRA on the experts is refused */
+    ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
+    REQUIRE(moe);
+    p.targets = FT_LORA_Q | FT_LORA_UP;
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "experts"));
+    p.targets = FT_LORA_ALL;
+    ft_model_free(moe);
     p.dropout = 0.1f;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
     p.dropout = 0.0f;
@@ -557,7 +859,9 @@ TEST(refusals)
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "warmup"));
     p.warmup = 0;
     unsigned mask;
-    CHECK(ft_lora_parse_targets("q_proj,fc1", &mask) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    CHECK(ft_lora_parse_targets("q_proj,fc3", &mask) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc3"));
+    CHECK_OK(ft_lora_parse_targets("q_proj,fc1", &mask));
+    CHECK(mask == (FT_LORA_Q | FT_LORA_FC1));
     CHECK_OK(ft_lora_parse_targets("q_proj,v_proj", &mask));
     CHECK(mask == (FT_LORA_Q | FT_LORA_V));
     CHECK_OK(ft_trainer_create(m, &p, &t));

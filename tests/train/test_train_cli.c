@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static char model[1024], opt[1024];
+static char model[1024], opt[1024], moe[1024];
 static const char *tmp;
 
 static void setup(void)
@@ -19,6 +19,7 @@ static void setup(void)
     tmp = ft_test_tmpdir("train_cli");
     ft_fixture_dir("models", "llama-tiny", model, sizeof model);
     ft_fixture_dir("models", "opt-tiny", opt, sizeof opt);
+    ft_fixture_dir("models", "mixtral-tiny", moe, sizeof moe);
     char path[1200];
     snprintf(path, sizeof path, "%s/data.txt", tmp);
     FILE *f = fopen(path, "w");
@@ -41,6 +42,53 @@ static void setup(void)
 }
 
 #define FT_ARGS "--steps 3 --seq-len 16 --batch 2 --grad-accum 2 --warmup 1 --lr 1e-2"
+
+/* mpirun -n 1, 2, 3 --data-parallel mpi: the same losses and adapter
+ * bytes as one process without MPI (when the CLI has MPI and mpirun exists) */
+TEST(finetune_data_parallel_mpirun)
+{
+    setup();
+    if (ft_sh("command -v mpirun >/dev/null && %s finetune --help | grep -q 'MPI: built in'", ft_test_bin()) != 0) {
+        printf("  skip: no mpirun, or a CLI without MPI\n");
+        CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dpx --data-parallel mpi > %s/dpx.out 2>&1",
+                    ft_test_bin(), model, tmp, tmp, tmp) != 0);
+        return;
+    }
+#define DP_ARGS "--steps 3 --seq-len 16 --batch 1 --grad-accum 6 --warmup 1 --lr 1e-2 --threads 1 --eval-frac 0.2"
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp --mca pml ob1"
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dp0 " DP_ARGS
+                " | grep -o 'step [0-9/]* loss [0-9.]*\\|held-out after.*' > %s/dp0.txt", ft_test_bin(), model, tmp, tmp,
+                tmp) == 0);
+    CHECK(ft_file_has(tmp, "dp0.txt", "step 3/3 loss"));
+    for (int n = 1; n <= 3; n++) {
+        CHECK_MSG(ft_sh(MPIRUN " -n %d %s finetune --model %s --data %s/data.txt --out %s/dp%d " DP_ARGS
+                        " --data-parallel mpi > %s/dp%d.out 2>&1", n, ft_test_bin(), model, tmp, tmp, n, tmp, n) == 0,
+                  "mpirun -n %d failed", n);
+        CHECK_MSG(ft_sh("grep -o 'step [0-9/]* loss [0-9.]*\\|held-out after.*' %s/dp%d.out | cmp -s - %s/dp0.txt",
+                        tmp, n, tmp) == 0, "mpirun -n %d: other losses", n);
+        CHECK_MSG(ft_sh("cmp -s %s/dp0/adapter_model.safetensors %s/dp%d/adapter_model.safetensors", tmp, tmp, n) == 0,
+                  "mpirun -n %d: another adapter", n);
+    }
+    /* more processes than micro-batches, an unknown mode */
+    CHECK(ft_sh(MPIRUN " -n 2 %s finetune --model %s --data %s/data.txt --out %s/dpy --grad-accum 1 --data-parallel mpi "
+                "> %s/dpy.out 2>&1", ft_test_bin(), model, tmp, tmp, tmp) != 0);
+    CHECK(ft_file_has(tmp, "dpy.out", "--grad-accum 1 < 2 processes"));
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dpz --data-parallel ucx > %s/dpz.out 2>&1",
+                ft_test_bin(), model, tmp, tmp, tmp) == 2);
+    CHECK(ft_file_has(tmp, "dpz.out", "only mpi"));
+}
+
+/* OPT: its PEFT names in the adapter, run --lora through learned positions */
+TEST(finetune_opt)
+{
+    setup();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/opt --targets q_proj,out_proj,fc1,fc2 " FT_ARGS
+                " > %s/opt.out 2>&1", ft_test_bin(), opt, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "opt.out", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "opt/adapter_config.json", "\"fc1\""));
+    CHECK(ft_sh("%s run --model %s --lora %s/opt --prompt 'Hello world' --max-new-tokens 4 --ids > %s/optgen 2>&1",
+                ft_test_bin(), opt, tmp, tmp) == 0);
+}
 
 TEST(finetune_then_run_lora)
 {
@@ -174,14 +222,18 @@ TEST(finetune_errors)
     fails(2, a, "--rank");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --lr -1", model, tmp, tmp);
     fails(2, a, "--lr");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc3", model, tmp, tmp);
+    fails(2, a, "fc3");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc1", model, tmp, tmp);
-    fails(2, a, "fc1");
+    fails(1, a, "fc1 is an OPT module name");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", model, tmp, tmp);
     fails(1, a, "dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x", opt, tmp, tmp);
-    fails(1, a, "llama family");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,up_proj", moe, tmp, tmp);
+    fails(1, a, "experts");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,o_proj", opt, tmp, tmp);
+    fails(1, a, "OPT has no module o_proj");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
     fails(2, a, "required");
     snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --device cuda", model, tmp);
