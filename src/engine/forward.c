@@ -187,19 +187,17 @@ static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int r
 /* Bytes of one chunk buffer for the streamed globals (a chunk of the
  * head; an embedding row fits in it). For a layout-only model (planning)
  * the chunk is sized from the shapes as ft_gstream_chunk_rows would. */
-static size_t gs_buf_bytes(const ft_model *m)
+static size_t gs_buf_bytes(const ft_model *m, int raw)
 {
     size_t z = 0;
     const ft_gstream *gs[2] = {m->gs_emb, m->gs_head};
     for (int i = 0; i < 2; i++) {
         if (!gs[i]) continue;
-        size_t a = (size_t)ft_dtype_nbytes(gs[i]->src, 1), f = gs[i]->fmt == FT_WF_F32 ? 4 : 2;
-        size_t b = (size_t)ft_gstream_chunk_rows(gs[i]) * (size_t)gs[i]->cols * (a > f ? a : f);
+        ft_dtype fd = gs[i]->fmt == FT_WF_BF16 ? FT_BF16 : gs[i]->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
+        if (raw && gs[i]->src == fd) continue;   /* read straight into the compute buffer */
+        size_t b = (size_t)ft_gstream_chunk_rows(gs[i]) * (size_t)ft_dtype_nbytes(raw ? gs[i]->src : fd,
+                                                                                 (size_t)gs[i]->cols);
         if (b > z) z = b;
-    }
-    if (!z && m->stream) {   /* layout only (no file open): the bound, 4 MiB or 96 f32 rows */
-        size_t b = 96 * (size_t)m->cfg.word_embed_proj_dim * 4;
-        z = b > (4u << 20) ? b : (4u << 20);
     }
     return z;
 }
@@ -295,10 +293,10 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     }
     /* streamed embeddings / LM head: one chunk of rows, twice */
     if (m->gs_emb || m->gs_head) {
-        size_t z = gs_buf_bytes(m);
+        size_t z = gs_buf_bytes(m, 0), zr = gs_buf_bytes(m, 1);
         c->gs_dst = ft_malloc_aligned(z, 64);
-        c->gs_raw = ft_malloc_aligned(z, 64);
-        c->scratch_bytes += 2 * z;
+        c->gs_raw = zr ? ft_malloc_aligned(zr, 64) : NULL;
+        c->scratch_bytes += z + zr;
     }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
      * head widened to f32 per worker */
@@ -323,7 +321,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
             if (c->lrope_cos && c->lrope_sin) ft_rope_tables(&lc, S, c->lrope_cos, c->lrope_sin);
         }
     }
-    if ((kvn && !c->kv) || !c->seq_len || ((m->gs_emb || m->gs_head) && (!c->gs_dst || !c->gs_raw)) || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
+    if ((kvn && !c->kv) || !c->seq_len || ((m->gs_emb || m->gs_head) && (!c->gs_dst || (!c->gs_raw && gs_buf_bytes(m, 1)))) || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
         (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0) && !c->kvt) || !c->x || !c->xb ||
         !c->normw || (cfg->rope_local_theta != 0 && (!c->lrope_cos || !c->lrope_sin)) ||
         (cfg->n_experts && (!c->moe_logits || !c->moe_wt || !c->moe_gwt || !c->moe_x || !c->moe_y || !c->moe_in || !c->moe_idx ||
@@ -421,7 +419,7 @@ ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *k
     }
     uint64_t scratch = f * sizeof(float);
     scratch += ctx_ws_need(cfg, (int)qdim, (int)kvdim, (int)R);
-    scratch += 2 * (uint64_t)gs_buf_bytes(m);
+    scratch += (uint64_t)gs_buf_bytes(m, 0) + gs_buf_bytes(m, 1);
     if (kv_bytes) *kv_bytes = kvn * esz;
     if (scratch_bytes) *scratch_bytes = scratch;
     return FT_OK;

@@ -111,7 +111,7 @@ ft_status ft_model_checkpoint_tensor(const ft_model *m, const ft_checkpoint *ck,
 /* A streamed global: its rows stay in the checkpoint file, read with
  * pread (the tied head shares the embedding's). */
 static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_model_tensor_entry *e, const ft_tensor *t,
-                             const ft_load_params *lp, const char *used)
+                             const ft_load_params *lp, int layout_only, const char *used)
 {
     if (e->ndim != 2 || e->fmt == FT_WF_Q8 || e->fmt == FT_WF_Q4)
         return ft_set_error(FT_ERR_UNSUPPORTED, "load: %s: only plain 2-D matrices are streamed", used);
@@ -121,8 +121,8 @@ static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_mode
     if (st) return st;
     ft_gstream *g = calloc(1, sizeof *g);
     if (!g) return ft_set_error(FT_ERR_NOMEM, "load: %s", used);
-    g->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (g->fd < 0) {
+    g->fd = layout_only ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+    if (g->fd < 0 && !layout_only) {
         st = ft_set_error(FT_ERR_IO, "load: %s (streamed %s): %s", path, used, strerror(errno));
         free(g);
         return st;
@@ -197,8 +197,8 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
             goto fail;
         }
         size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
-        if (e->streamed && external != FT_LOAD_LAYOUT_ONLY) {
-            if ((st = open_stream(m, ck, e, &t, params, used))) goto fail;
+        if (e->streamed) {   /* layout only: described, no file opened */
+            if ((st = open_stream(m, ck, e, &t, params, external == FT_LOAD_LAYOUT_ONLY, used))) goto fail;
             continue;
         }
         if (!e->data) continue;   /* external layer tensor: checked only */
