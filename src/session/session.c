@@ -438,15 +438,16 @@ static ft_status plan(ft_session *s, int weights)
              * and the context's 3.3 MiB then did not fit beside 311.8 MiB
              * held (cli_memory). */
             uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
-            if (fixed >= s->mem.budget) {
-                if (lv == 2) s->mem.need = fixed;
-                continue;
-            }
+            if (fixed >= s->mem.budget) continue;
             cap[lv] = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
             lv0 = lv;
         }
-        if (lv0 < 0) {
+        if (lv0 < 0) {   /* the numbers of the smallest fixed part */
+            ft_model *lm = NULL;
             s->mem.streamed = stream_levels[2];
+            if ((st = count_fixed(s, weights, &lm))) return st;
+            ft_model_free(lm);
+            s->mem.need = fixed_total(&s->mem);
             return no_space(s, "the model's fixed part (with the embeddings and LM head read from the checkpoint)",
                             "give a larger --memory");
         }
