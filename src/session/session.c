@@ -378,6 +378,10 @@ static ft_status check_budget_at(ft_session *s, int weights)
         ft_policy pol = s->policy;
         if (!pol.gpu_batch_size) pol.gpu_batch_size = s->p.max_batch ? s->p.max_batch : 1;
         if (!pol.num_gpu_batches) pol.num_gpu_batches = 1;
+        /* an expert cache larger than one layer's (--expert-cache) is
+         * memory too */
+        if (in.n_experts && s->p.expert_cache_bytes && in.expert_bytes[pol.compress_weights])
+            in.expert_cache = s->p.expert_cache_bytes / in.expert_bytes[pol.compress_weights];
         ft_cost_estimate e;
         ft_cost_predict(&in, &pol, &e);
         m->tiers = e.mem_process;
