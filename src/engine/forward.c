@@ -888,7 +888,6 @@ static ft_status head_streamed(ft_ctx *c, float *y, const float *x, int rows)
     ft_wk_act a;
     ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, &W, x, rows);
     if (st) return st;
-    ft_gstream_prefetch(g, 0, R);
     for (int r0 = 0; r0 < V; r0 += R) {
         int n = V - r0 < R ? V - r0 : R;
         if ((st = ft_gstream_read(g, r0, n, c->gs_dst, c->gs_raw))) return st;
@@ -1192,6 +1191,9 @@ ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int
     c->ring_dirty = 0;
     int nsel = 0, failed = -1;
     int want = l1 == L && logits && !hidden_out ? (all_rows ? 2 : 1) : 0;
+    /* a streamed LM head: its first chunk read by the kernel while the
+     * layers compute (head_streamed reads ahead the others) */
+    if (want && m->gs_head) ft_gstream_prefetch(m->gs_head, 0, ft_gstream_chunk_rows(m->gs_head));
     ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
     c->step = NULL;
     if (st) return fail_reset(c, st);
