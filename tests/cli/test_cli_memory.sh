@@ -116,9 +116,14 @@ for arch in llama opt; do
     cmp -s "$work/v$arch.ref.txt" "$work/v$arch.txt" && cmp -s "$work/v$arch.ref.bin" "$work/v$arch.bin" \
         && ok "$what: text and logits equal the unlimited run" || bad "$what: output differs from the unlimited run"
 done
+lim=$(( $(stat -c %s "$work/vllama/model.safetensors") * 80 / 100 ))
+# plan --memory places them the same way and says so
+"$bin" plan --model "$work/vllama" --memory "$lim" --disk-dir "$work/vdisk" > "$work/vplan.txt" 2> "$work/vplan.err" \
+    && grep -q "^globals:  embeddings .* read from the checkpoint" "$work/vplan.txt" \
+    && ok "plan --memory $(mib "$lim") MiB: $(grep -h '^globals' "$work/vplan.txt")" \
+    || bad "plan --memory $(mib "$lim") MiB: $(grep -h '^globals' "$work/vplan.txt") $(tail -1 "$work/vplan.err")"
 # a fixed policy under a budget too small for the matrices in memory
 # streams them too (--policy, not auto)
-lim=$(( $(stat -c %s "$work/vllama/model.safetensors") * 80 / 100 ))
 run_v() { "$bin" run --model "$work/vllama" --prompt "Once upon a time" --max-new-tokens 6 --temperature 0 --kv-dtype f32 "$@"; }
 if run_v --policy "w=0,0,100 disk=file:$work/vdisk" --memory "$lim" --dump-logits "$work/vpol.bin" > "$work/vpol.txt" 2> "$work/vpol.err"; then
     cmp -s "$work/vllama.ref.bin" "$work/vpol.bin" && grep -q "LM head .* streamed from the checkpoint" "$work/vpol.err" \
