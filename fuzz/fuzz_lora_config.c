@@ -1,6 +1,9 @@
 /* Fuzz the PEFT adapter_config.json reader (ft_lora_read_config, the
  * train layer): any input must parse or fail cleanly; a config that
  * parses gives a rank in [1, 4096], a positive alpha and known targets.
+ * The inference reader (ft_peft_adapter_read: any target names) reads
+ * the same file; without adapter_model.safetensors it must fail cleanly
+ * after the config.
  * The reader takes a directory, so the input is written to
  * DIR/adapter_config.json in a temporary directory made once. */
 #include "flextier/train.h"
@@ -30,6 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!f) abort();
     if (size && fwrite(data, 1, size, f) != size) abort();
     fclose(f);
+    ft_peft_adapter *a = NULL;
+    if (ft_peft_adapter_read(dir, &a) == FT_OK) abort();   /* there is no safetensors file */
     ft_train_params p;
     ft_train_params_default(&p);
     if (ft_lora_read_config(dir, &p) != FT_OK) return 0;

@@ -510,6 +510,35 @@ FT_API void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user);
 /* For a context created with external_kv (copied; NULL clears). A forward
  * without hooks fails with FT_ERR_INVALID_ARG. */
 FT_API void ft_ctx_set_kv_hooks(ft_ctx *c, const ft_kv_hooks *h);
+/* LoRA adapters applied in the forward pass, unmerged (docs/training.md,
+ * "Adapters at inference"): a projection's output becomes
+ * y = W x + b + sum_k scale_k B_k (A_k x), the adapters added in the order
+ * they were given, each after the one before (PEFT's LoraLayer.forward:
+ * result = result + lora_B(lora_A(x)) * scaling per active adapter). W
+ * stays in its stored format (f32, bf16, q8, q4, streamed by a scheduler);
+ * A and B are f32. A set is built once for a model and may be shared by
+ * several contexts (read-only while they run). */
+typedef struct ft_lora ft_lora;
+FT_API ft_status ft_lora_create(const ft_model *m, ft_lora **out);
+FT_API void ft_lora_free(ft_lora *l);                   /* NULL ok */
+/* Add one adapted projection. module: its Hugging Face module path, as
+ * PEFT's keys name it without "base_model.model." and ".lora_A.weight"
+ * ("model.layers.3.self_attn.q_proj", OPT "model.decoder.layers.0.fc1"):
+ * module + ".weight" must be one of the model's q/k/v/o or MLP matrices.
+ * A is [rank][in], B [out][rank] (row-major f32, copied) with in/out the
+ * projection's. FT_ERR_UNSUPPORTED for a module that is not such a matrix
+ * of this model (fused, expert and router projections included),
+ * FT_ERR_INVALID_ARG for a rank < 1, a non-finite scale or value. */
+FT_API ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, const float *A, const float *B);
+/* The projection's shape: *out x *in, or FT_ERR_UNSUPPORTED as ft_lora_add. */
+FT_API ft_status ft_lora_module_shape(const ft_lora *l, const char *module, int *out, int *in);
+/* Adapted projections added; the bytes of A and B held. */
+FT_API size_t ft_lora_count(const ft_lora *l);
+FT_API uint64_t ft_lora_bytes(const ft_lora *l);
+/* Apply l in every later forward call of c (NULL: none). l must be of c's
+ * model and outlive its use by c. Sizes the context's LoRA scratch
+ * (max_rows x the largest rank / projection). */
+FT_API ft_status ft_ctx_set_lora(ft_ctx *c, const ft_lora *l);
 /* Bytes held by the KV cache (0 with external_kv) and by scratch buffers. */
 FT_API uint64_t ft_ctx_kv_bytes(const ft_ctx *c);
 FT_API uint64_t ft_ctx_scratch_bytes(const ft_ctx *c);

@@ -44,6 +44,13 @@ typedef enum ft_offload_mode {
                                 then ft_plan for max_batch / plan_* lengths */
 } ft_offload_mode;
 
+/* A LoRA adapter for a session: a PEFT adapter directory and a scale that
+ * multiplies its alpha / r (1: as trained; PEFT's set_scale). */
+typedef struct ft_session_lora {
+    const char *dir;
+    float scale;
+} ft_session_lora;
+
 typedef struct ft_session_params {
     ft_device_kind device;
     /* Matrix format: an ft_wfmt, or FT_WEIGHTS_AS_STORED (the default:
@@ -109,6 +116,14 @@ typedef struct ft_session_params {
     /* AUTO: measure the machine again instead of using the calibration
      * cache (ft_calibrate_params.recalibrate). */
     int recalibrate;
+    /* LoRA adapters (n_lora of them, read at open; the array need not
+     * outlive the call), applied unmerged in every forward call in the
+     * given order: y = W x + b + sum_k scale_k (alpha_k / r_k) B_k A_k x
+     * (docs/training.md, "Adapters at inference"). Any stored format and
+     * offloading policy; the CPU device only (FT_ERR_UNSUPPORTED on CUDA
+     * and for pipelines). */
+    const ft_session_lora *lora;
+    size_t n_lora;
 } ft_session_params;
 
 #define FT_MEMORY_UNLIMITED UINT64_MAX

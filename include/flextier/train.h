@@ -17,6 +17,8 @@
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
 #include "flextier/engine.h"
+#include "flextier/model.h"
+#include "flextier/chat.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,6 +108,94 @@ FT_API ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, in
  * a status other than FT_OK from fn stops and is returned. */
 typedef ft_status (*ft_train_text_fn)(void *user, const char *text, size_t len);
 FT_API ft_status ft_train_jsonl_each(const char *data, size_t len, const char *what, ft_train_text_fn fn, void *user);
+
+/* A PEFT LoRA adapter directory read for inference or merging (any
+ * architecture: the tensors name the modules): every adapted module's
+ * Hugging Face path ("model.layers.0.self_attn.q_proj", from the keys
+ * base_model.model.<module>.lora_A.weight / .lora_B.weight) with A
+ * [rank][in] and B [out][rank] as f32 (f32, bf16 or f16 in the file);
+ * scale = lora_alpha / r, as PEFT's scaling. What the reader does not
+ * implement (DoRA, rsLoRA, rank/alpha patterns, bias, modules_to_save,
+ * embedding adapters, other tensors) is refused naming it. */
+typedef struct ft_peft_module {
+    char module[256];
+    int rank, in, out;
+    float *A, *B;
+} ft_peft_module;
+typedef struct ft_peft_adapter {
+    int rank;
+    float alpha, scale;
+    size_t n;
+    ft_peft_module *mods;
+} ft_peft_adapter;
+FT_API ft_status ft_peft_adapter_read(const char *dir, ft_peft_adapter **out);
+FT_API void ft_peft_adapter_free(ft_peft_adapter *a);      /* NULL ok */
+/* Add a's modules to an engine adapter set (flextier/engine.h, ft_lora)
+ * with scale (alpha / r) * user_scale (PEFT's set_scale); a module the
+ * model does not have, or of another shape, is refused. */
+FT_API ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_lora *l);
+
+/* Merge n PEFT adapters (each with its user scale, as
+ * ft_peft_adapter_apply) into the Hugging Face checkpoint of model_dir:
+ * W' = W + sum_k scale_k (alpha_k / r_k) B_k A_k, computed in f32 (PEFT's
+ * merge_and_unload), written to out_dir/model.safetensors (one file,
+ * streamed: one tensor in memory at a time) in dtype (FT_F32, FT_BF16,
+ * FT_F16; -1: each tensor's own), with the directory's other files
+ * (config.json, its torch_dtype set to dtype; tokenizer, generation and
+ * chat-template files) copied. An adapter module without a weight of its
+ * shape in the checkpoint is an error (nothing is left behind). */
+FT_API ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *adapters, const float *scales,
+                                          size_t n, const char *out_dir, int dtype);
+
+/* The same reader with chat lines: a line {"messages": [...]} (without
+ * "text") calls chat(user, messages, line) with the messages as a JSON
+ * array (a non-empty list of objects with a string "role", one of them
+ * "assistant": FT_ERR_CORRUPT naming the line otherwise). chat NULL: such
+ * lines are FT_ERR_UNSUPPORTED (ft_train_jsonl_each). */
+typedef ft_status (*ft_train_chat_fn)(void *user, const char *messages_json, size_t line);
+FT_API ft_status ft_train_jsonl_each_ex(const char *data, size_t len, const char *what, ft_train_text_fn fn,
+                                        ft_train_chat_fn chat, void *user);
+/* A conversation rendered with a chat template and tokenized, with a label
+ * mask: mask[i] = 1 where token i is part of an assistant turn (the loss is
+ * taken on those only). An assistant message i's turn is the text that
+ * rendering messages[:i+1] adds to rendering messages[:i] with the
+ * generation prompt (its content and the template's end of turn); the
+ * whole conversation's rendering must start with both (else
+ * FT_ERR_UNSUPPORTED: the template does not render prefix by prefix). The
+ * text is tokenized in pieces at the turns' edges, without the tokenizer's
+ * special tokens (the template writes them), so that every token is all
+ * in or all out of a turn. ids and mask: malloc'd, n of them. */
+FT_API ft_status ft_train_chat_tokens(const ft_chat_template *tpl, const ft_tokenizer *tok, const char *messages_json,
+                                      int32_t **ids, uint8_t **mask, size_t *n);
+/* A training data file as `flextier finetune` reads it: plain text (one
+ * document, the tokenizer's special tokens added), or JSONL when the path
+ * ends in .jsonl (ft_train_jsonl_each_ex: {"text"} documents each followed
+ * by the model's first EOS; {"messages"} conversations rendered with the
+ * chat template of chat_template_file, else of model_dir, their assistant
+ * turns labelled: ft_train_chat_tokens). ids: n token ids; mask: n label
+ * flags (all 1 without chat lines); chat: some line was a conversation;
+ * labels: the flags set. Free with ft_train_data_free. */
+typedef struct ft_train_data {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t n, labels;
+    int chat;
+} ft_train_data;
+FT_API ft_status ft_train_data_load(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg,
+                                    const char *model_dir, const char *chat_template_file, ft_train_data *out);
+FT_API void ft_train_data_free(ft_train_data *d);
+
+/* ft_trainer_step / ft_trainer_eval with a label mask (mask[i] for
+ * tokens[i], same layout): position i predicting token i + 1 counts only
+ * where mask[i + 1] != 0 (transformers' labels = -100 elsewhere); the
+ * mean is over the counted positions of each micro-batch. A micro-batch
+ * with no counted position adds no gradient and no loss (the step's loss
+ * is the mean over the micro-batches that have some; FT_ERR_INVALID_ARG
+ * when none of the step's has). mask NULL: every position counts. */
+FT_API ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int batch, int seq,
+                                        double *loss, double *grad_norm);
+FT_API ft_status ft_trainer_eval_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int batch, int seq,
+                                        double *loss_sum, int64_t *n_tokens);
 
 /* Greedy decoding with the adapters applied and a K/V cache (one row per
  * position): max_new token ids into out. n + max_new <= the context. */

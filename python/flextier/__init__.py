@@ -42,7 +42,7 @@ LIB_VERSION: str = _C.LIB_VERSION
 
 __all__ = [
     "encode", "decode", "frame_info", "codecs", "dtypes", "Status",
-    "Store", "Request", "Session", "serve", "parse_size",
+    "Store", "Request", "Session", "serve", "parse_size", "finetune",
     "Error", "InvalidArgumentError", "OutOfMemoryError", "CorruptError",
     "UnsupportedError", "StorageIOError", "NotFoundError", "NoSpaceError",
     "BufferTooSmallError", "AuthError", "NetworkError", "RequestTimeoutError",
@@ -698,6 +698,26 @@ class Store:
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+def _lora_list(lora: Any) -> Optional[List[Tuple[str, float]]]:
+    """None, a directory, a (directory, scale) pair or a list of them ->
+    [(directory, scale), ...]."""
+    if lora is None:
+        return None
+    if isinstance(lora, (str, os.PathLike)) or (isinstance(lora, tuple) and len(lora) == 2
+                                                 and isinstance(lora[1], (int, float))):
+        lora = [lora]
+    out = []
+    for item in lora:
+        if isinstance(item, (str, os.PathLike)):
+            out.append((os.fspath(item), 1.0))
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            out.append((os.fspath(item[0]), float(item[1])))
+        else:
+            raise InvalidArgumentError(Status.INVALID_ARG,
+                                       f"lora: expected a directory or a (directory, scale) pair, not {item!r}")
+    return out
+
+
 class Session:
     """A model opened for generation (the C library's session API,
     include/flextier/session.h): the model directory's weights in their
@@ -725,6 +745,10 @@ class Session:
         allow_lossy: ``policy="auto"`` may choose q8/q4 weights or cache
             (default: lossless formats only).
         recalibrate: ``policy="auto"``: measure the machine again.
+        lora: PEFT LoRA adapters applied in every forward, unmerged, in
+            order: a directory, a ``(directory, scale)`` pair, or a list of
+            them (scale multiplies the adapter's alpha / r; default 1), as
+            ``flextier run --lora DIR[:SCALE]``. CPU only.
         token / token_file: the memory nodes' shared secret.
         threads, decode_threads, max_batch, max_seq, strict: as the CLI's.
 
@@ -739,7 +763,7 @@ class Session:
                  device_mem: Any = 0, token: Optional[str] = None, token_file: Optional[str] = None,
                  threads: int = 0, decode_threads: int = 0, max_batch: int = 0, max_seq: int = 0,
                  strict: bool = False, memory: Any = 0, allow_lossy: bool = False,
-                 recalibrate: bool = False) -> None:
+                 recalibrate: bool = False, lora: Any = None) -> None:
         items = []
         if remotes:
             items.append("remote=" + ",".join(remotes))
@@ -760,7 +784,7 @@ class Session:
                     device_mem=parse_size(device_mem) if device_mem else 0, max_batch=max_batch,
                     max_seq=max_seq, strict=strict, decode_threads=decode_threads,
                     memory=(2**64 - 1 if memory == "unlimited" else parse_size(memory) if memory else 0),
-                    allow_lossy=allow_lossy, recalibrate=recalibrate)
+                    allow_lossy=allow_lossy, recalibrate=recalibrate, lora=_lora_list(lora))
         if token is None:
             self._s = _C.Session(model_dir, token_file=token_file, **args)
             return
@@ -890,6 +914,129 @@ class Session:
         ids, self.stats = self._s.generate_ids(prompts, max_new_tokens, temperature, top_k, top_p,
                                                repetition_penalty, seed, ignore_eos)
         return ids
+
+
+def _mix(state: List[int]) -> int:
+    """splitmix64, as `flextier finetune` draws its data order."""
+    m = (1 << 64) - 1
+    state[0] = (state[0] + 0x9E3779B97F4A7C15) & m
+    z = state[0]
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def _shuffle(n: int, seed: int, epoch: int) -> List[int]:
+    st = [(seed * 0x100000001B3 + epoch) & ((1 << 64) - 1)]
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = _mix(st) % (i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def finetune(model: str, data: str, out: str, *, steps: int = 100, lr: float = 1e-3, rank: int = 8,
+             alpha: float = 16.0, targets: str = "all", seq_len: int = 128, batch: int = 4, grad_accum: int = 1,
+             warmup: Optional[int] = None, schedule: str = "cosine", weight_decay: float = 0.01,
+             clip: float = 1.0, seed: int = 0, eval_frac: float = 0.1, init: Optional[str] = None,
+             weights: str = "auto", threads: int = 0, chat_template: Optional[str] = None,
+             on_progress: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Dict[str, Any]:
+    """LoRA fine-tuning, as ``flextier finetune`` (docs/training.md): the
+    same library calls (the data reader, AdamW steps, the held-out split),
+    the same data order for a seed, so equal arguments give the CLI's
+    adapter byte for byte. Writes a PEFT adapter to ``out``.
+
+    Args:
+        model: a Hugging Face model directory (llama, mistral, qwen2).
+        data: plain text, or JSONL (``.jsonl``) with ``{"text": ...}`` or
+            ``{"messages": [...]}`` lines (rendered with the model's chat
+            template or ``chat_template``, a Jinja file; the loss on the
+            assistant turns only).
+        steps, lr, rank, alpha, targets, seq_len, batch, grad_accum, warmup
+            (default steps // 10), schedule, weight_decay, clip, seed,
+            eval_frac, init, weights, threads: as the CLI's options.
+        on_progress: called after every step with a dict (``step``,
+            ``steps``, ``loss``, ``lr``, ``grad_norm``, ``tok_s``,
+            ``eta_s``); returning True stops the run there (the adapter of
+            the steps taken is written).
+
+    Returns a dict: ``losses`` (per step), ``eval_before`` / ``eval_after``
+    (held-out ``(loss, perplexity)`` or None), ``steps`` taken,
+    ``tokens``, ``train_sequences``, ``eval_sequences``, ``labels``.
+    """
+    import math
+    import time
+    if warmup is None:
+        warmup = steps // 10
+    if steps < 1 or seq_len < 2 or batch < 1 or grad_accum < 1 or not 0 <= eval_frac <= 0.9:
+        raise InvalidArgumentError(Status.INVALID_ARG, "finetune: steps, seq_len, batch, grad_accum >= 1 "
+                                   "(seq_len >= 2) and eval_frac in [0, 0.9]")
+    if warmup > steps:
+        raise InvalidArgumentError(Status.INVALID_ARG, f"finetune: warmup {warmup} is more than steps {steps}")
+    t = _C.Trainer(model, weights=weights, rank=rank, alpha=alpha, targets=targets, lr=lr,
+                   weight_decay=weight_decay, clip=clip, warmup=warmup, total_steps=steps, schedule=schedule,
+                   grad_accum=grad_accum, seed=seed, threads=threads)
+    if init is not None:
+        t.load_adapter(init)
+    info = t.info()
+    seq = min(seq_len, info["max_pos"])
+    raw, rawmask, labels = t.load_data(data, chat_template)
+    ids = np.frombuffer(raw, dtype=np.int32)
+    mask = None if rawmask is None else np.frombuffer(rawmask, dtype=np.uint8)
+    nseq = len(ids) // seq
+    neval = int(math.ceil(eval_frac * nseq)) if eval_frac > 0 and nseq >= 2 else 0
+    ntrain = nseq - neval
+    if ntrain < 1:
+        raise InvalidArgumentError(Status.INVALID_ARG, f"finetune: {data} has {len(ids)} tokens: {nseq} "
+                                   f"sequence(s) of {seq}, too few for training")
+    seqs = ids[:nseq * seq].reshape(nseq, seq)
+    smask = None if mask is None else mask[:nseq * seq].reshape(nseq, seq)
+
+    def evaluate() -> Optional[Tuple[float, float]]:
+        if not neval:
+            return None
+        tot, cnt = 0.0, 0
+        for i in range(ntrain, nseq, batch):
+            j = min(i + batch, nseq)
+            s_, c_ = t.eval(np.ascontiguousarray(seqs[i:j]), j - i, seq,
+                            None if smask is None else np.ascontiguousarray(smask[i:j]))
+            tot += s_
+            cnt += c_
+        if not cnt:
+            raise InvalidArgumentError(Status.INVALID_ARG, "eval: the held-out sequences have no labelled token")
+        return tot / cnt, math.exp(tot / cnt)
+
+    before = evaluate()
+    per = grad_accum * batch
+    perm, epoch, cursor = _shuffle(ntrain, seed, 0), 0, 0
+    losses = []
+    t0 = time.time()
+    taken = 0
+    for s in range(steps):
+        rows = []
+        for _ in range(per):
+            if cursor == ntrain:
+                cursor = 0
+                epoch += 1
+                perm = _shuffle(ntrain, seed, epoch)
+            rows.append(perm[cursor])
+            cursor += 1
+        lr_s = t.lr_at(s)
+        loss, gn = t.step(np.ascontiguousarray(seqs[rows]), batch, seq,
+                          None if smask is None else np.ascontiguousarray(smask[rows]))
+        losses.append(loss)
+        taken = s + 1
+        if on_progress is not None:
+            el = time.time() - t0
+            stop = on_progress({"step": s + 1, "steps": steps, "loss": loss, "lr": lr_s, "grad_norm": gn,
+                                "tok_s": (s + 1) * per * seq / el if el > 0 else 0.0,
+                                "eta_s": el / (s + 1) * (steps - s - 1)})
+            if stop is True:
+                break
+    after = evaluate()
+    t.save_adapter(out, model)
+    return {"losses": losses, "eval_before": before, "eval_after": after, "steps": taken, "tokens": len(ids),
+            "train_sequences": ntrain, "eval_sequences": neval, "labels": labels}
 
 
 def parse_size(s: Any) -> int:

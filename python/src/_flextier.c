@@ -31,6 +31,7 @@
 #include "flextier/store.h"
 #include "flextier/session.h"
 #include "flextier/chat.h"
+#include "flextier/train.h"
 
 /* Callable(status:int, detail:str) -> exception instance, registered by
  * flextier/__init__.py so that the class hierarchy is defined in Python. */
@@ -1192,20 +1193,22 @@ typedef struct {
     ft_chat_template *tmpl;   /* the model's chat template (NULL: none or broken) */
     ft_status tmpl_status;
     char tmpl_error[512];
+    PyObject *lora_seq;       /* the lora list while the session opens */
 } SessionObject;
 
 static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model_dir", "device", "weights", "kv_dtype", "threads", "policy", "device_mem",
                              "token_file", "max_batch", "max_seq", "strict", "decode_threads", "memory",
-                             "allow_lossy", "recalibrate", NULL};
+                             "allow_lossy", "recalibrate", "lora", NULL};
     const char *dir, *device = "cpu", *weights = "auto", *kv = NULL, *policy = NULL, *token = NULL;
+    PyObject *lora = Py_None;
     unsigned long threads = 0, maxb = 0, maxs = 0, dthreads = 0;
     unsigned long long devmem = 0, memory = 0;
     int strict = 0, lossy = 0, recal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sszkzKzkkpkKpp:Session", kwlist, &dir, &device, &weights, &kv,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sszkzKzkkpkKppO:Session", kwlist, &dir, &device, &weights, &kv,
                                      &threads, &policy, &devmem, &token, &maxb, &maxs, &strict, &dthreads,
-                                     &memory, &lossy, &recal))
+                                     &memory, &lossy, &recal, &lora))
         return -1;
     if (so->s) {
         PyErr_SetString(PyExc_RuntimeError, "Session already open");
@@ -1256,12 +1259,40 @@ static int session_init(SessionObject *so, PyObject *args, PyObject *kw)
         }
         if (*spec && ft_policy_parse(spec, &p.policy)) { raise_last(FT_ERR_INVALID_ARG); return -1; }
     }
+    /* lora: a list of (directory, scale) pairs (flextier.Session normalizes) */
+    ft_session_lora ls[16];
+    if (lora != Py_None) {
+        PyObject *seq = PySequence_Fast(lora, "lora must be a list of (directory, scale) pairs");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > 16) {
+            Py_DECREF(seq);
+            raise_fmt(FT_ERR_INVALID_ARG, "at most 16 adapters, not %zd", n);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+            const char *d = NULL;
+            double sc = 1.0;
+            if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "sd", &d, &sc)) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "lora: (directory, scale) pairs");
+                return -1;
+            }
+            ls[i].dir = d;     /* valid while seq (and lora) live: through the open below */
+            ls[i].scale = (float)sc;
+        }
+        p.lora = ls;
+        p.n_lora = (size_t)n;
+        so->lora_seq = seq;   /* released after the open */
+    }
     ft_status st;
     ft_session *s = NULL;
     Py_BEGIN_ALLOW_THREADS
     ft_clear_error();
     st = ft_session_open(dir, &p, &s);
     Py_END_ALLOW_THREADS
+    Py_CLEAR(so->lora_seq);
     if (st) { raise_last(st); return -1; }
     so->s = s;
     /* the chat template: its absence or a parse error is reported by chat() */
@@ -1742,6 +1773,246 @@ static PyTypeObject SessionType = {
     .tp_doc = "Low-level model session (see flextier.Session).",
 };
 
+/* ------------------------------------------------------------ trainer */
+
+/* _flextier.Trainer: the train layer (include/flextier/train.h) over a
+ * model loaded in memory: what flextier.finetune drives (the data file
+ * reader, steps with a label mask, held-out loss, PEFT adapters). One
+ * thread at a time; the GIL is released while computing. */
+typedef struct {
+    PyObject_HEAD
+    ft_model *m;
+    ft_tokenizer *tok;
+    ft_trainer *t;
+    char dir[4096];
+    int busy, accum;
+} TrainerObject;
+
+static int trainer_init(TrainerObject *to, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model_dir", "weights", "rank", "alpha", "targets", "lr", "weight_decay", "clip",
+                             "warmup", "total_steps", "schedule", "grad_accum", "seed", "threads", "dropout", NULL};
+    const char *dir, *weights = "auto", *targets = "all", *sched = "cosine";
+    int rank = 8, warmup = 0, total = 1, accum = 1;
+    double alpha = 16, lr = 1e-3, wd = 0.01, clip = 1.0, dropout = 0.0;
+    unsigned long long seed = 0;
+    unsigned long threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sidsdddiisiKkd:Trainer", kwlist, &dir, &weights, &rank, &alpha,
+                                     &targets, &lr, &wd, &clip, &warmup, &total, &sched, &accum, &seed, &threads,
+                                     &dropout))
+        return -1;
+    if (to->t) {
+        PyErr_SetString(PyExc_RuntimeError, "Trainer already created");
+        return -1;
+    }
+    if (ulong_arg((Py_ssize_t)threads, 0, MAX_THREADS, "threads")) return -1;
+    ft_train_params tp;
+    ft_train_params_default(&tp);
+    if (ft_lora_parse_targets(targets, &tp.targets)) { raise_last(FT_ERR_INVALID_ARG); return -1; }
+    if (!strcmp(sched, "cosine")) tp.schedule = FT_SCHED_COSINE;
+    else if (!strcmp(sched, "linear")) tp.schedule = FT_SCHED_LINEAR;
+    else if (!strcmp(sched, "constant")) tp.schedule = FT_SCHED_CONSTANT;
+    else { raise_fmt(FT_ERR_INVALID_ARG, "schedule must be cosine, linear or constant, not '%s'", sched); return -1; }
+    tp.rank = rank;
+    tp.alpha = (float)alpha;
+    tp.lr = (float)lr;
+    tp.weight_decay = (float)wd;
+    tp.clip = (float)clip;
+    tp.warmup = warmup;
+    tp.total_steps = total;
+    tp.grad_accum = accum;
+    tp.seed = (uint64_t)seed;
+    tp.threads = (unsigned)threads;
+    tp.dropout = (float)dropout;
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    static const char *const wn[] = {"f32", "bf16", "f16", "q8", "q4"};
+    if (!strcmp(weights, "auto")) lp.weights = FT_WEIGHTS_AS_STORED;
+    else {
+        lp.weights = -2;
+        for (int f = 0; f < 5; f++) if (!strcmp(weights, wn[f])) lp.weights = f;
+        if (lp.weights == -2) {
+            raise_fmt(FT_ERR_INVALID_ARG, "weights must be auto, f32, bf16, f16, q8 or q4, not '%s'", weights);
+            return -1;
+        }
+    }
+    if (strlen(dir) >= sizeof to->dir) { raise_fmt(FT_ERR_INVALID_ARG, "model_dir too long"); return -1; }
+    snprintf(to->dir, sizeof to->dir, "%s", dir);
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_model_load(dir, &lp, &to->m);
+    if (!st) st = ft_tokenizer_load_dir(dir, &to->tok);
+    if (!st) st = ft_trainer_create(to->m, &tp, &to->t);
+    Py_END_ALLOW_THREADS
+    if (st) { raise_last(st); return -1; }
+    to->accum = accum;
+    return 0;
+}
+
+static void trainer_dealloc(TrainerObject *to)
+{
+    ft_trainer_free(to->t);
+    ft_tokenizer_free(to->tok);
+    ft_model_free(to->m);
+    to->t = NULL;
+    to->tok = NULL;
+    to->m = NULL;
+    Py_TYPE(to)->tp_free((PyObject *)to);
+}
+
+static int trainer_usable(TrainerObject *to)
+{
+    if (!to->t) { raise_fmt(FT_ERR_INVALID_ARG, "the trainer is not created"); return 0; }
+    if (to->busy) { raise_fmt(FT_ERR_BUSY, "the trainer is in use by another call"); return 0; }
+    return 1;
+}
+
+/* tokens: a C-contiguous buffer of batch * seq int32 (x grad_accum for a
+ * step); mask: None or as many uint8 */
+static int get_ids(PyObject *o, Py_buffer *v, size_t n, const char *what, size_t esize)
+{
+    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if ((size_t)v->len != n * esize) {
+        raise_fmt(FT_ERR_INVALID_ARG, "%s: %zd bytes, expected %zu values of %zu bytes", what, v->len, n, esize);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *trainer_run(TrainerObject *to, PyObject *args, PyObject *kw, int step)
+{
+    static char *kwlist[] = {"tokens", "batch", "seq", "mask", NULL};
+    PyObject *tobj, *mobj = Py_None;
+    int batch, seq;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, step ? "Oii|O:step" : "Oii|O:eval", kwlist, &tobj, &batch, &seq,
+                                     &mobj))
+        return NULL;
+    if (!trainer_usable(to)) return NULL;
+    if (batch < 1 || seq < 2 || (int64_t)batch * seq > (1 << 24))
+        return raise_fmt(FT_ERR_INVALID_ARG, "batch %d x seq %d", batch, seq);
+    size_t n = (size_t)batch * (size_t)seq * (step ? (size_t)to->accum : 1);
+    Py_buffer tv, mv;
+    if (get_ids(tobj, &tv, n, "tokens", 4)) return NULL;
+    if (mobj != Py_None && get_ids(mobj, &mv, n, "mask", 1)) {
+        PyBuffer_Release(&tv);
+        return NULL;
+    }
+    const uint8_t *mask = mobj != Py_None ? mv.buf : NULL;
+    double a = 0, b = 0;
+    int64_t cnt = 0;
+    ft_status st;
+    to->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    if (step) st = ft_trainer_step_masked(to->t, tv.buf, mask, batch, seq, &a, &b);
+    else st = ft_trainer_eval_masked(to->t, tv.buf, mask, batch, seq, &a, &cnt);
+    Py_END_ALLOW_THREADS
+    to->busy = 0;
+    PyBuffer_Release(&tv);
+    if (mobj != Py_None) PyBuffer_Release(&mv);
+    if (st) return raise_last(st);
+    return step ? Py_BuildValue("(dd)", a, b) : Py_BuildValue("(dL)", a, (long long)cnt);
+}
+
+/* step(tokens, batch, seq, mask=None) -> (loss, grad_norm) */
+static PyObject *trainer_step(TrainerObject *to, PyObject *args, PyObject *kw) { return trainer_run(to, args, kw, 1); }
+/* eval(tokens, batch, seq, mask=None) -> (loss_sum, n_tokens) */
+static PyObject *trainer_eval(TrainerObject *to, PyObject *args, PyObject *kw) { return trainer_run(to, args, kw, 0); }
+
+/* load_data(path, chat_template=None) -> (ids bytes (int32), mask bytes
+ * (uint8) or None, labels): ft_train_data_load */
+static PyObject *trainer_load_data(TrainerObject *to, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "chat_template", NULL};
+    const char *path, *tpl = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|z:load_data", kwlist, &path, &tpl)) return NULL;
+    if (!trainer_usable(to)) return NULL;
+    ft_train_data d;
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    st = ft_train_data_load(path, to->tok, ft_model_get_config(to->m), to->dir, tpl, &d);
+    Py_END_ALLOW_THREADS
+    if (st) return raise_last(st);
+    PyObject *ids = PyBytes_FromStringAndSize((const char *)d.ids, (Py_ssize_t)(d.n * sizeof(int32_t)));
+    PyObject *mask = d.chat ? PyBytes_FromStringAndSize((const char *)d.mask, (Py_ssize_t)d.n) : (Py_INCREF(Py_None), Py_None);
+    size_t labels = d.labels;
+    ft_train_data_free(&d);
+    if (!ids || !mask) {
+        Py_XDECREF(ids);
+        Py_XDECREF(mask);
+        return NULL;
+    }
+    return Py_BuildValue("(NNn)", ids, mask, (Py_ssize_t)labels);
+}
+
+static PyObject *trainer_path_call(TrainerObject *to, PyObject *args, int which)
+{
+    const char *path, *base = NULL;
+    if (!PyArg_ParseTuple(args, which == 0 ? "s|z:save_adapter" : "s:load", &path, &base)) return NULL;
+    if (!trainer_usable(to)) return NULL;
+    ft_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ft_clear_error();
+    if (which == 0) st = ft_trainer_save_adapter(to->t, path, base ? base : to->dir);
+    else if (which == 1) st = ft_trainer_load_adapter(to->t, path);
+    else if (which == 2) st = ft_trainer_save_state(to->t, path);
+    else st = ft_trainer_load_state(to->t, path);
+    Py_END_ALLOW_THREADS
+    if (st) return raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *trainer_save_adapter(TrainerObject *to, PyObject *args) { return trainer_path_call(to, args, 0); }
+static PyObject *trainer_load_adapter(TrainerObject *to, PyObject *args) { return trainer_path_call(to, args, 1); }
+static PyObject *trainer_save_state(TrainerObject *to, PyObject *args) { return trainer_path_call(to, args, 2); }
+static PyObject *trainer_load_state(TrainerObject *to, PyObject *args) { return trainer_path_call(to, args, 3); }
+
+static PyObject *trainer_lr_at(TrainerObject *to, PyObject *args)
+{
+    int s;
+    if (!PyArg_ParseTuple(args, "i:lr_at", &s)) return NULL;
+    if (!to->t) return raise_fmt(FT_ERR_INVALID_ARG, "the trainer is not created");
+    return PyFloat_FromDouble(ft_trainer_lr_at(to->t, s));
+}
+
+static PyObject *trainer_info(TrainerObject *to, PyObject *unused)
+{
+    (void)unused;
+    if (!to->t) return raise_fmt(FT_ERR_INVALID_ARG, "the trainer is not created");
+    const ft_model_config *c = ft_model_get_config(to->m);
+    return Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:n,s:i}", "model_type", c->model_type, "weights",
+                         ft_wfmt_name(ft_model_weights_format(to->m)), "vocab", c->vocab, "max_pos", c->max_pos,
+                         "steps", ft_trainer_steps(to->t), "params", (Py_ssize_t)ft_trainer_param_count(to->t),
+                         "eos", c->n_eos > 0 ? (int)c->eos_ids[0] : -1);
+}
+
+static PyMethodDef trainer_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))trainer_step, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"eval", (PyCFunction)(void (*)(void))trainer_eval, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"load_data", (PyCFunction)(void (*)(void))trainer_load_data, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"save_adapter", (PyCFunction)trainer_save_adapter, METH_VARARGS, NULL},
+    {"load_adapter", (PyCFunction)trainer_load_adapter, METH_VARARGS, NULL},
+    {"save_state", (PyCFunction)trainer_save_state, METH_VARARGS, NULL},
+    {"load_state", (PyCFunction)trainer_load_state, METH_VARARGS, NULL},
+    {"lr_at", (PyCFunction)trainer_lr_at, METH_VARARGS, NULL},
+    {"info", (PyCFunction)trainer_info, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject TrainerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "flextier._flextier.Trainer",
+    .tp_basicsize = sizeof(TrainerObject),
+    .tp_dealloc = (destructor)trainer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = trainer_methods,
+    .tp_init = (initproc)trainer_init,
+    .tp_new = PyType_GenericNew,
+    .tp_doc = "Low-level LoRA trainer (see flextier.finetune).",
+};
+
 /* ------------------------------------------------------- memory node */
 
 static volatile int g_node_stop;
@@ -1873,7 +2144,7 @@ PyMODINIT_FUNC PyInit__flextier(void)
         once = 1;
     }
     if (PyType_Ready(&OwnedBufferType) < 0 || PyType_Ready(&RequestType) < 0 ||
-        PyType_Ready(&StoreType) < 0 || PyType_Ready(&SessionType) < 0)
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&SessionType) < 0 || PyType_Ready(&TrainerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
@@ -1890,6 +2161,11 @@ PyMODINIT_FUNC PyInit__flextier(void)
     Py_INCREF(&SessionType);
     if (PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0) {
         Py_DECREF(&SessionType);
+        goto fail;
+    }
+    Py_INCREF(&TrainerType);
+    if (PyModule_AddObject(m, "Trainer", (PyObject *)&TrainerType) < 0) {
+        Py_DECREF(&TrainerType);
         goto fail;
     }
     static const struct { const char *name; long v; } consts[] = {

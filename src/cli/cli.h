@@ -84,9 +84,9 @@ int ft_cmd_worker(int argc, char **argv);
 int ft_bench_transfer(int argc, char **argv);
 /* engine (cmd_run.c) */
 int ft_cmd_run(int argc, char **argv);
-/* cmd_finetune.c: LoRA fine-tuning; run --lora */
+/* cmd_finetune.c: LoRA fine-tuning; export --merge-lora */
 int ft_cmd_finetune(int argc, char **argv);
-int ft_cmd_run_lora(int argc, char **argv);
+int ft_cmd_export(int argc, char **argv);
 /* gen_model.c */
 int ft_cmd_gen_model(int argc, char **argv);
 /* `flextier bench run ...`: argv[0] is "run". */

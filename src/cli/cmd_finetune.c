@@ -15,7 +15,9 @@
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
     "LoRA fine-tuning (llama, mistral, qwen2; base weights frozen in their stored format).\n"
-    "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} object per line; tokenized,\n"
+    "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} or {\"messages\": [...]} object per\n"
+    "line (chat: rendered with the model's chat template or --chat-template FILE, the loss\n"
+    "on the assistant turns only); tokenized,\n"
     "packed into sequences of --seq-len tokens; the last --eval-frac of them are held out\n"
     "(loss and perplexity before and after). Writes a PEFT adapter (adapter_config.json +\n"
     "adapter_model.safetensors) that peft.PeftModel.from_pretrained and `flextier run --lora` load.\n"
@@ -33,6 +35,7 @@ static const char FT_USAGE[] =
     "  --seed N            adapter init and data order (default 0): equal seeds, equal runs\n"
     "  --eval-frac X       held-out fraction of the sequences (default 0.1; 0 = none)\n"
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
+    "  --chat-template F   the Jinja chat template for {\"messages\"} lines (default: the model's)\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
     "  --dropout X         lora_dropout: only 0 is implemented\n"
     "  --threads N         worker threads (default: every core; results do not depend on it)\n"
@@ -41,85 +44,6 @@ static const char FT_USAGE[] =
     "  --stop-after N      stop after N steps of this run (writing the state), to resume later\n"
     "  --resume DIR        continue the run whose state is in DIR (same data and options):\n"
     "                      the result equals the uninterrupted run's bit for bit\n";
-
-static int is_jsonl(const char *path)
-{
-    size_t n = strlen(path);
-    return n > 6 && !strcmp(path + n - 6, ".jsonl");
-}
-
-static ft_status append(int32_t **all, size_t *n, size_t *cap, const int32_t *ids, size_t k)
-{
-    if (*n + k > *cap) {
-        size_t c = (*cap ? *cap * 2 : 4096);
-        while (c < *n + k) c *= 2;
-        int32_t *p = realloc(*all, c * sizeof(int32_t));
-        if (!p) return ft_set_error(FT_ERR_NOMEM, "data: out of memory");
-        *all = p;
-        *cap = c;
-    }
-    memcpy(*all + *n, ids, k * sizeof(int32_t));
-    *n += k;
-    return FT_OK;
-}
-
-typedef struct jl_ctx {
-    const ft_tokenizer *tok;
-    int32_t **all;
-    size_t *n, *cap;
-    int32_t eos;
-} jl_ctx;
-
-static ft_status jl_doc(void *user, const char *text, size_t len)
-{
-    jl_ctx *c = user;
-    int32_t *ids = NULL;
-    size_t k = 0;
-    ft_status st = ft_tokenizer_encode(c->tok, text, len, 1, &ids, &k);
-    if (!st) st = append(c->all, c->n, c->cap, ids, k);
-    if (!st && c->eos >= 0) st = append(c->all, c->n, c->cap, &c->eos, 1);
-    free(ids);
-    return st;
-}
-
-/* the file's tokens: plain text as one document, JSONL one document per
- * line ({"text": ...}), each followed by EOS when the model has one */
-static ft_status tokenize_data(const char *path, const ft_tokenizer *tok, const ft_model_config *cfg, int32_t **out,
-                               size_t *nout)
-{
-    uint8_t *raw = NULL;
-    size_t rawn = 0, n = 0, cap = 0;
-    int32_t *all = NULL, *ids = NULL;
-    size_t k = 0;
-    ft_status st = ft_cli_read_file(path, &raw, &rawn);
-    if (st) return st;
-    if (memchr(raw, 0, rawn)) {
-        st = ft_set_error(FT_ERR_CORRUPT, "data: %s holds NUL bytes (not text)", path);
-        goto done;
-    }
-    int32_t eos = cfg->n_eos > 0 ? cfg->eos_ids[0] : -1;
-    if (!is_jsonl(path)) {
-        if ((st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &k))) goto done;
-        if ((st = append(&all, &n, &cap, ids, k))) goto done;
-    } else {
-        jl_ctx c = {tok, &all, &n, &cap, eos};
-        if ((st = ft_train_jsonl_each((const char *)raw, rawn, path, jl_doc, &c))) goto done;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (all[i] < 0 || all[i] >= cfg->vocab) {
-            st = ft_set_error(FT_ERR_CORRUPT, "data: token id %d is outside the model's vocab_size %d", (int)all[i],
-                              cfg->vocab);
-            goto done;
-        }
-    *out = all;
-    *nout = n;
-    all = NULL;
-done:
-    free(ids);
-    free(all);
-    ft_free_aligned(raw);
-    return st;
-}
 
 static uint64_t mix(uint64_t *s)
 {
@@ -141,7 +65,8 @@ static void shuffle(long *perm, long n, uint64_t seed, long epoch)
     }
 }
 
-static ft_status evaluate(ft_trainer *t, const int32_t *seqs, long n, long T, long batch, double *loss, double *ppl)
+static ft_status evaluate(ft_trainer *t, const int32_t *seqs, const uint8_t *mask, long n, long T, long batch,
+                          double *loss, double *ppl)
 {
     double sum = 0.0;
     int64_t cnt = 0;
@@ -149,11 +74,13 @@ static ft_status evaluate(ft_trainer *t, const int32_t *seqs, long n, long T, lo
         long nb = n - i < batch ? n - i : batch;
         double s;
         int64_t c;
-        ft_status st = ft_trainer_eval(t, seqs + (size_t)i * (size_t)T, (int)nb, (int)T, &s, &c);
+        ft_status st = ft_trainer_eval_masked(t, seqs + (size_t)i * (size_t)T, mask ? mask + (size_t)i * (size_t)T : NULL,
+                                              (int)nb, (int)T, &s, &c);
         if (st) return st;
         sum += s;
         cnt += c;
     }
+    if (!cnt) return ft_set_error(FT_ERR_INVALID_ARG, "eval: the held-out sequences have no labelled token");
     *loss = sum / (double)cnt;
     *ppl = exp(*loss);
     return FT_OK;
@@ -220,7 +147,7 @@ static void fmt_eta(double s, char *buf, size_t n)
 int ft_cmd_finetune(int argc, char **argv)
 {
     const char *dir = NULL, *data = NULL, *outdir = NULL, *init = NULL, *targets = "all", *sched = "cosine";
-    const char *resume_dir = NULL;
+    const char *resume_dir = NULL, *chat_template = NULL;
     long save_every = 0, stop_after = 0, threads = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
@@ -239,6 +166,7 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--out")) outdir = v;
         else if (!strcmp(a, "--init")) init = v;
+        else if (!strcmp(a, "--chat-template")) chat_template = v;
         else if (!strcmp(a, "--resume")) resume_dir = v;
         else if (!strcmp(a, "--save-every")) li = &save_every;
         else if (!strcmp(a, "--stop-after")) li = &stop_after;
@@ -296,6 +224,9 @@ int ft_cmd_finetune(int argc, char **argv)
     ft_tokenizer *tok = NULL;
     ft_trainer *t = NULL;
     int32_t *ids = NULL, *step_tok = NULL;
+    uint8_t *tmask = NULL, *step_mask = NULL;
+    ft_train_data data_tok;
+    memset(&data_tok, 0, sizeof data_tok);
     long *perm = NULL;
     size_t ntok = 0;
     ft_load_params lp;
@@ -307,7 +238,11 @@ int ft_cmd_finetune(int argc, char **argv)
     if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("finetune", st); goto done; }
     if (init && (st = ft_trainer_load_adapter(t, init))) { ft_cli_fail(init, st); goto done; }
     if (seq > cfg->max_pos) seq = cfg->max_pos;
-    if ((st = tokenize_data(data, tok, cfg, &ids, &ntok))) { ft_cli_fail(data, st); goto done; }
+    if ((st = ft_train_data_load(data, tok, cfg, dir, chat_template, &data_tok))) { ft_cli_fail(data, st); goto done; }
+    ids = data_tok.ids;
+    ntok = data_tok.n;
+    if (data_tok.chat) tmask = data_tok.mask;   /* else every token is a label: no mask */
+    else free(data_tok.mask);
     long nseq = (long)(ntok / (size_t)seq);
     long neval = evalf > 0.0 && nseq >= 2 ? (long)ceil(evalf * (double)nseq) : 0;
     long ntrain = nseq - neval;
@@ -317,6 +252,8 @@ int ft_cmd_finetune(int argc, char **argv)
         goto done;
     }
     const int32_t *evals = ids + (size_t)ntrain * (size_t)seq;
+    const uint8_t *emask = tmask ? tmask + (size_t)ntrain * (size_t)seq : NULL;
+    if (tmask) printf("chat data: %zu of %zu tokens in assistant turns (the loss is on those)\n", data_tok.labels, ntok);
     printf("finetune: %s (%s, weights %s), %zu tokens of %s: %ld training + %ld held-out sequences of %ld\n", dir,
            cfg->model_type, ft_wfmt_name(ft_model_weights_format(m)), ntok, data, ntrain, neval, seq);
     printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "
@@ -324,7 +261,7 @@ int ft_cmd_finetune(int argc, char **argv)
            sched, warmup, seed);
     double eloss, eppl;
     if (neval) {
-        if ((st = evaluate(t, evals, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
+        if ((st = evaluate(t, evals, emask, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out before: loss %.4f perplexity %.3f\n", eloss, eppl);
     }
     run_id rid = {steps, seq, batch, accum, seed, ntrain, (long)ntok};
@@ -336,6 +273,8 @@ int ft_cmd_finetune(int argc, char **argv)
     }
     size_t per = (size_t)accum * (size_t)batch;
     step_tok = malloc(per * (size_t)seq * sizeof(int32_t));
+    step_mask = tmask ? malloc(per * (size_t)seq) : NULL;
+    if (tmask && !step_mask) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
     perm = malloc((size_t)ntrain * sizeof(long));
     if (!step_tok || !perm) { ft_cli_fail("finetune", FT_ERR_NOMEM); goto done; }
     /* the data order is a function of (seed, sequences consumed) */
@@ -349,10 +288,12 @@ int ft_cmd_finetune(int argc, char **argv)
                 cursor = 0;
                 shuffle(perm, ntrain, (uint64_t)seed, ++epoch);
             }
-            memcpy(step_tok + k * (size_t)seq, ids + (size_t)perm[cursor++] * (size_t)seq, (size_t)seq * sizeof(int32_t));
+            size_t from = (size_t)perm[cursor++] * (size_t)seq;
+            memcpy(step_tok + k * (size_t)seq, ids + from, (size_t)seq * sizeof(int32_t));
+            if (tmask) memcpy(step_mask + k * (size_t)seq, tmask + from, (size_t)seq);
         }
         double loss, gn, lrs = ft_trainer_lr_at(t, (int)s);
-        if ((st = ft_trainer_step(t, step_tok, (int)batch, (int)seq, &loss, &gn))) {
+        if ((st = ft_trainer_step_masked(t, step_tok, step_mask, (int)batch, (int)seq, &loss, &gn))) {
             fprintf(stderr, "flextier: finetune: step %ld: %s (%s)\n", s + 1, ft_status_str(st), ft_last_error());
             goto done;
         }
@@ -374,7 +315,7 @@ int ft_cmd_finetune(int argc, char **argv)
                (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
     if (neval) {
         double aloss, appl;
-        if ((st = evaluate(t, evals, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
+        if ((st = evaluate(t, evals, emask, neval, seq, batch, &aloss, &appl))) { ft_cli_fail("eval", st); goto done; }
         printf("held-out after: loss %.4f perplexity %.3f (before %.3f)\n", aloss, appl, eppl);
     }
     if (save_every || stop_after || resume_dir) st = save_all(t, outdir, dir, &rid);
@@ -386,6 +327,8 @@ int ft_cmd_finetune(int argc, char **argv)
 done:
     free(perm);
     free(step_tok);
+    free(step_mask);
+    free(tmask);
     free(ids);
     ft_trainer_free(t);
     ft_tokenizer_free(tok);
@@ -393,119 +336,52 @@ done:
     return rc;
 }
 
-/* ------------------------------------------------------ run --lora */
+/* ------------------------------------------------- export --merge-lora */
 
-static const char RL_USAGE[] =
-    "usage: flextier run --model DIR --lora ADAPTER_DIR (--prompt TEXT | --prompt-file FILE |\n"
-    "         --prompt-ids ID,ID,...) [--max-new-tokens N] [--weights-dtype F] [--ids]\n"
-    "Greedy generation with one PEFT LoRA adapter applied unmerged (y = W x + alpha/r B A x),\n"
-    "through the trainer's forward with a K/V cache (one row per position). Other\n"
-    "run options (sampling, offloading, batches, several adapters) are not implemented with\n"
-    "--lora. --ids prints the token ids; --prompt-ids takes the prompt as token ids (to compare\n"
-    "with transformers + peft on the same ids).\n";
+static const char EX_USAGE[] =
+    "usage: flextier export --model DIR --merge-lora ADAPTER[:SCALE] [--merge-lora ...] --out DIR\n"
+    "         [--dtype f32|bf16|f16]\n"
+    "Writes DIR (--out) as a Hugging Face checkpoint with the PEFT LoRA adapters merged into the\n"
+    "weights: W' = W + sum SCALE * alpha/r * B A, in f32, in the order given (as PEFT's\n"
+    "merge_and_unload): model.safetensors (one file, one tensor in memory at a time) plus the\n"
+    "model directory's config, tokenizer and generation files. --dtype: the float tensors'\n"
+    "dtype (default: each tensor's own; config.json's torch_dtype follows). transformers and\n"
+    "every flextier command (--device cuda, --pipeline) load the result.\n";
 
-int ft_cmd_run_lora(int argc, char **argv)
+int ft_cmd_export(int argc, char **argv)
 {
-    const char *dir = NULL, *lora = NULL, *prompt = NULL, *pfile = NULL, *pids = NULL;
-    long max_new = 32;
-    int weights = FT_WEIGHTS_AS_STORED, print_ids = 0;
+    const char *dir = NULL, *out = NULL;
+    char ads[FT_CLI_MAX_LORA][4096];
+    const char *adp[FT_CLI_MAX_LORA];
+    float scales[FT_CLI_MAX_LORA];
+    size_t n = 0;
+    int dtype = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(RL_USAGE, stdout);
+            fputs(EX_USAGE, stdout);
             return FT_EXIT_OK;
         }
-        if (!strcmp(a, "--ids")) { print_ids = 1; continue; }
-        if (i + 1 >= argc) return ft_cli_usage_error(RL_USAGE, "option %s needs a value", a);
+        if (i + 1 >= argc) return ft_cli_usage_error(EX_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--lora")) {
-            if (lora) return ft_cli_usage_error(RL_USAGE, "several --lora adapters are not implemented (one only)");
-            lora = v;
-        } else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--prompt-file")) pfile = v;
-        else if (!strcmp(a, "--prompt-ids")) pids = v;
-        else if (!strcmp(a, "--max-new-tokens")) {
-            if (ft_cli_parse_int(v, 0, 1 << 20, &max_new)) return ft_cli_usage_error(RL_USAGE, "bad --max-new-tokens %s", v);
-        } else if (!strcmp(a, "--weights-dtype")) {
-            if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(RL_USAGE, "--weights-dtype: %s", ft_last_error());
-        } else return ft_cli_usage_error(RL_USAGE, "option %s is not implemented with --lora", a);
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--merge-lora")) {
+            if (n == FT_CLI_MAX_LORA) return ft_cli_usage_error(EX_USAGE, "at most %d adapters", FT_CLI_MAX_LORA);
+            if (ft_cli_parse_lora(v, ads[n], sizeof ads[n], &scales[n]))
+                return ft_cli_usage_error(EX_USAGE, "--merge-lora: %s", ft_last_error());
+            adp[n] = ads[n];
+            n++;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32")) dtype = FT_F32;
+            else if (!strcmp(v, "bf16")) dtype = FT_BF16;
+            else if (!strcmp(v, "f16")) dtype = FT_F16;
+            else return ft_cli_usage_error(EX_USAGE, "--dtype: '%s': expected f32, bf16 or f16", v);
+        } else return ft_cli_usage_error(EX_USAGE, "unknown option %s", a);
     }
-    if (!dir || !lora || (!!prompt + !!pfile + !!pids) != 1)
-        return ft_cli_usage_error(RL_USAGE, "--model, --lora and one of --prompt / --prompt-file / --prompt-ids are "
-                                  "required");
-    if (pids) print_ids = 1;
-    int rc = FT_EXIT_ERR;
-    ft_status st;
-    ft_model *m = NULL;
-    ft_tokenizer *tok = NULL;
-    ft_trainer *t = NULL;
-    uint8_t *raw = NULL;
-    size_t rawn = 0, n = 0;
-    int32_t *ids = NULL, *seqv = NULL;
-    float *lg = NULL;
-    char *text = NULL;
-    ft_train_params tp;
-    ft_train_params_default(&tp);
-    if ((st = ft_lora_read_config(lora, &tp))) { ft_cli_fail(lora, st); goto done; }
-    ft_load_params lp;
-    ft_load_params_default(&lp);
-    lp.weights = weights;
-    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
-    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
-    if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("run --lora", st); goto done; }
-    if ((st = ft_trainer_load_adapter(t, lora))) { ft_cli_fail(lora, st); goto done; }
-    if (pids) {
-        size_t cap = strlen(pids) / 2 + 1;
-        ids = malloc(cap * sizeof(int32_t));
-        if (!ids) { ft_cli_fail("run --lora", FT_ERR_NOMEM); goto done; }
-        const char *q = pids;
-        st = FT_OK;
-        while (*q && n < cap) {
-            char *e;
-            long id = strtol(q, &e, 10);
-            if (e == q || id < 0 || id >= ft_model_get_config(m)->vocab || (*e && *e != ',')) {
-                st = ft_set_error(FT_ERR_INVALID_ARG, "--prompt-ids: '%s': expected ids in [0, vocab) separated by "
-                                  "commas", pids);
-                break;
-            }
-            ids[n++] = (int32_t)id;
-            q = *e ? e + 1 : e;
-        }
-    } else if (pfile) {
-        if ((st = ft_cli_read_file(pfile, &raw, &rawn))) { ft_cli_fail(pfile, st); goto done; }
-        st = ft_tokenizer_encode(tok, (const char *)raw, rawn, 1, &ids, &n);
-    } else {
-        st = ft_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n);
-    }
-    if (st) { ft_cli_fail("encode", st); goto done; }
-    const ft_model_config *cfg = ft_model_get_config(m);
-    if (n == 0) { fprintf(stderr, "flextier: run --lora: the prompt has no tokens\n"); goto done; }
-    if ((long)n + max_new > cfg->max_pos) max_new = cfg->max_pos - (long)n;
-    if (max_new < 0) { fprintf(stderr, "flextier: run --lora: the prompt is longer than the context\n"); goto done; }
-    seqv = malloc(((size_t)n + (size_t)max_new) * sizeof(int32_t));
-    lg = malloc((size_t)cfg->vocab * sizeof(float));
-    if (!seqv || !lg) { ft_cli_fail("run --lora", FT_ERR_NOMEM); goto done; }
-    memcpy(seqv, ids, n * sizeof(int32_t));
-    if ((st = ft_trainer_generate(t, seqv, (int)n, (int)max_new, seqv + n))) { ft_cli_fail("generate", st); goto done; }
-    size_t len = n + (size_t)max_new;
-    if (print_ids) {
-        for (size_t i = n; i < len; i++) printf("%s%d", i > n ? " " : "", (int)seqv[i]);
-        printf("\n");
-    } else {
-        size_t tl;
-        if ((st = ft_tokenizer_decode(tok, seqv + n, len - n, 1, &text, &tl))) { ft_cli_fail("decode", st); goto done; }
-        printf("%s%s\n", prompt ? prompt : "", text);
-    }
-    rc = FT_EXIT_OK;
-done:
-    free(text);
-    free(lg);
-    free(seqv);
-    free(ids);
-    ft_free_aligned(raw);
-    ft_trainer_free(t);
-    ft_tokenizer_free(tok);
-    ft_model_free(m);
-    return rc;
+    if (!dir || !out || !n) return ft_cli_usage_error(EX_USAGE, "--model, --merge-lora and --out are required");
+    ft_status st = ft_lora_merge_checkpoint(dir, adp, scales, n, out, dtype);
+    if (st) return ft_cli_fail("export", st);
+    printf("merged %zu adapter%s into %s/model.safetensors\n", n, n == 1 ? "" : "s", out);
+    return FT_EXIT_OK;
 }

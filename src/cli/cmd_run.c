@@ -196,7 +196,7 @@ static const char RUN_USAGE[] =
     "         [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]\n"
     "         [--stop STR] [--ignore-eos] [--threads N] [--dump-logits FILE] [--device cpu|cuda]\n"
     "         [--strict] [offloading options]\n"
-    "       flextier run --model DIR --lora ADAPTER_DIR --prompt TEXT   (run --lora --help)\n"
+    "         [--lora DIR[:SCALE] ...] [--prompt-ids ID,ID,...] [--ids]\n"
     "Generates from a Hugging Face model directory (config.json, *.safetensors,\n"
     "tokenizer.json or vocab.json + merges.txt). One --prompt streams its text; a --prompt-file\n"
     "holds one prompt per\n"
@@ -205,7 +205,9 @@ static const char RUN_USAGE[] =
     "logits of every prompt position (prompts in order, vocab floats per row).\n"
     "Prefill and decode tokens/s go to stderr at the end. --strict: a config.json /\n"
     "generation_config.json key or tokenizer field flextier does not know is an error\n"
-    "(default: a warning naming it).\n";
+    "(default: a warning naming it). --lora applies PEFT LoRA adapters (see adapters below).\n"
+    "--prompt-ids takes one prompt as token ids; --ids prints the new token ids instead of\n"
+    "text (both: to compare with transformers on the same ids).\n";
 
 static ft_status split_lines(char *data, size_t size, char ***lines, size_t *n)
 {
@@ -244,12 +246,53 @@ static int stream_text(void *user, size_t seq, const char *text, size_t len)
     return 0;
 }
 
+/* --ids / --prompt-ids: the prompts as token ids (given, or encoded with
+ * the tokenizer's special tokens), one line of new ids per prompt. */
+static ft_status run_ids(ft_session *s, const char *const *lines, size_t np, int given, const ft_gen_params *gp)
+{
+    int32_t **ids = calloc(np, sizeof *ids), **out = calloc(np, sizeof *out);
+    size_t *len = calloc(np, sizeof *len), *nout = calloc(np, sizeof *nout);
+    ft_status st = ids && out && len && nout ? FT_OK : ft_set_error(FT_ERR_NOMEM, "run: allocation");
+    int vocab = ft_session_config(s)->vocab;
+    for (size_t j = 0; j < np && !st; j++) {
+        if (given) {
+            const char *q = lines[j];
+            size_t cap = strlen(q) / 2 + 1;
+            if (!(ids[j] = malloc(cap * sizeof(int32_t)))) st = ft_set_error(FT_ERR_NOMEM, "run: allocation");
+            while (!st && *q && len[j] < cap) {
+                char *e;
+                long id = strtol(q, &e, 10);
+                if (e == q || id < 0 || id >= vocab || (*e && *e != ','))
+                    st = ft_set_error(FT_ERR_INVALID_ARG, "--prompt-ids: '%s': expected ids in [0, %d) separated by "
+                                      "commas", lines[j], vocab);
+                else ids[j][len[j]++] = (int32_t)id;
+                q = *e ? e + 1 : e;
+            }
+        } else {
+            st = ft_tokenizer_encode(ft_session_tokenizer(s), lines[j], strlen(lines[j]), 1, &ids[j], &len[j]);
+        }
+        if (!st && !len[j]) st = ft_set_error(FT_ERR_INVALID_ARG, "prompt %zu has no tokens", j + 1);
+        if (!st && !(out[j] = malloc((gp->max_new_tokens + 1) * sizeof(int32_t))))
+            st = ft_set_error(FT_ERR_NOMEM, "run: allocation");
+    }
+    ft_gen_stats gs;
+    if (!st) st = ft_session_generate(s, np, (const int32_t *const *)ids, len, gp, out, nout, &gs);
+    for (size_t j = 0; j < np && !st; j++) {
+        for (size_t i = 0; i < nout[j]; i++) printf("%s%d", i ? " " : "", (int)out[j][i]);
+        printf("\n");
+    }
+    for (size_t j = 0; j < np; j++) {
+        if (ids) free(ids[j]);
+        if (out) free(out[j]);
+    }
+    free(ids); free(out); free(len); free(nout);
+    return st;
+}
+
 int ft_cmd_run(int argc, char **argv)
 {
-    /* --lora: the trainer's forward with the adapter (cmd_finetune.c) */
-    for (int i = 1; i < argc; i++)
-        if (opt_is(argv[i], "--lora")) return ft_cmd_run_lora(argc, argv);
-    const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL;
+    const char *dir = NULL, *prompt = NULL, *pfile = NULL, *stop = NULL, *dump = NULL, *pids = NULL;
+    int print_ids = 0;
     long max_new = 64, top_k = -1, threads = 0, seed = 0;
     double temp = -1, top_p = -1, rep = -1;
     int ignore_eos = 0, have_seed = 0;
@@ -272,12 +315,14 @@ int ft_cmd_run(int argc, char **argv)
         if (r < 0) return FT_EXIT_USAGE;
         if (r) continue;
         if (opt_is(a, "--ignore-eos")) { ignore_eos = 1; continue; }
+        if (opt_is(a, "--ids")) { print_ids = 1; continue; }
         if (i + 1 >= argc) return ft_cli_usage_error(RUN_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
         char *endp = NULL;
         if (opt_is(a, "--model")) dir = v;
         else if (opt_is(a, "--prompt")) prompt = v;
         else if (opt_is(a, "--prompt-file")) pfile = v;
+        else if (opt_is(a, "--prompt-ids")) pids = v;
         else if (opt_is(a, "--stop")) stop = v;
         else if (opt_is(a, "--dump-logits")) dump = v;
         else if (opt_is(a, "--max-new-tokens")) {
@@ -299,7 +344,11 @@ int ft_cmd_run(int argc, char **argv)
         } else return ft_cli_usage_error(RUN_USAGE, "unknown option %s", a);
     }
     if (!dir) return ft_cli_usage_error(RUN_USAGE, "--model is required");
-    if (!prompt == !pfile) return ft_cli_usage_error(RUN_USAGE, "give exactly one of --prompt and --prompt-file");
+    if (!!prompt + !!pfile + !!pids != 1)
+        return ft_cli_usage_error(RUN_USAGE, "give exactly one of --prompt, --prompt-file and --prompt-ids");
+    if ((pids || print_ids) && (pipe.mode || dump || stop))
+        return ft_cli_usage_error(RUN_USAGE, "--prompt-ids / --ids go without --pipeline, --dump-logits and --stop");
+    if (pids) print_ids = 1;
     if (pipe.mode && dump)
         return ft_cli_usage_error(RUN_USAGE, "--pipeline has no --dump-logits (the driver holds the last layers only)");
     if (ft_cli_pipe_stray(&pipe)) return ft_cli_usage_error(RUN_USAGE, "pipeline options need --pipeline");
@@ -324,7 +373,7 @@ int ft_cmd_run(int argc, char **argv)
     } else {
         lines = malloc(sizeof *lines);
         if (!lines) { ft_cli_fail("run", FT_ERR_NOMEM); goto done; }
-        lines[0] = (char *)prompt;
+        lines[0] = (char *)(prompt ? prompt : pids);
         np = 1;
     }
     o.sp.threads = (unsigned)threads;
@@ -353,7 +402,7 @@ int ft_cmd_run(int argc, char **argv)
             goto done;
         }
     }
-    if (!ft_session_tokenizer(s)) {
+    if (!pids && !ft_session_tokenizer(s)) {
         ft_status ts = ft_session_generate_text(s, 1, (const char *const *)lines, &(ft_text_params){0}, NULL, NULL);
         ft_cli_fail("tokenizer", ts);
         goto done;
@@ -395,6 +444,14 @@ int ft_cmd_run(int argc, char **argv)
     if (rep >= 0) tp.gen.sampling.repetition_penalty = (float)rep;
     tp.gen.sampling.seed = have_seed ? (uint64_t)seed : (uint64_t)(ft_now() * 1e6);
     tp.stop = stop;
+    if (print_ids) {
+        if ((st = run_ids(s, (const char *const *)lines, np, pids != NULL, &tp.gen))) {
+            ft_cli_fail("generate", st);
+            goto done;
+        }
+        rc = FT_EXIT_OK;
+        goto done;
+    }
     int stream = np == 1;
     if (stream) {
         /* a prompt that cannot be tokenized fails before it is echoed */

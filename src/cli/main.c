@@ -14,6 +14,7 @@ static const command commands[] = {
     {"run", ft_cmd_run, "generate text from a model directory (OPT, Llama, Mistral, Qwen2)"},
     {"gen-model", ft_cmd_gen_model, "write a random-weight Llama/OPT checkpoint (HF layout)"},
     {"finetune", ft_cmd_finetune, "LoRA fine-tuning on a text/JSONL file; writes a PEFT adapter (run --lora)"},
+    {"export", ft_cmd_export, "merge LoRA adapters into a model: a Hugging Face checkpoint (--merge-lora)"},
     {"perplexity", ft_cmd_perplexity, "perplexity of a model on a text (compare weight and cache formats)"},
     {"plan", ft_cmd_plan, "measure the machine and choose an offloading policy"},
     {"bench", ft_cmd_bench, "benchmarks (codec) side by side with reference tools"},

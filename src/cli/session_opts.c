@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "session_opts.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -50,7 +51,34 @@ const char ft_cli_engine_usage[] =
     "                         stay bf16)\n"
     "  --kv-dtype D           the KV cache in memory: bf16 (default), f16, f32\n"
     "  --strict               a config.json key or tokenizer field flextier does not know is an\n"
-    "                         error (default: a warning naming it)\n";
+    "                         error (default: a warning naming it)\n"
+    "adapters:\n"
+    "  --lora DIR[:SCALE]     a PEFT LoRA adapter directory applied unmerged in every forward\n"
+    "                         (y = W x + SCALE * alpha/r * B A x; SCALE default 1); repeat\n"
+    "                         for several, added in order. Any weight format and offloading\n"
+    "                         policy; not with --device cuda or --pipeline\n";
+
+ft_status ft_cli_parse_lora(const char *v, char *dir, size_t cap, float *scale)
+{
+    const char *c = strrchr(v, ':');
+    size_t n = strlen(v);
+    *scale = 1.0f;
+    if (c && c[1]) {
+        char *end;
+        double d = strtod(c + 1, &end);
+        if (!*end) {
+            if (!isfinite(d) || fabs(d) > 1e6)
+                return ft_set_error(FT_ERR_INVALID_ARG, "'%s': the scale after ':' must be a finite number", v);
+            *scale = (float)d;
+            n = (size_t)(c - v);
+        }
+    }
+    if (n == 0) return ft_set_error(FT_ERR_INVALID_ARG, "'%s': expected DIR[:SCALE]", v);
+    if (n >= cap) return ft_set_error(FT_ERR_INVALID_ARG, "'%s': path too long", v);
+    memcpy(dir, v, n);
+    dir[n] = 0;
+    return FT_OK;
+}
 
 ft_status ft_cli_parse_weights(const char *s, int *out)
 {
@@ -191,6 +219,19 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--strict")) { o->sp.strict = 1; return 1; }
+    if (!strcmp(a, "--lora")) {
+        if ((r = take(argc, argv, i, &v)) < 0) return r;
+        size_t k = o->sp.n_lora;
+        if (k == FT_CLI_MAX_LORA) {
+            ft_set_error(FT_ERR_INVALID_ARG, "at most %d adapters", FT_CLI_MAX_LORA);
+            goto bad;
+        }
+        if (ft_cli_parse_lora(v, o->lora_dir[k], sizeof o->lora_dir[k], &o->lora[k].scale)) goto bad;
+        o->lora[k].dir = o->lora_dir[k];
+        o->sp.lora = o->lora;
+        o->sp.n_lora = k + 1;
+        return 1;
+    }
     if (!strcmp(a, "--device")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         if (!strcmp(v, "cpu")) o->sp.device = FT_DEVICE_CPU;

@@ -6,8 +6,13 @@
 #include "flextier/session.h"
 #include <stdio.h>
 
+#define FT_CLI_MAX_LORA 8
+
 typedef struct ft_cli_session {
     ft_session_params sp;
+    /* --lora DIR[:SCALE], repeatable: sp.lora points here */
+    ft_session_lora lora[FT_CLI_MAX_LORA];
+    char lora_dir[FT_CLI_MAX_LORA][4096];
     int enabled, auto_policy, have_policy, codec_given, cache_codec_given, stats, weights_given, strict, memory_given;
     double last_progress;
 } ft_cli_session;
@@ -41,6 +46,9 @@ void ft_cli_session_report_json(const ft_cli_session *o, const ft_session *s, do
 void ft_cli_cuda_report(const ft_session *s, FILE *f);
 void ft_cli_cuda_report_json(const ft_session *s, FILE *f);
 
+/* "DIR[:SCALE]" -> dir (cap bytes) and scale (1 without one): the part
+ * after the last ':' is the scale when it is a finite number. */
+ft_status ft_cli_parse_lora(const char *v, char *dir, size_t cap, float *scale);
 /* "f32|bf16|f16|q8|q4|auto" -> an ft_wfmt or FT_WEIGHTS_AS_STORED */
 ft_status ft_cli_parse_weights(const char *s, int *out);
 #endif

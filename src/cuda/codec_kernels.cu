@@ -68,13 +68,12 @@ static __global__ void k_q_dequant(ftk_qgeom g, const uint8_t *frame, const uint
 
 /* km_q_dequant8: one thread per 8 values, stored as one 16-byte (bf16,
  * f16) or two (f32) vector writes; dst 16-byte aligned. */
-static __global__ void k_q_dequant8(ftk_qgeom g, const uint8_t *frame, const uint64_t *table, int out_dt,
-                                    void *dst)
+static __global__ void k_q_dequant8(ftk_qgeom g, const uint8_t *frame, int out_dt, void *dst)
 {
     const uint32_t n8 = (uint32_t)(g.numel / 8);
     for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n8; t += gridDim.x * blockDim.x) {
         float v[8];
-        km_q_dequant8(&g, frame, table, t, v);
+        km_q_dequant8(&g, frame, t, v);
         if (out_dt == FT_F32) {
             float4 *o = (float4 *)dst + 2 * (uint64_t)t;
             o[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -91,14 +90,19 @@ static __global__ void k_q_dequant8(ftk_qgeom g, const uint8_t *frame, const uin
     }
 }
 
+extern "C" int ftk_q_fast(const ftk_qgeom *g, const void *dst)
+{
+    return km_q_fast8_ok(g) && ((uintptr_t)dst & 15) == 0;
+}
+
 extern "C" cudaError_t ftk_q_dequant(const ftk_qgeom *g, const uint8_t *frame, const uint64_t *table,
                                      int out_dt, void *dst, cudaStream_t s)
 {
     if (g->numel == 0) return cudaSuccess;
     unsigned b, t;
-    if (km_q_fast8_ok(g) && ((uintptr_t)dst & 15) == 0) {
+    if (ftk_q_fast(g, dst)) {
         grid_for(g->numel / 8, &b, &t);
-        k_q_dequant8<<<b, t, 0, s>>>(*g, frame, table, out_dt, dst);
+        k_q_dequant8<<<b, t, 0, s>>>(*g, frame, out_dt, dst);
         return cudaGetLastError();
     }
     grid_for(g->numel, &b, &t);

@@ -23,9 +23,40 @@ ft_status ft_cuda_dec_ws_init(ft_cuda_dec_ws *w)
     return FT_OK;
 }
 
+ft_status ft_cuda_dec_pipeline(ft_cuda_dec_ws *w)
+{
+    if (w->pipe) return FT_OK;
+    FT_CU(cudaStreamCreateWithFlags(&w->ks, cudaStreamNonBlocking), "cudaStreamCreate (decode)");
+    for (int b = 0; b < 2; b++) {
+        FT_CU(cudaEventCreateWithFlags(&w->p_copied[b], cudaEventDisableTiming), "cudaEventCreate");
+        FT_CU(cudaEventCreateWithFlags(&w->p_done[b], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    FT_CU(cudaEventCreateWithFlags(&w->p_join, cudaEventDisableTiming), "cudaEventCreate");
+    w->pipe = 1;
+    return FT_OK;
+}
+
+ft_status ft_cuda_dec_join(ft_cuda_dec_ws *w, cudaStream_t s)
+{
+    if (!w->pipe || !w->p_pending) return FT_OK;
+    FT_CU(cudaEventRecord(w->p_join, w->ks), "cudaEventRecord");
+    FT_CU(cudaStreamWaitEvent(s, w->p_join, 0), "cudaStreamWaitEvent");
+    w->p_pending = 0;
+    return FT_OK;
+}
+
 void ft_cuda_dec_ws_release(ft_cuda_dec_ws *w)
 {
     if (!w) return;
+    if (w->ks) (void)cudaStreamSynchronize(w->ks);
+    for (int b = 0; b < 2; b++) {
+        if (w->p_stage[b]) (void)cudaFree(w->p_stage[b]);
+        if (w->p_table[b]) (void)cudaFree(w->p_table[b]);
+        if (w->p_copied[b]) (void)cudaEventDestroy(w->p_copied[b]);
+        if (w->p_done[b]) (void)cudaEventDestroy(w->p_done[b]);
+    }
+    if (w->p_join) (void)cudaEventDestroy(w->p_join);
+    if (w->ks) (void)cudaStreamDestroy(w->ks);
     if (w->h_used) (void)cudaEventSynchronize(w->h_done);
     if (w->h_done) (void)cudaEventDestroy(w->h_done);
     if (w->d_stage) (void)cudaFree(w->d_stage);
@@ -98,6 +129,63 @@ ft_status ft_cuda_dec_raw_async(ft_cuda_dec_ws *w, const void *src, ft_dtype src
     return FT_OK;
 }
 
+/* The device staging of one q8/q4 tensor's compressed bytes and its chunk
+ * table: the workspace's own (everything on `s`), or in a pipelined
+ * workspace the next of its two buffers, once the kernel that last read it
+ * is done. */
+typedef struct { uint8_t *stage; uint64_t *table; int buf; } q_stage;
+
+static ft_status q_stage_get(ft_cuda_dec_ws *w, size_t bytes, uint32_t n_chunks, cudaStream_t s, q_stage *q)
+{
+    ft_status st;
+    size_t tbytes = (size_t)n_chunks * sizeof(uint64_t);
+    if (!w->pipe) {
+        if ((st = grow_device((void **)&w->d_stage, &w->d_cap, bytes, s, "device staging (cudaMalloc)"))) return st;
+        size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
+        st = grow_device((void **)&w->d_table, &tcap_bytes, tbytes, s, "chunk table (cudaMalloc)");
+        w->table_cap = tcap_bytes / sizeof(uint64_t);
+        if (st) return st;
+        *q = (q_stage){w->d_stage, w->d_table, -1};
+        return FT_OK;
+    }
+    const int b = w->p_next;
+    w->p_next ^= 1;
+    if (w->p_cap[b] < bytes || w->p_tcap[b] * sizeof(uint64_t) < tbytes) {
+        /* the kernels and copies that may still use the old buffer */
+        FT_CU(cudaStreamSynchronize(w->ks), "device staging (cudaStreamSynchronize)");
+        if ((st = grow_device((void **)&w->p_stage[b], &w->p_cap[b], bytes, s, "device staging (cudaMalloc)"))) return st;
+        size_t tcap_bytes = w->p_tcap[b] * sizeof(uint64_t);
+        st = grow_device((void **)&w->p_table[b], &tcap_bytes, tbytes, s, "chunk table (cudaMalloc)");
+        w->p_tcap[b] = tcap_bytes / sizeof(uint64_t);
+        if (st) return st;
+    }
+    if (w->p_used[b]) FT_CU(cudaStreamWaitEvent(s, w->p_done[b], 0), "cudaStreamWaitEvent");
+    *q = (q_stage){w->p_stage[b], w->p_table[b], b};
+    return FT_OK;
+}
+
+/* After the copies into q->stage on `s`: the chunk table (only where the
+ * kernel reads one) and the dequantize kernel, on `s`, or on the
+ * workspace's kernel stream once the copies are done. */
+static ft_status q_stage_decode(ft_cuda_dec_ws *w, const q_stage *q, const ftk_qgeom *g, ft_dtype out_dt, void *dst,
+                                cudaStream_t s)
+{
+    cudaStream_t k = s;
+    if (q->buf >= 0) {
+        FT_CU(cudaEventRecord(w->p_copied[q->buf], s), "cudaEventRecord");
+        FT_CU(cudaStreamWaitEvent(w->ks, w->p_copied[q->buf], 0), "cudaStreamWaitEvent");
+        k = w->ks;
+    }
+    if (!ftk_q_fast(g, dst)) FT_CU(ftk_q_table(g, q->table, k), "chunk table kernel");
+    FT_CU(ftk_q_dequant(g, q->stage, q->table, (int)out_dt, dst, k), "dequantize kernel");
+    if (q->buf >= 0) {
+        FT_CU(cudaEventRecord(w->p_done[q->buf], w->ks), "cudaEventRecord");
+        w->p_used[q->buf] = 1;
+        w->p_pending = 1;
+    }
+    return FT_OK;
+}
+
 /* q8/q4: checks on the host, then the frame's bytes to the device as they
  * are and the two kernels. */
 static ft_status dec_quant(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
@@ -106,19 +194,12 @@ static ft_status dec_quant(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_fra
     ftk_qgeom g;
     ft_status st = ft_cuda_prep_quant(frame, fi, trusted, &g);
     if (st || g.numel == 0) return st;
-    if ((st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)fi->frame_size, s, "device staging (cudaMalloc)")))
-        return st;
-    size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
-    st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)fi->n_chunks * sizeof(uint64_t), s,
-                     "chunk table (cudaMalloc)");
-    w->table_cap = tcap_bytes / sizeof(uint64_t);
-    if (st) return st;
-    FT_CU(cudaMemcpyAsync(w->d_stage, frame, (size_t)fi->frame_size, cudaMemcpyHostToDevice, s),
+    q_stage qs;
+    if ((st = q_stage_get(w, (size_t)fi->frame_size, fi->n_chunks, s, &qs))) return st;
+    FT_CU(cudaMemcpyAsync(qs.stage, frame, (size_t)fi->frame_size, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (frame)");
     if (h2d) *h2d += fi->frame_size;
-    FT_CU(ftk_q_table(&g, w->d_table, s), "chunk table kernel");
-    FT_CU(ftk_q_dequant(&g, w->d_stage, w->d_table, (int)out_dt, dst, s), "dequantize kernel");
-    return FT_OK;
+    return q_stage_decode(w, &qs, &g, out_dt, dst, s);
 }
 
 static ft_status dec_raw(ft_cuda_dec_ws *w, const uint8_t *frame, const ft_frame_info *fi, int trusted,
@@ -224,12 +305,8 @@ ft_status ft_cuda_dec_wmat_async(ft_cuda_dec_ws *w, const ft_wmat *m, ft_dtype o
         if (!m->chunk[c]) return ft_set_error(FT_ERR_INVALID_ARG, "cuda: %s matrix chunk %u is NULL", ft_wfmt_name(m->fmt), c);
         total += km_q_chunk_bytes(&g, c);
     }
-    ft_status st = grow_device((void **)&w->d_stage, &w->d_cap, (size_t)total, s, "device staging (cudaMalloc)");
-    if (st) return st;
-    size_t tcap_bytes = w->table_cap * sizeof(uint64_t);
-    st = grow_device((void **)&w->d_table, &tcap_bytes, (size_t)g.n_chunks * sizeof(uint64_t), s,
-                     "chunk table (cudaMalloc)");
-    w->table_cap = tcap_bytes / sizeof(uint64_t);
+    q_stage qs;
+    ft_status st = q_stage_get(w, (size_t)total, g.n_chunks, s, &qs);
     if (st) return st;
     uint64_t pos = 0;
     for (uint32_t c = 0; c < g.n_chunks;) {
@@ -237,14 +314,12 @@ ft_status ft_cuda_dec_wmat_async(ft_cuda_dec_ws *w, const ft_wmat *m, ft_dtype o
         uint64_t len = km_q_chunk_bytes(&g, c);
         uint32_t e = c + 1;
         while (e < g.n_chunks && m->chunk[e] == run + len) len += km_q_chunk_bytes(&g, e++);
-        FT_CU(cudaMemcpyAsync(w->d_stage + pos, run, (size_t)len, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (chunks)");
+        FT_CU(cudaMemcpyAsync(qs.stage + pos, run, (size_t)len, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (chunks)");
         pos += len;
         c = e;
     }
     if (h2d) *h2d += total;
-    FT_CU(ftk_q_table(&g, w->d_table, s), "chunk table kernel");
-    FT_CU(ftk_q_dequant(&g, w->d_stage, w->d_table, (int)out_dt, dst, s), "dequantize kernel");
-    return FT_OK;
+    return q_stage_decode(w, &qs, &g, out_dt, dst, s);
 }
 
 /* ------------------------------------------------------------ public API */

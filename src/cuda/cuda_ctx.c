@@ -293,6 +293,8 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if ((st = ft_cuda_status(cudaStreamSynchronize(c->cs), "weight upload"))) goto fail;
     ft_cuda_dec_ws_release(&c->dec);
     if ((st = ft_cuda_dec_ws_init(&c->dec))) goto fail;
+    /* streamed q8/q4 layers: copies and decode kernels overlap */
+    if (c->p.stream_weights && (st = ft_cuda_dec_pipeline(&c->dec))) goto fail;
 
     /* KV cache */
     c->kv_bytes = (uint64_t)cfg->n_layers * 2 * B * S * (uint64_t)c->kvdim * sizeof(float);
@@ -555,6 +557,7 @@ static ft_status load_layer(ft_cuda_ctx *c, int l)
         }
         if (st) return st;
     }
+    TRY(ft_cuda_dec_join(&c->dec, c->ls));   /* the decode kernels of the layer's q8/q4 tensors */
     FT_CU(cudaEventRecord(c->copy1[l], c->ls), "cudaEventRecord");
     FT_CU(cudaEventRecord(c->ev_loaded[slot], c->ls), "cudaEventRecord");
     c->layers_streamed++;
@@ -766,6 +769,7 @@ static ft_status run(ft_cuda_ctx *c, size_t n, const int *slots, const int32_t *
 static void drain(ft_cuda_ctx *c)
 {
     (void)cudaStreamSynchronize(c->ls);
+    if (c->dec.ks) (void)cudaStreamSynchronize(c->dec.ks);
     (void)cudaStreamSynchronize(c->cs);
     (void)cudaGetLastError();
 }

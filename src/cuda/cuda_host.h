@@ -24,10 +24,34 @@ typedef struct ft_cuda_dec_ws {
     int h_used;                /* h_done has been recorded */
     ft_codec_ctx *cpu;         /* lz4/zstd/deflate frames (created on first use) */
     ft_worker_ws ws;           /* entropy stage of byte planes */
+    /* Pipelined q8/q4 (ft_cuda_dec_pipeline): the compressed bytes copied
+     * on the caller's stream into two staging buffers in turn, the
+     * dequantize kernels on the stream ks, so that the copy of one tensor
+     * overlaps the decode of the one before instead of waiting for it
+     * (the copy engine stays busy). Events order the two streams: a
+     * buffer is rewritten only after the kernel reading it is done, and
+     * ft_cuda_dec_join makes the caller's stream wait for every kernel. */
+    int pipe;
+    cudaStream_t ks;
+    uint8_t *p_stage[2];
+    size_t p_cap[2];
+    uint64_t *p_table[2];
+    size_t p_tcap[2];          /* entries */
+    cudaEvent_t p_copied[2], p_done[2], p_join;
+    int p_used[2];             /* p_done[b] has been recorded */
+    int p_next;                /* the buffer of the next tensor */
+    int p_pending;             /* kernels on ks not yet joined */
 } ft_cuda_dec_ws;
 
 ft_status ft_cuda_dec_ws_init(ft_cuda_dec_ws *w);
 void ft_cuda_dec_ws_release(ft_cuda_dec_ws *w);
+/* Turn on the pipelined q8/q4 decode for this workspace (creates its
+ * kernel stream and events). After enqueuing a set of tensors, the caller
+ * calls ft_cuda_dec_join before anything on its stream relies on them. */
+ft_status ft_cuda_dec_pipeline(ft_cuda_dec_ws *w);
+/* Make `s` wait for the decode kernels enqueued so far (a no-op when the
+ * workspace is not pipelined or nothing is pending). */
+ft_status ft_cuda_dec_join(ft_cuda_dec_ws *w, cudaStream_t s);
 
 /* Enqueue on `s` the decode of a parsed frame (fi from ft_frame_parse of
  * frame[0..fi->frame_size)) into dst (device, room for fi->numel values of

@@ -50,6 +50,9 @@ cudaError_t ftk_convert(void *dst, int dst_dt, const void *src, int src_dt, uint
 /* table[c] = byte offset of chunk c's payload in the frame (n_chunks
  * entries), computed on the device from the geometry (one thread). */
 cudaError_t ftk_q_table(const ftk_qgeom *g, uint64_t *table, cudaStream_t s);
+/* 1 when ftk_q_dequant takes the 8-values-per-thread path for (g, dst),
+ * which reads no chunk table (ftk_q_table need not run). */
+int ftk_q_fast(const ftk_qgeom *g, const void *dst);
 /* Dequantize every element of the frame (device copy `frame`) into dst as
  * out_dt, using the chunk table. */
 cudaError_t ftk_q_dequant(const ftk_qgeom *g, const uint8_t *frame, const uint64_t *table,

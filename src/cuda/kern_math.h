@@ -205,8 +205,10 @@ FT_HD int km_q_fast8_ok(const ftk_qgeom *g)
            g->numel < ((uint64_t)1 << 32) && g->spc >= 1 && g->spc < ((uint64_t)1 << 32);
 }
 
-/* Elements 8t .. 8t+7 (km_q_fast8_ok(g)), each equal to km_q_dequant's. */
-FT_HD void km_q_dequant8(const ftk_qgeom *g, const uint8_t *frame, const uint64_t *table, uint32_t t, float v[8])
+/* Elements 8t .. 8t+7 (km_q_fast8_ok(g)), each equal to km_q_dequant's.
+ * No chunk table: every chunk before the last holds spc whole slabs, so
+ * chunk c's payload starts at header_size + c * (bytes of a full chunk). */
+FT_HD void km_q_dequant8(const ftk_qgeom *g, const uint8_t *frame, uint32_t t, float v[8])
 {
     const uint32_t G = (uint32_t)g->G, spc = (uint32_t)g->spc;
     const uint32_t total = (uint32_t)(g->outer * g->ngroups);
@@ -215,7 +217,8 @@ FT_HD void km_q_dequant8(const ftk_qgeom *g, const uint8_t *frame, const uint64_
     const uint32_t c = slab / spc, s0 = c * spc;
     const uint32_t s1 = s0 + spc < total ? s0 + spc : total;
     const uint32_t k = e0 - s0 * G;
-    const uint8_t *p = frame + table[c];
+    const uint64_t full = 4u * (uint64_t)spc + (g->bits == 8 ? (uint64_t)spc * G : (uint64_t)spc * G / 2);
+    const uint8_t *p = frame + g->header_size + (uint64_t)c * full;
     const uint8_t *hp = p + 4u * (slab - s0);
     const uint8_t *packed = p + 4u * (s1 - s0);
     const float mn = km_f16_to_f32(km_get16(hp)), step = km_f16_to_f32(km_get16(hp + 2));

@@ -11,6 +11,7 @@
 #include "wkernels.h"
 #include "graph.h"
 #include "moe.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,6 +62,9 @@ struct ft_ctx {
     ft_layer_weights lw;            /* the current layer's weights (hook-filled copy) */
     const ft_kv_step *step;         /* external KV: the call's sequences */
     float *out_logits;              /* the caller's logits (FT_GB_LOGITS) */
+    const ft_lora *lora;            /* adapters (ft_ctx_set_lora), NULL: none */
+    float *lora_t, *lora_u;         /* [max_rows][max rank], [max_rows][max out] */
+    size_t lora_bytes;              /* their bytes (in scratch_bytes) */
 };
 
 static float *falloc(ft_ctx *c, size_t n)
@@ -357,7 +361,51 @@ void ft_ctx_free(ft_ctx *c)
     ft_free_aligned(c->h1); ft_free_aligned(c->h2); ft_free_aligned(c->sel);
     ft_free_aligned(c->sel2); ft_free_aligned(c->scores);
     free(c->row_seq); free(c->row_tok); free(c->row_pos); free(c->row0);
+    ft_free_aligned(c->lora_t); ft_free_aligned(c->lora_u);
     free(c);
+}
+
+ft_status ft_ctx_set_lora(ft_ctx *c, const ft_lora *l)
+{
+    if (!c) return ft_set_error(FT_ERR_INVALID_ARG, "ctx_set_lora: NULL context");
+    if (l && l->m != c->m) return ft_set_error(FT_ERR_INVALID_ARG, "ctx_set_lora: the adapters are of another model");
+    ft_free_aligned(c->lora_t);
+    ft_free_aligned(c->lora_u);
+    c->lora_t = c->lora_u = NULL;
+    c->lora = NULL;
+    c->scratch_bytes -= c->lora_bytes;
+    c->lora_bytes = 0;
+    if (!l || !l->n) return FT_OK;
+    size_t R = (size_t)c->p.max_rows;
+    /* the products' workspace: A (rank x in) and B (out x rank) as f32 */
+    size_t ws = c->wkws_size;
+    for (size_t i = 0; i < l->n; i++) {
+        const ft_lora_entry *e = &l->e[i];
+        ft_wmat A = {FT_WF_F32, e->rank, e->in, e->A, 0, 0, NULL}, B = {FT_WF_F32, e->out, e->rank, e->B, 0, 0, NULL};
+        size_t a = ft_wk_ws_size(&A, (int)R), b = ft_wk_ws_size(&B, (int)R);
+        if (a > ws) ws = a;
+        if (b > ws) ws = b;
+    }
+    if (ws > c->wkws_size) {
+        void *nw = ft_malloc_aligned(ws, 64);
+        if (!nw) return ft_set_error(FT_ERR_NOMEM, "ctx_set_lora: workspace of %zu bytes", ws);
+        ft_free_aligned(c->wkws);
+        c->scratch_bytes += ws - c->wkws_size;
+        c->wkws = nw;
+        c->wkws_size = ws;
+    }
+    c->lora_t = ft_malloc_aligned(R * (size_t)l->max_rank * sizeof(float), 64);
+    c->lora_u = ft_malloc_aligned(R * (size_t)l->max_out * sizeof(float), 64);
+    if (!c->lora_t || !c->lora_u) {
+        ft_free_aligned(c->lora_t);
+        ft_free_aligned(c->lora_u);
+        c->lora_t = c->lora_u = NULL;
+        return ft_set_error(FT_ERR_NOMEM, "ctx_set_lora: scratch for %zu rows", R);
+    }
+    c->lora_bytes = R * ((size_t)l->max_rank + (size_t)l->max_out) * sizeof(float);
+    c->scratch_bytes += c->lora_bytes;
+    c->lora = l;
+    return FT_OK;
 }
 
 void ft_ctx_set_layer_hook(ft_ctx *c, ft_layer_hook hook, void *user)
@@ -958,11 +1006,29 @@ static ft_status cpu_norm(void *b, ft_gbuf out, ft_gbuf in, int rows, const void
     return FT_OK;
 }
 
+/* y += scale B (A x) for each adapter of (layer, slot), in the order they
+ * were added: PEFT's result = result + lora_B(lora_A(x)) * scaling. The
+ * products run on the f32 kernels (A and B viewed as f32 matrices). */
+static ft_status apply_lora(ft_ctx *c, float *y, const float *x, int rows, int slot)
+{
+    for (int i = ft_lora_first(c->lora, c->layer, slot); i >= 0; i = c->lora->e[i].next) {
+        const ft_lora_entry *e = &c->lora->e[i];
+        ft_wmat A = {FT_WF_F32, e->rank, e->in, e->A, 0, 0, NULL}, B = {FT_WF_F32, e->out, e->rank, e->B, 0, 0, NULL};
+        linear(c->lora_t, x, rows, &A, NULL);
+        linear(c->lora_u, c->lora_t, rows, &B, NULL);
+        const float s = e->scale, *u = c->lora_u;
+        for (size_t k = 0; k < (size_t)rows * (size_t)e->out; k++) y[k] += u[k] * s;
+    }
+    return FT_OK;
+}
+
 static ft_status cpu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *w, int slot, int sb)
 {
     ft_ctx *c = b;
     if (!w && slot == GW_LM_HEAD && c->m->gs_head) return head_streamed(c, cbuf(c, y), cbuf(c, x), rows);
-    return linear_ctx(c, cbuf(c, y), cbuf(c, x), rows, cmat(c, w, slot), cvec(c, w, sb));
+    ft_status st = linear_ctx(c, cbuf(c, y), cbuf(c, x), rows, cmat(c, w, slot), cvec(c, w, sb));
+    if (!st && c->lora && w) st = apply_lora(c, cbuf(c, y), cbuf(c, x), rows, slot);
+    return st;
 }
 
 static ft_status cpu_rope(void *b, int rows)

@@ -7,6 +7,7 @@
 #include "flextier/session.h"
 #include "flextier/cuda.h"
 #include "flextier/pipe.h"
+#include "flextier/train.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -54,6 +55,7 @@ struct ft_session {
     int micro_batches;
     ft_pipe_gen_stats pipe_stats; /* the last generation's               */
     ft_session_memory mem;        /* the budget and what was counted      */
+    ft_lora *lora;                /* adapters applied in every forward     */
     char tmp_disk[FT_URI_MAX - 8]; /* a private disk tier to remove, or "" */
 };
 
@@ -396,6 +398,48 @@ static ft_status check_budget_at(ft_session *s, int weights)
     return FT_OK;
 }
 
+/* --device cuda: what this process holds in host memory for the GPU,
+ * refused before loading when the budget cannot hold it. The KV cache and
+ * the activations live on the GPU (device_mem's); here: the model as the
+ * backend packs it (f32 layers and globals, kept for a larger context
+ * later), the pinned copy it streams from (w=0,100: raw bf16, or the
+ * q8/q4 frames), or, with the scheduler (w=0,...), the layers' host-tier
+ * share in their stored format. */
+static ft_status check_budget_cuda(ft_session *s, int weights)
+{
+    ft_model *lm = NULL;
+    ft_status st = count_fixed(s, weights, &lm);
+    if (st) return st;
+    ft_session_memory *m = &s->mem;
+    const ft_model_config *cfg = ft_model_get_config(lm);
+    m->scratch = slack_bytes(cfg, s->p.max_batch ? s->p.max_batch : 1);
+    ft_model_free(lm);
+    uint64_t pinned = 0;
+    if (s->cuda_sched) {
+        m->tiers = m->layers / 100 * s->policy.w_pct[FT_TIER_HOST];
+    } else {
+        if (s->cuda_stream) {   /* bits per f32 value of the layers: 16 raw, 8.5 q8, 4.5 q4 (groups of 64) */
+            double bits = s->cuda_codec == FT_CODEC_Q8 ? 8.5 : s->cuda_codec == FT_CODEC_Q4 ? 4.5 : 16.0;
+            pinned = (uint64_t)((double)m->layers * bits / 32.0);
+        }
+        m->tiers = m->layers + pinned;
+    }
+    m->need = fixed_total(m) + m->tiers;
+    if (m->need <= m->budget) return FT_OK;
+    return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s) cannot hold what --device cuda keeps in "
+                        "host memory: %.1f MiB = this process %.1f MiB + embeddings and LM head %.1f MiB + %s "
+                        "%.1f MiB + slack %.1f MiB; %s", mib(m->budget), m->source, mib(m->need), mib(m->process),
+                        mib(m->globals),
+                        s->cuda_sched ? "the layers' host-tier share" :
+                        s->cuda_stream ? "the f32 model and its pinned copy for streaming" : "the f32 model it uploads",
+                        mib(m->tiers), mib(m->scratch),
+                        s->cuda_sched && s->policy.w_pct[FT_TIER_HOST] == 0 ? "a larger --memory"
+                        : s->cuda_sched ? "put more of the weights on disk or memory nodes (--policy w=0,0,100 --disk-dir "
+                                          "DIR), or a larger --memory"
+                                      : "stream the weights from disk instead (--policy w=0,0,100 --disk-dir DIR), or a "
+                                        "larger --memory");
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -543,6 +587,26 @@ static ft_status plan(ft_session *s, int weights)
     return FT_OK;
 }
 
+/* The adapters into one engine set, in order (each PEFT directory's
+ * modules with its alpha / r times the user's scale). */
+static ft_status load_adapters(ft_session *s, const ft_session_lora *ls, size_t n)
+{
+    ft_status st = ft_lora_create(s->m, &s->lora);
+    for (size_t i = 0; i < n && !st; i++) {
+        ft_peft_adapter *a = NULL;
+        if (!ls[i].dir) return ft_set_error(FT_ERR_INVALID_ARG, "session: adapter %zu has no directory", i + 1);
+        st = ft_peft_adapter_read(ls[i].dir, &a);
+        if (!st) st = ft_peft_adapter_apply(a, ls[i].scale, s->lora);
+        ft_peft_adapter_free(a);
+        if (st) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", ft_last_error());
+            return ft_set_error(st, "adapter %s: %s", ls[i].dir, msg);
+        }
+    }
+    return st;
+}
+
 ft_status ft_session_open(const char *model_dir, const ft_session_params *params, ft_session **out)
 {
     if (!model_dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
@@ -577,9 +641,21 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         goto fail;
     }
     if (s->p.offload == FT_OFFLOAD_POLICY && (st = ft_policy_validate(&s->policy))) goto fail;
+    s->p.lora = NULL;   /* read below from params; the caller's array is not kept */
+    if (params->n_lora && !params->lora) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "session: %zu adapters but no list", params->n_lora);
+        goto fail;
+    }
+    if (params->n_lora && s->p.device == FT_DEVICE_CUDA) {
+        st = ft_set_error(FT_ERR_UNSUPPORTED, "session: LoRA adapters are applied by the CPU backend only (the CUDA "
+                          "backend has no adapter op: merge them with `flextier export --merge-lora` and run the "
+                          "merged model)");
+        goto fail;
+    }
     if (s->p.device == FT_DEVICE_CUDA && (st = check_cuda(s))) goto fail;
-    /* the memory budget (the GPU's own memory is device_mem's) */
-    if (s->p.device == FT_DEVICE_CPU && (st = resolve_budget(s))) goto fail;
+    /* the memory budget of this process (the GPU's own memory is
+     * device_mem's) */
+    if ((st = resolve_budget(s))) goto fail;
     /* The tokenizer first: its memory is part of the process the budget
      * counts. It is optional for token-level use (benchmarks on random
      * ids); a broken one is an error now, a missing one when text is
@@ -598,6 +674,8 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
         if ((st = plan(s, weights))) goto fail;
         if ((st = resolve_weights(s, &s->policy, 1, &weights))) goto fail;
     } else if (s->mem.budget && s->p.device == FT_DEVICE_CPU && (st = check_budget(s, weights))) {
+        goto fail;
+    } else if (s->mem.budget && s->p.device == FT_DEVICE_CUDA && (st = check_budget_cuda(s, weights))) {
         goto fail;
     }
 
@@ -637,6 +715,11 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     } else {
         if ((st = ft_model_load(s->dir, &lp, &s->m))) goto fail;
     }
+    if (params->n_lora && (st = load_adapters(s, params->lora, params->n_lora))) goto fail;
+    if (s->lora) {   /* counted as model-wide tensors (the budget was checked before they were read) */
+        s->mem.globals += ft_lora_bytes(s->lora);
+        s->mem.need += ft_lora_bytes(s->lora);
+    }
     ft_clear_error();
     *out = s;
     return FT_OK;
@@ -662,6 +745,9 @@ ft_status ft_session_open_pipeline(const char *model_dir, const ft_session_param
         return ft_set_error(FT_ERR_UNSUPPORTED, "session: automatic policies are not planned for pipeline stages: "
                             "give each stage's policy");
     if (micro_batches < 0) return ft_set_error(FT_ERR_INVALID_ARG, "session: %d micro-batches", micro_batches);
+    if (params->n_lora)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "session: LoRA adapters are not implemented over a pipeline (the "
+                            "stages hold the layers: merge them with `flextier export --merge-lora`)");
     ft_session *s = calloc(1, sizeof *s);
     if (!s) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
     snprintf(s->dir, sizeof s->dir, "%s", model_dir);
@@ -702,6 +788,7 @@ void ft_session_close(ft_session *s)
 {
     if (!s) return;
     free_ctx(s);
+    ft_lora_free(s->lora);
     ft_cuda_host_weights_free(s->hw);
     if (!s->pipe) {   /* a pipeline stage's model and scheduler are the stage's */
         ft_offload_free(s->wo);
@@ -839,6 +926,11 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
         return FT_OK;
     }
     if ((st = ft_ctx_create(s->m, &cp, &s->c))) return st;
+    if (s->lora && (st = ft_ctx_set_lora(s->c, s->lora))) {
+        ft_ctx_free(s->c);
+        s->c = NULL;
+        return st;
+    }
     if (s->wo) {
         ft_ctx_set_layer_hook(s->c, ft_offload_hook, s->wo);
         ft_offload_reset_stats(s->wo);

@@ -112,7 +112,9 @@ static int is_off(json_object *o, const char *key)
 }
 
 /* Check dir's adapter_config.json against p (fill == 0) or fill p's
- * rank, alpha and targets from it (fill == 1). */
+ * rank, alpha and targets from it (fill == 1); fill == 2 (inference and
+ * merging): rank and alpha only, target_modules any list of names or a
+ * string (the adapter's tensors say which modules it changes). */
 static ft_status check_config(ft_train_params *p, int fill, const char *dir)
 {
     char path[4096];
@@ -173,6 +175,12 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
         goto done;
     }
     unsigned mask = 0;
+    if (fill == 2) {
+        if (json_object_object_get_ex(o, "target_modules", &v) && v && !json_object_is_type(v, json_type_array) &&
+            !json_object_is_type(v, json_type_string))
+            st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: target_modules must be a list of names or a string", path);
+        goto done;
+    }
     if (!json_object_object_get_ex(o, "target_modules", &v) || !json_object_is_type(v, json_type_array)) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target_modules must be a list of module names", path);
         goto done;
@@ -320,4 +328,143 @@ ft_status ft_trainer_load_state(ft_trainer *t, const char *path)
 done:
     ft_checkpoint_close(ck);
     return st;
+}
+
+/* ------------------------------------- adapters for inference, merging */
+
+#define KEY_PREFIX "base_model.model."
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* a tensor as f32 rows x cols (any float dtype; unaligned data copied) */
+static ft_status tensor_f32(const ft_checkpoint *ck, const char *path, const char *name, int rows, int cols,
+                            float **out)
+{
+    ft_tensor x;
+    ft_status st = ft_checkpoint_get(ck, name, &x);
+    if (st) return ft_set_error(st == FT_ERR_NOT_FOUND ? FT_ERR_CORRUPT : st, "adapter: %s: %s is missing or of an "
+                                "unsupported dtype", path, name);
+    if ((x.dtype != FT_F32 && x.dtype != FT_BF16 && x.dtype != FT_F16) || x.ndim != 2 ||
+        (rows >= 0 && x.shape[0] != rows) || (cols >= 0 && x.shape[1] != cols) || x.shape[0] < 1 ||
+        x.shape[1] < 1 || x.shape[0] > (1 << 24) || x.shape[1] > (1 << 24))
+        return ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s is not a float matrix of the expected shape "
+                            "[%d, %d]", path, name, rows, cols);
+    size_t n = (size_t)x.shape[0] * (size_t)x.shape[1];
+    float *f = malloc(n * sizeof(float));
+    if (!f) return ft_set_error(FT_ERR_NOMEM, "adapter: %s: %zu floats", name, n);
+    if ((st = ft_convert(f, FT_F32, x.data, x.dtype, n))) {
+        free(f);
+        return st;
+    }
+    *out = f;
+    return FT_OK;
+}
+
+void ft_peft_adapter_free(ft_peft_adapter *a)
+{
+    if (!a) return;
+    for (size_t i = 0; i < a->n; i++) {
+        free(a->mods[i].A);
+        free(a->mods[i].B);
+    }
+    free(a->mods);
+    free(a);
+}
+
+ft_status ft_peft_adapter_read(const char *dir, ft_peft_adapter **out)
+{
+    if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ft_peft_adapter_read: NULL argument");
+    ft_train_params p;
+    ft_train_params_default(&p);
+    TRY(check_config(&p, 2, dir));
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir) >= sizeof path)
+        return ft_set_error(FT_ERR_INVALID_ARG, "adapter: path too long");
+    ft_checkpoint *ck = NULL;
+    ft_status st = ft_checkpoint_open(path, &ck);
+    if (st) return st;
+    ft_peft_adapter *a = calloc(1, sizeof *a);
+    size_t nt = ft_checkpoint_count(ck);
+    if (a) a->mods = calloc(nt ? nt : 1, sizeof *a->mods);
+    if (!a || !a->mods) {
+        st = ft_set_error(FT_ERR_NOMEM, "adapter: allocation");
+        goto fail;
+    }
+    a->rank = p.rank;
+    a->alpha = p.alpha;
+    a->scale = p.alpha / (float)p.rank;
+    for (size_t i = 0; i < nt; i++) {
+        const char *name = ft_checkpoint_name(ck, i);
+        size_t len = strlen(name);
+        int is_a = ends_with(name, ".lora_A.weight"), is_b = ends_with(name, ".lora_B.weight");
+        if ((!is_a && !is_b) || strncmp(name, KEY_PREFIX, strlen(KEY_PREFIX)) ||
+            len - strlen(KEY_PREFIX) - strlen(".lora_A.weight") >= sizeof a->mods[0].module ||
+            len <= strlen(KEY_PREFIX) + strlen(".lora_A.weight")) {
+            st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: tensor %s is not a LoRA A/B matrix of a module (%s"
+                              "...lora_A.weight / lora_B.weight; other adapted parts are not implemented)", path,
+                              name, KEY_PREFIX);
+            goto fail;
+        }
+        if (is_b) {   /* each B must have its A */
+            char an[600];
+            snprintf(an, sizeof an, "%.*s.lora_A.weight", (int)(len - strlen(".lora_B.weight")), name);
+            ft_tensor x;
+            if (ft_checkpoint_get(ck, an, &x)) {
+                st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has no %s", path, name, an);
+                goto fail;
+            }
+            continue;
+        }
+        ft_peft_module *md = &a->mods[a->n];
+        size_t ml = len - strlen(KEY_PREFIX) - strlen(".lora_A.weight");
+        memcpy(md->module, name + strlen(KEY_PREFIX), ml);
+        md->module[ml] = 0;
+        char bn[600];
+        snprintf(bn, sizeof bn, "%.*s.lora_B.weight", (int)(len - strlen(".lora_A.weight")), name);
+        if ((st = tensor_f32(ck, path, name, p.rank, -1, &md->A))) goto fail;
+        a->n++;   /* owns A now */
+        ft_tensor ta;
+        ft_checkpoint_get(ck, name, &ta);
+        md->rank = p.rank;
+        md->in = (int)ta.shape[1];
+        ft_tensor tb;
+        if (ft_checkpoint_get(ck, bn, &tb)) {
+            st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has no %s", path, name, bn);
+            goto fail;
+        }
+        if ((st = tensor_f32(ck, path, bn, -1, p.rank, &md->B))) goto fail;
+        md->out = (int)tb.shape[0];
+    }
+    if (!a->n) {
+        st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s holds no LoRA matrices", path);
+        goto fail;
+    }
+    ft_checkpoint_close(ck);
+    *out = a;
+    return FT_OK;
+fail:
+    ft_checkpoint_close(ck);
+    ft_peft_adapter_free(a);
+    return st;
+}
+
+ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_lora *l)
+{
+    if (!a || !l) return ft_set_error(FT_ERR_INVALID_ARG, "ft_peft_adapter_apply: NULL argument");
+    if (!isfinite(user_scale)) return ft_set_error(FT_ERR_INVALID_ARG, "adapter: the scale is not finite");
+    for (size_t i = 0; i < a->n; i++) {
+        const ft_peft_module *md = &a->mods[i];
+        int out, in;
+        TRY(ft_lora_module_shape(l, md->module, &out, &in));
+        if (out != md->out || in != md->in)
+            return ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: lora_B x lora_A is [%d, %d], the model's "
+                                "projection is [%d, %d] (an adapter of another model?)", md->module, md->out, md->in,
+                                out, in);
+        TRY(ft_lora_add(l, md->module, md->rank, a->scale * user_scale, md->A, md->B));
+    }
+    return FT_OK;
 }

@@ -25,6 +25,7 @@ typedef struct lmod { int on, in, out; size_t a, b; } lmod;
 
 struct ft_trainer {
     const ft_model *m;
+    const uint8_t *mask;     /* the current call's label mask (NULL: all) */
     ft_model_config cfg;
     ft_train_params p;
     float scale;
@@ -645,6 +646,13 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
     return FT_OK;
 }
 
+/* position r predicts token r + 1 of its sequence: not the last one, and
+ * (with a mask) only where that token is a label */
+static int skip_row(const ft_trainer *t, int r, int T)
+{
+    return r % T == T - 1 || (t->mask && !t->mask[r + 1]);
+}
+
 ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int T, double grad_scale,
                                double *loss_sum, int64_t *n_out)
 {
@@ -671,7 +679,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         wview(W, v0, n, &sub);
         TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
         for (int r = 0; r < R; r++) {
-            if (r % T == T - 1) continue;
+            if (skip_row(t, r, T)) continue;
             const float *lr = t->lchunk + (size_t)r * (size_t)n;
             double mx = t->lmax[r];
             for (int j = 0; j < n; j++) if (lr[j] > mx) mx = lr[j];
@@ -686,7 +694,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     double sum = 0.0;
     int64_t cnt = 0;
     for (int r = 0; r < R; r++) {
-        if (r % T == T - 1) continue;
+        if (skip_row(t, r, T)) continue;
         t->lmax[r] += log(t->lsum[r]);   /* now the log-sum-exp */
         sum += t->lmax[r] - (double)t->ltgt[r];
         cnt++;
@@ -694,7 +702,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     if (!isfinite(sum)) return ft_set_error(FT_ERR_INVALID_ARG, "train: the loss is not finite (diverged?)");
     *loss_sum = sum;
     *n_out = cnt;
-    if (grad_scale == 0.0) return FT_OK;
+    if (grad_scale == 0.0 || cnt == 0) return FT_OK;   /* nothing counted: no gradient */
 
     /* pass 2: d loss / d logits = (softmax - onehot) * grad_scale / cnt */
     const double gs = grad_scale / (double)cnt;
@@ -707,7 +715,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         TRY(prod(t, t->lchunk, n, hf, R, &sub, 0, n, NULL));
         for (int r = 0; r < R; r++) {
             float *lr = t->lchunk + (size_t)r * (size_t)n;
-            if (r % T == T - 1) {
+            if (skip_row(t, r, T)) {
                 memset(lr, 0, (size_t)n * sizeof(float));
                 continue;
             }
@@ -752,16 +760,33 @@ double ft_trainer_lr_at(const ft_trainer *t, int s)
 
 ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss, double *grad_norm)
 {
+    return ft_trainer_step_masked(t, tokens, NULL, nb, T, loss, grad_norm);
+}
+
+ft_status ft_trainer_step_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int nb, int T,
+                                 double *loss, double *grad_norm)
+{
     if (!t || !tokens) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_step: NULL argument");
     const int A = t->p.grad_accum;
     memset(t->g, 0, t->np * sizeof(float));
     double tot = 0.0;
+    int counted = 0;
     for (int a = 0; a < A; a++) {
         double s;
         int64_t n;
-        TRY(ft_trainer_loss_grad(t, tokens + (size_t)a * (size_t)nb * (size_t)T, nb, T, 1.0 / A, &s, &n));
-        tot += s / (double)n;
+        size_t off = (size_t)a * (size_t)nb * (size_t)T;
+        t->mask = mask ? mask + off : NULL;
+        ft_status st = ft_trainer_loss_grad(t, tokens + off, nb, T, 1.0 / A, &s, &n);
+        t->mask = NULL;
+        if (st) return st;
+        if (n) {
+            tot += s / (double)n;
+            counted++;
+        }
     }
+    if (!counted)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: no position of this step's sequences has a label (every "
+                            "token masked)");
     /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
     double ss = 0.0;
     for (size_t i = 0; i < t->np; i++) ss += (double)t->g[i] * (double)t->g[i];
@@ -789,15 +814,24 @@ ft_status ft_trainer_step(ft_trainer *t, const int32_t *tokens, int nb, int T, d
         float den = sqrtf(t->m2[i]) / bc2s + p->eps;
         t->w[i] -= step_size * (t->m1[i] / den);
     }
-    if (loss) *loss = tot / A;
+    if (loss) *loss = tot / counted;
     if (grad_norm) *grad_norm = norm;
     return FT_OK;
 }
 
 ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int nb, int T, double *loss_sum, int64_t *n)
 {
-    if (!loss_sum || !n) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_eval: NULL argument");
-    return ft_trainer_loss_grad(t, tokens, nb, T, 0.0, loss_sum, n);
+    return ft_trainer_eval_masked(t, tokens, NULL, nb, T, loss_sum, n);
+}
+
+ft_status ft_trainer_eval_masked(ft_trainer *t, const int32_t *tokens, const uint8_t *mask, int nb, int T,
+                                 double *loss_sum, int64_t *n)
+{
+    if (!t || !loss_sum || !n) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_eval: NULL argument");
+    t->mask = mask;
+    ft_status st = ft_trainer_loss_grad(t, tokens, nb, T, 0.0, loss_sum, n);
+    t->mask = NULL;
+    return st;
 }
 
 ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, float *logits)

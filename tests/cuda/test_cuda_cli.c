@@ -174,6 +174,16 @@ TEST(cuda_cli_end_to_end)
     CHECK(ft_file_has(tmpdir, "e3", "need --policy"));
     CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --policy auto > /dev/null 2> %s/e4", ft_test_bin(), dir, tmpdir) == 1);
     CHECK(ft_file_has(tmpdir, "e4", "--policy auto"));
+    /* --memory bounds the host side of a GPU run: refused before loading
+     * with the numbers, or run within it */
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --memory 1M > /dev/null 2> %s/e5", ft_test_bin(), dir,
+             tmpdir) == 1);
+    CHECK(ft_file_has(tmpdir, "e5", "cannot hold what --device cuda keeps in host memory") &&
+          ft_file_has(tmpdir, "e5", "the f32 model it uploads"));
+    CHECK(ft_sh("%s run --model %s --prompt hi --device cuda --policy w=0,100 --compress-weights q4 --memory 1M "
+             "> /dev/null 2> %s/e6", ft_test_bin(), dir, tmpdir) == 1);
+    CHECK(ft_file_has(tmpdir, "e6", "pinned copy for streaming"));
+    CHECK(ft_sh("%s run --model %s %s --device cuda --memory 4G > /dev/null 2>&1", ft_test_bin(), dir, pr) == 0);
     /* the benchmark */
     CHECK(ft_sh("%s bench run --model %s --batch 4 --prompt-len 8 --gen-len 8 --device cuda --json > %s/b.json 2>/dev/null",
              ft_test_bin(), dir, tmpdir) == 0);
@@ -181,7 +191,10 @@ TEST(cuda_cli_end_to_end)
     CHECK(ft_sh("grep -q '\"decode_tok_s\":[1-9]' %s/b.json", tmpdir) == 0);
     CHECK(ft_sh("%s bench run --model %s --batch 2 --prompt-len 8 --gen-len 4 --device cuda --policy w=0,100 "
              "--compress-weights q4 > %s/b.txt 2>/dev/null", ft_test_bin(), dir, tmpdir) == 0);
-    CHECK(ft_file_has(tmpdir, "b.txt", "host-q4"));
+    CHECK(ft_file_has(tmpdir, "b.txt", "host-q4") && ft_file_has(tmpdir, "b.txt", "overlap efficiency"));
+    CHECK(ft_sh("%s bench run --model %s --batch 2 --prompt-len 8 --gen-len 4 --device cuda --policy w=0,100 "
+             "--compress-weights q4 --json > %s/bq4.json 2>/dev/null", ft_test_bin(), dir, tmpdir) == 0);
+    CHECK(ft_file_has(tmpdir, "bq4.json", "\"copy_s\":") && ft_file_has(tmpdir, "bq4.json", "\"stall_s\":"));
     free(lg);
     free(lc);
     free(lr);

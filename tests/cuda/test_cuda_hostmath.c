@@ -92,7 +92,7 @@ TEST(hm_quant_frames_bit_exact)
                                 memset(got, 0xAB, ob);
                                 for (uint32_t t8 = 0; t8 < n / 8; t8++) {
                                     float v[8];
-                                    km_q_dequant8(&g, f, table, t8, v);
+                                    km_q_dequant8(&g, f, t8, v);
                                     for (int j = 0; j < 8; j++) km_store(odts[o], got, 8 * (uint64_t)t8 + (uint64_t)j, v[j]);
                                 }
                                 char what8[112];

@@ -462,6 +462,75 @@ def test_offloaded():
             srv.stop()
 
 
+def write_adapter(d, seed, rank=4, alpha=8):
+    """A PEFT LoRA adapter for the demo model with random A and B (standard
+    library only: safetensors is a JSON header and raw little-endian f32)."""
+    import random
+    import struct
+    cfg = json.load(open(os.path.join(MODEL, "config.json")))
+    h, f = cfg["hidden_size"], cfg["intermediate_size"]
+    q = cfg["num_attention_heads"] * cfg["head_dim"]
+    rnd = random.Random(seed)
+    tensors = []
+    for layer in range(cfg["num_hidden_layers"]):
+        for mod, out, inp in (("self_attn.q_proj", q, h), ("mlp.down_proj", h, f)):
+            base = f"base_model.model.model.layers.{layer}.{mod}"
+            tensors.append((base + ".lora_A.weight", [rank, inp], [rnd.uniform(-1, 1) / inp ** 0.5
+                                                                  for _ in range(rank * inp)]))
+            tensors.append((base + ".lora_B.weight", [out, rank], [rnd.gauss(0, 0.3) for _ in range(out * rank)]))
+    header, off, blobs = {}, 0, []
+    for name, shape, vals in tensors:
+        b = struct.pack(f"<{len(vals)}f", *vals)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    hj = json.dumps(header).encode()
+    hj += b" " * (-len(hj) % 8)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "adapter_model.safetensors"), "wb") as fh:
+        fh.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+    with open(os.path.join(d, "adapter_config.json"), "w") as fh:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": ["q_proj", "down_proj"],
+                   "bias": "none", "lora_dropout": 0.0}, fh)
+
+
+def test_lora():
+    """server --lora A:SCALE --lora B (several adapters, applied in the
+    engine's forward under continuous batching): concurrent requests give
+    the greedy text of `flextier run` with the same adapters, which differs
+    from the base model's."""
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "a"), os.path.join(d, "b")
+        write_adapter(a, 1)
+        write_adapter(b, 2, rank=2, alpha=2)
+        ads = ["--lora", a + ":0.5", "--lora", b]
+        srv = Server("--slots", "4", *ads)
+        try:
+            want, base = [], []
+            for p in PROMPTS[:4]:
+                out = subprocess.run([BIN, "run", "--model", MODEL, "--prompt", p, "--max-new-tokens", "12",
+                                      "--temperature", "0", *ads], capture_output=True, text=True, check=True).stdout
+                want.append(out[len(p):].rstrip("\n"))
+                base.append(run_cli(p, 12))
+            check(want != base, f"the adapters change the text: {want} vs {base}")
+            got = [None] * 4
+
+            def one(i):
+                got[i] = completion(srv, PROMPTS[i], 12)["choices"][0]["text"]
+
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            check(got == want, f"server --lora = run --lora: {got} vs {want}")
+        finally:
+            srv.stop()
+    r = subprocess.run([BIN, "server", "--model", MODEL, "--listen", "127.0.0.1:0", "--lora", MODEL],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "adapter_config.json" in r.stderr, f"server --lora without an adapter: {r.stderr}")
+
+
 def test_model_template():
     """A model directory whose tokenizer_config.json has a chat_template: the
     server uses it without --chat-template (the same replies as with the file)."""
@@ -575,7 +644,7 @@ def main():
         check(m["flextier_requests_finished_total{reason=\"error\"}"] == 0, "no request ended in an error")
     finally:
         srv.stop()
-    for t in (test_chat, test_offloaded, test_model_template, test_prefix_store, test_queue_full, test_api_key, test_timeout):
+    for t in (test_chat, test_lora, test_offloaded, test_model_template, test_prefix_store, test_queue_full, test_api_key, test_timeout):
         t0 = time.time()
         t()
         print(f"{t.__name__}: {time.time() - t0:.1f} s", flush=True)

@@ -51,7 +51,8 @@ TEST(finetune_then_run_lora)
     CHECK(ft_file_has(tmp, "out", "tok/s"));
     CHECK(ft_file_has(tmp, "out", "held-out after: loss"));
     CHECK(ft_file_has(tmp, "ad/adapter_config.json", "\"peft_type\":\"LORA\""));
-    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 5 --ids > %s/gen 2>&1",
+    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 5 --ids --ignore-eos "
+                "--temperature 0 > %s/gen 2>&1",
                 ft_test_bin(), model, tmp, tmp) == 0);
     size_t n = 0;
     char p[1200];
@@ -61,6 +62,15 @@ TEST(finetune_then_run_lora)
     for (char *s = g; s && *s; s++) k += *s == ' ';
     CHECK_MSG(g && k == 4, "run --lora printed '%s'", g ? g : "");
     free(g);
+    /* merged into the model: the same greedy ids without --lora */
+    CHECK(ft_sh("%s export --model %s --merge-lora %s/ad --out %s/merged > %s/exp 2>&1", ft_test_bin(), model, tmp,
+                tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "exp", "merged 1 adapter"));
+    CHECK(ft_sh("%s run --model %s --lora %s/ad --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/gen3 2>&1", ft_test_bin(), model, tmp, tmp) == 0);
+    CHECK(ft_sh("%s run --model %s/merged --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/gen2 2>&1 && cmp -s %s/gen3 %s/gen2", ft_test_bin(), tmp, tmp,
+                tmp, tmp) == 0);
     /* the same seed: the same adapter, byte for byte; JSONL data */
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad2 " FT_ARGS " > /dev/null 2>&1", ft_test_bin(),
                 model, tmp, tmp) == 0);
@@ -96,6 +106,20 @@ TEST(resume_equals_uninterrupted)
     CHECK(ft_file_has(tmp, "r4", "batch differs"));
 }
 
+/* chat JSONL rendered with a template: trains on the assistant turns */
+TEST(finetune_chat_messages)
+{
+    setup();
+    char cdir[1024];
+    ft_fixture_dir("lora", "chat", cdir, sizeof cdir);
+    CHECK(ft_sh("%s finetune --model %s --data %s/chat.jsonl --chat-template %s/template.jinja --out %s/chat "
+                "--steps 3 --seq-len 16 --batch 2 --lr 1e-2 > %s/cout 2>&1", ft_test_bin(), model, cdir, cdir, tmp,
+                tmp) == 0);
+    CHECK(ft_file_has(tmp, "cout", "chat data: 73 of 227 tokens in assistant turns"));
+    CHECK(ft_file_has(tmp, "cout", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "chat/adapter_config.json", "\"peft_type\":\"LORA\""));
+}
+
 /* run --lora with PEFT's final adapter gives transformers + peft's greedy
  * tokens (tests/data/lora/llama-tiny/run.json) */
 TEST(run_lora_matches_peft_greedy)
@@ -113,7 +137,8 @@ TEST(run_lora_matches_peft_greedy)
     for (size_t i = 0; i < json_object_array_length(g); i++)
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "",
                  json_object_get_int(json_object_array_get_idx(g, i)));
-    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu > %s/peft_gen 2>&1",
+    CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu --temperature 0 "
+                "> %s/peft_gen 2>&1",
                 ft_test_bin(), model, dir, ids, json_object_array_length(g), tmp) == 0);
     CHECK(ft_file_has(tmp, "peft_gen", want));
     json_object_put(run);
@@ -135,7 +160,14 @@ TEST(finetune_errors)
     snprintf(a, sizeof a, "finetune --model %s --data %s/bad.jsonl --out %s/x", model, tmp, tmp);
     fails(1, a, "line 2");
     snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x", model, tmp, tmp);
-    fails(1, a, "messages");
+    fails(1, a, "assistant");
+    char cdir[1024];
+    ft_fixture_dir("lora", "chat", cdir, sizeof cdir);
+    snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x", model, cdir, tmp);
+    fails(1, a, "--chat-template");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/chat.jsonl --out %s/x --chat-template %s/none.jinja", model,
+             cdir, tmp, tmp);
+    fails(1, a, "none.jinja");
     snprintf(a, sizeof a, "finetune --model %s --data %s/nonexistent --out %s/x", model, tmp, tmp);
     fails(1, a, "nonexistent");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --rank 0", model, tmp, tmp);
@@ -152,10 +184,18 @@ TEST(finetune_errors)
     fails(1, a, "llama family");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
     fails(2, a, "required");
-    snprintf(a, sizeof a, "run --model %s --lora %s --lora %s --prompt hi", model, tmp, tmp);
-    fails(2, a, "several");
-    snprintf(a, sizeof a, "run --model %s --lora %s --prompt hi --temperature 0.7", model, tmp);
-    fails(2, a, "not implemented with --lora");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --device cuda", model, tmp);
+    fails(1, a, "CPU backend only");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad:inf --prompt hi", model, tmp);
+    fails(2, a, "finite");
+    snprintf(a, sizeof a, "run --model %s --lora %s/ad --prompt hi --pipeline local:2", model, tmp);
+    fails(1, a, "pipeline");
+    snprintf(a, sizeof a, "export --model %s --out %s/merged", model, tmp);
+    fails(2, a, "--merge-lora");
+    snprintf(a, sizeof a, "export --model %s --merge-lora %s/ad --out %s/merged --dtype q4", model, tmp, tmp);
+    fails(2, a, "--dtype");
+    snprintf(a, sizeof a, "export --model %s --merge-lora %s/nonexistent --out %s/merged", model, tmp, tmp);
+    fails(1, a, "adapter_config.json");
     snprintf(a, sizeof a, "run --model %s --lora %s/nonexistent --prompt hi", model, tmp);
     fails(1, a, "adapter_config.json");
 }
