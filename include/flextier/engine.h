@@ -324,7 +324,24 @@ typedef struct ft_load_params {
      * its output matrix at higher precision), and so does a matrix whose
      * width no group size divides. Norms and biases are always f32. */
     int weights;
+    /* FT_STREAM_EMBED / FT_STREAM_LM_HEAD: leave the token embeddings /
+     * the LM head in the checkpoint file, not in memory. The forward pass
+     * reads the rows of its tokens from the file (pread), and the LM head
+     * in chunks of rows (about 4 MiB each, the next one read ahead while
+     * this one is computed), in the format a resident load would hold
+     * them (so the logits are bit-identical). A tied head is the
+     * embedding matrix: either flag streams both. stream_drop_cache: drop
+     * the pages read from the page cache (a memory cgroup charges them). */
+    unsigned stream_globals;
+    int stream_drop_cache;
+    /* Rows per chunk of a streamed LM head (0: about 4 MiB; else rounded
+     * up to a multiple of 24, the product kernels' split; tests use small
+     * ones to cross chunk boundaries). */
+    int stream_chunk_rows;
 } ft_load_params;
+
+#define FT_STREAM_EMBED 1u
+#define FT_STREAM_LM_HEAD 2u
 
 FT_API void ft_load_params_default(ft_load_params *p);
 
@@ -355,6 +372,13 @@ FT_API const ft_model_config *ft_model_get_config(const ft_model *m);
 /* Total bytes of weights held, in their stored formats (what the layers
  * of an external-layer model would take is included). */
 FT_API uint64_t ft_model_weight_bytes(const ft_model *m);
+/* Bytes of the token embeddings and of an untied LM head (0 when tied) in
+ * the format they are computed in, streamed or not. */
+FT_API void ft_model_global_split(const ft_model *m, uint64_t *embed, uint64_t *head);
+/* FT_STREAM_* bits the model was loaded with, and the bytes read so far
+ * from the files of those streamed matrices. */
+FT_API unsigned ft_model_streamed(const ft_model *m);
+FT_API uint64_t ft_model_stream_bytes_read(const ft_model *m);
 /* The format of the layer matrices (the format of the largest share when
  * some matrices fell back to bf16). */
 FT_API ft_wfmt ft_model_weights_format(const ft_model *m);
@@ -418,7 +442,8 @@ FT_API const ft_layer_weights *ft_model_layer(const ft_model *m, int i);
 /* Bytes of one layer's weights in their stored formats (all layers have
  * the same size). */
 FT_API uint64_t ft_model_layer_bytes(const ft_model *m);
-/* Bytes of the globals (embeddings, LM head, final norm, ...), as held. */
+/* Bytes of the globals (embeddings, LM head, final norm, ...) held in
+ * memory (streamed ones, ft_load_params.stream_globals, excluded). */
 FT_API uint64_t ft_model_global_bytes(const ft_model *m);
 /* A pipeline stage (flextier/pipe.h) holds one end of the model: give the
  * pages of the model-wide tensors it never reads back to the kernel. The

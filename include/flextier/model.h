@@ -71,6 +71,11 @@ FT_API const char *ft_checkpoint_name(const ft_checkpoint *ck, size_t i);
  * U32, U64, BOOL, F8_*). Supported: F32, F16, BF16, I8, U8, I32. */
 FT_API ft_status ft_checkpoint_get(const ft_checkpoint *ck, const char *name,
                                    ft_tensor *out);
+/* The file and byte offset of p, a pointer into one of the checkpoint's
+ * mappings (a view ft_checkpoint_get gave): for reading a tensor's bytes
+ * with pread instead of through the mapping (the streamed embeddings and
+ * LM head). *path is valid until close. FT_ERR_NOT_FOUND: p is in none. */
+FT_API ft_status ft_checkpoint_locate(const ft_checkpoint *ck, const void *p, const char **path, uint64_t *offset);
 /* The raw safetensors dtype string of a tensor ("BF16", "F64"), or NULL if
  * absent: lets a caller report what an unsupported tensor is. */
 FT_API const char *ft_checkpoint_dtype_str(const ft_checkpoint *ck, const char *name);

@@ -175,6 +175,12 @@ typedef struct ft_cost_inputs {
                                       instead of copying on the cores      */
     int calibration_cached;        /* ft_calibrate took the machine's part
                                       from its cache                       */
+    /* An LM head streamed from the checkpoint file (a memory budget too
+     * small for it, ft_load_params.stream_globals): these bytes are read
+     * per decode step (and per prefill block) from disk at bw[DISK] (the
+     * memory bandwidth when no disk was measured), after the layers.
+     * Streamed embeddings cost a row per token: not counted. */
+    uint64_t head_stream_bytes;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {

@@ -182,6 +182,12 @@ typedef struct ft_session_memory {
                                 disk tier's page cache is dropped         */
     char source[64];
     char disk_dir[512];
+    /* the token embeddings and an untied LM head (bytes as computed on),
+     * and which of them the budget left in the checkpoint file, read on
+     * demand (FT_STREAM_EMBED / FT_STREAM_LM_HEAD; globals then excludes
+     * them) */
+    uint64_t embed, head;
+    unsigned streamed;
 } ft_session_memory;
 FT_API void ft_session_get_memory(const ft_session *s, ft_session_memory *out);
 

@@ -209,33 +209,49 @@ int ft_cmd_plan(int argc, char **argv)
     calp.codecs = wmask | cmask;
     calp.given_bw = given;
     calp.recalibrate = recal;
+    /* Under --memory the embeddings and then the LM head are placed like
+     * layers, as `run --memory` places them: in memory while the budget
+     * holds them, else read from the checkpoint (levels 0, 1, 2). */
+    static const unsigned levels[3] = {0, FT_STREAM_EMBED, FT_STREAM_EMBED | FT_STREAM_LM_HEAD};
+    uint64_t caps[3] = {0, 0, 0}, head_bytes[3] = {0, 0, 0}, emb = 0, head = 0, need_min = 0;
+    int lv0 = -1;
     if (memory) {
-        /* the whole process, as `run --memory` counts it */
-        ft_load_params lp;
-        ft_load_params_default(&lp);
-        lp.weights = weights;
-        lp.external_layers = FT_LOAD_LAYOUT_ONLY;
-        ft_model *lm = NULL;
-        if ((st = ft_model_load(model, &lp, &lm))) return ft_cli_fail(model, st);
-        const ft_model_config *cfg = ft_model_get_config(lm);
-        ft_ctx_params cp = {0};
-        cp.max_batch = (int)batch;
-        cp.max_seq = (int)(plen + glen + 1);
-        cp.max_rows = (int)(batch * plen);
-        cp.external_kv = 1;
-        cp.kv_dtype = FT_F32;
-        cp.threads = (unsigned)threads;
-        uint64_t kvb = 0, scratch = 0, need0;
-        st = ft_ctx_estimate(lm, &cp, &kvb, &scratch);
-        need0 = ft_process_rss() + ft_model_global_bytes(lm) + scratch + (12ull << 20) +
-                3ull * (uint64_t)batch * (uint64_t)cfg->vocab * sizeof(float);
-        ft_model_free(lm);
-        if (st) return ft_cli_fail("plan", st);
-        if (need0 >= memory)
-            return ft_cli_fail("plan", ft_set_error(FT_ERR_NO_SPACE, "--memory %.1f MiB: the process, embeddings, "
-                                                    "LM head and scratch alone need %.1f MiB",
-                                                    (double)memory / 1048576.0, (double)need0 / 1048576.0));
-        in.proc_cap = memory - need0;
+        for (int lv = 2; lv >= 0; lv--) {
+            /* the whole process, as `run --memory` counts it */
+            ft_load_params lp;
+            ft_load_params_default(&lp);
+            lp.weights = weights;
+            lp.external_layers = FT_LOAD_LAYOUT_ONLY;
+            lp.stream_globals = levels[lv];
+            ft_model *lm = NULL;
+            if ((st = ft_model_load(model, &lp, &lm))) return ft_cli_fail(model, st);
+            const ft_model_config *cfg = ft_model_get_config(lm);
+            ft_model_global_split(lm, &emb, &head);
+            ft_ctx_params cp = {0};
+            cp.max_batch = (int)batch;
+            cp.max_seq = (int)(plen + glen + 1);
+            cp.max_rows = (int)(batch * plen);
+            cp.external_kv = 1;
+            cp.kv_dtype = FT_F32;
+            cp.threads = (unsigned)threads;
+            uint64_t kvb = 0, scratch = 0, need0;
+            st = ft_ctx_estimate(lm, &cp, &kvb, &scratch);
+            need0 = ft_process_rss() + ft_model_global_bytes(lm) + scratch + (12ull << 20) +
+                    3ull * (uint64_t)batch * (uint64_t)cfg->vocab * sizeof(float);
+            ft_model_free(lm);
+            if (st) return ft_cli_fail("plan", st);
+            if (lv == 2) need_min = need0;
+            head_bytes[lv] = (levels[lv] & FT_STREAM_LM_HEAD) ? (head ? head : emb) : 0;
+            if (need0 >= memory) continue;
+            caps[lv] = memory - need0;
+            lv0 = lv;
+        }
+        if (lv0 < 0)
+            return ft_cli_fail("plan", ft_set_error(FT_ERR_NO_SPACE, "--memory %.1f MiB: the process and scratch "
+                                                    "alone need %.1f MiB (with the embeddings and LM head read from "
+                                                    "the checkpoint)", (double)memory / 1048576.0,
+                                                    (double)need_min / 1048576.0));
+        in.proc_cap = caps[lv0];
         calp.memory = in.proc_cap;
         calp.drop_cache = 1;
     }
@@ -253,8 +269,31 @@ int ft_cmd_plan(int argc, char **argv)
             return ft_cli_usage_error(plan_usage, "--policy: %s", ft_last_error());
         ft_cost_predict(&in, &best, &e);
         if (!e.feasible && !json) fprintf(stderr, "plan: warning: the policy exceeds a tier's memory\n");
-    } else if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, cmask, FT_CACHE_TIERS, &best, &e))) {
-        return ft_cli_fail("plan", st);
+    } else if (!memory) {
+        if ((st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, cmask, FT_CACHE_TIERS, &best, &e)))
+            return ft_cli_fail("plan", st);
+    } else {
+        /* the level with the best prediction (ties: more in memory); none
+         * beyond one that holds every weight in memory */
+        int chosen = -1;
+        for (int lv = lv0; lv < 3; lv++) {
+            if (!caps[lv]) continue;
+            ft_policy cand;
+            ft_cost_estimate ce;
+            in.proc_cap = caps[lv];
+            in.head_stream_bytes = head_bytes[lv];
+            st = ft_plan(&in, &base, (uint32_t)batch, fixed, wmask, cmask, FT_CACHE_TIERS, &cand, &ce);
+            if (st == FT_ERR_NO_SPACE) continue;
+            if (st) return ft_cli_fail("plan", st);
+            if (chosen < 0 || ce.decode_tps > e.decode_tps) { best = cand; e = ce; chosen = lv; }
+            if (cand.w_pct[FT_TIER_DISK] == 0 && cand.w_pct[FT_TIER_REMOTE] == 0) break;
+        }
+        if (chosen < 0) return ft_cli_fail("plan", ft_set_error(FT_ERR_NO_SPACE, "no policy fits --memory %.1f MiB "
+                                                                "(the embeddings and LM head read from the checkpoint "
+                                                                "included)", (double)memory / 1048576.0));
+        in.proc_cap = caps[chosen];
+        in.head_stream_bytes = head_bytes[chosen];
+        lv0 = chosen;
     }
     char pol[256];
     ft_policy_format(&best, pol, sizeof pol);
@@ -317,6 +356,19 @@ int ft_cmd_plan(int argc, char **argv)
     for (int k = 0; k < FT_TIER_COUNT; k++) {
         ft_cli_fmt_bytes((double)e.mem[k], b1, sizeof b1);
         if (e.mem[k]) printf("  %-7s %s\n", ft_tier_name((ft_tier)k), b1);
+    }
+    if (memory && !given_policy) {   /* where the embeddings and the LM head go */
+        char b2[32];
+        ft_cli_fmt_bytes((double)emb, b1, sizeof b1);
+        ft_cli_fmt_bytes((double)head, b2, sizeof b2);
+        int se = (levels[lv0] & FT_STREAM_EMBED) != 0, sh = (levels[lv0] & FT_STREAM_LM_HEAD) != 0;
+        if (head)
+            printf("globals:  embeddings %s %s, LM head %s %s\n", b1,
+                   se ? "read from the checkpoint (rows of the tokens)" : "in memory", b2,
+                   sh ? "streamed from the checkpoint per step" : "in memory");
+        else
+            printf("globals:  embeddings = LM head (tied) %s %s\n", b1,
+                   se ? "streamed from the checkpoint" : "in memory");
     }
     if (in.proc_cap) {
         ft_cli_fmt_bytes((double)e.mem_process, b1, sizeof b1);

@@ -334,6 +334,16 @@ ft_status ft_cli_session_open(ft_cli_session *o, const char *dir, uint32_t batch
         fprintf(stderr, "), estimated %.1f MiB", mib(mem.need));
         if (mem.disk_dir[0]) fprintf(stderr, "; private disk tier %s", mem.disk_dir);
         fputc('\n', stderr);
+        /* where the embeddings and the LM head went (placed like layers) */
+        int se = (mem.streamed & FT_STREAM_EMBED) || (!mem.head && mem.streamed),
+            sh = mem.head ? (mem.streamed & FT_STREAM_LM_HEAD) != 0 : se;
+        if (mem.head)
+            fprintf(stderr, "memory: embeddings %.1f MiB %s, LM head %.1f MiB %s\n", mib(mem.embed),
+                    se ? "read from the checkpoint (rows of the tokens)" : "in memory", mib(mem.head),
+                    sh ? "streamed from the checkpoint (chunks per step)" : "in memory");
+        else
+            fprintf(stderr, "memory: embeddings = LM head (tied) %.1f MiB %s\n", mib(mem.embed),
+                    se ? "streamed from the checkpoint" : "in memory");
     }
     if (o->enabled) {
         char pol[256];

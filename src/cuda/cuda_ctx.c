@@ -148,6 +148,10 @@ ft_status ft_cuda_ctx_create(const ft_model *m, const ft_cuda_ctx_params *p, ft_
     if (p->max_seq > cfg->max_pos)
         return ft_set_error(FT_ERR_INVALID_ARG, "cuda ctx: context of %d tokens exceeds the model's "
                             "max_position_embeddings = %d", p->max_seq, cfg->max_pos);
+    if (ft_model_streamed(m))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "cuda ctx: the model's embeddings or LM head are streamed from "
+                            "the checkpoint (a memory budget too small to hold them), which the CUDA backend "
+                            "does not implement: load them in memory (a larger --memory)");
     /* what the backend lacks first (names every missing operation), then
      * the window past which it would compute wrongly */
     if (ft_model_features(m)) {

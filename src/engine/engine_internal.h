@@ -71,6 +71,32 @@ int ft_slot_is_matrix(int slot);
 ft_wmat *ft_layer_mat(ft_layer_weights *w, int slot);        /* NULL: vector slot */
 const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slot */
 
+/* A global matrix (token embeddings, LM head) left in the checkpoint file
+ * and read on demand (ft_load_params.stream_globals): rows of the
+ * checkpoint's dtype at byte `off` of `fd`, converted to the compute
+ * format `fmt` (always plain: ft_tensor_format keeps these bf16 or the
+ * requested f32/bf16/f16) exactly as a resident load converts them. */
+typedef struct ft_gstream {
+    int fd;
+    uint64_t off;
+    ft_dtype src;
+    ft_wfmt fmt;
+    int rows, cols;
+    int drop_cache;        /* posix_fadvise DONTNEED after every read */
+    int chunk_rows;        /* LM head rows per chunk (0: about 4 MiB) */
+    uint64_t bytes_read;   /* atomically updated: several contexts may read */
+} ft_gstream;
+
+/* Rows per chunk of a streamed LM head (a multiple of 96, about 4 MiB of
+ * the compute format; the whole matrix when smaller). */
+int ft_gstream_chunk_rows(const ft_gstream *g);
+/* Read rows [r0, r0 + n) into dst in the compute format; raw: scratch of
+ * n rows in the checkpoint dtype (unused when the dtypes agree). */
+ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw);
+/* Ask the kernel to read rows [r0, r0 + n) ahead (the next chunk while
+ * this one is computed). */
+void ft_gstream_prefetch(const ft_gstream *g, int r0, int n);
+
 typedef struct ft_model_tensor_entry {
     char name[128];        /* the checkpoint's name, or for a slice an
                               id "<source>:<part>" (src has the source) */
@@ -90,6 +116,7 @@ typedef struct ft_model_tensor_entry {
     uint8_t *data;         /* NULL: external layer */
     uint64_t frame_size;   /* Q8/Q4: the frame's actual size once loaded */
     const uint8_t **chunks;/* Q8/Q4: chunk payload pointers (model-owned) */
+    int streamed;          /* a global read on demand (no storage) */
 } ft_model_tensor_entry;
 
 struct ft_model {
@@ -105,7 +132,14 @@ struct ft_model {
     uint64_t weight_bytes;
     const uint8_t **chunk_tab;  /* storage for every entry's chunks */
     ft_wmat *expert_tab;        /* MoE: [n_layers][n_experts * 3] */
+    unsigned stream;            /* FT_STREAM_* asked at creation        */
+    ft_gstream *gs_emb, *gs_head;  /* streamed: the embeddings, the head
+                                      (the same object when tied)       */
 };
+/* The entry of a global slot is streamed (not held in memory). */
+int ft_model_entry_streamed(const ft_model *m, const ft_model_tensor_entry *e);
+ft_status ft_model_create_stream(const ft_model_config *cfg, int external_layers, ft_wfmt want, unsigned stream,
+                                 ft_model **out);
 
 /* The stored format of tensor (layer/global, slot) of a model whose
  * matrices are requested as `want` (an ft_wfmt), by ft_load_params'

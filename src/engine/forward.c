@@ -48,6 +48,8 @@ struct ft_ctx {
     float **kk, **vv;               /* external KV: per sequence, the hooks' f32 K/V */
     const void **ck, **cv;          /* per sequence of the call: this layer's K/V (kv_dtype) */
     void *wkws;                     /* prepared activations of one product (wkernels) */
+    void *gs_dst, *gs_raw;          /* streamed embeddings / LM head: one chunk of rows in
+                                       the compute format, and as read (checkpoint dtype) */
     size_t wkws_size;
     float *kvt;                     /* per worker: a window's K and V rows widened to f32 */
     int *past;                      /* per sequence: cached tokens before the call */
@@ -187,6 +189,24 @@ static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int r
     return need;
 }
 
+/* Bytes of one chunk buffer for the streamed globals (a chunk of the
+ * head; an embedding row fits in it). For a layout-only model (planning)
+ * the chunk is sized from the shapes as ft_gstream_chunk_rows would. */
+static size_t gs_buf_bytes(const ft_model *m, int raw)
+{
+    size_t z = 0;
+    const ft_gstream *gs[2] = {m->gs_emb, m->gs_head};
+    for (int i = 0; i < 2; i++) {
+        if (!gs[i]) continue;
+        ft_dtype fd = gs[i]->fmt == FT_WF_BF16 ? FT_BF16 : gs[i]->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
+        if (raw && gs[i]->src == fd) continue;   /* read straight into the compute buffer */
+        size_t b = (size_t)ft_gstream_chunk_rows(gs[i]) * (size_t)ft_dtype_nbytes(raw ? gs[i]->src : fd,
+                                                                                 (size_t)gs[i]->cols);
+        if (b > z) z = b;
+    }
+    return z;
+}
+
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
 {
     if (!m || !p || !out) return ft_set_error(FT_ERR_INVALID_ARG, "ctx: NULL argument");
@@ -276,6 +296,13 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->scratch_bytes += need;
         c->wkws = ft_malloc_aligned(need ? need : 64, 64);
     }
+    /* streamed embeddings / LM head: one chunk of rows, twice */
+    if (m->gs_emb || m->gs_head) {
+        size_t z = gs_buf_bytes(m, 0), zr = gs_buf_bytes(m, 1);
+        c->gs_dst = ft_malloc_aligned(z, 64);
+        c->gs_raw = zr ? ft_malloc_aligned(zr, 64) : NULL;
+        c->scratch_bytes += z + zr;
+    }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
      * head widened to f32 per worker */
     if (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0))
@@ -299,7 +326,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
             if (c->lrope_cos && c->lrope_sin) ft_rope_tables(&lc, S, c->lrope_cos, c->lrope_sin);
         }
     }
-    if ((kvn && !c->kv) || !c->seq_len || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
+    if ((kvn && !c->kv) || !c->seq_len || ((m->gs_emb || m->gs_head) && (!c->gs_dst || (!c->gs_raw && gs_buf_bytes(m, 1)))) || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
         (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0) && !c->kvt) || !c->x || !c->xb ||
         !c->normw || (cfg->rope_local_theta != 0 && (!c->lrope_cos || !c->lrope_sin)) ||
         (cfg->n_experts && (!c->moe_logits || !c->moe_wt || !c->moe_gwt || !c->moe_x || !c->moe_y || !c->moe_in || !c->moe_idx ||
@@ -324,6 +351,7 @@ void ft_ctx_free(ft_ctx *c)
     free(c->seq_len);
     free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
     ft_free_aligned(c->wkws); ft_free_aligned(c->kvt);
+    ft_free_aligned(c->gs_dst); ft_free_aligned(c->gs_raw);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->lrope_cos); ft_free_aligned(c->lrope_sin); ft_free_aligned(c->normw);
     ft_free_aligned(c->moe_logits); ft_free_aligned(c->moe_wt); ft_free_aligned(c->moe_gwt);
@@ -440,6 +468,7 @@ ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *k
     }
     uint64_t scratch = f * sizeof(float);
     scratch += ctx_ws_need(cfg, (int)qdim, (int)kvdim, (int)R);
+    scratch += (uint64_t)gs_buf_bytes(m, 0) + gs_buf_bytes(m, 1);
     if (kv_bytes) *kv_bytes = kvn * esz;
     if (scratch_bytes) *scratch_bytes = scratch;
     return FT_OK;
@@ -868,7 +897,60 @@ static ft_status cpu_embed(void *b, ft_gbuf out, int rows)
     ft_ctx *c = b;
     int E = c->m->cfg.word_embed_proj_dim;
     float *o = cbuf(c, out);
-    for (int r = 0; r < rows; r++) ft_wmat_row_f32(&c->m->g[GW_TOK_EMB], c->row_tok[r], o + (size_t)r * E);
+    ft_gstream *g = c->m->gs_emb;
+    if (!g) {
+        for (int r = 0; r < rows; r++) ft_wmat_row_f32(&c->m->g[GW_TOK_EMB], c->row_tok[r], o + (size_t)r * E);
+        return FT_OK;
+    }
+    /* streamed: the row of each token read from the file, in the compute
+     * format, then widened as the resident matrix's row would be */
+    ft_wmat row = {.fmt = g->fmt, .rows = 1, .cols = g->cols, .data = c->gs_dst};
+    for (int r = 0; r < rows; r++) {
+        ft_status st = ft_gstream_read(g, c->row_tok[r], 1, c->gs_dst, c->gs_raw);
+        if (st) return st;
+        ft_wmat_row_f32(&row, 0, o + (size_t)r * E);
+    }
+    return FT_OK;
+}
+
+/* The streamed LM head: chunk by chunk of vocabulary rows, each read from
+ * the file (the next one read ahead by the kernel while this one is
+ * computed), its logits written in place into the [rows][vocab] output by
+ * the same product kernels as the resident matrix (each output is the
+ * same dot product: bit-identical logits). */
+typedef struct { float *y; int ldy; const ft_wk_act *a; const ft_wmat *W; int chunk; } head_job;
+
+static void head_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const head_job *j = arg;
+    int o0 = (int)i * j->chunk, o1 = o0 + j->chunk;
+    if (o1 > j->W->rows) o1 = j->W->rows;
+    ft_wk_product(j->y, j->ldy, j->a, j->W, o0, o1, NULL);
+}
+
+static ft_status head_streamed(ft_ctx *c, float *y, const float *x, int rows)
+{
+    ft_gstream *g = c->m->gs_head;
+    int V = g->rows, R = ft_gstream_chunk_rows(g);
+    ft_wmat W = {.fmt = g->fmt, .rows = R, .cols = g->cols, .data = c->gs_dst};
+    ft_wk_act a;
+    ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, &W, x, rows);
+    if (st) return st;
+    for (int r0 = 0; r0 < V; r0 += R) {
+        int n = V - r0 < R ? V - r0 : R;
+        if ((st = ft_gstream_read(g, r0, n, c->gs_dst, c->gs_raw))) return st;
+        ft_gstream_prefetch(g, r0 + R, R);
+        W.rows = n;
+        /* the resident product's split of the outputs, in multiples of 24
+         * from the chunk's start (R is a multiple of 96) */
+        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
+        int chunk = (n + tasks - 1) / tasks;
+        chunk = (chunk + 23) / 24 * 24;
+        head_job j = {y + r0, V, &a, &W, chunk};
+        size_t nt = (size_t)((n + chunk - 1) / chunk);
+        ft_pool_run(nt > 1 ? c->pool : NULL, nt, head_task, &j);
+    }
     return FT_OK;
 }
 
@@ -944,6 +1026,7 @@ static ft_status apply_lora(ft_ctx *c, float *y, const float *x, int rows, int s
 static ft_status cpu_linear(void *b, ft_gbuf y, ft_gbuf x, int rows, const void *w, int slot, int sb)
 {
     ft_ctx *c = b;
+    if (!w && slot == GW_LM_HEAD && c->m->gs_head) return head_streamed(c, cbuf(c, y), cbuf(c, x), rows);
     ft_status st = linear_ctx(c, cbuf(c, y), cbuf(c, x), rows, cmat(c, w, slot), cvec(c, w, sb));
     if (!st && c->lora && w) st = apply_lora(c, cbuf(c, y), cbuf(c, x), rows, slot);
     return st;
@@ -1192,6 +1275,9 @@ ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int
     c->ring_dirty = 0;
     int nsel = 0, failed = -1;
     int want = l1 == L && logits && !hidden_out ? (all_rows ? 2 : 1) : 0;
+    /* a streamed LM head: its first chunk read by the kernel while the
+     * layers compute (head_streamed reads ahead the others) */
+    if (want && m->gs_head) ft_gstream_prefetch(m->gs_head, 0, ft_gstream_chunk_rows(m->gs_head));
     ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
     c->step = NULL;
     if (st) return fail_reset(c, st);

@@ -5,7 +5,10 @@
 #include "engine_internal.h"
 #include "flextier/model.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -105,6 +108,43 @@ ft_status ft_model_checkpoint_tensor(const ft_model *m, const ft_checkpoint *ck,
     return ft_model_entry_tensor(ck, m->arch, &m->tensors[i], t, used, sizeof used);
 }
 
+/* A streamed global: its rows stay in the checkpoint file, read with
+ * pread (the tied head shares the embedding's). */
+static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_model_tensor_entry *e, const ft_tensor *t,
+                             const ft_load_params *lp, int layout_only, const char *used)
+{
+    if (e->ndim != 2 || e->fmt == FT_WF_Q8 || e->fmt == FT_WF_Q4)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "load: %s: only plain 2-D matrices are streamed", used);
+    const char *path = NULL;
+    uint64_t off = 0;
+    ft_status st = ft_checkpoint_locate(ck, t->data, &path, &off);
+    if (st) return st;
+    ft_gstream *g = calloc(1, sizeof *g);
+    if (!g) return ft_set_error(FT_ERR_NOMEM, "load: %s", used);
+    g->fd = layout_only ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+    if (g->fd < 0 && !layout_only) {
+        st = ft_set_error(FT_ERR_IO, "load: %s (streamed %s): %s", path, used, strerror(errno));
+        free(g);
+        return st;
+    }
+    g->off = off;
+    g->src = t->dtype;
+    g->fmt = e->fmt;
+    g->rows = (int)e->shape[0];
+    g->cols = (int)e->shape[1];
+    g->drop_cache = lp->stream_drop_cache;
+    g->chunk_rows = lp->stream_chunk_rows > 0 && lp->stream_chunk_rows < (1 << 24) ? lp->stream_chunk_rows : 0;
+    char nm[128];
+    int tied = !m->arch->global_name(&m->cfg, GW_LM_HEAD, nm, sizeof nm);
+    if (e->slot == GW_TOK_EMB) {
+        m->gs_emb = g;
+        if (tied) m->gs_head = g;
+    } else {
+        m->gs_head = g;
+    }
+    return FT_OK;
+}
+
 ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model **out)
 {
     if (!dir || !out) return ft_set_error(FT_ERR_INVALID_ARG, "load: NULL argument");
@@ -128,7 +168,7 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
         }
         want = (ft_wfmt)params->weights;
     }
-    if ((st = ft_model_create_fmt(&cfg, external, want, &m))) goto fail;
+    if ((st = ft_model_create_stream(&cfg, external, want, params ? params->stream_globals : 0, &m))) goto fail;
     uint64_t done = 0, total = m->weight_bytes;
     double last = ft_now();
     for (size_t i = 0; i < m->n_tensors; i++) {
@@ -157,6 +197,10 @@ ft_status ft_model_load(const char *dir, const ft_load_params *params, ft_model 
             goto fail;
         }
         size_t n = e->ndim == 1 ? (size_t)e->shape[0] : (size_t)(e->shape[0] * e->shape[1]);
+        if (e->streamed) {   /* layout only: described, no file opened */
+            if ((st = open_stream(m, ck, e, &t, params, external == FT_LOAD_LAYOUT_ONLY, used))) goto fail;
+            continue;
+        }
         if (!e->data) continue;   /* external layer tensor: checked only */
         size_t esz = (size_t)ft_dtype_nbytes(t.dtype, 1);
         if (e->fmt == FT_WF_Q8 || e->fmt == FT_WF_Q4) {

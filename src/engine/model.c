@@ -291,7 +291,17 @@ static ft_status entry_layout(ft_model_tensor_entry *e)
     return e->bytes ? FT_OK : ft_set_error(FT_ERR_INTERNAL, "model: no frame bound for %s", e->name);
 }
 
-static ft_status model_create(const ft_model_config *cfg, int external_layers, ft_wfmt want, ft_model **out)
+int ft_model_entry_streamed(const ft_model *m, const ft_model_tensor_entry *e)
+{
+    char nm[128];
+    if (e->layer >= 0 || !m->stream) return 0;
+    int tied = !m->arch->global_name(&m->cfg, GW_LM_HEAD, nm, sizeof nm);
+    if (e->slot == GW_TOK_EMB) return (m->stream & FT_STREAM_EMBED) || (tied && (m->stream & FT_STREAM_LM_HEAD));
+    return e->slot == GW_LM_HEAD && (m->stream & FT_STREAM_LM_HEAD);
+}
+
+static ft_status model_create(const ft_model_config *cfg, int external_layers, ft_wfmt want, unsigned stream,
+                              ft_model **out)
 {
     if (!cfg || !out) return ft_set_error(FT_ERR_INVALID_ARG, "model: NULL argument");
     const ft_arch *a = ft_arch_get(cfg->arch);
@@ -305,6 +315,7 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
     m->cfg = *cfg;
     m->arch = a;
     m->wfmt = want;
+    m->stream = stream & (FT_STREAM_EMBED | FT_STREAM_LM_HEAD);
     char name[128];
     size_t n_glob_t = 0, n_layer_t = 0;
     for (int s = 0; s < GW_COUNT; s++) n_glob_t += (size_t)a->global_name(cfg, s, name, sizeof name);
@@ -338,6 +349,8 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
         e->ndim = ft_global_shape(cfg, a, s, e->shape);
         e->fmt = ft_tensor_format(cfg, 1, s, e->ndim, e->shape, want, &e->group);
         if ((st = entry_layout(e))) goto fail;
+        /* streamed: no storage here (the checkpoint's file is its tier) */
+        if ((e->streamed = ft_model_entry_streamed(m, e))) continue;
         e->offset = m->global_bytes;
         m->global_bytes += pad64(e->bytes);
         nchunks += e->n_chunks;
@@ -378,10 +391,11 @@ static ft_status model_create(const ft_model_config *cfg, int external_layers, f
     size_t ci = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         ft_model_tensor_entry *e = &m->tensors[i];
-        uint8_t *base = e->layer < 0 ? m->gbuf : m->lbuf ? m->lbuf + (size_t)e->layer * m->layer_bytes : NULL;
+        uint8_t *base = e->streamed ? NULL : e->layer < 0 ? m->gbuf
+                      : m->lbuf ? m->lbuf + (size_t)e->layer * m->layer_bytes : NULL;
         e->data = base ? base + e->offset : NULL;
-        e->chunks = e->n_chunks ? m->chunk_tab + ci : NULL;
-        ci += e->n_chunks;
+        e->chunks = e->n_chunks && !e->streamed ? m->chunk_tab + ci : NULL;
+        if (!e->streamed) ci += e->n_chunks;
         m->weight_bytes += is_q(e->fmt) ? ft_wmat_bytes(e->fmt, (int)e->shape[0], (int)e->shape[1], e->group)
                                        : e->bytes;
         /* plain entries are usable at once (zero); q8/q4 ones once stored */
@@ -396,17 +410,23 @@ fail:
 
 ft_status ft_model_create(const ft_model_config *cfg, ft_model **out)
 {
-    return model_create(cfg, 0, FT_WF_F32, out);
+    return model_create(cfg, 0, FT_WF_F32, 0, out);
 }
 
 ft_status ft_model_create_ex(const ft_model_config *cfg, int external_layers, ft_model **out)
 {
-    return model_create(cfg, external_layers, FT_WF_F32, out);
+    return model_create(cfg, external_layers, FT_WF_F32, 0, out);
 }
 
 ft_status ft_model_create_fmt(const ft_model_config *cfg, int external_layers, ft_wfmt want, ft_model **out)
 {
-    return model_create(cfg, external_layers, want, out);
+    return model_create(cfg, external_layers, want, 0, out);
+}
+
+ft_status ft_model_create_stream(const ft_model_config *cfg, int external_layers, ft_wfmt want, unsigned stream,
+                                 ft_model **out)
+{
+    return model_create(cfg, external_layers, want, stream, out);
 }
 
 ft_status ft_model_bind(ft_model *m, ft_model_tensor_entry *e)
@@ -473,7 +493,9 @@ ft_status ft_model_convert(const ft_model *src, int weights, ft_model **out)
     ft_model *m = NULL;
     ft_codec_ctx *cc = NULL;
     float *tmp = NULL;
-    ft_status st = model_create(&src->cfg, 0, want, &m);
+    if (src->stream)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "model convert: the source's embeddings or LM head are streamed");
+    ft_status st = model_create(&src->cfg, 0, want, 0, &m);
     if (st) return st;
     if ((st = ft_codec_ctx_create(1, &cc))) goto fail;
     for (size_t i = 0; i < m->n_tensors; i++) {
@@ -504,9 +526,18 @@ fail:
     return st;
 }
 
+static void gstream_close(ft_gstream *g)
+{
+    if (!g) return;
+    if (g->fd >= 0) close(g->fd);
+    free(g);
+}
+
 void ft_model_free(ft_model *m)
 {
     if (!m) return;
+    if (m->gs_head != m->gs_emb) gstream_close(m->gs_head);
+    gstream_close(m->gs_emb);
     ft_free_aligned(m->gbuf);
     ft_free_aligned(m->lbuf);
     free(m->chunk_tab);
@@ -521,6 +552,29 @@ uint64_t ft_model_weight_bytes(const ft_model *m) { return m ? m->weight_bytes :
 size_t ft_model_tensor_count(const ft_model *m) { return m ? m->n_tensors : 0; }
 uint64_t ft_model_layer_bytes(const ft_model *m) { return m ? (uint64_t)m->layer_bytes : 0; }
 uint64_t ft_model_global_bytes(const ft_model *m) { return m ? (uint64_t)m->global_bytes : 0; }
+
+void ft_model_global_split(const ft_model *m, uint64_t *embed, uint64_t *head)
+{
+    uint64_t e = 0, h = 0;
+    for (size_t i = 0; m && i < m->n_tensors; i++) {
+        const ft_model_tensor_entry *t = &m->tensors[i];
+        if (t->layer >= 0) continue;
+        if (t->slot == GW_TOK_EMB) e = pad64(t->bytes);
+        if (t->slot == GW_LM_HEAD) h = pad64(t->bytes);
+    }
+    if (embed) *embed = e;
+    if (head) *head = h;
+}
+
+unsigned ft_model_streamed(const ft_model *m) { return m ? m->stream : 0; }
+
+uint64_t ft_model_stream_bytes_read(const ft_model *m)
+{
+    if (!m) return 0;
+    uint64_t n = m->gs_emb ? __atomic_load_n(&m->gs_emb->bytes_read, __ATOMIC_RELAXED) : 0;
+    if (m->gs_head && m->gs_head != m->gs_emb) n += __atomic_load_n(&m->gs_head->bytes_read, __ATOMIC_RELAXED);
+    return n;
+}
 
 ft_wfmt ft_model_weights_format(const ft_model *m)
 {
@@ -546,6 +600,8 @@ ft_status ft_model_tensor(ft_model *m, size_t i, const char **name, ft_tensor *v
     ft_model_tensor_entry *e = &m->tensors[i];
     if (name) *name = e->name;
     if (!view) return FT_OK;
+    if (e->streamed)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "model: %s is streamed from the checkpoint (not in memory)", e->name);
     if (is_q(e->fmt))
         return ft_set_error(FT_ERR_UNSUPPORTED, "model: %s is stored %s (no plain view)", e->name,
                             ft_wfmt_name(e->fmt));

@@ -702,6 +702,20 @@ ft_status ft_checkpoint_get(const ft_checkpoint *ck, const char *name, ft_tensor
     return FT_OK;
 }
 
+ft_status ft_checkpoint_locate(const ft_checkpoint *ck, const void *p, const char **path, uint64_t *offset)
+{
+    if (!ck || !p || !path || !offset) return ft_set_error(FT_ERR_INVALID_ARG, "ft_checkpoint_locate: NULL argument");
+    uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        const st_file *f = &ck->files[i];
+        if (!f->mapped || a < (uintptr_t)f->base || a >= (uintptr_t)f->base + f->size) continue;
+        *path = f->path;
+        *offset = (uint64_t)(a - (uintptr_t)f->base);
+        return FT_OK;
+    }
+    return ft_set_error(FT_ERR_NOT_FOUND, "checkpoint: the pointer is in none of its files");
+}
+
 const char *ft_checkpoint_dtype_str(const ft_checkpoint *ck, const char *name)
 {
     const st_entry *e;

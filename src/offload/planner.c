@@ -211,7 +211,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     out->t_compute = t_comp;
     out->t_decode = t_dec;
     memcpy(out->t_link, link, sizeof link);
-    out->decode_tps = T > 0 ? B / (L * T + t_fixed) : 0;
+    /* a streamed LM head: read once per step after the layers (its next
+     * chunk read ahead while one is computed: the read is the cost) */
+    double hbw = in->bw[FT_TIER_DISK] > 0 ? in->bw[FT_TIER_DISK] : in->mem_bw;
+    double t_head = in->head_stream_bytes && hbw > 0 ? (double)in->head_stream_bytes / hbw : 0;
+    out->decode_tps = T > 0 ? B / (L * T + t_fixed + t_head) : 0;
 
     /* Prefill: all prompt tokens of the block per layer, weights once. */
     double t_pre_comp = ngb * fmax(Ctot / in->mem_bw, 2.0 * P * gbs * in->prompt_len / in->flops)
@@ -230,7 +234,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         double bytes = S[t] + B * in->prompt_len * kv * c[t] / rc;
         if (bytes > 0) t_pre = fmax(t_pre, bw > 0 ? bytes / bw : INFINITY);
     }
-    out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre + t_pre_fixed) : 0;
+    out->prefill_tps = t_pre > 0 ? B * in->prompt_len / (L * t_pre + t_pre_fixed + t_head) : 0;
 
     /* Memory: device-tier weights as computed on, and two slot buffers
      * holding the fetched ones: the frame read from disk or a memory node

@@ -287,12 +287,14 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     ft_load_params_default(&lp);
     lp.weights = weights;
     lp.external_layers = FT_LOAD_LAYOUT_ONLY;
+    lp.stream_globals = s->mem.streamed;
     if (s->p.strict) lp.config_flags = FT_CONFIG_STRICT;
     ft_model *lm = NULL;
     ft_status st = ft_model_load(s->dir, &lp, &lm);
     if (st) return st;
     const ft_model_config *cfg = ft_model_get_config(lm);
     ft_session_memory *m = &s->mem;
+    ft_model_global_split(lm, &m->embed, &m->head);
     /* the process as its cgroup sees it when it is in a limited one (the
      * page cache of the executable and libraries counts there) */
     uint64_t rss = ft_process_rss(), cgu = ft_cgroup_memory_usage();
@@ -316,7 +318,7 @@ static ft_status no_space(const ft_session *s, const char *what, const char *hin
 {
     const ft_session_memory *m = &s->mem;
     return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s) cannot hold %s: %.1f MiB = this process "
-                        "%.1f MiB (binary, libraries, tokenizer) + embeddings and LM head %.1f MiB + scratch and "
+                        "%.1f MiB (binary, libraries, tokenizer) + embeddings and LM head in memory %.1f MiB + scratch and "
                         "activations %.1f MiB + %s %.1f MiB%s%s",
                         mib(m->budget), m->source, what, mib(m->need), mib(m->process), mib(m->globals),
                         mib(m->scratch), s->p.offload == FT_OFFLOAD_NONE ? "weights and KV cache" :
@@ -335,8 +337,35 @@ static void run_lengths(const ft_session *s, const ft_model_config *cfg, ft_cost
     in->gen_len = (uint32_t)cp.max_seq > pl ? (uint32_t)cp.max_seq - pl : 1;
 }
 
-/* NONE and POLICY on the CPU: refuse before loading what cannot fit. */
+/* What the budget may leave in the checkpoint file, in order: nothing,
+ * the embeddings (a row per token read: nearly free), then the LM head
+ * too (its bytes read per step, like a streamed layer's). */
+static const unsigned stream_levels[3] = {0, FT_STREAM_EMBED, FT_STREAM_EMBED | FT_STREAM_LM_HEAD};
+
+/* The LM head's bytes read per step when streamed (the embedding matrix
+ * when tied). */
+static uint64_t head_stream_bytes(const ft_session_memory *m)
+{
+    if (!(m->streamed & FT_STREAM_LM_HEAD)) return 0;
+    return m->head ? m->head : m->embed;
+}
+
+static ft_status check_budget_at(ft_session *s, int weights);
+
+/* NONE and POLICY on the CPU: refuse before loading what cannot fit, after
+ * leaving the embeddings, then the LM head, in the checkpoint file. */
 static ft_status check_budget(ft_session *s, int weights)
+{
+    ft_status st = FT_OK;
+    for (int lv = 0; lv < 3; lv++) {
+        s->mem.streamed = stream_levels[lv];
+        st = check_budget_at(s, weights);
+        if (st != FT_ERR_NO_SPACE) return st;
+    }
+    return st;
+}
+
+static ft_status check_budget_at(ft_session *s, int weights)
 {
     ft_model *lm = NULL;
     ft_status st = count_fixed(s, weights, &lm);
@@ -351,6 +380,10 @@ static ft_status check_budget(ft_session *s, int weights)
         ft_policy pol = s->policy;
         if (!pol.gpu_batch_size) pol.gpu_batch_size = s->p.max_batch ? s->p.max_batch : 1;
         if (!pol.num_gpu_batches) pol.num_gpu_batches = 1;
+        /* an expert cache larger than one layer's (--expert-cache) is
+         * memory too */
+        if (in.n_experts && s->p.expert_cache_bytes && in.expert_bytes[pol.compress_weights])
+            in.expert_cache = s->p.expert_cache_bytes / in.expert_bytes[pol.compress_weights];
         ft_cost_estimate e;
         ft_cost_predict(&in, &pol, &e);
         m->tiers = e.mem_process;
@@ -432,23 +465,41 @@ static ft_status plan(ft_session *s, int weights)
                      : (1u << FT_CODEC_RAW) | (p->allow_lossy ? 1u << FT_CODEC_Q4 : 0);
     /* Under a memory budget: the device and host tiers share what the
      * budget leaves after the process, the globals and the scratch, and
-     * the disk tier is what does not fit. */
-    if (s->mem.budget && p->device == FT_DEVICE_CPU) {
-        ft_model *lm = NULL;
-        if ((st = count_fixed(s, weights, &lm))) return st;
-        ft_model_free(lm);
-        uint64_t fixed = fixed_total(&s->mem);
-        if (fixed >= s->mem.budget) {
-            s->mem.need = fixed;
-            return no_space(s, "the model's fixed part", "give a larger --memory");
+     * the disk tier is what does not fit. The embeddings and then the LM
+     * head are placed like layers: in memory while it holds them, else
+     * read from the checkpoint file (stream_levels). */
+    int budgeted = s->mem.budget && p->device == FT_DEVICE_CPU;
+    uint64_t cap[3] = {0, 0, 0};
+    int lv0 = 0, nlv = budgeted ? 3 : 1;
+    if (budgeted) {
+        lv0 = -1;
+        for (int lv = 2; lv >= 0; lv--) {
+            ft_model *lm = NULL;
+            s->mem.streamed = stream_levels[lv];
+            if ((st = count_fixed(s, weights, &lm))) return st;
+            ft_model_free(lm);
+            uint64_t fixed = fixed_total(&s->mem);
+            /* a margin for what the estimates do not see (allocator
+             * rounding and arenas, thread stacks, pages the cgroup charges
+             * late): 2% of the budget, at least 4 MiB. Without it a budget
+             * equal to the model's size planned every weight into memory
+             * and the context's 3.3 MiB then did not fit beside 311.8 MiB
+             * held (cli_memory). */
+            uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
+            if (fixed >= s->mem.budget) continue;
+            cap[lv] = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
+            lv0 = lv;
         }
-        /* a margin for what the estimates do not see (allocator rounding
-         * and arenas, thread stacks, pages the cgroup charges late): 2% of
-         * the budget, at least 4 MiB. Without it a budget equal to the
-         * model's size planned every weight into memory and the context's
-         * 3.3 MiB then did not fit beside 311.8 MiB held (cli_memory). */
-        uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
-        in.proc_cap = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
+        if (lv0 < 0) {   /* the numbers of the smallest fixed part */
+            ft_model *lm = NULL;
+            s->mem.streamed = stream_levels[2];
+            if ((st = count_fixed(s, weights, &lm))) return st;
+            ft_model_free(lm);
+            s->mem.need = fixed_total(&s->mem);
+            return no_space(s, "the model's fixed part (with the embeddings and LM head read from the checkpoint)",
+                            "give a larger --memory");
+        }
+        in.proc_cap = cap[lv0];
         if (!s->policy.disk_uri[0] && !s->policy.n_remotes) {
             if ((st = make_tmp_disk(s))) return st;
             snprintf(s->policy.disk_uri, sizeof s->policy.disk_uri, "file:%s", s->tmp_disk);
@@ -470,8 +521,29 @@ static ft_status plan(ft_session *s, int weights)
     if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
     ft_policy best;
     ft_cost_estimate e;
-    if ((st = ft_plan(&in, &s->policy, cp.batch, 1, codecs, ccodecs, FT_CACHE_TIERS, &best, &e))) {
-        if (st != FT_ERR_NO_SPACE || !in.proc_cap) return st;
+    int chosen = -1;
+    for (int lv = lv0; lv < nlv; lv++) {
+        if (budgeted && !cap[lv]) continue;
+        ft_policy cand;
+        ft_cost_estimate ce;
+        s->mem.streamed = stream_levels[lv];
+        if (budgeted) {
+            in.proc_cap = cap[lv];
+            in.head_stream_bytes = head_stream_bytes(&s->mem);
+        }
+        st = ft_plan(&in, &s->policy, cp.batch, 1, codecs, ccodecs, FT_CACHE_TIERS, &cand, &ce);
+        if (st == FT_ERR_NO_SPACE && budgeted) continue;
+        if (st) return st;
+        /* a later level only for a better prediction (ties: more in memory) */
+        if (chosen < 0 || ce.decode_tps > e.decode_tps) {
+            best = cand;
+            e = ce;
+            chosen = lv;
+        }
+        /* every weight in memory: nothing to gain by streaming more */
+        if (cand.w_pct[FT_TIER_DISK] == 0 && cand.w_pct[FT_TIER_REMOTE] == 0) break;
+    }
+    if (chosen < 0) {
         /* the smallest working set: everything streamed from the disk tier */
         ft_policy minp = s->policy;
         memset(minp.w_pct, 0, sizeof minp.w_pct);
@@ -483,11 +555,23 @@ static ft_status plan(ft_session *s, int weights)
         minp.gpu_batch_size = cp.batch;
         minp.num_gpu_batches = 1;
         minp.compress_weights = minp.compress_cache = FT_CODEC_RAW;
+        s->mem.streamed = stream_levels[2];
+        ft_model *lm = NULL;
+        if ((st = count_fixed(s, weights, &lm))) return st;
+        ft_model_free(lm);
         ft_cost_predict(&in, &minp, &e);
         s->mem.tiers = e.mem_process;
         s->mem.need = fixed_total(&s->mem) + s->mem.tiers;
         return no_space(s, "the minimum working set (every layer and the KV cache streamed: two layer slots and "
-                        "the cache's staging)", "give a larger --memory");
+                        "the cache's staging; the embeddings and LM head read from the checkpoint)",
+                        "give a larger --memory");
+    }
+    s->mem.streamed = stream_levels[chosen];
+    if (budgeted) {   /* the fixed part of the level chosen */
+        ft_model *lm = NULL;
+        if ((st = count_fixed(s, weights, &lm))) return st;
+        ft_model_free(lm);
+        in.proc_cap = cap[chosen];
     }
     s->policy = best;
     s->predicted_tps = e.decode_tps;
@@ -598,6 +682,8 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     ft_load_params lp;
     ft_load_params_default(&lp);
     lp.weights = weights;
+    lp.stream_globals = s->mem.streamed;
+    lp.stream_drop_cache = s->mem.binding;
     if (s->p.strict) lp.config_flags = FT_CONFIG_STRICT;
     if (s->p.progress) {
         lp.progress = load_progress;
