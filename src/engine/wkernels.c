@@ -104,17 +104,6 @@ static qlayout q_layout(const ft_wmat *W, int rows)
     return L;
 }
 
-/* v rounded to bf16 (RNE, NaN kept and made quiet: ft_f32_to_bf16_1),
- * as f32 bits. */
-static inline uint32_t bf16_bits(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x400000u) & 0xffff0000u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u & 0xffff0000u;
-}
-
 /* X_B16: the padded row length of xh. */
 static int b16_ld(int cols) { return (cols + 31) & ~31; }
 
@@ -234,8 +223,7 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
         int ldh = b16_ld(W->cols);
         uint16_t *xh = ws;
         for (int r = 0; r < rows; r++) {
-            for (int i = 0; i < W->cols; i++)
-                xh[(size_t)r * ldh + i] = (uint16_t)(bf16_bits(x[(size_t)r * W->cols + i]) >> 16);
+            ft_f32_to_bf16(xh + (size_t)r * ldh, x + (size_t)r * W->cols, (size_t)W->cols);   /* RNE, NaN kept */
             for (int i = W->cols; i < ldh; i++) xh[(size_t)r * ldh + i] = 0;
         }
         t.xh = xh;

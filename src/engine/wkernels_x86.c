@@ -181,10 +181,24 @@ static int pf_row(void)
     return x;
 }
 
+/* FLEXTIER_WK_PF_AHEAD=BYTES: another distance (benchmarks). */
+static size_t pf_bytes(void)
+{
+    static long v = -1;
+    long x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (x < 0) {
+        const char *e = getenv("FLEXTIER_WK_PF_AHEAD");
+        x = e ? strtol(e, NULL, 10) : 0;
+        x = x > 0 && x <= (64l << 20) ? x : PF_AHEAD;
+        __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    }
+    return (size_t)x;
+}
+
 static int pf_ahead(size_t rowbytes, int O)
 {
     if (pf_row()) return 0;
-    size_t blk = rowbytes * (size_t)O, n = (PF_AHEAD + blk - 1) / blk;
+    size_t blk = rowbytes * (size_t)O, n = (pf_bytes() + blk - 1) / blk;
     return (int)(n ? n : 1) * O;
 }
 
