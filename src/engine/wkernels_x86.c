@@ -166,6 +166,14 @@ AVX2 static void attend_h_avx2(float *out, const float *q, const uint16_t *K, co
  * 0.8x (bf16). */
 #define PF_AHEAD 8192
 
+/* bf16 batch 1 reads one weight row after another with no software
+ * prefetch when x fits in this many bytes of L1 beside the stream: a
+ * single sequential stream, which the hardware prefetchers follow from
+ * page to page. Measured on AMD EPYC (Zen 4): 28-31 GB/s (the streaming
+ * read's 27-31) against 24-27 with 4 rows and L2 prefetch ahead; with f32
+ * x of 22 KiB (5632 columns) it lost (18 against 24 GB/s). */
+#define B1_ONE 16384
+
 /* FLEXTIER_WK_PREFETCH=row: the previous form instead (q8/q4: L1, 16
  * groups ahead within the row; bf16/f16: none), for A/B runs on other
  * CPUs (it was tuned on Sapphire Rapids). */
@@ -277,14 +285,18 @@ AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows,
 {
     const int ldd = cols & ~31;
     const int ahead = pf_ahead((size_t)cols * 2, 4);
+    /* batch 1, bf16, x (deinterleaved, f32) at most 16 KiB: one weight row
+     * at a time, no software prefetch: a single sequential stream, which
+     * the hardware prefetchers follow across pages (B1_ONE) */
+    const int one = rows == 1 && !f16 && xd && !pf_row() && (size_t)cols * 4 <= B1_ONE;
     for (int o = o0; o < o1;) {
-        int O = o1 - o >= 4 ? 4 : 1;
+        int O = o1 - o >= 4 && !one ? 4 : 1;
         const uint16_t *w = W + (size_t)o * cols;
         const float *bb = b ? b + o : NULL;
         for (int r = 0; r < rows;) {
             int R = rows - r >= 6 ? 6 : rows - r;
             /* the rows ahead, while the first rows of x pass over this block */
-            const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
+            const uint16_t *nx = r == 0 && !one && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
             float *yy = y + (size_t)r * ldy + o;
             const float *xx = x + (size_t)r * ldx, *xdd = xd ? xd + (size_t)r * ldd : NULL;
             if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
@@ -631,18 +643,21 @@ BF16 static void product_b16(float *y, int ldy, const ft_wk_act *a, const ft_wma
     const int cols = W->cols, ldh = a->ldh;
     const uint16_t *W16 = W->data;
     const int ahead = pf_ahead((size_t)cols * 2, 4);
+    /* batch 1 (x in bf16 at most B1_ONE bytes): one weight row at a time,
+     * no software prefetch (B1_ONE) */
+    const int one = a->rows == 1 && !pf_row() && (size_t)ldh * 2 <= B1_ONE;
     int rb = (int)(B16_L2 / ((size_t)ldh * 2));
     rb = rb < 6 ? 6 : rb / 6 * 6;
     for (int r0 = 0; r0 < a->rows; r0 += rb) {
         int r1 = a->rows - r0 < rb ? a->rows : r0 + rb;
         for (int o = o0; o < o1;) {
-            int O = o1 - o >= 4 ? 4 : 1;
+            int O = o1 - o >= 4 && !one ? 4 : 1;
             const uint16_t *w = W16 + (size_t)o * cols;
             const float *bb = b ? b + o : NULL;
             for (int r = r0; r < r1;) {
                 int R = r1 - r >= 6 ? 6 : r1 - r;
                 /* the rows ahead, while the first rows of x pass over this block */
-                const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W16 + (size_t)(o + ahead) * cols : NULL;
+                const uint16_t *nx = r == 0 && !one && o + ahead + O <= o1 ? W16 + (size_t)(o + ahead) * cols : NULL;
                 float *yy = y + (size_t)r * ldy + o;
                 const uint16_t *xx = a->xh + (size_t)r * ldh;
                 if (O == 4) { B16_R(4) } else { B16_R(1) }
