@@ -596,7 +596,9 @@ ft_status ft_ctx_kv(ft_ctx *c, int layer, int slot, float **k, float **v, int *l
  * q8/q4) into the context's workspace, then output rows are split over
  * the pool in chunks of whole kernel blocks (24 outputs). The kernel
  * chooses its form from the format and the row count only (decode: 1-32
- * rows; prefill: panels), so any split gives the same values. */
+ * rows; prefill: panels; bf16 with FLEXTIER_BF16_ACTIVATIONS: one
+ * batch-invariant form at every row count), so any split gives the same
+ * values. */
 typedef struct { float *y; const ft_wk_act *a; const ft_wmat *W; const float *b; int chunk; } wk_job;
 
 static void wk_task(void *arg, size_t i, unsigned worker)

@@ -59,11 +59,30 @@ void ft_wk_set_xt_rows(ft_wfmt fmt, int rows)
         xt_rows[fmt] = rows > 0 ? rows : xt_default[fmt];
 }
 
-static ft_wk_mode wk_mode(const ft_wmat *W, int rows)
+/* bf16 activations (FT_WK_X_B16 for bf16 weights at every row count). */
+static int bf16_act = -1;   /* -1: not read from the environment yet */
+
+int ft_wk_bf16_activations(void)
 {
+    int v = __atomic_load_n(&bf16_act, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FLEXTIER_BF16_ACTIVATIONS");
+        v = e && e[0] == '1' && !e[1];
+        __atomic_store_n(&bf16_act, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+void ft_wk_set_bf16_activations(int on) { __atomic_store_n(&bf16_act, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+static ft_wk_mode wk_mode_b(const ft_wmat *W, int rows, int b16)
+{
+    if (W->fmt == FT_WF_BF16 && b16) return FT_WK_X_B16;
     if (rows >= xt_rows[W->fmt]) return FT_WK_X_T;
     return is_q(W->fmt) ? FT_WK_X_Q8 : FT_WK_X_F32;
 }
+
+static ft_wk_mode wk_mode(const ft_wmat *W, int rows) { return wk_mode_b(W, rows, ft_wk_bf16_activations()); }
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -85,53 +104,34 @@ static qlayout q_layout(const ft_wmat *W, int rows)
     return L;
 }
 
-/* The pair layout of x for vdpbf16ps (ft_wk_act.xb): bf16 weights, 32-row
- * blocks, a CPU that has the instruction. */
-static int bf16_act = -1;   /* -1: not read from the environment yet */
+/* X_B16: the padded row length of xh. */
+static int b16_ld(int cols) { return (cols + 31) & ~31; }
 
-int ft_wk_bf16_activations(void)
+static size_t ws_size_mode(const ft_wmat *W, int rows, ft_wk_mode mode)
 {
-    if (bf16_act < 0) {
-        const char *e = getenv("FLEXTIER_BF16_ACTIVATIONS");
-        bf16_act = e && e[0] == '1' && !e[1];
+    switch (mode) {
+    case FT_WK_X_F32: return W->fmt == FT_WF_BF16 ? al64((size_t)rows * (size_t)(W->cols & ~31) * sizeof(float)) : 0;
+    case FT_WK_X_T: {
+        size_t ldx = rows <= 16 ? 16 : 32, nb = ((size_t)rows + ldx - 1) / ldx;
+        return al64(nb * (size_t)W->cols * ldx * sizeof(float));
     }
-    return bf16_act;
-}
-
-void ft_wk_set_bf16_activations(int on) { bf16_act = on ? 1 : 0; }
-
-static size_t xb_size(const ft_wmat *W, int rows)
-{
-    if (W->fmt != FT_WF_BF16 || rows <= 16 || !ft_wk_avx512bf16() || !ft_wk_bf16_activations()) return 0;
-    size_t nb = ((size_t)rows + 31) / 32, np = ((size_t)W->cols + 1) / 2;
-    return al64(nb * np * 64 * sizeof(uint16_t));
-}
-
-/* v rounded to bf16 (RNE, NaN kept and made quiet: ft_f32_to_bf16_1),
- * as f32. */
-static inline uint32_t bf16_bits(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u | 0x400000u) & 0xffff0000u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u & 0xffff0000u;
+    case FT_WK_X_Q8:
+        if (W->group < 1 || W->cols % W->group) return 0;
+        return q_layout(W, rows).total;
+    case FT_WK_X_B16: return al64((size_t)rows * (size_t)b16_ld(W->cols) * sizeof(uint16_t));
+    }
+    return 0;
 }
 
 size_t ft_wk_ws_size(const ft_wmat *W, int rows)
 {
     if (!W || rows < 1 || W->cols < 1 || W->fmt < FT_WF_F32 || W->fmt > FT_WF_Q4) return 0;
-    switch (wk_mode(W, rows)) {
-    case FT_WK_X_F32: return W->fmt == FT_WF_BF16 ? al64((size_t)rows * (size_t)(W->cols & ~31) * sizeof(float)) : 0;
-    case FT_WK_X_T: {
-        size_t ldx = rows <= 16 ? 16 : 32, nb = ((size_t)rows + ldx - 1) / ldx;
-        return al64(nb * (size_t)W->cols * ldx * sizeof(float)) + xb_size(W, rows);
+    size_t n = ws_size_mode(W, rows, wk_mode_b(W, rows, 0));
+    if (W->fmt == FT_WF_BF16) {   /* enough for either setting of ft_wk_bf16_activations */
+        size_t n2 = ws_size_mode(W, rows, FT_WK_X_B16);
+        if (n2 > n) n = n2;
     }
-    case FT_WK_X_Q8:
-        if (W->group < 1 || W->cols % W->group) return 0;
-        return q_layout(W, rows).total;
-    }
-    return 0;
+    return n;
 }
 
 /* Byte offset of element i of group g of row r in the X_Q8 layout. */
@@ -219,30 +219,15 @@ ft_status ft_wk_prep(ft_wk_act *a, void *ws, size_t ws_size, const ft_wmat *W, c
                                 nr, W->cols);
         }
         t.xt = xt;
-        if (W->fmt == FT_WF_BF16 && ft_wk_bf16_activations()) {   /* x rounded to bf16 (the operand of every table) */
-            size_t n = (size_t)t.nblk * W->cols * t.ldx;
-            for (size_t i = 0; i < n; i++) {
-                uint32_t u = bf16_bits(xt[i]);
-                memcpy(&xt[i], &u, 4);
-            }
+    } else if (t.mode == FT_WK_X_B16) {
+        int ldh = b16_ld(W->cols);
+        uint16_t *xh = ws;
+        for (int r = 0; r < rows; r++) {
+            ft_f32_to_bf16(xh + (size_t)r * ldh, x + (size_t)r * W->cols, (size_t)W->cols);   /* RNE, NaN kept */
+            for (int i = W->cols; i < ldh; i++) xh[(size_t)r * ldh + i] = 0;
         }
-        if (xb_size(W, rows) && t.ldx == 32) {   /* and in pairs for vdpbf16ps */
-            size_t np = ((size_t)W->cols + 1) / 2, cols = (size_t)W->cols;
-            uint16_t *xb = (uint16_t *)((uint8_t *)ws + al64((size_t)t.nblk * cols * 32 * sizeof(float)));
-            for (int b = 0; b < t.nblk; b++)
-                for (size_t p = 0; p < np; p++) {
-                    const float *c0 = xt + ((size_t)b * cols + 2 * p) * 32;
-                    uint16_t *d = xb + ((size_t)b * np + p) * 64;
-                    for (int r = 0; r < 32; r++) {
-                        uint32_t lo, hi = 0;
-                        memcpy(&lo, &c0[r], 4);
-                        if (2 * p + 1 < cols) memcpy(&hi, &c0[32 + r], 4);
-                        d[2 * r] = (uint16_t)(lo >> 16);
-                        d[2 * r + 1] = (uint16_t)(hi >> 16);
-                    }
-                }
-            t.xb = xb;
-        }
+        t.xh = xh;
+        t.ldh = ldh;
     } else if (t.mode == FT_WK_X_Q8) {
         qlayout L = q_layout(W, rows);
         uint8_t *w8 = ws;
@@ -326,7 +311,11 @@ void ft_wk_product_ref(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, 
     for (int o = o0; o < o1; o++)
         for (int r = 0; r < a->rows; r++) {
             float acc = 0.0f;
-            if (a->mode == FT_WK_X_T) {
+            if (a->mode == FT_WK_X_B16) {
+                /* one fused chain per output (exact products: bf16 x bf16 fits f32) */
+                const uint16_t *xh = a->xh + (size_t)r * a->ldh;
+                for (int i = 0; i < W->cols; i++) acc = fmaf(ft_bf16_to_f32_1(xh[i]), wval(W, o, i), acc);
+            } else if (a->mode == FT_WK_X_T) {
                 /* one fused chain per output, as ft_k_matmul_xt_ref */
                 const float *xt = a->xt + (size_t)(r / a->ldx) * W->cols * a->ldx + r % a->ldx;
                 for (int i = 0; i < W->cols; i++) acc = fmaf(xt[(size_t)i * a->ldx], wval(W, o, i), acc);

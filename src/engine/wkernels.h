@@ -15,8 +15,8 @@
  *      ranges sharing one ft_wk_act (read only), so the engine splits
  *      [0, W->rows) over its pool. Any split computes the same values.
  *
- * The activation form ("mode") depends only on the weight format and the
- * number of rows, never on the CPU, so every kernel table computes the
+ * The activation form ("mode") depends only on the weight format, the
+ * number of rows and (bf16) ft_wk_bf16_activations(), never on the CPU, so every kernel table computes the
  * same mathematical product and each SIMD table is tested against the
  * scalar one:
  *
@@ -34,12 +34,21 @@
  *                               vectors of x along the rows: exact f32
  *                               products of the stored (dequantized)
  *                               weights and the f32 activations, f32 sums.
- *                               bf16 weights: x is rounded to bf16 first
- *                               (RNE, as ft_f32_to_bf16_1), on every CPU:
- *                               exact products of bf16 x and bf16 w, f32
- *                               sums (what vdpbf16ps computes, which the
- *                               avx512bf16 table uses; the others widen
- *                               both to f32 and use FMAs).
+ *   bf16 with bf16 activations  FT_WK_X_B16 (ft_wk_bf16_activations(),
+ *   on (any rows)               replacing both forms above): x rounded to
+ *                               bf16 (RNE, as ft_f32_to_bf16_1), rows
+ *                               padded with zeros to 32 columns: exact
+ *                               products of bf16 x and bf16 w, f32 sums.
+ *                               Batch-invariant: in every table each
+ *                               output is one fixed sequence of operations
+ *                               on its own row of x and row of W, whatever
+ *                               the row count and the output range, so a
+ *                               row's result has the same bits alone or
+ *                               among others (tested). avx512bf16: dot
+ *                               kernels with vdpbf16ps (lane l of 16 sums
+ *                               the pairs at columns 32k + 2l, k in order,
+ *                               then one fixed reduction); the others
+ *                               widen both to f32 and use FMAs.
  *   q8/q4 (any rows)            FT_WK_X_Q8: x quantized per weight group:
  *                               symmetric int8, scale xs = max|x| / 127 per
  *                               (row, group), xq = round_half_even(x *
@@ -61,7 +70,7 @@
  * last bit); the q8/q4 product differs from exact f32 math on the
  * dequantized weights by at most sum_g (xs_g / 2) sum_{i in g} |w_i|
  * (activation rounding) plus reassociation; every other mode by
- * reassociation only (bf16 X_T: the rounded x is the operand; against
+ * reassociation only (bf16 X_B16: the rounded x is the operand; against
  * the unrounded x the activation rounding adds at most 2^-8 S). */
 #ifndef FT_ENGINE_WKERNELS_H
 #define FT_ENGINE_WKERNELS_H
@@ -74,7 +83,8 @@
 typedef enum ft_wk_mode {
     FT_WK_X_F32 = 0,    /* x used as given (bf16: also deinterleaved)    */
     FT_WK_X_T = 1,      /* x transposed in blocks of ldx rows            */
-    FT_WK_X_Q8 = 2      /* x quantized per group to int8                 */
+    FT_WK_X_Q8 = 2,     /* x quantized per group to int8                 */
+    FT_WK_X_B16 = 3     /* bf16 weights: x rounded to bf16 (every row count) */
 } ft_wk_mode;
 
 /* Prepared activations: pointers into the caller's workspace (and, for
@@ -95,12 +105,10 @@ typedef struct ft_wk_act {
      * x[b*ldx + j][i] at [i*ldx + j], zeros past `rows`; 64-byte aligned. */
     const float *xt;
     int ldx, nblk;
-    /* X_T with bf16 weights on a CPU with AVX512_BF16 (else NULL): the
-     * same bf16 values as xt in pairs, for vdpbf16ps: block b (32 rows)
-     * at xb + b*np*64, pair p (columns 2p, 2p+1; np = ceil(cols / 2)) at
-     * + p*64: 32-bit lane r holds row r's two values (2p in the low
-     * half); zeros past `rows` and `cols`; 64-byte aligned. */
-    const uint16_t *xb;
+    /* X_B16: row r's values rounded to bf16 at xh + r*ldh (ldh = cols
+     * rounded up to a multiple of 32, zeros past cols); 64-byte aligned. */
+    const uint16_t *xh;
+    int ldh;
     /* X_Q8: rows are taken in quads (4 rows, zero padded past `rows`).
      * Group g of quad q is nsb 16-element sub-blocks, sub-block s at
      * xq + ((q*gpr + g)*nsb + s)*64: 16 bytes per row of the quad, q4
@@ -156,8 +164,9 @@ void ft_wk_attend_h(float *out, const float *q, const uint16_t *K, const uint16_
 
 /* Benchmarks only (not thread-safe; call while no product runs): the row
  * count from which `fmt` uses FT_WK_X_T (0: the default, 16 for f32,
- * 25 for bf16/f16, never for q8/q4). Changes which mode ft_wk_prep picks, so
- * bench_wkernels can compare the two at the same sizes. */
+ * 25 for bf16/f16, never for q8/q4; not bf16 with bf16 activations on,
+ * which is FT_WK_X_B16 at every row count). Changes which mode ft_wk_prep
+ * picks, so bench_wkernels can compare the two at the same sizes. */
 void ft_wk_set_xt_rows(ft_wfmt fmt, int rows);
 
 /* ----------------------------------------------------- kernel tables */
@@ -250,20 +259,20 @@ const ft_wk_table *ft_wk_avx2(void);       /* AVX2 + FMA + F16C            */
 const ft_wk_table *ft_wk_avx512(void);     /* + AVX-512 F/BW/VL (q8/q4 decode
                                               as avx2)                    */
 const ft_wk_table *ft_wk_avx512vnni(void); /* + AVX512_VNNI (q8/q4 decode) */
-const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (bf16 X_T: vdpbf16ps) */
+const ft_wk_table *ft_wk_avx512bf16(void); /* + AVX512_BF16 (bf16 X_B16: vdpbf16ps) */
 /* Multiply-adds per second of vdpbf16ps over f32 FMAs (zmm, register
  * loops, best of a few short runs; 0 without AVX512_BF16). */
 double ft_wk_bf16_gain(void);
 
-/* bf16 weights at >= 25 rows compute on x rounded to bf16 (what llama.cpp
- * does at every batch size; with the avx512bf16 table, vdpbf16ps on the
- * stored weights: 2x the f32 panels on AMD Zen 4) only when this is on.
- * Off by default: the rounding applies from 25 rows only, so with it a
- * token's logits depend on how many rows share its product (a prompt
- * prefilled whole vs after a cached prefix, a batch of 30 vs alone), which
- * the prefix cache and batched serving must not see. Default from the
- * environment, FLEXTIER_BF16_ACTIVATIONS=1; the setter is for tests and
- * benchmarks (not thread-safe against products in flight). */
+/* bf16 weights compute on x rounded to bf16 (FT_WK_X_B16, at every row
+ * count: batch-invariant; what llama.cpp does at every batch size; with
+ * the avx512bf16 table vdpbf16ps on the stored weights, 2x the f32 FMAs
+ * per instruction on AMD Zen 4) only when this is on; off, bf16 products
+ * take x as given (exact f32 activations). Default from the environment,
+ * FLEXTIER_BF16_ACTIVATIONS=1 (docs/engine.md says why it is not the
+ * default); the setter is for tests and benchmarks (not thread-safe
+ * against products in flight, and a context's workspace is sized for
+ * both settings). */
 int ft_wk_bf16_activations(void);
 void ft_wk_set_bf16_activations(int on);
 #endif

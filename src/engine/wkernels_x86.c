@@ -166,6 +166,14 @@ AVX2 static void attend_h_avx2(float *out, const float *q, const uint16_t *K, co
  * 0.8x (bf16). */
 #define PF_AHEAD 8192
 
+/* bf16 batch 1 reads one weight row after another with no software
+ * prefetch when x fits in this many bytes of L1 beside the stream: a
+ * single sequential stream, which the hardware prefetchers follow from
+ * page to page. Measured on AMD EPYC (Zen 4): 28-31 GB/s (the streaming
+ * read's 27-31) against 24-27 with 4 rows and L2 prefetch ahead; with f32
+ * x of 22 KiB (5632 columns) it lost (18 against 24 GB/s). */
+#define B1_ONE 16384
+
 /* FLEXTIER_WK_PREFETCH=row: the previous form instead (q8/q4: L1, 16
  * groups ahead within the row; bf16/f16: none), for A/B runs on other
  * CPUs (it was tuned on Sapphire Rapids). */
@@ -181,10 +189,24 @@ static int pf_row(void)
     return x;
 }
 
+/* FLEXTIER_WK_PF_AHEAD=BYTES: another distance (benchmarks). */
+static size_t pf_bytes(void)
+{
+    static long v = -1;
+    long x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (x < 0) {
+        const char *e = getenv("FLEXTIER_WK_PF_AHEAD");
+        x = e ? strtol(e, NULL, 10) : 0;
+        x = x > 0 && x <= (64l << 20) ? x : PF_AHEAD;
+        __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    }
+    return (size_t)x;
+}
+
 static int pf_ahead(size_t rowbytes, int O)
 {
     if (pf_row()) return 0;
-    size_t blk = rowbytes * (size_t)O, n = (PF_AHEAD + blk - 1) / blk;
+    size_t blk = rowbytes * (size_t)O, n = (pf_bytes() + blk - 1) / blk;
     return (int)(n ? n : 1) * O;
 }
 
@@ -263,14 +285,18 @@ AVX512 static void hx512_f(float *y, int ldy, const float *x, int ldx, int rows,
 {
     const int ldd = cols & ~31;
     const int ahead = pf_ahead((size_t)cols * 2, 4);
+    /* batch 1, bf16, x (deinterleaved, f32) at most 16 KiB: one weight row
+     * at a time, no software prefetch: a single sequential stream, which
+     * the hardware prefetchers follow across pages (B1_ONE) */
+    const int one = rows == 1 && !f16 && xd && !pf_row() && (size_t)cols * 4 <= B1_ONE;
     for (int o = o0; o < o1;) {
-        int O = o1 - o >= 4 ? 4 : 1;
+        int O = o1 - o >= 4 && !one ? 4 : 1;
         const uint16_t *w = W + (size_t)o * cols;
         const float *bb = b ? b + o : NULL;
         for (int r = 0; r < rows;) {
             int R = rows - r >= 6 ? 6 : rows - r;
             /* the rows ahead, while the first rows of x pass over this block */
-            const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
+            const uint16_t *nx = r == 0 && !one && o + ahead + O <= o1 ? W + (size_t)(o + ahead) * cols : NULL;
             float *yy = y + (size_t)r * ldy + o;
             const float *xx = x + (size_t)r * ldx, *xdd = xd ? xd + (size_t)r * ldd : NULL;
             if (O == 4) { if (f16) { HX512_R(4, 1) } else { HX512_R(4, 0) } }
@@ -560,77 +586,191 @@ AVX512 static void xt_tile_512(float *tmp, const float *xt, int ldx, const float
     else xt_tile_512_i(tmp, xt, ldx, pan, nk, pf, 0);
 }
 
-/* ============================================= bf16 X_T with vdpbf16ps */
+/* ===================================== X_B16: bf16 x, batch-invariant */
 
-/* O <= 12 weight rows (bf16, row stride cols) x one 32-row block of x
- * pairs (ft_wk_act.xb), over all columns: per pair of columns two loads
- * of x and, per weight row, the pair broadcast from the stored row
- * against both (24 accumulators; no panel: the weights are used as
- * stored). tmp[j*32 + r] as xt_tile_512. nx: the rows of the next block
- * (NULL: none), prefetched into L2 a line per row every 32 columns. */
-BF16 static INL void bh_tile(float *tmp, const uint16_t *xb, const uint16_t *w, size_t cols, const uint16_t *nx,
-                             const int O)
+/* Every X_B16 kernel is "dot style": output (r, o) accumulates in its own
+ * vector, along the columns, in column order, then one fixed reduction
+ * and the bias. The blocking (O weight rows x R rows of x, ranges of
+ * rows and outputs) changes which outputs are computed together, never
+ * the operations that make one, so a row's results have the same bits
+ * at every row count and output split (wk_bf16_batch_invariant). The
+ * rows of x are padded with zeros to ldh (a multiple of 32), so the last
+ * columns load x whole and mask only the weights. */
+
+/* avx512bf16: O <= 4 weight rows x R <= 6 rows of x, 24 accumulators;
+ * per 32 columns one load per weight row and per row of x, one
+ * vdpbf16ps per pair (lane l: columns 32k + 2l, 32k + 2l + 1). nx: the
+ * weight rows a few blocks on (NULL: none), prefetched into L2 one line
+ * per row every 32 columns (PF_AHEAD). */
+BF16 static INL void b16_blk(float *y, int ldy, const uint16_t *xh, int ldh, const uint16_t *w, int cols,
+                             const float *b, const int O, const int R, const uint16_t *nx)
 {
-    __m512 acc[12][2];
-    UNROLL for (int j = 0; j < O; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    const size_t np = cols / 2;
-    const uint16_t *wj[12];
-    UNROLL for (int j = 0; j < O; j++) wj[j] = w + (size_t)j * cols;
-    for (size_t p = 0; p < np; p++) {
-        if (nx && !(p & 15))
-            UNROLL for (int j = 0; j < O; j++) _mm_prefetch((const char *)(nx + (size_t)j * cols + 2 * p), _MM_HINT_T1);
-        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + p * 64), x1 = (__m512bh)_mm512_load_si512(xb + p * 64 + 32);
-        UNROLL for (int j = 0; j < O; j++) {
-            int32_t v;
-            memcpy(&v, wj[j] + 2 * p, 4);
-            __m512bh wv = (__m512bh)_mm512_set1_epi32(v);
-            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
-            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
+    __m512 acc[4][6];
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 32) {
+        __mmask32 m = cols - i >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (cols - i)) - 1);
+        if (nx) UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
+        __m512bh wv[4];
+        UNROLL for (int o = 0; o < O; o++)
+            wv[o] = (__m512bh)(cols - i >= 32 ? _mm512_loadu_si512(w + (size_t)o * cols + i)
+                                              : _mm512_maskz_loadu_epi16(m, w + (size_t)o * cols + i));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512bh xv = (__m512bh)_mm512_load_si512(xh + (size_t)r * ldh + i);
+            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm512_dpbf16_ps(acc[o][r], wv[o], xv);
         }
     }
-    if (cols & 1) {   /* the last column: (w, 0) against (x, 0) */
-        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + np * 64), x1 = (__m512bh)_mm512_load_si512(xb + np * 64 + 32);
-        UNROLL for (int j = 0; j < O; j++) {
-            __m512bh wv = (__m512bh)_mm512_set1_epi32((int32_t)wj[j][2 * np]);
-            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, x0);
-            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv, x1);
-        }
-    }
-    UNROLL for (int j = 0; j < O; j++) {
-        _mm512_store_ps(tmp + (size_t)j * 32, acc[j][0]);
-        _mm512_store_ps(tmp + (size_t)j * 32 + 16, acc[j][1]);
-    }
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++)
+        y[(size_t)r * ldy + o] = _mm512_reduce_add_ps(acc[o][r]) + (b ? b[o] : 0.0f);
 }
 
-/* Blocks of x (32 rows each) per pass: their pairs (cols * 64 bytes
- * each) stay in L2 while every weight row of the range passes. */
-#define BH_L2 (512u << 10)
+/* Rows of x per pass (ldh * 2 bytes each): they stay in L2 while every
+ * weight block of the range passes over them. */
+#define B16_L2 (384u << 10)
 
-BF16 static void product_bh(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
-                            const float *b)
+#define B16_R(O)                                                                                   \
+    switch (R) {                                                                                   \
+    case 6: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 6, nx); break;                               \
+    case 5: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 5, nx); break;                               \
+    case 4: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 4, nx); break;                               \
+    case 3: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 3, nx); break;                               \
+    case 2: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 2, nx); break;                               \
+    default: b16_blk(yy, ldy, xx, ldh, w, cols, bb, O, 1, nx); break;                              \
+    }
+
+BF16 static void product_b16(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                             const float *b)
 {
-    const size_t cols = (size_t)W->cols, np = (cols + 1) / 2;
+    const int cols = W->cols, ldh = a->ldh;
     const uint16_t *W16 = W->data;
-    float tmp[12 * 32] __attribute__((aligned(64)));
-    memset(tmp, 0, sizeof tmp);
-    size_t per = np * 64 * sizeof(uint16_t);
-    int gb = per >= BH_L2 ? 1 : (int)(BH_L2 / per);
-    for (int b0 = 0; b0 < a->nblk; b0 += gb) {
-        int b1 = a->nblk - b0 < gb ? a->nblk : b0 + gb;
+    const int ahead = pf_ahead((size_t)cols * 2, 4);
+    /* batch 1 (x in bf16 at most B1_ONE bytes): one weight row at a time,
+     * no software prefetch (B1_ONE) */
+    const int one = a->rows == 1 && !pf_row() && (size_t)ldh * 2 <= B1_ONE;
+    int rb = (int)(B16_L2 / ((size_t)ldh * 2));
+    rb = rb < 6 ? 6 : rb / 6 * 6;
+    for (int r0 = 0; r0 < a->rows; r0 += rb) {
+        int r1 = a->rows - r0 < rb ? a->rows : r0 + rb;
         for (int o = o0; o < o1;) {
-            int O = o1 - o >= 12 ? 12 : o1 - o >= 4 ? 4 : 1;
+            int O = o1 - o >= 4 && !one ? 4 : 1;
             const uint16_t *w = W16 + (size_t)o * cols;
-            for (int bk = b0; bk < b1; bk++) {
-                const uint16_t *nx = bk == b0 && o + O + 12 <= o1 ? w + (size_t)O * cols : NULL;
-                const uint16_t *xb = a->xb + (size_t)bk * np * 64;
-                if (O == 12) bh_tile(tmp, xb, w, cols, nx, 12);
-                else if (O == 4) bh_tile(tmp, xb, w, cols, nx, 4);
-                else bh_tile(tmp, xb, w, cols, nx, 1);
-                int nr = a->rows - bk * 32 < 32 ? a->rows - bk * 32 : 32;
-                store_tile_512(y + (size_t)bk * 32 * ldy + o, ldy, tmp, O, nr, 1, b ? b + o : NULL);
+            const float *bb = b ? b + o : NULL;
+            for (int r = r0; r < r1;) {
+                int R = r1 - r >= 6 ? 6 : r1 - r;
+                /* the rows ahead, while the first rows of x pass over this block */
+                const uint16_t *nx = r == 0 && !one && o + ahead + O <= o1 ? W16 + (size_t)(o + ahead) * cols : NULL;
+                float *yy = y + (size_t)r * ldy + o;
+                const uint16_t *xx = a->xh + (size_t)r * ldh;
+                if (O == 4) { B16_R(4) } else { B16_R(1) }
+                r += R;
             }
             o += O;
         }
+    }
+}
+#undef B16_R
+
+/* The others: both widened to f32 (shifts), FMAs, 16 lanes (AVX-512) or
+ * 8 (AVX2) along the columns. */
+AVX512 static INL void b16f_blk512(float *y, int ldy, const uint16_t *xh, int ldh, const uint16_t *w, int cols,
+                                   const float *b, const int O, const int R, const uint16_t *nx)
+{
+    __m512 acc[4][6];
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm512_setzero_ps();
+    for (int i = 0; i < cols; i += 16) {
+        __mmask16 m = cols - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - i)) - 1);
+        if (nx && !(i & 31))
+            UNROLL for (int o = 0; o < O; o++) _mm_prefetch((const char *)(nx + (size_t)o * cols + i), _MM_HINT_T1);
+        __m512 wv[4];
+        UNROLL for (int o = 0; o < O; o++) wv[o] = h16(w + (size_t)o * cols + i, m, 0);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 xv = h16(xh + (size_t)r * ldh + i, 0xffff, 0);
+            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm512_fmadd_ps(wv[o], xv, acc[o][r]);
+        }
+    }
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++)
+        y[(size_t)r * ldy + o] = _mm512_reduce_add_ps(acc[o][r]) + (b ? b[o] : 0.0f);
+}
+
+#define B16F_R(O)                                                                                  \
+    switch (R) {                                                                                   \
+    case 6: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 6, nx); break;                           \
+    case 5: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 5, nx); break;                           \
+    case 4: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 4, nx); break;                           \
+    case 3: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 3, nx); break;                           \
+    case 2: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 2, nx); break;                           \
+    default: b16f_blk512(yy, ldy, xx, ldh, w, cols, bb, O, 1, nx); break;                          \
+    }
+
+AVX512 static void product_b16f_512(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                                    const float *b)
+{
+    const int cols = W->cols, ldh = a->ldh;
+    const uint16_t *W16 = W->data;
+    const int ahead = pf_ahead((size_t)cols * 2, 4);
+    int rb = (int)(B16_L2 / ((size_t)ldh * 2));
+    rb = rb < 6 ? 6 : rb / 6 * 6;
+    for (int r0 = 0; r0 < a->rows; r0 += rb) {
+        int r1 = a->rows - r0 < rb ? a->rows : r0 + rb;
+        for (int o = o0; o < o1;) {
+            int O = o1 - o >= 4 ? 4 : 1;
+            const uint16_t *w = W16 + (size_t)o * cols;
+            const float *bb = b ? b + o : NULL;
+            for (int r = r0; r < r1;) {
+                int R = r1 - r >= 6 ? 6 : r1 - r;
+                const uint16_t *nx = r == 0 && o + ahead + O <= o1 ? W16 + (size_t)(o + ahead) * cols : NULL;
+                float *yy = y + (size_t)r * ldy + o;
+                const uint16_t *xx = a->xh + (size_t)r * ldh;
+                if (O == 4) { B16F_R(4) } else { B16F_R(1) }
+                r += R;
+            }
+            o += O;
+        }
+    }
+}
+#undef B16F_R
+
+/* AVX2: 4 weight rows x 2 rows of x (8 accumulators); the weights'
+ * last columns (cols % 8) one by one, after the vector sum. */
+AVX2 static INL void b16f_blk2(float *y, int ldy, const uint16_t *xh, int ldh, const uint16_t *w, int cols,
+                               const float *b, const int O, const int R)
+{
+    __m256 acc[4][2];
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) acc[o][r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= cols; i += 8) {
+        __m256 wv[4];
+        UNROLL for (int o = 0; o < O; o++) wv[o] = h8(w + (size_t)o * cols + i, 0);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 xv = h8(xh + (size_t)r * ldh + i, 0);
+            UNROLL for (int o = 0; o < O; o++) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
+        }
+    }
+    UNROLL for (int o = 0; o < O; o++) UNROLL for (int r = 0; r < R; r++) {
+        float s = hsum8(acc[o][r]);
+        for (int k = i; k < cols; k++)
+            s = fmaf(ft_bf16_to_f32_1(xh[(size_t)r * ldh + k]), ft_bf16_to_f32_1(w[(size_t)o * cols + k]), s);
+        y[(size_t)r * ldy + o] = s + (b ? b[o] : 0.0f);
+    }
+}
+
+AVX2 static void product_b16f_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
+                                   const float *b)
+{
+    const int cols = W->cols, ldh = a->ldh;
+    const uint16_t *W16 = W->data;
+    for (int o = o0; o < o1;) {
+        int O = o1 - o >= 4 ? 4 : 1;
+        const uint16_t *w = W16 + (size_t)o * cols;
+        const float *bb = b ? b + o : NULL;
+        for (int r = 0; r < a->rows;) {
+            int R = a->rows - r >= 2 ? 2 : 1;
+            float *yy = y + (size_t)r * ldy + o;
+            const uint16_t *xx = a->xh + (size_t)r * ldh;
+            if (O == 4) { if (R == 2) b16f_blk2(yy, ldy, xx, ldh, w, cols, bb, 4, 2); else b16f_blk2(yy, ldy, xx, ldh, w, cols, bb, 4, 1); }
+            else { if (R == 2) b16f_blk2(yy, ldy, xx, ldh, w, cols, bb, 1, 2); else b16f_blk2(yy, ldy, xx, ldh, w, cols, bb, 1, 1); }
+            r += R;
+        }
+        o += O;
     }
 }
 
@@ -1278,6 +1418,7 @@ AVX2 static void product_avx2(float *y, int ldy, const ft_wk_act *a, const ft_wm
     if (o0 >= o1) return;
     switch (a->mode) {
     case FT_WK_X_Q8: product_q_avx2(y, ldy, a, W, o0, o1, b); return;
+    case FT_WK_X_B16: product_b16f_avx2(y, ldy, a, W, o0, o1, b); return;
     case FT_WK_X_T: product_xt(y, ldy, a, W, o0, o1, b, 6, xt_tile_avx2); return;
     case FT_WK_X_F32:
         if (W->fmt == FT_WF_F32) {
@@ -1299,6 +1440,7 @@ AVX512 static void product_avx512_common(float *y, int ldy, const ft_wk_act *a, 
         if (vnni) product_q_vnni(y, ldy, a, W, o0, o1, b);
         else product_q_avx2(y, ldy, a, W, o0, o1, b);
         return;
+    case FT_WK_X_B16: product_b16f_512(y, ldy, a, W, o0, o1, b); return;
     case FT_WK_X_T:
         if (W->fmt == FT_WF_F32 && a->nblk == 1 && ft_k_get()->matmul_xt) {
             /* f32 decode: the engine's kernel streams the weights as stored */
@@ -1334,8 +1476,8 @@ static void product_avx512vnni(float *y, int ldy, const ft_wk_act *a, const ft_w
 BF16 static void product_avx512bf16(float *y, int ldy, const ft_wk_act *a, const ft_wmat *W, int o0, int o1,
                                     const float *b)
 {
-    if (o0 < o1 && a->mode == FT_WK_X_T && W->fmt == FT_WF_BF16 && a->xb) {
-        product_bh(y, ldy, a, W, o0, o1, b);
+    if (o0 < o1 && a->mode == FT_WK_X_B16) {
+        product_b16(y, ldy, a, W, o0, o1, b);
         return;
     }
     product_avx512_common(y, ldy, a, W, o0, o1, b, 1);

@@ -3,6 +3,7 @@
  * per-layer hook work. */
 #include "ft_test.h"
 #include "flextier/engine.h"
+#include "engine/wkernels.h"
 
 #include <math.h>
 
@@ -247,6 +248,70 @@ TEST(context_limit)
     CHECK(strstr(ft_last_error(), "max_position_embeddings") != NULL);
     ft_model_free(m);
 }
+
+/* bf16 weights with bf16 activations (opt-in: FLEXTIER_BF16_ACTIVATIONS=1)
+ * are batch-invariant: each sequence's logits have the same bits whether
+ * its prompt is prefilled beside two others (41 rows in the products) or
+ * alone, whole or after a prefix (the server's prefix cache), and in
+ * decode steps shared with the others or alone. */
+static void bf16_batch_invariant(ft_arch_id arch)
+{
+    int was = ft_wk_bf16_activations();
+    ft_wk_set_bf16_activations(1);
+    ft_model *m32 = random_model(arch, 11), *m = NULL;
+    REQUIRE(m32);
+    CHECK_OK(ft_model_convert(m32, FT_WF_BF16, &m));
+    REQUIRE(m);
+    CHECK(ft_model_weights_format(m) == FT_WF_BF16);
+    ft_ctx_params cp = {.max_batch = 3, .max_seq = 48, .threads = 2};
+    ft_ctx *c = NULL;
+    CHECK_OK(ft_ctx_create(m, &cp, &c));
+    REQUIRE(c);
+    enum { V = 97, STEPS = 3 };
+    int32_t p[3][30];
+    size_t pl[3] = {9, 2, 30};
+    uint64_t seed = 3;
+    for (int j = 0; j < 3; j++)
+        for (size_t i = 0; i < pl[j]; i++) p[j][i] = (int32_t)(ft_test_rand(&seed) % V);
+    static const int32_t dec[STEPS][3] = {{5, 6, 7}, {40, 41, 42}, {90, 3, 17}};
+    float all[STEPS + 1][3][V], one[V];
+    int slots[3] = {0, 1, 2};
+    const int32_t *tp[3] = {p[0], p[1], p[2]};
+    CHECK_OK(ft_ctx_forward(c, 3, slots, tp, pl, &all[0][0][0], 0));
+    for (int s = 0; s < STEPS; s++) {
+        const int32_t *dp[3] = {&dec[s][0], &dec[s][1], &dec[s][2]};
+        size_t n1[3] = {1, 1, 1};
+        CHECK_OK(ft_ctx_forward(c, 3, slots, dp, n1, &all[s + 1][0][0], 0));
+    }
+    for (int j = 0; j < 3; j++) {
+        /* alone, whole prompt, then the same decode steps alone */
+        ft_ctx_reset(c, j);
+        CHECK_OK(ft_ctx_forward(c, 1, &slots[j], &tp[j], &pl[j], one, 0));
+        CHECK_MSG(!memcmp(one, all[0][j], sizeof one), "arch %d seq %d: prompt alone differs", arch, j);
+        for (int s = 0; s < STEPS; s++) {
+            const int32_t *dp = &dec[s][j];
+            size_t n1 = 1;
+            CHECK_OK(ft_ctx_forward(c, 1, &slots[j], &dp, &n1, one, 0));
+            CHECK_MSG(!memcmp(one, all[s + 1][j], sizeof one), "arch %d seq %d: step %d alone differs", arch, j, s);
+        }
+        /* after a prefix (its first half), as from the prefix cache */
+        if (pl[j] > 1) {
+            ft_ctx_reset(c, j);
+            size_t h = pl[j] / 2, rest = pl[j] - h;
+            const int32_t *t2 = p[j] + h;
+            CHECK_OK(ft_ctx_forward(c, 1, &slots[j], &tp[j], &h, one, 0));
+            CHECK_OK(ft_ctx_forward(c, 1, &slots[j], &t2, &rest, one, 0));
+            CHECK_MSG(!memcmp(one, all[0][j], sizeof one), "arch %d seq %d: prompt after a prefix differs", arch, j);
+        }
+    }
+    ft_ctx_free(c);
+    ft_model_free(m);
+    ft_model_free(m32);
+    ft_wk_set_bf16_activations(was);
+}
+
+TEST(bf16_activations_batch_invariant_llama) { bf16_batch_invariant(FT_ARCH_LLAMA); }
+TEST(bf16_activations_batch_invariant_opt) { bf16_batch_invariant(FT_ARCH_OPT); }
 
 /* More than 32 rows take the sgemm path, fewer the small-batch kernel:
  * a 2 x 30 token prefill in one call equals the same prompts fed 5 tokens

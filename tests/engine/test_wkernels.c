@@ -191,7 +191,7 @@ static void run_case(const tmat *t, int rows, int o0, int o1, int with_bias, con
     float *yr = malloc(ny * sizeof(float)), *ys = malloc(ny * sizeof(float));
     for (size_t i = 0; i < ny; i++) yr[i] = NAN;
     ft_wk_list(0)->product(yr, ldy, &a, W, o0, o1, b);
-    int bf16x = W->fmt == FT_WF_BF16 && a.mode == FT_WK_X_T && ft_wk_bf16_activations(), q = a.mode == FT_WK_X_Q8;
+    int bf16x = a.mode == FT_WK_X_B16, q = a.mode == FT_WK_X_Q8;
     const double u = 1.0 / (1 << 24);
     /* the reference against exact math */
     for (int r = 0; r < rows; r++)
@@ -295,22 +295,75 @@ TEST(wk_float_formats)
     printf("  worst SIMD/ref %.3g u S, worst ref/exact %.3g of the bound\n", worst_simd, worst_exact);
 }
 
-/* bf16 weights with FLEXTIER_BF16_ACTIVATIONS on: from 25 rows the operand
- * is x rounded to bf16 (vdpbf16ps where the avx512bf16 table is chosen),
- * checked against the rounded-x product and against x as given; off (the
- * default, wk_float_formats) every row count computes on x as given. */
-TEST(wk_bf16_activations_opt_in)
+/* bf16 weights with FLEXTIER_BF16_ACTIVATIONS on: at every row count the
+ * operand is x rounded to bf16 (vdpbf16ps where the avx512bf16 table is
+ * chosen), checked against the rounded-x product and against x as given;
+ * off (the default, wk_float_formats) every row count computes on x as
+ * given. */
+TEST(wk_bf16_activations)
 {
     int was = ft_wk_bf16_activations();
     ft_wk_set_bf16_activations(1);
-    static const int shapes[][2] = {{37, 131}, {13, 16}, {9, 200}, {64, 256}};
-    for (int s = 0; s < 4; s++) {
+    static const int shapes[][2] = {{37, 131}, {13, 16}, {9, 200}, {64, 256}, {5, 31}};
+    for (int s = 0; s < 5; s++) {
         tmat t;
         tmat_make(&t, FT_WF_BF16, shapes[s][0], shapes[s][1], 0, 0);
         char what[64];
         snprintf(what, sizeof what, "bf16 (rounded x) %dx%d", shapes[s][0], shapes[s][1]);
-        for (int rows = 24; rows <= 40; rows += 4) run_case(&t, rows, rows % 3, t.W.rows - (rows % 2), rows & 1, what);
+        for (int rows = 1; rows <= 40; rows += s ? 3 : 1) run_case(&t, rows, rows % 3, t.W.rows - (rows % 2), rows & 1, what);
         run_case(&t, 67, 0, t.W.rows, 0, what);
+        tmat_free(&t);
+    }
+    ft_wk_set_bf16_activations(was);
+}
+
+/* Batch invariance of bf16 with bf16 activations: in every table, each
+ * row of a product over N rows (split over two output ranges) has the
+ * same bits as that row's product alone (another split), for N from 1
+ * to 67: a token's logits do not depend on how many rows share its
+ * products (batched decode, a prompt prefilled whole or after a cached
+ * prefix). */
+TEST(wk_bf16_batch_invariant)
+{
+    int was = ft_wk_bf16_activations();
+    ft_wk_set_bf16_activations(1);
+    static const int shapes[][2] = {{37, 131}, {64, 256}, {13, 16}, {9, 200}, {24, 2048}};
+    static const int ns[] = {2, 3, 5, 6, 7, 12, 13, 24, 25, 32, 33, 67};
+    for (int s = 0; s < 5; s++) {
+        tmat t;
+        tmat_make(&t, FT_WF_BF16, shapes[s][0], shapes[s][1], 0, 0);
+        int cols = t.W.cols, nout = t.W.rows, maxn = 67;
+        float *x = malloc((size_t)maxn * cols * sizeof(float)), *b = malloc((size_t)nout * sizeof(float));
+        fill_x(x, maxn, cols, 0);
+        for (int o = 0; o < nout; o++) b[o] = frand();
+        size_t wsz = ft_wk_ws_size(&t.W, maxn);
+        void *ws = ft_malloc_aligned(wsz, 64);
+        float *ya = malloc((size_t)maxn * nout * sizeof(float)), *y1 = malloc((size_t)nout * sizeof(float));
+        for (int ti = 0; ft_wk_list(ti); ti++) {
+            const ft_wk_table *T = ft_wk_list(ti);
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int n = ns[k], split = (n * 5) % nout;
+                ft_wk_act a;
+                CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, n));
+                CHECK(a.mode == FT_WK_X_B16);
+                T->product(ya, nout, &a, &t.W, 0, split, b);
+                T->product(ya, nout, &a, &t.W, split, nout, b);
+                int same = 1;
+                for (int r = 0; r < n && same; r++) {
+                    CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x + (size_t)r * cols, 1));
+                    int sp = (r * 7 + 1) % nout;
+                    T->product(y1, nout, &a, &t.W, sp, nout, b);
+                    T->product(y1, nout, &a, &t.W, 0, sp, b);
+                    same = !memcmp(y1, ya + (size_t)r * nout, (size_t)nout * sizeof(float));
+                    CHECK_MSG(same, "%s %dx%d: row %d of %d differs from the row alone", T->name, nout, cols, r, n);
+                }
+            }
+        }
+        ft_free_aligned(ws);
+        free(x);
+        free(b);
+        free(ya);
+        free(y1);
         tmat_free(&t);
     }
     ft_wk_set_bf16_activations(was);
