@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ft_train_params p;
     ft_train_params_default(&p);
     if (ft_lora_read_config(dir, &p) != FT_OK) return 0;
-    if (p.rank < 1 || p.rank > 4096 || !(p.alpha > 0.0f) || !p.targets || (p.targets & ~(unsigned)FT_LORA_ALL))
+    if (p.rank < 1 || p.rank > 4096 || !(p.alpha > 0.0f) || !p.targets || (p.targets & ~(unsigned)FT_LORA_ANY))
         abort();
     return 0;
 }

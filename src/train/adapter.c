@@ -186,6 +186,10 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
         st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target_modules must be a list of module names", path);
         goto done;
     }
+    if (json_object_array_length(v) == 0) {
+        st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules is empty (no module to adapt)", path);
+        goto done;
+    }
     for (size_t i = 0; i < json_object_array_length(v); i++) {
         json_object *e = json_object_array_get_idx(v, i);
         unsigned b = json_object_is_type(e, json_type_string) ? ft_lora_target_bit(json_object_get_string(e)) : 0;
