@@ -28,29 +28,18 @@
  * The measured values are printed. */
 #include "ft_test.h"
 #include "flextier/engine.h"
+#include "support/fixture.h"
 
 #include <math.h>
 
-#include <dirent.h>
 
 /* Every fixture model directory (sorted), sliding-window ones included. */
-static char models[32][256];
+static const char (*models)[256];
 static size_t n_models;
-
-static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
 
 static void list_models(void)
 {
-    if (n_models) return;
-    char dir[512];
-    const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/models", data ? data : "tests/data");
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n_models < 32)
-        if (e->d_name[0] != '.') snprintf(models[n_models++], sizeof models[0], "%s", e->d_name);
-    if (d) closedir(d);
-    qsort(models, n_models, sizeof models[0], cmp_name);
+    if (!models) models = ft_fixture_models(&n_models);
 }
 
 /* Fixed prompts (token ids below every fixture's vocab of >= 256). */
@@ -152,7 +141,7 @@ static void check_format(int weights, ft_dtype kv, double dense_bound, double mo
 {
     double worst = 0;
     list_models();
-    REQUIRE(n_models >= 8);
+    REQUIRE(n_models >= 8 && n_models <= FT_FIXTURE_MAX_MODELS);
     for (size_t k = 0; k < n_models; k++) {
         result ref, got;
         int ok_ref = run(models[k], FT_WF_F32, FT_F32, NULL, &ref, NULL);

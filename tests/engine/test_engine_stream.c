@@ -8,26 +8,16 @@
  * all-row logits. */
 #include "ft_test.h"
 #include "flextier/engine.h"
+#include "support/fixture.h"
 
-#include <dirent.h>
 
-static char models[32][256];
+/* Every fixture model directory (sorted), sliding-window ones included. */
+static const char (*models)[256];
 static size_t n_models;
-
-static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
 
 static void list_models(void)
 {
-    if (n_models) return;
-    char dir[512];
-    const char *data = getenv("FT_TEST_DATA");
-    snprintf(dir, sizeof dir, "%s/models", data ? data : "tests/data");
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n_models < 32)
-        if (e->d_name[0] != '.') snprintf(models[n_models++], sizeof models[0], "%s", e->d_name);
-    if (d) closedir(d);
-    qsort(models, n_models, sizeof models[0], cmp_name);
+    if (!models) models = ft_fixture_models(&n_models);
 }
 
 static void model_dir(const char *name, char *out, size_t n)
@@ -116,7 +106,7 @@ static void check_model(const char *name, int weights)
 TEST(bit_identical_on_every_fixture)
 {
     list_models();
-    REQUIRE(n_models > 0);
+    REQUIRE(n_models > 0 && n_models <= FT_FIXTURE_MAX_MODELS);
     for (size_t i = 0; i < n_models; i++) {
         check_model(models[i], FT_WEIGHTS_AS_STORED);
         check_model(models[i], FT_WF_BF16);

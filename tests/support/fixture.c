@@ -3,6 +3,7 @@
  * generated, but a hand edit must fail cleanly, not overflow the arrays). */
 #include "fixture.h"
 
+#include <dirent.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,27 @@ void ft_fixture_dir(const char *set, const char *name, char *dir, size_t n)
 {
     const char *data = getenv("FT_TEST_DATA");
     snprintf(dir, n, "%s/%s/%s", data ? data : "tests/data", set, name);
+}
+
+static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
+
+const char (*ft_fixture_models(size_t *n))[256]
+{
+    static char models[FT_FIXTURE_MAX_MODELS + 1][256];
+    static size_t count;
+    if (!count) {
+        char dir[512];
+        const char *data = getenv("FT_TEST_DATA");
+        snprintf(dir, sizeof dir, "%s/models", data ? data : "tests/data");
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        while (d && (e = readdir(d)) && count <= FT_FIXTURE_MAX_MODELS)
+            if (e->d_name[0] != '.') snprintf(models[count++], sizeof models[0], "%s", e->d_name);
+        if (d) closedir(d);
+        qsort(models, count, sizeof models[0], cmp_name);
+    }
+    *n = count;   /* FT_FIXTURE_MAX_MODELS + 1: too many (the caller checks) */
+    return (const char (*)[256])models;
 }
 
 /* Array `a` of ints into out[0..cap): 0 if it is not an array or longer. */

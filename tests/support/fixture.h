@@ -33,6 +33,12 @@ void ft_fixture_dir(const char *set, const char *name, char *dir, size_t n);
 int ft_fixture_load(const char *dir, ft_fixture *f);
 void ft_fixture_free(ft_fixture *f);
 
+/* The fixture model directories of $FT_TEST_DATA/models (names, sorted),
+ * listed once: *n of them, at most FT_FIXTURE_MAX_MODELS (more is a
+ * failure of the caller's REQUIRE, never a silent cut). */
+#define FT_FIXTURE_MAX_MODELS 64
+const char (*ft_fixture_models(size_t *n))[256];
+
 /* max |a[i] - b[i]|; NaN if any difference is NaN. */
 float ft_max_abs_diff(const float *a, const float *b, size_t n);
 #endif
