@@ -99,7 +99,7 @@ adapter=${OUT:-$work/adapter}
 echo "== flextier finetune: LoRA rank $rank on all projections, $steps steps x $batch sequences of $seq tokens, lr $lr"
 "$bin" finetune --model "$model" --data "$work/train.txt" --out "$adapter" --steps "$steps" --lr "$lr" \
     --rank "$rank" --alpha $((2 * rank)) --seq-len "$seq" --batch "$batch" --eval-frac 0 --seed 0 \
-    "${thr[@]}" | tee "$work/finetune.log" | grep -E "^(lora|step [0-9]*0/|trained|adapter)" || true
+    "${thr[@]}" | tee "$work/finetune.log" | grep -E "^(finetune|lora|step [0-9]*0/|trained|adapter)" || true
 grep -q "^adapter written" "$work/finetune.log" || { echo "finetune-demo: flextier finetune failed" >&2; exit 1; }
 t2=$(now)
 echo "== perplexity after (the base model with the adapter: --lora)"

@@ -150,10 +150,14 @@ PY
         MDIR[$m]=$d; GGUF[$m]=$d/ggml-f32.gguf ;;
     l2|1b)
         L=2; [ "$m" = 1b ] && L=22
+        # llamacpp.sh's directory when it holds a tokenizer (older gen-model
+        # versions wrote none: the converter needs one), else our own
         d=$PEERS_CACHE/models/llama-h2048-l$L-v32000-bf16
+        [ ! -d "$d" ] || [ -f "$d/tokenizer.json" ] || d=$PEERS_CACHE/models/train-llama-h2048-l$L-v32000-bf16
         # shellcheck disable=SC2046
         peers_gen_model "$FT" "$d" $(gen_args "$L")
-        MDIR[$m]=$d; GGUF[$m]=$(peers_gguf "$d" f32) ;;
+        [ -f "$d/tokenizer.json" ] || peers_die "$d has no tokenizer.json"
+        MDIR[$m]=$d; GGUF[$m]=$(peers_gguf "$d" f32) || exit 1 ;;
     esac
 done
 
@@ -247,8 +251,8 @@ run_one() {
 
 declare -A TEXT LTRAIN SKIPLL
 for m in $MODELS; do
-    TEXT[$m]=$(cut_text "$m")
-    LTRAIN[$m]=$(llama_trainable "${GGUF[$m]}")
+    TEXT[$m]=$(cut_text "$m") || peers_die "cutting the text for $m failed"
+    LTRAIN[$m]=$(llama_trainable "${GGUF[$m]}") || peers_die "reading ${GGUF[$m]} failed"
     # llama.cpp holds the f32 weights, their gradients and AdamW's two
     # moments: ~16 bytes per trainable parameter plus the f32 model
     need=$(( LTRAIN[$m] * 12 + $(stat -c %s "${GGUF[$m]}") ))
@@ -288,6 +292,8 @@ cells = collections.OrderedDict()
 for m, tool, t, run, tps, rss, trainable, load, cpus in rows:
     c = cells.setdefault((m, tool, t), {"tps": [], "rss": [], "load": [], "cpus": [], "trainable": trainable})
     c["tps"].append(float(tps)); c["rss"].append(int(rss)); c["load"].append(float(load)); c["cpus"].append(float(cpus))
+def num(x):
+    return "%.1f" % x if x < 100 else "%.0f" % x
 names = {"demo": "demo/kjv-llama (5.5M)", "l2": "1.12B Llama's layers, 2 of 22 (hidden 2048)", "1b": "1.12B Llama (22 layers)"}
 print("| model | run | what is trained | threads | tok/s median (range) | vs llama.cpp | tok per CPU-s, whole run | peak RSS | 1-min load |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -301,9 +307,9 @@ for (m, tool, t), c in cells.items():
     else:
         what = "LoRA r%s all 7 projections: %s params; base frozen in %s" % (rank, format(int(c["trainable"]), ","), tool.split("-")[1])
         label = "flextier finetune"
-    print("| %s | %s | %s | %s | %.0f (%.0f-%.0f) | %s | %.0f | %.0f MiB | %.1f-%.1f |" % (
-        names[m], label, what, t, med, min(c["tps"]), max(c["tps"]), ratio, statistics.median(c["cpus"]),
-        statistics.median(c["rss"]) / 2**20, min(c["load"]), max(c["load"])))
+    print("| %s | %s | %s | %s | %s (%s-%s) | %s | %s | %.0f MiB | %.1f-%.1f |" % (
+        names[m], label, what, t, num(med), num(min(c["tps"])), num(max(c["tps"])), ratio,
+        num(statistics.median(c["cpus"])), statistics.median(c["rss"]) / 2**20, min(c["load"]), max(c["load"])))
 PY
     for m in "${!SKIPLL[@]}"; do echo; echo "llama.cpp on $m not run: ${SKIPLL[$m]}."; done
 } > "$work/table.md"
