@@ -258,7 +258,7 @@ for m in $MODELS; do
     need=$(( LTRAIN[$m] * 12 + $(stat -c %s "${GGUF[$m]}") ))
     avail=$(( $(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024 ))
     if [ "$need" -gt $(( avail - (2 << 30) )) ]; then
-        SKIPLL[$m]="needs ~$((need >> 30)) GiB for weights, gradients and AdamW moments; $((avail >> 30)) GiB available"
+        SKIPLL[$m]="needs ~$((need >> 30)) GiB for weights, gradients and AdamW moments; $((avail >> 30)) GiB available, of which 2 GiB are left to the rest of the machine"
         peers_log "llama.cpp on $m skipped: ${SKIPLL[$m]}"
     fi
 done
