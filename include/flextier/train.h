@@ -16,7 +16,7 @@
  * layers in memory, on the CPU (threads over the products, the
  * transposed products and attention heads); several processes with
  * ft_trainer_step_dp. Everything else (LoRA on experts,
- * layers streamed by the offloading scheduler, dropout > 0, ...) is
+ * layers streamed by the offloading scheduler, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
@@ -51,7 +51,8 @@ typedef enum ft_lr_schedule { FT_SCHED_COSINE = 0, FT_SCHED_LINEAR = 1, FT_SCHED
 typedef struct ft_train_params {
     int rank;                 /* LoRA r (default 8)                              */
     float alpha;              /* lora_alpha (default 16); scale = alpha / r      */
-    float dropout;            /* lora_dropout: only 0 is implemented            */
+    float dropout;            /* lora_dropout in [0, 1) (default 0): PEFT's, on
+                                 the adapter's input, masks from the seed      */
     unsigned targets;         /* FT_LORA_* mask (default FT_LORA_ALL)           */
     float lr;                 /* peak learning rate (default 2e-4)              */
     float beta1, beta2, eps;  /* AdamW (0.9, 0.999, 1e-8)                       */

@@ -40,7 +40,8 @@ static const char FT_USAGE[] =
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
     "  --chat-template F   the Jinja chat template for {\"messages\"} lines (default: the model's)\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
-    "  --dropout X         lora_dropout: only 0 is implemented\n"
+    "  --dropout X         lora_dropout in [0, 1) (default 0): PEFT's dropout on the adapters'\n"
+    "                      input, its masks a function of the seed, step and position\n"
     "  --threads N         worker threads (default: every core; results do not depend on it)\n"
     "  --save-every N      also write the adapter and the training state (AdamW moments,\n"
     "                      step: trainer_state.safetensors + .json) to --out every N steps\n"
@@ -194,7 +195,7 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--weight-decay")) { fd = &wd; fhi = 10.0; }
         else if (!strcmp(a, "--clip")) fd = &clip;
         else if (!strcmp(a, "--eval-frac")) { fd = &evalf; fhi = 0.9; }
-        else if (!strcmp(a, "--dropout")) { fd = &dropout; fhi = 1.0; }
+        else if (!strcmp(a, "--dropout")) { fd = &dropout; fhi = 0.99; }
         else if (!strcmp(a, "--weights-dtype")) {
             if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(FT_USAGE, "--weights-dtype: %s", ft_last_error());
         } else return ft_cli_usage_error(FT_USAGE, "unknown option %s", a);

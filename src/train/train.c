@@ -76,6 +76,9 @@ struct ft_trainer {
     float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
     size_t wt_cap;
     float *row;              /* a row of scratch per worker */
+    float *dmk, *dxd;        /* lora_dropout: R x wide factors, masked input */
+    int dropping;            /* inside a training micro-batch with dropout  */
+    uint64_t drop_key;       /* its (seed, step, micro-batch) key           */
     size_t row_len;
     ft_pool *pool;
     unsigned nthreads;
@@ -144,8 +147,8 @@ static ft_status check_params(const ft_train_params *p)
     if (p->rank < 1 || p->rank > 4096) return ft_set_error(FT_ERR_INVALID_ARG, "train: rank %d outside [1, 4096]", p->rank);
     if (!(p->alpha > 0.0f) || !isfinite(p->alpha))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: alpha must be a positive number");
-    if (p->dropout != 0.0f)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout %g: only 0 is implemented", (double)p->dropout);
+    if (!(p->dropout >= 0.0f && p->dropout < 1.0f))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: lora dropout %g outside [0, 1)", (double)p->dropout);
     if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ANY))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: no (or unknown) target modules");
     if (!(p->lr > 0.0f) || !isfinite(p->lr)) return ft_set_error(FT_ERR_INVALID_ARG, "train: lr must be > 0");
@@ -327,7 +330,7 @@ static void free_ws(ft_trainer *t)
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
                    &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
-                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl};
+                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -430,6 +433,14 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     }
     t->row_len = maxc;
     t->row = fz(maxc * t->nthreads);
+    if (t->p.dropout > 0.0f) {
+        t->dmk = fz(r * maxc);
+        t->dxd = fz(r * maxc);
+        if (!t->dmk || !t->dxd) {
+            free_ws(t);
+            return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the dropout masks of %d x %d tokens", nb, T);
+        }
+    }
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
@@ -575,6 +586,51 @@ static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
     return FT_OK;
 }
 
+/* lora_dropout as PEFT applies it: the adapter sees dropout(x), x times
+ * a mask of 0 (probability p) and 1 / (1 - p), computed as torch's
+ * nn.Dropout in training; the base product sees x. The masks come from a
+ * counter-based hash, not a generator's stream, so the backward pass (and
+ * its recompute) makes the forward's mask again, and a mask depends only
+ * on (seed, optimizer step, micro-batch of the step, layer, module,
+ * row b * T + position, column): the same for any number of threads or
+ * data-parallel processes, and made again in Python by
+ * scripts/fixtures/gen_lora_fixtures.py --dropout (docs/training.md).
+ * A module's id is its slot (q k v o gate up down = 0..6; OPT's out_proj,
+ * fc1, fc2 = 3, 5, 6); phi3's fused qkv_proj / gate_up_proj have one mask,
+ * q's and gate's. */
+#define DROP_GOLD 0x9E3779B97F4A7C15ull
+static uint64_t drop_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch)
+{
+    return drop_mix(drop_mix(seed + DROP_GOLD * (1u + (uint64_t)step)) + DROP_GOLD * (1u + (uint64_t)micro_batch));
+}
+
+void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk)
+{
+    const uint64_t k = drop_mix(key + DROP_GOLD * (1u + (uint64_t)layer * NT + (uint64_t)module));
+    const uint64_t thr = (uint64_t)((double)p * 16777216.0);
+    const float keep = 1.0f / (1.0f - p);
+    const size_t n = (size_t)rows * (size_t)cols;
+    for (size_t e = 0; e < n; e++) mk[e] = (drop_mix(k + DROP_GOLD * (1u + (uint64_t)e)) >> 40) < thr ? 0.0f : keep;
+}
+
+/* x masked for module i of layer l into t->dxd (the factors in t->dmk) */
+static const float *dropped_input(ft_trainer *t, int l, int i, const float *x, int R, int in)
+{
+    const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+    int id = !md->shared ? i : (i == TK || i == TV) ? TQ : TG;
+    ft_tr_dropout_mask(t->drop_key, l, id, t->p.dropout, R, in, t->dmk);
+    const size_t n = (size_t)R * (size_t)in;
+    for (size_t e = 0; e < n; e++) t->dxd[e] = x[e] * t->dmk[e];
+    return t->dxd;
+}
+
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
 static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, float *y)
 {
@@ -585,6 +641,7 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     if (!md->on) return FT_OK;
     const int rk = t->p.rank, in = md->in, out = md->out;
     ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    if (t->dropping) x = dropped_input(t, l, i, x, R, in);
     TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
     float *u = t->tmp2;
     TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
@@ -618,14 +675,22 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
                      dy + (size_t)r * (size_t)out, out);
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
-    /* dA += dt^T x, dx += dt A */
+    /* dA += dt^T x, dx += dt A; with dropout x is the masked input and
+     * dx gets the mask times dt A (the mask is the forward's, made again) */
+    if (t->dropping) x = dropped_input(t, l, i, x, R, in);
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
         float *dxr = dx + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+        for (int j = 0; j < rk; j++) kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+        if (!t->dropping) {
+            for (int j = 0; j < rk; j++) kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+            continue;
         }
+        float *u = t->row;   /* dt A for this row, then through the mask */
+        memset(u, 0, (size_t)in * sizeof(float));
+        for (int j = 0; j < rk; j++) kk->axpy(u, dtr[j], A + (size_t)j * (size_t)in, in);
+        const float *mk = t->dmk + (size_t)r * (size_t)in;
+        for (int c = 0; c < in; c++) dxr[c] += mk[c] * u[c];
     }
     return FT_OK;
 }
@@ -1214,8 +1279,8 @@ double ft_trainer_lr_at(const ft_trainer *t, int s)
 
 /* the gradient of micro-batch tok alone into dst (zeroed first): its
  * mean loss into *l */
-static ft_status unit_grad(ft_trainer *t, const int32_t *tok, const uint8_t *mask, int nb, int T, float *dst,
-                           double *l)
+static ft_status unit_grad(ft_trainer *t, int a, const int32_t *tok, const uint8_t *mask, int nb, int T,
+                           float *dst, double *l)
 {
     float *keep = t->g;
     double s = 0.0;
@@ -1223,7 +1288,10 @@ static ft_status unit_grad(ft_trainer *t, const int32_t *tok, const uint8_t *mas
     memset(dst, 0, t->np * sizeof(float));
     t->g = dst;
     t->mask = mask;
+    t->dropping = t->p.dropout > 0.0f;
+    t->drop_key = ft_tr_dropout_key(t->p.seed, t->step, a);
     ft_status st = ft_trainer_loss_grad(t, tok, nb, T, 1.0 / t->p.grad_accum, &s, &n);
+    t->dropping = 0;
     t->mask = NULL;
     t->g = keep;
     *l = st ? 0.0 : n ? s / (double)n : NAN;   /* NAN: no labelled position (fold_loss skips it) */
@@ -1308,15 +1376,15 @@ ft_status ft_trainer_step_dp_masked(ft_trainer *t, const ft_train_comm *comm, co
         for (int a = a0; a < a1 && !st; a++) {
             double l;
             const uint8_t *mk = mask ? mask + (size_t)a * mb : NULL;
-            if (a == 0) st = unit_grad(t, tokens, mk, nb, T, t->g, &l);
-            else if (!(st = unit_grad(t, tokens + (size_t)a * mb, mk, nb, T, t->gu, &l)))
+            if (a == 0) st = unit_grad(t, a, tokens, mk, nb, T, t->g, &l);
+            else if (!(st = unit_grad(t, a, tokens + (size_t)a * mb, mk, nb, T, t->gu, &l)))
                 for (size_t i = 0; i < np; i++) t->g[i] += t->gu[i];
             if (!st) fold_loss(&h, l);
         }
     } else {
         st = want_units(t, (size_t)(a1 - a0));
         for (int a = a0; a < a1 && !st; a++)
-            st = unit_grad(t, tokens + (size_t)a * mb, mask ? mask + (size_t)a * mb : NULL, nb, T,
+            st = unit_grad(t, a, tokens + (size_t)a * mb, mask ? mask + (size_t)a * mb : NULL, nb, T,
                            t->gu + (size_t)(a - a0) * np, &t->gul[a - a0]);
         ft_status rs = dp_recv(comm, me - 1, &h, t->g, np);
         if (rs) return rs;

@@ -419,6 +419,7 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     p.eps = (float)jd(run, "eps");
     p.clip = (float)jd(run, "clip");
     p.grad_accum = ji(run, "grad_accum");
+    p.dropout = (float)jd(run, "dropout");   /* absent: 0 */
     p.vocab_chunk = 128;
     ft_trainer *t = NULL;
     if (ft_trainer_create(m, &p, &t)) return NULL;
@@ -430,10 +431,11 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     return t;
 }
 
-static void peft_match(const char *name)
+/* the run recorded in tests/data/lora/<fixture> on tests/data/models/<name> */
+static void peft_match_run(const char *fixture, const char *name)
 {
     char dir[1024], sub[1200];
-    json_object *run = run_json(name, dir, sizeof dir);
+    json_object *run = run_json(fixture, dir, sizeof dir);
     REQUIRE(run);
     ft_model *m = load(name, FT_WF_F32);
     REQUIRE(m);
@@ -523,7 +525,13 @@ static void peft_match(const char *name)
     json_object_put(run);
 }
 
+static void peft_match(const char *name) { peft_match_run(name, name); }
+
 TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
+/* lora_dropout 0.25: PEFT's dropout modules given the trainer's masks
+ * (gen_lora_fixtures.py --dropout); phi3: one mask for a fused module */
+TEST(lora_run_matches_peft_dropout) { peft_match_run("llama-tiny-dropout", "llama-tiny"); }
+TEST(lora_run_matches_peft_dropout_phi3) { peft_match_run("phi3-tiny-dropout", "phi3-tiny"); }
 /* qwen3: q/k norms per head; tied embeddings */
 TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
 /* OPT: q_proj k_proj v_proj out_proj fc1 fc2, LayerNorm, ReLU, learned positions */
@@ -846,8 +854,10 @@ TEST(refusals)
     CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "experts"));
     p.targets = FT_LORA_ALL;
     ft_model_free(moe);
-    p.dropout = 0.1f;
-    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
+    p.dropout = 1.0f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
+    p.dropout = -0.1f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
     p.dropout = 0.0f;
     p.rank = 0;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG);

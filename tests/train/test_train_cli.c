@@ -54,12 +54,15 @@ TEST(finetune_data_parallel_mpirun)
                     ft_test_bin(), model, tmp, tmp, tmp) != 0);
         return;
     }
-#define DP_ARGS "--steps 3 --seq-len 16 --batch 1 --grad-accum 6 --warmup 1 --lr 1e-2 --threads 1 --eval-frac 0.2"
+/* with lora_dropout: its masks follow the global micro-batch, not the process */
+#define DP_ARGS \
+    "--steps 3 --seq-len 16 --batch 1 --grad-accum 6 --warmup 1 --lr 1e-2 --threads 1 --eval-frac 0.2 --dropout 0.2"
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp --mca pml ob1"
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dp0 " DP_ARGS
                 " | grep -o 'step [0-9/]* loss [0-9.]*\\|held-out after.*' > %s/dp0.txt", ft_test_bin(), model, tmp, tmp,
                 tmp) == 0);
     CHECK(ft_file_has(tmp, "dp0.txt", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "dp0/adapter_config.json", "\"lora_dropout\":0.2"));
     for (int n = 1; n <= 3; n++) {
         CHECK_MSG(ft_sh(MPIRUN " -n %d %s finetune --model %s --data %s/data.txt --out %s/dp%d " DP_ARGS
                         " --data-parallel mpi > %s/dp%d.out 2>&1", n, ft_test_bin(), model, tmp, tmp, n, tmp, n) == 0,
@@ -226,8 +229,8 @@ TEST(finetune_errors)
     fails(2, a, "fc3");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc1", model, tmp, tmp);
     fails(1, a, "fc1 is an OPT module name");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", model, tmp, tmp);
-    fails(1, a, "dropout");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 1", model, tmp, tmp);
+    fails(2, a, "--dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,up_proj", moe, tmp, tmp);
