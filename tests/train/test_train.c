@@ -421,6 +421,18 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     p.grad_accum = ji(run, "grad_accum");
     p.dropout = (float)jd(run, "dropout");   /* absent: 0 */
     p.vocab_chunk = 128;
+    /* the run's modules: target_modules, and target_parameters (the MoE experts) */
+    char list[512] = "";
+    const char *keys[2] = {"targets", "target_parameters"};
+    for (int k = 0; k < 2; k++) {
+        json_object *a = json_object_object_get(run, keys[k]);
+        for (size_t i = 0; a && i < json_object_array_length(a); i++) {
+            size_t n = strlen(list);
+            snprintf(list + n, sizeof list - n, "%s%s%s", n ? "," : "", k ? "experts." : "",
+                     json_object_get_string(json_object_array_get_idx(a, i)));
+        }
+    }
+    if (list[0] && ft_lora_parse_targets(list, &p.targets)) return NULL;
     ft_trainer *t = NULL;
     if (ft_trainer_create(m, &p, &t)) return NULL;
     if (dir && ft_trainer_load_adapter(t, dir)) {
@@ -546,6 +558,10 @@ TEST(lora_run_matches_peft_gemma3) { peft_match("gemma3-tiny"); }
 TEST(lora_run_matches_peft_mixtral) { peft_match("mixtral-tiny"); }
 TEST(lora_run_matches_peft_qwen3_moe) { peft_match("qwen3moe-tiny"); }
 TEST(lora_run_matches_peft_olmoe) { peft_match("olmoe-tiny"); }
+/* LoRA on the experts too: PEFT's target_parameters gate_up_proj, down_proj */
+TEST(lora_run_matches_peft_mixtral_experts) { peft_match_run("mixtral-tiny-experts", "mixtral-tiny"); }
+TEST(lora_run_matches_peft_qwen3_moe_experts) { peft_match_run("qwen3moe-tiny-experts", "qwen3moe-tiny"); }
+TEST(lora_run_matches_peft_olmoe_experts) { peft_match_run("olmoe-tiny-experts", "olmoe-tiny"); }
 
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
