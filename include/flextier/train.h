@@ -157,6 +157,8 @@ typedef struct ft_peft_module {
     char module[256];
     int rank, in, out;
     float *A, *B;
+    int experts;   /* > 0: LoRA on an MoE layer's fused expert parameter (PEFT's target_parameters;
+                      module "model.layers.L.mlp.experts"): A [experts rank][in], B [out][experts rank] */
 } ft_peft_module;
 typedef struct ft_peft_adapter {
     int rank;

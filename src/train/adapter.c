@@ -210,12 +210,8 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
             mask |= b;
         }
     }
-    if (fill == 2 && mask) {
-        st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: LoRA on the MoE experts (target_parameters) is not "
-                          "implemented at inference", path);
-        goto done;
-    }
     if (fill == 2) {
+        p->targets = mask;   /* the experts' parameters adapted (their tensors' names tell which is which only with shapes) */
         if (json_object_object_get_ex(o, "target_modules", &v) && v && !json_object_is_type(v, json_type_array) &&
             !json_object_is_type(v, json_type_string))
             st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: target_modules must be a list of names or a string", path);
@@ -498,18 +494,32 @@ ft_status ft_peft_adapter_read(const char *dir, ft_peft_adapter **out)
         md->module[ml] = 0;
         char bn[600];
         snprintf(bn, sizeof bn, "%.*s.lora_B.weight", (int)(len - strlen(".lora_A.weight")), name);
-        if ((st = tensor_f32(ck, path, name, p.rank, -1, &md->A))) goto fail;
+        /* PEFT's LoRA on the experts' fused parameters (target_parameters):
+         * "<...>.mlp.experts" (or ".base_layer" under it: the wrapper of the other
+         * parameter nests it), A [E r][in], B [out][E r] */
+        int experts = 0;
+        if (p.targets && (ends_with(md->module, ".experts") || ends_with(md->module, ".experts.base_layer"))) {
+            experts = 1;
+            if (ends_with(md->module, ".base_layer")) md->module[ml - strlen(".base_layer")] = 0;
+        }
+        if ((st = tensor_f32(ck, path, name, experts ? -1 : p.rank, -1, &md->A))) goto fail;
         a->n++;   /* owns A now */
         ft_tensor ta;
         ft_checkpoint_get(ck, name, &ta);
+        if (experts && ta.shape[0] % p.rank) {
+            st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has %lld rows, not experts x r = %d", path, name,
+                              (long long)ta.shape[0], p.rank);
+            goto fail;
+        }
         md->rank = p.rank;
+        md->experts = experts ? (int)(ta.shape[0] / p.rank) : 0;
         md->in = (int)ta.shape[1];
         ft_tensor tb;
         if (ft_checkpoint_get(ck, bn, &tb)) {
             st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has no %s", path, name, bn);
             goto fail;
         }
-        if ((st = tensor_f32(ck, path, bn, -1, p.rank, &md->B))) goto fail;
+        if ((st = tensor_f32(ck, path, bn, -1, (int)ta.shape[0], &md->B))) goto fail;
         md->out = (int)tb.shape[0];
     }
     if (!a->n) {
@@ -531,6 +541,11 @@ ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_l
     if (!isfinite(user_scale)) return ft_set_error(FT_ERR_INVALID_ARG, "adapter: the scale is not finite");
     for (size_t i = 0; i < a->n; i++) {
         const ft_peft_module *md = &a->mods[i];
+        if (md->experts) {
+            TRY(ft_lora_add_experts(l, md->module, md->rank, md->experts, md->in, md->out, a->scale * user_scale,
+                                    md->A, md->B));
+            continue;
+        }
         int out, in;
         TRY(ft_lora_module_shape(l, md->module, &out, &in));
         if (out != md->out || in != md->in)
