@@ -257,7 +257,8 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     "transformers 4's form, are not implemented)" : "no such module");
         if ((want & (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN)) && p->dropout > 0.0f)
             return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout with LoRA on the experts (PEFT's "
-                                "target_parameters have no dropout: its ParamWrapper refuses lora_dropout != 0)");
+                                "target_parameters have no dropout: its ParamWrapper refuses lora_dropout != 0); with dropout, "
+                                "target the attention only: q_proj,k_proj,v_proj,o_proj");
         on = (want & (FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O)) | (want & FT_LORA_EXP_GATE_UP ? 1u << TG : 0) |
              (want & FT_LORA_EXP_DOWN ? 1u << TD : 0);
     } else {

@@ -844,6 +844,7 @@ TEST(data_parallel_failure_reaches_every_rank)
 
 TEST(refusals)
 {
+    unsigned mask0 = 0;
     ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
     REQUIRE(m && opt);
     ft_train_params p;
@@ -863,13 +864,53 @@ TEST(refusals)
     CHECK(ft_trainer_create(phi, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "phi3 has no module q_proj"));
     ft_model_free(phi);
     p.targets = FT_LORA_ALL;
-    /* MoE: LoRA on the experts is refused */
+    /* MoE: the experts' gate and up are one fused parameter (transformers 5,
+     * PEFT's target_parameters gate_up_proj); separate gate/up are refused */
     ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
     REQUIRE(moe);
     p.targets = FT_LORA_Q | FT_LORA_UP;
-    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "experts"));
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "gate_up_proj"));
+    p.targets = FT_LORA_Q | FT_LORA_FC1;
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    /* PEFT's ParamWrapper has no dropout */
+    p.targets = FT_LORA_EXP_DOWN;
+    p.dropout = 0.1f;
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
+    p.targets = FT_LORA_Q;   /* dropout on the attention of an MoE model is fine */
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    ft_trainer_free(t);
+    t = NULL;
+    p.dropout = 0.0f;
+    /* gate_up_proj / down_proj on an MoE model mean the experts' */
+    p.targets = FT_LORA_GATE_UP | FT_LORA_DOWN;
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    CHECK(ft_tr_params(t)->targets == (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN));
+    ft_trainer_free(t);
+    t = NULL;
+    /* an attention-only adapter is refused by an experts trainer (target_parameters differ) */
+    char xd[1024], xs[1200];
+    ft_fixture_dir("lora", "qwen3moe-tiny", xd, sizeof xd);
+    snprintf(xs, sizeof xs, "%s/init", xd);
+    p.rank = 4;
+    p.alpha = 8.0f;
     p.targets = FT_LORA_ALL;
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    CHECK(ft_trainer_load_adapter(t, xs) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "differ"));
+    ft_trainer_free(t);
+    t = NULL;
+    p.rank = 8;
+    p.alpha = 16.0f;
     ft_model_free(moe);
+    /* the experts' names on a dense model; qwen2_moe's shared expert */
+    p.targets = FT_LORA_EXP_GATE_UP;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "mixture-of-experts"));
+    p.targets = FT_LORA_ALL;
+    ft_model *q2 = load("qwen2moe-tiny", FT_WF_F32);
+    REQUIRE(q2);
+    CHECK(ft_trainer_create(q2, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "shared expert"));
+    ft_model_free(q2);
+    CHECK_OK(ft_lora_parse_targets("experts.gate_up_proj,experts.down_proj", &mask0));
+    CHECK(mask0 == (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN));
     p.dropout = 1.0f;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
     p.dropout = -0.1f;
