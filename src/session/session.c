@@ -301,6 +301,10 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     first_ctx(s, cfg, s->p.offload != FT_OFFLOAD_NONE, &cp);
     uint64_t kv = 0, scratch = 0;
     if ((st = ft_ctx_estimate(lm, &cp, &kv, &scratch))) { ft_model_free(lm); return st; }
+    if (s->p.work_bytes) {   /* a trainer's working memory, no context */
+        kv = 0;
+        scratch = s->p.work_bytes;
+    }
     m->scratch = scratch + slack_bytes(cfg, (uint32_t)cp.max_batch);
     m->tiers = s->p.offload == FT_OFFLOAD_NONE ? m->layers + kv : 0;
     *layout = lm;

@@ -7,11 +7,13 @@
 #include "engine/graph.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
+#include "flextier/store.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 #define NT 7
@@ -50,7 +52,19 @@ struct ft_trainer {
     size_t row_len;
     ft_pool *pool;
     unsigned nthreads;
+    /* the layer being computed: the model's, or the layer function's */
+    const ft_layer_weights *lw;
+    ft_layer_weights lbuf;
+    /* saved activations (p.act_uri) */
+    ft_store *act;
+    ft_codec_params act_cp;
+    char act_prefix[64];
+    int act_layers;          /* layers with saved activations (keys to delete) */
+    ft_train_act_stats act_st;
 };
+
+/* the activations a layer's backward reads, saved or recomputed */
+enum { A_H1, A_Q, A_K, A_V, A_ATT, A_P, A_X2, A_H2, A_GT, A_UP, A_MM, A_TL0, A_N = A_TL0 + NT };
 
 unsigned ft_lora_target_bit(const char *name)
 {
@@ -143,7 +157,11 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static const ft_layer_weights *lw_of(const ft_trainer *t, int l) { return ft_model_layer(t->m, l); }
+static const ft_layer_weights *lw_of(const ft_trainer *t, int l)
+{
+    (void)l;
+    return t->lw;
+}
 static const ft_wmat *wmat(const ft_layer_weights *w, int slot)
 {
     return ft_layer_weights_mat((ft_layer_weights *)(uintptr_t)w, slot);
@@ -151,6 +169,42 @@ static const ft_wmat *wmat(const ft_layer_weights *w, int slot)
 static const float *wvec(const ft_layer_weights *w, int slot)
 {
     return slot < 0 ? NULL : *ft_layer_weights_vec((ft_layer_weights *)(uintptr_t)w, slot);
+}
+
+/* module i's (in, out) from the configuration (layers not in memory) */
+static void mod_shape(const ft_model_config *c, int i, int *in, int *out)
+{
+    int H = c->hidden, qw = c->n_heads * c->head_dim, kw = c->n_kv_heads * c->head_dim, I = c->ffn;
+    switch (i) {
+    case TQ: *in = H; *out = qw; break;
+    case TK: case TV: *in = H; *out = kw; break;
+    case TO: *in = qw; *out = H; break;
+    case TG: case TU: *in = H; *out = I; break;
+    default: *in = I; *out = H; break;
+    }
+}
+
+/* make layer l's weights current (the layer function's, or the model's);
+ * next: the layer asked for after it (-1: none), to be read ahead */
+static ft_status use_layer(ft_trainer *t, int l, int next)
+{
+    if (!t->p.layer_fn) {
+        t->lw = ft_model_layer(t->m, l);
+        return FT_OK;
+    }
+    if (next == l) next = -1;
+    memset(&t->lbuf, 0, sizeof t->lbuf);
+    TRY(t->p.layer_fn(t->p.layer_user, l, next, &t->lbuf));
+    for (int i = 0; i < NT; i++) {
+        const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+        const ft_wmat *W = wmat(&t->lbuf, tslot[i]);
+        if (!ft_wmat_present(W) || W->rows != md->out || W->cols != md->in)
+            return ft_set_error(FT_ERR_CORRUPT, "train: layer %d's %s from the layer function is %s (%d x %d, want "
+                                "%d x %d)", l, tname[i], ft_wmat_present(W) ? "misshapen" : "missing", W->rows,
+                                W->cols, md->out, md->in);
+    }
+    t->lw = &t->lbuf;
+    return FT_OK;
 }
 
 ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trainer **out)
@@ -161,13 +215,18 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     if (c->arch != FT_ARCH_LLAMA && c->arch != FT_ARCH_QWEN2)
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: model type '%s': only the llama family (llama, mistral, "
                             "qwen2) is implemented", c->model_type);
-    if (!ft_model_layers_loaded(m))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
-                            "base weights are not implemented for training)");
-    for (int l = 0; l < c->n_layers; l++)
+    int ext = !ft_model_layers_loaded(m);
+    if (ext && !p->layer_fn)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: the model's layers are not in memory and no layer function "
+                            "(ft_train_params.layer_fn, e.g. ft_offload_fetch) supplies them");
+    for (int l = 0; l < c->n_layers && !ext; l++)
         for (int i = 0; i < NT; i++)
             if (!ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
                 return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
+    if (p->act_codec != 0 && p->act_codec != FT_CODEC_BYTEPLANE && p->act_codec != FT_CODEC_RAW &&
+        p->act_codec != FT_CODEC_Q8)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: saved activations' codec %d: byte-plane (lossless), raw or q8",
+                            p->act_codec);
     size_t np = 0;
     ft_trainer *t = calloc(1, sizeof *t);
     if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
@@ -185,15 +244,18 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
-            md->in = W->cols;
-            md->out = W->rows;
+            mod_shape(c, i, &md->in, &md->out);
+            if (!ext) {
+                const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
+                md->in = W->cols;
+                md->out = W->rows;
+            }
             if (!(p->targets & (1u << i))) continue;
             md->on = 1;
             md->a = np;
-            np += (size_t)p->rank * (size_t)W->cols;
+            np += (size_t)p->rank * (size_t)md->in;
             md->b = np;
-            np += (size_t)W->rows * (size_t)p->rank;
+            np += (size_t)md->out * (size_t)p->rank;
         }
     t->np = np;
     t->w = calloc(np, sizeof(float));
@@ -213,6 +275,21 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                 t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
             }
         }
+    if (p->act_uri) {
+        ft_store_params sp;
+        ft_store_default_params(&sp);
+        sp.token_file = p->act_token_file;
+        ft_status st = ft_store_open(p->act_uri, &sp, &t->act);
+        if (st) {
+            ft_trainer_free(t);
+            return st;
+        }
+        ft_codec_default_params(&t->act_cp);
+        t->act_cp.codec = p->act_codec ? (ft_codec_id)p->act_codec : FT_CODEC_BYTEPLANE;
+        static unsigned long serial;
+        snprintf(t->act_prefix, sizeof t->act_prefix, "ftact/%ld-%lu", (long)getpid(),
+                 __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    }
     *out = t;
     return FT_OK;
 nomem:
@@ -239,9 +316,24 @@ static void free_ws(ft_trainer *t)
     t->cap_rows = t->cap_T = t->cap_nb = 0;
 }
 
+static void act_key(const ft_trainer *t, int l, int a, char *key, size_t n)
+{
+    snprintf(key, n, "%s/%d/%d", t->act_prefix, l, a);
+}
+
 void ft_trainer_free(ft_trainer *t)
 {
     if (!t) return;
+    if (t->act) {   /* a file: directory or a memory node outlives us: leave nothing */
+        char key[128];
+        for (int l = 0; l < t->act_layers; l++)
+            for (int a = 0; a < A_N; a++) {
+                act_key(t, l, a, key, sizeof key);
+                (void)ft_delete_tensor(t->act, key);
+            }
+        ft_store_close(t->act);
+        ft_clear_error();
+    }
     free_ws(t);
     ft_pool_free(t->pool);
     free(t->wt);
@@ -307,6 +399,40 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->cap_T = T;
     t->cap_nb = nb;
     return FT_OK;
+}
+
+uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, int nb, int T)
+{
+    if (!c || !p || nb < 1 || T < 1) return 0;
+    uint64_t H = (uint64_t)c->hidden, qw = (uint64_t)c->n_heads * (uint64_t)c->head_dim,
+             kw = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, I = (uint64_t)c->ffn, r = (uint64_t)nb * (uint64_t)T,
+             rk = (uint64_t)p->rank, L = (uint64_t)c->n_layers;
+    uint64_t wide = H > qw ? H : qw;
+    if (I > wide) wide = I;
+    uint64_t vc = (uint64_t)p->vocab_chunk < (uint64_t)c->vocab ? (uint64_t)p->vocab_chunk : (uint64_t)c->vocab;
+    /* the adapters: weights, gradients, two moments */
+    uint64_t np = 0;
+    for (int i = 0; i < NT; i++)
+        if (p->targets & (1u << i)) {
+            int in, out;
+            mod_shape(c, i, &in, &out);
+            np += rk * (uint64_t)(in + out);
+        }
+    uint64_t f = 4 * np * L;
+    /* ensure(): the layers' inputs, one layer's activations and gradients */
+    f += (L + 1) * r * H;
+    f += r * (5 * H + 4 * qw + 4 * kw + 6 * I + 2 * wide) + 2 * rk * wide;
+    f += (uint64_t)nb * (uint64_t)c->n_heads * (uint64_t)T * (uint64_t)T;
+    f += (NT + 1) * r * rk + (uint64_t)T * (uint64_t)c->head_dim + r * (vc + 64) + 5 * r;
+    uint64_t maxc = H > I ? H : I;
+    if (qw > maxc) maxc = qw;
+    f += maxc * (p->threads ? p->threads : ft_default_threads());
+    /* one matrix transposed to f32 (the largest: an LM-head chunk or an MLP matrix) */
+    uint64_t wt = vc * H > I * H ? vc * H : I * H;
+    f += wt;
+    /* the products' workspace (q8/q4 activations, at most the f32 input) */
+    f += r * wide;
+    return f * sizeof(float);
 }
 
 typedef struct prod_job {
@@ -515,8 +641,64 @@ static void attn_bwd_task(void *arg, size_t i, unsigned worker)
                      t->v + r0 * kw, T, c->n_heads, c->n_kv_heads, c->head_dim, j->win, g, g + 1);
 }
 
-/* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
-static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
+/* Layer l's saved activations: written to the store (write) after its
+ * forward, or read back into the workspace for its backward. */
+static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
+{
+    const ft_model_config *c = &t->cfg;
+    const size_t R = (size_t)nb * (size_t)T, H = (size_t)c->hidden, I = (size_t)c->ffn;
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    float *buf[A_N] = {t->h1, t->q, t->k, t->v, t->att, t->P, t->x2, t->h2, t->gt, t->up, t->mm};
+    size_t len[A_N] = {R * H, R * qw, R * kw, R * kw, R * qw, (size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T,
+                       R * H, R * H, R * I, R * I, R * I};
+    for (int i = 0; i < NT; i++) {
+        buf[A_TL0 + i] = t->mods[(size_t)l * NT + (size_t)i].on ? t->tl[i] : NULL;
+        len[A_TL0 + i] = R * (size_t)t->p.rank;
+    }
+    double t0 = ft_now();
+    for (int a = 0; a < A_N; a++) {
+        if (!buf[a]) continue;
+        char key[128];
+        act_key(t, l, a, key, sizeof key);
+        ft_tensor x;
+        int64_t n = (int64_t)len[a];
+        TRY(ft_tensor_init(&x, FT_F32, 1, &n, buf[a]));
+        if (write) {
+            ft_status st = ft_write_tensor(t->act, key, &x, &t->act_cp);
+            if (st) return ft_set_error(st, "train: saving layer %d's activations to %s: %s", l, t->p.act_uri,
+                                        ft_last_error());
+            t->act_st.raw_bytes += len[a] * sizeof(float);
+        } else {
+            ft_status st = ft_read_tensor_into(t->act, key, &x, len[a] * sizeof(float));
+            if (!st && (x.ndim != 1 || x.shape[0] != n))
+                st = ft_set_error(FT_ERR_CORRUPT, "%s holds %lld values, not %lld", key, (long long)x.shape[0],
+                                  (long long)n);
+            if (st) return ft_set_error(st, "train: reading layer %d's activations back from %s: %s", l,
+                                        t->p.act_uri, ft_last_error());
+        }
+    }
+    if (write) {
+        t->act_st.write_s += ft_now() - t0;
+        if (l + 1 > t->act_layers) t->act_layers = l + 1;
+        if (l == t->cfg.n_layers - 1) {
+            ft_store_stats ss;
+            if (ft_store_stats_get(t->act, &ss) == FT_OK) t->act_st.stored_bytes = ss.used;
+        }
+    } else {
+        t->act_st.read_s += ft_now() - t0;
+    }
+    return FT_OK;
+}
+
+void ft_trainer_act_stats(const ft_trainer *t, ft_train_act_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t) *out = t->act_st;
+}
+
+/* layer l's forward from xs[l] into xs[l + 1], keeping its activations
+ * (and saving them to the activation store: save) */
+static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T, int save)
 {
     const ft_model_config *c = &t->cfg;
     const ft_kernels *k = ft_k_get();
@@ -551,6 +733,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
     }
     TRY(lin_fwd(t, l, TD, t->mm, R, t->tmp));
     for (size_t i = 0; i < (size_t)R * (size_t)H; i++) xo[i] = t->x2[i] + t->tmp[i];
+    if (save) TRY(act_io(t, l, nb, T, 1));
     return FT_OK;
 }
 
@@ -634,14 +817,19 @@ static ft_status check_tokens(const ft_trainer *t, const int32_t *tokens, int nb
     return FT_OK;
 }
 
-/* embeddings and every layer: xs[0..L] */
-static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
+/* embeddings and every layer: xs[0..L]; bwd: a backward pass follows
+ * (it starts at the last layer, then reads the one below) */
+static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T, int bwd)
 {
     const ft_model_config *c = &t->cfg;
+    const int L = c->n_layers;
     TRY(ensure(t, nb, T));
     const ft_wmat *E = ft_model_global(t->m, GW_TOK_EMB);
     for (int r = 0; r < nb * T; r++) ft_wmat_row_f32(E, tokens[r], t->xs + (size_t)r * (size_t)c->hidden);
-    for (int l = 0; l < c->n_layers; l++) TRY(layer_fwd(t, l, nb, T));
+    for (int l = 0; l < L; l++) {
+        TRY(use_layer(t, l, l + 1 < L ? l + 1 : bwd ? L - 2 : 0));
+        TRY(layer_fwd(t, l, nb, T, bwd && t->act));
+    }
     return FT_OK;
 }
 
@@ -652,7 +840,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     TRY(check_tokens(t, tokens, nb, T, 2));
     const ft_model_config *c = &t->cfg;
     const int R = nb * T, H = c->hidden, L = c->n_layers;
-    TRY(forward(t, tokens, nb, T));
+    TRY(forward(t, tokens, nb, T, grad_scale != 0.0));
     const float *fw = ft_model_global(t->m, GW_FINAL_NORM_W)->data;
     const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
     float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
@@ -721,9 +909,13 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     for (int r = 0; r < R; r++)
         ft_tr_rmsnorm_bwd(t->dx + (size_t)r * (size_t)H, xl + (size_t)r * (size_t)H, fw, dhf + (size_t)r * (size_t)H,
                           H, c->norm_eps);
-    /* the layers in reverse, each recomputed from its saved input */
+    /* the layers in reverse, each recomputed from its saved input (or its
+     * activations read back from the store); the next step's forward
+     * starts at layer 0, then 1 */
     for (int l = L - 1; l >= 0; l--) {
-        TRY(layer_fwd(t, l, nb, T));
+        TRY(use_layer(t, l, l > 0 ? l - 1 : L > 1 ? 1 : -1));
+        if (t->act) TRY(act_io(t, l, nb, T, 0));
+        else TRY(layer_fwd(t, l, nb, T, 0));
         TRY(layer_bwd(t, l, nb, T));
     }
     return FT_OK;
@@ -805,7 +997,7 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     if (!t || !logits) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_last_logits: NULL argument");
     TRY(check_tokens(t, tokens, 1, n, 1));
     const ft_model_config *c = &t->cfg;
-    TRY(forward(t, tokens, 1, n));
+    TRY(forward(t, tokens, 1, n, 0));
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
     ft_k_get()->rmsnorm(t->h1, xl, ft_model_global(t->m, GW_FINAL_NORM_W)->data, c->hidden, c->norm_eps);
     const ft_wmat *W = ft_model_global(t->m, GW_LM_HEAD);
@@ -920,8 +1112,11 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
     int32_t tok = prompt[0];
     for (int pos = 0; pos < total - 1; pos++) {
         ft_wmat_row_f32(E, tok, x);
-        for (int l = 0; l < c->n_layers && !st; l++)
-            st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        for (int l = 0; l < c->n_layers && !st; l++) {
+            st = use_layer(t, l, l + 1 < c->n_layers ? l + 1 : 0);
+            if (!st)
+                st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        }
         if (st) goto done;
         if (pos + 1 < n) {
             tok = prompt[pos + 1];
