@@ -10,6 +10,7 @@
 #include "flextier/model.h"
 #include "flextier/train.h"
 #include "train/train_internal.h"
+#include "engine/graph.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -533,6 +534,120 @@ TEST(threads_do_not_change_results)
         ft_trainer_free(t[k]);
     }
     ft_trainer_free(t[0]);
+    ft_model_free(m);
+}
+
+/* The layer function: the forward asks for 0..L-1, each call naming the
+ * next layer (the last one the layer below it: the backward follows); the
+ * backward asks for L-1..0 naming the layer below (0: layer 1, where the
+ * next step's forward goes after 0); the weights it gives are used. */
+typedef struct walk { const ft_model *m; int n, layer[64], next[64], bad; } walk;
+
+static ft_status walk_fn(void *user, int layer, int next, ft_layer_weights *w)
+{
+    walk *k = user;
+    if (k->n < 64) {
+        k->layer[k->n] = layer;
+        k->next[k->n] = next;
+    }
+    k->n++;
+    *w = *ft_model_layer(k->m, layer);
+    if (k->bad) ft_layer_weights_mat(w, LW_V)->rows--;
+    return FT_OK;
+}
+
+TEST(layer_fn_walks_both_ways)
+{
+    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    REQUIRE(m);
+    REQUIRE(ft_model_get_config(m)->n_layers == 2);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 2;
+    p.lr = 1e-2f;
+    int32_t tok[2 * 12];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 53 + 1) % 320);
+    walk k = {m, 0, {0}, {0}, 0};
+    p.layer_fn = walk_fn;
+    p.layer_user = &k;
+    ft_trainer *a = NULL, *b = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &a));
+    p.layer_fn = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &b));
+    REQUIRE(a && b);
+    double la, lb;
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(ft_trainer_step(a, tok, 2, 12, &la, NULL));
+        CHECK_OK(ft_trainer_step(b, tok, 2, 12, &lb, NULL));
+        CHECK(la == lb);
+    }
+    static const int want_l[] = {0, 1, 1, 0}, want_n[] = {1, 0, 0, 1};
+    CHECK(k.n == 8);
+    for (int i = 0; i < 8 && i < k.n; i++)
+        CHECK_MSG(k.layer[i] == want_l[i % 4] && k.next[i] == want_n[i % 4], "call %d: layer %d next %d", i,
+                  k.layer[i], k.next[i]);
+    /* a forward without backward (eval) wraps to layer 0 */
+    k.n = 0;
+    double ls;
+    int64_t cnt;
+    CHECK_OK(ft_trainer_eval(a, tok, 2, 12, &ls, &cnt));
+    CHECK(k.n == 2 && k.next[0] == 1 && k.next[1] == 0);
+    size_t n;
+    const float *wa = ft_trainer_param_data(a, &n), *wb = ft_trainer_param_data(b, &n);
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    /* a layer function giving a misshapen matrix is caught */
+    k.bad = 1;
+    CHECK(ft_trainer_step(a, tok, 2, 12, &la, NULL) == FT_ERR_CORRUPT && strstr(ft_last_error(), "v_proj"));
+    ft_trainer_free(a);
+    ft_trainer_free(b);
+    ft_model_free(m);
+}
+
+/* saved activations in a mem: store: lossless codecs give recompute's
+ * steps bit for bit; q8 is close; a store that cannot open is an error */
+TEST(saved_activations_lossless_bit_exact)
+{
+    ft_model *m = load("mistral-sw", FT_WF_F32);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 3;
+    p.lr = 1e-2f;
+    int32_t tok[2 * 12];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 29 + 5) % 320);
+    ft_trainer *r = NULL, *t[3] = {NULL, NULL, NULL};
+    CHECK_OK(ft_trainer_create(m, &p, &r));
+    const int codecs[3] = {FT_CODEC_BYTEPLANE, FT_CODEC_RAW, FT_CODEC_Q8};
+    p.act_uri = "mem:";
+    for (int c = 0; c < 3; c++) {
+        p.act_codec = codecs[c];
+        CHECK_OK(ft_trainer_create(m, &p, &t[c]));
+    }
+    REQUIRE(r && t[0] && t[1] && t[2]);
+    for (int s = 0; s < 3; s++) {
+        double lr_, l[3];
+        CHECK_OK(ft_trainer_step(r, tok, 2, 12, &lr_, NULL));
+        for (int c = 0; c < 3; c++) CHECK_OK(ft_trainer_step(t[c], tok, 2, 12, &l[c], NULL));
+        CHECK(l[0] == lr_ && l[1] == lr_);
+        CHECK(fabs(l[2] - lr_) < 1e-2 * fabs(lr_));
+    }
+    size_t n;
+    const float *w = ft_trainer_param_data(r, &n), *w0 = ft_trainer_param_data(t[0], &n),
+                *w1 = ft_trainer_param_data(t[1], &n), *w2 = ft_trainer_param_data(t[2], &n);
+    CHECK(memcmp(w, w0, n * sizeof(float)) == 0);
+    CHECK(memcmp(w, w1, n * sizeof(float)) == 0);
+    CHECK(memcmp(w, w2, n * sizeof(float)) != 0);
+    ft_train_act_stats as;
+    ft_trainer_act_stats(t[2], &as);
+    CHECK(as.raw_bytes > 0 && as.stored_bytes > 0 && as.stored_bytes * 3 < as.raw_bytes / 3);
+    ft_trainer_free(r);
+    for (int c = 0; c < 3; c++) ft_trainer_free(t[c]);
+    ft_trainer *x = NULL;
+    p.act_codec = FT_CODEC_Q4;
+    CHECK(ft_trainer_create(m, &p, &x) == FT_ERR_INVALID_ARG);
+    p.act_codec = 0;
+    p.act_uri = "nosuch:thing";
+    CHECK(ft_trainer_create(m, &p, &x) != FT_OK && !x);
     ft_model_free(m);
 }
 
