@@ -25,6 +25,9 @@ enum { TQ, TK, TV, TO, TG, TU, TD };
 
 typedef struct lmod { int on, in, out; size_t a, b; } lmod;
 
+/* rows of a frozen matrix transposed per task (W^T dy) */
+enum { WT_B = 16 };
+
 struct ft_trainer {
     const ft_model *m;
     ft_model_config cfg;
@@ -45,11 +48,12 @@ struct ft_trainer {
     double *lmax, *lsum;
     void *ws;
     size_t ws_cap;
-    float *wt, *tmp2;        /* one matrix transposed to f32; R x wide     */
+    void *wt;                /* one matrix transposed (bf16/f16 or f32)    */
+    float *tmp2;             /* R x wide                                   */
     float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
-    size_t wt_cap;
-    float *row;              /* a row of scratch per worker */
-    size_t row_len;
+    size_t wt_cap;           /* bytes */
+    float *row;              /* WT_B rows of scratch per worker (row_len floats) */
+    size_t row_len, row_max; /* row_max: the widest row                         */
     ft_pool *pool;
     unsigned nthreads;
     /* the layer being computed: the model's, or the layer function's */
@@ -384,8 +388,9 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->lsum = calloc(r, sizeof(double));
     size_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
-    t->row_len = maxc;
-    t->row = fz(maxc * t->nthreads);
+    t->row_max = maxc;
+    t->row_len = maxc * WT_B;
+    t->row = fz(t->row_len * t->nthreads);
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row;
@@ -426,7 +431,7 @@ uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, i
     f += (NT + 1) * r * rk + (uint64_t)T * (uint64_t)c->head_dim + r * (vc + 64) + 5 * r;
     uint64_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
-    f += maxc * (p->threads ? p->threads : ft_default_threads());
+    f += maxc * WT_B * (p->threads ? p->threads : ft_default_threads());
     /* one matrix transposed to f32 (the largest: an LM-head chunk or an MLP matrix) */
     uint64_t wt = vc * H > I * H ? vc * H : I * H;
     f += wt;
@@ -504,40 +509,61 @@ static void matT_axpy(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
     ft_pool_run(nb > 1 ? t->pool : NULL, nb, matT_task, &j);
 }
 
-typedef struct wt_job { const ft_wmat *W; float *wt, *row; size_t row_len; } wt_job;
+typedef struct wt_job { const ft_wmat *W; void *wt; float *row; size_t row_len; } wt_job;
 
+/* rows [i WT_B, i WT_B + WT_B) of W into columns of W^T, in tiles of
+ * WT_B x WT_B (each W^T row gets WT_B contiguous values per task) */
 static void wt_task(void *arg, size_t i, unsigned worker)
 {
     const wt_job *j = arg;
     const ft_wmat *W = j->W;
-    int o0 = (int)i * 64, o1 = o0 + 64 < W->rows ? o0 + 64 : W->rows;
-    float *row = j->row + (size_t)worker * j->row_len;
-    for (int o = o0; o < o1; o++) {
-        const float *r;
-        if (W->fmt == FT_WF_F32) r = (const float *)W->data + (size_t)o * (size_t)W->cols;
-        else {
-            ft_wmat_row_f32(W, o, row);
-            r = row;
+    const size_t R = (size_t)W->rows, C = (size_t)W->cols;
+    const size_t o0 = i * WT_B, n = R - o0 < WT_B ? R - o0 : WT_B;
+    if (W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16) {   /* 16-bit: transposed as stored */
+        const uint16_t *src = (const uint16_t *)W->data + o0 * C;
+        uint16_t *dst = (uint16_t *)j->wt + o0;
+        for (size_t c0 = 0; c0 < C; c0 += WT_B) {
+            size_t c1 = c0 + WT_B < C ? c0 + WT_B : C;
+            for (size_t c = c0; c < c1; c++)
+                for (size_t o = 0; o < n; o++) dst[c * R + o] = src[o * C + c];
         }
-        for (int c = 0; c < W->cols; c++) j->wt[(size_t)c * (size_t)W->rows + (size_t)o] = r[c];
+        return;
+    }
+    const float *src;
+    if (W->fmt == FT_WF_F32) {
+        src = (const float *)W->data + o0 * C;
+    } else {   /* q8/q4: dequantized as ft_wmat_row_f32 does, WT_B rows at a time */
+        float *row = j->row + (size_t)worker * j->row_len;
+        for (size_t o = 0; o < n; o++) ft_wmat_row_f32(W, (int)(o0 + o), row + o * C);
+        src = row;
+    }
+    float *dst = (float *)j->wt + o0;
+    for (size_t c0 = 0; c0 < C; c0 += WT_B) {
+        size_t c1 = c0 + WT_B < C ? c0 + WT_B : C;
+        for (size_t c = c0; c < c1; c++)
+            for (size_t o = 0; o < n; o++) dst[c * R + o] = src[o * C + c];
     }
 }
 
-/* dx (R x W->cols) += dy (R x W->rows) W: W converted (dequantized as
- * ft_wmat_row_f32 does) and transposed into one f32 matrix, then the
- * engine's f32 product on it. Memory: one matrix in f32 at a time. */
+/* dx (R x W->cols) += dy (R x W->rows) W: W transposed, then the
+ * forward's product on W^T: bf16/f16 weights stay in their format (the
+ * engine's bf16/f16 kernels, exact products, f32 sums), f32 as it is,
+ * q8/q4 dequantized to f32 (ft_wmat_row_f32; their groups run along the
+ * input dimension, which the transpose turns). Memory: one matrix at a
+ * time. */
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W)
 {
-    size_t need = (size_t)W->rows * (size_t)W->cols;
+    int half = W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16;
+    size_t need = (size_t)W->rows * (size_t)W->cols * (half ? 2 : 4);
     if (need > t->wt_cap) {
         free(t->wt);
-        t->wt = malloc(need * sizeof(float));
+        t->wt = malloc(need);
         t->wt_cap = t->wt ? need : 0;
         if (!t->wt) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a transposed matrix");
     }
     wt_job wj = {W, t->wt, t->row, t->row_len};
-    ft_pool_run(t->pool, (size_t)(W->rows + 63) / 64, wt_task, &wj);
-    ft_wmat M = {FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
+    ft_pool_run(t->pool, (size_t)(W->rows + WT_B - 1) / WT_B, wt_task, &wj);
+    ft_wmat M = {half ? W->fmt : FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
     float *y = t->tmp2;
     ft_status st = prod(t, y, W->cols, dy, R, &M, 0, W->cols, NULL);
     if (st) return st;
@@ -550,7 +576,7 @@ static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
 {
     /* the fast path needs whole, contiguous operands and room in tmp2 */
     if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
-        (size_t)W->cols <= t->row_len)
+        (size_t)W->cols <= t->row_max)
         return ft_tr_matT_fast(t, dx, dy, rows, W);
     matT_axpy(t, dx, ldx, dy, ldy, rows, W, o0, o1);
     return FT_OK;
