@@ -437,7 +437,7 @@ int ft_cmd_finetune(int argc, char **argv)
         }
     }
     if (end_step - start > 1)
-        printf("trained %ld steps in %.1f s: %.0f tok/s after the first step (%.0f overall)\n", end_step - start,
+        printf("trained %ld steps in %.1f s: %.2f tok/s after the first step (%.2f overall)\n", end_step - start,
                ft_now() - t0, (double)(end_step - start - 1) * (double)per * (double)seq / (ft_now() - t1),
                (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
     if (neval) {
