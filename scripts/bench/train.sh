@@ -11,6 +11,8 @@
 #   ft-q8          base weights q8 in memory
 #   ft-q4          base weights q4 in memory
 #   ft-q4-disk     q4 streamed from the disk tier (--policy w=0,0,100 --disk-dir)
+#   ft-q4-disk-lim the same inside a memory cgroup of --limit (page cache included;
+#                  root), with --memory equal to it: the cgroup's peak is reported
 #   pt-f32         PyTorch + PEFT, the model in f32 (bench/train/peft_cpu.py)
 #   pt-bf16-amp    PyTorch + PEFT, f32 model under torch.autocast(bfloat16)
 #
@@ -20,6 +22,7 @@
 #     --layers N (22)   --steps N (3)         --seq N (128)   --batch N (1)
 #     --rank R (16)     --threads N (2)       --runs N (1; interleaved, medians)
 #     --rows "ft-bf16 ft-q4 ft-q4-disk pt-f32 pt-bf16-amp"
+#     --limit SIZE (1G: below the 1.12B model's 2.1 GiB of bf16; bytes or 512M/1.5G)
 #     --python PY       a Python with torch, transformers and peft (PEFT_PYTHON, else python3)
 #     --out DIR         keep the logs, results.tsv and table.md
 # The data: 20000 words drawn (seed 2) from the repository's README.md.
@@ -32,7 +35,8 @@ FT=$root/build/flextier
 MODEL=""; LAYERS=22; STEPS=3; SEQ=128; BATCH=1; RANK=16; THREADS=2; RUNS=1; OUT=""
 ROWS="ft-bf16 ft-q4 ft-q4-disk pt-f32 pt-bf16-amp"
 PY=${PEFT_PYTHON:-python3}
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+LIMIT=1G
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
     --runs) RUNS=$2; shift 2 ;;
     --rows) ROWS=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
+    --limit) LIMIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -56,7 +61,7 @@ for v in "$LAYERS" "$STEPS" "$SEQ" "$BATCH" "$RANK" "$THREADS" "$RUNS"; do
 done
 [ "$STEPS" -ge 2 ] || { echo "train.sh: --steps must be at least 2 (tok/s is measured after the first)" >&2; exit 2; }
 for r in $ROWS; do
-    case "$r" in ft-bf16|ft-bf16-act|ft-q8|ft-q4|ft-q4-disk|pt-f32|pt-bf16-amp) ;;
+    case "$r" in ft-bf16|ft-bf16-act|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
     *) echo "train.sh: unknown row $r" >&2; exit 2 ;; esac
 done
 peers_need /usr/bin/time "apt-get install time" "$FT" "build flextier (cmake --build build)"
@@ -70,8 +75,20 @@ if [ -z "$MODEL" ]; then
         --ffn 5632 --vocab 32000 --dtype bf16
 fi
 [ -f "$MODEL/config.json" ] || peers_die "$MODEL has no config.json"
+LIMIT_B=$(python3 - "$LIMIT" <<'PY' || { echo "train.sh: bad --limit '$LIMIT'" >&2; exit 2; }
+import re, sys
+m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT]?)i?[bB]?", sys.argv[1])
+if not m:
+    sys.exit(1)
+print(int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())))
+PY
+)
+case " $ROWS " in *" ft-q4-disk-lim "*)
+    [ "$(id -u)" = 0 ] || peers_die "ft-q4-disk-lim needs root (memory cgroups)"
+    peers_cg_init ;;
+esac
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/ft-train.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; declare -F peers_cg_cleanup >/dev/null && [ -n "${PEERS_CG_VER:-}" ] && peers_cg_cleanup' EXIT
 python3 - "$root/README.md" > "$work/data.txt" <<'PY'
 import random, sys
 random.seed(2)
@@ -80,11 +97,11 @@ print(" ".join(random.choice(w) for _ in range(20000)))
 PY
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 peers_log "model $MODEL; $STEPS steps of $BATCH x $SEQ tokens, rank $RANK, $THREADS threads; CPU $cpu; load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf 'row\trun\ttok_s\tpeak_rss_kb\tload1\n' > "$work/results.tsv"
+printf 'row\trun\ttok_s\tpeak_rss_kb\tload1\tcgroup_peak\n' > "$work/results.tsv"
 common=(--model "$MODEL" --data "$work/data.txt" --steps "$STEPS" --seq-len "$SEQ" --batch "$BATCH"
         --rank "$RANK" --alpha $((2 * RANK)) --eval-frac 0 --threads "$THREADS" --out "$work/adapter")
 one() {   # one row once: appends to results.tsv
-    local row=$1 run=$2 log="$work/$1.$2.log" rc=0
+    local row=$1 run=$2 log="$work/$1.$2.log" rc=0 cgp=0
     local load; load=$(cut -d' ' -f1 /proc/loadavg)
     case "$row" in
     ft-bf16) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
@@ -94,6 +111,12 @@ one() {   # one row once: appends to results.tsv
     ft-q4) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q4 > "$log" 2>&1 || rc=$? ;;
     ft-q4-disk) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q4 --policy w=0,0,100 \
         --disk-dir "$work/disk" > "$log" 2>&1 || rc=$? ;;
+    ft-q4-disk-lim)
+        peers_cg_run "$LIMIT_B" "$log.out" -- /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" \
+            --weights-dtype q4 --policy w=0,0,100 --disk-dir "$work/disk" --memory "$LIMIT_B" || rc=$?
+        cat "$log.out" "$log.out.err" > "$log"
+        cgp=$PEERS_CG_PEAK
+        [ "$PEERS_CG_OOM" = 0 ] || { peers_log "$row: $PEERS_CG_OOM OOM kills"; rc=137; } ;;
     pt-f32|pt-bf16-amp)
         local dt=f32; [ "$row" = pt-bf16-amp ] && dt=bf16-autocast
         /usr/bin/time -f 'RSS %M' "$PY" "$root/bench/train/peft_cpu.py" "$MODEL" "$work/data.txt" --steps "$STEPS" \
@@ -109,19 +132,21 @@ one() {   # one row once: appends to results.tsv
         tps=$(sed -n 's/.*: \([0-9.]*\) tok\/s after the first step.*/\1/p' "$log")
     fi
     rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' "$log" | tail -1)
-    printf '%s\t%s\t%s\t%s\t%s\n' "$row" "$run" "${tps:-ERR}" "${rss:-0}" "$load" >> "$work/results.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "$run" "${tps:-ERR}" "${rss:-0}" "$load" "$cgp" >> "$work/results.tsv"
     peers_log "$row run $run: ${tps:-ERR} tok/s, peak RSS $(( ${rss:-0} / 1024 )) MiB (load $load)"
 }
 for run in $(seq 1 "$RUNS"); do
     for row in $ROWS; do one "$row" "$run"; done
 done
-python3 - "$work/results.tsv" "$cpu" "$STEPS" "$BATCH" "$SEQ" "$RANK" "$THREADS" > "$work/table.md" <<'PY'
+python3 - "$work/results.tsv" "$cpu" "$STEPS" "$BATCH" "$SEQ" "$RANK" "$THREADS" "$LIMIT_B" > "$work/table.md" <<'PY'
 import statistics, sys
-rows, cpu, steps, batch, seq, rank, threads = sys.argv[1:]
-res = {}
+rows, cpu, steps, batch, seq, rank, threads, limit = sys.argv[1:]
+res, cg = {}, {}
 for line in open(rows).read().splitlines()[1:]:
-    r, run, tps, rss, load = line.split("\t")
+    r, run, tps, rss, load, cgp = line.split("\t")
     res.setdefault(r, []).append((tps, int(rss), float(load)))
+    if int(cgp):
+        cg.setdefault(r, []).append(int(cgp))
 def med(r):
     ok = [float(t) for t, _, _ in res[r] if t != "ERR"]
     return statistics.median(ok) if ok else None
@@ -139,6 +164,9 @@ for r in res:
     rt = "%.2fx" % (t / ref) if t and ref else "-"
     rm = "%.2fx" % (m / refm) if refm else "-"
     print(f"| {r} | {ts} | {m / 1024:.0f} MiB | {rt} | {rm} | {ld} |")
+for r in cg:
+    print(f"\n{r}: cgroup limit {int(limit) / 1048576:.0f} MiB, peak {statistics.median(cg[r]) / 1048576:.0f} MiB "
+          "(page cache included), no OOM kill")
 PY
 cat "$work/table.md"
 if [ -n "$OUT" ]; then mkdir -p "$OUT"; cp "$work"/*.log "$work/results.tsv" "$work/table.md" "$OUT"/; fi
