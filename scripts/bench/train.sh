@@ -8,6 +8,8 @@
 # Rows (--rows):
 #   ft-bf16        flextier, base weights bf16 in memory (recompute backward)
 #   ft-bf16-act    the same with saved activations (--activations mem, lossless)
+#   ft-bf16-bfx    ft-bf16 with FLEXTIER_BF16_ACTIVATIONS=1: products of >= 25 rows round
+#                  their activations to bf16 (vdpbf16ps on AVX512_BF16; what autocast does)
 #   ft-q8          base weights q8 in memory
 #   ft-q4          base weights q4 in memory
 #   ft-q4-disk     q4 streamed from the disk tier (--policy w=0,0,100 --disk-dir)
@@ -35,7 +37,7 @@ FT=$root/build/flextier
 MODEL=""; LAYERS=22; STEPS=3; SEQ=128; BATCH=1; RANK=16; THREADS=2; RUNS=1; OUT=""
 ROWS="ft-bf16 ft-q4 ft-q4-disk pt-f32 pt-bf16-amp"
 PY=${PEFT_PYTHON:-python3}
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 LIMIT=1G
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -61,7 +63,7 @@ for v in "$LAYERS" "$STEPS" "$SEQ" "$BATCH" "$RANK" "$THREADS" "$RUNS"; do
 done
 [ "$STEPS" -ge 2 ] || { echo "train.sh: --steps must be at least 2 (tok/s is measured after the first)" >&2; exit 2; }
 for r in $ROWS; do
-    case "$r" in ft-bf16|ft-bf16-act|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
+    case "$r" in ft-bf16|ft-bf16-act|ft-bf16-bfx|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
     *) echo "train.sh: unknown row $r" >&2; exit 2 ;; esac
 done
 peers_need /usr/bin/time "apt-get install time" "$FT" "build flextier (cmake --build build)"
@@ -107,6 +109,8 @@ one() {   # one row once: appends to results.tsv
     ft-bf16) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
     ft-bf16-act) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 --activations mem \
         > "$log" 2>&1 || rc=$? ;;
+    ft-bf16-bfx) FLEXTIER_BF16_ACTIVATIONS=1 /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" \
+        --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
     ft-q8) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q8 > "$log" 2>&1 || rc=$? ;;
     ft-q4) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q4 > "$log" 2>&1 || rc=$? ;;
     ft-q4-disk) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q4 --policy w=0,0,100 \
