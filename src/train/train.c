@@ -599,12 +599,20 @@ uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, i
     if (F > wide) wide = F;
     if (E > wide) wide = E;
     uint64_t vc = (uint64_t)p->vocab_chunk < (uint64_t)c->vocab ? (uint64_t)p->vocab_chunk : (uint64_t)c->vocab;
-    /* the adapters (every module, an upper bound): weights, gradients, two
-     * moments, and with gradient accumulation one micro-batch's gradient
-     * (a rank k > 0 of a data-parallel step holds one per micro-batch it
-     * computes: not counted here) */
+    /* the adapters on the modules targeted (by any family's names; "all":
+     * every module, an upper bound): weights, gradients, two moments, and
+     * with gradient accumulation one micro-batch's gradient (a rank k > 0
+     * of a data-parallel step holds one per micro-batch it computes: not
+     * counted here) */
+    unsigned tg = p->targets == FT_LORA_ALL ? 127u : p->targets & 127u;
+    if (p->targets & FT_LORA_OUT) tg |= 1u << TO;
+    if (p->targets & FT_LORA_FC1) tg |= 1u << TU;
+    if (p->targets & FT_LORA_FC2) tg |= 1u << TD;
+    if (p->targets & FT_LORA_QKV) tg |= 7u;
+    if (p->targets & FT_LORA_GATE_UP) tg |= 3u << TG;
     uint64_t np = 0;
     for (int i = 0; i < NT; i++) {
+        if (!(tg & (1u << i))) continue;
         int in, out;
         mod_shape(c, i, &in, &out);
         np += rk * (uint64_t)(in + out);
