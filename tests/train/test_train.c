@@ -643,9 +643,9 @@ TEST(seed_reproducible_and_init)
 
 /* threads split products, transposed products and attention heads; every
  * value is computed in the same order whatever the split */
-TEST(threads_do_not_change_results)
+static void threads_same(const char *name, int fmt)
 {
-    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    ft_model *m = load(name, fmt);
     REQUIRE(m);
     ft_train_params p;
     ft_train_params_default(&p);
@@ -670,6 +670,12 @@ TEST(threads_do_not_change_results)
     }
     ft_trainer_free(t[0]);
     ft_model_free(m);
+}
+
+TEST(threads_do_not_change_results)
+{
+    threads_same("llama-tiny", FT_WF_BF16);
+    threads_same("mixtral-tiny", FT_WF_F32);   /* the experts' adapters too ("all") */
 }
 
 /* ------------------------------------------------ data-parallel steps */
