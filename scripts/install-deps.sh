@@ -15,6 +15,9 @@ PKGS=(
   iproute2 python3 python3-venv python3-dev
   # the pipeline's MPI mode (mpirun -n S flextier run --pipeline mpi)
   libopenmpi-dev openmpi-bin
+  # public-domain texts for `make finetune-demo` and scripts/bench/perplexity.sh:
+  # the World English Bible (read with diatheke) and the King James Bible
+  diatheke sword-text-web bible-kjv
   # the aarch64 (BlueField Arm cores) cross build and its tests under
   # qemu-user (make test-aarch64): Debian's cross toolchain and the
   # multiarch :arm64 libraries
