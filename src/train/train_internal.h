@@ -18,6 +18,12 @@ void ft_tr_matT_ref(float *dx, int ldx, const float *dy, int ldy, int rows, cons
  * (R x W->cols, contiguous); dy R x W->rows. */
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
 
+/* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
+ * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
+ * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */
+void ft_tr_transpose16(uint16_t *dst, size_t ldd, const uint16_t *src, size_t lds, int n, int m);
+void ft_tr_transpose16_ref(uint16_t *dst, size_t ldd, const uint16_t *src, size_t lds, int n, int m);
+
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
 void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
 /* LayerNorm y = (x - mean) / sqrt(var + eps) * w + b over n (w NULL: 1):

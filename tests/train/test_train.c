@@ -232,6 +232,28 @@ TEST(gelu_mul_bwd_fd)
 
 /* W^T dy on stored weights (f32, bf16, q8, q4) vs the scalar reference,
  * and the adjoint identity <dy, W x> = <W^T dy, x> on the forward product */
+/* the 16-bit tile transpose (SIMD where the CPU has it) against its
+ * scalar twin, whole tiles and edges, in larger strided matrices */
+TEST(transpose16_matches_ref)
+{
+    enum { RS = 40, CS = 37 };
+    uint16_t src[RS * CS], a[CS * RS], b[CS * RS];
+    uint64_t s = 7;
+    for (int i = 0; i < RS * CS; i++) src[i] = (uint16_t)(ft_test_rand(&s) >> 48);
+    static const int nm[][2] = {{16, 16}, {16, 5}, {3, 16}, {1, 1}, {15, 16}};
+    for (size_t k = 0; k < sizeof nm / sizeof nm[0]; k++)
+        for (int off = 0; off < 3; off++) {
+            memset(a, 0xAB, sizeof a);
+            memset(b, 0xAB, sizeof b);
+            const uint16_t *sp = src + (size_t)off * CS + (size_t)off;
+            ft_tr_transpose16(a + off, RS, sp, CS, nm[k][0], nm[k][1]);
+            ft_tr_transpose16_ref(b + off, RS, sp, CS, nm[k][0], nm[k][1]);
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "%d x %d at %d", nm[k][0], nm[k][1], off);
+            for (int c = 0; c < nm[k][1]; c++)
+                for (int o = 0; o < nm[k][0]; o++) CHECK(b[off + c * RS + o] == sp[o * CS + c]);
+        }
+}
+
 TEST(matT_stored_formats)
 {
     static const int fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_Q8, FT_WF_Q4};
