@@ -97,6 +97,12 @@ struct ft_trainer {
     char act_prefix[96];
     int act_layers;          /* layers with saved activations (keys to delete) */
     uint64_t act_base;       /* the store's bytes in use when opened */
+    /* mem: with raw frames: the values kept by the trainer itself, one
+     * buffer per (layer, activation), reused from step to step (no store:
+     * no frame, no allocation per write) */
+    int saving;              /* act or keep */
+    float **keep;
+    size_t *keep_cap;
     ft_train_act_stats act_st;
 };
 
@@ -405,7 +411,13 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                 t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
             }
         }
-    if (p->act_uri) {
+    if (p->act_uri && !strcmp(p->act_uri, "mem:") && p->act_codec == FT_CODEC_RAW) {
+        t->keep = calloc((size_t)c->n_layers * A_N, sizeof *t->keep);
+        t->keep_cap = calloc((size_t)c->n_layers * A_N, sizeof *t->keep_cap);
+        if (!t->keep || !t->keep_cap) goto nomem;
+        t->saving = 1;
+    } else if (p->act_uri) {
+        t->saving = 1;
         ft_store_params sp;
         ft_store_default_params(&sp);
         sp.token_file = p->act_token_file;
@@ -479,6 +491,9 @@ void ft_trainer_free(ft_trainer *t)
         ft_store_close(t->act);
         ft_clear_error();
     }
+    for (size_t k = 0; t->keep && k < (size_t)t->cfg.n_layers * A_N; k++) free(t->keep[k]);
+    free(t->keep);
+    free(t->keep_cap);
     free_ws(t);
     ft_pool_free(t->pool);
     free(t->wt);
@@ -1143,7 +1158,26 @@ static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
         len[A_TL0 + i] = R * (size_t)t->p.rank;
     }
     double t0 = ft_now();
-    for (int a = 0; a < A_N; a++) {
+    for (int a = 0; a < A_N && t->keep; a++) {   /* kept by the trainer: copies */
+        if (!buf[a]) continue;
+        size_t k = (size_t)l * A_N + (size_t)a;
+        if (write) {
+            if (t->keep_cap[k] < len[a]) {
+                free(t->keep[k]);
+                t->keep[k] = malloc(len[a] * sizeof(float));
+                t->keep_cap[k] = t->keep[k] ? len[a] : 0;
+                if (!t->keep[k])
+                    return ft_set_error(FT_ERR_NOMEM, "train: out of memory for layer %d's saved activations", l);
+            }
+            memcpy(t->keep[k], buf[a], len[a] * sizeof(float));
+            t->act_st.raw_bytes += len[a] * sizeof(float);
+        } else {
+            if (t->keep_cap[k] < len[a])
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: layer %d's activations were not saved", l);
+            memcpy(buf[a], t->keep[k], len[a] * sizeof(float));
+        }
+    }
+    for (int a = 0; a < A_N && !t->keep; a++) {
         if (!buf[a]) continue;
         char key[160];
         act_key(t, l, a, key, sizeof key);
@@ -1167,7 +1201,10 @@ static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
     if (write) {
         t->act_st.write_s += ft_now() - t0;
         if (l + 1 > t->act_layers) t->act_layers = l + 1;
-        if (l == t->cfg.n_layers - 1) {
+        if (l == t->cfg.n_layers - 1 && t->keep) {
+            t->act_st.stored_bytes = 0;
+            for (size_t k = 0; k < (size_t)t->cfg.n_layers * A_N; k++) t->act_st.stored_bytes += t->keep_cap[k] * 4;
+        } else if (l == t->cfg.n_layers - 1) {
             ft_store_stats ss;
             if (ft_store_stats_get(t->act, &ss) == FT_OK)   /* beside what the store held before (weights) */
                 t->act_st.stored_bytes = ss.used > t->act_base ? ss.used - t->act_base : 0;
@@ -1399,7 +1436,7 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T, in
     const int L = c->n_layers;
     for (int l = 0; l < L; l++) {
         TRY(use_layer(t, l, l + 1 < L ? l + 1 : bwd ? L - 2 : 0));
-        TRY(layer_fwd(t, l, nb, T, bwd && t->act));
+        TRY(layer_fwd(t, l, nb, T, bwd && t->saving));
     }
     return FT_OK;
 }
@@ -1512,7 +1549,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
      * starts at layer 0, then 1 */
     for (int l = L - 1; l >= 0; l--) {
         TRY(use_layer(t, l, l > 0 ? l - 1 : L > 1 ? 1 : -1));
-        if (t->act) TRY(act_io(t, l, nb, T, 0));
+        if (t->saving) TRY(act_io(t, l, nb, T, 0));
         else TRY(layer_fwd(t, l, nb, T, 0));
         TRY(layer_bwd(t, l, nb, T));
     }

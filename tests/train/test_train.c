@@ -1026,8 +1026,12 @@ TEST(every_arch_streamed_and_saved)
         p.grad_accum = A;
         p.total_steps = STEPS;
         p.seed = 3;
-        ft_trainer *r = NULL, *s = NULL;
+        ft_trainer *r = NULL, *s = NULL, *kp = NULL;
         CHECK_OK(ft_trainer_create(m, &p, &r));
+        p.act_uri = "mem:";   /* raw in memory: kept by the trainer, no store */
+        p.act_codec = FT_CODEC_RAW;
+        CHECK_OK(ft_trainer_create(m, &p, &kp));
+        p.act_codec = 0;
         xwalk *k = calloc(1, sizeof *k);
         REQUIRE(k);
         k->m = m;
@@ -1035,17 +1039,23 @@ TEST(every_arch_streamed_and_saved)
         p.layer_user = k;
         p.act_uri = "mem:";
         CHECK_OK(ft_trainer_create(m, &p, &s));
-        REQUIRE(r && s);
+        REQUIRE(r && s && kp);
         for (int st = 0; st < STEPS; st++) {
-            double lr_, ls;
+            double lr_, ls, lk;
             const size_t o = (size_t)st * A * NB * T;
             CHECK_OK(ft_trainer_step_masked(r, tok + o, mask + o, NB, T, &lr_, NULL));
             CHECK_OK(ft_trainer_step_masked(s, tok + o, mask + o, NB, T, &ls, NULL));
-            CHECK_MSG(lr_ == ls, "%s step %d: loss %.17g vs %.17g", names[a], st, ls, lr_);
+            CHECK_OK(ft_trainer_step_masked(kp, tok + o, mask + o, NB, T, &lk, NULL));
+            CHECK_MSG(lr_ == ls && lr_ == lk, "%s step %d: loss %.17g / %.17g vs %.17g", names[a], st, ls, lk, lr_);
         }
-        size_t n, n2;
-        const float *w = ft_trainer_param_data(r, &n), *w2 = ft_trainer_param_data(s, &n2);
+        size_t n, n2, n3;
+        const float *w = ft_trainer_param_data(r, &n), *w2 = ft_trainer_param_data(s, &n2),
+                    *w3 = ft_trainer_param_data(kp, &n3);
         CHECK_MSG(n == n2 && memcmp(w, w2, n * sizeof(float)) == 0, "%s: adapter differs", names[a]);
+        CHECK_MSG(n == n3 && memcmp(w, w3, n * sizeof(float)) == 0, "%s: adapter (kept) differs", names[a]);
+        ft_train_act_stats ks;
+        ft_trainer_act_stats(kp, &ks);
+        CHECK(ks.raw_bytes > 0 && ks.stored_bytes > 0);
         double e1, e2;
         int64_t c1, c2;
         CHECK_OK(ft_trainer_eval(r, tok, NB, T, &e1, &c1));
@@ -1060,6 +1070,7 @@ TEST(every_arch_streamed_and_saved)
         printf("  %s: %d layer calls, %d expert fetches; losses equal bit for bit\n", names[a], k->calls, k->fetches);
         ft_trainer_free(r);
         ft_trainer_free(s);
+        ft_trainer_free(kp);
         free(k);
         ft_model_free(m);
     }
