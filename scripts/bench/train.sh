@@ -8,6 +8,8 @@
 # Rows (--rows):
 #   ft-bf16        flextier, base weights bf16 in memory (recompute backward)
 #   ft-bf16-act    the same with saved activations (--activations mem, lossless)
+#   ft-bf16-saved  saved activations kept raw in memory (--activations mem
+#                  --activations-codec raw): no recompute, no encoding
 #   ft-bf16-bfx    ft-bf16 with FLEXTIER_BF16_ACTIVATIONS=1: products of >= 25 rows round
 #                  their activations to bf16 (vdpbf16ps on AVX512_BF16; what autocast does)
 #   ft-q8          base weights q8 in memory
@@ -63,7 +65,7 @@ for v in "$LAYERS" "$STEPS" "$SEQ" "$BATCH" "$RANK" "$THREADS" "$RUNS"; do
 done
 [ "$STEPS" -ge 2 ] || { echo "train.sh: --steps must be at least 2 (tok/s is measured after the first)" >&2; exit 2; }
 for r in $ROWS; do
-    case "$r" in ft-bf16|ft-bf16-act|ft-bf16-bfx|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
+    case "$r" in ft-bf16|ft-bf16-act|ft-bf16-saved|ft-bf16-bfx|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
     *) echo "train.sh: unknown row $r" >&2; exit 2 ;; esac
 done
 peers_need /usr/bin/time "apt-get install time" "$FT" "build flextier (cmake --build build)"
@@ -109,6 +111,8 @@ one() {   # one row once: appends to results.tsv
     ft-bf16) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
     ft-bf16-act) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 --activations mem \
         > "$log" 2>&1 || rc=$? ;;
+    ft-bf16-saved) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 --activations mem \
+        --activations-codec raw > "$log" 2>&1 || rc=$? ;;
     ft-bf16-bfx) FLEXTIER_BF16_ACTIVATIONS=1 /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" \
         --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
     ft-q8) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q8 > "$log" 2>&1 || rc=$? ;;

@@ -84,6 +84,8 @@ struct ft_trainer {
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
     float *cosT, *sinT;
     float *lchunk, *ltgt;
+    float *lall;             /* every chunk's logits (R x V in chunk blocks),
+                                kept from pass 1 for pass 2 when small */
     double *lmax, *lsum;
     void *ws;
     size_t ws_cap;
@@ -108,6 +110,12 @@ struct ft_trainer {
     char act_prefix[96];
     int act_layers;          /* layers with saved activations (keys to delete) */
     uint64_t act_base;       /* the store's bytes in use when opened */
+    /* mem: with raw frames: the values kept by the trainer itself, one
+     * buffer per (layer, activation), reused from step to step (no store:
+     * no frame, no allocation per write) */
+    int saving;              /* act or keep */
+    float **keep;
+    size_t *keep_cap;
     ft_train_act_stats act_st;
 };
 
@@ -453,7 +461,13 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                 t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
             }
         }
-    if (p->act_uri) {
+    if (p->act_uri && !strcmp(p->act_uri, "mem:") && p->act_codec == FT_CODEC_RAW) {
+        t->keep = calloc((size_t)c->n_layers * A_N, sizeof *t->keep);
+        t->keep_cap = calloc((size_t)c->n_layers * A_N, sizeof *t->keep_cap);
+        if (!t->keep || !t->keep_cap) goto nomem;
+        t->saving = 1;
+    } else if (p->act_uri) {
+        t->saving = 1;
         ft_store_params sp;
         ft_store_default_params(&sp);
         sp.token_file = p->act_token_file;
@@ -488,7 +502,7 @@ static void free_ws(ft_trainer *t)
 {
     float **f[] = {&t->xs, &t->h1, &t->q, &t->k, &t->v, &t->att, &t->x2, &t->h2, &t->gt, &t->up, &t->mm, &t->tmp,
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
-                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
+                   &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->lall, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
                    &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd, &t->mtg, &t->mtd, &t->meu,
                    &t->meb, &t->mebt, &t->megb, &t->medt};
@@ -528,6 +542,9 @@ void ft_trainer_free(ft_trainer *t)
         ft_store_close(t->act);
         ft_clear_error();
     }
+    for (size_t k = 0; t->keep && k < (size_t)t->cfg.n_layers * A_N; k++) free(t->keep[k]);
+    free(t->keep);
+    free(t->keep_cap);
     free_ws(t);
     ft_pool_free(t->pool);
     free(t->wt);
@@ -548,6 +565,15 @@ int ft_trainer_steps(const ft_trainer *t) { return t ? t->step : 0; }
 size_t ft_trainer_param_count(const ft_trainer *t) { return t ? t->np : 0; }
 
 static float *fz(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+/* The cross-entropy's pass 2 reuses pass 1's logits instead of computing
+ * them again when all of them take at most 64 MiB (short sequences: the
+ * LM head's product once less per micro-batch) and no soft-cap rewrote
+ * them; the values are the same either way. */
+static int keep_logits(const ft_model_config *c, int nb, int T)
+{
+    return c->final_softcap == 0.0f && (uint64_t)nb * (uint64_t)T * (uint64_t)c->vocab * 4u <= (64u << 20);
+}
 
 static ft_status ensure(ft_trainer *t, int nb, int T)
 {
@@ -589,6 +615,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->dv = fz(r * kw); t->datt = fz(r * qw); t->dgt = fz(r * I); t->dup = fz(r * I); t->dmm = fz(r * I);
     t->cosT = fz((size_t)T * half); t->sinT = fz((size_t)T * half);
     t->lchunk = fz(r * (vc + 64));   /* q8/q4 heads round the chunk to whole frame chunks */
+    if (keep_logits(c, nb, T)) t->lall = fz(r * (size_t)c->vocab);   /* NULL: recomputed (no error) */
     t->ltgt = fz(r);
     t->lmax = calloc(r, sizeof(double));
     t->lsum = calloc(r, sizeof(double));
@@ -699,6 +726,7 @@ uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, i
     f += 2 * rk * wide + wide + kw;
     f += (uint64_t)nb * (uint64_t)c->n_heads * (uint64_t)T * (uint64_t)T;
     f += (NT + 1) * r * rk + 4 * (uint64_t)T * half + r * (vc + 64) + 5 * r;
+    if (keep_logits(c, nb, T)) f += r * (uint64_t)c->vocab;
     if (E) {
         const uint64_t ow = 2 * F > H ? 2 * F : H;
         f += r * (2 * E + 6 * K + 4 * H + 6 * F) + E + 1;
@@ -790,6 +818,11 @@ static void matT_axpy(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
 
 typedef struct wt_job { const ft_wmat *W; void *wt; float *row; size_t row_len; } wt_job;
 
+/* 16-bit matrices: rows of W per task, so that each task writes whole
+ * 64-byte lines of W^T (two 16 x 16 tiles side by side; half lines,
+ * finished by another task later, were read for ownership twice) */
+enum { WT_H = 32 };
+
 /* rows [i WT_B, i WT_B + WT_B) of W into columns of W^T, in tiles of
  * WT_B x WT_B (each W^T row gets WT_B contiguous values per task) */
 static void wt_task(void *arg, size_t i, unsigned worker)
@@ -797,17 +830,15 @@ static void wt_task(void *arg, size_t i, unsigned worker)
     const wt_job *j = arg;
     const ft_wmat *W = j->W;
     const size_t R = (size_t)W->rows, C = (size_t)W->cols;
-    const size_t o0 = i * WT_B, n = R - o0 < WT_B ? R - o0 : WT_B;
     if (W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16) {   /* 16-bit: transposed as stored */
-        const uint16_t *src = (const uint16_t *)W->data + o0 * C;
-        uint16_t *dst = (uint16_t *)j->wt + o0;
-        for (size_t c0 = 0; c0 < C; c0 += WT_B) {
-            size_t c1 = c0 + WT_B < C ? c0 + WT_B : C;
-            for (size_t c = c0; c < c1; c++)
-                for (size_t o = 0; o < n; o++) dst[c * R + o] = src[o * C + c];
-        }
+        const size_t h0 = i * WT_H, h1 = R - h0 < WT_H ? R : h0 + WT_H;
+        for (size_t c0 = 0; c0 < C; c0 += WT_B)
+            for (size_t o0 = h0; o0 < h1; o0 += WT_B)
+                ft_tr_transpose16((uint16_t *)j->wt + c0 * R + o0, R, (const uint16_t *)W->data + o0 * C + c0, C,
+                                  (int)(h1 - o0 < WT_B ? h1 - o0 : WT_B), (int)(C - c0 < WT_B ? C - c0 : WT_B));
         return;
     }
+    const size_t o0 = i * WT_B, n = R - o0 < WT_B ? R - o0 : WT_B;
     const float *src;
     if (W->fmt == FT_WF_F32) {
         src = (const float *)W->data + o0 * C;
@@ -836,12 +867,13 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
     size_t need = (size_t)W->rows * (size_t)W->cols * (half ? 2 : 4);
     if (need > t->wt_cap) {
         free(t->wt);
-        t->wt = malloc(need);
+        t->wt = aligned_alloc(64, (need + 63) / 64 * 64);
         t->wt_cap = t->wt ? need : 0;
         if (!t->wt) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a transposed matrix");
     }
     wt_job wj = {W, t->wt, t->row, t->row_len};
-    ft_pool_run(t->pool, (size_t)(W->rows + WT_B - 1) / WT_B, wt_task, &wj);
+    const size_t per = half ? WT_H : WT_B;
+    ft_pool_run(t->pool, ((size_t)W->rows + per - 1) / per, wt_task, &wj);
     ft_wmat M = {half ? W->fmt : FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
     float *y = t->tmp2;
     ft_status st = prod(t, y, W->cols, dy, R, &M, 0, W->cols, NULL);
@@ -1350,7 +1382,26 @@ static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
         len[A_TL0 + i] = R * (size_t)t->p.rank;
     }
     double t0 = ft_now();
-    for (int a = 0; a < A_N; a++) {
+    for (int a = 0; a < A_N && t->keep; a++) {   /* kept by the trainer: copies */
+        if (!buf[a]) continue;
+        size_t k = (size_t)l * A_N + (size_t)a;
+        if (write) {
+            if (t->keep_cap[k] < len[a]) {
+                free(t->keep[k]);
+                t->keep[k] = malloc(len[a] * sizeof(float));
+                t->keep_cap[k] = t->keep[k] ? len[a] : 0;
+                if (!t->keep[k])
+                    return ft_set_error(FT_ERR_NOMEM, "train: out of memory for layer %d's saved activations", l);
+            }
+            memcpy(t->keep[k], buf[a], len[a] * sizeof(float));
+            t->act_st.raw_bytes += len[a] * sizeof(float);
+        } else {
+            if (t->keep_cap[k] < len[a])
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: layer %d's activations were not saved", l);
+            memcpy(buf[a], t->keep[k], len[a] * sizeof(float));
+        }
+    }
+    for (int a = 0; a < A_N && !t->keep; a++) {
         if (!buf[a]) continue;
         char key[160];
         act_key(t, l, a, key, sizeof key);
@@ -1374,7 +1425,10 @@ static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
     if (write) {
         t->act_st.write_s += ft_now() - t0;
         if (l + 1 > t->act_layers) t->act_layers = l + 1;
-        if (l == t->cfg.n_layers - 1) {
+        if (l == t->cfg.n_layers - 1 && t->keep) {
+            t->act_st.stored_bytes = 0;
+            for (size_t k = 0; k < (size_t)t->cfg.n_layers * A_N; k++) t->act_st.stored_bytes += t->keep_cap[k] * 4;
+        } else if (l == t->cfg.n_layers - 1) {
             ft_store_stats ss;
             if (ft_store_stats_get(t->act, &ss) == FT_OK)   /* beside what the store held before (weights) */
                 t->act_st.stored_bytes = ss.used > t->act_base ? ss.used - t->act_base : 0;
@@ -1606,7 +1660,7 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T, in
     const int L = c->n_layers;
     for (int l = 0; l < L; l++) {
         TRY(use_layer(t, l, l + 1 < L ? l + 1 : bwd ? L - 2 : 0));
-        TRY(layer_fwd(t, l, nb, T, bwd && t->act));
+        TRY(layer_fwd(t, l, nb, T, bwd && t->saving));
     }
     return FT_OK;
 }
@@ -1649,11 +1703,12 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
-        softcap(c, t->lchunk, (size_t)R * (size_t)n);
+        float *lc = t->lall ? t->lall + (size_t)R * (size_t)v0 : t->lchunk;
+        TRY(prod(t, lc, n, hin, R, &sub, 0, n, NULL));
+        softcap(c, lc, (size_t)R * (size_t)n);
         for (int r = 0; r < R; r++) {
             if (skip_row(t, r, T)) continue;
-            const float *lr = t->lchunk + (size_t)r * (size_t)n;
+            const float *lr = lc + (size_t)r * (size_t)n;
             double mx = t->lmax[r];
             for (int j = 0; j < n; j++) if (lr[j] > mx) mx = lr[j];
             double s = t->lsum[r] * exp(t->lmax[r] - mx);
@@ -1686,9 +1741,10 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
         int n = V - v0 < vc ? V - v0 : vc;
         ft_wmat sub;
         wview(W, v0, n, &sub);
-        TRY(prod(t, t->lchunk, n, hin, R, &sub, 0, n, NULL));
+        float *lc = t->lall ? t->lall + (size_t)R * (size_t)v0 : t->lchunk;
+        if (!t->lall) TRY(prod(t, lc, n, hin, R, &sub, 0, n, NULL));
         for (int r = 0; r < R; r++) {
-            float *lr = t->lchunk + (size_t)r * (size_t)n;
+            float *lr = lc + (size_t)r * (size_t)n;
             if (skip_row(t, r, T)) {
                 memset(lr, 0, (size_t)n * sizeof(float));
                 continue;
@@ -1706,7 +1762,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
                 }
             }
         }
-        TRY(matT(t, dhin, HE, t->lchunk, n, R, &sub, 0, n));
+        TRY(matT(t, dhin, HE, lc, n, R, &sub, 0, n));
     }
     if (proj) TRY(matT(t, dhf, H, t->dhp, t->E, R, Pout, 0, t->E));
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
@@ -1717,7 +1773,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
      * starts at layer 0, then 1 */
     for (int l = L - 1; l >= 0; l--) {
         TRY(use_layer(t, l, l > 0 ? l - 1 : L > 1 ? 1 : -1));
-        if (t->act) TRY(act_io(t, l, nb, T, 0));
+        if (t->saving) TRY(act_io(t, l, nb, T, 0));
         else TRY(layer_fwd(t, l, nb, T, 0));
         TRY(layer_bwd(t, l, nb, T));
     }

@@ -23,6 +23,12 @@ uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch);
 void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk);
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
 
+/* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
+ * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
+ * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */
+void ft_tr_transpose16(uint16_t *dst, size_t ldd, const uint16_t *src, size_t lds, int n, int m);
+void ft_tr_transpose16_ref(uint16_t *dst, size_t ldd, const uint16_t *src, size_t lds, int n, int m);
+
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */
 void ft_tr_rmsnorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps);
 /* LayerNorm y = (x - mean) / sqrt(var + eps) * w + b over n (w NULL: 1):

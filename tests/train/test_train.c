@@ -232,6 +232,28 @@ TEST(gelu_mul_bwd_fd)
 
 /* W^T dy on stored weights (f32, bf16, q8, q4) vs the scalar reference,
  * and the adjoint identity <dy, W x> = <W^T dy, x> on the forward product */
+/* the 16-bit tile transpose (SIMD where the CPU has it) against its
+ * scalar twin, whole tiles and edges, in larger strided matrices */
+TEST(transpose16_matches_ref)
+{
+    enum { RS = 40, CS = 37 };
+    uint16_t src[RS * CS], a[CS * RS], b[CS * RS];
+    uint64_t s = 7;
+    for (int i = 0; i < RS * CS; i++) src[i] = (uint16_t)(ft_test_rand(&s) >> 48);
+    static const int nm[][2] = {{16, 16}, {16, 5}, {3, 16}, {1, 1}, {15, 16}};
+    for (size_t k = 0; k < sizeof nm / sizeof nm[0]; k++)
+        for (int off = 0; off < 3; off++) {
+            memset(a, 0xAB, sizeof a);
+            memset(b, 0xAB, sizeof b);
+            const uint16_t *sp = src + (size_t)off * CS + (size_t)off;
+            ft_tr_transpose16(a + off, RS, sp, CS, nm[k][0], nm[k][1]);
+            ft_tr_transpose16_ref(b + off, RS, sp, CS, nm[k][0], nm[k][1]);
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "%d x %d at %d", nm[k][0], nm[k][1], off);
+            for (int c = 0; c < nm[k][1]; c++)
+                for (int o = 0; o < nm[k][0]; o++) CHECK(b[off + c * RS + o] == sp[o * CS + c]);
+        }
+}
+
 TEST(matT_stored_formats)
 {
     static const int fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_Q8, FT_WF_Q4};
@@ -1034,8 +1056,12 @@ TEST(every_arch_streamed_and_saved)
         p.grad_accum = A;
         p.total_steps = STEPS;
         p.seed = 3;
-        ft_trainer *r = NULL, *s = NULL;
+        ft_trainer *r = NULL, *s = NULL, *kp = NULL;
         CHECK_OK(ft_trainer_create(m, &p, &r));
+        p.act_uri = "mem:";   /* raw in memory: kept by the trainer, no store */
+        p.act_codec = FT_CODEC_RAW;
+        CHECK_OK(ft_trainer_create(m, &p, &kp));
+        p.act_codec = 0;
         xwalk *k = calloc(1, sizeof *k);
         REQUIRE(k);
         k->m = m;
@@ -1043,17 +1069,23 @@ TEST(every_arch_streamed_and_saved)
         p.layer_user = k;
         p.act_uri = "mem:";
         CHECK_OK(ft_trainer_create(m, &p, &s));
-        REQUIRE(r && s);
+        REQUIRE(r && s && kp);
         for (int st = 0; st < STEPS; st++) {
-            double lr_, ls;
+            double lr_, ls, lk;
             const size_t o = (size_t)st * A * NB * T;
             CHECK_OK(ft_trainer_step_masked(r, tok + o, mask + o, NB, T, &lr_, NULL));
             CHECK_OK(ft_trainer_step_masked(s, tok + o, mask + o, NB, T, &ls, NULL));
-            CHECK_MSG(lr_ == ls, "%s step %d: loss %.17g vs %.17g", names[a], st, ls, lr_);
+            CHECK_OK(ft_trainer_step_masked(kp, tok + o, mask + o, NB, T, &lk, NULL));
+            CHECK_MSG(lr_ == ls && lr_ == lk, "%s step %d: loss %.17g / %.17g vs %.17g", names[a], st, ls, lk, lr_);
         }
-        size_t n, n2;
-        const float *w = ft_trainer_param_data(r, &n), *w2 = ft_trainer_param_data(s, &n2);
+        size_t n, n2, n3;
+        const float *w = ft_trainer_param_data(r, &n), *w2 = ft_trainer_param_data(s, &n2),
+                    *w3 = ft_trainer_param_data(kp, &n3);
         CHECK_MSG(n == n2 && memcmp(w, w2, n * sizeof(float)) == 0, "%s: adapter differs", names[a]);
+        CHECK_MSG(n == n3 && memcmp(w, w3, n * sizeof(float)) == 0, "%s: adapter (kept) differs", names[a]);
+        ft_train_act_stats ks;
+        ft_trainer_act_stats(kp, &ks);
+        CHECK(ks.raw_bytes > 0 && ks.stored_bytes > 0);
         double e1, e2;
         int64_t c1, c2;
         CHECK_OK(ft_trainer_eval(r, tok, NB, T, &e1, &c1));
@@ -1068,6 +1100,7 @@ TEST(every_arch_streamed_and_saved)
         printf("  %s: %d layer calls, %d expert fetches; losses equal bit for bit\n", names[a], k->calls, k->fetches);
         ft_trainer_free(r);
         ft_trainer_free(s);
+        ft_trainer_free(kp);
         free(k);
         ft_model_free(m);
     }
