@@ -236,7 +236,7 @@ static void fail_locked(dp_comm *c, ft_status st, const char *fmt, ...)
     vsnprintf(c->why, sizeof c->why, fmt, ap);
     va_end(ap);
     __atomic_store_n(&c->fail, st, __ATOMIC_RELEASE);
-    FT_LOG(FT_LOG_WARN, "data-parallel: rank %d: %s", c->rank, c->why);
+    FT_LOG(FT_LOG_INFO, "data-parallel: rank %d: %s", c->rank, c->why);
     pthread_cond_broadcast(&c->cv);
 }
 
