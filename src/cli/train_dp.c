@@ -78,8 +78,8 @@ int ft_cli_dp_arg(ft_cli_dp *d, const char *usage, int argc, char **argv, int *i
 int ft_cli_dp_check(ft_cli_dp *d, const char *usage, const char *mode, long accum)
 {
     if (mode && strcmp(mode, "mpi") && strcmp(mode, "tcp")) {
-        ft_cli_usage_error(usage, "--data-parallel %s: expected mpi (under mpirun -n N) or tcp (--dp-rank, "
-                           "--dp-peers)", mode);
+        ft_cli_usage_error(usage, "--data-parallel %s: only mpi (under mpirun -n N) and tcp (--dp-rank, "
+                           "--dp-peers) are implemented", mode);
         return FT_EXIT_USAGE;
     }
     d->tcp = mode && !strcmp(mode, "tcp");
