@@ -68,17 +68,18 @@ PEERS=$LAB_IP_S:$PORT,$LAB_IP_C:$PORT
 
 tps() { sed -n 's/.*: \([0-9.]*\) tok\/s after the first step.*/\1/p' "$1"; }
 
-one=() two=()
+one=() two=() cone=() ctwo=()
+cpu() { awk '{s += $1 + $2} END {printf "%.2f", s}' "$@"; }
 for r in $(seq "$ROUNDS"); do
     # one process, one core
-    taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/one" > "$WORK/one.out" 2>&1 ||
+    /usr/bin/time -o "$WORK/one.time" -f "%U %S" taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/one" > "$WORK/one.out" 2>&1 ||
         { cat "$WORK/one.out"; exit 1; }
     one+=("$(tps "$WORK/one.out")")
     # two ranks, one per namespace and core, over the link
-    ip netns exec "$LAB_NS_S" taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/two" --data-parallel tcp \
+    ip netns exec "$LAB_NS_S" /usr/bin/time -o "$WORK/r0.time" -f "%U %S" taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/two" --data-parallel tcp \
         --dp-rank 0 --dp-peers "$PEERS" --dp-token-file "$WORK/token" > "$WORK/r0.out" 2>&1 &
     p0=$!
-    ip netns exec "$LAB_NS_C" taskset -c 1 "$FT" finetune "${ARGS[@]}" --out "$WORK/two1" --data-parallel tcp \
+    ip netns exec "$LAB_NS_C" /usr/bin/time -o "$WORK/r1.time" -f "%U %S" taskset -c 1 "$FT" finetune "${ARGS[@]}" --out "$WORK/two1" --data-parallel tcp \
         --dp-rank 1 --dp-peers "$PEERS" --dp-token-file "$WORK/token" > "$WORK/r1.out" 2>&1 &
     p1=$!
     ok=1
@@ -86,9 +87,12 @@ for r in $(seq "$ROUNDS"); do
     wait $p1 || ok=0
     [ $ok = 1 ] || { cat "$WORK/r0.out" "$WORK/r1.out"; exit 1; }
     two+=("$(tps "$WORK/r0.out")")
+    cone+=("$(cpu "$WORK/one.time")")
+    ctwo+=("$(cpu "$WORK/r0.time" "$WORK/r1.time")")
     cmp -s "$WORK/one/adapter_model.safetensors" "$WORK/two/adapter_model.safetensors" ||
         { echo "train-dp.sh: round $r: the two ranks' adapter differs from one process's" >&2; exit 1; }
-    echo "round $r: one process ${one[-1]} tok/s, two ranks ${two[-1]} tok/s (load $(cut -d' ' -f1 /proc/loadavg))"
+    echo "round $r: one process ${one[-1]} tok/s (CPU ${cone[-1]} s), two ranks ${two[-1]} tok/s (CPU ${ctwo[-1]} s)" \
+         "(load $(cut -d' ' -f1 /proc/loadavg))"
 done
 
 med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {m = NR % 2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2; printf "%.0f (%.0f-%.0f)", m, a[1], a[NR]}'; }
@@ -99,9 +103,10 @@ echo "model $MODEL, LoRA rank $LRANK (all projections, $NP parameters: gradient 
 echo "steps of $ACCUM x 1 x $SEQ tokens, $STEPS steps; link $RATE (tc tbf both ways); $ROUNDS rounds"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| run | tok/s after the first step (median; range) |"
-echo "|---|---|"
-echo "| 1 process, 1 core | $(med "${one[@]}") |"
-echo "| 2 ranks over $RATE (namespaces), 1 core each | $(med "${two[@]}") |"
+medc() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.1f", NR % 2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+echo "| run | tok/s after the first step (median; range) | CPU s, whole run, all processes (median) |"
+echo "|---|---|---|"
+echo "| 1 process, 1 core | $(med "${one[@]}") | $(medc "${cone[@]}") |"
+echo "| 2 ranks over $RATE (namespaces), 1 core each | $(med "${two[@]}") | $(medc "${ctwo[@]}") |"
 awk -v a="$(medv "${two[@]}")" -v b="$(medv "${one[@]}")" 'BEGIN {printf "speed-up (medians): %.2fx\n", a / b}'
 echo "adapters: byte-identical in every round"
