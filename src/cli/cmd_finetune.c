@@ -301,9 +301,9 @@ int ft_cmd_finetune(int argc, char **argv)
            sched, warmup, seed);
     if (dpo.tcp) {   /* join the other ranks: same options and tokens, or refused */
         char run[512];
-        snprintf(run, sizeof run, "%ld %ld %ld %ld %ld %ld %ld %u %d %a %a %a %a %a %s %ld %ld %zu", steps, seq, batch,
-                 accum, rank, seed, warmup, tp.targets, (int)tp.schedule, lr, alpha, wd, clip, evalf, targets, ntrain,
-                 neval, ft_trainer_param_count(t));
+        snprintf(run, sizeof run, "%ld %ld %ld %ld %ld %ld %ld %u %d %a %a %a %a %a %a %s %ld %ld %zu", steps, seq,
+                 batch, accum, rank, seed, warmup, tp.targets, (int)tp.schedule, lr, alpha, wd, clip, evalf, dropout,
+                 targets, ntrain, neval, ft_trainer_param_count(t));
         if ((st = ft_cli_dp_open(&dpo, run, ids, ntok, ft_trainer_param_count(t), &comm))) {
             ft_cli_fail("--data-parallel tcp", st);
             goto done;
