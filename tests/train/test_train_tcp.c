@@ -4,10 +4,18 @@
  * token works, a wrong token is refused; a rank killed or stopped mid-run
  * makes the others stop with an error naming it within the deadline;
  * ranks started with other options refuse each other; bad options are
- * usage errors. */
+ * usage errors; a hand-made hostile rank's frames (huge, foreign, of the
+ * wrong length, a flood) fail the run with a protocol error, no more. */
 #include "ft_test.h"
 #include "support/cli_run.h"
 #include "support/fixture.h"
+#include "flextier/train.h"
+#include "net/door.h"
+#include "net/msg.h"
+#include "net/net.h"
+#include "train/comm_tcp.h"
+
+#include <pthread.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -246,4 +254,165 @@ TEST(tcp_errors)
     CHECK(rank_rc("sd", 0) == 1 && rank_rc("sd", 1) == 1);
     CHECK(ft_file_has(tmp, "sd0.err", "runs another job"));
     CHECK(ft_file_has(tmp, "sd1.err", "runs another job"));
+}
+
+/* ------------------------------------------------- a hostile rank, by hand */
+
+typedef struct {
+    char p0[128], p1[128];
+    uint64_t job;
+    int delay_ms;             /* before the first receive */
+    ft_status open_st, recv_st, recv2_st;
+    char why[512];
+    uint8_t got[24];
+} rank0_run;
+
+/* rank 0 of 2 (max_msg 64, timeout 3 s): open, then two receives of 24 bytes */
+static void *rank0(void *arg)
+{
+    rank0_run *r = arg;
+    const char *peers[2] = {r->p0, r->p1};
+    ft_train_tcp_params p;
+    memset(&p, 0, sizeof p);
+    p.rank = 0;
+    p.size = 2;
+    p.peers = peers;
+    p.timeout_ms = 3000;
+    p.job = r->job;
+    p.max_msg = 64;
+    ft_train_comm *c = NULL;
+    r->recv_st = r->recv2_st = FT_ERR_INTERNAL;
+    if ((r->open_st = ft_train_tcp_open(&p, &c))) {
+        snprintf(r->why, sizeof r->why, "%s", ft_last_error());
+        return NULL;
+    }
+    usleep((useconds_t)r->delay_ms * 1000);
+    r->recv_st = c->recv(c->user, 1, r->got, sizeof r->got);
+    if (!r->recv_st) r->recv2_st = c->recv(c->user, 1, r->got, sizeof r->got);
+    snprintf(r->why, sizeof r->why, "%s", ft_last_error());
+    ft_train_tcp_close(c, FT_OK);
+    return NULL;
+}
+
+/* Join rank 0 as rank 1 (door handshake without a token, then HELLO with
+ * this job): the connected socket, or -1. */
+static int join_as_rank1(rank0_run *r, uint64_t job)
+{
+    struct sockaddr_storage sa;
+    socklen_t sl;
+    if (ft_net_resolve(r->p0, 0, &sa, &sl)) return -1;
+    int fd = -1;
+    for (int i = 0; i < 100 && ft_net_tcp_connect(&sa, sl, 1000, "rank 0", &fd); i++) usleep(20000);
+    if (fd < 0) return -1;
+    if (ft_door_client_auth(fd, NULL, 0, 0, ft_now() + 5, "rank 0", NULL, 0, NULL, NULL, NULL)) goto bad;
+    uint8_t f[FT_DP_HDR + FT_DP_HELLO_LEN];
+    ft_dp_hello h = {FT_DP_VERSION, 1, 2, job, 64};
+    ft_dp_hdr_encode(f, FT_DP_HELLO, FT_DP_HELLO_LEN);
+    ft_dp_hello_encode(f + FT_DP_HDR, &h);
+    if (ft_net_io_full(fd, 1, f, sizeof f, ft_now() + 5, "rank 0")) goto bad;
+    return fd;
+bad:
+    close(fd);
+    return -1;
+}
+
+/* What rank 0 sends back after failing: its HELLO, then ERR naming why. */
+static int reads_err(int fd, const char *want)
+{
+    uint8_t b[4096];
+    size_t have = 0;
+    double dl = ft_now() + 5;
+    while (ft_now() < dl && have < sizeof b) {
+        ssize_t n = recv(fd, b + have, sizeof b - have, MSG_DONTWAIT);
+        if (n > 0) have += (size_t)n;
+        else if (n == 0) break;
+        else usleep(10000);
+    }
+    ft_dp_rx rx;
+    ft_dp_rx_init(&rx, 64, 1024);
+    int ok = have > FT_DP_HDR + FT_DP_HELLO_LEN &&
+             ft_dp_rx_feed(&rx, b + FT_DP_HDR + FT_DP_HELLO_LEN, have - FT_DP_HDR - FT_DP_HELLO_LEN) == FT_OK &&
+             rx.err && strstr(rx.why, want);
+    if (!ok) fprintf(stderr, "  rank 0 sent %zu bytes; ERR %d: %s\n", have, rx.err, rx.why);
+    ft_dp_rx_free(&rx);
+    return ok;
+}
+
+static void hostile(const char *what, const uint8_t *bytes, size_t n, int first_ok, const char *want, int delay_ms)
+{
+    rank0_run r;
+    memset(&r, 0, sizeof r);
+    char ports[128];
+    free_ports(2, ports, sizeof ports);
+    char *comma = strchr(ports, ',');
+    *comma = 0;
+    snprintf(r.p0, sizeof r.p0, "%s", ports);
+    snprintf(r.p1, sizeof r.p1, "%s", comma + 1);
+    r.job = 42;
+    r.delay_ms = delay_ms;
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, rank0, &r) == 0);
+    int fd = join_as_rank1(&r, 42);
+    CHECK_MSG(fd >= 0, "%s: cannot join", what);
+    if (fd >= 0) CHECK(ft_net_io_full(fd, 1, (void *)bytes, n, ft_now() + 5, "rank 0") == FT_OK);
+    pthread_join(th, NULL);
+    CHECK_MSG(r.open_st == FT_OK, "%s: open: %s", what, r.why);
+    ft_status st = first_ok ? r.recv2_st : r.recv_st;
+    if (first_ok) CHECK_MSG(r.recv_st == FT_OK && r.got[5] == 5, "%s: the good message", what);
+    CHECK_MSG(st == FT_ERR_PROTOCOL && strstr(r.why, want), "%s: %s (%s)", what, ft_status_str(st), r.why);
+    if (fd >= 0) {
+        CHECK_MSG(reads_err(fd, want), "%s: no ERR back", what);
+        close(fd);
+    }
+}
+
+TEST(tcp_hostile_rank)
+{
+    static uint8_t b[8192];
+    /* a message far beyond max_msg: refused from its header, nothing allocated */
+    ft_dp_hdr_encode(b, FT_DP_DATA, 1ull << 40);
+    hostile("huge", b, FT_DP_HDR, 0, "at most 64", 0);
+    /* another magic */
+    memcpy(b, "GET / HTTP/1.1\r\n\r\n", 18);
+    hostile("magic", b, 18, 0, "not a data-parallel frame", 0);
+    /* a good message, then one of another length than expected */
+    ft_dp_hdr_encode(b, FT_DP_DATA, 24);
+    for (int i = 0; i < 24; i++) b[FT_DP_HDR + i] = (uint8_t)i;
+    ft_dp_hdr_encode(b + FT_DP_HDR + 24, FT_DP_DATA, 16);
+    memset(b + 2 * FT_DP_HDR + 24, 0, 16);
+    hostile("length", b, 2 * FT_DP_HDR + 40, 1, "sent 16 bytes where 24 were expected", 0);
+    /* more untaken than two maximal messages (plus 4 KiB) while rank 0 does
+     * not receive: the ranks never have that much in flight */
+    size_t o = 0;
+    for (int k = 0; k < 80; k++) {
+        ft_dp_hdr_encode(b + o, FT_DP_DATA, 64);
+        memset(b + o + FT_DP_HDR, 0, 64);
+        o += FT_DP_HDR + 64;
+    }
+    hostile("flood", b, o, 0, "not yet taken", 500);
+
+    /* a HELLO with another job: rank 0 refuses to start and says why */
+    rank0_run r;
+    memset(&r, 0, sizeof r);
+    char ports[128];
+    free_ports(2, ports, sizeof ports);
+    char *comma = strchr(ports, ',');
+    *comma = 0;
+    snprintf(r.p0, sizeof r.p0, "%s", ports);
+    snprintf(r.p1, sizeof r.p1, "%s", comma + 1);
+    r.job = 42;
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, rank0, &r) == 0);
+    int fd = join_as_rank1(&r, 43);
+    pthread_join(th, NULL);
+    CHECK(fd >= 0);
+    CHECK_MSG(r.open_st == FT_ERR_INVALID_ARG && strstr(r.why, "runs another job"), "job: %s", r.why);
+    if (fd >= 0) {
+        uint8_t f[FT_DP_HDR + FT_DP_MAX_TEXT];
+        unsigned t = 0;
+        uint64_t len = 0;
+        CHECK(ft_net_io_full(fd, 0, f, FT_DP_HDR, ft_now() + 5, "rank 0") == FT_OK &&
+              ft_dp_hdr_parse(f, 64, &t, &len) == FT_OK && t == FT_DP_ERR);
+        close(fd);
+    }
 }
