@@ -110,3 +110,10 @@ echo "| 1 process, 1 core | $(med "${one[@]}") | $(medc "${cone[@]}") |"
 echo "| 2 ranks over $RATE (namespaces), 1 core each | $(med "${two[@]}") | $(medc "${ctwo[@]}") |"
 awk -v a="$(medv "${two[@]}")" -v b="$(medv "${one[@]}")" 'BEGIN {printf "speed-up (medians): %.2fx\n", a / b}'
 echo "adapters: byte-identical in every round"
+# the exchange alone (what a step sends between the two ranks), over the same link
+EX=$(readlink -f "$BUILD/bench/bench_dp_exchange" 2>/dev/null || true)
+if [ -x "$EX" ]; then
+    ip netns exec "$LAB_NS_C" "$EX" 1 "$PEERS" $((NP * 4)) 50 "$WORK/token" &
+    ip netns exec "$LAB_NS_S" "$EX" 0 "$PEERS" $((NP * 4)) 50 "$WORK/token"
+    wait
+fi
