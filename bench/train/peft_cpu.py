@@ -3,10 +3,12 @@
 `flextier finetune`'s tok/s and peak memory (docs/training.md).
 
   PYTHONPATH=/tmp/peftlib /tmp/ft5/bin/python bench/train/peft_cpu.py MODEL DATA \
-      [--steps 5] [--seq 128] [--batch 4] [--rank 8] [--threads 1] [--dtype f32|bf16]
+      [--steps 5] [--seq 128] [--batch 4] [--rank 8] [--threads 1] [--dtype f32|bf16|bf16-autocast]
 
 Same recipe as flextier finetune's defaults: rank 8, alpha 16, all seven
 projections, AdamW lr 1e-3 wd 0.01, clip 1.0, sequences of --seq tokens
+(--dtype: f32; bf16: the model in bf16; bf16-autocast: an f32 model under
+torch.autocast("cpu", torch.bfloat16), mixed precision as users run it)
 packed from DATA (tokenized with the model's tokenizer). Prints one JSON
 line: tokens/s over the steps after the first, peak RSS.
 """
@@ -30,7 +32,10 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--dtype", default="f32")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-dt = torch.float32 if a.dtype == "f32" else torch.bfloat16
+if a.dtype not in ("f32", "bf16", "bf16-autocast"):
+    ap.error("--dtype: f32, bf16 or bf16-autocast")
+dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+autocast = a.dtype == "bf16-autocast"
 model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dt)
 ids = AutoTokenizer.from_pretrained(a.model)(open(a.data).read())["input_ids"]
 n = len(ids) // a.seq
@@ -46,7 +51,8 @@ for s in range(a.steps):
     if s == 1:
         t1 = time.perf_counter()
     b = seqs[(s * a.batch) % (n - a.batch):][: a.batch]
-    loss = model(input_ids=b, labels=b).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=b, labels=b).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()

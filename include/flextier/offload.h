@@ -375,6 +375,13 @@ FT_API ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_
 FT_API void ft_offload_free(ft_offload *o);
 /* The hook to install with ft_ctx_set_layer_hook(ctx, ft_offload_hook, o). */
 FT_API ft_status ft_offload_hook(void *o, int layer, ft_layer_weights *w);
+/* The hook with the direction of travel given: layer `layer`'s weights
+ * into *w (waiting for its streamed tensors), then layer `next` read ahead
+ * into the other slot buffer (-1: nothing). ft_offload_hook is this with
+ * next = layer + 1 (wrapping to the first layer held); a backward pass
+ * walking the layers down gives layer - 1 (the training loop,
+ * docs/training.md). *w stays valid until the next call. */
+FT_API ft_status ft_offload_fetch(void *o, int layer, int next, ft_layer_weights *w);
 FT_API void ft_offload_get_stats(const ft_offload *o, ft_offload_stats *out);
 FT_API void ft_offload_reset_stats(ft_offload *o);
 /* Fill the model part of cost inputs from a model (it may have external

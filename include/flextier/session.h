@@ -124,6 +124,12 @@ typedef struct ft_session_params {
      * and for pipelines). */
     const ft_session_lora *lora;
     size_t n_lora;
+    /* Nonzero: the caller computes with the session's model and weight
+     * scheduler but without its contexts (a trainer, flextier/train.h:
+     * ft_trainer_memory) and holds this many bytes of working memory: the
+     * memory budget counts them in place of a context's KV cache and
+     * scratch. */
+    uint64_t work_bytes;
 } ft_session_params;
 
 #define FT_MEMORY_UNLIMITED UINT64_MAX

@@ -16,13 +16,14 @@
  * layers in memory, on the CPU (threads over the products, the
  * transposed products and attention heads); several processes with
  * ft_trainer_step_dp. Everything else (LoRA on experts,
- * layers streamed by the offloading scheduler, dropout > 0, ...) is
+ * layers streamed by the offloading scheduler, ...) is
  * refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
 #include "flextier/engine.h"
 #include "flextier/model.h"
 #include "flextier/chat.h"
+#include "flextier/codec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,7 +52,8 @@ typedef enum ft_lr_schedule { FT_SCHED_COSINE = 0, FT_SCHED_LINEAR = 1, FT_SCHED
 typedef struct ft_train_params {
     int rank;                 /* LoRA r (default 8)                              */
     float alpha;              /* lora_alpha (default 16); scale = alpha / r      */
-    float dropout;            /* lora_dropout: only 0 is implemented            */
+    float dropout;            /* lora_dropout in [0, 1) (default 0): PEFT's, on
+                                 the adapter's input, masks from the seed      */
     unsigned targets;         /* FT_LORA_* mask (default FT_LORA_ALL)           */
     float lr;                 /* peak learning rate (default 2e-4)              */
     float beta1, beta2, eps;  /* AdamW (0.9, 0.999, 1e-8)                       */
@@ -65,11 +67,50 @@ typedef struct ft_train_params {
     int vocab_chunk;          /* LM-head rows per cross-entropy chunk (4096)    */
     unsigned threads;         /* 0: every core (FLEXTIER_THREADS); results do
                                  not depend on it (tested)                     */
+    /* Base weights not in memory (a model loaded with external layers,
+     * streamed by the offloading scheduler): before computing layer l the
+     * trainer calls layer_fn(layer_user, l, next, w), which fills w with
+     * layer l's weights (valid until the next call) and may read layer
+     * `next` ahead (-1: none). The forward walks 0..L-1, the backward
+     * L-1..0, so next follows the direction of travel. ft_offload_fetch
+     * (flextier/offload.h) over an ft_offload is such a function.
+     * NULL: the model's layers are in memory. */
+    ft_status (*layer_fn)(void *user, int layer, int next, ft_layer_weights *w);
+    void *layer_user;
+    /* Saved activations instead of recomputing (docs/training.md):
+     * act_uri NULL: each layer's forward is recomputed in the backward
+     * (per-layer checkpointing, the default); else a store URI (mem:,
+     * file:DIR, ucx://HOST:PORT, flextier/store.h) into which the forward
+     * writes each layer's activations with ft_write_tensor, encoded with
+     * act_codec (FT_CODEC_BYTEPLANE: lossless, the default 0 means it too;
+     * FT_CODEC_RAW; FT_CODEC_Q8: lossy, groups of 64), read back by the
+     * backward. Lossless codecs give the recompute run's results bit for
+     * bit. act_token_file: the memory node's secret (NULL: the
+     * environment's). */
+    const char *act_uri;
+    int act_codec;
+    const char *act_token_file;
 } ft_train_params;
 
 FT_API void ft_train_params_default(ft_train_params *p);
 
+/* Bytes a trainer over a model of this configuration holds for batch x
+ * seq tokens beside the model (adapters, gradients and AdamW moments, the
+ * layers' inputs, one layer's activations, the cross-entropy's chunk and
+ * the transposed-matrix scratch; saved activations in a mem: store are
+ * not counted: they depend on the codec). For memory budgets. */
+FT_API uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, int batch, int seq);
+
+
 typedef struct ft_trainer ft_trainer;
+
+/* Saved activations' traffic since creation: bytes as computed (f32) and
+ * as stored (frames), and seconds spent writing and reading. */
+typedef struct ft_train_act_stats {
+    uint64_t raw_bytes, stored_bytes;
+    double write_s, read_s;
+} ft_train_act_stats;
+FT_API void ft_trainer_act_stats(const ft_trainer *t, ft_train_act_stats *out);
 
 /* A trainer over a loaded model (which must outlive it). The adapters are
  * initialised as PEFT does: lora_A kaiming-uniform(a = sqrt(5)), i.e.

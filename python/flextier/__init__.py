@@ -940,6 +940,7 @@ def finetune(model: str, data: str, out: str, *, steps: int = 100, lr: float = 1
              warmup: Optional[int] = None, schedule: str = "cosine", weight_decay: float = 0.01,
              clip: float = 1.0, seed: int = 0, eval_frac: float = 0.1, init: Optional[str] = None,
              weights: str = "auto", threads: int = 0, chat_template: Optional[str] = None,
+             dropout: float = 0.0,
              on_progress: Optional[Callable[[Dict[str, Any]], Any]] = None) -> Dict[str, Any]:
     """LoRA fine-tuning, as ``flextier finetune`` (docs/training.md): the
     same library calls (the data reader, AdamW steps, the held-out split),
@@ -954,7 +955,8 @@ def finetune(model: str, data: str, out: str, *, steps: int = 100, lr: float = 1
             assistant turns only).
         steps, lr, rank, alpha, targets, seq_len, batch, grad_accum, warmup
             (default steps // 10), schedule, weight_decay, clip, seed,
-            eval_frac, init, weights, threads: as the CLI's options.
+            eval_frac, init, weights, threads, dropout (lora_dropout in
+            [0, 1)): as the CLI's options.
         on_progress: called after every step with a dict (``step``,
             ``steps``, ``loss``, ``lr``, ``grad_norm``, ``tok_s``,
             ``eta_s``); returning True stops the run there (the adapter of
@@ -975,7 +977,7 @@ def finetune(model: str, data: str, out: str, *, steps: int = 100, lr: float = 1
         raise InvalidArgumentError(Status.INVALID_ARG, f"finetune: warmup {warmup} is more than steps {steps}")
     t = _C.Trainer(model, weights=weights, rank=rank, alpha=alpha, targets=targets, lr=lr,
                    weight_decay=weight_decay, clip=clip, warmup=warmup, total_steps=steps, schedule=schedule,
-                   grad_accum=grad_accum, seed=seed, threads=threads)
+                   grad_accum=grad_accum, seed=seed, threads=threads, dropout=dropout)
     if init is not None:
         t.load_adapter(init)
     info = t.info()

@@ -7,12 +7,15 @@
 #include "train_dp.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
+#include "flextier/offload.h"
+#include "flextier/session.h"
 #include "flextier/train.h"
 
 #include <json-c/json.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
@@ -41,7 +44,14 @@ static const char FT_USAGE[] =
     "  --init DIR          start from this PEFT adapter instead of a fresh one\n"
     "  --chat-template F   the Jinja chat template for {\"messages\"} lines (default: the model's)\n"
     "  --weights-dtype F   the frozen weights: auto (as stored), f32, bf16, q8, q4\n"
-    "  --dropout X         lora_dropout: only 0 is implemented\n"
+    "  --activations A     what the backward pass reads: recompute (default: each layer's\n"
+    "                      forward again from its saved input), or the activations saved by\n"
+    "                      the forward with write_tensor to mem (this process), disk (--disk-dir)\n"
+    "                      or remote (--remote: a memory node)\n"
+    "  --activations-codec C  saved activations' encoding: lossless (byte-plane, default: the\n"
+    "                      results equal recompute's bit for bit), raw, or q8 (lossy)\n"
+    "  --dropout X         lora_dropout in [0, 1) (default 0): PEFT's dropout on the adapters'\n"
+    "                      input, its masks a function of the seed, step and position\n"
     "  --threads N         worker threads (default: every core; results do not depend on it)\n"
     "  --save-every N      also write the adapter and the training state (AdamW moments,\n"
     "                      step: trainer_state.safetensors + .json) to --out every N steps\n"
@@ -51,7 +61,12 @@ static const char FT_USAGE[] =
     "  --data-parallel mpi under `mpirun -n N`: each process computes grad-accum / N of the\n"
     "                      step's micro-batches (--grad-accum >= N); the gradients are summed\n"
     "                      in micro-batch order, so any N gives the one-process run bit for\n"
-    "                      bit; rank 0 prints, evaluates and writes --out\n";
+    "                      bit; rank 0 prints, evaluates and writes --out\n"
+    "Base weights through the tiers: the offloading options of `flextier run` (--policy,\n"
+    "--disk-dir, --remote, --compress-weights, --memory, --expert-cache, ...): the forward streams\n"
+    "the layers upwards, the backward downwards, each reading the next layer ahead; the results\n"
+    "equal the in-memory run's for the same stored format. --memory counts the trainer's working\n"
+    "memory (the embeddings and LM head stay in memory).\n";
 
 static uint64_t mix(uint64_t *s)
 {
@@ -159,7 +174,9 @@ int ft_cmd_finetune(int argc, char **argv)
     long save_every = 0, stop_after = 0, threads = 0;
     long steps = 100, rank = 8, seq = 128, batch = 4, accum = 1, warmup = -1, seed = 0;
     double lr = 1e-3, alpha = 16, wd = 0.01, clip = 1.0, evalf = 0.1, dropout = 0.0;
-    int weights = FT_WEIGHTS_AS_STORED;
+    const char *acts = "recompute", *act_codec = "lossless";
+    ft_cli_session so;
+    ft_cli_session_init(&so);
     ft_cli_dp dpo;
     ft_cli_dp_init(&dpo);
     for (int i = 1; i < argc; i++) {
@@ -168,6 +185,7 @@ int ft_cmd_finetune(int argc, char **argv)
             fputs(FT_USAGE, stdout);
             printf("  (this build: %s)\n", ft_cli_mpi_built() ? "MPI: built in" : "MPI: not built in (libopenmpi-dev)");
             fputs(ft_cli_dp_usage, stdout);
+            fputs(ft_cli_offload_usage, stdout);
             return FT_EXIT_OK;
         }
         int dr = ft_cli_dp_arg(&dpo, FT_USAGE, argc, argv, &i);
@@ -175,6 +193,15 @@ int ft_cmd_finetune(int argc, char **argv)
             if (dr < 0) return FT_EXIT_USAGE;
             continue;
         }
+        if (!strcmp(a, "--kv-dtype") || !strcmp(a, "--compress-cache") || !strcmp(a, "--device") ||
+            !strcmp(a, "--decode-threads"))
+            return ft_cli_usage_error(FT_USAGE, "%s is not implemented for finetune (no KV cache; the CPU)", a);
+        if (!strcmp(a, "--lora"))
+            return ft_cli_usage_error(FT_USAGE, "--lora applies adapters at inference (run, chat, server); finetune "
+                                      "starts from one with --init DIR");
+        int r = ft_cli_session_arg(&so, argc, argv, &i);
+        if (r < 0) return FT_EXIT_USAGE;
+        if (r > 0) continue;
         if (i + 1 >= argc) return ft_cli_usage_error(FT_USAGE, "option %s needs a value", a);
         const char *v = argv[++i];
         long *li = NULL, lo = 1, hi = 1 << 30;
@@ -203,10 +230,10 @@ int ft_cmd_finetune(int argc, char **argv)
         else if (!strcmp(a, "--weight-decay")) { fd = &wd; fhi = 10.0; }
         else if (!strcmp(a, "--clip")) fd = &clip;
         else if (!strcmp(a, "--eval-frac")) { fd = &evalf; fhi = 0.9; }
-        else if (!strcmp(a, "--dropout")) { fd = &dropout; fhi = 1.0; }
-        else if (!strcmp(a, "--weights-dtype")) {
-            if (ft_cli_parse_weights(v, &weights)) return ft_cli_usage_error(FT_USAGE, "--weights-dtype: %s", ft_last_error());
-        } else return ft_cli_usage_error(FT_USAGE, "unknown option %s", a);
+        else if (!strcmp(a, "--dropout")) { fd = &dropout; fhi = 0.99; }
+        else if (!strcmp(a, "--activations")) acts = v;
+        else if (!strcmp(a, "--activations-codec")) act_codec = v;
+        else return ft_cli_usage_error(FT_USAGE, "unknown option %s", a);
         if (li && ft_cli_parse_int(v, lo, hi, li))
             return ft_cli_usage_error(FT_USAGE, "bad value for %s: %s (an integer in [%ld, %ld])", a, v, lo, hi);
         if (fd && parse_float(v, flo, fhi, fd))
@@ -238,10 +265,43 @@ int ft_cmd_finetune(int argc, char **argv)
     tp.grad_accum = (int)accum;
     tp.seed = (uint64_t)seed;
     tp.threads = (unsigned)threads;
+    /* saved activations: their tier's store */
+    char act_uri[FT_URI_MAX];
+    if (!strcmp(act_codec, "lossless")) tp.act_codec = FT_CODEC_BYTEPLANE;
+    else if (!strcmp(act_codec, "raw")) tp.act_codec = FT_CODEC_RAW;
+    else if (!strcmp(act_codec, "q8")) tp.act_codec = FT_CODEC_Q8;
+    else return ft_cli_usage_error(FT_USAGE, "--activations-codec %s: expected lossless, raw or q8", act_codec);
+    if (!strcmp(acts, "recompute")) {
+        if (strcmp(act_codec, "lossless"))
+            return ft_cli_usage_error(FT_USAGE, "--activations-codec needs saved activations (--activations mem, disk "
+                                      "or remote)");
+    } else if (!strcmp(acts, "mem")) {
+        snprintf(act_uri, sizeof act_uri, "mem:");
+        tp.act_uri = act_uri;
+    } else if (!strcmp(acts, "disk")) {
+        if (!so.sp.policy.disk_uri[0])
+            return ft_cli_usage_error(FT_USAGE, "--activations disk needs --disk-dir DIR");
+        snprintf(act_uri, sizeof act_uri, "%s", so.sp.policy.disk_uri);
+        tp.act_uri = act_uri;
+    } else if (!strcmp(acts, "remote")) {
+        if (!so.sp.policy.n_remotes)
+            return ft_cli_usage_error(FT_USAGE, "--activations remote needs --remote ucx://HOST:PORT");
+        snprintf(act_uri, sizeof act_uri, "%s", so.sp.policy.remotes[0]);
+        tp.act_uri = act_uri;
+        tp.act_token_file = so.sp.token_file;
+    } else {
+        return ft_cli_usage_error(FT_USAGE, "--activations %s: expected recompute, mem, disk or remote", acts);
+    }
+    /* a disk directory or memory node given for the activations only */
+    if (!so.enabled && tp.act_uri) {
+        so.sp.policy.disk_uri[0] = '\0';
+        so.sp.policy.n_remotes = 0;
+    }
 
     int rc = FT_EXIT_ERR;
-    ft_model *m = NULL;
-    ft_tokenizer *tok = NULL;
+    ft_session *ses = NULL;
+    const ft_model *m = NULL;
+    const ft_tokenizer *tok = NULL;
     ft_trainer *t = NULL;
     int32_t *ids = NULL, *step_tok = NULL;
     uint8_t *tmask = NULL, *step_mask = NULL;
@@ -269,12 +329,24 @@ int ft_cmd_finetune(int argc, char **argv)
         }
     }
     const int lead = comm.rank == 0;
-    ft_load_params lp;
-    ft_load_params_default(&lp);
-    lp.weights = weights;
-    if ((st = ft_model_load(dir, &lp, &m))) { ft_cli_fail(dir, st); goto done; }
-    if ((st = ft_tokenizer_load_dir(dir, &tok))) { ft_cli_fail(dir, st); goto done; }
+    /* the model through a session: in memory, or its layers placed on the
+     * tiers and streamed (the options of run); the budget counts the
+     * trainer's working memory */
+    ft_model_config pre;
+    if ((st = ft_model_config_load(dir, &pre))) { ft_cli_fail(dir, st); goto done; }
+    so.sp.threads = (unsigned)threads;
+    so.sp.work_bytes = ft_trainer_memory(&pre, &tp, (int)batch, (int)(seq < pre.max_pos ? seq : pre.max_pos));
+    if ((st = ft_cli_session_open(&so, dir, (uint32_t)batch, (uint32_t)seq, 1, &ses))) { ft_cli_fail(dir, st); goto done; }
+    m = ft_session_model(ses);
+    tok = ft_session_tokenizer(ses);
+    if (!tok) { fprintf(stderr, "flextier: finetune: %s has no tokenizer\n", dir); goto done; }
     const ft_model_config *cfg = ft_model_get_config(m);
+    /* streamed layers: the scheduler fetches each layer and reads the next
+     * one in the direction of travel (ft_offload_fetch) */
+    if (ft_session_offload(ses)) {
+        tp.layer_fn = ft_offload_fetch;
+        tp.layer_user = (void *)(uintptr_t)ft_session_offload(ses);
+    }
     if ((st = ft_trainer_create(m, &tp, &t))) { ft_cli_fail("finetune", st); goto done; }
     if (init && (st = ft_trainer_load_adapter(t, init))) { ft_cli_fail(init, st); goto done; }
     if (seq > cfg->max_pos) seq = cfg->max_pos;
@@ -301,9 +373,10 @@ int ft_cmd_finetune(int argc, char **argv)
            sched, warmup, seed);
     if (dpo.tcp) {   /* join the other ranks: same options and tokens, or refused */
         char run[512];
-        snprintf(run, sizeof run, "%ld %ld %ld %ld %ld %ld %ld %u %d %a %a %a %a %a %a %s %ld %ld %zu", steps, seq,
-                 batch, accum, rank, seed, warmup, tp.targets, (int)tp.schedule, lr, alpha, wd, clip, evalf, dropout,
-                 targets, ntrain, neval, ft_trainer_param_count(t));
+        snprintf(run, sizeof run, "%ld %ld %ld %ld %ld %ld %ld %u %d %a %a %a %a %a %a %s %ld %ld %zu %s %s", steps,
+                 seq, batch, accum, rank, seed, warmup, tp.targets, (int)tp.schedule, lr, alpha, wd, clip, evalf,
+                 dropout, targets, ntrain, neval, ft_trainer_param_count(t), ft_wfmt_name(ft_model_weights_format(m)),
+                 act_codec);
         if ((st = ft_cli_dp_open(&dpo, run, ids, ntok, ft_trainer_param_count(t), &comm))) {
             ft_cli_fail("--data-parallel tcp", st);
             goto done;
@@ -364,7 +437,7 @@ int ft_cmd_finetune(int argc, char **argv)
         }
     }
     if (end_step - start > 1)
-        printf("trained %ld steps in %.1f s: %.0f tok/s after the first step (%.0f overall)\n", end_step - start,
+        printf("trained %ld steps in %.1f s: %.2f tok/s after the first step (%.2f overall)\n", end_step - start,
                ft_now() - t0, (double)(end_step - start - 1) * (double)per * (double)seq / (ft_now() - t1),
                (double)(end_step - start) * (double)per * (double)seq / (ft_now() - t0));
     if (neval && lead) {
@@ -378,6 +451,26 @@ int ft_cmd_finetune(int argc, char **argv)
     if (st) { ft_cli_fail(outdir, st); goto done; }
     printf("adapter written to %s (PEFT: adapter_config.json, adapter_model.safetensors)%s\n", outdir,
            end_step < steps ? "; stopped early: continue with --resume" : "");
+    if (tp.act_uri) {
+        ft_train_act_stats as;
+        ft_trainer_act_stats(t, &as);
+        double passes = (double)(end_step - start) * (double)accum / (double)comm.size;
+        printf("activations: saved to %s (%s): %.1f MiB per pass as f32, %.1f MiB stored (%.2fx), write %.2f s, read "
+               "%.2f s in all\n", tp.act_uri, act_codec, passes > 0 ? (double)as.raw_bytes / 1048576.0 / passes : 0.0,
+               (double)as.stored_bytes / 1048576.0,
+               as.stored_bytes && passes > 0 ? (double)as.raw_bytes / passes / (double)as.stored_bytes : 0.0,
+               as.write_s, as.read_s);
+    }
+    if (ft_session_offload(ses)) {
+        ft_offload_stats os;
+        ft_offload_get_stats(ft_session_offload(ses), &os);
+        uint64_t rd = 0;
+        for (int k = 0; k < FT_TIER_COUNT; k++) rd += os.wire_bytes[k];
+        printf("offload: %llu layer fetches, %.1f MiB read from the tiers, I/O busy %.2f s, compute waited %.2f s\n",
+               (unsigned long long)os.layers_fetched, (double)rd / 1048576.0, os.io_busy_s, os.wait_s);
+    }
+    struct rusage ru;
+    if (!getrusage(RUSAGE_SELF, &ru)) printf("peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     rc = FT_EXIT_OK;
 done:
     free(perm);
@@ -386,8 +479,7 @@ done:
     free(tmask);
     free(ids);
     ft_trainer_free(t);
-    ft_tokenizer_free(tok);
-    ft_model_free(m);
+    ft_session_close(ses);
     if (dpo.tcp) ft_cli_dp_end(&dpo, rc == FT_EXIT_OK);
     if (mpi) {
         fflush(stdout);

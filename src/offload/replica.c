@@ -72,13 +72,20 @@ int ft_rset_failed(ft_rset *r, int node, ft_status st)
     if (!r || r->p.replicas < 2 || node < 0 || node >= r->p.n) return 0;
     if (st == FT_ERR_INVALID_ARG || st == FT_ERR_NOMEM || st == FT_ERR_BUFFER_SMALL) return 0;
     pthread_mutex_lock(&r->mu);
-    if (r->state[node] != NODE_DOWN) {
+    if (r->state[node] == NODE_UP) {   /* a failover: reads leave a node they used */
         r->state[node] = NODE_DOWN;
         r->next_probe[node] = ft_now() + r->p.probe_ms / 1000.0;
         r->st.failovers++;
         FT_LOG(FT_LOG_WARN, "%s: memory node %s failed (%s): reading its replicas elsewhere; it is filled "
                "again when it answers", r->p.what, r->names[node], ft_status_str(st));
         pthread_cond_broadcast(&r->cv);
+    } else if (r->state[node] == NODE_REPAIRING) {
+        /* not back yet: a write (or a request from before the failover)
+         * failed while it was being probed; no reader used it since */
+        r->state[node] = NODE_DOWN;
+        r->next_probe[node] = ft_now() + r->p.probe_ms / 1000.0;
+        FT_LOG(FT_LOG_DEBUG, "%s: memory node %s still failing (%s) while probed", r->p.what, r->names[node],
+               ft_status_str(st));
     }
     pthread_mutex_unlock(&r->mu);
     return 1;
@@ -159,7 +166,7 @@ static void *repair_main(void *arg)
         repair_ctx rc = {r, node, 0, 0};
         if (st == FT_OK && r->p.each) st = r->p.each(r->p.user, node, repair_one, &rc);
         pthread_mutex_lock(&r->mu);
-        if (st == FT_OK && !r->stop) {
+        if (st == FT_OK && !r->stop && r->state[node] == NODE_REPAIRING) {   /* no write failed meanwhile */
             r->state[node] = NODE_UP;
             r->st.repairs++;
             r->st.repaired_objects += rc.objects;

@@ -36,7 +36,7 @@ typedef struct ft_rset_params {
 } ft_rset_params;
 
 typedef struct ft_rset_stats {
-    uint64_t failovers;           /* nodes marked down                  */
+    uint64_t failovers;           /* up nodes given up on               */
     uint64_t repairs;             /* nodes filled again and marked up   */
     uint64_t repaired_objects, repaired_bytes;
 } ft_rset_stats;

@@ -591,6 +591,18 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
 {
     ft_offload *o = arg;
     if (!o || layer < 0 || layer >= o->n_layers) return FT_ERR_INVALID_ARG;
+    /* the engine walks the layers upwards, then starts the next step */
+    return ft_offload_fetch(o, layer, layer + 1 < o->le ? layer + 1 : o->lb, w);
+}
+
+ft_status ft_offload_fetch(void *arg, int layer, int next, ft_layer_weights *w)
+{
+    ft_offload *o = arg;
+    if (!o || !w || layer < 0 || layer >= o->n_layers)
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: fetch of layer %d: bad argument", layer);
+    if (next >= 0 && (next < o->lb || next >= o->le))
+        return ft_set_error(FT_ERR_INVALID_ARG, "offload: read-ahead of layer %d outside the layers held [%d, %d)",
+                            next, o->lb, o->le);
     if (layer < o->lb || layer >= o->le)
         return ft_set_error(FT_ERR_INVALID_ARG, "offload: layer %d asked of a scheduler that holds layers [%d, %d)",
                             layer, o->lb, o->le);
@@ -626,10 +638,11 @@ ft_status ft_offload_hook(void *arg, int layer, ft_layer_weights *w)
         }
         pthread_cond_wait(&o->cv, &o->mu);
     }
-    /* Prefetch the next layer (wrapping to the first one held, for the
-     * next step) into the other buffer, whose layer has been computed. */
-    int next = layer + 1 < o->le ? layer + 1 : o->lb;
-    if (next != layer && o->slot_layer[1 - b] != next && !pending(o, next) && o->want_layer < 0 &&
+    /* Prefetch the next layer (the caller's direction of travel: the
+     * engine's next layer, wrapping to the first one for the next step;
+     * a backward pass's layer below) into the other buffer, whose layer
+     * has been computed. */
+    if (next >= 0 && next != layer && o->slot_layer[1 - b] != next && !pending(o, next) && o->want_layer < 0 &&
         !(o->busy_layer >= 0 && o->busy_buf == 1 - b))
         request(o, next, 1 - b);
     o->st.wait_s += ft_now() - t0;

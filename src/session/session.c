@@ -305,6 +305,10 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     first_ctx(s, cfg, s->p.offload != FT_OFFLOAD_NONE, &cp);
     uint64_t kv = 0, scratch = 0;
     if ((st = ft_ctx_estimate(lm, &cp, &kv, &scratch))) { ft_model_free(lm); return st; }
+    if (s->p.work_bytes) {   /* a trainer's working memory, no context */
+        kv = 0;
+        scratch = s->p.work_bytes;
+    }
     m->scratch = scratch + slack_bytes(cfg, (uint32_t)cp.max_batch);
     m->tiers = s->p.offload == FT_OFFLOAD_NONE ? m->layers + kv : 0;
     *layout = lm;
@@ -342,6 +346,10 @@ static void run_lengths(const ft_session *s, const ft_model_config *cfg, ft_cost
  * too (its bytes read per step, like a streamed layer's). */
 static const unsigned stream_levels[3] = {0, FT_STREAM_EMBED, FT_STREAM_EMBED | FT_STREAM_LM_HEAD};
 
+/* The levels this session may use: a trainer (work_bytes) reads the
+ * embeddings and the LM head from memory (flextier/train.h). */
+static int stream_levels_n(const ft_session *s) { return s->p.work_bytes ? 1 : 3; }
+
 /* The LM head's bytes read per step when streamed (the embedding matrix
  * when tied). */
 static uint64_t head_stream_bytes(const ft_session_memory *m)
@@ -357,7 +365,7 @@ static ft_status check_budget_at(ft_session *s, int weights);
 static ft_status check_budget(ft_session *s, int weights)
 {
     ft_status st = FT_OK;
-    for (int lv = 0; lv < 3; lv++) {
+    for (int lv = 0; lv < stream_levels_n(s); lv++) {
         s->mem.streamed = stream_levels[lv];
         st = check_budget_at(s, weights);
         if (st != FT_ERR_NO_SPACE) return st;
@@ -470,10 +478,10 @@ static ft_status plan(ft_session *s, int weights)
      * read from the checkpoint file (stream_levels). */
     int budgeted = s->mem.budget && p->device == FT_DEVICE_CPU;
     uint64_t cap[3] = {0, 0, 0};
-    int lv0 = 0, nlv = budgeted ? 3 : 1;
+    int lv0 = 0, nlv = budgeted ? stream_levels_n(s) : 1;
     if (budgeted) {
         lv0 = -1;
-        for (int lv = 2; lv >= 0; lv--) {
+        for (int lv = nlv - 1; lv >= 0; lv--) {
             ft_model *lm = NULL;
             s->mem.streamed = stream_levels[lv];
             if ((st = count_fixed(s, weights, &lm))) return st;
@@ -492,12 +500,13 @@ static ft_status plan(ft_session *s, int weights)
         }
         if (lv0 < 0) {   /* the numbers of the smallest fixed part */
             ft_model *lm = NULL;
-            s->mem.streamed = stream_levels[2];
+            s->mem.streamed = stream_levels[nlv - 1];
             if ((st = count_fixed(s, weights, &lm))) return st;
             ft_model_free(lm);
             s->mem.need = fixed_total(&s->mem);
-            return no_space(s, "the model's fixed part (with the embeddings and LM head read from the checkpoint)",
-                            "give a larger --memory");
+            return no_space(s, nlv == 3 ? "the model's fixed part (with the embeddings and LM head read from the "
+                            "checkpoint)" : "the model's fixed part (a trainer's working memory; the embeddings "
+                            "and LM head in memory)", "give a larger --memory");
         }
         in.proc_cap = cap[lv0];
         if (!s->policy.disk_uri[0] && !s->policy.n_remotes) {
@@ -555,7 +564,7 @@ static ft_status plan(ft_session *s, int weights)
         minp.gpu_batch_size = cp.batch;
         minp.num_gpu_batches = 1;
         minp.compress_weights = minp.compress_cache = FT_CODEC_RAW;
-        s->mem.streamed = stream_levels[2];
+        s->mem.streamed = stream_levels[nlv - 1];
         ft_model *lm = NULL;
         if ((st = count_fixed(s, weights, &lm))) return st;
         ft_model_free(lm);

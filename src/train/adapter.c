@@ -59,7 +59,9 @@ ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const ch
     json_object_object_add(o, "base_model_name_or_path", base_model ? json_object_new_string(base_model) : NULL);
     json_object_object_add(o, "r", json_object_new_int(p->rank));
     json_object_object_add(o, "lora_alpha", json_object_new_double((double)p->alpha));
-    json_object_object_add(o, "lora_dropout", json_object_new_double(0.0));
+    char dbuf[32];   /* 0.1, not the float's 0.10000000149 */
+    snprintf(dbuf, sizeof dbuf, "%.7g", (double)p->dropout);
+    json_object_object_add(o, "lora_dropout", json_object_new_double(strtod(dbuf, NULL)));
     json_object *tm = json_object_new_array();
     for (int i = 0; ft_tr_target_name(i); i++)
         if (p->targets & (1u << i)) json_object_array_add(tm, json_object_new_string(ft_tr_target_name(i)));

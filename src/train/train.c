@@ -9,11 +9,13 @@
 #include "engine/moe.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
+#include "flextier/store.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TRY(x) do { ft_status st_ = (x); if (st_) return st_; } while (0)
 #define NT 7
@@ -33,6 +35,9 @@ enum { TQ, TK, TV, TO, TG, TU, TD };
  * LoRA whose B is sliced by rows: the k/v (up) parts share the q (gate)
  * part's A (shared = 1) and use the next rows of its B (fused_out rows) */
 typedef struct lmod { int on, in, out, shared, fused_out; size_t a, b; } lmod;
+
+/* rows of a frozen matrix transposed per task (W^T dy) */
+enum { WT_B = 16 };
 
 struct ft_trainer {
     const ft_model *m;
@@ -72,14 +77,35 @@ struct ft_trainer {
     double *lmax, *lsum;
     void *ws;
     size_t ws_cap;
-    float *wt, *tmp2;        /* one matrix transposed to f32; R x wide     */
+    void *wt;                /* one matrix transposed (bf16/f16 or f32)    */
+    float *tmp2;             /* R x wide                                   */
     float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
-    size_t wt_cap;
-    float *row;              /* a row of scratch per worker */
-    size_t row_len;
+    size_t wt_cap;           /* bytes */
+    float *row;              /* WT_B rows of scratch per worker (row_len floats) */
+    size_t row_len, row_max; /* row_max: the widest row                         */
+    float *dmk, *dxd;        /* lora_dropout: R x wide factors, masked input */
+    int dropping;            /* inside a training micro-batch with dropout  */
+    uint64_t drop_key;       /* its (seed, step, micro-batch) key           */
     ft_pool *pool;
     unsigned nthreads;
+    /* the layer being computed: the model's, or the layer function's */
+    const ft_layer_weights *lw;
+    ft_layer_weights lbuf;
+    int cur_layer;
+    /* saved activations (p.act_uri) */
+    ft_store *act;
+    ft_codec_params act_cp;
+    char act_prefix[96];
+    int act_layers;          /* layers with saved activations (keys to delete) */
+    uint64_t act_base;       /* the store's bytes in use when opened */
+    ft_train_act_stats act_st;
 };
+
+/* the activations a layer's backward reads, saved or recomputed (the
+ * routes of a mixture of experts are recomputed from h2: the router's
+ * product, cheap beside the experts) */
+enum { A_H1, A_Q, A_K, A_V, A_ATT, A_P, A_X2, A_H2, A_GT, A_UP, A_MM, A_QR, A_KR, A_AO, A_FO, A_TL0,
+       A_N = A_TL0 + NT };
 
 unsigned ft_lora_target_bit(const char *name)
 {
@@ -144,8 +170,8 @@ static ft_status check_params(const ft_train_params *p)
     if (p->rank < 1 || p->rank > 4096) return ft_set_error(FT_ERR_INVALID_ARG, "train: rank %d outside [1, 4096]", p->rank);
     if (!(p->alpha > 0.0f) || !isfinite(p->alpha))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: alpha must be a positive number");
-    if (p->dropout != 0.0f)
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout %g: only 0 is implemented", (double)p->dropout);
+    if (!(p->dropout >= 0.0f && p->dropout < 1.0f))
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: lora dropout %g outside [0, 1)", (double)p->dropout);
     if (!p->targets || (p->targets & ~(unsigned)FT_LORA_ANY))
         return ft_set_error(FT_ERR_INVALID_ARG, "train: no (or unknown) target modules");
     if (!(p->lr > 0.0f) || !isfinite(p->lr)) return ft_set_error(FT_ERR_INVALID_ARG, "train: lr must be > 0");
@@ -174,7 +200,11 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static const ft_layer_weights *lw_of(const ft_trainer *t, int l) { return ft_model_layer(t->m, l); }
+static const ft_layer_weights *lw_of(const ft_trainer *t, int l)
+{
+    (void)l;
+    return t->lw;
+}
 static const ft_wmat *wmat(const ft_layer_weights *w, int slot)
 {
     return ft_layer_weights_mat((ft_layer_weights *)(uintptr_t)w, slot);
@@ -182,6 +212,50 @@ static const ft_wmat *wmat(const ft_layer_weights *w, int slot)
 static const float *wvec(const ft_layer_weights *w, int slot)
 {
     return slot < 0 ? NULL : *ft_layer_weights_vec((ft_layer_weights *)(uintptr_t)w, slot);
+}
+
+/* 1 if layer l has no module i: OPT's gate, an MoE layer's MLP (experts) */
+static int no_mod(const ft_model_config *c, int l, int i)
+{
+    return (c->arch == FT_ARCH_OPT && i == TG) || (c->n_experts && c->layer_moe[l] && i >= TG);
+}
+
+/* module i's (in, out) from the configuration (layers not in memory) */
+static void mod_shape(const ft_model_config *c, int i, int *in, int *out)
+{
+    int H = c->hidden, qw = c->n_heads * c->head_dim, kw = c->n_kv_heads * c->head_dim, I = c->ffn;
+    switch (i) {
+    case TQ: *in = H; *out = qw; break;
+    case TK: case TV: *in = H; *out = kw; break;
+    case TO: *in = qw; *out = H; break;
+    case TG: case TU: *in = H; *out = I; break;
+    default: *in = I; *out = H; break;
+    }
+}
+
+/* make layer l's weights current (the layer function's, or the model's);
+ * next: the layer asked for after it (-1: none), to be read ahead */
+static ft_status use_layer(ft_trainer *t, int l, int next)
+{
+    t->cur_layer = l;
+    if (!t->p.layer_fn) {
+        t->lw = ft_model_layer(t->m, l);
+        return FT_OK;
+    }
+    if (next == l) next = -1;
+    memset(&t->lbuf, 0, sizeof t->lbuf);
+    TRY(t->p.layer_fn(t->p.layer_user, l, next, &t->lbuf));
+    for (int i = 0; i < NT; i++) {
+        if (no_mod(&t->cfg, l, i)) continue;
+        const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+        const ft_wmat *W = wmat(&t->lbuf, tslot[i]);
+        if (!ft_wmat_present(W) || W->rows != md->out || W->cols != md->in)
+            return ft_set_error(FT_ERR_CORRUPT, "train: layer %d's %s from the layer function is %s (%d x %d, want "
+                                "%d x %d)", l, tname[i], ft_wmat_present(W) ? "misshapen" : "missing", W->rows,
+                                W->cols, md->out, md->in);
+    }
+    t->lw = &t->lbuf;
+    return FT_OK;
 }
 
 ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trainer **out)
@@ -237,14 +311,23 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     i >= 10 ? "phi3" : "OPT", c->model_type);
         on = want;
     }
-    if (!ft_model_layers_loaded(m))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's layers are not in memory (offloaded/streamed "
-                            "base weights are not implemented for training)");
-    for (int l = 0; l < c->n_layers; l++)
+    int ext = !ft_model_layers_loaded(m);
+    if (ext && !p->layer_fn)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: the model's layers are not in memory and no layer function "
+                            "(ft_train_params.layer_fn, e.g. ft_offload_fetch) supplies them");
+    if (ft_model_streamed(m))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: the model's %s read from the checkpoint file on demand "
+                            "(ft_load_params.stream_globals): not implemented for training; keep them in memory "
+                            "(the layers can be streamed)", ft_model_streamed(m) & FT_STREAM_LM_HEAD ?
+                            "embeddings and LM head are" : "embeddings are");
+    for (int l = 0; l < c->n_layers && !ext; l++)
         for (int i = 0; i < NT; i++)
-            if (!(is_opt && i == TG) && !(c->n_experts && c->layer_moe[l] && i >= TG) &&
-                !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
+            if (!no_mod(c, l, i) && !ft_wmat_present(wmat(ft_model_layer(m, l), tslot[i])))
                 return ft_set_error(FT_ERR_UNSUPPORTED, "train: layer %d has no %s", l, tname[i]);
+    if (p->act_codec != 0 && p->act_codec != FT_CODEC_BYTEPLANE && p->act_codec != FT_CODEC_RAW &&
+        p->act_codec != FT_CODEC_Q8)
+        return ft_set_error(FT_ERR_INVALID_ARG, "train: saved activations' codec %d: byte-plane (lossless), raw or q8",
+                            p->act_codec);
     size_t np = 0;
     ft_trainer *t = calloc(1, sizeof *t);
     if (!t) return ft_set_error(FT_ERR_NOMEM, "train: out of memory");
@@ -269,10 +352,13 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            if ((is_opt && i == TG) || (c->n_experts && c->layer_moe[l] && i >= TG)) continue;
-            const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
-            md->in = W->cols;
-            md->out = W->rows;
+            if (no_mod(c, l, i)) continue;
+            mod_shape(c, i, &md->in, &md->out);
+            if (!ext) {
+                const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
+                md->in = W->cols;
+                md->out = W->rows;
+            }
             if (!(on & (1u << i))) continue;
             md->on = 1;
             if (is_phi3 && (i == TK || i == TV || i == TU)) {   /* later rows of the fused B */
@@ -283,18 +369,24 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                 continue;
             }
             if (is_phi3 && (i == TQ || i == TG)) {
-                md->fused_out = i == TQ ? W->rows + 2 * wmat(ft_model_layer(m, l), tslot[TK])->rows
-                                        : 2 * W->rows;
+                if (i == TQ) {   /* q, then k's and v's rows (k: the next module, not yet filled in) */
+                    int kin, kout;
+                    mod_shape(c, TK, &kin, &kout);
+                    if (!ext) kout = wmat(ft_model_layer(m, l), tslot[TK])->rows;
+                    md->fused_out = md->out + 2 * kout;
+                } else {
+                    md->fused_out = 2 * md->out;
+                }
                 md->a = np;
-                np += (size_t)p->rank * (size_t)W->cols;
+                np += (size_t)p->rank * (size_t)md->in;
                 md->b = np;
                 np += (size_t)md->fused_out * (size_t)p->rank;
                 continue;
             }
             md->a = np;
-            np += (size_t)p->rank * (size_t)W->cols;
+            np += (size_t)p->rank * (size_t)md->in;
             md->b = np;
-            np += (size_t)W->rows * (size_t)p->rank;
+            np += (size_t)md->out * (size_t)p->rank;
         }
     t->np = np;
     t->w = calloc(np, sizeof(float));
@@ -314,6 +406,30 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                 t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
             }
         }
+    if (p->act_uri) {
+        ft_store_params sp;
+        ft_store_default_params(&sp);
+        sp.token_file = p->act_token_file;
+        ft_status st = ft_store_open(p->act_uri, &sp, &t->act);
+        if (st) {
+            ft_trainer_free(t);
+            return st;
+        }
+        ft_store_stats ss;
+        if (ft_store_stats_get(t->act, &ss) == FT_OK) t->act_base = ss.used;
+        ft_codec_default_params(&t->act_cp);
+        t->act_cp.codec = p->act_codec ? (ft_codec_id)p->act_codec : FT_CODEC_BYTEPLANE;
+        /* keys of their own: processes (data-parallel ranks, machines)
+         * may share a directory or a memory node */
+        static unsigned long serial;
+        char host[32] = "";
+        if (gethostname(host, sizeof host - 1)) host[0] = 0;
+        for (char *h = host; *h; h++)
+            if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') || *h == '-'))
+                *h = '_';
+        snprintf(t->act_prefix, sizeof t->act_prefix, "ftact/%s-%ld-%lu", host, (long)getpid(),
+                 __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    }
     *out = t;
     return FT_OK;
 nomem:
@@ -327,7 +443,7 @@ static void free_ws(ft_trainer *t)
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
                    &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
-                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl};
+                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -346,9 +462,24 @@ static void free_ws(ft_trainer *t)
     t->cap_rows = t->cap_T = t->cap_nb = 0;
 }
 
+static void act_key(const ft_trainer *t, int l, int a, char *key, size_t n)
+{
+    snprintf(key, n, "%s/%d/%d", t->act_prefix, l, a);
+}
+
 void ft_trainer_free(ft_trainer *t)
 {
     if (!t) return;
+    if (t->act) {   /* a file: directory or a memory node outlives us: leave nothing */
+        char key[160];
+        for (int l = 0; l < t->act_layers; l++)
+            for (int a = 0; a < A_N; a++) {
+                act_key(t, l, a, key, sizeof key);
+                (void)ft_delete_tensor(t->act, key);
+            }
+        ft_store_close(t->act);
+        ft_clear_error();
+    }
     free_ws(t);
     ft_pool_free(t->pool);
     free(t->wt);
@@ -387,9 +518,12 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     size_t half = (size_t)c->head_dim / 2;
     t->xs = fz(((size_t)c->n_layers + 1) * r * H);
     t->h1 = fz(r * H); t->q = fz(r * qw); t->k = fz(r * kw); t->v = fz(r * kw); t->att = fz(r * qw);
-    t->qr = fz(r * qw); t->kr = fz(r * kw);
-    t->ao = fz(r * H); t->fo = fz(r * H); t->dsw = fz(r * H);
-    t->pin = fz(r * (size_t)t->E); t->hp = fz(r * (size_t)t->E); t->dhp = fz(r * (size_t)t->E);
+    /* what only some architectures use (ft_trainer_memory counts the same) */
+    const size_t nq = c->qk_norm ? r : 0, ns = t->post || c->sandwich_norm ? r : 0,
+                 ne = ft_wmat_present(ft_model_global(t->m, GW_PROJ_IN)) ? r * (size_t)t->E : 0;
+    t->qr = fz(nq * qw); t->kr = fz(nq * kw);
+    t->ao = fz(ns * H); t->fo = fz(ns * H); t->dsw = fz(ns * H);
+    t->pin = fz(ne); t->hp = fz(ne); t->dhp = fz(ne);
     t->nw = fz(wide + kw);
     if (c->rope_local_theta != 0) {
         t->lcosT = fz((size_t)T * half);
@@ -428,8 +562,17 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
             return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the experts' activations");
         }
     }
-    t->row_len = maxc;
-    t->row = fz(maxc * t->nthreads);
+    t->row_max = maxc;
+    t->row_len = maxc * WT_B;
+    t->row = fz(t->row_len * t->nthreads);
+    if (t->p.dropout > 0.0f) {
+        t->dmk = fz(r * maxc);
+        t->dxd = fz(r * maxc);
+        if (!t->dmk || !t->dxd) {
+            free_ws(t);
+            return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the dropout masks of %d x %d tokens", nb, T);
+        }
+    }
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
              t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
@@ -452,6 +595,65 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->cap_T = T;
     t->cap_nb = nb;
     return FT_OK;
+}
+
+uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, int nb, int T)
+{
+    if (!c || !p || nb < 1 || T < 1) return 0;
+    /* what ft_trainer_create and ensure() allocate */
+    uint64_t H = (uint64_t)c->hidden, qw = (uint64_t)c->n_heads * (uint64_t)c->head_dim,
+             kw = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, I = (uint64_t)c->ffn, r = (uint64_t)nb * (uint64_t)T,
+             rk = (uint64_t)p->rank, L = (uint64_t)c->n_layers, E = (uint64_t)c->n_experts,
+             K = (uint64_t)c->n_experts_used, F = (uint64_t)c->moe_ffn, half = (uint64_t)c->head_dim / 2;
+    uint64_t wide = H > qw ? H : qw;
+    if (I > wide) wide = I;
+    if (F > wide) wide = F;
+    if (E > wide) wide = E;
+    uint64_t vc = (uint64_t)p->vocab_chunk < (uint64_t)c->vocab ? (uint64_t)p->vocab_chunk : (uint64_t)c->vocab;
+    /* the adapters on the modules targeted (by any family's names; "all":
+     * every module, an upper bound): weights, gradients, two moments, and
+     * with gradient accumulation one micro-batch's gradient (a rank k > 0
+     * of a data-parallel step holds one per micro-batch it computes: not
+     * counted here) */
+    unsigned tg = p->targets == FT_LORA_ALL ? 127u : p->targets & 127u;
+    if (p->targets & FT_LORA_OUT) tg |= 1u << TO;
+    if (p->targets & FT_LORA_FC1) tg |= 1u << TU;
+    if (p->targets & FT_LORA_FC2) tg |= 1u << TD;
+    if (p->targets & FT_LORA_QKV) tg |= 7u;
+    if (p->targets & FT_LORA_GATE_UP) tg |= 3u << TG;
+    uint64_t np = 0;
+    for (int i = 0; i < NT; i++) {
+        if (!(tg & (1u << i))) continue;
+        int in, out;
+        mod_shape(c, i, &in, &out);
+        np += rk * (uint64_t)(in + out);
+    }
+    np *= L;
+    uint64_t f = (p->grad_accum > 1 ? 5 : 4) * np;
+    /* the layers' inputs, one layer's activations and gradients */
+    const int post = c->arch == FT_ARCH_OPT && !c->do_layer_norm_before;
+    const uint64_t nq = c->qk_norm ? r : 0, ns = post || c->sandwich_norm ? r : 0,
+                   ne = c->word_embed_proj_dim > 0 && (uint64_t)c->word_embed_proj_dim != H
+                            ? r * (uint64_t)c->word_embed_proj_dim : 0;
+    f += (L + 1) * r * H;
+    f += r * (6 * H + 5 * qw + 4 * kw + 6 * I + 2 * wide) + nq * (qw + kw) + 3 * ns * H + 3 * ne;
+    f += 2 * rk * wide + wide + kw;
+    f += (uint64_t)nb * (uint64_t)c->n_heads * (uint64_t)T * (uint64_t)T;
+    f += (NT + 1) * r * rk + 4 * (uint64_t)T * half + r * (vc + 64) + 5 * r;
+    if (E) f += r * (2 * E + 6 * K + 4 * H + 6 * F) + E + 1;
+    uint64_t maxc = H > I ? H : I;
+    if (qw > maxc) maxc = qw;
+    if (F > maxc) maxc = F;
+    f += maxc * WT_B * (p->threads ? p->threads : ft_default_threads());
+    if (p->dropout > 0.0f) f += 2 * r * maxc;   /* lora_dropout's factors and masked input */
+    /* one matrix transposed (f32 at most: an LM-head chunk or the widest
+     * layer matrix) */
+    uint64_t wt = vc * H > I * H ? vc * H : I * H;
+    if (qw * H > wt) wt = qw * H;
+    f += wt;
+    /* the products' workspace (q8/q4 activations, at most the f32 input) */
+    f += r * wide;
+    return f * sizeof(float);
 }
 
 typedef struct prod_job {
@@ -523,40 +725,61 @@ static void matT_axpy(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
     ft_pool_run(nb > 1 ? t->pool : NULL, nb, matT_task, &j);
 }
 
-typedef struct wt_job { const ft_wmat *W; float *wt, *row; size_t row_len; } wt_job;
+typedef struct wt_job { const ft_wmat *W; void *wt; float *row; size_t row_len; } wt_job;
 
+/* rows [i WT_B, i WT_B + WT_B) of W into columns of W^T, in tiles of
+ * WT_B x WT_B (each W^T row gets WT_B contiguous values per task) */
 static void wt_task(void *arg, size_t i, unsigned worker)
 {
     const wt_job *j = arg;
     const ft_wmat *W = j->W;
-    int o0 = (int)i * 64, o1 = o0 + 64 < W->rows ? o0 + 64 : W->rows;
-    float *row = j->row + (size_t)worker * j->row_len;
-    for (int o = o0; o < o1; o++) {
-        const float *r;
-        if (W->fmt == FT_WF_F32) r = (const float *)W->data + (size_t)o * (size_t)W->cols;
-        else {
-            ft_wmat_row_f32(W, o, row);
-            r = row;
+    const size_t R = (size_t)W->rows, C = (size_t)W->cols;
+    const size_t o0 = i * WT_B, n = R - o0 < WT_B ? R - o0 : WT_B;
+    if (W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16) {   /* 16-bit: transposed as stored */
+        const uint16_t *src = (const uint16_t *)W->data + o0 * C;
+        uint16_t *dst = (uint16_t *)j->wt + o0;
+        for (size_t c0 = 0; c0 < C; c0 += WT_B) {
+            size_t c1 = c0 + WT_B < C ? c0 + WT_B : C;
+            for (size_t c = c0; c < c1; c++)
+                for (size_t o = 0; o < n; o++) dst[c * R + o] = src[o * C + c];
         }
-        for (int c = 0; c < W->cols; c++) j->wt[(size_t)c * (size_t)W->rows + (size_t)o] = r[c];
+        return;
+    }
+    const float *src;
+    if (W->fmt == FT_WF_F32) {
+        src = (const float *)W->data + o0 * C;
+    } else {   /* q8/q4: dequantized as ft_wmat_row_f32 does, WT_B rows at a time */
+        float *row = j->row + (size_t)worker * j->row_len;
+        for (size_t o = 0; o < n; o++) ft_wmat_row_f32(W, (int)(o0 + o), row + o * C);
+        src = row;
+    }
+    float *dst = (float *)j->wt + o0;
+    for (size_t c0 = 0; c0 < C; c0 += WT_B) {
+        size_t c1 = c0 + WT_B < C ? c0 + WT_B : C;
+        for (size_t c = c0; c < c1; c++)
+            for (size_t o = 0; o < n; o++) dst[c * R + o] = src[o * C + c];
     }
 }
 
-/* dx (R x W->cols) += dy (R x W->rows) W: W converted (dequantized as
- * ft_wmat_row_f32 does) and transposed into one f32 matrix, then the
- * engine's f32 product on it. Memory: one matrix in f32 at a time. */
+/* dx (R x W->cols) += dy (R x W->rows) W: W transposed, then the
+ * forward's product on W^T: bf16/f16 weights stay in their format (the
+ * engine's bf16/f16 kernels, exact products, f32 sums), f32 as it is,
+ * q8/q4 dequantized to f32 (ft_wmat_row_f32; their groups run along the
+ * input dimension, which the transpose turns). Memory: one matrix at a
+ * time. */
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W)
 {
-    size_t need = (size_t)W->rows * (size_t)W->cols;
+    int half = W->fmt == FT_WF_BF16 || W->fmt == FT_WF_F16;
+    size_t need = (size_t)W->rows * (size_t)W->cols * (half ? 2 : 4);
     if (need > t->wt_cap) {
         free(t->wt);
-        t->wt = malloc(need * sizeof(float));
+        t->wt = malloc(need);
         t->wt_cap = t->wt ? need : 0;
         if (!t->wt) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a transposed matrix");
     }
     wt_job wj = {W, t->wt, t->row, t->row_len};
-    ft_pool_run(t->pool, (size_t)(W->rows + 63) / 64, wt_task, &wj);
-    ft_wmat M = {FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
+    ft_pool_run(t->pool, (size_t)(W->rows + WT_B - 1) / WT_B, wt_task, &wj);
+    ft_wmat M = {half ? W->fmt : FT_WF_F32, W->cols, W->rows, t->wt, 0, 0, NULL};
     float *y = t->tmp2;
     ft_status st = prod(t, y, W->cols, dy, R, &M, 0, W->cols, NULL);
     if (st) return st;
@@ -569,10 +792,55 @@ static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ld
 {
     /* the fast path needs whole, contiguous operands and room in tmp2 */
     if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
-        (size_t)W->cols <= t->row_len)
+        (size_t)W->cols <= t->row_max)
         return ft_tr_matT_fast(t, dx, dy, rows, W);
     matT_axpy(t, dx, ldx, dy, ldy, rows, W, o0, o1);
     return FT_OK;
+}
+
+/* lora_dropout as PEFT applies it: the adapter sees dropout(x), x times
+ * a mask of 0 (probability p) and 1 / (1 - p), computed as torch's
+ * nn.Dropout in training; the base product sees x. The masks come from a
+ * counter-based hash, not a generator's stream, so the backward pass (and
+ * its recompute) makes the forward's mask again, and a mask depends only
+ * on (seed, optimizer step, micro-batch of the step, layer, module,
+ * row b * T + position, column): the same for any number of threads or
+ * data-parallel processes, and made again in Python by
+ * scripts/fixtures/gen_lora_fixtures.py --dropout (docs/training.md).
+ * A module's id is its slot (q k v o gate up down = 0..6; OPT's out_proj,
+ * fc1, fc2 = 3, 5, 6); phi3's fused qkv_proj / gate_up_proj have one mask,
+ * q's and gate's. */
+#define DROP_GOLD 0x9E3779B97F4A7C15ull
+static uint64_t drop_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch)
+{
+    return drop_mix(drop_mix(seed + DROP_GOLD * (1u + (uint64_t)step)) + DROP_GOLD * (1u + (uint64_t)micro_batch));
+}
+
+void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk)
+{
+    const uint64_t k = drop_mix(key + DROP_GOLD * (1u + (uint64_t)layer * NT + (uint64_t)module));
+    const uint64_t thr = (uint64_t)((double)p * 16777216.0);
+    const float keep = 1.0f / (1.0f - p);
+    const size_t n = (size_t)rows * (size_t)cols;
+    for (size_t e = 0; e < n; e++) mk[e] = (drop_mix(k + DROP_GOLD * (1u + (uint64_t)e)) >> 40) < thr ? 0.0f : keep;
+}
+
+/* x masked for module i of layer l into t->dxd (the factors in t->dmk) */
+static const float *dropped_input(ft_trainer *t, int l, int i, const float *x, int R, int in)
+{
+    const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
+    int id = !md->shared ? i : (i == TK || i == TV) ? TQ : TG;
+    ft_tr_dropout_mask(t->drop_key, l, id, t->p.dropout, R, in, t->dmk);
+    const size_t n = (size_t)R * (size_t)in;
+    for (size_t e = 0; e < n; e++) t->dxd[e] = x[e] * t->dmk[e];
+    return t->dxd;
 }
 
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
@@ -585,6 +853,7 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     if (!md->on) return FT_OK;
     const int rk = t->p.rank, in = md->in, out = md->out;
     ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    if (t->dropping) x = dropped_input(t, l, i, x, R, in);
     TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
     float *u = t->tmp2;
     TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
@@ -618,14 +887,22 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
                      dy + (size_t)r * (size_t)out, out);
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
-    /* dA += dt^T x, dx += dt A */
+    /* dA += dt^T x, dx += dt A; with dropout x is the masked input and
+     * dx gets the mask times dt A (the mask is the forward's, made again) */
+    if (t->dropping) x = dropped_input(t, l, i, x, R, in);
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
         float *dxr = dx + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+        for (int j = 0; j < rk; j++) kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+        if (!t->dropping) {
+            for (int j = 0; j < rk; j++) kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+            continue;
         }
+        float *u = t->row;   /* dt A for this row, then through the mask */
+        memset(u, 0, (size_t)in * sizeof(float));
+        for (int j = 0; j < rk; j++) kk->axpy(u, dtr[j], A + (size_t)j * (size_t)in, in);
+        const float *mk = t->dmk + (size_t)r * (size_t)in;
+        for (int c = 0; c < in; c++) dxr[c] += mk[c] * u[c];
     }
     return FT_OK;
 }
@@ -767,18 +1044,41 @@ static ft_status expert_fwd(ft_trainer *t, const ft_layer_weights *lw, int e, in
     return prod(t, t->my, H, t->mmx, n, d, 0, H, NULL);
 }
 
+/* the experts the routes select made present, when the layer's supplier
+ * streams them on demand (ft_layer_weights.fetch_experts) */
+static ft_status moe_fetch(ft_trainer *t, const ft_layer_weights *lw, int l, const float *in, int R)
+{
+    if (!lw->fetch_experts) return FT_OK;
+    const int E = t->cfg.n_experts;
+    int ex[256], nu = 0;
+    for (int e = 0; e < E; e++)
+        if (t->mstart[e + 1] > t->mstart[e]) ex[nu++] = e;
+    ft_layer_weights *w = (ft_layer_weights *)(uintptr_t)lw;
+    return lw->fetch_experts(lw->fetch_user, l, ex, nu, in, R, w);
+}
+
+/* the router on in: probabilities, the top-k routes grouped by expert */
+static ft_status moe_route(ft_trainer *t, const ft_layer_weights *lw, const float *in, int R)
+{
+    const ft_model_config *c = &t->cfg;
+    const int E = c->n_experts, K = c->n_experts_used;
+    if (lw->n_experts != E || !lw->experts || !ft_wmat_present(&lw->w_router))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "train: a layer's experts are not in memory");
+    TRY(prod(t, t->mprob, E, in, R, &lw->w_router, 0, E, NULL));
+    ft_moe_route(t->mprob, R, E, K, c->moe_norm_topk, t->midx, t->mwt);   /* mprob: the probabilities */
+    ft_moe_group(t->midx, t->mwt, R, E, K, t->mstart, t->mgrow, t->mgwt);
+    return FT_OK;
+}
+
 /* out (R x H) = the mixture of experts of in (router softmax, top-k,
  * optionally renormalised, as the engine: ft_moe_route); the routes are
  * kept for the backward */
 static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, int R, float *out)
 {
     const ft_model_config *c = &t->cfg;
-    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
-    if (lw->n_experts != E || !lw->experts || !ft_wmat_present(&lw->w_router))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "train: a layer's experts are not in memory");
-    TRY(prod(t, t->mprob, E, in, R, &lw->w_router, 0, E, NULL));
-    ft_moe_route(t->mprob, R, E, K, c->moe_norm_topk, t->midx, t->mwt);   /* mprob: the probabilities */
-    ft_moe_group(t->midx, t->mwt, R, E, K, t->mstart, t->mgrow, t->mgwt);
+    const int H = c->hidden, E = c->n_experts;
+    TRY(moe_route(t, lw, in, R));
+    TRY(moe_fetch(t, lw, t->cur_layer, in, R));
     memset(out, 0, (size_t)R * (size_t)H * sizeof(float));
     for (int e = 0; e < E; e++) {
         int a = t->mstart[e], n = t->mstart[e + 1] - a;
@@ -801,6 +1101,7 @@ static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float 
 static ft_status moe_bwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, const float *dy, int R,
                          float *din)
 {
+    TRY(moe_fetch(t, lw, t->cur_layer, in, R));   /* (again: saved activations skip moe_fwd) */
     const ft_model_config *c = &t->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used, F = c->moe_ffn;
     /* d weight of each route (r, j): dot(dy_r, y_e(r)), found expert by expert */
@@ -870,8 +1171,72 @@ static void ffn_gate(const ft_model_config *c, float *m, const float *g, const f
     }
 }
 
-/* layer l's forward from xs[l] into xs[l + 1], keeping its activations */
-static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
+/* Layer l's saved activations: written to the store (write) after its
+ * forward, or read back into the workspace for its backward (what
+ * layer_bwd reads: the architecture's buffers only; an MoE layer's routes
+ * recomputed from h2). */
+static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
+{
+    const ft_model_config *c = &t->cfg;
+    const size_t R = (size_t)nb * (size_t)T, H = (size_t)c->hidden, I = (size_t)c->ffn;
+    const size_t qw = (size_t)c->n_heads * (size_t)c->head_dim, kw = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const int moe = moe_layer(t, l), glu = t->blk.ffn == FT_FFN_SWIGLU;
+    const int keep_ao = t->post || c->sandwich_norm, keep_fo = t->post || c->sandwich_norm;
+    float *buf[A_N] = {t->h1, t->q, t->k, t->v, t->att, t->P, t->x2, t->h2, glu && !moe ? t->gt : NULL,
+                       moe ? NULL : t->up, moe ? NULL : t->mm, c->qk_norm ? t->qr : NULL, c->qk_norm ? t->kr : NULL,
+                       keep_ao ? t->ao : NULL, keep_fo ? t->fo : NULL};
+    size_t len[A_N] = {R * H, R * qw, R * kw, R * kw, R * qw, (size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T,
+                       R * H, R * H, R * I, R * I, R * I, R * qw, R * kw, R * H, R * H};
+    for (int i = 0; i < NT; i++) {
+        buf[A_TL0 + i] = t->mods[(size_t)l * NT + (size_t)i].on ? t->tl[i] : NULL;
+        len[A_TL0 + i] = R * (size_t)t->p.rank;
+    }
+    double t0 = ft_now();
+    for (int a = 0; a < A_N; a++) {
+        if (!buf[a]) continue;
+        char key[160];
+        act_key(t, l, a, key, sizeof key);
+        ft_tensor x;
+        int64_t n = (int64_t)len[a];
+        TRY(ft_tensor_init(&x, FT_F32, 1, &n, buf[a]));
+        if (write) {
+            ft_status st = ft_write_tensor(t->act, key, &x, &t->act_cp);
+            if (st) return ft_set_error(st, "train: saving layer %d's activations to %s: %s", l, t->p.act_uri,
+                                        ft_last_error());
+            t->act_st.raw_bytes += len[a] * sizeof(float);
+        } else {
+            ft_status st = ft_read_tensor_into(t->act, key, &x, len[a] * sizeof(float));
+            if (!st && (x.ndim != 1 || x.shape[0] != n))
+                st = ft_set_error(FT_ERR_CORRUPT, "%s holds %lld values, not %lld", key, (long long)x.shape[0],
+                                  (long long)n);
+            if (st) return ft_set_error(st, "train: reading layer %d's activations back from %s: %s", l,
+                                        t->p.act_uri, ft_last_error());
+        }
+    }
+    if (write) {
+        t->act_st.write_s += ft_now() - t0;
+        if (l + 1 > t->act_layers) t->act_layers = l + 1;
+        if (l == t->cfg.n_layers - 1) {
+            ft_store_stats ss;
+            if (ft_store_stats_get(t->act, &ss) == FT_OK)   /* beside what the store held before (weights) */
+                t->act_st.stored_bytes = ss.used > t->act_base ? ss.used - t->act_base : 0;
+        }
+    } else {
+        t->act_st.read_s += ft_now() - t0;
+        if (moe) TRY(moe_route(t, t->lw, t->h2, (int)R));
+    }
+    return FT_OK;
+}
+
+void ft_trainer_act_stats(const ft_trainer *t, ft_train_act_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t) *out = t->act_st;
+}
+
+/* layer l's forward from xs[l] into xs[l + 1], keeping its activations
+ * (and saving them to the activation store: save) */
+static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T, int save)
 {
     const ft_model_config *c = &t->cfg;
     const ft_kernels *k = ft_k_get();
@@ -929,6 +1294,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T)
         memcpy(t->fo, xo, (size_t)R * (size_t)H * sizeof(float));
         norm_fwd(t, xo, t->fo, R, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     }
+    if (save) TRY(act_io(t, l, nb, T, 1));
     return FT_OK;
 }
 
@@ -1055,8 +1421,9 @@ static ft_status check_tokens(const ft_trainer *t, const int32_t *tokens, int nb
     return FT_OK;
 }
 
-/* embeddings and every layer: xs[0..L] */
-static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
+/* embeddings and every layer: xs[0..L]; bwd: a backward pass follows
+ * (it starts at the last layer, then reads the one below) */
+static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T, int bwd)
 {
     const ft_model_config *c = &t->cfg;
     TRY(ensure(t, nb, T));
@@ -1078,7 +1445,11 @@ static ft_status forward(ft_trainer *t, const int32_t *tokens, int nb, int T)
             for (int i = 0; i < c->hidden; i++) x[i] += pe[i];
         }
     }
-    for (int l = 0; l < c->n_layers; l++) TRY(layer_fwd(t, l, nb, T));
+    const int L = c->n_layers;
+    for (int l = 0; l < L; l++) {
+        TRY(use_layer(t, l, l + 1 < L ? l + 1 : bwd ? L - 2 : 0));
+        TRY(layer_fwd(t, l, nb, T, bwd && t->act));
+    }
     return FT_OK;
 }
 
@@ -1096,7 +1467,7 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     TRY(check_tokens(t, tokens, nb, T, 2));
     const ft_model_config *c = &t->cfg;
     const int R = nb * T, H = c->hidden, L = c->n_layers;
-    TRY(forward(t, tokens, nb, T));
+    TRY(forward(t, tokens, nb, T, grad_scale != 0.0));
     const float *fw = gvec(t, GW_FINAL_NORM_W), *fb = gvec(t, GW_FINAL_NORM_B);
     const float *xl = t->xs + (size_t)L * (size_t)R * (size_t)H;
     float *hf = t->h1;   /* the final norm's output (h1 is free between layers) */
@@ -1183,9 +1554,13 @@ ft_status ft_trainer_loss_grad(ft_trainer *t, const int32_t *tokens, int nb, int
     memset(t->dx, 0, (size_t)R * (size_t)H * sizeof(float));
     if (t->fnorm) norm_bwd(t, t->dx, xl, R, fw, dhf);
     else memcpy(t->dx, dhf, (size_t)R * (size_t)H * sizeof(float));
-    /* the layers in reverse, each recomputed from its saved input */
+    /* the layers in reverse, each recomputed from its saved input (or its
+     * activations read back from the store); the next step's forward
+     * starts at layer 0, then 1 */
     for (int l = L - 1; l >= 0; l--) {
-        TRY(layer_fwd(t, l, nb, T));
+        TRY(use_layer(t, l, l > 0 ? l - 1 : L > 1 ? 1 : -1));
+        if (t->act) TRY(act_io(t, l, nb, T, 0));
+        else TRY(layer_fwd(t, l, nb, T, 0));
         TRY(layer_bwd(t, l, nb, T));
     }
     return FT_OK;
@@ -1214,8 +1589,8 @@ double ft_trainer_lr_at(const ft_trainer *t, int s)
 
 /* the gradient of micro-batch tok alone into dst (zeroed first): its
  * mean loss into *l */
-static ft_status unit_grad(ft_trainer *t, const int32_t *tok, const uint8_t *mask, int nb, int T, float *dst,
-                           double *l)
+static ft_status unit_grad(ft_trainer *t, int a, const int32_t *tok, const uint8_t *mask, int nb, int T,
+                           float *dst, double *l)
 {
     float *keep = t->g;
     double s = 0.0;
@@ -1223,7 +1598,10 @@ static ft_status unit_grad(ft_trainer *t, const int32_t *tok, const uint8_t *mas
     memset(dst, 0, t->np * sizeof(float));
     t->g = dst;
     t->mask = mask;
+    t->dropping = t->p.dropout > 0.0f;
+    t->drop_key = ft_tr_dropout_key(t->p.seed, t->step, a);
     ft_status st = ft_trainer_loss_grad(t, tok, nb, T, 1.0 / t->p.grad_accum, &s, &n);
+    t->dropping = 0;
     t->mask = NULL;
     t->g = keep;
     *l = st ? 0.0 : n ? s / (double)n : NAN;   /* NAN: no labelled position (fold_loss skips it) */
@@ -1304,19 +1682,22 @@ ft_status ft_trainer_step_dp_masked(ft_trainer *t, const ft_train_comm *comm, co
     ft_status st = FT_OK;
     dp_head h = {0.0, 0, -1, 0, 0};
     if (me == 0) {
-        st = want_units(t, 1);   /* an error still goes down the chain: no rank is left waiting */
+        /* the first micro-batch's gradient goes into t->g, the next ones'
+         * through gu (an error still goes down the chain: no rank is left
+         * waiting) */
+        st = a1 - a0 > 1 ? want_units(t, 1) : FT_OK;
         for (int a = a0; a < a1 && !st; a++) {
             double l;
             const uint8_t *mk = mask ? mask + (size_t)a * mb : NULL;
-            if (a == 0) st = unit_grad(t, tokens, mk, nb, T, t->g, &l);
-            else if (!(st = unit_grad(t, tokens + (size_t)a * mb, mk, nb, T, t->gu, &l)))
+            if (a == 0) st = unit_grad(t, a, tokens, mk, nb, T, t->g, &l);
+            else if (!(st = unit_grad(t, a, tokens + (size_t)a * mb, mk, nb, T, t->gu, &l)))
                 for (size_t i = 0; i < np; i++) t->g[i] += t->gu[i];
             if (!st) fold_loss(&h, l);
         }
     } else {
         st = want_units(t, (size_t)(a1 - a0));
         for (int a = a0; a < a1 && !st; a++)
-            st = unit_grad(t, tokens + (size_t)a * mb, mask ? mask + (size_t)a * mb : NULL, nb, T,
+            st = unit_grad(t, a, tokens + (size_t)a * mb, mask ? mask + (size_t)a * mb : NULL, nb, T,
                            t->gu + (size_t)(a - a0) * np, &t->gul[a - a0]);
         ft_status rs = dp_recv(comm, me - 1, &h, t->g, np);
         if (rs) return rs;
@@ -1420,7 +1801,7 @@ ft_status ft_trainer_last_logits(ft_trainer *t, const int32_t *tokens, int n, fl
     if (!t || !logits) return ft_set_error(FT_ERR_INVALID_ARG, "ft_trainer_last_logits: NULL argument");
     TRY(check_tokens(t, tokens, 1, n, 1));
     const ft_model_config *c = &t->cfg;
-    TRY(forward(t, tokens, 1, n));
+    TRY(forward(t, tokens, 1, n, 0));
     const float *xl = t->xs + ((size_t)c->n_layers * (size_t)n + (size_t)n - 1) * (size_t)c->hidden;
     return head_row(t, xl, t->h1, logits);
 }
@@ -1583,8 +1964,11 @@ ft_status ft_trainer_generate(ft_trainer *t, const int32_t *prompt, int n, int m
             ft_wmat_row_f32(ft_model_global(t->m, GW_POS_EMB), pos + t->blk.pos_offset, hf);
             for (int i = 0; i < H; i++) x[i] += hf[i];
         }
-        for (int l = 0; l < c->n_layers && !st; l++)
-            st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        for (int l = 0; l < c->n_layers && !st; l++) {
+            st = use_layer(t, l, l + 1 < c->n_layers ? l + 1 : 0);
+            if (!st)
+                st = layer_step(t, l, pos, x, cache + (size_t)(2 * l) * per, cache + (size_t)(2 * l + 1) * per, sc);
+        }
         if (st) goto done;
         if (pos + 1 < n) {
             tok = prompt[pos + 1];

@@ -16,6 +16,11 @@ void ft_tr_matT_ref(float *dx, int ldx, const float *dy, int ldy, int rows, cons
 /* The trainer's W^T dy: W dequantized and transposed into one f32 matrix
  * (t's scratch), the engine's f32 product on it, added into dx
  * (R x W->cols, contiguous); dy R x W->rows. */
+/* lora_dropout's masks (train.c): the key of micro-batch a of optimizer
+ * step `step`, and the factors (0 or 1 / (1 - p)) of a rows x cols input of
+ * module `module` of `layer` */
+uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch);
+void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk);
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
 
 /* RMSNorm y = x / sqrt(mean(x^2) + eps) * w over n: dx += d/dx of dot(dy, y). */

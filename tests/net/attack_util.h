@@ -8,7 +8,21 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
+
+/* A token file with this content and mode in /tmp (name from prefix);
+ * path written to buf. 0 on success. */
+static inline int make_token_file(char *buf, size_t n, const char *prefix, const char *content, mode_t mode)
+{
+    snprintf(buf, n, "/tmp/%sXXXXXX", prefix);
+    int fd = mkstemp(buf);
+    if (fd < 0) return -1;
+    int ok = write(fd, content, strlen(content)) == (ssize_t)strlen(content);
+    close(fd);
+    return ok && chmod(buf, mode) == 0 ? 0 : -1;
+}
 
 /* The TCP ports process pid listens on (IPv4 and IPv6), from the kernel's
  * socket tables and the process's descriptors. addr: "ip:port". */

@@ -24,16 +24,9 @@
 
 static const char TOKEN[] = "attack-test-token-0123456789abcdef";
 
-/* A token file with this content and mode; path written to buf. */
 static int make_token(char *buf, size_t n, const char *content, mode_t mode)
 {
-    snprintf(buf, n, "/tmp/ft_attack_tokXXXXXX");
-    int fd = mkstemp(buf);
-    if (fd < 0) return -1;
-    int ok = write(fd, content, strlen(content)) == (ssize_t)strlen(content);
-    close(fd);
-    chmod(buf, mode);
-    return ok ? 0 : -1;
+    return make_token_file(buf, n, "ft_attack_tok", content, mode);
 }
 
 static ft_status open_tok(const srv_t *s, const char *token_file, ft_store **out)

@@ -26,13 +26,7 @@ static const char TOKEN[] = "door-test-token-0123456789abcdef";
 
 static int make_token(char *buf, size_t n, const char *content, mode_t mode)
 {
-    snprintf(buf, n, "/tmp/ft_door_tokXXXXXX");
-    int fd = mkstemp(buf);
-    if (fd < 0) return -1;
-    int ok = write(fd, content, strlen(content)) == (ssize_t)strlen(content);
-    close(fd);
-    chmod(buf, mode);
-    return ok ? 0 : -1;
+    return make_token_file(buf, n, "ft_door_tok", content, mode);
 }
 
 static int alive(const ft_proc *p) { return p->pid > 0 && waitpid(p->pid, NULL, WNOHANG) == 0; }

@@ -264,7 +264,7 @@ static void expert_failover(int sig, int at)
     ft_offload_params p;
     ft_offload_default_params(&p);
     p.stripe_min = 512;   /* every expert matrix in two pieces, one per node, each on both */
-    p.failover_ms = 300;
+    p.failover_ms = 1000;   /* not less: a healthy node starved by a loaded machine must not time out */
     p.expert_prefetch = 0;
     char spec[512];
     snprintf(spec, sizeof spec, "w=15,0,0,85 rep=2 remote=%s,%s", nd[0].uri, nd[1].uri);
@@ -295,10 +295,9 @@ static void expert_failover(int sig, int at)
             t.misses += e.misses;
             t.resident += e.resident;
         }
-        /* killed: given up on once; stalled: a read started before it was
-         * given up on may time out while a probe of it is under way, which
-         * counts again */
-        CHECK(sig == SIGKILL ? s.failovers == 1 : s.failovers >= 1);
+        /* given up on once (a read that fails while the node is probed
+         * again is not another failover) */
+        CHECK(s.failovers == 1);
         CHECK(s.retries >= 1);
         CHECK(s.layers_fetched == 0);   /* every read that failed over was an expert's */
         CHECK(t.misses > 0);

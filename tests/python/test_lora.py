@@ -31,10 +31,12 @@ def text_data(tmp_path):
 
 
 @needs_cli
-@pytest.mark.parametrize("kind", ["text", "chat"])
+@pytest.mark.parametrize("kind", ["text", "chat", "dropout"])
 def test_finetune_equals_cli(tmp_path, kind):
     if kind == "text":
         data, extra, kw = text_data(tmp_path), [], {}
+    elif kind == "dropout":
+        data, extra, kw = text_data(tmp_path), ["--dropout", "0.3"], {"dropout": 0.3}
     else:
         tpl = os.path.join(CHAT, "template.jinja")
         data, extra, kw = os.path.join(CHAT, "chat.jsonl"), ["--chat-template", tpl], {"chat_template": tpl}
@@ -51,6 +53,7 @@ def test_finetune_equals_cli(tmp_path, kind):
     assert r["eval_after"] is not None and r["eval_after"][0] < r["eval_before"][0]
     cfg = json.loads((tmp_path / "py" / "adapter_config.json").read_text())
     assert cfg["peft_type"] == "LORA" and cfg["r"] == 8
+    assert cfg["lora_dropout"] == (0.3 if kind == "dropout" else 0.0)
     if kind == "chat":
         assert 0 < r["labels"] < r["tokens"]
 

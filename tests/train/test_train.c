@@ -11,6 +11,7 @@
 #include "flextier/train.h"
 #include "train/train_internal.h"
 #include "engine/kernels.h"
+#include "engine/graph.h"
 
 #include <json-c/json.h>
 #include <math.h>
@@ -419,6 +420,7 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     p.eps = (float)jd(run, "eps");
     p.clip = (float)jd(run, "clip");
     p.grad_accum = ji(run, "grad_accum");
+    p.dropout = (float)jd(run, "dropout");   /* absent: 0 */
     p.vocab_chunk = 128;
     ft_trainer *t = NULL;
     if (ft_trainer_create(m, &p, &t)) return NULL;
@@ -430,10 +432,11 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     return t;
 }
 
-static void peft_match(const char *name)
+/* the run recorded in tests/data/lora/<fixture> on tests/data/models/<name> */
+static void peft_match_run(const char *fixture, const char *name)
 {
     char dir[1024], sub[1200];
-    json_object *run = run_json(name, dir, sizeof dir);
+    json_object *run = run_json(fixture, dir, sizeof dir);
     REQUIRE(run);
     ft_model *m = load(name, FT_WF_F32);
     REQUIRE(m);
@@ -523,7 +526,13 @@ static void peft_match(const char *name)
     json_object_put(run);
 }
 
+static void peft_match(const char *name) { peft_match_run(name, name); }
+
 TEST(lora_run_matches_peft) { peft_match("llama-tiny"); }
+/* lora_dropout 0.25: PEFT's dropout modules given the trainer's masks
+ * (gen_lora_fixtures.py --dropout); phi3: one mask for a fused module */
+TEST(lora_run_matches_peft_dropout) { peft_match_run("llama-tiny-dropout", "llama-tiny"); }
+TEST(lora_run_matches_peft_dropout_phi3) { peft_match_run("phi3-tiny-dropout", "phi3-tiny"); }
 /* qwen3: q/k norms per head; tied embeddings */
 TEST(lora_run_matches_peft_qwen3) { peft_match("qwen3-tiny"); }
 /* OPT: q_proj k_proj v_proj out_proj fc1 fc2, LayerNorm, ReLU, learned positions */
@@ -818,6 +827,317 @@ TEST(data_parallel_failure_reaches_every_rank)
     ft_model_free(m);
 }
 
+/* The layer function: the forward asks for 0..L-1, each call naming the
+ * next layer (the last one the layer below it: the backward follows); the
+ * backward asks for L-1..0 naming the layer below (0: layer 1, where the
+ * next step's forward goes after 0); the weights it gives are used. */
+typedef struct walk { const ft_model *m; int n, layer[64], next[64], bad; } walk;
+
+static ft_status walk_fn(void *user, int layer, int next, ft_layer_weights *w)
+{
+    walk *k = user;
+    if (k->n < 64) {
+        k->layer[k->n] = layer;
+        k->next[k->n] = next;
+    }
+    k->n++;
+    *w = *ft_model_layer(k->m, layer);
+    if (k->bad) ft_layer_weights_mat(w, LW_V)->rows--;
+    return FT_OK;
+}
+
+TEST(layer_fn_walks_both_ways)
+{
+    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    REQUIRE(m);
+    REQUIRE(ft_model_get_config(m)->n_layers == 2);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 2;
+    p.lr = 1e-2f;
+    int32_t tok[2 * 12];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 53 + 1) % 320);
+    walk k = {m, 0, {0}, {0}, 0};
+    p.layer_fn = walk_fn;
+    p.layer_user = &k;
+    ft_trainer *a = NULL, *b = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &a));
+    p.layer_fn = NULL;
+    CHECK_OK(ft_trainer_create(m, &p, &b));
+    REQUIRE(a && b);
+    double la, lb;
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(ft_trainer_step(a, tok, 2, 12, &la, NULL));
+        CHECK_OK(ft_trainer_step(b, tok, 2, 12, &lb, NULL));
+        CHECK(la == lb);
+    }
+    static const int want_l[] = {0, 1, 1, 0}, want_n[] = {1, 0, 0, 1};
+    CHECK(k.n == 8);
+    for (int i = 0; i < 8 && i < k.n; i++)
+        CHECK_MSG(k.layer[i] == want_l[i % 4] && k.next[i] == want_n[i % 4], "call %d: layer %d next %d", i,
+                  k.layer[i], k.next[i]);
+    /* a forward without backward (eval) wraps to layer 0 */
+    k.n = 0;
+    double ls;
+    int64_t cnt;
+    CHECK_OK(ft_trainer_eval(a, tok, 2, 12, &ls, &cnt));
+    CHECK(k.n == 2 && k.next[0] == 1 && k.next[1] == 0);
+    size_t n;
+    const float *wa = ft_trainer_param_data(a, &n), *wb = ft_trainer_param_data(b, &n);
+    CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    /* a layer function giving a misshapen matrix is caught */
+    k.bad = 1;
+    CHECK(ft_trainer_step(a, tok, 2, 12, &la, NULL) == FT_ERR_CORRUPT && strstr(ft_last_error(), "v_proj"));
+    ft_trainer_free(a);
+    ft_trainer_free(b);
+    ft_model_free(m);
+}
+
+/* saved activations in a mem: store: lossless codecs give recompute's
+ * steps bit for bit; q8 is close; a store that cannot open is an error */
+TEST(saved_activations_lossless_bit_exact)
+{
+    ft_model *m = load("mistral-sw", FT_WF_F32);
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    p.total_steps = 3;
+    p.lr = 1e-2f;
+    int32_t tok[2 * 12];
+    for (int i = 0; i < 24; i++) tok[i] = (int32_t)((i * 29 + 5) % 320);
+    ft_trainer *r = NULL, *t[3] = {NULL, NULL, NULL};
+    CHECK_OK(ft_trainer_create(m, &p, &r));
+    const int codecs[3] = {FT_CODEC_BYTEPLANE, FT_CODEC_RAW, FT_CODEC_Q8};
+    p.act_uri = "mem:";
+    for (int c = 0; c < 3; c++) {
+        p.act_codec = codecs[c];
+        CHECK_OK(ft_trainer_create(m, &p, &t[c]));
+    }
+    REQUIRE(r && t[0] && t[1] && t[2]);
+    for (int s = 0; s < 3; s++) {
+        double lr_, l[3];
+        CHECK_OK(ft_trainer_step(r, tok, 2, 12, &lr_, NULL));
+        for (int c = 0; c < 3; c++) CHECK_OK(ft_trainer_step(t[c], tok, 2, 12, &l[c], NULL));
+        CHECK(l[0] == lr_ && l[1] == lr_);
+        CHECK(fabs(l[2] - lr_) < 1e-2 * fabs(lr_));
+    }
+    size_t n;
+    const float *w = ft_trainer_param_data(r, &n), *w0 = ft_trainer_param_data(t[0], &n),
+                *w1 = ft_trainer_param_data(t[1], &n), *w2 = ft_trainer_param_data(t[2], &n);
+    CHECK(memcmp(w, w0, n * sizeof(float)) == 0);
+    CHECK(memcmp(w, w1, n * sizeof(float)) == 0);
+    CHECK(memcmp(w, w2, n * sizeof(float)) != 0);
+    ft_train_act_stats as;
+    ft_trainer_act_stats(t[2], &as);
+    CHECK(as.raw_bytes > 0 && as.stored_bytes > 0 && as.stored_bytes * 3 < as.raw_bytes / 3);
+    ft_trainer_free(r);
+    for (int c = 0; c < 3; c++) ft_trainer_free(t[c]);
+    ft_trainer *x = NULL;
+    p.act_codec = FT_CODEC_Q4;
+    CHECK(ft_trainer_create(m, &p, &x) == FT_ERR_INVALID_ARG);
+    p.act_codec = 0;
+    p.act_uri = "nosuch:thing";
+    CHECK(ft_trainer_create(m, &p, &x) != FT_OK && !x);
+    ft_model_free(m);
+}
+
+/* A layer function over the model's own layers that streams the experts
+ * of MoE layers on demand as the offloading scheduler does: the weights it
+ * gives hold no expert until fetch_experts names it. */
+typedef struct xwalk {
+    const ft_model *m;
+    int calls, fetches, fetched, bad_fetch;
+    ft_wmat ex[3 * 64];
+} xwalk;
+
+static ft_status xwalk_fetch(void *user, int layer, const int *experts, int n, const float *x, int rows,
+                             ft_layer_weights *w)
+{
+    xwalk *k = user;
+    (void)x;
+    const ft_layer_weights *src = ft_model_layer(k->m, layer);
+    k->fetches++;
+    if (rows < 1 || n < 1 || w->experts != k->ex) k->bad_fetch = 1;
+    for (int i = 0; i < n; i++) {
+        if (experts[i] < 0 || experts[i] >= src->n_experts || (i && experts[i] <= experts[i - 1])) {
+            k->bad_fetch = 1;
+            continue;
+        }
+        for (int j = 0; j < 3; j++) k->ex[3 * experts[i] + j] = src->experts[3 * experts[i] + j];
+        k->fetched++;
+    }
+    return FT_OK;
+}
+
+static ft_status xwalk_fn(void *user, int layer, int next, ft_layer_weights *w)
+{
+    xwalk *k = user;
+    (void)next;
+    k->calls++;
+    *w = *ft_model_layer(k->m, layer);
+    if (w->experts) {
+        if (w->n_experts > 64) return FT_ERR_UNSUPPORTED;
+        memset(k->ex, 0, sizeof k->ex);
+        w->experts = k->ex;
+        w->fetch_experts = xwalk_fetch;
+        w->fetch_user = k;
+    }
+    return FT_OK;
+}
+
+/* Every architecture: layers from a layer function (experts fetched on
+ * demand) and activations saved to a mem: store (byte-plane) give the
+ * in-memory, recomputing trainer's losses and adapter bit for bit, over
+ * masked steps with gradient accumulation; a forward-only eval too. */
+TEST(every_arch_streamed_and_saved)
+{
+    static const char *const names[] = {"llama-tiny", "qwen2-tiny", "mistral-sw", "qwen3-tiny", "qwen3-sw",
+                                        "phi3-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3moe-tiny",
+                                        "olmoe-tiny", "opt-tiny", "opt-tiny-postln", "opt-tiny-proj"};
+    for (size_t a = 0; a < sizeof names / sizeof names[0]; a++) {
+        ft_model *m = load(names[a], FT_WF_F32);
+        REQUIRE(m);
+        const ft_model_config *c = ft_model_get_config(m);
+        enum { NB = 2, T = 10, A = 2, STEPS = 2 };
+        int32_t tok[STEPS * A * NB * T];
+        uint8_t mask[STEPS * A * NB * T];
+        for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++) {
+            tok[i] = (int32_t)(ft_test_rand(&seed) % (uint64_t)c->vocab);
+            mask[i] = (uint8_t)(i % 7 != 3);
+        }
+        ft_train_params p;
+        ft_train_params_default(&p);
+        p.rank = 4;
+        p.lr = 1e-2f;
+        p.grad_accum = A;
+        p.total_steps = STEPS;
+        p.seed = 3;
+        ft_trainer *r = NULL, *s = NULL;
+        CHECK_OK(ft_trainer_create(m, &p, &r));
+        xwalk *k = calloc(1, sizeof *k);
+        REQUIRE(k);
+        k->m = m;
+        p.layer_fn = xwalk_fn;
+        p.layer_user = k;
+        p.act_uri = "mem:";
+        CHECK_OK(ft_trainer_create(m, &p, &s));
+        REQUIRE(r && s);
+        for (int st = 0; st < STEPS; st++) {
+            double lr_, ls;
+            const size_t o = (size_t)st * A * NB * T;
+            CHECK_OK(ft_trainer_step_masked(r, tok + o, mask + o, NB, T, &lr_, NULL));
+            CHECK_OK(ft_trainer_step_masked(s, tok + o, mask + o, NB, T, &ls, NULL));
+            CHECK_MSG(lr_ == ls, "%s step %d: loss %.17g vs %.17g", names[a], st, ls, lr_);
+        }
+        size_t n, n2;
+        const float *w = ft_trainer_param_data(r, &n), *w2 = ft_trainer_param_data(s, &n2);
+        CHECK_MSG(n == n2 && memcmp(w, w2, n * sizeof(float)) == 0, "%s: adapter differs", names[a]);
+        double e1, e2;
+        int64_t c1, c2;
+        CHECK_OK(ft_trainer_eval(r, tok, NB, T, &e1, &c1));
+        CHECK_OK(ft_trainer_eval(s, tok, NB, T, &e2, &c2));
+        CHECK(e1 == e2 && c1 == c2);
+        /* forward + backward per micro-batch, and the eval's forward */
+        CHECK_MSG(k->calls == (STEPS * A * 2 + 1) * c->n_layers, "%s: %d layer calls", names[a], k->calls);
+        if (c->n_experts) CHECK_MSG(k->fetches > 0 && k->fetched > 0 && !k->bad_fetch, "%s: fetches", names[a]);
+        ft_train_act_stats as;
+        ft_trainer_act_stats(s, &as);
+        CHECK(as.raw_bytes > 0 && as.stored_bytes > 0);
+        printf("  %s: %d layer calls, %d expert fetches; losses equal bit for bit\n", names[a], k->calls, k->fetches);
+        ft_trainer_free(r);
+        ft_trainer_free(s);
+        free(k);
+        ft_model_free(m);
+    }
+}
+
+/* data-parallel ranks that stream their layers and save activations give
+ * the in-memory one-process run bit for bit */
+TEST(data_parallel_streamed_and_saved)
+{
+    static const char *const names[] = {"llama-tiny", "olmoe-tiny"};
+    for (size_t a = 0; a < 2; a++) {
+        ft_model *m = load(names[a], FT_WF_F32);
+        REQUIRE(m);
+        enum { A = 3, NB = 1, T = 9, STEPS = 2, N = 2 };
+        int32_t tok[STEPS * A * NB * T];
+        for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+            tok[i] = (int32_t)(ft_test_rand(&seed) % (uint64_t)ft_model_get_config(m)->vocab);
+        ft_trainer *ref = dp_trainer(m, A);
+        REQUIRE(ref);
+        double want[STEPS];
+        for (int s = 0; s < STEPS; s++) CHECK_OK(ft_trainer_step(ref, tok + s * A * NB * T, NB, T, &want[s], NULL));
+        size_t n;
+        const float *wref = ft_trainer_param_data(ref, &n);
+        dpnet net;
+        memset(&net, 0, sizeof net);
+        pthread_mutex_init(&net.mu, NULL);
+        pthread_cond_init(&net.cv, NULL);
+        dprank r[N];
+        pthread_t th[N];
+        xwalk *k = calloc(N, sizeof *k);
+        REQUIRE(k);
+        for (int j = 0; j < N; j++) {
+            k[j].m = m;
+            ft_train_params p;
+            ft_train_params_default(&p);
+            p.rank = 2;
+            p.lr = 1e-2f;
+            p.grad_accum = A;
+            p.total_steps = 3;
+            p.threads = 1;
+            p.seed = 5;
+            p.layer_fn = xwalk_fn;
+            p.layer_user = &k[j];
+            p.act_uri = "mem:";
+            ft_trainer *t = NULL;
+            CHECK_OK(ft_trainer_create(m, &p, &t));
+            REQUIRE(t);
+            size_t nn;
+            float *w = ft_trainer_param_data(t, &nn);
+            uint64_t sd = 99;   /* dp_trainer's adapter */
+            for (size_t i = 0; i < nn; i++) w[i] = (float)((double)(ft_test_rand(&sd) >> 11) * 0x1p-53 - 0.5) * 0.2f;
+            r[j] = (dprank){&net, j, N, STEPS, NB, T, A, t, tok, {0}, FT_OK};
+        }
+        for (int j = 0; j < N; j++) REQUIRE(pthread_create(&th[j], NULL, dp_main, &r[j]) == 0);
+        for (int j = 0; j < N; j++) pthread_join(th[j], NULL);
+        for (int j = 0; j < N; j++) {
+            CHECK_MSG(r[j].st == FT_OK, "%s rank %d: %s", names[a], j, ft_last_error());
+            for (int s = 0; s < STEPS; s++) CHECK(r[j].loss[s] == want[s]);
+            size_t nk;
+            const float *wk = ft_trainer_param_data(r[j].t, &nk);
+            CHECK_MSG(nk == n && memcmp(wk, wref, n * sizeof(float)) == 0, "%s rank %d: adapter differs", names[a], j);
+            CHECK(k[j].calls > 0);
+            ft_trainer_free(r[j].t);
+        }
+        for (int x = 0; x < DPN; x++)
+            for (int y = 0; y < DPN; y++) free(net.f[x][y].b);
+        pthread_mutex_destroy(&net.mu);
+        pthread_cond_destroy(&net.cv);
+        free(k);
+        ft_trainer_free(ref);
+        ft_model_free(m);
+    }
+}
+
+/* the embeddings or LM head read from the checkpoint on demand: refused */
+TEST(streamed_globals_refused)
+{
+    char dir[1024];
+    ft_fixture_dir("models", "llama-tiny", dir, sizeof dir);
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.stream_globals = FT_STREAM_EMBED | FT_STREAM_LM_HEAD;
+    ft_model *m = NULL;
+    CHECK_OK(ft_model_load(dir, &lp, &m));
+    REQUIRE(m);
+    ft_train_params p;
+    ft_train_params_default(&p);
+    ft_trainer *t = NULL;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && !t && strstr(ft_last_error(), "LM head"));
+    ft_model_free(m);
+}
+
 TEST(refusals)
 {
     ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
@@ -846,8 +1166,10 @@ TEST(refusals)
     CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "experts"));
     p.targets = FT_LORA_ALL;
     ft_model_free(moe);
-    p.dropout = 0.1f;
-    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
+    p.dropout = 1.0f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
+    p.dropout = -0.1f;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
     p.dropout = 0.0f;
     p.rank = 0;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG);

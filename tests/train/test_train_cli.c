@@ -54,12 +54,15 @@ TEST(finetune_data_parallel_mpirun)
                     ft_test_bin(), model, tmp, tmp, tmp) != 0);
         return;
     }
-#define DP_ARGS "--steps 3 --seq-len 16 --batch 1 --grad-accum 6 --warmup 1 --lr 1e-2 --threads 1 --eval-frac 0.2"
+/* with lora_dropout: its masks follow the global micro-batch, not the process */
+#define DP_ARGS \
+    "--steps 3 --seq-len 16 --batch 1 --grad-accum 6 --warmup 1 --lr 1e-2 --threads 1 --eval-frac 0.2 --dropout 0.2"
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp --mca pml ob1"
     CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dp0 " DP_ARGS
                 " | grep -o 'step [0-9/]* loss [0-9.]*\\|held-out after.*' > %s/dp0.txt", ft_test_bin(), model, tmp, tmp,
                 tmp) == 0);
     CHECK(ft_file_has(tmp, "dp0.txt", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "dp0/adapter_config.json", "\"lora_dropout\":0.2"));
     for (int n = 1; n <= 3; n++) {
         CHECK_MSG(ft_sh(MPIRUN " -n %d %s finetune --model %s --data %s/data.txt --out %s/dp%d " DP_ARGS
                         " --data-parallel mpi > %s/dp%d.out 2>&1", n, ft_test_bin(), model, tmp, tmp, n, tmp, n) == 0,
@@ -69,6 +72,14 @@ TEST(finetune_data_parallel_mpirun)
         CHECK_MSG(ft_sh("cmp -s %s/dp0/adapter_model.safetensors %s/dp%d/adapter_model.safetensors", tmp, tmp, n) == 0,
                   "mpirun -n %d: another adapter", n);
     }
+    /* two ranks streaming their layers from one disk directory and saving
+     * their activations there: the same run */
+    CHECK(ft_sh(MPIRUN " -n 2 %s finetune --model %s --data %s/data.txt --out %s/dps " DP_ARGS
+                " --data-parallel mpi --policy w=0,0,100 --disk-dir %s/dps-disk --activations disk > %s/dps.out 2>&1",
+                ft_test_bin(), model, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("grep -o 'step [0-9/]* loss [0-9.]*\\|held-out after.*' %s/dps.out | cmp -s - %s/dp0.txt", tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/dp0/adapter_model.safetensors %s/dps/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "dps.out", "offload: "));
     /* more processes than micro-batches, an unknown mode */
     CHECK(ft_sh(MPIRUN " -n 2 %s finetune --model %s --data %s/data.txt --out %s/dpy --grad-accum 1 --data-parallel mpi "
                 "> %s/dpy.out 2>&1", ft_test_bin(), model, tmp, tmp, tmp) != 0);
@@ -192,6 +203,97 @@ TEST(run_lora_matches_peft_greedy)
     json_object_put(run);
 }
 
+/* A random 5-layer Llama (more layers than the scheduler's two slot
+ * buffers: the backward's reads run downwards) */
+static char deep[1200];
+static int make_deep(void)
+{
+    if (deep[0]) return 1;
+    snprintf(deep, sizeof deep, "%s/deep", tmp);
+    return ft_sh("%s gen-model --arch llama --out %s --hidden 64 --layers 5 --heads 4 --kv-heads 2 --ffn 128 "
+                 "--vocab 320 --seed 7 --threads 1 > /dev/null 2>&1", ft_test_bin(), deep) == 0;
+}
+
+#define DEEP_ARGS "--steps 3 --seq-len 24 --batch 2 --grad-accum 2 --warmup 1 --lr 1e-2 --seed 5 --eval-frac 0"
+
+/* the same run in memory and with every layer streamed from the disk tier
+ * (bf16 as stored, and q4): the same adapter, byte for byte */
+TEST(streamed_equals_in_memory)
+{
+    setup();
+    CHECK(make_deep());
+    const char *fmts[] = {"bf16", "q4"};
+    for (int f = 0; f < 2; f++) {
+        CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/m-%s --weights-dtype %s " DEEP_ARGS
+                    " > %s/o-m 2>&1", ft_test_bin(), deep, tmp, tmp, fmts[f], fmts[f], tmp) == 0);
+        CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/s-%s --weights-dtype %s " DEEP_ARGS
+                    " --policy w=0,0,100 --disk-dir %s/disk-%s > %s/o-s 2>&1", ft_test_bin(), deep, tmp, tmp, fmts[f],
+                    fmts[f], tmp, fmts[f], tmp) == 0);
+        /* 3 steps x 2 micro-batches over 5 layers with two slot buffers:
+         * 5 reads for the first forward, then 3 per pass each way (the two
+         * layers at the turn are still in the slots): 5 + 3 + 5 x 6 */
+        CHECK(ft_file_has(tmp, "o-s", "offload: 38 layer fetches"));
+        CHECK_MSG(ft_sh("cmp -s %s/m-%s/adapter_model.safetensors %s/s-%s/adapter_model.safetensors", tmp, fmts[f],
+                        tmp, fmts[f]) == 0, "%s: the streamed run's adapter differs", fmts[f]);
+    }
+    /* a third of the layers resident, the rest on disk; a memory budget */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/s-mix --weights-dtype q4 " DEEP_ARGS
+                " --policy w=40,0,60 --disk-dir %s/disk-q4 --memory 256M > %s/o-x 2>&1", ft_test_bin(), deep, tmp, tmp,
+                tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/m-q4/adapter_model.safetensors %s/s-mix/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "o-x", "memory: budget 256.0 MiB"));
+}
+
+/* saved activations (mem, disk; lossless) give recompute's adapter byte
+ * for byte; q8 trains (a little differently) and says so */
+/* a mixture of experts whose experts the scheduler streams on demand
+ * (policy w=0,0,100), with saved activations: the in-memory adapter */
+TEST(moe_streamed_equals_in_memory)
+{
+    setup();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/moe-m " FT_ARGS " > %s/moe-m.out 2>&1",
+                ft_test_bin(), moe, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/moe-s " FT_ARGS " --policy w=0,0,100 --disk-dir "
+                "%s/moe-disk --activations disk > %s/moe-s.out 2>&1", ft_test_bin(), moe, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "moe-s.out", "offload: "));
+    CHECK(ft_file_has(tmp, "moe-s.out", "activations: saved to file:"));
+    CHECK_MSG(ft_sh("cmp -s %s/moe-m/adapter_model.safetensors %s/moe-s/adapter_model.safetensors", tmp, tmp) == 0,
+              "the streamed MoE run's adapter differs");
+}
+
+TEST(saved_activations_equal_recompute)
+{
+    setup();
+    CHECK(make_deep());
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/r " DEEP_ARGS " > %s/o-r 2>&1", ft_test_bin(), deep,
+                tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/am " DEEP_ARGS " --activations mem > %s/o-am 2>&1",
+                ft_test_bin(), deep, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "o-am", "activations: saved to mem: (lossless)"));
+    CHECK(ft_sh("cmp -s %s/r/adapter_model.safetensors %s/am/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/ad " DEEP_ARGS " --activations disk --disk-dir "
+                "%s/actd --activations-codec raw > %s/o-ad 2>&1", ft_test_bin(), deep, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/r/adapter_model.safetensors %s/ad/adapter_model.safetensors", tmp, tmp) == 0);
+    /* nothing left behind in the directory */
+    CHECK(ft_sh("test -z \"$(find %s/actd -type f)\"", tmp) == 0);
+    /* weights streamed and activations on disk together */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/as " DEEP_ARGS " --activations disk --policy "
+                "w=0,0,100 --disk-dir %s/both > %s/o-as 2>&1", ft_test_bin(), deep, tmp, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/r/adapter_model.safetensors %s/as/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/aq " DEEP_ARGS " --activations mem "
+                "--activations-codec q8 > %s/o-aq 2>&1", ft_test_bin(), deep, tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "o-aq", "(q8)"));
+    CHECK(ft_file_has(tmp, "o-aq", "step 3/3 loss"));
+    CHECK(ft_sh("cmp -s %s/r/adapter_model.safetensors %s/aq/adapter_model.safetensors", tmp, tmp) != 0);
+    /* lora_dropout: the backward makes the forward's masks again, saved or recomputed */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dr " DEEP_ARGS " --dropout 0.3 > %s/o-dr 2>&1",
+                ft_test_bin(), deep, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/dm " DEEP_ARGS " --dropout 0.3 --activations mem "
+                "> %s/o-dm 2>&1", ft_test_bin(), deep, tmp, tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/dr/adapter_model.safetensors %s/dm/adapter_model.safetensors", tmp, tmp) == 0);
+    CHECK(ft_sh("cmp -s %s/r/adapter_model.safetensors %s/dr/adapter_model.safetensors", tmp, tmp) != 0);
+}
+
 static void fails(int want_rc, const char *args, const char *needle)
 {
     int rc = ft_sh("%s %s > %s/err 2>&1", ft_test_bin(), args, tmp);
@@ -226,8 +328,8 @@ TEST(finetune_errors)
     fails(2, a, "fc3");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,fc1", model, tmp, tmp);
     fails(1, a, "fc1 is an OPT module name");
-    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", model, tmp, tmp);
-    fails(1, a, "dropout");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 1", model, tmp, tmp);
+    fails(2, a, "--dropout");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,up_proj", moe, tmp, tmp);
@@ -248,6 +350,25 @@ TEST(finetune_errors)
     fails(2, a, "--dtype");
     snprintf(a, sizeof a, "export --model %s --merge-lora %s/nonexistent --out %s/merged", model, tmp, tmp);
     fails(1, a, "adapter_config.json");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --activations disk", model, tmp, tmp);
+    fails(2, a, "--disk-dir");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --activations remote", model, tmp, tmp);
+    fails(2, a, "--remote");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --activations gpu", model, tmp, tmp);
+    fails(2, a, "recompute, mem, disk or remote");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --activations-codec q8", model, tmp, tmp);
+    fails(2, a, "needs saved activations");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --activations mem --activations-codec q2",
+             model, tmp, tmp);
+    fails(2, a, "lossless, raw or q8");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --device cuda", model, tmp, tmp);
+    fails(2, a, "not implemented for finetune");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --policy w=0,0,100", model, tmp, tmp);
+    fails(1, a, "disk");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --memory 1M", model, tmp, tmp);
+    fails(1, a, "memory budget");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --lora %s/ad", model, tmp, tmp, tmp);
+    fails(2, a, "--init DIR");
     snprintf(a, sizeof a, "run --model %s --lora %s/nonexistent --prompt hi", model, tmp);
     fails(1, a, "adapter_config.json");
 }
