@@ -15,6 +15,7 @@ const char ft_cli_dp_usage[] =
     "    --dp-token-file F the ranks' shared token (default $FLEXTIER_TOKEN_FILE): every\n"
     "                      connection proves it (the memory node's handshake); without one\n"
     "                      the addresses must be loopback unless --dp-insecure\n"
+    "    --dp-insecure     no token, other addresses: anyone who reaches a rank's port can join\n"
     "    --dp-timeout S    wait S s for the ranks to join; a rank silent for S s is dead and\n"
     "                      every rank stops with an error (default 60)\n";
 
