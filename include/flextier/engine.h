@@ -534,12 +534,22 @@ FT_API void ft_lora_free(ft_lora *l);                   /* NULL ok */
 /* Add one adapted projection. module: its Hugging Face module path, as
  * PEFT's keys name it without "base_model.model." and ".lora_A.weight"
  * ("model.layers.3.self_attn.q_proj", OPT "model.decoder.layers.0.fc1"):
- * module + ".weight" must be one of the model's q/k/v/o or MLP matrices.
- * A is [rank][in], B [out][rank] (row-major f32, copied) with in/out the
- * projection's. FT_ERR_UNSUPPORTED for a module that is not such a matrix
- * of this model (fused, expert and router projections included),
+ * module + ".weight" must be one of the model's q/k/v/o or MLP matrices,
+ * or one expert's (transformers 4's "model.layers.3.block_sparse_moe.
+ * experts.5.w1"). A is [rank][in], B [out][rank] (row-major f32, copied)
+ * with in/out the projection's. FT_ERR_UNSUPPORTED for a module that is
+ * not such a matrix of this model (fused and router projections included),
  * FT_ERR_INVALID_ARG for a rank < 1, a non-finite scale or value. */
 FT_API ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, const float *A, const float *B);
+/* LoRA on the fused expert parameters of layer L's mixture of experts
+ * (module "model.layers.L.mlp.experts"; PEFT's target_parameters on
+ * transformers 5's gate_up_proj [E, 2F, H] or down_proj [E, H, F], told
+ * apart by in x out): A [E rank][in], B [out][E rank] in PEFT's layout
+ * (expert e's A rows e rank .. e rank + rank - 1, its B column j at
+ * j E + e); W_e + scale B_e A_e per expert, applied as the experts' own
+ * entries (gate_up: gate rows [0, F), up rows [F, 2F)). */
+FT_API ft_status ft_lora_add_experts(ft_lora *l, const char *module, int rank, int n_experts, int in, int out,
+                                     float scale, const float *A, const float *B);
 /* The projection's shape: *out x *in, or FT_ERR_UNSUPPORTED as ft_lora_add. */
 FT_API ft_status ft_lora_module_shape(const ft_lora *l, const char *module, int *out, int *in);
 /* Adapted projections added; the bytes of A and B held. */

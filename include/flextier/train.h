@@ -31,15 +31,20 @@ extern "C" {
 
 /* Target modules (PEFT names), a bit mask: the llama family's, then
  * OPT's out_proj, fc1, fc2 (q/k/v_proj are shared), phi3's qkv_proj and
- * gate_up_proj (o_proj, down_proj shared). FT_LORA_ALL ("all")
- * means every projection of the model's family. */
+ * gate_up_proj (o_proj, down_proj shared), then the experts of the
+ * mixtures of experts (transformers 5's fused expert parameters, PEFT's
+ * target_parameters gate_up_proj and down_proj: "experts.gate_up_proj",
+ * "experts.down_proj"; on an MoE model gate_up_proj and down_proj mean
+ * these). FT_LORA_ALL ("all") means every projection of the model's
+ * family (MoE: q/k/v/o and the experts). */
 enum {
     FT_LORA_Q = 1, FT_LORA_K = 2, FT_LORA_V = 4, FT_LORA_O = 8,
     FT_LORA_GATE = 16, FT_LORA_UP = 32, FT_LORA_DOWN = 64,
     FT_LORA_ALL = 127,
     FT_LORA_OUT = 128, FT_LORA_FC1 = 256, FT_LORA_FC2 = 512,
     FT_LORA_QKV = 1024, FT_LORA_GATE_UP = 2048,   /* phi3's fused projections */
-    FT_LORA_ANY = 4095
+    FT_LORA_EXP_GATE_UP = 4096, FT_LORA_EXP_DOWN = 8192,   /* the MoE experts' (target_parameters) */
+    FT_LORA_ANY = 16383
 };
 /* "q_proj" -> FT_LORA_Q; 0 if unknown. */
 FT_API unsigned ft_lora_target_bit(const char *name);
@@ -220,6 +225,8 @@ typedef struct ft_peft_module {
     char module[256];
     int rank, in, out;
     float *A, *B;
+    int experts;   /* > 0: LoRA on an MoE layer's fused expert parameter (PEFT's target_parameters;
+                      module "model.layers.L.mlp.experts"): A [experts rank][in], B [out][experts rank] */
 } ft_peft_module;
 typedef struct ft_peft_adapter {
     int rank;

@@ -1182,8 +1182,12 @@ static ft_status cpu_moe(void *b, ft_gbuf outb, ft_gbuf inb, int rows, const voi
             memcpy(c->moe_x + (size_t)i * H, in + (size_t)c->moe_grow[a + i] * H, (size_t)H * sizeof(float));
         if ((st = linear_ctx(c, c->h1, c->moe_x, n, g, NULL)) || (st = linear_ctx(c, c->h2, c->moe_x, n, u, NULL)))
             return st;
+        if (c->lora && ((st = apply_lora(c, c->h1, c->moe_x, n, LW_EXPERT(e, LW_EXP_GATE))) ||
+                        (st = apply_lora(c, c->h2, c->moe_x, n, LW_EXPERT(e, LW_EXP_UP)))))
+            return st;   /* the experts' adapters (ft_lora_add_experts) */
         ft_k_silu_mul(c->h1, c->h2, n * F);
         if ((st = linear_ctx(c, c->moe_y, c->h1, n, d, NULL))) return st;
+        if (c->lora && (st = apply_lora(c, c->moe_y, c->h1, n, LW_EXPERT(e, LW_EXP_DOWN)))) return st;
         for (int i = 0; i < n; i++) {
             float wt = c->moe_gwt[a + i];
             float *o = out + (size_t)c->moe_grow[a + i] * H;

@@ -1,7 +1,9 @@
 /* LoRA adapters applied in the forward pass, unmerged (engine.h, ft_lora):
  * a set of (layer, projection slot, rank, scale, A, B) entries, indexed
  * per layer and slot in the order they were added. The CPU backend's
- * linear op (forward.c) adds each entry's scale * B (A x) after W x + b. */
+ * linear op (forward.c) adds each entry's scale * B (A x) after W x + b;
+ * its mixture of experts the entries of expert slots (LW_EXPERT(e, k))
+ * after each expert's gate, up and down products. */
 #include "engine_internal.h"
 #include "lora.h"
 
@@ -18,14 +20,15 @@ ft_status ft_lora_create(const ft_model *m, ft_lora **out)
 {
     if (!m || !out) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
     ft_lora *l = calloc(1, sizeof *l);
-    int nl = m->cfg.n_layers;
-    if (l) l->head = malloc((size_t)nl * LW_COUNT * sizeof *l->head);
+    int nl = m->cfg.n_layers, ns = LW_COUNT + 3 * m->cfg.n_experts;
+    if (l) l->head = malloc((size_t)nl * (size_t)ns * sizeof *l->head);
     if (!l || !l->head) {
         if (l) free(l);
         return ft_set_error(FT_ERR_NOMEM, "lora: allocation");
     }
-    for (size_t i = 0; i < (size_t)nl * LW_COUNT; i++) l->head[i] = -1;
+    for (size_t i = 0; i < (size_t)nl * (size_t)ns; i++) l->head[i] = -1;
     l->m = m;
+    l->nslots = ns;
     *out = l;
     return FT_OK;
 }
@@ -43,7 +46,9 @@ void ft_lora_free(ft_lora *l)
 }
 
 /* "model.layers.3.self_attn.q_proj" -> layer 3, LW_Q, through the
- * architecture's tensor names (module + ".weight" must be one of them) */
+ * architecture's tensor names (module + ".weight" must be one of them);
+ * an expert's own projection (transformers 4's per-expert modules,
+ * "model.layers.3.block_sparse_moe.experts.5.w1") -> its expert slot */
 static int find_module(const ft_model *m, const char *module, int *layer, int *slot)
 {
     const char *p = strstr(module, "layers.");
@@ -68,22 +73,19 @@ static int find_module(const ft_model *m, const char *module, int *layer, int *s
             return 1;
         }
     }
+    for (int s = LW_COUNT; m->cfg.n_experts && m->cfg.layer_moe[L] && s < LW_COUNT + 3 * m->cfg.n_experts; s++)
+        if (m->arch->layer_name(&m->cfg, (int)L, s, name, sizeof name) && !strcmp(name, want)) {
+            *layer = (int)L;
+            *slot = s;
+            return 1;
+        }
     return 0;
 }
 
-ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, const float *A, const float *B)
+/* one entry (A rank x in, B out x rank, copied) at (layer, slot) */
+static ft_status add_entry(ft_lora *l, const char *module, int layer, int slot, int rank, int in, int out,
+                           float scale, const float *A, const float *B)
 {
-    if (!l || !module || !A || !B) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
-    if (rank < 1 || rank > 65536) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: rank %d", module, rank);
-    if (!isfinite(scale)) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: scale is not finite", module);
-    int layer = -1, slot = -1;
-    if (!find_module(l->m, module, &layer, &slot))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
-                            "change (its own q/k/v/o or MLP matrix; fused, expert and router projections are not "
-                            "implemented)", module, l->m->cfg.model_type);
-    int64_t sh[2];
-    ft_layer_shape(&l->m->cfg, slot, sh);
-    int out = (int)sh[0], in = (int)sh[1];
     size_t na = (size_t)rank * (size_t)in, nb = (size_t)out * (size_t)rank;
     for (size_t i = 0; i < na; i++)
         if (!isfinite(A[i])) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: lora_A holds a non-finite value", module);
@@ -115,7 +117,7 @@ ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, con
     e->scale = scale;
     e->next = -1;
     /* append to the (layer, slot) chain: the order of addition */
-    int *pp = &l->head[(size_t)layer * LW_COUNT + (size_t)slot];
+    int *pp = &l->head[(size_t)layer * (size_t)l->nslots + (size_t)slot];
     while (*pp >= 0) pp = &l->e[*pp].next;
     *pp = (int)l->n;
     l->n++;
@@ -124,6 +126,76 @@ ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, con
     if (out > l->max_out) l->max_out = out;
     if (in > l->max_in) l->max_in = in;
     return FT_OK;
+}
+
+ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, const float *A, const float *B)
+{
+    if (!l || !module || !A || !B) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
+    if (rank < 1 || rank > 65536) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: rank %d", module, rank);
+    if (!isfinite(scale)) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: scale is not finite", module);
+    int layer = -1, slot = -1;
+    if (!find_module(l->m, module, &layer, &slot))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
+                            "change (its own q/k/v/o or MLP matrix, or an expert's; fused and router projections are not "
+                            "implemented)", module, l->m->cfg.model_type);
+    int64_t sh[2];
+    ft_layer_shape(&l->m->cfg, slot, sh);
+    return add_entry(l, module, layer, slot, rank, (int)sh[1], (int)sh[0], scale, A, B);
+}
+
+ft_status ft_lora_add_experts(ft_lora *l, const char *module, int rank, int n_experts, int in, int out, float scale,
+                              const float *A, const float *B)
+{
+    if (!l || !module || !A || !B) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
+    const ft_model_config *c = &l->m->cfg;
+    const char *p = strstr(module, "layers.");
+    char *end = NULL;
+    long L = p ? strtol(p + 7, &end, 10) : -1;
+    char want[512];
+    if (!p || end == p + 7 || L < 0 || L >= c->n_layers)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not the experts of a layer of this %s model", module,
+                            c->model_type);
+    snprintf(want, sizeof want, "model.layers.%ld.mlp.experts", L);
+    if (strcmp(module, want) && strcmp(module, want + 6))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s: LoRA on parameters (target_parameters) is implemented for "
+                            "the experts of a mixture of experts only (model.layers.L.mlp.experts)", module);
+    if (!c->n_experts || !c->layer_moe[L])
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s: layer %ld of this %s model has no experts", module, L,
+                            c->model_type);
+    if (c->shared_expert)
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s: expert adapters on %s (shared expert) are not implemented",
+                            module, c->model_type);
+    if (rank < 1 || rank > 65536 || n_experts != c->n_experts)
+        return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: %d experts of rank %d (the model has %d experts)", module,
+                            n_experts, rank, c->n_experts);
+    if (!isfinite(scale)) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: scale is not finite", module);
+    /* transformers 5's gate_up_proj [E, 2F, H] or down_proj [E, H, F], told by the shapes */
+    const int H = c->hidden, F = c->moe_ffn, E = n_experts;
+    int gu = in == H && out == 2 * F, dn = in == F && out == H;
+    if (gu == dn)
+        return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: lora_B x lora_A per expert is [%d, %d]: neither the "
+                            "experts' gate_up_proj [%d, %d] nor down_proj [%d, %d] (an adapter of another model?)",
+                            module, out, in, 2 * F, H, H, F);
+    float *Be = malloc((size_t)out * (size_t)rank * sizeof(float));
+    if (!Be) return ft_set_error(FT_ERR_NOMEM, "lora: %s: allocation", module);
+    ft_status st = FT_OK;
+    for (int e = 0; e < E && !st; e++) {
+        /* PEFT's layout: expert e's A rows e r .. e r + r - 1, its B column j at j E + e */
+        const float *Ae = A + (size_t)e * (size_t)rank * (size_t)in;
+        for (int o = 0; o < out; o++)
+            for (int j = 0; j < rank; j++)
+                Be[(size_t)o * (size_t)rank + (size_t)j] = B[(size_t)o * (size_t)E * (size_t)rank + (size_t)j * (size_t)E + (size_t)e];
+        if (dn) {
+            st = add_entry(l, module, (int)L, LW_EXPERT(e, LW_EXP_DOWN), rank, in, out, scale, Ae, Be);
+        } else {   /* gate rows [0, F), up rows [F, 2F) of the fused B, the same A */
+            st = add_entry(l, module, (int)L, LW_EXPERT(e, LW_EXP_GATE), rank, in, F, scale, Ae, Be);
+            if (!st)
+                st = add_entry(l, module, (int)L, LW_EXPERT(e, LW_EXP_UP), rank, in, F, scale, Ae,
+                               Be + (size_t)F * (size_t)rank);
+        }
+    }
+    free(Be);
+    return st;
 }
 
 size_t ft_lora_count(const ft_lora *l) { return l ? l->n : 0; }
@@ -135,7 +207,7 @@ ft_status ft_lora_module_shape(const ft_lora *l, const char *module, int *out, i
     int layer, slot;
     if (!find_module(l->m, module, &layer, &slot))
         return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
-                            "change (its own q/k/v/o or MLP matrix; fused, expert and router projections are not "
+                            "change (its own q/k/v/o or MLP matrix, or an expert's; fused and router projections are not "
                             "implemented)", module, l->m->cfg.model_type);
     int64_t sh[2];
     ft_layer_shape(&l->m->cfg, slot, sh);

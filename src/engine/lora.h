@@ -14,13 +14,14 @@ struct ft_lora {
     const ft_model *m;
     ft_lora_entry *e;
     size_t n, cap;
-    int *head;           /* [n_layers][LW_COUNT]: the first entry, -1 */
+    int *head;           /* [n_layers][nslots]: the first entry, -1 */
+    int nslots;          /* LW_COUNT + 3 n_experts (the experts' slots) */
     int max_rank, max_out, max_in;
     uint64_t bytes;
 };
 
 static inline int ft_lora_first(const ft_lora *l, int layer, int slot)
 {
-    return l && slot >= 0 && slot < LW_COUNT ? l->head[(size_t)layer * LW_COUNT + (size_t)slot] : -1;
+    return l && slot >= 0 && slot < l->nslots ? l->head[(size_t)layer * (size_t)l->nslots + (size_t)slot] : -1;
 }
 #endif

@@ -62,10 +62,20 @@ ft_status ft_trainer_save_adapter(const ft_trainer *t, const char *dir, const ch
     char dbuf[32];   /* 0.1, not the float's 0.10000000149 */
     snprintf(dbuf, sizeof dbuf, "%.7g", (double)p->dropout);
     json_object_object_add(o, "lora_dropout", json_object_new_double(strtod(dbuf, NULL)));
-    json_object *tm = json_object_new_array();
+    /* modules by name; the experts' fused parameters as PEFT's target_parameters */
+    json_object *tm = json_object_new_array(), *tp = json_object_new_array();
     for (int i = 0; ft_tr_target_name(i); i++)
-        if (p->targets & (1u << i)) json_object_array_add(tm, json_object_new_string(ft_tr_target_name(i)));
-    json_object_object_add(o, "target_modules", tm);
+        if (p->targets & (1u << i)) {
+            const char *tn = ft_tr_target_name(i);
+            if (!strncmp(tn, "experts.", 8)) json_object_array_add(tp, json_object_new_string(tn + 8));
+            else json_object_array_add(tm, json_object_new_string(tn));
+        }
+    if (json_object_array_length(tm)) json_object_object_add(o, "target_modules", tm);
+    else {
+        json_object_put(tm);
+        json_object_object_add(o, "target_modules", NULL);
+    }
+    json_object_object_add(o, "target_parameters", tp);
     json_object_object_add(o, "bias", json_object_new_string("none"));
     json_object_object_add(o, "fan_in_fan_out", json_object_new_boolean(0));
     json_object_object_add(o, "inference_mode", json_object_new_boolean(1));
@@ -166,7 +176,7 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
     }
     static const char *const off[] = {"use_rslora", "use_dora", "fan_in_fan_out", "modules_to_save",
                                       "layers_to_transform", "rank_pattern", "alpha_pattern", "layer_replication",
-                                      "trainable_token_indices", "lora_bias", "use_qalora", "target_parameters"};
+                                      "trainable_token_indices", "lora_bias", "use_qalora"};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
         if (!is_off(o, off[i])) {
             st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: %s is set (not implemented)", path, off[i]);
@@ -178,24 +188,48 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
         goto done;
     }
     unsigned mask = 0;
+    /* target_parameters (PEFT's LoRA on parameters): the MoE experts' fused
+     * gate_up_proj and down_proj, named by the parameter or a path ending in it */
+    json_object *tpv = NULL;
+    if (json_object_object_get_ex(o, "target_parameters", &tpv) && tpv) {
+        if (!json_object_is_type(tpv, json_type_array)) {
+            st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: target_parameters must be a list of names", path);
+            goto done;
+        }
+        for (size_t i = 0; i < json_object_array_length(tpv); i++) {
+            json_object *e = json_object_array_get_idx(tpv, i);
+            const char *nm = json_object_is_type(e, json_type_string) ? json_object_get_string(e) : NULL;
+            const char *dot = nm ? strrchr(nm, '.') : NULL, *last = dot ? dot + 1 : nm;
+            unsigned b = !last ? 0 : !strcmp(last, "gate_up_proj") ? FT_LORA_EXP_GATE_UP
+                       : !strcmp(last, "down_proj") ? FT_LORA_EXP_DOWN : 0;
+            if (!b) {
+                st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target parameter %s is not implemented (the "
+                                  "MoE experts' gate_up_proj and down_proj are)", path, json_object_to_json_string(e));
+                goto done;
+            }
+            mask |= b;
+        }
+    }
     if (fill == 2) {
+        p->targets = mask;   /* the experts' parameters adapted (their tensors' names tell which is which only with shapes) */
         if (json_object_object_get_ex(o, "target_modules", &v) && v && !json_object_is_type(v, json_type_array) &&
             !json_object_is_type(v, json_type_string))
             st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: target_modules must be a list of names or a string", path);
         goto done;
     }
-    if (!json_object_object_get_ex(o, "target_modules", &v) || !json_object_is_type(v, json_type_array)) {
+    if (!json_object_object_get_ex(o, "target_modules", &v) || !v) v = NULL;
+    if (v && !json_object_is_type(v, json_type_array)) {
         st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target_modules must be a list of module names", path);
         goto done;
     }
-    if (json_object_array_length(v) == 0) {
+    if ((!v || json_object_array_length(v) == 0) && !mask) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules is empty (no module to adapt)", path);
         goto done;
     }
-    for (size_t i = 0; i < json_object_array_length(v); i++) {
+    for (size_t i = 0; v && i < json_object_array_length(v); i++) {
         json_object *e = json_object_array_get_idx(v, i);
         unsigned b = json_object_is_type(e, json_type_string) ? ft_lora_target_bit(json_object_get_string(e)) : 0;
-        if (!b) {
+        if (!b || (b & (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN))) {   /* the experts are target_parameters */
             st = ft_set_error(FT_ERR_UNSUPPORTED, "adapter: %s: target module %s is not implemented", path,
                               json_object_to_json_string(e));
             goto done;
@@ -203,8 +237,14 @@ static ft_status check_config(ft_train_params *p, int fill, const char *dir)
         mask |= b;
     }
     if (fill) p->targets = mask;
-    if (mask != p->targets) st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules differ from the "
-                                              "trainer's", path);
+    if (mask != p->targets)
+        st = ft_set_error(FT_ERR_INVALID_ARG, "adapter: %s: target_modules%s differ from the trainer's%s", path,
+                          mask & (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN) ? " / target_parameters" : "",
+                          (mask & (FT_LORA_GATE | FT_LORA_UP | FT_LORA_DOWN)) &&
+                          (p->targets & (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN))
+                              ? " (on a mixture-of-experts model the experts are transformers 5's fused parameters, "
+                                "PEFT's target_parameters gate_up_proj / down_proj; per-expert modules of "
+                                "transformers 4 are not implemented)" : "");
 done:
     if (o) json_object_put(o);
     return st;
@@ -227,6 +267,28 @@ ft_status ft_trainer_load_adapter(ft_trainer *t, const char *dir)
         int64_t sh[2][2];
         if (!ft_tr_mod(t, k, an, bn, sizeof an, &P[0], &P[1], sh[0], sh[1])) continue;
         const char *nms[2] = {an, bn};
+        /* the experts' adapters: PEFT nests the wrappers of one module's
+         * parameters (the inner one's keys under base_layer.) in an order of its
+         * own; the other name is taken when this one is missing or of another shape */
+        char alt[2][160];
+        const char *bl = strstr(an, "experts.base_layer.");
+        if (strstr(an, ".mlp.experts.")) {
+            int here = 1, there = 1;   /* A and B both of the module's shapes (H = F: B tells) */
+            for (int j = 0; j < 2; j++) {
+                const char *kn = nms[j], *at = bl ? strstr(kn, "base_layer.") : strstr(kn, "experts.") + 8;
+                size_t pre = (size_t)(at - kn);
+                snprintf(alt[j], sizeof alt[j], "%.*s%s%s", (int)pre, kn, bl ? "" : "base_layer.", bl ? at + 11 : at);
+                ft_tensor x;
+                here = here && !ft_checkpoint_get(ck, kn, &x) && x.ndim == 2 && x.shape[0] == sh[j][0] &&
+                       x.shape[1] == sh[j][1];
+                there = there && !ft_checkpoint_get(ck, alt[j], &x) && x.ndim == 2 && x.shape[0] == sh[j][0] &&
+                        x.shape[1] == sh[j][1];
+            }
+            if (!here && there) {
+                nms[0] = alt[0];
+                nms[1] = alt[1];
+            }
+        }
         for (int j = 0; j < 2 && !st; j++) {
             ft_tensor x;
             st = ft_checkpoint_get(ck, nms[j], &x);
@@ -432,18 +494,32 @@ ft_status ft_peft_adapter_read(const char *dir, ft_peft_adapter **out)
         md->module[ml] = 0;
         char bn[600];
         snprintf(bn, sizeof bn, "%.*s.lora_B.weight", (int)(len - strlen(".lora_A.weight")), name);
-        if ((st = tensor_f32(ck, path, name, p.rank, -1, &md->A))) goto fail;
+        /* PEFT's LoRA on the experts' fused parameters (target_parameters):
+         * "<...>.mlp.experts" (or ".base_layer" under it: the wrapper of the other
+         * parameter nests it), A [E r][in], B [out][E r] */
+        int experts = 0;
+        if (p.targets && (ends_with(md->module, ".experts") || ends_with(md->module, ".experts.base_layer"))) {
+            experts = 1;
+            if (ends_with(md->module, ".base_layer")) md->module[ml - strlen(".base_layer")] = 0;
+        }
+        if ((st = tensor_f32(ck, path, name, experts ? -1 : p.rank, -1, &md->A))) goto fail;
         a->n++;   /* owns A now */
         ft_tensor ta;
         ft_checkpoint_get(ck, name, &ta);
+        if (experts && ta.shape[0] % p.rank) {
+            st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has %lld rows, not experts x r = %d", path, name,
+                              (long long)ta.shape[0], p.rank);
+            goto fail;
+        }
         md->rank = p.rank;
+        md->experts = experts ? (int)(ta.shape[0] / p.rank) : 0;
         md->in = (int)ta.shape[1];
         ft_tensor tb;
         if (ft_checkpoint_get(ck, bn, &tb)) {
             st = ft_set_error(FT_ERR_CORRUPT, "adapter: %s: %s has no %s", path, name, bn);
             goto fail;
         }
-        if ((st = tensor_f32(ck, path, bn, -1, p.rank, &md->B))) goto fail;
+        if ((st = tensor_f32(ck, path, bn, -1, (int)ta.shape[0], &md->B))) goto fail;
         md->out = (int)tb.shape[0];
     }
     if (!a->n) {
@@ -465,6 +541,11 @@ ft_status ft_peft_adapter_apply(const ft_peft_adapter *a, float user_scale, ft_l
     if (!isfinite(user_scale)) return ft_set_error(FT_ERR_INVALID_ARG, "adapter: the scale is not finite");
     for (size_t i = 0; i < a->n; i++) {
         const ft_peft_module *md = &a->mods[i];
+        if (md->experts) {
+            TRY(ft_lora_add_experts(l, md->module, md->rank, md->experts, md->in, md->out, a->scale * user_scale,
+                                    md->A, md->B));
+            continue;
+        }
         int out, in;
         TRY(ft_lora_module_shape(l, md->module, &out, &in));
         if (out != md->out || in != md->in)

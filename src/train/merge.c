@@ -29,7 +29,47 @@ typedef struct merge_ctx {
     size_t buf_i;
     int have;
     size_t *used;               /* per adapter: modules merged */
+    size_t *eoff;               /* per adapter: its modules' first index in eused / ekind */
+    size_t *eused;              /* per module: expert matrices merged into (target_parameters) */
+    int *ekind;                 /* per module: 1 gate_up, 2 down (found from the matrices' shapes) */
 } merge_ctx;
+
+/* "model.layers.L.<block>.experts.E.<proj>.weight" (a checkpoint's
+ * per-expert matrix: mixtral's w1 w3 w2, the others' gate_proj up_proj
+ * down_proj) -> layer, expert, kind (LW_EXP_GATE/UP/DOWN order: 0 gate,
+ * 1 up, 2 down); 0 if it is not one */
+static int expert_tensor(const char *name, int *layer, int *expert, int *kind)
+{
+    const char *p = strstr(name, "layers.");
+    if (!p) return 0;
+    char *end;
+    long L = strtol(p + 7, &end, 10);
+    if (end == p + 7 || L < 0 || L > 1000000 || *end != '.') return 0;
+    const char *q = strstr(end, ".experts.");
+    if (!q) return 0;
+    long e = strtol(q + 9, &end, 10);
+    if (end == q + 9 || e < 0 || e > 1000000 || *end != '.') return 0;
+    static const char *const pr[6] = {".w1.weight", ".w3.weight", ".w2.weight", ".gate_proj.weight", ".up_proj.weight",
+                                      ".down_proj.weight"};
+    for (int k = 0; k < 6; k++)
+        if (!strcmp(end, pr[k])) {
+            *layer = (int)L;
+            *expert = (int)e;
+            *kind = k % 3;
+            return 1;
+        }
+    return 0;
+}
+
+/* the layer of an experts module "model.layers.L.mlp.experts"; -1 */
+static int experts_layer(const char *module)
+{
+    const char *p = strstr(module, "layers.");
+    if (!p) return -1;
+    char *end;
+    long L = strtol(p + 7, &end, 10);
+    return end == p + 7 || L < 0 || L > 1000000 || strcmp(end, ".mlp.experts") ? -1 : (int)L;
+}
 
 static int is_float(ft_dtype d) { return d == FT_F32 || d == FT_BF16 || d == FT_F16; }
 
@@ -59,10 +99,33 @@ static ft_status build(merge_ctx *m, size_t i)
         return st;
     }
     size_t nl = strlen(m->names[i]);
+    int xl = -1, xe = -1, xk = -1, is_exp = x.ndim == 2 && expert_tensor(m->names[i], &xl, &xe, &xk);
     for (size_t k = 0; k < m->n_ads; k++) {
         const ft_peft_adapter *a = m->ads[k];
         for (size_t j = 0; j < a->n; j++) {
             const ft_peft_module *md = &a->mods[j];
+            if (md->experts) {
+                /* LoRA on the fused expert parameter (transformers 5): expert xe's
+                 * A rows, its B columns j E + e; gate_up's gate rows [0, F), up [F, 2F) */
+                const int rows = (int)x.shape[0], cols = (int)x.shape[1], E = md->experts, rk = md->rank;
+                if (!is_exp || xl != experts_layer(md->module) || xe >= E) continue;
+                int gu = xk != 2 && md->out == 2 * rows && md->in == cols, dn = xk == 2 && md->out == rows &&
+                                                                                  md->in == cols;
+                if (!gu && !dn) continue;
+                const int o0 = xk == 1 ? rows : 0;
+                const float s = a->scale * m->scales[k], *Ae = md->A + (size_t)xe * (size_t)rk * (size_t)md->in;
+                for (int o = 0; o < rows; o++) {
+                    float *wr = w + (size_t)o * (size_t)cols;
+                    for (int r = 0; r < rk; r++) {
+                        float b = md->B[(size_t)(o0 + o) * (size_t)E * (size_t)rk + (size_t)r * (size_t)E + (size_t)xe];
+                        const float *ar = Ae + (size_t)r * (size_t)cols;
+                        for (int c = 0; c < cols; c++) wr[c] += b * ar[c] * s;
+                    }
+                }
+                m->eused[m->eoff[k] + j]++;
+                m->ekind[m->eoff[k] + j] = gu ? 1 : 2;
+                continue;
+            }
             size_t ml = strlen(md->module);
             if (nl != ml + 7 || strncmp(m->names[i], md->module, ml) || strcmp(m->names[i] + ml, ".weight")) continue;
             if (x.ndim != 2 || x.shape[0] != md->out || x.shape[1] != md->in) {
@@ -162,7 +225,8 @@ ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *ada
     ft_status st = FT_OK;
     ft_checkpoint *ck = NULL;
     ft_peft_adapter **ads = calloc(n ? n : 1, sizeof *ads);
-    size_t *used = calloc(n ? n : 1, sizeof *used);
+    size_t *used = calloc(n ? n : 1, sizeof *used), *eoff = calloc(n ? n : 1, sizeof *eoff), *eused = NULL;
+    int *ekind = NULL;
     ft_named_tensor *nt = NULL;
     const char **names = NULL;
     ft_dtype *odt = NULL;
@@ -170,7 +234,7 @@ ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *ada
     memset(&mc, 0, sizeof mc);
     DIR *d = NULL;
     char path[4096], to[4096];
-    if (!ads || !used) {
+    if (!ads || !used || !eoff) {
         st = ft_set_error(FT_ERR_NOMEM, "merge: allocation");
         goto done;
     }
@@ -180,6 +244,14 @@ ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *ada
             goto done;
         }
         if ((st = ft_peft_adapter_read(adapters[k], &ads[k]))) goto done;
+        if (k + 1 < n) eoff[k + 1] = eoff[k] + ads[k]->n;
+    }
+    size_t n_mods = n ? eoff[n - 1] + ads[n - 1]->n : 0;
+    eused = calloc(n_mods ? n_mods : 1, sizeof *eused);
+    ekind = calloc(n_mods ? n_mods : 1, sizeof *ekind);
+    if (!eused || !ekind) {
+        st = ft_set_error(FT_ERR_NOMEM, "merge: allocation");
+        goto done;
     }
     if ((st = ft_checkpoint_open(model_dir, &ck))) goto done;
     size_t nt_n = ft_checkpoint_count(ck);
@@ -209,20 +281,31 @@ ft_status ft_lora_merge_checkpoint(const char *model_dir, const char *const *ada
     mc.scales = scales;
     mc.n_ads = n;
     mc.used = used;
+    mc.eoff = eoff;
+    mc.eused = eused;
+    mc.ekind = ekind;
     if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", out_dir) >= sizeof path) {
         st = ft_set_error(FT_ERR_INVALID_ARG, "merge: path too long");
         goto done;
     }
     static const char *const meta[] = {"format", "pt", NULL};
     if ((st = ft_safetensors_write_stream(path, nt, nt_n, meta, fill, &mc))) goto done;
-    for (size_t k = 0; k < n; k++)
-        if (used[k] != ads[k]->n) {
+    for (size_t k = 0; k < n; k++) {
+        size_t plain = 0, bad = 0;   /* expert modules: every expert's matrices (gate_up: gate and up) */
+        for (size_t j = 0; j < ads[k]->n; j++) {
+            const ft_peft_module *md = &ads[k]->mods[j];
+            const size_t q = eoff[k] + j;
+            if (!md->experts) plain++;
+            else bad += !ekind[q] || eused[q] != (size_t)md->experts * (ekind[q] == 1 ? 2u : 1u);
+        }
+        if (used[k] != plain || bad) {
             st = ft_set_error(FT_ERR_INVALID_ARG, "merge: adapter %s: %zu of its %zu modules have no weight in %s "
-                              "(an adapter of another model?)", adapters[k], ads[k]->n - used[k], ads[k]->n,
+                              "(an adapter of another model?)", adapters[k], plain - used[k] + bad, ads[k]->n,
                               model_dir);
             remove(path);
             goto done;
         }
+    }
     /* the other files: config (dtype updated), tokenizer, generation config, ... */
     if (!(d = opendir(model_dir))) {
         st = ft_set_error(FT_ERR_IO, "merge: cannot list %s: %s", model_dir, strerror(errno));
@@ -257,6 +340,9 @@ done:
     for (size_t k = 0; ads && k < n; k++) ft_peft_adapter_free(ads[k]);
     free(ads);
     free(used);
+    free(eoff);
+    free(eused);
+    free(ekind);
     free(nt);
     free(names);
     free(odt);

@@ -23,9 +23,10 @@
 static const char *const tname[NT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 /* every PEFT name by its bit (FT_LORA_*): the llama names, then OPT's
  * out_proj, fc1, fc2 (its o_proj, up_proj, down_proj slots) */
-#define NB_NAMES 12
+#define NB_NAMES 14
 static const char *const bitname[NB_NAMES] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                              "down_proj", "out_proj", "fc1", "fc2", "qkv_proj", "gate_up_proj"};
+                                              "down_proj", "out_proj", "fc1", "fc2", "qkv_proj", "gate_up_proj",
+                                              "experts.gate_up_proj", "experts.down_proj"};
 static const char *const opt_tname[NT] = {"q_proj", "k_proj", "v_proj", "out_proj", NULL, "fc1", "fc2"};
 static const int tslot[NT] = {LW_Q, LW_K, LW_V, LW_O, LW_GATE, LW_UP, LW_DOWN};
 static const int tbias[NT] = {LW_QB, LW_KB, LW_VB, LW_OB, LW_GATE_B, LW_UP_B, LW_DOWN_B};
@@ -33,8 +34,13 @@ enum { TQ, TK, TV, TO, TG, TU, TD };
 
 /* one adapted projection; phi3's fused qkv_proj / gate_up_proj are one
  * LoRA whose B is sliced by rows: the k/v (up) parts share the q (gate)
- * part's A (shared = 1) and use the next rows of its B (fused_out rows) */
-typedef struct lmod { int on, in, out, shared, fused_out; size_t a, b; } lmod;
+ * part's A (shared = 1) and use the next rows of its B (fused_out rows).
+ * The experts of an MoE layer (ne = the number of experts): the gate
+ * slot holds PEFT's LoRA on the fused parameter gate_up_proj
+ * [E, 2F, H], the down slot on down_proj [E, H, F], in PEFT's layout:
+ * A [E * r][in] (expert e's rows e r .. e r + r - 1), B [out][E * r]
+ * (expert e's column j at j E + e); out = 2F (fused_out) for gate_up. */
+typedef struct lmod { int on, in, out, shared, fused_out, ne; size_t a, b; } lmod;
 
 /* rows of a frozen matrix transposed per task (W^T dy) */
 enum { WT_B = 16 };
@@ -69,6 +75,10 @@ struct ft_trainer {
     float *nw;               /* (1 + w) norm weights (gemma)                */
     /* mixture of experts (frozen): routes and one expert's rows at a time */
     float *mprob, *mwt, *mgwt, *mx, *mg, *mu, *mmx, *my, *mdy, *mdm, *mdg, *mdu, *mdx, *mdw, *mdl;
+    /* LoRA on the experts: A x of gate_up and down (rows x r), B x of one
+     * expert (rows x max(2F, H)), its B gathered (max(2F, H) x r), B^T,
+     * dB, dt (rows x r) */
+    float *mtg, *mtd, *meu, *meb, *mebt, *megb, *medt;
     int *midx, *mstart, *mgrow;
     float *tl[NT], *dt;
     float *dx, *dx2, *dh, *dq, *dk, *dv, *datt, *dgt, *dup, *dmm;
@@ -277,7 +287,8 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     unsigned on = 0, want = p->targets;
     if (is_opt) {
         if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2;
-        unsigned bad = want & (FT_LORA_O | FT_LORA_GATE | FT_LORA_UP | FT_LORA_DOWN);
+        unsigned bad = want & (FT_LORA_O | FT_LORA_GATE | FT_LORA_UP | FT_LORA_DOWN | FT_LORA_EXP_GATE_UP |
+                               FT_LORA_EXP_DOWN);
         for (int i = 0; bad && i < NB_NAMES; i++)
             if (bad & (1u << i))
                 return ft_set_error(FT_ERR_INVALID_ARG, "train: OPT has no module %s (its PEFT names: q_proj k_proj "
@@ -293,22 +304,42 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
                                     "names: qkv_proj o_proj gate_up_proj down_proj)", bitname[i]);
         on = (want & FT_LORA_QKV ? 7u : 0) | (want & FT_LORA_O) | (want & FT_LORA_GATE_UP ? 3u << TG : 0) |
              (want & FT_LORA_DOWN);
-    } else if (c->n_experts) {   /* LoRA on the attention projections; the experts stay frozen */
-        if (want == FT_LORA_ALL) want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O;
-        unsigned bad = want & ~(unsigned)(FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O);
+    } else if (c->n_experts) {
+        /* the attention projections, and the experts as transformers 5 keeps them (one fused parameter
+         * gate_up_proj [E, 2F, H] and down_proj [E, H, F] per layer) and PEFT adapts them
+         * (target_parameters); the router stays frozen, dense layers' MLPs too */
+        if (c->shared_expert)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "train: %s's shared expert (shared_expert, shared_expert_gate) "
+                                "is not implemented for training", c->model_type);
+        if (want == FT_LORA_ALL)
+            want = FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O | FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN;
+        if (want & FT_LORA_GATE_UP) want = (want & ~(unsigned)FT_LORA_GATE_UP) | FT_LORA_EXP_GATE_UP;
+        if (want & FT_LORA_DOWN) want = (want & ~(unsigned)FT_LORA_DOWN) | FT_LORA_EXP_DOWN;
+        unsigned bad = want & ~(unsigned)(FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O | FT_LORA_EXP_GATE_UP |
+                                          FT_LORA_EXP_DOWN);
         for (int i = 0; bad && i < NB_NAMES; i++)
             if (bad & (1u << i))
-                return ft_set_error(FT_ERR_UNSUPPORTED, "train: %s on the mixture-of-experts model '%s': LoRA on "
-                                    "its MLPs (the experts) is not implemented; targets: q_proj k_proj v_proj "
-                                    "o_proj (or all)", bitname[i], c->model_type);
-        on = want;
+                return ft_set_error(i == 4 || i == 5 ? FT_ERR_UNSUPPORTED : FT_ERR_INVALID_ARG,
+                                    "train: %s on the mixture-of-experts model '%s': %s; targets: q_proj k_proj "
+                                    "v_proj o_proj, the experts' gate_up_proj down_proj (PEFT's target_parameters), "
+                                    "or all", bitname[i], c->model_type,
+                                    i == 4 || i == 5 ? "transformers 5 keeps the experts' gate and up projections as "
+                                    "one fused parameter, gate_up_proj (separate gate/up adapters per expert, "
+                                    "transformers 4's form, are not implemented)" : "no such module");
+        if ((want & (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN)) && p->dropout > 0.0f)
+            return ft_set_error(FT_ERR_UNSUPPORTED, "train: lora dropout with LoRA on the experts (PEFT's "
+                                "target_parameters have no dropout: its ParamWrapper refuses lora_dropout != 0); with dropout, "
+                                "target the attention only: q_proj,k_proj,v_proj,o_proj");
+        on = (want & (FT_LORA_Q | FT_LORA_K | FT_LORA_V | FT_LORA_O)) | (want & FT_LORA_EXP_GATE_UP ? 1u << TG : 0) |
+             (want & FT_LORA_EXP_DOWN ? 1u << TD : 0);
     } else {
-        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2 | FT_LORA_QKV | FT_LORA_GATE_UP);
+        unsigned bad = want & (FT_LORA_OUT | FT_LORA_FC1 | FT_LORA_FC2 | FT_LORA_QKV | FT_LORA_GATE_UP |
+                               FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN);
         for (int i = 0; bad && i < NB_NAMES; i++)
             if (bad & (1u << i))
-                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is an %s module name; this %s model's are q_proj "
+                return ft_set_error(FT_ERR_INVALID_ARG, "train: %s is %s module name; this %s model's are q_proj "
                                     "k_proj v_proj o_proj gate_proj up_proj down_proj", bitname[i],
-                                    i >= 10 ? "phi3" : "OPT", c->model_type);
+                                    i >= 12 ? "a mixture-of-experts" : i >= 10 ? "a phi3" : "an OPT", c->model_type);
         on = want;
     }
     int ext = !ft_model_layers_loaded(m);
@@ -352,14 +383,30 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
     for (int l = 0; l < c->n_layers; l++)
         for (int i = 0; i < NT; i++) {
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
-            if (no_mod(c, l, i)) continue;
+            if (is_opt && i == TG) continue;
+            if (c->n_experts && c->layer_moe[l] && i >= TG) {   /* the experts' fused parameters */
+                if (i == TU) continue;
+                const size_t E = (size_t)c->n_experts;
+                md->ne = c->n_experts;
+                md->in = i == TG ? c->hidden : c->moe_ffn;
+                md->out = i == TG ? c->moe_ffn : c->hidden;
+                md->fused_out = i == TG ? 2 * c->moe_ffn : 0;
+                if (!(on & (1u << i))) continue;
+                md->on = 1;
+                md->a = np;
+                np += E * (size_t)p->rank * (size_t)md->in;
+                md->b = np;
+                np += (size_t)(md->fused_out ? md->fused_out : md->out) * E * (size_t)p->rank;
+                continue;
+            }
             mod_shape(c, i, &md->in, &md->out);
             if (!ext) {
                 const ft_wmat *W = wmat(ft_model_layer(m, l), tslot[i]);
                 md->in = W->cols;
                 md->out = W->rows;
             }
-            if (!(on & (1u << i))) continue;
+            /* a dense layer of an MoE model: PEFT's target_parameters adapt the experts only */
+            if (!(on & (1u << i)) || (c->n_experts && i >= TG)) continue;
             md->on = 1;
             if (is_phi3 && (i == TK || i == TV || i == TU)) {   /* later rows of the fused B */
                 const lmod *prev = md - 1;
@@ -401,7 +448,7 @@ ft_status ft_trainer_create(const ft_model *m, const ft_train_params *p, ft_trai
             lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
             if (!md->on || md->shared) continue;
             float bound = 1.0f / sqrtf((float)md->in);
-            for (size_t j = 0; j < (size_t)p->rank * (size_t)md->in; j++) {
+            for (size_t j = 0; j < (size_t)(md->ne ? md->ne : 1) * (size_t)p->rank * (size_t)md->in; j++) {
                 float u = (float)(splitmix(&s) >> 40) * (1.0f / 16777216.0f);
                 t->w[md->a + j] = (2.0f * u - 1.0f) * bound;
             }
@@ -443,7 +490,8 @@ static void free_ws(ft_trainer *t)
                    &t->P, &t->dt, &t->dx, &t->dx2, &t->dh, &t->dq, &t->dk, &t->dv, &t->datt, &t->dgt, &t->dup,
                    &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
-                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd};
+                   &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd, &t->mtg, &t->mtd, &t->meu,
+                   &t->meb, &t->mebt, &t->megb, &t->medt};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -553,11 +601,15 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
         t->mx = fz(r * H); t->my = fz(r * H); t->mdy = fz(r * H); t->mdx = fz(r * H);
         t->mg = fz(r * F); t->mu = fz(r * F); t->mmx = fz(r * F); t->mdm = fz(r * F); t->mdg = fz(r * F);
         t->mdu = fz(r * F);
+        const size_t ow = 2 * F > H ? 2 * F : H, rk = (size_t)t->p.rank;
+        t->mtg = fz(r * rk); t->mtd = fz(r * rk); t->medt = fz(r * rk);
+        t->meu = fz(r * ow); t->meb = fz(ow * rk); t->mebt = fz(ow * rk); t->megb = fz(ow * rk);
         t->midx = calloc(r * K, sizeof(int));
         t->mgrow = calloc(r * K, sizeof(int));
         t->mstart = calloc(E + 1, sizeof(int));
         if (!t->mprob || !t->mdl || !t->mwt || !t->mgwt || !t->mdw || !t->mx || !t->my || !t->mdy || !t->mdx ||
-            !t->mg || !t->mu || !t->mmx || !t->mdm || !t->mdg || !t->mdu || !t->midx || !t->mgrow || !t->mstart) {
+            !t->mg || !t->mu || !t->mmx || !t->mdm || !t->mdg || !t->mdu || !t->midx || !t->mgrow || !t->mstart ||
+            !t->mtg || !t->mtd || !t->medt || !t->meu || !t->meb || !t->mebt || !t->megb) {
             free_ws(t);
             return ft_set_error(FT_ERR_NOMEM, "train: out of memory for the experts' activations");
         }
@@ -629,6 +681,13 @@ uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, i
         np += rk * (uint64_t)(in + out);
     }
     np *= L;
+    /* the experts' adapters (PEFT's target_parameters) on each sparse layer */
+    uint64_t nsparse = 0;
+    for (int l = 0; E && l < c->n_layers; l++) nsparse += c->layer_moe[l] ? 1 : 0;
+    if (E && (p->targets == FT_LORA_ALL || (p->targets & (FT_LORA_GATE_UP | FT_LORA_EXP_GATE_UP))))
+        np += nsparse * E * rk * (H + 2 * F);
+    if (E && (p->targets == FT_LORA_ALL || (p->targets & (FT_LORA_DOWN | FT_LORA_EXP_DOWN))))
+        np += nsparse * E * rk * (F + H);
     uint64_t f = (p->grad_accum > 1 ? 5 : 4) * np;
     /* the layers' inputs, one layer's activations and gradients */
     const int post = c->arch == FT_ARCH_OPT && !c->do_layer_norm_before;
@@ -640,7 +699,11 @@ uint64_t ft_trainer_memory(const ft_model_config *c, const ft_train_params *p, i
     f += 2 * rk * wide + wide + kw;
     f += (uint64_t)nb * (uint64_t)c->n_heads * (uint64_t)T * (uint64_t)T;
     f += (NT + 1) * r * rk + 4 * (uint64_t)T * half + r * (vc + 64) + 5 * r;
-    if (E) f += r * (2 * E + 6 * K + 4 * H + 6 * F) + E + 1;
+    if (E) {
+        const uint64_t ow = 2 * F > H ? 2 * F : H;
+        f += r * (2 * E + 6 * K + 4 * H + 6 * F) + E + 1;
+        f += 3 * r * rk + r * ow + 3 * ow * rk;   /* the experts' adapters: A x, B x, B_e, B_e^T, dB_e */
+    }
     uint64_t maxc = H > I ? H : I;
     if (qw > maxc) maxc = qw;
     if (F > maxc) maxc = F;
@@ -1029,19 +1092,102 @@ static void qk_norm_bwd(ft_trainer *t, const ft_layer_weights *lw, int R)
 
 static int moe_layer(const ft_trainer *t, int l) { return t->cfg.n_experts && t->cfg.layer_moe[l]; }
 
-/* expert e's SwiGLU on its n gathered rows (t->mx): t->mg, mu, mm, my */
-static ft_status expert_fwd(ft_trainer *t, const ft_layer_weights *lw, int e, int n)
+/* expert e's B of the expert LoRA md (PEFT's B [out][E r], expert e's
+ * column j at j E + e) into t->meb as an [out][r] matrix */
+static void exp_gather_b(ft_trainer *t, const lmod *md, int e)
+{
+    const int rk = t->p.rank, E = md->ne, out = md->fused_out ? md->fused_out : md->out;
+    const float *B = t->w + md->b;
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++)
+            t->meb[(size_t)o * (size_t)rk + (size_t)j] = B[(size_t)o * (size_t)E * (size_t)rk + (size_t)j * (size_t)E + (size_t)e];
+}
+
+/* expert e's LoRA md on its n rows x: tl = x A_e^T (n x r), t->meu =
+ * tl B_e^T (n x out, unscaled) */
+static ft_status exp_lora_fwd(ft_trainer *t, const lmod *md, int e, const float *x, int n, float *tl)
+{
+    const int rk = t->p.rank, in = md->in, out = md->fused_out ? md->fused_out : md->out;
+    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a + (size_t)e * (size_t)rk * (size_t)in, 0, 0, NULL};
+    TRY(prod(t, tl, rk, x, n, &A, 0, rk, NULL));
+    exp_gather_b(t, md, e);
+    ft_wmat B = {FT_WF_F32, out, rk, t->meb, 0, 0, NULL};
+    return prod(t, t->meu, out, tl, n, &B, 0, out, NULL);
+}
+
+/* the backward of expert e's LoRA md on its n rows: x its input, tl the
+ * forward's x A_e^T, dy (n x out) the output's gradient: A_e's and B_e's
+ * gradients (B_e's scattered to PEFT's columns), dx += s dy B_e A_e */
+static ft_status exp_lora_bwd(ft_trainer *t, const lmod *md, int e, const float *x, const float *tl, const float *dy,
+                              int n, float *dx)
+{
+    const int rk = t->p.rank, in = md->in, E = md->ne, out = md->fused_out ? md->fused_out : md->out;
+    const size_t ao = (size_t)e * (size_t)rk * (size_t)in;
+    const float *A = t->w + md->a + ao, s = t->scale;
+    float *gA = t->g + md->a + ao, *gB = t->g + md->b, *dt = t->medt, *bt = t->mebt, *gb = t->megb;
+    const ft_kernels *kk = ft_k_get();
+    exp_gather_b(t, md, e);
+    /* dt = s dy B_e (n x r): B_e^T as a matrix of its own */
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = t->meb[(size_t)o * (size_t)rk + (size_t)j];
+    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
+    TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
+    for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
+    /* dB_e^T = s tl^T dy along out, into B's columns j E + e */
+    memset(gb, 0, (size_t)rk * (size_t)out * sizeof(float));
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < rk; j++)
+            kk->axpy(gb + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j], dy + (size_t)r * (size_t)out,
+                     out);
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++)
+            gB[(size_t)o * (size_t)E * (size_t)rk + (size_t)j * (size_t)E + (size_t)e] += gb[(size_t)j * (size_t)out + (size_t)o];
+    /* dA_e += dt^T x, dx += dt A_e */
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
+        float *dxr = dx + (size_t)r * (size_t)in;
+        for (int j = 0; j < rk; j++) {
+            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+        }
+    }
+    return FT_OK;
+}
+
+/* expert e of layer l's SwiGLU on its n gathered rows (t->mx): t->mg, mu,
+ * mm, my; with LoRA on the experts (PEFT's target_parameters: W_e + s B_e
+ * A_e) gate and up get rows [0, F) and [F, 2F) of the fused gate_up
+ * adapter's s B_e (A_e x) (A_e x kept in mtg), my the down adapter's (mtd) */
+static ft_status expert_fwd(ft_trainer *t, const ft_layer_weights *lw, int l, int e, int n)
 {
     const ft_model_config *c = &t->cfg;
     const ft_wmat *g = &lw->experts[3 * e + LW_EXP_GATE], *u = &lw->experts[3 * e + LW_EXP_UP],
                   *d = &lw->experts[3 * e + LW_EXP_DOWN];
     const int F = c->moe_ffn, H = c->hidden;
+    const lmod *mgu = &t->mods[(size_t)l * NT + TG], *mdn = &t->mods[(size_t)l * NT + TD];
+    const float s = t->scale;
     if (!ft_wmat_present(g) || !ft_wmat_present(u) || !ft_wmat_present(d))
         return ft_set_error(FT_ERR_UNSUPPORTED, "train: expert %d is not in memory", e);
     TRY(prod(t, t->mg, F, t->mx, n, g, 0, F, NULL));
     TRY(prod(t, t->mu, F, t->mx, n, u, 0, F, NULL));
+    if (mgu->on) {
+        TRY(exp_lora_fwd(t, mgu, e, t->mx, n, t->mtg));
+        for (int i = 0; i < n; i++) {
+            const float *v = t->meu + (size_t)i * 2 * (size_t)F;
+            float *gr = t->mg + (size_t)i * (size_t)F, *ur = t->mu + (size_t)i * (size_t)F;
+            for (int f = 0; f < F; f++) {
+                gr[f] += v[f] * s;
+                ur[f] += v[F + f] * s;
+            }
+        }
+    }
     for (size_t i = 0; i < (size_t)n * (size_t)F; i++) t->mmx[i] = t->mg[i] / (1.0f + expf(-t->mg[i])) * t->mu[i];
-    return prod(t, t->my, H, t->mmx, n, d, 0, H, NULL);
+    TRY(prod(t, t->my, H, t->mmx, n, d, 0, H, NULL));
+    if (mdn->on) {
+        TRY(exp_lora_fwd(t, mdn, e, t->mmx, n, t->mtd));
+        for (size_t i = 0; i < (size_t)n * (size_t)H; i++) t->my[i] += t->meu[i] * s;
+    }
+    return FT_OK;
 }
 
 /* the experts the routes select made present, when the layer's supplier
@@ -1073,7 +1219,7 @@ static ft_status moe_route(ft_trainer *t, const ft_layer_weights *lw, const floa
 /* out (R x H) = the mixture of experts of in (router softmax, top-k,
  * optionally renormalised, as the engine: ft_moe_route); the routes are
  * kept for the backward */
-static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, int R, float *out)
+static ft_status moe_fwd(ft_trainer *t, int l, const ft_layer_weights *lw, const float *in, int R, float *out)
 {
     const ft_model_config *c = &t->cfg;
     const int H = c->hidden, E = c->n_experts;
@@ -1085,7 +1231,7 @@ static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float 
         if (!n) continue;
         for (int i = 0; i < n; i++)
             memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
-        TRY(expert_fwd(t, lw, e, n));
+        TRY(expert_fwd(t, lw, l, e, n));
         for (int i = 0; i < n; i++) {
             float w = t->mgwt[a + i], *o = out + (size_t)t->mgrow[a + i] * H;
             const float *y = t->my + (size_t)i * H;
@@ -1098,19 +1244,20 @@ static ft_status moe_fwd(ft_trainer *t, const ft_layer_weights *lw, const float 
 /* din += d/d in of dot(dy, moe(in)): through each selected expert (frozen)
  * and through the router's weights (softmax, top-k, renormalisation);
  * the routes are moe_fwd's of the same input */
-static ft_status moe_bwd(ft_trainer *t, const ft_layer_weights *lw, const float *in, const float *dy, int R,
+static ft_status moe_bwd(ft_trainer *t, int l, const ft_layer_weights *lw, const float *in, const float *dy, int R,
                          float *din)
 {
     TRY(moe_fetch(t, lw, t->cur_layer, in, R));   /* (again: saved activations skip moe_fwd) */
     const ft_model_config *c = &t->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used, F = c->moe_ffn;
+    const lmod *mgu = &t->mods[(size_t)l * NT + TG], *mdn = &t->mods[(size_t)l * NT + TD];
     /* d weight of each route (r, j): dot(dy_r, y_e(r)), found expert by expert */
     for (int e = 0; e < E; e++) {
         int a = t->mstart[e], n = t->mstart[e + 1] - a;
         if (!n) continue;
         for (int i = 0; i < n; i++)
             memcpy(t->mx + (size_t)i * H, in + (size_t)t->mgrow[a + i] * H, (size_t)H * sizeof(float));
-        TRY(expert_fwd(t, lw, e, n));
+        TRY(expert_fwd(t, lw, l, e, n));
         for (int i = 0; i < n; i++) {
             int r = t->mgrow[a + i];
             const float *dyr = dy + (size_t)r * H, *y = t->my + (size_t)i * H;
@@ -1124,10 +1271,19 @@ static ft_status moe_bwd(ft_trainer *t, const ft_layer_weights *lw, const float 
         /* the expert's x-gradient: dm = dY Wd, SwiGLU, dX = dg Wg + du Wu */
         memset(t->mdm, 0, (size_t)n * (size_t)F * sizeof(float));
         TRY(matT(t, t->mdm, F, t->mdy, H, n, &lw->experts[3 * e + LW_EXP_DOWN], 0, H));
+        if (mdn->on) TRY(exp_lora_bwd(t, mdn, e, t->mmx, t->mtd, t->mdy, n, t->mdm));
         ft_tr_silu_mul_bwd(t->mdg, t->mdu, t->mg, t->mu, t->mdm, n * F);
         memset(t->mdx, 0, (size_t)n * (size_t)H * sizeof(float));
         TRY(matT(t, t->mdx, H, t->mdg, F, n, &lw->experts[3 * e + LW_EXP_GATE], 0, F));
         TRY(matT(t, t->mdx, H, t->mdu, F, n, &lw->experts[3 * e + LW_EXP_UP], 0, F));
+        if (mgu->on) {   /* the fused adapter's output gradient: [dg | du] */
+            float *dgu = t->meu;
+            for (int i = 0; i < n; i++) {
+                memcpy(dgu + (size_t)i * 2 * (size_t)F, t->mdg + (size_t)i * (size_t)F, (size_t)F * sizeof(float));
+                memcpy(dgu + (size_t)i * 2 * (size_t)F + F, t->mdu + (size_t)i * (size_t)F, (size_t)F * sizeof(float));
+            }
+            TRY(exp_lora_bwd(t, mgu, e, t->mx, t->mtg, dgu, n, t->mdx));
+        }
         for (int i = 0; i < n; i++) {
             float *d = din + (size_t)t->mgrow[a + i] * H;
             const float *s = t->mdx + (size_t)i * H;
@@ -1188,7 +1344,9 @@ static ft_status act_io(ft_trainer *t, int l, int nb, int T, int write)
     size_t len[A_N] = {R * H, R * qw, R * kw, R * kw, R * qw, (size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T,
                        R * H, R * H, R * I, R * I, R * I, R * qw, R * kw, R * H, R * H};
     for (int i = 0; i < NT; i++) {
-        buf[A_TL0 + i] = t->mods[(size_t)l * NT + (size_t)i].on ? t->tl[i] : NULL;
+        /* (the experts' adapters keep no A x: moe_bwd recomputes each expert) */
+        buf[A_TL0 + i] = t->mods[(size_t)l * NT + (size_t)i].on && !t->mods[(size_t)l * NT + (size_t)i].ne ? t->tl[i]
+                                                                                                            : NULL;
         len[A_TL0 + i] = R * (size_t)t->p.rank;
     }
     double t0 = ft_now();
@@ -1275,7 +1433,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T, int save)
     }
     size_t ni = (size_t)R * (size_t)c->ffn;
     if (moe_layer(t, l)) {
-        TRY(moe_fwd(t, lw, t->h2, R, t->tmp));
+        TRY(moe_fwd(t, l, lw, t->h2, R, t->tmp));
     } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
@@ -1322,7 +1480,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     }
     memset(t->dh, 0, RH * sizeof(float));
     if (moe_layer(t, l)) {
-        TRY(moe_bwd(t, lw, t->h2, dyo, R, t->dh));
+        TRY(moe_bwd(t, l, lw, t->h2, dyo, R, t->dh));
     } else {
     TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
@@ -1820,6 +1978,12 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
         const char *blk = i <= TO ? "self_attn." : "";
         snprintf(a_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_A.weight", l, blk, opt_tname[i]);
         snprintf(b_name, cap, "base_model.model.model.decoder.layers.%d.%s%s.lora_B.weight", l, blk, opt_tname[i]);
+    } else if (md->ne) {
+        /* PEFT's ParamWrapper on mlp.experts: with both parameters adapted the
+         * down_proj wrapper wraps the gate_up_proj one (its keys under base_layer) */
+        const char *nest = i == TG && t->mods[k - TG + TD].on ? "base_layer." : "";
+        snprintf(a_name, cap, "base_model.model.model.layers.%d.mlp.experts.%slora_A.weight", l, nest);
+        snprintf(b_name, cap, "base_model.model.model.layers.%d.mlp.experts.%slora_B.weight", l, nest);
     } else {
         const char *blk = i <= TO ? "self_attn" : "mlp";
         const char *nm = md->fused_out ? (i == TQ ? "qkv_proj" : "gate_up_proj") : tname[i];
@@ -1828,10 +1992,10 @@ int ft_tr_mod(const ft_trainer *t, size_t k, char *a_name, char *b_name, size_t 
     }
     *A = t->w + md->a;
     *B = t->w + md->b;
-    ashape[0] = t->p.rank;
+    ashape[0] = (int64_t)t->p.rank * (md->ne ? md->ne : 1);
     ashape[1] = md->in;
     bshape[0] = md->fused_out ? md->fused_out : md->out;
-    bshape[1] = t->p.rank;
+    bshape[1] = (int64_t)t->p.rank * (md->ne ? md->ne : 1);
     return 1;
 }
 
@@ -1907,7 +2071,7 @@ static ft_status layer_step(ft_trainer *t, int l, int pos, float *x, float *kc, 
         norm_fwd(t, t->h2, t->x2, 1, wvec(lw, LW_NORM2_W), wvec(lw, LW_NORM2_B));
     }
     if (moe_layer(t, l)) {
-        TRY(moe_fwd(t, lw, t->h2, 1, t->tmp));
+        TRY(moe_fwd(t, l, lw, t->h2, 1, t->tmp));
     } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, 1, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, 1, t->up));

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static char multi[1024];
 
@@ -128,6 +129,123 @@ static void check_case(const char *name)
 TEST(two_adapters_with_scales_match_peft) { check_case("llama-ab"); }
 TEST(one_adapter_matches_peft) { check_case("llama-a"); }
 TEST(opt_adapter_matches_peft) { check_case("opt-a"); }
+
+/* LoRA on the experts (PEFT's target_parameters on transformers 5's fused
+ * gate_up_proj / down_proj; tests/data/lora/NAME-experts): the engine's
+ * logits are transformers + peft's; the same adapter written in
+ * transformers 4's per-expert form (mixtral's experts.E.w1 / w3 / w2, the
+ * others' experts.E.gate_proj / up_proj / down_proj modules) gives the same
+ * logits bit for bit */
+static void experts_case(const char *model, const char *const ex[4])
+{
+    char fx[1024], dir[1200], path[1300];
+    snprintf(path, sizeof path, "%s-experts", model);
+    ft_fixture_dir("lora", path, fx, sizeof fx);
+    snprintf(path, sizeof path, "%s/run.json", fx);
+    json_object *run = json_object_from_file(path);
+    REQUIRE(run);
+    snprintf(dir, sizeof dir, "%s/final", fx);
+    ft_session_lora ls = {dir, 1.0f};
+    ft_session *s = open_with(model, &ls, 1, FT_WEIGHTS_AS_STORED, NULL);
+    REQUIRE(s);
+    const ft_model_config *c = ft_session_config(s);
+    const int V = c->vocab, E = c->n_experts, H = c->hidden, F = c->moe_ffn, NL = c->n_layers;
+    json_object *pr = json_object_object_get(run, "prompt"), *lg = json_object_object_get(run, "last_logits");
+    size_t np = json_object_array_length(pr);
+    int32_t ids[64];
+    for (size_t i = 0; i < np; i++) ids[i] = json_object_get_int(json_object_array_get_idx(pr, i));
+    float *got = malloc((size_t)V * 4), *want = malloc((size_t)V * 4), *v4 = malloc((size_t)V * 4);
+    REQUIRE(got && want && v4);
+    for (int v = 0; v < V; v++) want[v] = (float)json_object_get_double(json_object_array_get_idx(lg, v));
+    CHECK_OK(last_logits(s, ids, np, got));
+    double d = maxdiff(got, want, V);
+    printf("  %s: experts adapter, max |flextier - transformers + peft| = %.3g\n", model, d);
+    CHECK_MSG(d < 1e-4, "%s: logits differ from transformers + peft by %g", model, d);
+    ft_session_close(s);
+    /* the per-expert form: A_e = rows e r.. of A, B_e = columns j E + e of B (gate_up: gate rows, up rows) */
+    ft_peft_adapter *a = NULL;
+    CHECK_OK(ft_peft_adapter_read(dir, &a));
+    REQUIRE(a);
+    const int r = a->rank;
+    size_t cap = a->n + 3 * (size_t)E * (size_t)NL, n = 0;
+    ft_named_tensor *nt = calloc(2 * cap, sizeof *nt);
+    char (*names)[400] = calloc(2 * cap, sizeof *names);
+    float **bufs = calloc(2 * cap, sizeof *bufs);
+    REQUIRE(nt && names && bufs);
+    int n_exp = 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const ft_peft_module *md = &a->mods[i];
+        if (!md->experts) {   /* the attention modules as they are */
+            int64_t as[2] = {r, md->in}, bs[2] = {md->out, r};
+            snprintf(names[n], sizeof names[n], "base_model.model.%s.lora_A.weight", md->module);
+            snprintf(names[n + 1], sizeof names[n + 1], "base_model.model.%s.lora_B.weight", md->module);
+            nt[n].name = names[n];
+            nt[n + 1].name = names[n + 1];
+            CHECK_OK(ft_tensor_init(&nt[n].tensor, FT_F32, 2, as, md->A));
+            CHECK_OK(ft_tensor_init(&nt[n + 1].tensor, FT_F32, 2, bs, md->B));
+            n += 2;
+            continue;
+        }
+        n_exp++;
+        int L = atoi(strstr(md->module, "layers.") + 7), gu = md->out == 2 * F && md->in == H;
+        for (int e = 0; e < E; e++)
+            for (int part = 0; part < (gu ? 2 : 1); part++) {
+                const int rows = gu ? F : md->out, k = gu ? part : 2;
+                int64_t as[2] = {r, md->in}, bs[2] = {rows, r};
+                float *B = malloc((size_t)rows * (size_t)r * 4);
+                REQUIRE(B);
+                for (int o = 0; o < rows; o++)
+                    for (int j = 0; j < r; j++)
+                        B[(size_t)o * (size_t)r + (size_t)j] =
+                            md->B[(size_t)(part * F + o) * (size_t)E * (size_t)r + (size_t)j * (size_t)E + (size_t)e];
+                bufs[n + 1] = B;
+                snprintf(names[n], sizeof names[n], "base_model.model.model.layers.%d.%s.experts.%d.%s.lora_A.weight",
+                         L, ex[3], e, ex[k]);
+                snprintf(names[n + 1], sizeof names[n + 1],
+                         "base_model.model.model.layers.%d.%s.experts.%d.%s.lora_B.weight", L, ex[3], e, ex[k]);
+                nt[n].name = names[n];
+                nt[n + 1].name = names[n + 1];
+                CHECK_OK(ft_tensor_init(&nt[n].tensor, FT_F32, 2, as, md->A + (size_t)e * (size_t)r * (size_t)md->in));
+                CHECK_OK(ft_tensor_init(&nt[n + 1].tensor, FT_F32, 2, bs, B));
+                n += 2;
+            }
+    }
+    CHECK(n_exp == 2 * NL - (strstr(model, "qwen3moe") ? 2 : 0));   /* gate_up and down per MoE layer */
+    const char *tmp = ft_test_tmpdir("lora_experts4");
+    char odir[1200];
+    snprintf(odir, sizeof odir, "%s/%s-v4", tmp, model);
+    mkdir(odir, 0777);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", odir);
+    CHECK_OK(ft_safetensors_write(path, nt, n, NULL));
+    snprintf(path, sizeof path, "%s/adapter_config.json", odir);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f);
+    fprintf(f, "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %g, \"target_modules\": [\"q_proj\", "
+            "\"k_proj\", \"v_proj\", \"o_proj\", \"%s\", \"%s\", \"%s\"]}\n", r, (double)a->alpha, ex[0], ex[1], ex[2]);
+    fclose(f);
+    ft_session_lora l4 = {odir, 1.0f};
+    ft_session *s4 = open_with(model, &l4, 1, FT_WEIGHTS_AS_STORED, NULL);
+    REQUIRE(s4);
+    CHECK_OK(last_logits(s4, ids, np, v4));
+    CHECK_MSG(memcmp(v4, got, (size_t)V * 4) == 0, "%s: the per-expert form differs by %g", model, maxdiff(v4, got, V));
+    ft_session_close(s4);
+    for (size_t i = 0; i < 2 * cap; i++) free(bufs[i]);
+    free(bufs);
+    free(names);
+    free(nt);
+    ft_peft_adapter_free(a);
+    free(got); free(want); free(v4);
+    json_object_put(run);
+}
+
+TEST(experts_adapters_match_peft)
+{
+    static const char *const mx[4] = {"w1", "w3", "w2", "block_sparse_moe"};
+    static const char *const qw[4] = {"gate_proj", "up_proj", "down_proj", "mlp"};
+    experts_case("mixtral-tiny", mx);
+    experts_case("qwen3moe-tiny", qw);
+    experts_case("olmoe-tiny", qw);
+}
 
 /* the engine's forward with an adapter = the trainer's forward, per format */
 TEST(formats_match_trainer)

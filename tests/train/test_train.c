@@ -422,6 +422,18 @@ static ft_trainer *peft_trainer(ft_model *m, json_object *run, const char *dir)
     p.grad_accum = ji(run, "grad_accum");
     p.dropout = (float)jd(run, "dropout");   /* absent: 0 */
     p.vocab_chunk = 128;
+    /* the run's modules: target_modules, and target_parameters (the MoE experts) */
+    char list[512] = "";
+    const char *keys[2] = {"targets", "target_parameters"};
+    for (int k = 0; k < 2; k++) {
+        json_object *a = json_object_object_get(run, keys[k]);
+        for (size_t i = 0; a && i < json_object_array_length(a); i++) {
+            size_t n = strlen(list);
+            snprintf(list + n, sizeof list - n, "%s%s%s", n ? "," : "", k ? "experts." : "",
+                     json_object_get_string(json_object_array_get_idx(a, i)));
+        }
+    }
+    if (list[0] && ft_lora_parse_targets(list, &p.targets)) return NULL;
     ft_trainer *t = NULL;
     if (ft_trainer_create(m, &p, &t)) return NULL;
     if (dir && ft_trainer_load_adapter(t, dir)) {
@@ -547,6 +559,10 @@ TEST(lora_run_matches_peft_gemma3) { peft_match("gemma3-tiny"); }
 TEST(lora_run_matches_peft_mixtral) { peft_match("mixtral-tiny"); }
 TEST(lora_run_matches_peft_qwen3_moe) { peft_match("qwen3moe-tiny"); }
 TEST(lora_run_matches_peft_olmoe) { peft_match("olmoe-tiny"); }
+/* LoRA on the experts too: PEFT's target_parameters gate_up_proj, down_proj */
+TEST(lora_run_matches_peft_mixtral_experts) { peft_match_run("mixtral-tiny-experts", "mixtral-tiny"); }
+TEST(lora_run_matches_peft_qwen3_moe_experts) { peft_match_run("qwen3moe-tiny-experts", "qwen3moe-tiny"); }
+TEST(lora_run_matches_peft_olmoe_experts) { peft_match_run("olmoe-tiny-experts", "olmoe-tiny"); }
 
 /* cached greedy decoding equals recomputing the whole sequence per token */
 static void generate_vs_recompute(const char *name, int fmt)
@@ -627,9 +643,9 @@ TEST(seed_reproducible_and_init)
 
 /* threads split products, transposed products and attention heads; every
  * value is computed in the same order whatever the split */
-TEST(threads_do_not_change_results)
+static void threads_same(const char *name, int fmt)
 {
-    ft_model *m = load("llama-tiny", FT_WF_BF16);
+    ft_model *m = load(name, fmt);
     REQUIRE(m);
     ft_train_params p;
     ft_train_params_default(&p);
@@ -654,6 +670,12 @@ TEST(threads_do_not_change_results)
     }
     ft_trainer_free(t[0]);
     ft_model_free(m);
+}
+
+TEST(threads_do_not_change_results)
+{
+    threads_same("llama-tiny", FT_WF_BF16);
+    threads_same("mixtral-tiny", FT_WF_F32);   /* the experts' adapters too ("all") */
 }
 
 /* ------------------------------------------------ data-parallel steps */
@@ -1140,6 +1162,7 @@ TEST(streamed_globals_refused)
 
 TEST(refusals)
 {
+    unsigned mask0 = 0;
     ft_model *m = load("llama-tiny", FT_WF_F32), *opt = load("opt-tiny", FT_WF_F32);
     REQUIRE(m && opt);
     ft_train_params p;
@@ -1159,13 +1182,53 @@ TEST(refusals)
     CHECK(ft_trainer_create(phi, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "phi3 has no module q_proj"));
     ft_model_free(phi);
     p.targets = FT_LORA_ALL;
-    /* MoE: LoRA on the experts is refused */
+    /* MoE: the experts' gate and up are one fused parameter (transformers 5,
+     * PEFT's target_parameters gate_up_proj); separate gate/up are refused */
     ft_model *moe = load("qwen3moe-tiny", FT_WF_F32);
     REQUIRE(moe);
     p.targets = FT_LORA_Q | FT_LORA_UP;
-    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "experts"));
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "gate_up_proj"));
+    p.targets = FT_LORA_Q | FT_LORA_FC1;
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "fc1"));
+    /* PEFT's ParamWrapper has no dropout */
+    p.targets = FT_LORA_EXP_DOWN;
+    p.dropout = 0.1f;
+    CHECK(ft_trainer_create(moe, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "dropout"));
+    p.targets = FT_LORA_Q;   /* dropout on the attention of an MoE model is fine */
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    ft_trainer_free(t);
+    t = NULL;
+    p.dropout = 0.0f;
+    /* gate_up_proj / down_proj on an MoE model mean the experts' */
+    p.targets = FT_LORA_GATE_UP | FT_LORA_DOWN;
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    CHECK(ft_tr_params(t)->targets == (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN));
+    ft_trainer_free(t);
+    t = NULL;
+    /* an attention-only adapter is refused by an experts trainer (target_parameters differ) */
+    char xd[1024], xs[1200];
+    ft_fixture_dir("lora", "qwen3moe-tiny", xd, sizeof xd);
+    snprintf(xs, sizeof xs, "%s/init", xd);
+    p.rank = 4;
+    p.alpha = 8.0f;
     p.targets = FT_LORA_ALL;
+    CHECK_OK(ft_trainer_create(moe, &p, &t));
+    CHECK(ft_trainer_load_adapter(t, xs) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "differ"));
+    ft_trainer_free(t);
+    t = NULL;
+    p.rank = 8;
+    p.alpha = 16.0f;
     ft_model_free(moe);
+    /* the experts' names on a dense model; qwen2_moe's shared expert */
+    p.targets = FT_LORA_EXP_GATE_UP;
+    CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "mixture-of-experts"));
+    p.targets = FT_LORA_ALL;
+    ft_model *q2 = load("qwen2moe-tiny", FT_WF_F32);
+    REQUIRE(q2);
+    CHECK(ft_trainer_create(q2, &p, &t) == FT_ERR_UNSUPPORTED && strstr(ft_last_error(), "shared expert"));
+    ft_model_free(q2);
+    CHECK_OK(ft_lora_parse_targets("experts.gate_up_proj,experts.down_proj", &mask0));
+    CHECK(mask0 == (FT_LORA_EXP_GATE_UP | FT_LORA_EXP_DOWN));
     p.dropout = 1.0f;
     CHECK(ft_trainer_create(m, &p, &t) == FT_ERR_INVALID_ARG && strstr(ft_last_error(), "dropout"));
     p.dropout = -0.1f;

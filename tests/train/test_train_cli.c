@@ -179,13 +179,14 @@ TEST(finetune_chat_messages)
     CHECK(ft_file_has(tmp, "chat/adapter_config.json", "\"peft_type\":\"LORA\""));
 }
 
-/* run --lora with PEFT's final adapter gives transformers + peft's greedy
- * tokens (tests/data/lora/llama-tiny/run.json) */
-TEST(run_lora_matches_peft_greedy)
+/* run --lora (and export --merge-lora, then run) with PEFT's final adapter
+ * gives transformers + peft's greedy tokens (tests/data/lora/NAME/run.json) */
+static void run_lora_peft(const char *fixture, const char *name, int merge)
 {
     setup();
-    char dir[1024], path[1200], ids[512] = "", want[512] = "";
-    ft_fixture_dir("lora", "llama-tiny", dir, sizeof dir);
+    char dir[1024], path[1200], ids[512] = "", want[512] = "", mdir[1024];
+    ft_fixture_dir("lora", fixture, dir, sizeof dir);
+    ft_fixture_dir("models", name, mdir, sizeof mdir);
     snprintf(path, sizeof path, "%s/run.json", dir);
     json_object *run = json_object_from_file(path);
     REQUIRE(run);
@@ -198,9 +199,50 @@ TEST(run_lora_matches_peft_greedy)
                  json_object_get_int(json_object_array_get_idx(g, i)));
     CHECK(ft_sh("%s run --model %s --lora %s/final --prompt-ids %s --max-new-tokens %zu --temperature 0 "
                 "> %s/peft_gen 2>&1",
-                ft_test_bin(), model, dir, ids, json_object_array_length(g), tmp) == 0);
-    CHECK(ft_file_has(tmp, "peft_gen", want));
+                ft_test_bin(), mdir, dir, ids, json_object_array_length(g), tmp) == 0);
+    CHECK_MSG(ft_file_has(tmp, "peft_gen", want), "%s: run --lora does not give %s", fixture, want);
+    if (merge) {
+        CHECK(ft_sh("rm -rf %s/pm && %s export --model %s --merge-lora %s/final --out %s/pm > %s/pm.out 2>&1 && %s run "
+                    "--model %s/pm --prompt-ids %s --max-new-tokens %zu --temperature 0 > %s/peft_gen 2>&1", tmp,
+                    ft_test_bin(), mdir, dir, tmp, tmp, ft_test_bin(), tmp, ids, json_object_array_length(g),
+                    tmp) == 0);
+        CHECK_MSG(ft_file_has(tmp, "peft_gen", want), "%s: the merged model does not give %s", fixture, want);
+    }
     json_object_put(run);
+}
+
+TEST(run_lora_matches_peft_greedy) { run_lora_peft("llama-tiny", "llama-tiny", 0); }
+/* LoRA on the experts (PEFT's target_parameters on transformers 5's fused
+ * gate_up_proj / down_proj), unmerged and merged into the per-expert weights */
+TEST(run_lora_matches_peft_greedy_experts)
+{
+    run_lora_peft("mixtral-tiny-experts", "mixtral-tiny", 1);
+    run_lora_peft("qwen3moe-tiny-experts", "qwen3moe-tiny", 1);
+    run_lora_peft("olmoe-tiny-experts", "olmoe-tiny", 1);
+}
+
+/* finetune on a mixture of experts (all: attention and experts), then run
+ * --lora; merged, the same greedy ids */
+TEST(finetune_moe_experts)
+{
+    setup();
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/moe " FT_ARGS " > %s/mout 2>&1", ft_test_bin(), moe,
+                tmp, tmp, tmp) == 0);
+    CHECK(ft_file_has(tmp, "mout", "step 3/3 loss"));
+    CHECK(ft_file_has(tmp, "moe/adapter_config.json", "\"target_parameters\""));
+    CHECK(ft_file_has(tmp, "moe/adapter_config.json", "\"gate_up_proj\""));
+    CHECK(ft_sh("%s run --model %s --lora %s/moe --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/mg1 2>&1", ft_test_bin(), moe, tmp, tmp) == 0);
+    CHECK(ft_sh("%s run --model %s --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/mg0 2>&1", ft_test_bin(), moe, tmp) == 0);
+    CHECK(ft_sh("%s export --model %s --merge-lora %s/moe --out %s/moem > /dev/null 2>&1", ft_test_bin(), moe, tmp,
+                tmp) == 0);
+    CHECK(ft_sh("%s run --model %s/moem --prompt 'Hello world' --max-new-tokens 8 --ids --ignore-eos "
+                "--temperature 0 --kv-dtype f32 > %s/mg2 2>&1 && cmp -s %s/mg1 %s/mg2", ft_test_bin(), tmp, tmp, tmp,
+                tmp) == 0);
+    /* --init from it continues (target_parameters read back) */
+    CHECK(ft_sh("%s finetune --model %s --data %s/data.txt --out %s/moe2 --init %s/moe " FT_ARGS " > /dev/null 2>&1",
+                ft_test_bin(), moe, tmp, tmp, tmp) == 0);
 }
 
 /* A random 5-layer Llama (more layers than the scheduler's two slot
@@ -333,7 +375,12 @@ TEST(finetune_errors)
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --warmup 500 --steps 10", model, tmp, tmp);
     fails(2, a, "warmup");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,up_proj", moe, tmp, tmp);
-    fails(1, a, "experts");
+    fails(1, a, "one fused parameter, gate_up_proj");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --dropout 0.1", moe, tmp, tmp);
+    fails(1, a, "target_parameters have no dropout");
+    snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets experts.down_proj", model, tmp,
+             tmp);
+    fails(1, a, "mixture-of-experts module name");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt --out %s/x --targets q_proj,o_proj", opt, tmp, tmp);
     fails(1, a, "OPT has no module o_proj");
     snprintf(a, sizeof a, "finetune --model %s --data %s/data.txt", model, tmp);
