@@ -68,13 +68,21 @@ PEERS=$LAB_IP_S:$PORT,$LAB_IP_C:$PORT
 
 tps() { sed -n 's/.*: \([0-9.]*\) tok\/s after the first step.*/\1/p' "$1"; }
 
-one=() two=() cone=() ctwo=()
+one=() two=() cone=() ctwo=() twin=()
 cpu() { awk '{s += $1 + $2} END {printf "%.2f", s}' "$@"; }
 for r in $(seq "$ROUNDS"); do
     # one process, one core
     /usr/bin/time -o "$WORK/one.time" -f "%U %S" taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/one" > "$WORK/one.out" 2>&1 ||
         { cat "$WORK/one.out"; exit 1; }
     one+=("$(tps "$WORK/one.out")")
+    # the same, with a twin on the other core: the other jobs on the machine
+    # then compete with ours on both cores, as with two ranks
+    taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/tw0" > "$WORK/tw0.out" 2>&1 &
+    t0=$!
+    taskset -c 1 "$FT" finetune "${ARGS[@]}" --out "$WORK/tw1" > "$WORK/tw1.out" 2>&1 &
+    t1=$!
+    wait $t0 && wait $t1 || { cat "$WORK/tw0.out" "$WORK/tw1.out"; exit 1; }
+    twin+=("$(tps "$WORK/tw0.out") $(tps "$WORK/tw1.out")")
     # two ranks, one per namespace and core, over the link
     ip netns exec "$LAB_NS_S" /usr/bin/time -o "$WORK/r0.time" -f "%U %S" taskset -c 0 "$FT" finetune "${ARGS[@]}" --out "$WORK/two" --data-parallel tcp \
         --dp-rank 0 --dp-peers "$PEERS" --dp-token-file "$WORK/token" > "$WORK/r0.out" 2>&1 &
@@ -91,7 +99,8 @@ for r in $(seq "$ROUNDS"); do
     ctwo+=("$(cpu "$WORK/r0.time" "$WORK/r1.time")")
     cmp -s "$WORK/one/adapter_model.safetensors" "$WORK/two/adapter_model.safetensors" ||
         { echo "train-dp.sh: round $r: the two ranks' adapter differs from one process's" >&2; exit 1; }
-    echo "round $r: one process ${one[-1]} tok/s (CPU ${cone[-1]} s), two ranks ${two[-1]} tok/s (CPU ${ctwo[-1]} s)" \
+    echo "round $r: one process ${one[-1]} tok/s (CPU ${cone[-1]} s), with a twin ${twin[-1]}," \
+         "two ranks ${two[-1]} tok/s (CPU ${ctwo[-1]} s)" \
          "(load $(cut -d' ' -f1 /proc/loadavg))"
 done
 
@@ -107,8 +116,10 @@ medc() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.1f", NR %
 echo "| run | tok/s after the first step (median; range) | CPU s, whole run, all processes (median) |"
 echo "|---|---|---|"
 echo "| 1 process, 1 core | $(med "${one[@]}") | $(medc "${cone[@]}") |"
+echo "| 1 process, 1 core, a twin on the other core | $(med $(printf '%s\n' "${twin[@]}" | tr ' ' '\n')) | |"
 echo "| 2 ranks over $RATE (namespaces), 1 core each | $(med "${two[@]}") | $(medc "${ctwo[@]}") |"
-awk -v a="$(medv "${two[@]}")" -v b="$(medv "${one[@]}")" 'BEGIN {printf "speed-up (medians): %.2fx\n", a / b}'
+awk -v a="$(medv "${two[@]}")" -v b="$(medv "${one[@]}")" -v c="$(medv $(printf '%s\n' "${twin[@]}" | tr ' ' '\n'))" \
+    'BEGIN {printf "speed-up (medians): %.2fx one process alone, %.2fx one process with a twin\n", a / b, a / c}'
 echo "adapters: byte-identical in every round"
 # the exchange alone (what a step sends between the two ranks), over the same link
 EX=$(readlink -f "$BUILD/bench/bench_dp_exchange" 2>/dev/null || true)
