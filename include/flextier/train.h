@@ -168,6 +168,34 @@ typedef struct ft_train_comm {
 } ft_train_comm;
 FT_API ft_status ft_trainer_step_dp(ft_trainer *t, const ft_train_comm *comm, const int32_t *tokens, int batch,
                                     int seq, double *loss, double *grad_norm);
+/* An ft_train_comm over TCP between processes and machines, no MPI
+ * (docs/training.md, "Over TCP"): rank k listens on peers[k] through the
+ * front door of the memory node (mutual HMAC over the token; the token
+ * never crosses the wire; without a token every address must be loopback
+ * unless insecure), connects to the ranks below it and is connected to by
+ * those above; then the door closes. Each rank checks the others' size,
+ * job and max_msg (a run started with other options or data is refused).
+ * Messages are framed and length-checked (at most max_msg bytes each);
+ * a thread per process reads every connection and sends a heartbeat on
+ * quiet ones, so a peer that dies, ends its connection or is silent for
+ * timeout_ms (a stopped process, a cut link) fails every rank's next
+ * send or recv with FT_ERR_NET / FT_ERR_TIMEOUT naming it, and the failure
+ * is passed on to the other ranks (never a hang). Startup waits up to
+ * timeout_ms for the peers to join. */
+typedef struct ft_train_tcp_params {
+    int rank, size;             /* this process, of size (1..256)                 */
+    const char *const *peers;   /* size "HOST:PORT" (port 1..65535)               */
+    const char *token_file;     /* the ranks' shared token (NULL: none)           */
+    int insecure;               /* no token: allow non-loopback addresses         */
+    int timeout_ms;             /* 0: 60000                                       */
+    uint64_t job;               /* every rank's must be equal (0 too)             */
+    size_t max_msg;             /* the largest message (0: 1 GiB)                 */
+} ft_train_tcp_params;
+FT_API ft_status ft_train_tcp_open(const ft_train_tcp_params *p, ft_train_comm **out);
+/* End: why = FT_OK sends every peer BYE and waits (up to 5 s) for the
+ * peers to have read what was sent; otherwise ERR with ft_last_error()'s
+ * text. NULL is fine. */
+FT_API void ft_train_tcp_close(ft_train_comm *comm, ft_status why);
 /* The summed token loss of batch sequences (no update) and the number of
  * predicted tokens: perplexity = exp(sum / n) over a held-out set. */
 FT_API ft_status ft_trainer_eval(ft_trainer *t, const int32_t *tokens, int batch, int seq, double *loss_sum,

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "pipe_mpi.h"
 #include "session_opts.h"
+#include "train_dp.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
 #include "flextier/offload.h"
@@ -177,13 +178,21 @@ int ft_cmd_finetune(int argc, char **argv)
     const char *acts = "recompute", *act_codec = "lossless";
     ft_cli_session so;
     ft_cli_session_init(&so);
+    ft_cli_dp dpo;
+    ft_cli_dp_init(&dpo);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(FT_USAGE, stdout);
             printf("  (this build: %s)\n", ft_cli_mpi_built() ? "MPI: built in" : "MPI: not built in (libopenmpi-dev)");
+            fputs(ft_cli_dp_usage, stdout);
             fputs(ft_cli_offload_usage, stdout);
             return FT_EXIT_OK;
+        }
+        int dr = ft_cli_dp_arg(&dpo, FT_USAGE, argc, argv, &i);
+        if (dr) {
+            if (dr < 0) return FT_EXIT_USAGE;
+            continue;
         }
         if (!strcmp(a, "--kv-dtype") || !strcmp(a, "--compress-cache") || !strcmp(a, "--device") ||
             !strcmp(a, "--decode-threads"))
@@ -235,9 +244,8 @@ int ft_cmd_finetune(int argc, char **argv)
     if (init && resume_dir) return ft_cli_usage_error(FT_USAGE, "--init and --resume exclude each other");
     if (warmup < 0) warmup = steps / 10;
     if (warmup > steps) return ft_cli_usage_error(FT_USAGE, "--warmup %ld is more than --steps %ld", warmup, steps);
-    if (dpmode && strcmp(dpmode, "mpi"))
-        return ft_cli_usage_error(FT_USAGE, "--data-parallel %s: only mpi is implemented (run under mpirun -n N)",
-                                  dpmode);
+    if (ft_cli_dp_check(&dpo, FT_USAGE, dpmode, accum)) return FT_EXIT_USAGE;
+    const int mpi = dpmode && !dpo.tcp;
 
     ft_train_params tp;
     ft_train_params_default(&tp);
@@ -305,7 +313,8 @@ int ft_cmd_finetune(int argc, char **argv)
     /* data-parallel: rank 0 prints, evaluates and writes; every rank reads
      * the same data and takes its micro-batches of each step */
     ft_train_comm comm = {0, 1, NULL, ft_cli_mpi_send, ft_cli_mpi_recv};
-    if (dpmode) {
+    if (dpo.tcp && ft_cli_dp_begin(&dpo, &comm)) return rc;
+    if (mpi) {
         if ((st = ft_cli_mpi_init(&comm.rank, &comm.size))) { ft_cli_fail("--data-parallel mpi", st); return rc; }
         if (accum < comm.size) {
             if (comm.rank == 0)
@@ -363,9 +372,20 @@ int ft_cmd_finetune(int argc, char **argv)
     printf("lora: rank %ld, alpha %g, targets %s, %zu trainable parameters; steps %ld x %ld x %ld sequences, lr %g "
            "(%s, warmup %ld), seed %ld\n", rank, alpha, targets, ft_trainer_param_count(t), steps, accum, batch, lr,
            sched, warmup, seed);
+    if (dpo.tcp) {   /* join the other ranks: same options and tokens, or refused */
+        char run[512];
+        snprintf(run, sizeof run, "%ld %ld %ld %ld %ld %ld %ld %u %d %a %a %a %a %a %a %s %ld %ld %zu %s %s", steps,
+                 seq, batch, accum, rank, seed, warmup, tp.targets, (int)tp.schedule, lr, alpha, wd, clip, evalf,
+                 dropout, targets, ntrain, neval, ft_trainer_param_count(t), ft_wfmt_name(ft_model_weights_format(m)),
+                 act_codec);
+        if ((st = ft_cli_dp_open(&dpo, run, ids, ntok, ft_trainer_param_count(t), &comm))) {
+            ft_cli_fail("--data-parallel tcp", st);
+            goto done;
+        }
+    }
     if (dpmode)
-        printf("data-parallel: %d processes (MPI), each %ld-%ld of the %ld micro-batches of a step\n", comm.size,
-               accum / comm.size, (accum + comm.size - 1) / comm.size, accum);
+        printf("data-parallel: %d processes (%s), each %ld-%ld of the %ld micro-batches of a step\n", comm.size,
+               mpi ? "MPI" : "TCP", accum / comm.size, (accum + comm.size - 1) / comm.size, accum);
     double eloss, eppl;
     if (neval && lead) {
         if ((st = evaluate(t, evals, emask, neval, seq, batch, &eloss, &eppl))) { ft_cli_fail("eval", st); goto done; }
@@ -461,7 +481,8 @@ done:
     free(ids);
     ft_trainer_free(t);
     ft_session_close(ses);
-    if (dpmode) {
+    if (dpo.tcp) ft_cli_dp_end(&dpo, rc == FT_EXIT_OK);
+    if (mpi) {
         fflush(stdout);
         /* a failure on some ranks only (a file, memory) would leave the
          * others waiting: end the job */
