@@ -587,6 +587,49 @@ static ft_status plan(ft_session *s, int weights)
     return FT_OK;
 }
 
+/* POLICY with `predict`: calibrate as plan() does (the same cache, the
+ * same run shape) and predict the given policy's decode tok/s, with the
+ * embeddings and LM head where check_budget left them. */
+static ft_status predict_given(ft_session *s, int weights)
+{
+    const ft_session_params *p = &s->p;
+    ft_cost_inputs in;
+    memset(&in, 0, sizeof in);
+    if (p->progress) p->progress(p->user, "plan", 0, 0);
+    ft_status st = ft_cost_inputs_load(s->dir, weights, &in);
+    if (st) return st;
+    /* the engine computes the run's whole batch at once on the CPU */
+    ft_policy pol = s->policy;
+    uint32_t batch = p->max_batch ? p->max_batch : 1;
+    if (!pol.gpu_batch_size || !pol.num_gpu_batches || pol.gpu_batch_size * pol.num_gpu_batches != batch) {
+        pol.gpu_batch_size = batch;
+        pol.num_gpu_batches = 1;
+    }
+    ft_calibrate_params cp;
+    ft_calibrate_default_params(&cp);
+    cp.base = &s->policy;
+    cp.device_mem = p->device_mem;
+    cp.batch = pol.gpu_batch_size * pol.num_gpu_batches;
+    cp.prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
+    cp.gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
+    cp.threads = p->threads;
+    cp.decode_threads = p->decode_threads;
+    cp.codecs = (1u << pol.compress_weights) | (1u << pol.compress_cache);
+    cp.recalibrate = p->recalibrate;
+    /* calibration's own buffers within what the budget leaves */
+    if (s->mem.budget && s->mem.budget != FT_MEMORY_UNLIMITED)
+        cp.memory = s->mem.budget > s->mem.need + (16u << 20) ? s->mem.budget - s->mem.need : 16u << 20;
+    cp.drop_cache = s->mem.binding;
+    if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
+    in.head_stream_bytes = head_stream_bytes(&s->mem);
+    if (in.n_experts && p->expert_cache_bytes && in.expert_bytes[pol.compress_weights])
+        in.expert_cache = p->expert_cache_bytes / in.expert_bytes[pol.compress_weights];
+    ft_cost_estimate e;
+    ft_cost_predict(&in, &pol, &e);
+    s->predicted_tps = e.decode_tps;
+    return FT_OK;
+}
+
 /* The adapters into one engine set, in order (each PEFT directory's
  * modules with its alpha / r times the user's scale). */
 static ft_status load_adapters(ft_session *s, const ft_session_lora *ls, size_t n)
@@ -678,6 +721,9 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     } else if (s->mem.budget && s->p.device == FT_DEVICE_CUDA && (st = check_budget_cuda(s, weights))) {
         goto fail;
     }
+    if (s->p.offload == FT_OFFLOAD_POLICY && s->p.predict && s->p.device == FT_DEVICE_CPU &&
+        (st = predict_given(s, weights)))
+        goto fail;
 
     ft_load_params lp;
     ft_load_params_default(&lp);
