@@ -181,6 +181,12 @@ typedef struct ft_cost_inputs {
      * memory bandwidth when no disk was measured), after the layers.
      * Streamed embeddings cost a row per token: not counted. */
     uint64_t head_stream_bytes;
+    /* The share of a core each compute thread got (CPU time / wall time of
+     * spinning threads, 1 on an idle machine): cpu_share_calibrated when
+     * the engine and codecs were timed, cpu_share when this plan was made
+     * (ft_calibrate measures it every time; a cached calibration is
+     * rescaled by their ratio, ft_cost_rescale_cpu). 0: not measured. */
+    double cpu_share, cpu_share_calibrated;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -197,6 +203,22 @@ typedef struct ft_cost_estimate {
      * bytes (as computed on) fetched per layer per decode step */
     double expert_hit, expert_fetch_bytes, expert_cache_mem;
 } ft_cost_estimate;
+
+/* What calibration measured on the CPU, taken under another load: every
+ * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
+ * and the flop/s) made k times slower (k = the calibration's cpu_share /
+ * the plan's). k <= 0, non-finite or 1: unchanged. */
+FT_API void ft_cost_rescale_cpu(ft_cost_inputs *in, double k);
+
+/* The engine's decode times from what calibration timed, per batch point
+ * j (0: batch 1, 1: the run's): layer[j], a layer's time between the
+ * engine's layer hooks in a 2-layer copy; total2[j], that copy's whole
+ * step; totalv2[j], a 1-layer copy's step at the second vocabulary V2 (0:
+ * none); k = (V - V1) / (V2 - V1) extrapolates the fixed part (embedding,
+ * final norm, LM head) linearly in the vocabulary. Sets layer_decode_s
+ * and fixed_decode_s (clamped at 0). */
+FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                               ft_cost_timing *t);
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */

@@ -303,6 +303,8 @@ int ft_cmd_plan(int argc, char **argv)
                "\"remote\": %.4g}, \"device_bytes\": %llu",
                pol, e.decode_tps, e.prefill_tps, e.bottleneck, e.t_layer_decode, in.flops, in.mem_bw,
                in.bw[1], in.bw[2], in.bw[3], (unsigned long long)e.mem[0]);
+        printf(", \"cpu_share\": %.3f, \"cpu_share_calibrated\": %.3f, \"calibration_cached\": %d", in.cpu_share,
+               in.cpu_share_calibrated, in.calibration_cached);
         if (in.n_experts)   /* the expert model's terms (per sparse layer and decode step) */
             printf(", \"t_compute_s\": %.6g, \"t_fixed_s\": %.6g, \"expert_hit\": %.4f, "
                    "\"expert_fetch_bytes_per_layer_step\": %.6g, \"expert_cache_bytes\": %.6g",
@@ -333,7 +335,9 @@ int ft_cmd_plan(int argc, char **argv)
             printf("%s %.2fx %.2f GB/s  ", k == FT_CODEC_RAW ? "none" : ft_codec_name((ft_codec_id)k), r,
                    in.decode_bw[k] / 1e9);
         }
-    if (in.calibration_cached) printf("(calibration cached; --recalibrate to measure again)");
+    if (in.calibration_cached)
+        printf("(calibration cached at a CPU share of %.2f per thread, now %.2f: rescaled; --recalibrate to "
+               "measure again)", in.cpu_share_calibrated, in.cpu_share);
     {
         double lb = 0;
         for (uint32_t k = 0; k < in.n_tensors; k++) lb += (double)in.tensor_bytes[best.compress_weights][k];
