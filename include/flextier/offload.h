@@ -207,7 +207,10 @@ typedef struct ft_cost_estimate {
 /* What calibration measured on the CPU, taken under another load: every
  * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
  * and the flop/s) made k times slower (k = the calibration's cpu_share /
- * the plan's). k <= 0, non-finite or 1: unchanged. */
+ * the plan's), and the reads that are copies on this machine's cores: the
+ * disk tier through the page cache (not disk_direct; memory nodes' links
+ * are measured at every plan, under its load). k <= 0, non-finite or 1:
+ * unchanged. */
 FT_API void ft_cost_rescale_cpu(ft_cost_inputs *in, double k);
 
 /* The engine's decode times from what calibration timed, per batch point

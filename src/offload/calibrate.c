@@ -413,6 +413,8 @@ void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
     in->flops /= k;
     in->mem_bw /= k;
     in->bw[FT_TIER_HOST] /= k;
+    /* reads that are copies on this machine's cores */
+    if (!in->disk_direct) in->bw[FT_TIER_DISK] /= k;
 }
 
 
@@ -528,7 +530,7 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
         }
     }
     char b[256];
-    snprintf(b, sizeof b, "disk5|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
+    snprintf(b, sizeof b, "disk6|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
              (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56));
     return ft_xxh3(b, strlen(b));
 }
@@ -657,7 +659,19 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
  * all at once (asynchronously, queue depth 8, as sched.c opens its
  * stores), past the page cache under a budget; the median of 5 after one
  * unmeasured. Within a memory bound the layer is cut to fit a quarter. */
-static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in)
+static double proc_cpu_now(void)
+{
+    struct timespec t;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t)) return ft_now();
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* cpu_time: time the reads by this process's CPU time instead of the
+ * wall clock: reads that are memory copies (the page cache, a memory
+ * node on this machine) are CPU work, rescaled by the plan's CPU share
+ * like the engine's times. */
+static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
+                               int cpu_time)
 {
     enum { N = FT_COST_MAX_TENSORS };
     size_t sz[N], off[N], total = 0;
@@ -700,14 +714,14 @@ static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, 
     for (int r = -1; ok && r < 5; r++) {
         ft_request *req[N] = {0};
         size_t got[N];
-        double t0 = ft_now();
+        double t0 = cpu_time ? proc_cpu_now() : ft_now();
         for (int i = 0; ok && i < n; i++)
             ok = ft_read_frame_async(s, key[i], buf + off[i], sz[i] + 4096, &got[i], &req[i]) == FT_OK;
         for (int i = 0; i < n; i++) {
             if (req[i] && ft_request_wait(req[i], -1) != FT_OK) ok = 0;
             ft_request_free(req[i]);
         }
-        if (r >= 0) tm[r] = ft_now() - t0;
+        if (r >= 0) tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
     }
     if (ok) bw = (double)bytes / median(tm, 5);
     for (int i = 0; i < n; i++) ft_delete_tensor(s, key[i]);
@@ -816,9 +830,6 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->cpu_share_calibrated = 1.0;   /* CPU time: the work, whatever the load */
         if (use_cache) calib_save(cdir, cpath, key, in);
     }
-    /* the CPU terms at the share of a core a thread gets now */
-    in->cpu_share = measure_cpu_share(in->compute_threads);
-    ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     in->bw[FT_TIER_DISK] = 0;
     if (base->disk_uri[0]) {
         char dpath[4200];
@@ -829,21 +840,31 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
         }
         if (!dcached) {
-            in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in);
+            /* past the page cache: the device's time; through it: copies, CPU time */
+            in->bw[FT_TIER_DISK] = measure_layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, !cp->drop_cache);
             if (use_cache && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
         }
         in->calibration_cached = in->calibration_cached && dcached;
     }
+    if (base->n_remotes && !(given && given[FT_TIER_REMOTE] > 0)) {
+        /* a memory node: one layer's frames read at once, as the
+         * scheduler reads them (a single 16 MiB tensor measured 6-7.6
+         * GB/s on loopback where the run's layers came at 1.2), by the
+         * wall clock: measured every time, under the plan's load (on this
+         * machine the node's own process copies too, which this process's
+         * CPU time does not see). A codec agent serves tensors: a 16 MiB
+         * one. */
+        FT_LOG(FT_LOG_INFO, "plan: measuring the link to %s", base->remotes[0]);
+        in->bw[FT_TIER_REMOTE] = in->agent_cores ? measure_store_bw(base->remotes[0], 0)
+                                                 : measure_layer_bw(base->remotes[0], 0, cp->memory, in, 0);
+        if (in->bw[FT_TIER_REMOTE] <= 0)
+            return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
+    }
+    /* the CPU terms at the share of a core a thread gets now */
+    in->cpu_share = measure_cpu_share(in->compute_threads);
+    ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];
-    if (base->n_remotes) {
-        if (given && given[FT_TIER_REMOTE] > 0) in->bw[FT_TIER_REMOTE] = given[FT_TIER_REMOTE];
-        else {
-            FT_LOG(FT_LOG_INFO, "plan: measuring the link to %s", base->remotes[0]);
-            in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
-            if (in->bw[FT_TIER_REMOTE] <= 0)
-                return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
-        }
-    }
+    if (base->n_remotes && given && given[FT_TIER_REMOTE] > 0) in->bw[FT_TIER_REMOTE] = given[FT_TIER_REMOTE];
     return FT_OK;
 }
