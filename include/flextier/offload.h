@@ -270,6 +270,9 @@ typedef struct ft_calibrate_params {
     int recalibrate;
     int drop_cache;             /* the disk tier is read past the page cache
                                    (a memory budget): measure it that way */
+    double cpu_share;           /* > 0: the share of a core a thread gets
+                                   now, instead of measuring it (tests; a
+                                   caller that knows its CPU quota)       */
     uint64_t memory;            /* bytes calibration may hold beside the
                                    process (0: no bound): the bandwidth
                                    probe's buffers and the timed copies'

@@ -861,7 +861,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
     }
     /* the CPU terms at the share of a core a thread gets now */
-    in->cpu_share = measure_cpu_share(in->compute_threads);
+    in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);
     ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];
