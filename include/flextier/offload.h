@@ -213,6 +213,11 @@ typedef struct ft_cost_estimate {
  * unchanged. */
 FT_API void ft_cost_rescale_cpu(ft_cost_inputs *in, double k);
 
+/* The share of a core each of `threads` threads gets now (CPU time /
+ * wall time of spinning threads, 60 ms, median of 3; 1 on an idle
+ * machine). */
+FT_API double ft_cpu_share(unsigned threads);
+
 /* The engine's decode times from what calibration timed, per batch point
  * j (0: batch 1, 1: the run's): layer[j], a layer's time between the
  * engine's layer hooks in a 2-layer copy; total2[j], that copy's whole

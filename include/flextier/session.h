@@ -169,6 +169,12 @@ FT_API const ft_tokenizer *ft_session_tokenizer(const ft_session *s);
  * and, for FT_OFFLOAD_AUTO (or POLICY with `predict`), the cost model's
  * predicted decode tok/s (else 0). */
 FT_API const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps);
+/* The same prediction where a thread gets cpu_share of a core (0 < share
+ * <= 1; ft_cpu_share measures it): the cost model's inputs rescaled from
+ * the share of the plan to this one (ft_cost_rescale_cpu), so that a run
+ * can be predicted at the load it met. FT_ERR_INVALID_ARG without a
+ * prediction. */
+FT_API ft_status ft_session_predict_at(const ft_session *s, double cpu_share, double *tps);
 /* The sampling the model's generation_config.json asks for (greedy when
  * it does not sample). */
 FT_API void ft_session_default_sampling(const ft_session *s, ft_sampling *out);

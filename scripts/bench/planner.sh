@@ -115,7 +115,7 @@ row() {
     fi
     l1=$(load1)
     if [ "$rc" != 0 ]; then
-        emit "| $name | $ptext | failed (exit $rc): $(grep -v '^\s*$' "$log.out.err" | tail -1 | tr '|' ' ' | cut -c1-120) | | | | $l0-$l1 |"
+        emit "| $name | $ptext | failed (exit $rc): $(grep -v '^\s*$' "$log.out.err" | tail -1 | tr '|' ' ' | cut -c1-120) | | | | | $l0-$l1 |"
         return 0
     fi
     python3 - "$log.out" "$name" "$ptext" "$l0" "$l1" "$peak" <<'PY' | tee -a "$table"
@@ -124,17 +124,19 @@ d = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
 o = d.get("offload", {})
 pol = o.get("policy", sys.argv[3])
 pr, me = o.get("predicted_tok_s", 0.0), d.get("decode_tok_s", 0.0)
-cpu = d.get("decode_tok_per_cpu_s", 0.0)
+prr, sh = d.get("predicted_run_tok_s", 0.0), d.get("cpu_share_run", 0.0)
 ratio = "%.2f" % (pr / me) if pr > 0 and me > 0 else "-"
-print("| %s | `%s` | %.2f | %.2f | %s | %s-%s | %.1f%s |" % (sys.argv[2], pol.replace(" a=100,0,0,0", ""), pr, me,
-      ratio, sys.argv[4], sys.argv[5], cpu, sys.argv[6]))
+rr = "%.2f" % (prr / me) if prr > 0 and me > 0 else "-"
+print("| %s | `%s` | %.2f | %.2f | %s | %.2f (%.2f) | **%s** | %s-%s%s |" % (sys.argv[2],
+      pol.replace(" a=100,0,0,0", "").replace(" gbs=1 ngb=1", ""), pr, me, ratio, prr, sh, rr, sys.argv[4],
+      sys.argv[5], sys.argv[6]))
 PY
 }
 
 header() {
     emit ""
-    emit "| row | policy | predicted tok/s | measured tok/s | predicted / measured | 1-min load (before-after) | decode tok per CPU-s |"
-    emit "|---|---|---|---|---|---|---|"
+    emit "| row | policy | predicted when planned | measured tok/s | ratio | predicted at the run's CPU share (share) | ratio | 1-min load (before-after) |"
+    emit "|---|---|---|---|---|---|---|---|"
 }
 
 emit "## Planner predictions against measured runs ($(date -u +%F), flextier $(cd "$root" && git describe --always --dirty 2>/dev/null || echo '?'))"
@@ -179,7 +181,7 @@ if [[ " $SECTIONS " == *" offload "* ]]; then
                 --policy "w=100,0 c=0,0,0,100" --compress-cache $cc --remote "$R"
         done
     else
-        emit "| (d)-(g) lab link | needs root and network namespaces | | | | | |"
+        emit "| (d)-(g) lab link | needs root and network namespaces | | | | | | |"
     fi
 fi
 

@@ -202,6 +202,8 @@ static double measure_cpu_share(unsigned n)
     return m > 0.02 ? (m < 1.0 ? m : 1.0) : 0.02;
 }
 
+double ft_cpu_share(unsigned threads) { return measure_cpu_share(threads); }
+
 /* The last-level cache's size (0 if unknown). */
 static uint64_t llc_bytes(void)
 {

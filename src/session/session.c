@@ -27,6 +27,8 @@ struct ft_session {
     char tok_error[256];
     ft_policy policy;             /* in force                             */
     double predicted_tps;
+    ft_cost_inputs *pin;          /* what the prediction was made from    */
+    ft_policy ppol;               /* the policy predicted (the run's batch) */
     int offloaded;                /* a policy: layers on the tiers        */
     ft_offload *wo;
     ft_kv_offload *kvo;
@@ -440,6 +442,8 @@ static ft_status check_budget_cuda(ft_session *s, int weights)
                                         "larger --memory");
 }
 
+static void keep_inputs(ft_session *s, const ft_cost_inputs *in, const ft_policy *p);
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -575,6 +579,8 @@ static ft_status plan(ft_session *s, int weights)
     }
     s->policy = best;
     s->predicted_tps = e.decode_tps;
+    in.head_stream_bytes = budgeted ? head_stream_bytes(&s->mem) : 0;
+    keep_inputs(s, &in, &best);
     if (in.proc_cap) {
         s->mem.tiers = e.mem_process;
         s->mem.need = fixed_total(&s->mem) + s->mem.tiers;
@@ -585,6 +591,15 @@ static ft_status plan(ft_session *s, int weights)
         s->policy.disk_uri[0] = '\0';
     }
     return FT_OK;
+}
+
+/* Keep what a prediction was made from (ft_session_predict_at). */
+static void keep_inputs(ft_session *s, const ft_cost_inputs *in, const ft_policy *p)
+{
+    if (!s->pin) s->pin = malloc(sizeof *s->pin);
+    if (!s->pin) return;   /* only the re-prediction is lost */
+    *s->pin = *in;
+    s->ppol = *p;
 }
 
 /* POLICY with `predict`: calibrate as plan() does (the same cache, the
@@ -627,6 +642,24 @@ static ft_status predict_given(ft_session *s, int weights)
     ft_cost_estimate e;
     ft_cost_predict(&in, &pol, &e);
     s->predicted_tps = e.decode_tps;
+    keep_inputs(s, &in, &pol);
+    return FT_OK;
+}
+
+ft_status ft_session_predict_at(const ft_session *s, double cpu_share, double *tps)
+{
+    if (!s || !tps) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
+    if (!s->pin) return ft_set_error(FT_ERR_INVALID_ARG, "session: no prediction was made (--policy auto, or predict)");
+    if (!(cpu_share > 0 && cpu_share <= 1)) return ft_set_error(FT_ERR_INVALID_ARG, "session: CPU share %g", cpu_share);
+    ft_cost_inputs *in = malloc(sizeof *in);
+    if (!in) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
+    *in = *s->pin;
+    if (in->cpu_share > 0) ft_cost_rescale_cpu(in, in->cpu_share / cpu_share);
+    in->cpu_share = cpu_share;
+    ft_cost_estimate e;
+    ft_cost_predict(in, &s->ppol, &e);
+    free(in);
+    *tps = e.decode_tps;
     return FT_OK;
 }
 
@@ -842,6 +875,7 @@ void ft_session_close(ft_session *s)
     }
     ft_tokenizer_free(s->tok);
     remove_tmp_disk(s);
+    free(s->pin);
     free(s);
 }
 
