@@ -187,6 +187,14 @@ typedef struct ft_cost_inputs {
      * (ft_calibrate measures it every time; a cached calibration is
      * rescaled by their ratio, ft_cost_rescale_cpu). 0: not measured. */
     double cpu_share, cpu_share_calibrated;
+    /* The time a sleeping thread takes to run again once woken (mutex and
+     * condition variable, as the scheduler hands a layer over), measured
+     * at each plan: under another process's load it is a time slice, on
+     * an idle machine microseconds. A streamed layer whose I/O is the
+     * longer side adds it once (0: none). */
+    double handoff_s;
+    ft_codec_id probe_codec;       /* whose frame sizes the disk and link
+                                      probes read (ft_calibrate)           */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -207,10 +215,10 @@ typedef struct ft_cost_estimate {
 /* What calibration measured on the CPU, taken under another load: every
  * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
  * and the flop/s) made k times slower (k = the calibration's cpu_share /
- * the plan's), and the reads that are copies on this machine's cores: the
- * disk tier through the page cache (not disk_direct; memory nodes' links
- * are measured at every plan, under its load). k <= 0, non-finite or 1:
- * unchanged. */
+ * the plan's). The links (the disk tier, memory nodes) are not: read
+ * past the page cache the disk is a device; through it, and a memory
+ * node's link, are measured at every plan, under its load. k <= 0,
+ * non-finite or 1: unchanged. */
 FT_API void ft_cost_rescale_cpu(ft_cost_inputs *in, double k);
 
 /* The share of a core each of `threads` threads gets now (CPU time /
@@ -276,8 +284,9 @@ typedef struct ft_calibrate_params {
     int drop_cache;             /* the disk tier is read past the page cache
                                    (a memory budget): measure it that way */
     double cpu_share;           /* > 0: the share of a core a thread gets
-                                   now, instead of measuring it (tests; a
-                                   caller that knows its CPU quota)       */
+                                   now, instead of measuring it, and no
+                                   hand-off latency (tests; a caller that
+                                   knows its CPU quota)                   */
     uint64_t memory;            /* bytes calibration may hold beside the
                                    process (0: no bound): the bandwidth
                                    probe's buffers and the timed copies'

@@ -119,7 +119,7 @@ row() {
         return 0
     fi
     python3 - "$log.out" "$name" "$ptext" "$l0" "$l1" "$peak" <<'PY' | tee -a "$table"
-import json, sys
+import json, re, sys
 d = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
 o = d.get("offload", {})
 pol = o.get("policy", sys.argv[3])
@@ -128,7 +128,7 @@ prr, sh = d.get("predicted_run_tok_s", 0.0), d.get("cpu_share_run", 0.0)
 ratio = "%.2f" % (pr / me) if pr > 0 and me > 0 else "-"
 rr = "%.2f" % (prr / me) if prr > 0 and me > 0 else "-"
 print("| %s | `%s` | %.2f | %.2f | %s | %.2f (%.2f) | **%s** | %s-%s%s |" % (sys.argv[2],
-      pol.replace(" a=100,0,0,0", "").replace(" gbs=1 ngb=1", ""), pr, me, ratio, prr, sh, rr, sys.argv[4],
+      re.sub(r" (a=\S+|gbs=\d+|ngb=\d+)", "", pol), pr, me, ratio, prr, sh, rr, sys.argv[4],
       sys.argv[5], sys.argv[6]))
 PY
 }
@@ -233,8 +233,24 @@ if [[ " $SECTIONS " == *" stability "* ]]; then
     emit ""
     emit "### Three plans in a row (\`flextier plan --json\`; decode tok/s predicted)"
     emit ""
-    emit "| model | plan arguments | cached: run 1 / 2 / 3 | spread | --recalibrate: run 1 / 2 / 3 | spread | load |"
-    emit "|---|---|---|---|---|---|---|"
+    emit "Each plan: decode tok/s predicted at the load of the moment / on an idle machine (the CPU share a thread got)."
+    emit ""
+    emit "| model | plan arguments | cached: 3 plans | spread (now) | spread (idle) | --recalibrate: 3 plans | spread (now) | spread (idle) | load |"
+    emit "|---|---|---|---|---|---|---|---|---|"
+    cat > "$work/pj.py" <<'PY'
+import json, sys
+try:
+    d = json.load(sys.stdin)
+    print("%.2f/%.2f (%.2f)" % (d["decode_tps"], d.get("decode_tps_idle", 0), d.get("cpu_share", 0)))
+except Exception:
+    print("ERR")
+PY
+    cat > "$work/spread.py" <<'PY'
+import sys
+k = int(sys.argv[1])
+v = [float(x.split(" ")[0].split("/")[k]) for x in sys.argv[2:] if x != "ERR"]
+print("%.0f%%" % (100 * (max(v) - min(v)) / min(v)) if v and min(v) > 0 else "-")
+PY
     plans=()
     [[ " $SECTIONS " == *" offload "* ]] || [ -f "$work/m1024/model.safetensors" ] || \
         "$FT" gen-model --arch llama --out "$work/m1024" --hidden 1024 --layers 8 --heads 16 --kv-heads 8 --ffn 2816 \
@@ -250,16 +266,11 @@ if [[ " $SECTIONS " == *" stability "* ]]; then
         m=${p%%|*}; a=${p#*|}
         l0=$(load1)
         vals=(); rvals=()
-        for k in 1 2 3; do
-            # shellcheck disable=SC2086
-            vals+=("$("$FT" plan --model "$m" $a --json 2>/dev/null | python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["decode_tps"])' || echo ERR)")
-        done
-        for k in 1 2 3; do
-            # shellcheck disable=SC2086
-            rvals+=("$("$FT" plan --model "$m" $a --json --recalibrate 2>/dev/null | python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["decode_tps"])' || echo ERR)")
-        done
-        spread() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='ERR']; print('%.1f%%' % (100*(max(v)-min(v))/min(v)) if v and min(v)>0 else '-')" "$@"; }
-        emit "| $(basename "$m") | \`${a//$work/WORK}\` | ${vals[0]} / ${vals[1]} / ${vals[2]} | $(spread "${vals[@]}") | ${rvals[0]} / ${rvals[1]} / ${rvals[2]} | $(spread "${rvals[@]}") | $l0-$(load1) |"
+        # shellcheck disable=SC2086
+        for k in 1 2 3; do vals+=("$("$FT" plan --model "$m" $a --json 2>/dev/null | python3 "$work/pj.py")"); done
+        # shellcheck disable=SC2086
+        for k in 1 2 3; do rvals+=("$("$FT" plan --model "$m" $a --json --recalibrate 2>/dev/null | python3 "$work/pj.py")"); done
+        emit "| $(basename "$m") | \`${a//$work/WORK}\` | ${vals[0]}, ${vals[1]}, ${vals[2]} | $(python3 "$work/spread.py" 0 "${vals[@]}") | $(python3 "$work/spread.py" 1 "${vals[@]}") | ${rvals[0]}, ${rvals[1]}, ${rvals[2]} | $(python3 "$work/spread.py" 0 "${rvals[@]}") | $(python3 "$work/spread.py" 1 "${rvals[@]}") | $l0-$(load1) |"
     done
 fi
 emit ""

@@ -204,6 +204,63 @@ static double measure_cpu_share(unsigned n)
 
 double ft_cpu_share(unsigned threads) { return measure_cpu_share(threads); }
 
+/* The hand-off latency: two threads pass a token back and forth through a
+ * mutex and condition variables as the scheduler's compute and I/O
+ * threads do; half the median round trip, over at least 8 and until 0.15
+ * s (at most 64). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int turn, stop;
+} pingpong;
+
+static void *pong_main(void *arg)
+{
+    pingpong *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->turn != 1 && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) break;
+        p->turn = 0;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static double measure_handoff(void)
+{
+    pingpong p;
+    memset(&p, 0, sizeof p);
+    if (pthread_mutex_init(&p.mu, NULL)) return 0;
+    if (pthread_cond_init(&p.cv, NULL)) { pthread_mutex_destroy(&p.mu); return 0; }
+    pthread_t th;
+    double v[64], h = 0;
+    int n = 0;
+    if (pthread_create(&th, NULL, pong_main, &p) == 0) {
+        double start = ft_now();
+        for (int r = -1; r < 64; r++) {   /* r = -1: warm-up */
+            if (r >= 8 && ft_now() - start > 0.15) break;
+            double t0 = ft_now();
+            pthread_mutex_lock(&p.mu);
+            p.turn = 1;
+            pthread_cond_broadcast(&p.cv);
+            while (p.turn != 0) pthread_cond_wait(&p.cv, &p.mu);
+            pthread_mutex_unlock(&p.mu);
+            if (r >= 0) v[n++] = ft_now() - t0;
+        }
+        pthread_mutex_lock(&p.mu);
+        p.stop = 1;
+        pthread_cond_broadcast(&p.cv);
+        pthread_mutex_unlock(&p.mu);
+        pthread_join(th, NULL);
+        h = n ? median(v, (size_t)n) / 2 : 0;
+    }
+    pthread_cond_destroy(&p.cv);
+    pthread_mutex_destroy(&p.mu);
+    return h;
+}
+
 /* The last-level cache's size (0 if unknown). */
 static uint64_t llc_bytes(void)
 {
@@ -415,8 +472,6 @@ void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
     in->flops /= k;
     in->mem_bw /= k;
     in->bw[FT_TIER_HOST] /= k;
-    /* reads that are copies on this machine's cores */
-    if (!in->disk_direct) in->bw[FT_TIER_DISK] /= k;
 }
 
 
@@ -679,7 +734,7 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     size_t sz[N], off[N], total = 0;
     int n = 0;
     for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
-        size_t b = (size_t)in->tensor_bytes[FT_CODEC_RAW][k];
+        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
         if (b < (64u << 10)) continue;   /* norms: noise */
         if (memory && total + b > memory / 4) break;
         off[n] = total;
@@ -832,21 +887,42 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->cpu_share_calibrated = 1.0;   /* CPU time: the work, whatever the load */
         if (use_cache) calib_save(cdir, cpath, key, in);
     }
+    /* the frames' sizes set the request sizes: q8/q4 ones when the
+     * weights are only those (--compress-weights q4) */
+    in->probe_codec = FT_CODEC_RAW;
+    {
+        unsigned wmask = codec_mask & ((1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q8) |
+                                       (1u << FT_CODEC_Q4));
+        if (wmask == (1u << FT_CODEC_Q4) || wmask == ((1u << FT_CODEC_Q4) | (1u << FT_CODEC_RAW)))
+            in->probe_codec = FT_CODEC_Q4;
+        else if (wmask == (1u << FT_CODEC_Q8) || wmask == ((1u << FT_CODEC_Q8) | (1u << FT_CODEC_RAW)))
+            in->probe_codec = FT_CODEC_Q8;
+    }
     in->bw[FT_TIER_DISK] = 0;
     if (base->disk_uri[0]) {
         char dpath[4200];
         uint64_t dk = disk_key(cp, in);
         int dcached = 0;
-        if (use_cache) {
+        /* Past the page cache (a budget) the device's time, cached. Through
+         * it, memory copies on threads of the store (several at once, each
+         * at the load's share): measured at every plan by the wall clock,
+         * under its load, like a memory node's link (in CPU time, rescaled
+         * by one thread's share, it predicted the disk row at 0.55-0.69x). */
+        /* Past the page cache too: a disk shared with other tenants read
+         * 0.2-0.4 GB/s in runs whose cached probe had said more; so every
+         * plan measures it (FLEXTIER_CALIB_DISK=cache keeps the cached
+         * value, the earlier behaviour). */
+        const char *dc = getenv("FLEXTIER_CALIB_DISK");
+        int cache_disk = cp->drop_cache && dc && !strcmp(dc, "cache");
+        if (use_cache && cache_disk) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
         }
         if (!dcached) {
-            /* past the page cache: the device's time; through it: copies, CPU time */
-            in->bw[FT_TIER_DISK] = measure_layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, !cp->drop_cache);
-            if (use_cache && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
+            in->bw[FT_TIER_DISK] = measure_layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, 0);
+            if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
         }
-        in->calibration_cached = in->calibration_cached && dcached;
+        if (cache_disk) in->calibration_cached = in->calibration_cached && dcached;
     }
     if (base->n_remotes && !(given && given[FT_TIER_REMOTE] > 0)) {
         /* a memory node: one layer's frames read at once, as the
@@ -859,11 +935,15 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         FT_LOG(FT_LOG_INFO, "plan: measuring the link to %s", base->remotes[0]);
         in->bw[FT_TIER_REMOTE] = in->agent_cores ? measure_store_bw(base->remotes[0], 0)
                                                  : measure_layer_bw(base->remotes[0], 0, cp->memory, in, 0);
+        /* a layer's frames at once failed (seen inside a memory cgroup of
+         * 160 MiB): one tensor */
+        if (in->bw[FT_TIER_REMOTE] <= 0 && !in->agent_cores) in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
         if (in->bw[FT_TIER_REMOTE] <= 0)
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
     }
     /* the CPU terms at the share of a core a thread gets now */
     in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);
+    in->handoff_s = cp->cpu_share > 0 ? 0 : measure_handoff();
     ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];

@@ -654,7 +654,10 @@ ft_status ft_session_predict_at(const ft_session *s, double cpu_share, double *t
     ft_cost_inputs *in = malloc(sizeof *in);
     if (!in) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
     *in = *s->pin;
-    if (in->cpu_share > 0) ft_cost_rescale_cpu(in, in->cpu_share / cpu_share);
+    if (in->cpu_share > 0) {
+        ft_cost_rescale_cpu(in, in->cpu_share / cpu_share);
+        in->handoff_s *= in->cpu_share / cpu_share;   /* a time slice of the others' as well */
+    }
     in->cpu_share = cpu_share;
     ft_cost_estimate e;
     ft_cost_predict(in, &s->ppol, &e);
