@@ -25,7 +25,7 @@
 #
 #   scripts/bench/planner.sh [--flextier PATH] [--sections "offload memlimit stability"]
 #                            [--models "small h2048l8 llama1b"] [--batches "1 16"]
-#                            [--rows "disk disk-q4 node node-q4"] [--gen N] [--threads N]
+#                            [--rows "disk disk-q4 node node-q4"] [--limits "768M"] [--gen N] [--threads N]
 #                            [--out DIR] [--calib-cache DIR]
 # The calibration cache is a private directory (--calib-cache; default
 # under --out or a temporary one), measured fresh at the start of each
@@ -40,7 +40,7 @@ PEERS_PROG=planner.sh
 
 FT=$root/build/flextier
 SECTIONS="offload memlimit stability"; MODELS="small h2048l8 llama1b"; BATCHES="1 16"
-ROWS="disk disk-q4 node node-q4"; GEN=16; THREADS=2; OUT=""; CALIB=""
+ROWS="disk disk-q4 node node-q4"; GEN=16; THREADS=2; OUT=""; CALIB=""; LIMITS_OPT=""
 usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -49,6 +49,7 @@ while [ $# -gt 0 ]; do
     --models) MODELS=$2; shift 2 ;;
     --batches) BATCHES=$2; shift 2 ;;
     --rows) ROWS=$2; shift 2 ;;
+    --limits) LIMITS_OPT=$2; shift 2 ;;
     --gen) GEN=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -198,6 +199,7 @@ model_dir() {   # NAME -> MODEL, LIMITS
         peers_gen_model "$FT" "$MODEL" --arch llama --hidden 2048 --layers 22 --heads 32 --kv-heads 8 --ffn 5632 \
             --vocab 32000 --dtype bf16 ;;
     esac
+    if [ -n "$LIMITS_OPT" ]; then LIMITS=$LIMITS_OPT; fi
 }
 if [[ " $SECTIONS " == *" memlimit "* ]]; then
     [[ " $ROWS " == *" node"* ]] && start_node 4G
