@@ -181,6 +181,8 @@ if [[ " $SECTIONS " == *" offload "* ]]; then
                 --model "$M" --batch 8 --prompt-len 256 --gen-len "$GEN" --threads 1 --json --predict --device-mem "$DEV" \
                 --policy "w=100,0 c=0,0,0,100" --compress-cache $cc --remote "$R"
         done
+        # the lab node's token only: the loopback node of the next section has none
+        unset FLEXTIER_TOKEN_FILE
     else
         emit "| (d)-(g) lab link | needs root and network namespaces | | | | | | |"
     fi
