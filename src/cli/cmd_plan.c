@@ -300,12 +300,13 @@ int ft_cmd_plan(int argc, char **argv)
     /* the same policy on an idle machine (a thread's share of a core 1):
      * what does not move with the other processes' load */
     double idle_tps = e.decode_tps;
-    if (in.cpu_share > 0 && in.cpu_share < 1) {
+    if (in.cpu_share > 0 && (in.cpu_share < 1 || in.handoff_s > 0)) {
         ft_cost_inputs *idle = malloc(sizeof *idle);
         if (idle) {
             ft_cost_estimate ie;
             *idle = in;
             ft_cost_rescale_cpu(idle, in.cpu_share);
+            idle->handoff_s = 0;   /* microseconds when nothing else runs */
             ft_cost_predict(idle, &best, &ie);
             idle_tps = ie.decode_tps;
             free(idle);

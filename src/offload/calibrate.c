@@ -903,17 +903,16 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         char dpath[4200];
         uint64_t dk = disk_key(cp, in);
         int dcached = 0;
-        /* Past the page cache (a budget) the device's time, cached. Through
-         * it, memory copies on threads of the store (several at once, each
-         * at the load's share): measured at every plan by the wall clock,
-         * under its load, like a memory node's link (in CPU time, rescaled
-         * by one thread's share, it predicted the disk row at 0.55-0.69x). */
-        /* Past the page cache too: a disk shared with other tenants read
-         * 0.2-0.4 GB/s in runs whose cached probe had said more; so every
-         * plan measures it (FLEXTIER_CALIB_DISK=cache keeps the cached
-         * value, the earlier behaviour). */
+        /* By the wall clock, past the page cache (a budget) or through it
+         * (memory copies on several threads of the store: in CPU time,
+         * rescaled by one thread's share, it predicted the disk row at
+         * 0.55-0.69x). */
+        /* Cached, so that plans in a row agree; a disk shared with other
+         * tenants changes under them (0.2-0.4 GB/s in runs whose cached
+         * probe had said more): FLEXTIER_CALIB_DISK=measure measures it at
+         * every plan instead. */
         const char *dc = getenv("FLEXTIER_CALIB_DISK");
-        int cache_disk = cp->drop_cache && dc && !strcmp(dc, "cache");
+        int cache_disk = !(dc && !strcmp(dc, "measure"));
         if (use_cache && cache_disk) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
