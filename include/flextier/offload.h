@@ -195,6 +195,10 @@ typedef struct ft_cost_inputs {
     double handoff_s;
     ft_codec_id probe_codec;       /* whose frame sizes the disk and link
                                       probes read (ft_calibrate)           */
+    double head_bw;                /* bytes/s of a streamed LM head read
+                                      from the checkpoint file in chunks,
+                                      past the page cache (ft_calibrate
+                                      under a budget; 0: bw[DISK] is used) */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {

@@ -7,6 +7,7 @@
 #include "flextier/model.h"
 #include "flextier/store.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -261,6 +262,68 @@ static double measure_handoff(void)
     return h;
 }
 
+/* How fast a streamed LM head comes from the checkpoint file, read as
+ * the engine reads it (src/engine/gstream.c): 4 MiB chunks with pread, the
+ * next one asked for with WILLNEED, each dropped from the page cache after
+ * use; the head (the largest tensor named lm_head, else embed_tokens /
+ * wte: a tied head) dropped first, so the reads are cold. Up to 32 MiB per
+ * pass, the median of 3 passes. 0: no such tensor, or it failed. */
+static double measure_head_bw(const char *dir)
+{
+    ft_checkpoint *ck = NULL;
+    if (ft_checkpoint_open(dir, &ck)) return 0;
+    const char *best = NULL;
+    size_t bsz = 0;
+    for (int pass = 0; pass < 2 && !best; pass++)
+        for (size_t i = 0; i < ft_checkpoint_count(ck); i++) {
+            const char *nm = ft_checkpoint_name(ck, i);
+            int match = pass == 0 ? strstr(nm, "lm_head") != NULL
+                                  : strstr(nm, "embed_tokens") != NULL || strstr(nm, "wte") != NULL;
+            ft_tensor t;
+            if (!match || ft_checkpoint_get(ck, nm, &t)) continue;
+            uint64_t ne = 0;
+            if (ft_tensor_numel(&t, &ne)) continue;
+            size_t sz = (size_t)ne * (ft_dtype_bits(t.dtype) / 8);
+            if (sz > bsz) { bsz = sz; best = nm; }
+        }
+    double bw = 0;
+    const char *path = NULL;
+    uint64_t off = 0;
+    ft_tensor t;
+    int fd = -1;
+    char *buf = NULL;
+    enum { CHUNK = 4 << 20 };
+    if (!best || ft_checkpoint_get(ck, best, &t) || ft_checkpoint_locate(ck, t.data, &path, &off)) goto done;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    buf = malloc(CHUNK);
+    if (fd < 0 || !buf) goto done;
+    size_t span = bsz < (32u << 20) ? bsz : (32u << 20);
+    double tm[3];
+    int ok = 1;
+    for (int r = 0; r < 3 && ok; r++) {
+        (void)posix_fadvise(fd, (off_t)off, (off_t)span, POSIX_FADV_DONTNEED);
+        double t0 = ft_now();
+        for (size_t done = 0; done < span && ok;) {
+            size_t n = span - done < CHUNK ? span - done : CHUNK;
+            if (done + n < span)
+                (void)posix_fadvise(fd, (off_t)(off + done + n), (off_t)CHUNK, POSIX_FADV_WILLNEED);
+            ssize_t got = pread(fd, buf, n, (off_t)(off + done));
+            if (got <= 0) ok = 0;
+            else {
+                (void)posix_fadvise(fd, (off_t)(off + done), (off_t)got, POSIX_FADV_DONTNEED);
+                done += (size_t)got;
+            }
+        }
+        tm[r] = ft_now() - t0;
+    }
+    if (ok) bw = (double)span / median(tm, 3);
+done:
+    free(buf);
+    if (fd >= 0) close(fd);
+    ft_checkpoint_close(ck);
+    return bw;
+}
+
 /* The last-level cache's size (0 if unknown). */
 static uint64_t llc_bytes(void)
 {
@@ -483,11 +546,12 @@ void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
  * ~/.cache/flextier/calib), one file per key. The file is only trusted
  * when its size, magic, key and checksum match and every value is a
  * finite non-negative number; anything else is measured again. */
-#define CALIB_MAGIC 0x324249434c544654ull   /* "FTLCIB2" */
+#define CALIB_MAGIC 0x334249434c544654ull   /* "FTLCIB3" */
 typedef struct calib_rec {
     uint64_t magic, key;
     double mem_bw, flops, host_bw, disk_bw;
     double share;                                   /* cpu_share_calibrated */
+    double head_bw;                                 /* 0: not measured      */
     double ratio[FT_CODEC_COUNT], decode_bw[FT_CODEC_COUNT];
     double timing[FT_CODEC_COUNT][2 + 2 + 2 + 2];   /* batch[2], layer[2], fixed[2], prefill[2] */
     uint64_t sum;
@@ -646,6 +710,7 @@ static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
     r->host_bw = in->bw[FT_TIER_HOST];
     r->disk_bw = in->bw[FT_TIER_DISK];
     r->share = in->cpu_share_calibrated;
+    r->head_bw = in->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         const ft_cost_timing *t = &in->timing[c];
         r->ratio[c] = in->ratio[c];
@@ -663,6 +728,7 @@ static void calib_unpack(const calib_rec *r, ft_cost_inputs *in)
     in->bw[FT_TIER_HOST] = r->host_bw;
     in->bw[FT_TIER_DISK] = r->disk_bw;
     in->cpu_share_calibrated = r->share;
+    in->head_bw = r->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         ft_cost_timing *t = &in->timing[c];
         const double *v = r->timing[c];
@@ -886,6 +952,12 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
         in->cpu_share_calibrated = 1.0;   /* CPU time: the work, whatever the load */
         if (use_cache) calib_save(cdir, cpath, key, in);
+    }
+    /* Under a budget the LM head may be streamed from the checkpoint:
+     * its read rate, cached with the rest */
+    if (cp->drop_cache && !(in->head_bw > 0)) {
+        in->head_bw = measure_head_bw(dir);
+        if (use_cache && in->head_bw > 0) calib_save(cdir, cpath, key, in);
     }
     /* the frames' sizes set the request sizes: q8/q4 ones when the
      * weights are only those (--compress-weights q4) */

@@ -227,7 +227,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     memcpy(out->t_link, link, sizeof link);
     /* a streamed LM head: read once per step after the layers (its next
      * chunk read ahead while one is computed: the read is the cost) */
-    double hbw = in->bw[FT_TIER_DISK] > 0 ? in->bw[FT_TIER_DISK] : in->mem_bw;
+    /* read from the checkpoint file: its measured rate (head_bw), else the
+     * disk tier's; the memory bandwidth only when neither was measured
+     * (it predicted a streamed head 9.8x too fast with a memory node and
+     * no disk tier) */
+    double hbw = in->head_bw > 0 ? in->head_bw : in->bw[FT_TIER_DISK] > 0 ? in->bw[FT_TIER_DISK] : in->mem_bw;
     double t_head = in->head_stream_bytes && hbw > 0 ? (double)in->head_stream_bytes / hbw : 0;
     out->decode_tps = T > 0 ? B / (L * T + t_fixed + t_head) : 0;
 

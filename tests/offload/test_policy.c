@@ -457,3 +457,27 @@ TEST(cost_model_handoff_per_streamed_layer)
     ft_cost_predict(&in, &p, &b);
     CHECK(a.t_layer_decode == b.t_layer_decode);
 }
+
+/* A streamed LM head (issue 20) costs its bytes at the checkpoint's
+ * measured read rate; without one, the disk tier's; the memory bandwidth
+ * only when neither was measured. */
+TEST(cost_model_streamed_head_read_rate)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    ft_policy p;
+    ft_policy_default(&p);
+    ft_cost_estimate a, b;
+    ft_cost_predict(&in, &p, &a);
+    in.head_stream_bytes = 64u << 20;
+    in.bw[FT_TIER_DISK] = 0;
+    ft_cost_predict(&in, &p, &b);   /* memory bandwidth: 20e9 */
+    double step_a = 1.0 / a.decode_tps, step_b = 1.0 / b.decode_tps;
+    CHECK(fabs((step_b - step_a) - (64.0 * 1048576) / 20e9) < 1e-9);
+    in.bw[FT_TIER_DISK] = 1e9;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(fabs((1.0 / b.decode_tps - step_a) - (64.0 * 1048576) / 1e9) < 1e-9);
+    in.head_bw = 0.25e9;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(fabs((1.0 / b.decode_tps - step_a) - (64.0 * 1048576) / 0.25e9) < 1e-9);
+}
