@@ -884,6 +884,16 @@ TEST(calibration_cache)
     double dbw = c.bw[FT_TIER_DISK];
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] == dbw);   /* plans in a row agree */
+    /* under a budget: the LM head's read rate from the checkpoint, kept */
+    cp.drop_cache = 1;
+    c.head_bw = 0;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.head_bw > 0);
+    double hbw = c.head_bw;
+    c.head_bw = 0;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached && c.head_bw == hbw);
+    cp.drop_cache = 0;
     cp.base = &base;
     /* a truncated file too */
     snprintf(cmd, sizeof cmd, "for f in %s/*.bin; do truncate -s 17 \"$f\"; done", cdir);
