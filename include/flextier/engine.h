@@ -674,6 +674,10 @@ typedef struct ft_gen_stats {
     double prefill_cpu_s, decode_cpu_s;   /* process CPU time (all threads):
                                              on a shared machine, tokens per
                                              CPU-second is the steadier figure */
+    double decode_thread_cpu_s;           /* the calling thread's CPU time in
+                                             decode: over the time it was not
+                                             waiting for the offloaded tiers,
+                                             the share of a core it got     */
 } ft_gen_stats;
 
 /* Generate for n prompts as one batch (n <= max_batch; slots 0..n-1 are

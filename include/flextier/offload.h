@@ -181,6 +181,24 @@ typedef struct ft_cost_inputs {
      * memory bandwidth when no disk was measured), after the layers.
      * Streamed embeddings cost a row per token: not counted. */
     uint64_t head_stream_bytes;
+    /* The share of a core each compute thread got (CPU time / wall time of
+     * spinning threads, 1 on an idle machine): cpu_share_calibrated when
+     * the engine and codecs were timed, cpu_share when this plan was made
+     * (ft_calibrate measures it every time; a cached calibration is
+     * rescaled by their ratio, ft_cost_rescale_cpu). 0: not measured. */
+    double cpu_share, cpu_share_calibrated;
+    /* The time a sleeping thread takes to run again once woken (mutex and
+     * condition variable, as the scheduler hands a layer over), measured
+     * at each plan: under another process's load it is a time slice, on
+     * an idle machine microseconds. A streamed layer whose I/O is the
+     * longer side adds it once (0: none). */
+    double handoff_s;
+    ft_codec_id probe_codec;       /* whose frame sizes the disk and link
+                                      probes read (ft_calibrate)           */
+    double head_bw;                /* bytes/s of a streamed LM head read
+                                      from the checkpoint file in chunks,
+                                      past the page cache (ft_calibrate
+                                      under a budget; 0: bw[DISK] is used) */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -197,6 +215,30 @@ typedef struct ft_cost_estimate {
      * bytes (as computed on) fetched per layer per decode step */
     double expert_hit, expert_fetch_bytes, expert_cache_mem;
 } ft_cost_estimate;
+
+/* What calibration measured on the CPU, taken under another load: every
+ * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
+ * and the flop/s) made k times slower (k = the calibration's cpu_share /
+ * the plan's). The links (the disk tier, memory nodes) are not: read
+ * past the page cache the disk is a device; through it, and a memory
+ * node's link, are measured at every plan, under its load. k <= 0,
+ * non-finite or 1: unchanged. */
+FT_API void ft_cost_rescale_cpu(ft_cost_inputs *in, double k);
+
+/* The share of a core each of `threads` threads gets now (CPU time /
+ * wall time of spinning threads, 60 ms, median of 3; 1 on an idle
+ * machine). */
+FT_API double ft_cpu_share(unsigned threads);
+
+/* The engine's decode times from what calibration timed, per batch point
+ * j (0: batch 1, 1: the run's): layer[j], a layer's time between the
+ * engine's layer hooks in a 2-layer copy; total2[j], that copy's whole
+ * step; totalv2[j], a 1-layer copy's step at the second vocabulary V2 (0:
+ * none); k = (V - V1) / (V2 - V1) extrapolates the fixed part (embedding,
+ * final norm, LM head) linearly in the vocabulary. Sets layer_decode_s
+ * and fixed_decode_s (clamped at 0). */
+FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                               ft_cost_timing *t);
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */
@@ -245,6 +287,10 @@ typedef struct ft_calibrate_params {
     int recalibrate;
     int drop_cache;             /* the disk tier is read past the page cache
                                    (a memory budget): measure it that way */
+    double cpu_share;           /* > 0: the share of a core a thread gets
+                                   now, instead of measuring it, and no
+                                   hand-off latency (tests; a caller that
+                                   knows its CPU quota)                   */
     uint64_t memory;            /* bytes calibration may hold beside the
                                    process (0: no bound): the bandwidth
                                    probe's buffers and the timed copies'

@@ -116,6 +116,10 @@ typedef struct ft_session_params {
     /* AUTO: measure the machine again instead of using the calibration
      * cache (ft_calibrate_params.recalibrate). */
     int recalibrate;
+    /* POLICY on the CPU: calibrate as AUTO does and predict the given
+     * policy's decode tok/s (ft_session_policy's predicted_tps), so a run
+     * shows the cost model's prediction beside what it measures. */
+    int predict;
     /* LoRA adapters (n_lora of them, read at open; the array need not
      * outlive the call), applied unmerged in every forward call in the
      * given order: y = W x + b + sum_k scale_k (alpha_k / r_k) B_k A_k x
@@ -168,8 +172,15 @@ FT_API const ft_model_config *ft_session_config(const ft_session *s);
 FT_API const ft_model *ft_session_model(const ft_session *s);
 FT_API const ft_tokenizer *ft_session_tokenizer(const ft_session *s);
 /* The policy in force ("everything on the device" without offloading)
- * and, for FT_OFFLOAD_AUTO, the planner's predicted decode tok/s (else 0). */
+ * and, for FT_OFFLOAD_AUTO (or POLICY with `predict`), the cost model's
+ * predicted decode tok/s (else 0). */
 FT_API const ft_policy *ft_session_policy(const ft_session *s, double *predicted_tps);
+/* The same prediction where a thread gets cpu_share of a core (0 < share
+ * <= 1; ft_cpu_share measures it): the cost model's inputs rescaled from
+ * the share of the plan to this one (ft_cost_rescale_cpu), so that a run
+ * can be predicted at the load it met. FT_ERR_INVALID_ARG without a
+ * prediction. */
+FT_API ft_status ft_session_predict_at(const ft_session *s, double cpu_share, double *tps);
 /* The sampling the model's generation_config.json asks for (greedy when
  * it does not sample). */
 FT_API void ft_session_default_sampling(const ft_session *s, ft_sampling *out);

@@ -297,12 +297,37 @@ int ft_cmd_plan(int argc, char **argv)
     }
     char pol[256];
     ft_policy_format(&best, pol, sizeof pol);
+    /* the same policy on an idle machine (a thread's share of a core 1):
+     * what does not move with the other processes' load */
+    double idle_tps = e.decode_tps;
+    if (in.cpu_share > 0 && (in.cpu_share < 1 || in.handoff_s > 0)) {
+        ft_cost_inputs *idle = malloc(sizeof *idle);
+        if (idle) {
+            ft_cost_estimate ie;
+            *idle = in;
+            ft_cost_rescale_cpu(idle, in.cpu_share);
+            idle->handoff_s = 0;   /* microseconds when nothing else runs */
+            ft_cost_predict(idle, &best, &ie);
+            idle_tps = ie.decode_tps;
+            free(idle);
+        }
+    }
+    double load1 = 0;
+    {
+        FILE *lf = fopen("/proc/loadavg", "re");
+        if (lf) {
+            if (fscanf(lf, "%lf", &load1) != 1) load1 = 0;
+            fclose(lf);
+        }
+    }
     if (json) {
         printf("{\"policy\": \"%s\", \"decode_tps\": %.4f, \"prefill_tps\": %.4f, \"bottleneck\": \"%s\", "
                "\"t_layer_s\": %.6g, \"flops\": %.4g, \"mem_bw\": %.4g, \"bw\": {\"host\": %.4g, \"disk\": %.4g, "
                "\"remote\": %.4g}, \"device_bytes\": %llu",
                pol, e.decode_tps, e.prefill_tps, e.bottleneck, e.t_layer_decode, in.flops, in.mem_bw,
                in.bw[1], in.bw[2], in.bw[3], (unsigned long long)e.mem[0]);
+        printf(", \"cpu_share\": %.3f, \"decode_tps_idle\": %.4f, \"load1\": %.2f, \"calibration_cached\": %d",
+               in.cpu_share, idle_tps, load1, in.calibration_cached);
         if (in.n_experts)   /* the expert model's terms (per sparse layer and decode step) */
             printf(", \"t_compute_s\": %.6g, \"t_fixed_s\": %.6g, \"expert_hit\": %.4f, "
                    "\"expert_fetch_bytes_per_layer_step\": %.6g, \"expert_cache_bytes\": %.6g",
@@ -333,7 +358,8 @@ int ft_cmd_plan(int argc, char **argv)
             printf("%s %.2fx %.2f GB/s  ", k == FT_CODEC_RAW ? "none" : ft_codec_name((ft_codec_id)k), r,
                    in.decode_bw[k] / 1e9);
         }
-    if (in.calibration_cached) printf("(calibration cached; --recalibrate to measure again)");
+    if (in.calibration_cached)
+        printf("(calibration cached; --recalibrate to measure again)");
     {
         double lb = 0;
         for (uint32_t k = 0; k < in.n_tensors; k++) lb += (double)in.tensor_bytes[best.compress_weights][k];
@@ -344,6 +370,8 @@ int ft_cmd_plan(int argc, char **argv)
                                                 : ft_wfmt_name(in.weights_fmt), pol);
     printf("predicted: decode %.2f tok/s, prefill %.1f tok/s (bottleneck: %s)\n", e.decode_tps, e.prefill_tps,
            e.bottleneck);
+    printf("load:     a thread gets %.2f of a core now (1-min load %.2f); on an idle machine: decode %.2f tok/s\n",
+           in.cpu_share, load1, idle_tps);
     if (in.n_experts) {   /* the dense part above; the experts (issue 23) */
         char b2[32], b3[32];
         ft_cli_fmt_bytes((double)in.expert_bytes[best.compress_weights], b1, sizeof b1);

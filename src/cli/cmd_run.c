@@ -125,7 +125,22 @@ int ft_bench_run(int argc, char **argv)
     }
     ft_gen_params gp = {.max_new_tokens = (size_t)glen, .ignore_eos = 1};
     ft_gen_stats gs;
+    /* a prediction (auto, --predict) also at the load this run met: the
+     * share of a core a thread got just before and after it */
+    double pred_plan = 0, pred_run = 0, share_run = 0;
+    ft_session_policy(s, &pred_plan);
     if ((st = ft_session_generate(s, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
+    if (pred_plan > 0 && !gpu && gs.decode_s > 0) {
+        /* the share of a core the compute thread got in decode: its CPU
+         * time over the time it was not waiting for the tiers */
+        ft_session_stats ps;
+        ft_session_get_stats(s, &ps);
+        double wait = (ps.has_weights ? ps.weights.wait_s - ps.weights_at_decode.wait_s : 0) +
+                      (ps.has_kv ? ps.kv.wait_s - ps.kv_at_decode.wait_s : 0);
+        double busy = gs.decode_s - wait;
+        if (busy > 0.05 * gs.decode_s) share_run = fmin(1.0, fmax(0.02, gs.decode_thread_cpu_s / busy));
+        if (share_run > 0 && ft_session_predict_at(s, share_run, &pred_run)) pred_run = 0;
+    }
     if (pipe.mode) ft_cli_pipe_end(&pipe);   /* the workers finish; MPI: every stage's peak RSS */
     ft_session_stats ss;
     ft_session_get_stats(s, &ss);
@@ -147,6 +162,7 @@ int ft_bench_run(int argc, char **argv)
                pre_tps, dec_tps, e2e, gs.prefill_cpu_s, gs.decode_cpu_s,
                gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0, wbytes, wfmt, kvb,
                ft_dtype_name(ss.kv_dtype), rss, gpu ? "cuda" : "cpu");
+        if (pred_run > 0) printf(",\"predicted_run_tok_s\":%.3f,\"cpu_share_run\":%.3f", pred_run, share_run);
         if (gpu) ft_cli_cuda_report_json(s, stdout);
         if (pipe.mode) ft_cli_pipe_report_json(&pipe, micro, rss, stdout);
         if (o.enabled) {
@@ -166,6 +182,9 @@ int ft_bench_run(int argc, char **argv)
         printf("  decode     %8.3f s  %10.2f tok/s  (CPU %.3f s: %.2f tok per CPU-s)\n", gs.decode_s,
                dec_tps, gs.decode_cpu_s, gs.decode_cpu_s > 0 ? (double)gs.decode_tokens / gs.decode_cpu_s : 0);
         printf("  throughput %8.2f generated tok/s (prefill + decode)\n", e2e);
+        if (pred_run > 0)
+            printf("  predicted  %8.2f tok/s decode when planned, %.2f at this run's load (a thread got %.2f of a "
+                   "core): predicted / measured %.2f\n", pred_plan, pred_run, share_run, pred_run / dec_tps);
         if (gpu) {
             ft_cli_cuda_report(s, stdout);
         } else if (pipe.mode) {

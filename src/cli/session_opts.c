@@ -26,7 +26,9 @@ const char ft_cli_offload_usage[] =
     "                         minus max(64M, 1/16); auto plans within it, a policy that cannot\n"
     "                         fit is refused before loading\n"
     "  --allow-lossy          auto may choose q8/q4 weights or cache (default: lossless only)\n"
-    "  --recalibrate          auto: measure this machine again (not the calibration cache)\n"
+    "  --recalibrate          auto, --predict: measure this machine again (not the calibration cache)\n"
+    "  --predict              a given --policy: calibrate as auto does and print the cost model's\n"
+    "                         predicted decode tok/s beside the measured one (--json: predicted_tok_s)\n"
     "  --device-mem SIZE      the device's budget (GPU; on a CPU: the working set of decoded\n"
     "                         weights and the device share of the cache)\n"
     "  --token-file FILE      shared secret for the memory nodes\n"
@@ -172,6 +174,7 @@ int ft_cli_session_arg(ft_cli_session *o, int argc, char **argv, int *i)
     }
     if (!strcmp(a, "--allow-lossy")) { o->sp.allow_lossy = 1; return 1; }
     if (!strcmp(a, "--recalibrate")) { o->sp.recalibrate = 1; return 1; }
+    if (!strcmp(a, "--predict")) { o->sp.predict = 1; return 1; }
     if (!strcmp(a, "--token-file")) {
         if ((r = take(argc, argv, i, &v)) < 0) return r;
         o->sp.token_file = v;
@@ -352,6 +355,7 @@ ft_status ft_cli_session_open(ft_cli_session *o, const char *dir, uint32_t batch
         ft_policy_format(pp, pol, sizeof pol);
         fprintf(stderr, "offload policy: %s", pol);
         if (o->auto_policy) fprintf(stderr, " (planned: %.2f tok/s predicted)", predicted);
+        else if (predicted > 0) fprintf(stderr, " (cost model: %.2f tok/s predicted)", predicted);
         fputc('\n', stderr);
         /* the numerics, said before generating */
         const ft_model *m = ft_session_model(*out);

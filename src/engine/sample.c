@@ -14,6 +14,14 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* the calling thread's (the compute's) CPU time */
+static double thread_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 struct ft_sampler {
     int vocab;
     int32_t *idx;
@@ -198,6 +206,7 @@ ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *con
     size_t nrows = n;
     t0 = ft_now();
     c0 = cpu_now();
+    double tc0 = thread_cpu_now();
     for (;;) {
         size_t nact = 0;
         for (size_t r = 0; r < nrows; r++) {
@@ -234,6 +243,7 @@ ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *con
     }
     gs.decode_s = ft_now() - t0;
     gs.decode_cpu_s = cpu_now() - c0;
+    gs.decode_thread_cpu_s = thread_cpu_now() - tc0;
 finish:
     if (stats) *stats = gs;
 done:

@@ -7,12 +7,15 @@
 #include "flextier/model.h"
 #include "flextier/store.h"
 
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int cmp_dbl(const void *a, const void *b)
@@ -25,6 +28,19 @@ static double median(double *v, size_t n)
 {
     qsort(v, n, sizeof *v, cmp_dbl);
     return n ? v[n / 2] : 0;
+}
+
+/* The calling thread's CPU time: what calibration times. A step timed in
+ * wall-clock seconds on a machine shared with other processes measures
+ * their load as much as the engine (five plans of one policy under load
+ * 11 predicted 14.0-29.5 tok/s); its CPU time is the work, which the plan
+ * divides by the share of a core a thread gets when it is made
+ * (measure_cpu_share, ft_cost_rescale_cpu). */
+static double cpu_now(void)
+{
+    struct timespec t;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t)) return ft_now();
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* Streaming copy bandwidth (read + write), warm: 64 MiB buffers (well
@@ -42,9 +58,9 @@ static double measure_mem_bw(uint64_t memory)
     memcpy(b, a, n);
     double t[5];
     for (int r = 0; r < 5; r++) {
-        double t0 = ft_now();
+        double t0 = cpu_now();
         memcpy(b, a, n);
-        t[r] = ft_now() - t0;
+        t[r] = cpu_now() - t0;
     }
     ft_free_aligned(a); ft_free_aligned(b);
     return 2.0 * (double)n / median(t, 5);   /* read + write */
@@ -79,17 +95,17 @@ static void measure_codecs(ft_cost_inputs *in, unsigned mask)
         ft_tensor d = {0};
         d.dtype = FT_BF16;
         d.data = out;
-        double tm[3];
-        for (int r = 0; r < 3; r++) {
-            double t0 = ft_now();
+        double tm[5];
+        for (int r = -1; r < 5; r++) {   /* r = -1: warm-up */
+            double t0 = cpu_now();
             if (c == FT_CODEC_BYTEPLANE) ft_decode(ctx, f, fs, &d, n * 2);
             else ft_frame_verify(ctx, f, fs, NULL);
-            tm[r] = ft_now() - t0;
+            if (r >= 0) tm[r] = cpu_now() - t0;
         }
         /* as computed on: bf16 for none/bp, the frame for q8/q4 */
         double used = c == FT_CODEC_Q8 || c == FT_CODEC_Q4 ? (double)fs : (double)(n * 2);
         in->ratio[c] = c == FT_CODEC_BYTEPLANE ? (double)(n * 2) / (double)fs : 1.0;
-        in->decode_bw[c] = used / median(tm, 3);
+        in->decode_bw[c] = used / median(tm, 5);
         ft_free_aligned(f);
     }
 done:
@@ -139,16 +155,237 @@ static double measure_store_bw(const char *uri, int drop_cache)
     return bw;
 }
 
-/* One timed copy of the model's config: n_layers layers, `vocab` tokens
- * (weights zero: the arithmetic costs the same), in format fmt, created
- * in that format (q8/q4: from a bf16 copy), so calibration holds at most
- * two layers and a small vocabulary. Times: prefill of plen tokens per
- * sequence at `batch`, and the medians of 7 decode steps at `batch` and
- * at 1, after one unmeasured warm-up step of each. */
-typedef struct { double pre, decb, dec1; } engine_times;
+/* The share of a core each of n threads gets now: n threads spin for 60
+ * ms and compare their CPU time with the wall time (1: an idle machine;
+ * 0.4 under a load that leaves 40%); the median of 3. Calibration times
+ * CPU time (cpu_now), the work; the plan divides it by this share. */
+typedef struct { double share; } spin_arg;
+
+static void *spin_main(void *arg)
+{
+    spin_arg *a = arg;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    double t0 = ft_now(), t;
+    volatile uint64_t x = 0;
+    do {
+        for (int i = 0; i < 20000; i++) x += (uint64_t)i * 2654435761u;
+        t = ft_now();
+    } while (t - t0 < 0.06);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+    a->share = cpu / (t - t0);
+    return NULL;
+}
+
+static double measure_cpu_share(unsigned n)
+{
+    enum { MAXT = 64 };
+    if (n < 1) n = 1;
+    if (n > MAXT) n = MAXT;
+    double v[3];
+    for (int r = 0; r < 3; r++) {
+        pthread_t th[MAXT];
+        spin_arg a[MAXT];
+        unsigned started = 0;
+        for (unsigned i = 1; i < n; i++)
+            if (pthread_create(&th[i], NULL, spin_main, &a[i]) == 0) started = i;
+            else break;
+        spin_main(&a[0]);
+        double sum = a[0].share;
+        for (unsigned i = 1; i <= started; i++) {
+            pthread_join(th[i], NULL);
+            sum += a[i].share;
+        }
+        v[r] = sum / (double)(started + 1);
+    }
+    double m = median(v, 3);
+    return m > 0.02 ? (m < 1.0 ? m : 1.0) : 0.02;
+}
+
+double ft_cpu_share(unsigned threads) { return measure_cpu_share(threads); }
+
+/* The hand-off latency: two threads pass a token back and forth through a
+ * mutex and condition variables as the scheduler's compute and I/O
+ * threads do; half the median round trip, over at least 8 and until 0.15
+ * s (at most 64). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int turn, stop;
+} pingpong;
+
+static void *pong_main(void *arg)
+{
+    pingpong *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->turn != 1 && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) break;
+        p->turn = 0;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static double measure_handoff(void)
+{
+    pingpong p;
+    memset(&p, 0, sizeof p);
+    if (pthread_mutex_init(&p.mu, NULL)) return 0;
+    if (pthread_cond_init(&p.cv, NULL)) { pthread_mutex_destroy(&p.mu); return 0; }
+    pthread_t th;
+    double v[64], h = 0;
+    int n = 0;
+    if (pthread_create(&th, NULL, pong_main, &p) == 0) {
+        double start = ft_now();
+        for (int r = -1; r < 64; r++) {   /* r = -1: warm-up */
+            if (r >= 8 && ft_now() - start > 0.15) break;
+            double t0 = ft_now();
+            pthread_mutex_lock(&p.mu);
+            p.turn = 1;
+            pthread_cond_broadcast(&p.cv);
+            while (p.turn != 0) pthread_cond_wait(&p.cv, &p.mu);
+            pthread_mutex_unlock(&p.mu);
+            if (r >= 0) v[n++] = ft_now() - t0;
+        }
+        pthread_mutex_lock(&p.mu);
+        p.stop = 1;
+        pthread_cond_broadcast(&p.cv);
+        pthread_mutex_unlock(&p.mu);
+        pthread_join(th, NULL);
+        h = n ? median(v, (size_t)n) / 2 : 0;
+    }
+    pthread_cond_destroy(&p.cv);
+    pthread_mutex_destroy(&p.mu);
+    return h;
+}
+
+/* How fast a streamed LM head comes from the checkpoint file, read as
+ * the engine reads it (src/engine/gstream.c): 4 MiB chunks with pread, the
+ * next one asked for with WILLNEED, each dropped from the page cache after
+ * use; the head (the largest tensor named lm_head, else embed_tokens /
+ * wte: a tied head) dropped first, so the reads are cold. Up to 32 MiB per
+ * pass, the median of 3 passes. 0: no such tensor, or it failed. */
+static double measure_head_bw(const char *dir)
+{
+    ft_checkpoint *ck = NULL;
+    if (ft_checkpoint_open(dir, &ck)) return 0;
+    const char *best = NULL;
+    size_t bsz = 0;
+    for (int pass = 0; pass < 2 && !best; pass++)
+        for (size_t i = 0; i < ft_checkpoint_count(ck); i++) {
+            const char *nm = ft_checkpoint_name(ck, i);
+            int match = pass == 0 ? strstr(nm, "lm_head") != NULL
+                                  : strstr(nm, "embed_tokens") != NULL || strstr(nm, "wte") != NULL;
+            ft_tensor t;
+            if (!match || ft_checkpoint_get(ck, nm, &t)) continue;
+            uint64_t ne = 0;
+            if (ft_tensor_numel(&t, &ne)) continue;
+            size_t sz = (size_t)ne * (ft_dtype_bits(t.dtype) / 8);
+            if (sz > bsz) { bsz = sz; best = nm; }
+        }
+    double bw = 0;
+    const char *path = NULL;
+    uint64_t off = 0;
+    ft_tensor t;
+    int fd = -1;
+    char *buf = NULL;
+    enum { CHUNK = 4 << 20 };
+    if (!best || ft_checkpoint_get(ck, best, &t) || ft_checkpoint_locate(ck, t.data, &path, &off)) goto done;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    buf = malloc(CHUNK);
+    if (fd < 0 || !buf) goto done;
+    size_t span = bsz < (32u << 20) ? bsz : (32u << 20);
+    double tm[3];
+    int ok = 1;
+    for (int r = 0; r < 3 && ok; r++) {
+        (void)posix_fadvise(fd, (off_t)off, (off_t)span, POSIX_FADV_DONTNEED);
+        double t0 = ft_now();
+        for (size_t done = 0; done < span && ok;) {
+            size_t n = span - done < CHUNK ? span - done : CHUNK;
+            if (done + n < span)
+                (void)posix_fadvise(fd, (off_t)(off + done + n), (off_t)CHUNK, POSIX_FADV_WILLNEED);
+            ssize_t got = pread(fd, buf, n, (off_t)(off + done));
+            if (got <= 0) ok = 0;
+            else {
+                (void)posix_fadvise(fd, (off_t)(off + done), (off_t)got, POSIX_FADV_DONTNEED);
+                done += (size_t)got;
+            }
+        }
+        tm[r] = ft_now() - t0;
+    }
+    if (ok) bw = (double)span / median(tm, 3);
+done:
+    free(buf);
+    if (fd >= 0) close(fd);
+    ft_checkpoint_close(ck);
+    return bw;
+}
+
+/* The last-level cache's size (0 if unknown). */
+static uint64_t llc_bytes(void)
+{
+    long v = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    if (v > 0) return (uint64_t)v;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "re");
+    if (!f) return 0;
+    char b[64] = "";
+    uint64_t k = 0;
+    if (fgets(b, sizeof b, f)) {
+        char *e = NULL;
+        k = strtoull(b, &e, 10);
+        if (e && (*e == 'K' || *e == 'k')) k <<= 10;
+        else if (e && (*e == 'M' || *e == 'm')) k <<= 20;
+    }
+    fclose(f);
+    return k;
+}
+
+/* Layer-begin times of one forward call (the engine's layer hook): a
+ * layer's time is read between two hooks inside one step, not as the
+ * difference of two runs of different copies (which the load's noise
+ * swamped: five calibrations fitted 7.5-17.8 ms, once 0). */
+typedef struct { double t[2]; } hook_ts;
+
+static ft_status ts_hook(void *user, int layer, ft_layer_weights *w)
+{
+    (void)w;
+    hook_ts *h = user;
+    if (layer >= 0 && layer < 2) h->t[layer] = cpu_now();
+    return FT_OK;
+}
+
+/* One timed copy of the model's config: n_layers (1 or 2) layers, `vocab`
+ * tokens (weights zero: the arithmetic costs the same), in format fmt,
+ * created in that format (q8/q4: from a bf16 copy), so calibration holds
+ * at most two layers and a small vocabulary. Times: prefill of plen
+ * tokens per sequence at `batch`, then decode steps at `batch` and at 1,
+ * interleaved, after one unmeasured warm-up step of each, at least 9 of
+ * each and until 0.4 s were spent (at most 41): the medians of the
+ * step's total and (2 layers) of layer 0's time, between the hooks.
+ * `evict` (NULL: none): a buffer larger than the last-level cache written
+ * before each timed step, so that the weights come from DRAM as they do
+ * in the run of a model larger than the cache. */
+typedef struct {
+    double pre, pre_layer;      /* prefill: total, layer 0 (2 layers)      */
+    double decb, decb_layer;    /* decode at batch: total, layer 0         */
+    double dec1, dec1_layer;    /* at batch 1                              */
+} engine_times;
+
+typedef struct { uint8_t *p; size_t n; } evict_buf;
+
+static void evict_cache(const evict_buf *e, int r)
+{
+    if (e && e->p) memset(e->p, r & 0xff, e->n);
+}
 
 static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uint32_t batch, uint32_t plen,
-                             unsigned threads, ft_wfmt fmt, engine_times *out)
+                             unsigned threads, ft_wfmt fmt, const evict_buf *ev, engine_times *out)
 {
     ft_model_config cfg = *base;
     cfg.n_layers = nl;
@@ -156,6 +393,7 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
     ft_model *m = NULL;
     ft_ctx *c = NULL;
     int q = fmt == FT_WF_Q8 || fmt == FT_WF_Q4;
+    memset(out, 0, sizeof *out);
     ft_status st = ft_model_create_fmt(&cfg, 0, q ? FT_WF_BF16 : fmt, &m);
     if (st) return st;
     if (q) {
@@ -165,60 +403,93 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         if (st) return st;
         m = qm;
     }
-    enum { REPS = 7 };
+    enum { MINREPS = 9, MAXREPS = 41 };
     ft_ctx_params cp = {0};
     cp.max_batch = (int)batch;
-    cp.max_seq = (int)plen + 2 * (REPS + 1) + 2;
+    cp.max_seq = (int)plen + 2 * (MAXREPS + 1) + 2;
     cp.max_rows = (int)(batch * plen);
     cp.threads = threads;
     cp.kv_dtype = FT_BF16;
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_model_free(m); return st; }
+    hook_ts h = {{0, 0}};
+    ft_ctx_set_layer_hook(c, ts_hook, &h);
     int32_t *toks = calloc((size_t)batch * plen, sizeof *toks);
     int *slots = calloc(batch, sizeof *slots);
     const int32_t **tp = calloc(batch, sizeof *tp);
     size_t *nt = calloc(batch, sizeof *nt);
-    if (!toks || !slots || !tp || !nt) st = FT_ERR_NOMEM;
+    double *tb = calloc(MAXREPS, sizeof *tb), *t1 = calloc(MAXREPS, sizeof *t1);
+    double *lb = calloc(MAXREPS, sizeof *lb), *l1 = calloc(MAXREPS, sizeof *l1);
+    if (!toks || !slots || !tp || !nt || !tb || !t1 || !lb || !l1) st = FT_ERR_NOMEM;
     for (uint32_t j = 0; st == FT_OK && j < batch; j++) {
         slots[j] = (int)j;
         tp[j] = toks + (size_t)j * plen;
         nt[j] = plen;
     }
-    double t0 = ft_now();
+    evict_cache(ev, 1);
+    double t0 = cpu_now();
     if (st == FT_OK) st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-    out->pre = ft_now() - t0;
-    double tb[REPS], t1[REPS];
-    for (int r = -1; r < REPS && st == FT_OK; r++) {   /* r = -1: warm-up */
+    out->pre = cpu_now() - t0;
+    out->pre_layer = nl >= 2 ? h.t[1] - h.t[0] : 0;
+    int n = 0;
+    double start = ft_now();
+    for (int r = -1; r < MAXREPS && st == FT_OK; r++) {   /* r = -1: warm-up */
+        if (r >= MINREPS && ft_now() - start > 0.4) break;
         for (uint32_t j = 0; j < batch; j++) nt[j] = 1;
-        t0 = ft_now();
+        evict_cache(ev, r);
+        t0 = cpu_now();
         st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-        double a = ft_now() - t0;
-        t0 = ft_now();
-        if (st == FT_OK) st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
-        if (r >= 0) {
-            tb[r] = a;
-            t1[r] = ft_now() - t0;
+        double a = cpu_now() - t0, la = h.t[1] - h.t[0];
+        if (st) break;
+        evict_cache(ev, r);
+        t0 = cpu_now();
+        st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
+        double b = cpu_now() - t0, lb1 = h.t[1] - h.t[0];
+        if (r >= 0 && st == FT_OK) {
+            tb[n] = a;
+            t1[n] = b;
+            lb[n] = la;
+            l1[n] = lb1;
+            n++;
         }
     }
-    if (st == FT_OK) {
-        out->decb = median(tb, REPS);
-        out->dec1 = median(t1, REPS);
+    if (st == FT_OK && n > 0) {
+        out->decb = median(tb, (size_t)n);
+        out->dec1 = median(t1, (size_t)n);
+        if (nl >= 2) {
+            out->decb_layer = median(lb, (size_t)n);
+            out->dec1_layer = median(l1, (size_t)n);
+        }
     }
     free(toks); free(slots); free(tp); free(nt);
+    free(tb); free(t1); free(lb); free(l1);
     ft_ctx_free(c);
     ft_model_free(m);
     return st;
 }
 
-/* Time the engine itself on 1- and 2-layer copies of the model's config
- * (FlexGen fits its cost model from real runs the same way): per-layer
- * and fixed (embedding, head) times of a decode step at batch 1 and
- * `batch`, and of prefill per prompt token. The layer times come from
- * a small vocabulary (V1); the fixed times, which grow with the
- * vocabulary (the LM head), from one layer at V1 and at V2 = min(vocab,
- * 8192), extrapolated linearly to the model's vocabulary: calibration
- * never holds the model's embeddings. */
+void ft_cost_timing_fit(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                        ft_cost_timing *t)
+{
+    for (int j = 0; j < 2; j++) {
+        double l = layer[j] > 0 ? layer[j] : 0;
+        double f1 = total2[j] - 2.0 * l;                 /* fixed part at V1 */
+        double fv2 = totalv2[j] > 0 ? totalv2[j] - l : f1; /* one layer at V2 */
+        double f = f1 + k * (fv2 - f1);
+        t->layer_decode_s[j] = l;
+        t->fixed_decode_s[j] = f > 0 ? f : 0;
+    }
+}
+
+/* Time the engine itself on copies of the model's config (FlexGen fits
+ * its cost model from real runs the same way): per-layer and fixed
+ * (embedding, head) times of a decode step at batch 1 and `batch`, and
+ * of prefill per prompt token. A 2-layer copy at a small vocabulary (V1)
+ * gives a layer's time (between the layer hooks) and the fixed part at
+ * V1; one layer at V2 = min(vocab, 8192) gives the fixed part at V2, and
+ * the fixed part is extrapolated linearly to the model's vocabulary:
+ * calibration never holds the model's embeddings. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
-                                ft_wfmt fmt, uint64_t memory, ft_cost_timing *tmg)
+                                ft_wfmt fmt, uint64_t memory, const evict_buf *ev, ft_cost_timing *tmg)
 {
     ft_model_config cfg;
     ft_status st = ft_model_config_load(dir, &cfg);
@@ -229,35 +500,41 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
      * (f32 while converting: 16 bytes per entry) take at most a quarter */
     int edim = cfg.hidden > cfg.word_embed_proj_dim ? cfg.hidden : cfg.word_embed_proj_dim;
     while (memory && V2 > 2 * V1 && (uint64_t)V2 * (uint64_t)edim * 16 > memory / 4) V2 /= 2;
-    engine_times a, b, c2;   /* (1 layer, V1), (2 layers, V1), (1 layer, V2) */
-    if ((st = time_engine(&cfg, 1, V1, batch, plen, threads, fmt, &a))) return st;
-    if ((st = time_engine(&cfg, 2, V1, batch, plen, threads, fmt, &b))) return st;
-    if (V2 > V1) {
-        if ((st = time_engine(&cfg, 1, V2, batch, plen, threads, fmt, &c2))) return st;
-    } else {
-        c2 = a;
-    }
-    /* the fixed part at vocabulary V: linear through (V1, a) and (V2, c2) */
+    engine_times b, c2;   /* (2 layers, V1), (1 layer, V2) */
+    if ((st = time_engine(&cfg, 2, V1, batch, plen, threads, fmt, ev, &b))) return st;
+    memset(&c2, 0, sizeof c2);
+    if (V2 > V1 && (st = time_engine(&cfg, 1, V2, batch, plen, threads, fmt, ev, &c2))) return st;
     double k = V2 > V1 ? (double)(V - V1) / (double)(V2 - V1) : 0;
     ft_cost_timing *in = tmg;
     memset(in, 0, sizeof *in);
     in->batch[0] = 1;
     in->batch[1] = batch > 1 ? batch : 2;
-    in->layer_decode_s[0] = b.dec1 - a.dec1;
-    in->layer_decode_s[1] = b.decb - a.decb;
-    double f1 = a.dec1 - in->layer_decode_s[0], fb = a.decb - in->layer_decode_s[1];
-    in->fixed_decode_s[0] = f1 + k * (c2.dec1 - a.dec1);
-    in->fixed_decode_s[1] = fb + k * (c2.decb - a.decb);
+    double layer[2] = {b.dec1_layer, b.decb_layer}, tot[2] = {b.dec1, b.decb}, totv[2] = {c2.dec1, c2.decb};
+    ft_cost_timing_fit(layer, tot, totv, k, in);
     double ntok = (double)batch * plen;
-    in->layer_prefill_s_per_token = (b.pre - a.pre) / ntok;
-    in->fixed_prefill_s_per_token = ((a.pre - (b.pre - a.pre)) + k * (c2.pre - a.pre)) / ntok;
-    for (int j = 0; j < 2; j++) {   /* noise can make a difference negative */
-        if (in->layer_decode_s[j] < 0) in->layer_decode_s[j] = 0;
-        if (in->fixed_decode_s[j] < 0) in->fixed_decode_s[j] = 0;
-    }
-    if (in->layer_prefill_s_per_token < 0) in->layer_prefill_s_per_token = 0;
-    if (in->fixed_prefill_s_per_token < 0) in->fixed_prefill_s_per_token = 0;
+    double pl = b.pre_layer > 0 ? b.pre_layer : 0, pf1 = b.pre - 2.0 * pl;
+    double pf = V2 > V1 && c2.pre > 0 ? pf1 + k * ((c2.pre - pl) - pf1) : pf1;
+    in->layer_prefill_s_per_token = pl / ntok;
+    in->fixed_prefill_s_per_token = pf > 0 ? pf / ntok : 0;
     return FT_OK;
+}
+
+void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
+{
+    if (!(k > 0) || !isfinite(k) || k == 1.0) return;
+    for (int c = 0; c < FT_CODEC_COUNT; c++) {
+        ft_cost_timing *t = &in->timing[c];
+        for (int j = 0; j < 2; j++) {
+            t->layer_decode_s[j] *= k;
+            t->fixed_decode_s[j] *= k;
+        }
+        t->layer_prefill_s_per_token *= k;
+        t->fixed_prefill_s_per_token *= k;
+        in->decode_bw[c] /= k;
+    }
+    in->flops /= k;
+    in->mem_bw /= k;
+    in->bw[FT_TIER_HOST] /= k;
 }
 
 
@@ -269,10 +546,12 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
  * ~/.cache/flextier/calib), one file per key. The file is only trusted
  * when its size, magic, key and checksum match and every value is a
  * finite non-negative number; anything else is measured again. */
-#define CALIB_MAGIC 0x314249434c544654ull   /* "FTLCIB1" */
+#define CALIB_MAGIC 0x334249434c544654ull   /* "FTLCIB3" */
 typedef struct calib_rec {
     uint64_t magic, key;
     double mem_bw, flops, host_bw, disk_bw;
+    double share;                                   /* cpu_share_calibrated */
+    double head_bw;                                 /* 0: not measured      */
     double ratio[FT_CODEC_COUNT], decode_bw[FT_CODEC_COUNT];
     double timing[FT_CODEC_COUNT][2 + 2 + 2 + 2];   /* batch[2], layer[2], fixed[2], prefill[2] */
     uint64_t sum;
@@ -331,7 +610,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib3|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib4|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -372,7 +651,7 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
         }
     }
     char b[256];
-    snprintf(b, sizeof b, "disk5|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
+    snprintf(b, sizeof b, "disk6|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
              (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56));
     return ft_xxh3(b, strlen(b));
 }
@@ -430,6 +709,8 @@ static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
     r->flops = in->flops;
     r->host_bw = in->bw[FT_TIER_HOST];
     r->disk_bw = in->bw[FT_TIER_DISK];
+    r->share = in->cpu_share_calibrated;
+    r->head_bw = in->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         const ft_cost_timing *t = &in->timing[c];
         r->ratio[c] = in->ratio[c];
@@ -446,6 +727,8 @@ static void calib_unpack(const calib_rec *r, ft_cost_inputs *in)
     in->flops = r->flops;
     in->bw[FT_TIER_HOST] = r->host_bw;
     in->bw[FT_TIER_DISK] = r->disk_bw;
+    in->cpu_share_calibrated = r->share;
+    in->head_bw = r->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         ft_cost_timing *t = &in->timing[c];
         const double *v = r->timing[c];
@@ -470,7 +753,7 @@ static int calib_valid(const calib_rec *r, uint64_t key)
     size_t nd = (offsetof(calib_rec, sum) - offsetof(calib_rec, mem_bw)) / sizeof(double);
     for (size_t i = 0; i < nd; i++)
         if (!isfinite(d[i]) || d[i] < 0 || d[i] > 1e18) return 0;
-    return r->mem_bw > 0 && r->flops > 0;
+    return r->mem_bw > 0 && r->flops > 0 && r->share > 0 && r->share <= 1;
 }
 
 static int calib_load(const char *path, uint64_t key, ft_cost_inputs *in)
@@ -497,15 +780,27 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
  * device's request size; 4 MiB probes measured a quarter of what the
  * scheduler then read from the same disk) written as frames, then read
  * all at once (asynchronously, queue depth 8, as sched.c opens its
- * stores), past the page cache under a budget; the median of 3 after one
+ * stores), past the page cache under a budget; the median of 5 after one
  * unmeasured. Within a memory bound the layer is cut to fit a quarter. */
-static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in)
+static double proc_cpu_now(void)
+{
+    struct timespec t;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t)) return ft_now();
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* cpu_time: time the reads by this process's CPU time instead of the
+ * wall clock: reads that are memory copies (the page cache, a memory
+ * node on this machine) are CPU work, rescaled by the plan's CPU share
+ * like the engine's times. */
+static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
+                               int cpu_time)
 {
     enum { N = FT_COST_MAX_TENSORS };
     size_t sz[N], off[N], total = 0;
     int n = 0;
     for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
-        size_t b = (size_t)in->tensor_bytes[FT_CODEC_RAW][k];
+        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
         if (b < (64u << 10)) continue;   /* norms: noise */
         if (memory && total + b > memory / 4) break;
         off[n] = total;
@@ -523,7 +818,7 @@ static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, 
     sp.drop_cache = drop_cache;
     if (ft_store_open(uri, &sp, &s)) return 0;
     uint8_t *buf = ft_malloc_aligned(total, 64);
-    double bw = 0, tm[3];
+    double bw = 0, tm[5];
     char key[N][48];
     int ok = buf != NULL;
     uint64_t bytes = 0;
@@ -539,19 +834,19 @@ static double measure_disk_bw(const char *uri, int drop_cache, uint64_t memory, 
         ok = ft_write_tensor(s, key[i], &t, &cp) == FT_OK;
         bytes += sz[i];
     }
-    for (int r = -1; ok && r < 3; r++) {
+    for (int r = -1; ok && r < 5; r++) {
         ft_request *req[N] = {0};
         size_t got[N];
-        double t0 = ft_now();
+        double t0 = cpu_time ? proc_cpu_now() : ft_now();
         for (int i = 0; ok && i < n; i++)
             ok = ft_read_frame_async(s, key[i], buf + off[i], sz[i] + 4096, &got[i], &req[i]) == FT_OK;
         for (int i = 0; i < n; i++) {
             if (req[i] && ft_request_wait(req[i], -1) != FT_OK) ok = 0;
             ft_request_free(req[i]);
         }
-        if (r >= 0) tm[r] = ft_now() - t0;
+        if (r >= 0) tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
     }
-    if (ok) bw = (double)bytes / median(tm, 3);
+    if (ok) bw = (double)bytes / median(tm, 5);
     for (int i = 0; i < n; i++) ft_delete_tensor(s, key[i]);
     ft_free_aligned(buf);
     ft_store_close(s);
@@ -626,6 +921,17 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
     } else {
         FT_LOG(FT_LOG_INFO, "plan: measuring memory, the engine and the codecs");
         in->mem_bw = measure_mem_bw(cp->memory);
+        /* a model larger than the last-level cache is read from DRAM in
+         * the run: the timed copies (two layers) are too, behind a buffer
+         * of twice the cache written before each step */
+        evict_buf ev = {NULL, 0};
+        uint64_t lbytes = 0, llc = llc_bytes();
+        for (uint32_t k = 0; k < in->n_tensors; k++) lbytes += in->tensor_bytes[FT_CODEC_RAW][k];
+        if (llc && (uint64_t)in->n_layers * lbytes > 2 * llc && (!cp->memory || 2 * llc <= cp->memory / 4)) {
+            ev.n = (size_t)(2 * llc);
+            ev.p = ft_malloc_aligned(ev.n, 64);
+            if (!ev.p) ev.n = 0;
+        }
         /* The engine's speed with each compute format the codecs imply:
          * none/bp compute on the weights' format, q8/q4 on their own. */
         unsigned wm = codec_mask | (1u << FT_CODEC_RAW);
@@ -634,8 +940,9 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
             if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
             ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
-            st = measure_engine(dir, batch, plen, threads, f, cp->memory, &in->timing[c]);
+            st = measure_engine(dir, batch, plen, threads, f, cp->memory, &ev, &in->timing[c]);
         }
+        ft_free_aligned(ev.p);
         if (st) return st;
         in->timing[FT_CODEC_BYTEPLANE] = in->timing[FT_CODEC_RAW];
         /* sustained flop/s for the analytic fallback: the engine's own prefill */
@@ -643,33 +950,74 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->flops = tp > 0 ? 2.0 * (double)in->layer_params / tp : 1e10;
         in->bw[FT_TIER_HOST] = in->mem_bw / 2;
         measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
+        in->cpu_share_calibrated = 1.0;   /* CPU time: the work, whatever the load */
         if (use_cache) calib_save(cdir, cpath, key, in);
+    }
+    /* Under a budget the LM head may be streamed from the checkpoint:
+     * its read rate, cached with the rest */
+    if (cp->drop_cache && !(in->head_bw > 0)) {
+        in->head_bw = measure_head_bw(dir);
+        if (use_cache && in->head_bw > 0) calib_save(cdir, cpath, key, in);
+    }
+    /* the frames' sizes set the request sizes: q8/q4 ones when the
+     * weights are only those (--compress-weights q4) */
+    in->probe_codec = FT_CODEC_RAW;
+    {
+        unsigned wmask = codec_mask & ((1u << FT_CODEC_RAW) | (1u << FT_CODEC_BYTEPLANE) | (1u << FT_CODEC_Q8) |
+                                       (1u << FT_CODEC_Q4));
+        if (wmask == (1u << FT_CODEC_Q4) || wmask == ((1u << FT_CODEC_Q4) | (1u << FT_CODEC_RAW)))
+            in->probe_codec = FT_CODEC_Q4;
+        else if (wmask == (1u << FT_CODEC_Q8) || wmask == ((1u << FT_CODEC_Q8) | (1u << FT_CODEC_RAW)))
+            in->probe_codec = FT_CODEC_Q8;
     }
     in->bw[FT_TIER_DISK] = 0;
     if (base->disk_uri[0]) {
         char dpath[4200];
         uint64_t dk = disk_key(cp, in);
         int dcached = 0;
-        if (use_cache) {
+        /* By the wall clock, past the page cache (a budget) or through it
+         * (memory copies on several threads of the store: in CPU time,
+         * rescaled by one thread's share, it predicted the disk row at
+         * 0.55-0.69x). */
+        /* Cached, so that plans in a row agree; a disk shared with other
+         * tenants changes under them (0.2-0.4 GB/s in runs whose cached
+         * probe had said more): FLEXTIER_CALIB_DISK=measure measures it at
+         * every plan instead. */
+        const char *dc = getenv("FLEXTIER_CALIB_DISK");
+        int cache_disk = !(dc && !strcmp(dc, "measure"));
+        if (use_cache && cache_disk) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
         }
         if (!dcached) {
-            in->bw[FT_TIER_DISK] = measure_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in);
-            if (use_cache && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
+            in->bw[FT_TIER_DISK] = measure_layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, 0);
+            if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
         }
-        in->calibration_cached = in->calibration_cached && dcached;
+        if (cache_disk) in->calibration_cached = in->calibration_cached && dcached;
     }
+    if (base->n_remotes && !(given && given[FT_TIER_REMOTE] > 0)) {
+        /* a memory node: one layer's frames read at once, as the
+         * scheduler reads them (a single 16 MiB tensor measured 6-7.6
+         * GB/s on loopback where the run's layers came at 1.2), by the
+         * wall clock: measured every time, under the plan's load (on this
+         * machine the node's own process copies too, which this process's
+         * CPU time does not see). A codec agent serves tensors: a 16 MiB
+         * one. */
+        FT_LOG(FT_LOG_INFO, "plan: measuring the link to %s", base->remotes[0]);
+        in->bw[FT_TIER_REMOTE] = in->agent_cores ? measure_store_bw(base->remotes[0], 0)
+                                                 : measure_layer_bw(base->remotes[0], 0, cp->memory, in, 0);
+        /* a layer's frames at once failed (seen inside a memory cgroup of
+         * 160 MiB): one tensor */
+        if (in->bw[FT_TIER_REMOTE] <= 0 && !in->agent_cores) in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
+        if (in->bw[FT_TIER_REMOTE] <= 0)
+            return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
+    }
+    /* the CPU terms at the share of a core a thread gets now */
+    in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);
+    in->handoff_s = cp->cpu_share > 0 ? 0 : measure_handoff();
+    ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];
-    if (base->n_remotes) {
-        if (given && given[FT_TIER_REMOTE] > 0) in->bw[FT_TIER_REMOTE] = given[FT_TIER_REMOTE];
-        else {
-            FT_LOG(FT_LOG_INFO, "plan: measuring the link to %s", base->remotes[0]);
-            in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
-            if (in->bw[FT_TIER_REMOTE] <= 0)
-                return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
-        }
-    }
+    if (base->n_remotes && given && given[FT_TIER_REMOTE] > 0) in->bw[FT_TIER_REMOTE] = given[FT_TIER_REMOTE];
     return FT_OK;
 }

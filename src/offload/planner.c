@@ -207,13 +207,31 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * measured on the 1.12B Llama under 1.5 GiB, adding it to the cores'
      * work predicted 0.58 tok/s for 0.83 measured. */
     if (in->disk_direct && link[FT_TIER_DISK] > T) { T = link[FT_TIER_DISK]; out->bottleneck = "disk"; }
+    /* Hand-offs: a streamed layer (weights fetched, or the cache off the
+     * device) passes between the compute thread and the I/O thread once
+     * per layer; where the I/O side is the longer, the compute thread
+     * sleeps for it and must be scheduled again when it is ready, and the
+     * I/O thread waits for the next request the same way: one wake-up on
+     * the critical path per layer (measured: 3.6-5.9 ms per layer with a
+     * loopback node at load 8.5 on 2 cores, 10-50 us on an idle one). */
+    int streams = fetched > 0 || link[FT_TIER_HOST] > 0 || link[FT_TIER_DISK] > 0 || link[FT_TIER_REMOTE] > 0 ||
+                  c[FT_TIER_DEVICE] < 1.0;
+    if (streams && in->handoff_s > 0) {
+        double io_side = fmax(t_io, fmax(in->disk_direct ? link[FT_TIER_DISK] : 0, link[FT_TIER_REMOTE]));
+        io_side = fmax(io_side, t_agent);
+        T = fmax(T, io_side + in->handoff_s);
+    }
     out->t_layer_decode = T;
     out->t_compute = t_comp;
     out->t_decode = t_dec;
     memcpy(out->t_link, link, sizeof link);
     /* a streamed LM head: read once per step after the layers (its next
      * chunk read ahead while one is computed: the read is the cost) */
-    double hbw = in->bw[FT_TIER_DISK] > 0 ? in->bw[FT_TIER_DISK] : in->mem_bw;
+    /* read from the checkpoint file: its measured rate (head_bw), else the
+     * disk tier's; the memory bandwidth only when neither was measured
+     * (it predicted a streamed head 9.8x too fast with a memory node and
+     * no disk tier) */
+    double hbw = in->head_bw > 0 ? in->head_bw : in->bw[FT_TIER_DISK] > 0 ? in->bw[FT_TIER_DISK] : in->mem_bw;
     double t_head = in->head_stream_bytes && hbw > 0 ? (double)in->head_stream_bytes / hbw : 0;
     out->decode_tps = T > 0 ? B / (L * T + t_fixed + t_head) : 0;
 

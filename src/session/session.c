@@ -27,6 +27,8 @@ struct ft_session {
     char tok_error[256];
     ft_policy policy;             /* in force                             */
     double predicted_tps;
+    ft_cost_inputs *pin;          /* what the prediction was made from    */
+    ft_policy ppol;               /* the policy predicted (the run's batch) */
     int offloaded;                /* a policy: layers on the tiers        */
     ft_offload *wo;
     ft_kv_offload *kvo;
@@ -448,6 +450,8 @@ static ft_status check_budget_cuda(ft_session *s, int weights)
                                         "larger --memory");
 }
 
+static void keep_inputs(ft_session *s, const ft_cost_inputs *in, const ft_policy *p);
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -584,6 +588,8 @@ static ft_status plan(ft_session *s, int weights)
     }
     s->policy = best;
     s->predicted_tps = e.decode_tps;
+    in.head_stream_bytes = budgeted ? head_stream_bytes(&s->mem) : 0;
+    keep_inputs(s, &in, &best);
     if (in.proc_cap) {
         s->mem.tiers = e.mem_process;
         s->mem.need = fixed_total(&s->mem) + s->mem.tiers;
@@ -593,6 +599,79 @@ static ft_status plan(ft_session *s, int weights)
         remove_tmp_disk(s);
         s->policy.disk_uri[0] = '\0';
     }
+    return FT_OK;
+}
+
+/* Keep what a prediction was made from (ft_session_predict_at). */
+static void keep_inputs(ft_session *s, const ft_cost_inputs *in, const ft_policy *p)
+{
+    if (!s->pin) s->pin = malloc(sizeof *s->pin);
+    if (!s->pin) return;   /* only the re-prediction is lost */
+    *s->pin = *in;
+    s->ppol = *p;
+}
+
+/* POLICY with `predict`: calibrate as plan() does (the same cache, the
+ * same run shape) and predict the given policy's decode tok/s, with the
+ * embeddings and LM head where check_budget left them. */
+static ft_status predict_given(ft_session *s, int weights)
+{
+    const ft_session_params *p = &s->p;
+    ft_cost_inputs in;
+    memset(&in, 0, sizeof in);
+    if (p->progress) p->progress(p->user, "plan", 0, 0);
+    ft_status st = ft_cost_inputs_load(s->dir, weights, &in);
+    if (st) return st;
+    /* the engine computes the run's whole batch at once on the CPU */
+    ft_policy pol = s->policy;
+    uint32_t batch = p->max_batch ? p->max_batch : 1;
+    if (!pol.gpu_batch_size || !pol.num_gpu_batches || pol.gpu_batch_size * pol.num_gpu_batches != batch) {
+        pol.gpu_batch_size = batch;
+        pol.num_gpu_batches = 1;
+    }
+    ft_calibrate_params cp;
+    ft_calibrate_default_params(&cp);
+    cp.base = &s->policy;
+    cp.device_mem = p->device_mem;
+    cp.batch = pol.gpu_batch_size * pol.num_gpu_batches;
+    cp.prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
+    cp.gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
+    cp.threads = p->threads;
+    cp.decode_threads = p->decode_threads;
+    cp.codecs = (1u << pol.compress_weights) | (1u << pol.compress_cache);
+    cp.recalibrate = p->recalibrate;
+    /* calibration's own buffers within what the budget leaves */
+    if (s->mem.budget && s->mem.budget != FT_MEMORY_UNLIMITED)
+        cp.memory = s->mem.budget > s->mem.need + (16u << 20) ? s->mem.budget - s->mem.need : 16u << 20;
+    cp.drop_cache = s->mem.binding;
+    if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
+    in.head_stream_bytes = head_stream_bytes(&s->mem);
+    if (in.n_experts && p->expert_cache_bytes && in.expert_bytes[pol.compress_weights])
+        in.expert_cache = p->expert_cache_bytes / in.expert_bytes[pol.compress_weights];
+    ft_cost_estimate e;
+    ft_cost_predict(&in, &pol, &e);
+    s->predicted_tps = e.decode_tps;
+    keep_inputs(s, &in, &pol);
+    return FT_OK;
+}
+
+ft_status ft_session_predict_at(const ft_session *s, double cpu_share, double *tps)
+{
+    if (!s || !tps) return ft_set_error(FT_ERR_INVALID_ARG, "session: NULL argument");
+    if (!s->pin) return ft_set_error(FT_ERR_INVALID_ARG, "session: no prediction was made (--policy auto, or predict)");
+    if (!(cpu_share > 0 && cpu_share <= 1)) return ft_set_error(FT_ERR_INVALID_ARG, "session: CPU share %g", cpu_share);
+    ft_cost_inputs *in = malloc(sizeof *in);
+    if (!in) return ft_set_error(FT_ERR_NOMEM, "session: allocation");
+    *in = *s->pin;
+    if (in->cpu_share > 0) {
+        ft_cost_rescale_cpu(in, in->cpu_share / cpu_share);
+        in->handoff_s *= in->cpu_share / cpu_share;   /* a time slice of the others' as well */
+    }
+    in->cpu_share = cpu_share;
+    ft_cost_estimate e;
+    ft_cost_predict(in, &s->ppol, &e);
+    free(in);
+    *tps = e.decode_tps;
     return FT_OK;
 }
 
@@ -687,6 +766,9 @@ ft_status ft_session_open(const char *model_dir, const ft_session_params *params
     } else if (s->mem.budget && s->p.device == FT_DEVICE_CUDA && (st = check_budget_cuda(s, weights))) {
         goto fail;
     }
+    if (s->p.offload == FT_OFFLOAD_POLICY && s->p.predict && s->p.device == FT_DEVICE_CPU &&
+        (st = predict_given(s, weights)))
+        goto fail;
 
     ft_load_params lp;
     ft_load_params_default(&lp);
@@ -805,6 +887,7 @@ void ft_session_close(ft_session *s)
     }
     ft_tokenizer_free(s->tok);
     remove_tmp_disk(s);
+    free(s->pin);
     free(s);
 }
 

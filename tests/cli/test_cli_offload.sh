@@ -29,6 +29,13 @@ grep -q "uploaded 0.0 MiB" "$work/d2.err" && ok "second start reuses the disk ti
 run --policy w=0,0,0,100 --remote "$uri" --compress-weights q4 > "$work/q.txt" 2>/dev/null && ok "remote q4 runs" || bad "remote q4"
 run --policy auto --remote "$uri" --device-mem 64M > /dev/null 2> "$work/a.err" && grep -q "planned" "$work/a.err" \
     && ok "policy auto" || bad "policy auto: $(tail -2 "$work/a.err")"
+# --predict: a given policy's prediction in the same process, also at the
+# run's CPU share (the values depend on the machine: only their presence)
+FLEXTIER_CALIB_CACHE=0 "$bin" bench run --model "$work/m" --batch 2 --prompt-len 4 --gen-len 6 --threads 1 --json \
+    --policy w=0,0,100,0 --disk-dir "$work/disk" --predict > "$work/p.json" 2> "$work/p.err" \
+    && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["offload"]["predicted_tok_s"] > 0' "$work/p.json" \
+    && grep -q "(cost model: [0-9.]* tok/s predicted)" "$work/p.err" \
+    && ok "--predict: the given policy's prediction beside the measurement" || bad "--predict: $(tail -2 "$work/p.err")"
 run --dump-logits "$work/k.bin" --policy "w=100,0 c=0,0,100,0" --disk-dir "$work/disk" --offload-stats \
     > "$work/k.txt" 2> "$work/k.err"
 cmp -s "$work/ref.bin" "$work/k.bin" && cmp -s "$work/ref.txt" "$work/k.txt" \

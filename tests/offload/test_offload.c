@@ -814,6 +814,7 @@ TEST(calibration_cache)
     cp.base = &base;
     cp.cache_dir = cdir;
     cp.threads = 1;
+    cp.cpu_share = 1.0;   /* not measured: the inputs compare exactly */
     /* the checkpoint's config.json (llama_cfg) */
     char cfgp[300];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
@@ -841,6 +842,16 @@ TEST(calibration_cache)
     ft_cost_predict(&a, &p, &ea);
     ft_cost_predict(&b, &p, &eb);
     CHECK(ea.decode_tps == eb.decode_tps);
+    CHECK(a.cpu_share_calibrated == 1.0 && b.cpu_share == 1.0);
+    /* planned where a thread gets half a core: the cached CPU work takes
+     * twice as long */
+    ft_cost_inputs h = a;
+    cp.cpu_share = 0.5;
+    CHECK_OK(ft_calibrate(dir, &cp, &h));
+    CHECK(h.calibration_cached && h.cpu_share == 0.5);
+    CHECK(fabs(h.timing[FT_CODEC_RAW].layer_decode_s[1] - 2 * a.timing[FT_CODEC_RAW].layer_decode_s[1]) < 1e-15);
+    CHECK(fabs(h.mem_bw - a.mem_bw / 2) <= 1e-6 * a.mem_bw);
+    cp.cpu_share = 1.0;
     /* another batch is another key */
     ft_cost_inputs c = b;
     cp.batch = 2;
@@ -870,6 +881,19 @@ TEST(calibration_cache)
     CHECK(!c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
+    double dbw = c.bw[FT_TIER_DISK];
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] == dbw);   /* plans in a row agree */
+    /* under a budget: the LM head's read rate from the checkpoint, kept */
+    cp.drop_cache = 1;
+    c.head_bw = 0;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.head_bw > 0);
+    double hbw = c.head_bw;
+    c.head_bw = 0;
+    CHECK_OK(ft_calibrate(dir, &cp, &c));
+    CHECK(c.calibration_cached && c.head_bw == hbw);
+    cp.drop_cache = 0;
     cp.base = &base;
     /* a truncated file too */
     snprintf(cmd, sizeof cmd, "for f in %s/*.bin; do truncate -s 17 \"$f\"; done", cdir);

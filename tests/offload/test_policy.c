@@ -335,3 +335,149 @@ TEST(planner_bounds_device_and_host_by_the_process_budget)
     CHECK(ft_plan(&in, &base, 1, 1, 0, 0, FT_CACHE_TIERS, &best, &e) == FT_ERR_NO_SPACE);
     CHECK(strstr(ft_last_error(), "memory budget leaves") != NULL);
 }
+
+/* Calibration timed under one load, planned under another (issue 20):
+ * every CPU term slows by the same factor, the links that are devices do
+ * not; a compute-bound prediction scales exactly, a device-bound one not
+ * at all. */
+TEST(cost_rescale_cpu_scales_cpu_terms_only)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.timing[FT_CODEC_RAW].batch[0] = 1;
+    in.timing[FT_CODEC_RAW].batch[1] = 16;
+    in.timing[FT_CODEC_RAW].layer_decode_s[0] = 0.01;
+    in.timing[FT_CODEC_RAW].layer_decode_s[1] = 0.02;
+    in.timing[FT_CODEC_RAW].fixed_decode_s[0] = 0.03;
+    in.timing[FT_CODEC_RAW].fixed_decode_s[1] = 0.04;
+    in.timing[FT_CODEC_RAW].layer_prefill_s_per_token = 0.001;
+    in.disk_direct = 1;
+    ft_cost_inputs k = in;
+    ft_cost_rescale_cpu(&k, 2.5);
+    CHECK(fabs(k.timing[FT_CODEC_RAW].layer_decode_s[1] - 0.05) < 1e-12);
+    CHECK(fabs(k.timing[FT_CODEC_RAW].fixed_decode_s[0] - 0.075) < 1e-12);
+    CHECK(fabs(k.timing[FT_CODEC_RAW].layer_prefill_s_per_token - 0.0025) < 1e-12);
+    CHECK(fabs(k.mem_bw - 8e9) < 1 && fabs(k.decode_bw[FT_CODEC_Q4] - 3.2e9) < 1 && fabs(k.flops - 4e11) < 1);
+    CHECK(k.bw[FT_TIER_DISK] == in.bw[FT_TIER_DISK]);       /* past the page cache: the device's */
+    CHECK(k.bw[FT_TIER_REMOTE] == in.bw[FT_TIER_REMOTE]);   /* measured at every plan */
+    in.disk_direct = 0;
+    k = in;
+    ft_cost_rescale_cpu(&k, 2.0);
+    CHECK(k.bw[FT_TIER_DISK] == in.bw[FT_TIER_DISK]);       /* through the page cache: measured per plan */
+    /* no-ops */
+    ft_cost_inputs z = in;
+    ft_cost_rescale_cpu(&z, 0);
+    ft_cost_rescale_cpu(&z, -1);
+    ft_cost_rescale_cpu(&z, NAN);
+    ft_cost_rescale_cpu(&z, 1.0);
+    CHECK(!memcmp(&z, &in, sizeof z));
+    /* in memory, compute bound: tok/s divided by exactly k */
+    ft_policy p;
+    ft_policy_default(&p);
+    p.gpu_batch_size = 16;
+    ft_cost_estimate a, b;
+    ft_cost_predict(&in, &p, &a);
+    k = in;
+    ft_cost_rescale_cpu(&k, 2.0);
+    ft_cost_predict(&k, &p, &b);
+    CHECK(fabs(a.decode_tps / b.decode_tps - 2.0) < 1e-9);
+    /* every weight past the page cache on a slow disk: the disk's time */
+    CHECK_OK(ft_policy_parse("w=0,0,100,0", &p));
+    in.disk_direct = 1;
+    in.bw[FT_TIER_DISK] = 1e8;
+    k = in;
+    ft_cost_rescale_cpu(&k, 2.0);
+    ft_cost_predict(&in, &p, &a);
+    ft_cost_predict(&k, &p, &b);
+    CHECK(!strcmp(a.bottleneck, "disk") && !strcmp(b.bottleneck, "disk"));
+    CHECK(fabs(a.t_layer_decode - b.t_layer_decode) < 1e-12);
+}
+
+/* The engine's times from the hooks' layer time and the steps' totals:
+ * fixed = total - 2 x layer at V1, extrapolated linearly in the
+ * vocabulary through one layer's step at V2. */
+TEST(cost_timing_fit_from_layer_hooks)
+{
+    ft_cost_timing t;
+    memset(&t, 0, sizeof t);
+    const double layer[2] = {0.010, 0.030}, tot[2] = {0.025, 0.070}, totv2[2] = {0.020, 0.050};
+    /* V1 = 1024, V2 = 8192, V = 32000: k = (32000 - 1024) / (8192 - 1024) */
+    double k = (32000.0 - 1024) / (8192 - 1024);
+    ft_cost_timing_fit(layer, tot, totv2, k, &t);
+    CHECK(fabs(t.layer_decode_s[0] - 0.010) < 1e-12 && fabs(t.layer_decode_s[1] - 0.030) < 1e-12);
+    /* batch 1: f(V1) = 0.005, f(V2) = 0.010 */
+    CHECK(fabs(t.fixed_decode_s[0] - (0.005 + k * 0.005)) < 1e-12);
+    /* batch 16: f(V1) = 0.010, f(V2) = 0.020 */
+    CHECK(fabs(t.fixed_decode_s[1] - (0.010 + k * 0.010)) < 1e-12);
+    /* no second vocabulary: the fixed part at V1 */
+    const double none[2] = {0, 0};
+    ft_cost_timing_fit(layer, tot, none, 0, &t);
+    CHECK(fabs(t.fixed_decode_s[0] - 0.005) < 1e-12 && fabs(t.fixed_decode_s[1] - 0.010) < 1e-12);
+    /* noise never makes a time negative */
+    const double big[2] = {0.5, 0.5}, neg[2] = {-1, -1};
+    ft_cost_timing_fit(big, tot, none, 0, &t);
+    CHECK(t.fixed_decode_s[0] == 0 && t.fixed_decode_s[1] == 0);
+    ft_cost_timing_fit(neg, tot, none, 0, &t);
+    CHECK(t.layer_decode_s[0] == 0 && fabs(t.fixed_decode_s[0] - 0.025) < 1e-12);
+}
+
+/* The hand-off between the I/O and compute threads (issue 20): once per
+ * streamed layer where the I/O side is the longer; nothing in memory or
+ * where compute hides it. */
+TEST(cost_model_handoff_per_streamed_layer)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.cores = 2;
+    in.compute_threads = 1;
+    in.decode_threads = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    ft_cost_estimate a, b;
+    ft_cost_predict(&in, &p, &a);
+    in.handoff_s = 0.004;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(a.t_layer_decode == b.t_layer_decode);   /* in memory: no hand-off */
+    /* link bound (a memory node over 1 Gbit/s): + one hand-off per layer */
+    p.n_remotes = 1;
+    CHECK_OK(ft_policy_parse("w=0,0,0,100", &p));
+    in.handoff_s = 0;
+    ft_cost_predict(&in, &p, &a);
+    in.handoff_s = 0.004;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(!strcmp(a.bottleneck, "remote"));
+    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - 0.004) < 1e-12);
+    /* compute bound with a fast host tier: a hand-off shorter than the
+     * slack costs nothing */
+    CHECK_OK(ft_policy_parse("w=0,100,0,0", &p));
+    in.flops = 1e9;   /* slow compute */
+    in.handoff_s = 0;
+    ft_cost_predict(&in, &p, &a);
+    in.handoff_s = 1e-6;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(a.t_layer_decode == b.t_layer_decode);
+}
+
+/* A streamed LM head (issue 20) costs its bytes at the checkpoint's
+ * measured read rate; without one, the disk tier's; the memory bandwidth
+ * only when neither was measured. */
+TEST(cost_model_streamed_head_read_rate)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    ft_policy p;
+    ft_policy_default(&p);
+    ft_cost_estimate a, b;
+    ft_cost_predict(&in, &p, &a);
+    in.head_stream_bytes = 64u << 20;
+    in.bw[FT_TIER_DISK] = 0;
+    ft_cost_predict(&in, &p, &b);   /* memory bandwidth: 20e9 */
+    double step_a = 1.0 / a.decode_tps, step_b = 1.0 / b.decode_tps;
+    CHECK(fabs((step_b - step_a) - (64.0 * 1048576) / 20e9) < 1e-9);
+    in.bw[FT_TIER_DISK] = 1e9;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(fabs((1.0 / b.decode_tps - step_a) - (64.0 * 1048576) / 1e9) < 1e-9);
+    in.head_bw = 0.25e9;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(fabs((1.0 / b.decode_tps - step_a) - (64.0 * 1048576) / 0.25e9) < 1e-9);
+}
