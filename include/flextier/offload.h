@@ -310,6 +310,15 @@ FT_API void ft_calibrate_default_params(ft_calibrate_params *p);
  * cannot be measured. */
 FT_API ft_status ft_calibrate(const char *dir, const ft_calibrate_params *p, ft_cost_inputs *in);
 
+/* The disk tier's read bandwidth (bytes/s) as ft_calibrate measures it:
+ * one layer's tensors of *in (tensor_bytes, raw) written as raw frames to
+ * the store at uri and read back at once, queue depth 8, past the page
+ * cache with drop_cache; within `memory` (0: unbounded) the probe holds a
+ * quarter of it. An error (with the store's reason) when the store cannot
+ * be opened, written or read; *bw is then 0. */
+FT_API ft_status ft_calibrate_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
+                                      double *bw);
+
 /* ------------------------------------------------------------- scheduler */
 
 #include "flextier/engine.h"

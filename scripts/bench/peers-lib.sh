@@ -196,14 +196,19 @@ peers_gen_model() {
 
 # peers_gguf DIR FMT: DIR/ggml-FMT.gguf for FMT in f32 bf16 q8_0 q4_0
 # (f32/bf16 by convert_hf_to_gguf.py, q8_0/q4_0 by llama-quantize from the
-# f32 file, as llama.cpp's docs do). Prints the path.
+# f32 file, as llama.cpp's docs do; from the bf16 file with
+# PEERS_QUANT_FROM=bf16: the same quantized values for a bf16 checkpoint,
+# every bf16 being exact in f32, without an f32 file twice the checkpoint's
+# size on disk). Prints the path.
+PEERS_QUANT_FROM=${PEERS_QUANT_FROM:-f32}
 peers_gguf() {
     local dir=$1 fmt=$2 out="$1/ggml-$2.gguf" f32="" src
     if [ -f "$out" ]; then echo "$out"; return 0; fi
     src="$(peers_llama_dir)/src"
+    case "$PEERS_QUANT_FROM" in f32|bf16) ;; *) peers_die "PEERS_QUANT_FROM must be f32 or bf16" ;; esac
     case "$fmt" in
     f32|bf16) peers_venv ;;
-    q8_0|q4_0) f32=$(peers_gguf "$dir" f32) ;;
+    q8_0|q4_0) f32=$(peers_gguf "$dir" "$PEERS_QUANT_FROM") ;;
     *) peers_die "unknown GGUF format $fmt (f32 bf16 q8_0 q4_0)" ;;
     esac
     (   # one writer per file, even with two scripts running

@@ -781,7 +781,16 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
  * scheduler then read from the same disk) written as frames, then read
  * all at once (asynchronously, queue depth 8, as sched.c opens its
  * stores), past the page cache under a budget; the median of 5 after one
- * unmeasured. Within a memory bound the layer is cut to fit a quarter. */
+ * unmeasured. Within a memory bound the layer is cut to fit a quarter.
+ * Each frame is read into room for its whole frame (ft_encode_bound: the
+ * header grows 16 bytes per 256 KiB chunk; a fixed 4 KiB of room failed
+ * every read of a tensor over 62.5 MiB, and the disk then measured 0 B/s:
+ * a 7.4 GiB model's 86 MiB FFN matrices planned at 0.00 tok/s). A failure
+ * is an error with the store's reason, never a bandwidth of 0.
+ * cpu_time: time the reads by this process's CPU time instead of the
+ * wall clock: reads that are memory copies (the page cache, a memory
+ * node on this machine) are CPU work, rescaled by the plan's CPU share
+ * like the engine's times. */
 static double proc_cpu_now(void)
 {
     struct timespec t;
@@ -789,26 +798,33 @@ static double proc_cpu_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* cpu_time: time the reads by this process's CPU time instead of the
- * wall clock: reads that are memory copies (the page cache, a memory
- * node on this machine) are CPU work, rescaled by the plan's CPU share
- * like the engine's times. */
-static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
-                               int cpu_time)
+static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in, int cpu_time,
+                          double *out_bw)
 {
     enum { N = FT_COST_MAX_TENSORS };
-    size_t sz[N], off[N], total = 0;
+    size_t sz[N], off[N], cap[N], total = 0;
     int n = 0;
+    ft_codec_params cp;
+    ft_codec_default_params(&cp);
+    cp.codec = FT_CODEC_RAW;
+    *out_bw = 0;
     for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
         size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
         if (b < (64u << 10)) continue;   /* norms: noise */
-        if (memory && total + b > memory / 4) break;
+        int64_t shape[1] = {(int64_t)b};
+        size_t fb = ft_encode_bound(&cp, FT_U8, 1, shape);
+        if (!fb) return ft_set_error(FT_ERR_INVALID_ARG, "plan: a layer tensor of %zu bytes has no frame size", b);
+        fb = (fb + 63) & ~(size_t)63;
+        if (memory && total + fb > memory / 4) break;
         off[n] = total;
+        cap[n] = fb;
         sz[n++] = b;
-        total += b + 4096;
+        total += fb;
     }
     if (!n) {   /* no layer sizes (or none fit): 8 frames of 4 MiB */
-        for (n = 0; n < 8; n++) { off[n] = total; sz[n] = 4u << 20; total += sz[n] + 4096; }
+        int64_t shape[1] = {4 << 20};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        for (n = 0; n < 8; n++) { off[n] = total; sz[n] = 4u << 20; cap[n] = fb; total += fb; }
     }
     ft_store *s = NULL;
     ft_store_params sp;
@@ -816,41 +832,64 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     sp.codec_threads = 1;
     sp.queue_depth = 8;
     sp.drop_cache = drop_cache;
-    if (ft_store_open(uri, &sp, &s)) return 0;
+    ft_status st = ft_store_open(uri, &sp, &s);
+    if (st) return ft_set_error(st, "plan: cannot open %s to measure it: %s", uri, ft_last_error());
     uint8_t *buf = ft_malloc_aligned(total, 64);
-    double bw = 0, tm[5];
+    double tm[5];
     char key[N][48];
-    int ok = buf != NULL;
+    int written = 0;
     uint64_t bytes = 0;
-    for (int i = 0; ok && i < n; i++) {
+    if (!buf) st = ft_set_error(FT_ERR_NOMEM, "plan: no memory for the disk probe (%zu bytes)", total);
+    for (int i = 0; !st && i < n; i++) {
         snprintf(key[i], sizeof key[i], "flextier-plan-probe-%d", i);
         memset(buf + off[i], 7 + i, sz[i]);
         int64_t shape[1] = {(int64_t)sz[i]};
         ft_tensor t;
         ft_tensor_init(&t, FT_U8, 1, shape, buf + off[i]);
-        ft_codec_params cp;
-        ft_codec_default_params(&cp);
-        cp.codec = FT_CODEC_RAW;
-        ok = ft_write_tensor(s, key[i], &t, &cp) == FT_OK;
+        st = ft_write_tensor(s, key[i], &t, &cp);
+        if (st) st = ft_set_error(st, "plan: cannot write the disk probe to %s: %s", uri, ft_last_error());
+        else written = i + 1;
         bytes += sz[i];
     }
-    for (int r = -1; ok && r < 5; r++) {
+    for (int r = -1; !st && r < 5; r++) {
         ft_request *req[N] = {0};
         size_t got[N];
         double t0 = cpu_time ? proc_cpu_now() : ft_now();
-        for (int i = 0; ok && i < n; i++)
-            ok = ft_read_frame_async(s, key[i], buf + off[i], sz[i] + 4096, &got[i], &req[i]) == FT_OK;
+        for (int i = 0; !st && i < n; i++)
+            st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
         for (int i = 0; i < n; i++) {
-            if (req[i] && ft_request_wait(req[i], -1) != FT_OK) ok = 0;
+            if (req[i]) {
+                ft_status w = ft_request_wait(req[i], -1);
+                if (!st) st = w;
+            }
             ft_request_free(req[i]);
         }
+        if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
         if (r >= 0) tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
     }
-    if (ok) bw = (double)bytes / median(tm, 5);
-    for (int i = 0; i < n; i++) ft_delete_tensor(s, key[i]);
+    if (!st) {
+        double t = median(tm, 5);
+        *out_bw = t > 0 ? (double)bytes / t : 1e15;
+    }
+    for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
     ft_free_aligned(buf);
     ft_store_close(s);
-    return bw;
+    return st;
+}
+
+ft_status ft_calibrate_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
+                               double *out_bw)
+{
+    return layer_bw(uri, drop_cache, memory, in, 0, out_bw);
+}
+
+/* a memory node's rate as layer_bw measures it; 0 when it could not (the
+ * caller then tries one tensor) */
+static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
+                               int cpu_time)
+{
+    double bw = 0;
+    return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw) ? 0 : bw;
 }
 
 ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in)
@@ -990,7 +1029,8 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
         }
         if (!dcached) {
-            in->bw[FT_TIER_DISK] = measure_layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, 0);
+            ft_status dst = ft_calibrate_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in, &in->bw[FT_TIER_DISK]);
+            if (dst) return dst;
             if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
         }
         if (cache_disk) in->calibration_cached = in->calibration_cached && dcached;

@@ -902,6 +902,47 @@ TEST(calibration_cache)
     CHECK(!c.calibration_cached);
 }
 
+/* The disk probe of calibration with a layer's tensors over 62.5 MiB (an
+ * 8 GB model's FFN matrices, 86 MiB at hidden 4096): each frame's header
+ * grows 16 bytes per 256 KiB chunk, and reads into a fixed 4 KiB of room
+ * past the payload failed, so the disk measured 0 B/s and every plan of
+ * that model predicted 0.00 tok/s. A store that cannot be written is an
+ * error, not a bandwidth of 0. */
+TEST(calibration_disk_probe_large_tensors)
+{
+    setup();
+    ft_cost_inputs in;
+    memset(&in, 0, sizeof in);
+    in.n_tensors = 3;
+    in.tensor_bytes[FT_CODEC_RAW][0] = 70u << 20;   /* 280 chunks: a 4.6 KiB header */
+    in.tensor_bytes[FT_CODEC_RAW][1] = 4096;        /* a norm: not probed */
+    in.tensor_bytes[FT_CODEC_RAW][2] = 3u << 20;
+    char uri[320];
+    snprintf(uri, sizeof uri, "file:%s/probe-disk", dir);
+    double bw = -1;
+    CHECK_OK(ft_calibrate_disk_bw(uri, 1, 0, &in, &bw));
+    CHECK(bw > 0 && isfinite(bw));
+    /* within a memory bound of 64 MiB (a 16 MiB probe) the large tensor is
+     * left out: the small one is measured */
+    bw = -1;
+    CHECK_OK(ft_calibrate_disk_bw(uri, 1, 64u << 20, &in, &bw));
+    CHECK(bw > 0 && isfinite(bw));
+    /* the probe removed its frames */
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "test -z \"$(find %s/probe-disk -type f -name '*probe*' 2>/dev/null)\"", dir);
+    CHECK(system(cmd) == 0);
+    /* a disk tier under a regular file cannot be opened: an error, bw 0 */
+    char file[300];
+    snprintf(file, sizeof file, "%s/probe-file", dir);
+    FILE *f = fopen(file, "w");
+    REQUIRE(f);
+    fclose(f);
+    snprintf(uri, sizeof uri, "file:%s/probe-file/sub", dir);
+    bw = -1;
+    CHECK(ft_calibrate_disk_bw(uri, 1, 0, &in, &bw) != FT_OK);
+    CHECK(bw == 0);
+    CHECK(strstr(ft_last_error(), "disk") != NULL);
+}
 
 TEST(cleanup)
 {
