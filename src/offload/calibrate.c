@@ -833,7 +833,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     sp.queue_depth = 8;
     sp.drop_cache = drop_cache;
     ft_status st = ft_store_open(uri, &sp, &s);
-    if (st) return ft_set_error(st, "plan: cannot open %s to measure it: %s", uri, ft_last_error());
+    if (st) return ft_set_error(st, "plan: cannot open the tier %s (disk or memory node) to measure it: %s", uri, ft_last_error());
     uint8_t *buf = ft_malloc_aligned(total, 64);
     double tm[5];
     char key[N][48];
