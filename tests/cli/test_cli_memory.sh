@@ -11,24 +11,8 @@
 set -u
 bin=$(readlink -f "$1")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ "$(id -u)" != 0 ]; then echo "skipped: needs root (memory cgroups)"; exit 77; fi
-if [ -n "${FT_TEST_SANITIZED:-}" ]; then
-    echo "skipped: a sanitizer build (ASan's shadow memory is charged to the cgroup, outside any --memory budget)"; exit 77
-fi
-PEERS_PROG=test_cli_memory
-. "$here/../../scripts/bench/peers-lib.sh"
-# peers_cg_init exits on a machine without a memory controller: probe first
-if ! { [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; } &&
-   [ ! -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
-    echo "skipped: no cgroup memory controller"; exit 77
-fi
-peers_cg_init
-work=$(mktemp -d /var/tmp/ft-memtest.XXXXXX)
-trap 'peers_cg_cleanup; rm -rf "$work"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $1"; }
-bad() { fail=$((fail+1)); echo "FAIL $1"; }
-mib() { echo "$(( $1 >> 20 ))"; }
+CG_TEST_PROG=test_cli_memory CG_TEST_WORK=ft-memtest
+. "$here/../support/cgroup_test.sh"
 # 48 layers of 6.5 MiB (bf16): 312 MiB, big beside the process itself (with
 # 36 layers, 30% of the model was 1.8 MiB short of the minimum working set
 # once the binary had grown: this process 32 MiB of it)

@@ -13,23 +13,8 @@
 set -u
 bin=$(readlink -f "$1")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ "$(id -u)" != 0 ]; then echo "skipped: needs root (memory cgroups)"; exit 77; fi
-if [ -n "${FT_TEST_SANITIZED:-}" ]; then
-    echo "skipped: a sanitizer build (ASan's shadow memory is charged to the cgroup, outside any --memory budget)"; exit 77
-fi
-PEERS_PROG=test_train_memory
-. "$here/../../scripts/bench/peers-lib.sh"
-if ! { [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; } &&
-   [ ! -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
-    echo "skipped: no cgroup memory controller"; exit 77
-fi
-peers_cg_init
-work=$(mktemp -d /var/tmp/ft-trainmem.XXXXXX)
-trap 'peers_cg_cleanup; rm -rf "$work"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $1"; }
-bad() { fail=$((fail+1)); echo "FAIL $1"; }
-mib() { echo "$(( $1 >> 20 ))"; }
+CG_TEST_PROG=test_train_memory CG_TEST_WORK=ft-trainmem
+. "$here/../support/cgroup_test.sh"
 # 32 layers of 6.5 MiB (bf16): 210 MiB; q4: about a quarter
 "$bin" gen-model --arch llama --out "$work/m" --hidden 512 --layers 32 --heads 8 --kv-heads 8 --ffn 1536 \
     --vocab 1000 --dtype bf16 --threads 1 >/dev/null 2>&1 || { echo "gen-model failed"; echo "0 passed, 1 failed"; exit 1; }
