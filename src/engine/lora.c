@@ -128,19 +128,30 @@ static ft_status add_entry(ft_lora *l, const char *module, int layer, int slot, 
     return FT_OK;
 }
 
+/* A module's (layer, slot) and shape (out x in), or a refusal naming it */
+static ft_status module_at(const ft_lora *l, const char *module, int *layer, int *slot, int *out, int *in)
+{
+    *layer = *slot = -1;
+    if (!find_module(l->m, module, layer, slot))
+        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
+                            "change (its own q/k/v/o or MLP matrix, or an expert's; fused and router projections are not "
+                            "implemented)", module, l->m->cfg.model_type);
+    int64_t sh[2];
+    ft_layer_shape(&l->m->cfg, *slot, sh);
+    *out = (int)sh[0];
+    *in = (int)sh[1];
+    return FT_OK;
+}
+
 ft_status ft_lora_add(ft_lora *l, const char *module, int rank, float scale, const float *A, const float *B)
 {
     if (!l || !module || !A || !B) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
     if (rank < 1 || rank > 65536) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: rank %d", module, rank);
     if (!isfinite(scale)) return ft_set_error(FT_ERR_INVALID_ARG, "lora: %s: scale is not finite", module);
-    int layer = -1, slot = -1;
-    if (!find_module(l->m, module, &layer, &slot))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
-                            "change (its own q/k/v/o or MLP matrix, or an expert's; fused and router projections are not "
-                            "implemented)", module, l->m->cfg.model_type);
-    int64_t sh[2];
-    ft_layer_shape(&l->m->cfg, slot, sh);
-    return add_entry(l, module, layer, slot, rank, (int)sh[1], (int)sh[0], scale, A, B);
+    int layer, slot, out, in;
+    ft_status st = module_at(l, module, &layer, &slot, &out, &in);
+    if (st) return st;
+    return add_entry(l, module, layer, slot, rank, in, out, scale, A, B);
 }
 
 ft_status ft_lora_add_experts(ft_lora *l, const char *module, int rank, int n_experts, int in, int out, float scale,
@@ -205,13 +216,5 @@ ft_status ft_lora_module_shape(const ft_lora *l, const char *module, int *out, i
 {
     if (!l || !module || !out || !in) return ft_set_error(FT_ERR_INVALID_ARG, "lora: NULL argument");
     int layer, slot;
-    if (!find_module(l->m, module, &layer, &slot))
-        return ft_set_error(FT_ERR_UNSUPPORTED, "lora: %s is not a projection of this %s model that adapters can "
-                            "change (its own q/k/v/o or MLP matrix, or an expert's; fused and router projections are not "
-                            "implemented)", module, l->m->cfg.model_type);
-    int64_t sh[2];
-    ft_layer_shape(&l->m->cfg, slot, sh);
-    *out = (int)sh[0];
-    *in = (int)sh[1];
-    return FT_OK;
+    return module_at(l, module, &layer, &slot, out, in);
 }

@@ -956,6 +956,44 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     return FT_OK;
 }
 
+/* The half of a LoRA backward that adapters of every kind share, on n
+ * rows with the forward's tl = x A^T (n x rk) and the output's gradient
+ * dy (n x out), B out x rk: dt = s dy B (n x rk; B^T into bt as a matrix
+ * of its own) and gbt = s tl^T dy (rk x out: dB transposed, summed along
+ * out). */
+static ft_status lora_bwd_dt(ft_trainer *t, const float *B, const float *tl, const float *dy, int n, int out,
+                             float *dt, float *bt, float *gbt)
+{
+    const int rk = t->p.rank;
+    const float s = t->scale;
+    const ft_kernels *kk = ft_k_get();
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
+    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
+    TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
+    for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
+    memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < rk; j++)
+            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
+                     dy + (size_t)r * (size_t)out, out);
+    return FT_OK;
+}
+
+/* dA += dt^T x, dx += dt A (A rk x in), row by row */
+static void lora_bwd_ax(float *gA, float *dx, const float *A, const float *x, const float *dt, int n, int rk, int in)
+{
+    const ft_kernels *kk = ft_k_get();
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
+        float *dxr = dx + (size_t)r * (size_t)in;
+        for (int j = 0; j < rk; j++) {
+            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
+            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
+        }
+    }
+}
+
 /* dx += W^T dy + A^T dt, and the adapter's gradients (x, tl[i] from the forward) */
 static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const float *dy, int R, float *dx)
 {
@@ -965,34 +1003,22 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
     if (!md->on) return FT_OK;
     const int rk = t->p.rank, in = md->in, out = md->out;
     const float *A = t->w + md->a, *B = t->w + md->b, *tl = t->tl[i];
-    float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt, *bt = t->bt, *gbt = t->gbt;
-    const float s = t->scale;
+    float *gA = t->g + md->a, *gB = t->g + md->b, *dt = t->dt, *gbt = t->gbt;
     const ft_kernels *kk = ft_k_get();
-    /* dt = s dy B: B^T (rk x out) as a matrix of its own */
-    for (int o = 0; o < out; o++)
-        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
-    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
-    TRY(prod(t, dt, rk, dy, R, &BT, 0, rk, NULL));
-    for (size_t k = 0; k < (size_t)R * (size_t)rk; k++) dt[k] *= s;
-    /* dB^T = s t^T dy, along out */
-    memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < rk; j++)
-            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
-                     dy + (size_t)r * (size_t)out, out);
+    TRY(lora_bwd_dt(t, B, tl, dy, R, out, dt, t->bt, gbt));
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
-    /* dA += dt^T x, dx += dt A; with dropout x is the masked input and
-     * dx gets the mask times dt A (the mask is the forward's, made again) */
-    if (t->dropping) x = dropped_input(t, l, i, x, R, in);
+    if (!t->dropping) {
+        lora_bwd_ax(gA, dx, A, x, dt, R, rk, in);
+        return FT_OK;
+    }
+    /* with dropout x is the masked input and dx gets the mask times dt A
+     * (the mask is the forward's, made again) */
+    x = dropped_input(t, l, i, x, R, in);
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
         float *dxr = dx + (size_t)r * (size_t)in;
         for (int j = 0; j < rk; j++) kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-        if (!t->dropping) {
-            for (int j = 0; j < rk; j++) kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
-            continue;
-        }
         float *u = t->row;   /* dt A for this row, then through the mask */
         memset(u, 0, (size_t)in * sizeof(float));
         for (int j = 0; j < rk; j++) kk->axpy(u, dtr[j], A + (size_t)j * (size_t)in, in);
@@ -1155,34 +1181,15 @@ static ft_status exp_lora_bwd(ft_trainer *t, const lmod *md, int e, const float 
 {
     const int rk = t->p.rank, in = md->in, E = md->ne, out = md->fused_out ? md->fused_out : md->out;
     const size_t ao = (size_t)e * (size_t)rk * (size_t)in;
-    const float *A = t->w + md->a + ao, s = t->scale;
-    float *gA = t->g + md->a + ao, *gB = t->g + md->b, *dt = t->medt, *bt = t->mebt, *gb = t->megb;
-    const ft_kernels *kk = ft_k_get();
+    const float *A = t->w + md->a + ao;
+    float *gA = t->g + md->a + ao, *gB = t->g + md->b, *dt = t->medt, *gb = t->megb;
     exp_gather_b(t, md, e);
-    /* dt = s dy B_e (n x r): B_e^T as a matrix of its own */
-    for (int o = 0; o < out; o++)
-        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = t->meb[(size_t)o * (size_t)rk + (size_t)j];
-    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
-    TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
-    for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
-    /* dB_e^T = s tl^T dy along out, into B's columns j E + e */
-    memset(gb, 0, (size_t)rk * (size_t)out * sizeof(float));
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < rk; j++)
-            kk->axpy(gb + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j], dy + (size_t)r * (size_t)out,
-                     out);
+    TRY(lora_bwd_dt(t, t->meb, tl, dy, n, out, dt, t->mebt, gb));
+    /* dB_e^T into B's columns j E + e */
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++)
             gB[(size_t)o * (size_t)E * (size_t)rk + (size_t)j * (size_t)E + (size_t)e] += gb[(size_t)j * (size_t)out + (size_t)o];
-    /* dA_e += dt^T x, dx += dt A_e */
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
-        float *dxr = dx + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
-        }
-    }
+    lora_bwd_ax(gA, dx, A, x, dt, n, rk, in);
     return FT_OK;
 }
 

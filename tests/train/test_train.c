@@ -766,16 +766,22 @@ static void *dp_main(void *arg)
     return NULL;
 }
 
+/* the data-parallel tests' trainer settings: A micro-batches per step */
+static void dp_params(ft_train_params *p, int A)
+{
+    ft_train_params_default(p);
+    p->rank = 2;
+    p->lr = 1e-2f;
+    p->grad_accum = A;
+    p->total_steps = 3;
+    p->threads = 1;
+    p->seed = 5;
+}
+
 static ft_trainer *dp_trainer(ft_model *m, int A)
 {
     ft_train_params p;
-    ft_train_params_default(&p);
-    p.rank = 2;
-    p.lr = 1e-2f;
-    p.grad_accum = A;
-    p.total_steps = 3;
-    p.threads = 1;
-    p.seed = 5;
+    dp_params(&p, A);
     ft_trainer *t = NULL;
     if (ft_trainer_create(m, &p, &t)) return NULL;
     size_t n;
@@ -1135,13 +1141,7 @@ TEST(data_parallel_streamed_and_saved)
         for (int j = 0; j < N; j++) {
             k[j].m = m;
             ft_train_params p;
-            ft_train_params_default(&p);
-            p.rank = 2;
-            p.lr = 1e-2f;
-            p.grad_accum = A;
-            p.total_steps = 3;
-            p.threads = 1;
-            p.seed = 5;
+            dp_params(&p, A);
             p.layer_fn = xwalk_fn;
             p.layer_user = &k[j];
             p.act_uri = "mem:";
