@@ -12,12 +12,14 @@
  *
  * Architectures: llama, mistral, qwen2, qwen3, phi3 (fused projections),
  * gemma2, gemma3_text, opt (pre- and post-LN), and the mixtures of experts mixtral,
- * qwen3_moe, olmoe (LoRA on attention, experts frozen), with the model's
- * layers in memory, on the CPU (threads over the products, the
- * transposed products and attention heads); several processes with
- * ft_trainer_step_dp. Everything else (LoRA on experts,
- * layers streamed by the offloading scheduler, ...) is
- * refused with FT_ERR_UNSUPPORTED and a message naming what. */
+ * qwen3_moe, olmoe (LoRA on attention and, as PEFT's target_parameters, on
+ * the experts' fused gate_up_proj / down_proj), with the model's layers in
+ * memory or given by a layer function (streamed by the offloading
+ * scheduler both ways), activations recomputed or saved through a store,
+ * on the CPU (threads over the products, the transposed products and
+ * attention heads); several processes with ft_trainer_step_dp. Everything
+ * else (qwen2_moe, the router, transformers 4's per-expert modules, ...)
+ * is refused with FT_ERR_UNSUPPORTED and a message naming what. */
 #ifndef FLEXTIER_TRAIN_H
 #define FLEXTIER_TRAIN_H
 #include "flextier/engine.h"

@@ -948,7 +948,8 @@ def finetune(model: str, data: str, out: str, *, steps: int = 100, lr: float = 1
     adapter byte for byte. Writes a PEFT adapter to ``out``.
 
     Args:
-        model: a Hugging Face model directory (llama, mistral, qwen2).
+        model: a Hugging Face model directory (any architecture `flextier
+            finetune` trains).
         data: plain text, or JSONL (``.jsonl``) with ``{"text": ...}`` or
             ``{"messages": [...]}`` lines (rendered with the model's chat
             template or ``chat_template``, a Jinja file; the loss on the

@@ -20,7 +20,7 @@
 static const char FT_USAGE[] =
     "usage: flextier finetune --model DIR --data FILE --out DIR [--steps N] [options]\n"
     "LoRA fine-tuning (llama, mistral, qwen2, qwen3, phi3, gemma2/3, opt, and mixtral, qwen3_moe,\n"
-    "olmoe on their attention; base weights frozen in their stored format).\n"
+    "olmoe on their attention and experts; base weights frozen in their stored format).\n"
     "Data: plain text, or JSONL (.jsonl) with one {\"text\": ...} or {\"messages\": [...]} object per\n"
     "line (chat: rendered with the model's chat template or --chat-template FILE, the loss\n"
     "on the assistant turns only); tokenized,\n"
