@@ -110,7 +110,7 @@ def test_limittable_ratios_oom_and_failures(tmp_path):
     assert rc == 0, err
     lines = {tuple(c.strip() for c in l.strip("|").split("|")[:4]): l for l in out.splitlines() if l.startswith("| ")}
     d = lines[("1.50 GiB", "1", "FlexTier", "local disk, lossless (auto)")]
-    assert "| 0.90 |" in d and "**3.00x** bf16 GGUF" in d and "**1.50x**" in d and "1350 MiB" in d
+    assert "| 0.90 |" in d and "**3.00x** bf16 GGUF" in d and "**1.50x**" in d and "1400 MiB" in d  # the highest of the runs
     assert "OOM-killed" in lines[("768 MiB", "1", "llama.cpp", "q4_0 GGUF, mmap")]
     assert "peer OOM" in lines[("768 MiB", "1", "FlexTier", "local disk, q4")]
     assert "failed: exit 1: no space left" in lines[("768 MiB", "16", "FlexTier", "memory node, lossless (auto)")]
