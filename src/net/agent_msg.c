@@ -1,7 +1,7 @@
 /* The agent's wire messages: encode and parse (untrusted input on both
  * sides; fuzzed by fuzz/fuzz_agent_msg.c). */
 #include "agent_msg.h"
-#include "core/keylist.h"
+#include "msg.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -321,24 +321,12 @@ ft_status ft_amsg_stat_parse(const void *buf, size_t len, ft_tensor_stat *out)
     return FT_OK;
 }
 
-void ft_amsg_stats_encode(const ft_store_stats *s, uint8_t *out)
-{
-    const uint64_t v[12] = {s->capacity, s->used, s->tensors, s->connections,
-                            s->total_connections, s->bytes_in, s->bytes_out,
-                            s->spill_capacity, s->spill_used, s->spilled_tensors,
-                            s->puts, s->gets};
-    for (int i = 0; i < 12; i++) put64(out + 8 * i, v[i]);
-}
+/* STATS and LIST bodies are the node's (msg.c): one format, one parser. */
+void ft_amsg_stats_encode(const ft_store_stats *s, uint8_t *out) { ft_msg_stats_encode(s, out); }
 
 ft_status ft_amsg_stats_parse(const void *buf, size_t len, ft_store_stats *out)
 {
-    if (len != FT_AMSG_STATS_SIZE) return ft_set_error(FT_ERR_PROTOCOL, "stats of %zu bytes", len);
-    const uint8_t *p = buf;
-    uint64_t v[12];
-    for (int i = 0; i < 12; i++) v[i] = get64(p + 8 * i);
-    ft_store_stats s = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
-    *out = s;
-    return FT_OK;
+    return ft_msg_stats_parse(buf, len, out);
 }
 
 /* ------------------------------------------------------------------ list */
@@ -365,31 +353,5 @@ ft_status ft_amsg_list_encode(char **keys, size_t n, uint8_t **out, size_t *len)
 
 ft_status ft_amsg_list_parse(const void *buf, size_t len, char ***keys, size_t *n)
 {
-    const uint8_t *p = buf;
-    if (len < 4) return ft_set_error(FT_ERR_PROTOCOL, "list of %zu bytes", len);
-    uint32_t count = get32(p);
-    if (count > (len - 4) / 3)
-        return ft_set_error(FT_ERR_PROTOCOL, "list count %u does not fit %zu bytes", count, len);
-    size_t off = 4;
-    ft_keylist l = {0};
-    for (uint32_t i = 0; i < count; i++) {
-        if (len - off < 2) goto bad;
-        uint16_t kl = get16(p + off);
-        off += 2;
-        if (kl == 0 || kl > FT_KEY_MAX || len - off < kl) goto bad;
-        for (uint16_t j = 0; j < kl; j++)
-            if (p[off + j] < 0x21 || p[off + j] > 0x7e) goto bad;
-        if (ft_keylist_add(&l, (const char *)p + off, kl) != FT_OK) {
-            ft_keylist_free(&l);
-            return FT_ERR_NOMEM;
-        }
-        off += kl;
-    }
-    if (off != len) goto bad;
-    *keys = l.v;
-    *n = l.n;
-    return FT_OK;
-bad:
-    ft_keylist_free(&l);
-    return ft_set_error(FT_ERR_PROTOCOL, "malformed key list");
+    return ft_msg_list_parse(buf, len, keys, n);
 }

@@ -21,6 +21,7 @@
 #include "flextier/core.h"
 #include "flextier/codec.h"
 #include "flextier/store.h"
+#include "msg.h"
 
 #define FT_AMSG_MAGIC    0x47415446u   /* "FTAG" */
 #define FT_AMSG_VERSION  2u            /* 1: over UCX sockaddr, token in clear */
@@ -133,7 +134,7 @@ void ft_amsg_stat_encode(const ft_tensor_stat *s, uint8_t *out);
 ft_status ft_amsg_stat_parse(const void *buf, size_t len, ft_tensor_stat *out);
 
 /* STATS reply body: 12 x u64 in ft_store_stats order. */
-#define FT_AMSG_STATS_SIZE (12u * 8u)
+#define FT_AMSG_STATS_SIZE FT_MSG_STATS_SIZE
 void ft_amsg_stats_encode(const ft_store_stats *s, uint8_t *out);
 ft_status ft_amsg_stats_parse(const void *buf, size_t len, ft_store_stats *out);
 
