@@ -58,6 +58,14 @@ long ft_cli_gen_tokenizer_min_vocab(int llama);
  * (ft_usable_cpus: affinity, cgroup CPU quota) is honoured, with a warning
  * on stderr that the threads will share CPUs. threads 0: nothing. */
 void ft_cli_warn_threads(long threads);
+
+/* The daemons (serve, agent, worker): log at INFO at least, SIGTERM and
+ * SIGINT set the returned flag (their params' stop), SIGPIPE ignored. */
+volatile int *ft_cli_daemon_start(void);
+/* Their on_ready: prints "<arg>: listening on HOST:PORT" (arg: the
+ * command's name as a string, e.g. "flextier serve") and flushes stdout,
+ * which scripts wait for. */
+void ft_cli_print_listening(void *arg, const char *bound);
 /* Median of n doubles (sorts in place). */
 double ft_cli_median(double *v, size_t n);
 

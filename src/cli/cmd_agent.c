@@ -34,16 +34,6 @@ static const char agent_usage[] =
     "                    is trusted: UCX's TCP transport obeys any peer's RMA)\n"
     "  --insecure        listen off loopback without a token\n";
 
-static volatile int g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
-
-static void on_ready(void *arg, const char *bound)
-{
-    (void)arg;
-    printf("flextier agent: listening on %s\n", bound);
-    fflush(stdout);
-}
-
 int ft_cmd_agent(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -97,15 +87,9 @@ int ft_cmd_agent(int argc, char **argv)
     }
     if (optind < argc) return ft_cli_usage_error(agent_usage, "agent takes no arguments");
     if (p.n_nodes == 0) return ft_cli_usage_error(agent_usage, "agent needs --node ucx://HOST:PORT");
-    if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    p.stop = &g_stop;
-    p.on_ready = on_ready;
+    p.stop = ft_cli_daemon_start();
+    p.on_ready = ft_cli_print_listening;
+    p.arg = (void *)"flextier agent";
     ft_status st = ft_agent_run(&p);
     if (st != FT_OK) return ft_cli_fail("agent", st);
     return FT_EXIT_OK;

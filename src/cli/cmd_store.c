@@ -141,16 +141,6 @@ static int open_store(const store_opts *o, const char *uri, ft_store **s)
 
 /* ------------------------------------------------------------------ serve */
 
-static volatile int g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
-
-static void on_ready(void *arg, const char *bound)
-{
-    (void)arg;
-    printf("flextier serve: listening on %s\n", bound);
-    fflush(stdout);
-}
-
 int ft_cmd_serve(int argc, char **argv)
 {
     store_opts o;
@@ -160,16 +150,10 @@ int ft_cmd_serve(int argc, char **argv)
     if (!o.have_capacity) return ft_cli_usage_error(store_usage, "serve needs --capacity SIZE");
     if (o.node.spill_dir && !o.node.spill_capacity)
         return ft_cli_usage_error(store_usage, "--spill-dir needs --spill-capacity SIZE");
-    if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     o.node.token_file = o.token_file;
-    o.node.stop = &g_stop;
-    o.node.on_ready = on_ready;
+    o.node.stop = ft_cli_daemon_start();
+    o.node.on_ready = ft_cli_print_listening;
+    o.node.arg = (void *)"flextier serve";
     ft_status st = ft_node_run(&o.node);
     if (st == FT_ERR_INVALID_ARG) {   /* the configuration: a usage error */
         ft_cli_fail("serve", st);

@@ -36,16 +36,6 @@ static const char worker_usage[] =
     "  --once             exit after one run\n"
     "Prints its peak RSS after each run.\n";
 
-static volatile int g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
-
-static void on_ready(void *arg, const char *bound)
-{
-    (void)arg;
-    printf("flextier worker: listening on %s\n", bound);
-    fflush(stdout);
-}
-
 int ft_cmd_worker(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -101,18 +91,12 @@ int ft_cmd_worker(int argc, char **argv)
     p.n_remotes = n_remotes;
     p.disks = disks;
     p.n_disks = n_disks;
-    if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
     if (!p.models_dir)
         FT_LOG(FT_LOG_WARN, "worker: no --models DIR: every job will be refused (a job may name only "
                             "models under it)");
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    p.stop = &g_stop;
-    p.on_ready = on_ready;
+    p.stop = ft_cli_daemon_start();
+    p.on_ready = ft_cli_print_listening;
+    p.arg = (void *)"flextier worker";
     p.off = &off;
     ft_status st = ft_worker_run(&p);
     struct rusage ru;

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -248,4 +249,25 @@ void ft_cli_warn_threads(long threads)
         fprintf(stderr, "flextier: warning: --threads %ld is more than the %u CPU%s this process may use "
                         "(affinity and cgroup CPU quota): the threads will share CPUs\n",
                 threads, usable, usable == 1 ? "" : "s");
+}
+
+static volatile int daemon_stop;
+static void on_stop_signal(int sig) { (void)sig; daemon_stop = 1; }
+
+volatile int *ft_cli_daemon_start(void)
+{
+    if (ft_log_get_level() < FT_LOG_INFO) ft_log_set_level(FT_LOG_INFO);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return &daemon_stop;
+}
+
+void ft_cli_print_listening(void *arg, const char *bound)
+{
+    printf("%s: listening on %s\n", (const char *)arg, bound);
+    fflush(stdout);
 }
