@@ -139,6 +139,16 @@ static int open_store(const store_opts *o, const char *uri, ft_store **s)
     return -1;
 }
 
+/* get, ls, rm, stat: the options, lo..hi arguments (else "<need>"), the
+ * store of the first. -1: go on with *s open; else the exit code. */
+static int begin(int argc, char **argv, store_opts *o, int lo, int hi, const char *need, ft_store **s)
+{
+    int rc = parse(argc, argv, o);
+    if (rc >= 0) return rc;
+    if (o->nargs < lo || o->nargs > hi) return ft_cli_usage_error(store_usage, "%s", need);
+    return open_store(o, o->args[0], s);
+}
+
 /* ------------------------------------------------------------------ serve */
 
 int ft_cmd_serve(int argc, char **argv)
@@ -215,11 +225,8 @@ int ft_cmd_put(int argc, char **argv)
 int ft_cmd_get(int argc, char **argv)
 {
     store_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0) return rc;
-    if (o.nargs != 3) return ft_cli_usage_error(store_usage, "get needs URI KEY OUT");
     ft_store *s = NULL;
-    rc = open_store(&o, o.args[0], &s);
+    int rc = begin(argc, argv, &o, 3, 3, "get needs URI KEY OUT", &s);
     if (rc >= 0) return rc;
     ft_tensor t;
     ft_status st = ft_read_tensor(s, o.args[1], o.have_dtype ? (int)o.dtype : -1, &t);
@@ -242,11 +249,8 @@ static int cmp_str(const void *a, const void *b)
 int ft_cmd_ls(int argc, char **argv)
 {
     store_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0) return rc;
-    if (o.nargs != 1) return ft_cli_usage_error(store_usage, "ls needs URI");
     ft_store *s = NULL;
-    rc = open_store(&o, o.args[0], &s);
+    int rc = begin(argc, argv, &o, 1, 1, "ls needs URI", &s);
     if (rc >= 0) return rc;
     char **keys = NULL;
     size_t n = 0;
@@ -263,11 +267,8 @@ int ft_cmd_ls(int argc, char **argv)
 int ft_cmd_rm(int argc, char **argv)
 {
     store_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0) return rc;
-    if (o.nargs != 2) return ft_cli_usage_error(store_usage, "rm needs URI KEY");
     ft_store *s = NULL;
-    rc = open_store(&o, o.args[0], &s);
+    int rc = begin(argc, argv, &o, 2, 2, "rm needs URI KEY", &s);
     if (rc >= 0) return rc;
     ft_status st = ft_delete_tensor(s, o.args[1]);
     ft_store_close(s);
@@ -277,11 +278,8 @@ int ft_cmd_rm(int argc, char **argv)
 int ft_cmd_stat(int argc, char **argv)
 {
     store_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0) return rc;
-    if (o.nargs != 1 && o.nargs != 2) return ft_cli_usage_error(store_usage, "stat needs URI [KEY]");
     ft_store *s = NULL;
-    rc = open_store(&o, o.args[0], &s);
+    int rc = begin(argc, argv, &o, 1, 2, "stat needs URI [KEY]", &s);
     if (rc >= 0) return rc;
     ft_status st;
     if (o.nargs == 2) {
