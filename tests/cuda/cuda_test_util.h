@@ -97,6 +97,60 @@ static const ut_qcase ut_qcases[] = {
 };
 #define UT_NQCASES (sizeof ut_qcases / sizeof ut_qcases[0])
 
+/* The q8/q4 frame matrix of the GPU and host-math tests: each codec, case,
+ * input dtype (f32, f16, bf16) and chunk size (4 KiB, the default),
+ * encoded from mixed test data. Walk it with
+ *   for (ut_qframe q = {0}; ut_qframe_next(cc, &q);) { ... q.f ... }
+ * (each step frees the previous frame; a failed encode is a failed CHECK
+ * and the step has q.f == NULL). Outputs to decode to: ut_qf_odts. */
+typedef struct {
+    int k;   /* steps taken */
+    int codec;
+    size_t ci;
+    ft_dtype idt;
+    uint32_t chunk;
+    int ch;
+    uint64_t n;
+    void *data;
+    uint8_t *f;
+    size_t fs;
+} ut_qframe;
+static const ft_dtype ut_qf_odts[3] = {FT_F32, FT_BF16, FT_F16};
+
+static inline int ut_qframe_next(ft_codec_ctx *cc, ut_qframe *q)
+{
+    static const ft_dtype idts[] = {FT_F32, FT_F16, FT_BF16};
+    static const uint32_t chunks[] = {4096, FT_DEFAULT_CHUNK_SIZE};
+    ft_free_aligned(q->f);
+    ft_free_aligned(q->data);
+    q->f = NULL;
+    q->data = NULL;
+    if (q->k == (int)(2 * UT_NQCASES * 3 * 2)) return 0;
+    int k = q->k++;
+    q->ch = k % 2;
+    int a = k / 2 % 3;
+    q->ci = (size_t)(k / 6) % UT_NQCASES;
+    q->codec = FT_CODEC_Q8 + k / (int)(6 * UT_NQCASES);
+    q->idt = idts[a];
+    q->chunk = chunks[q->ch];
+    const ut_qcase *c = &ut_qcases[q->ci];
+    ft_tensor t;
+    CHECK_OK(ft_tensor_init(&t, q->idt, c->ndim, c->shape, NULL));
+    ft_tensor_numel(&t, &q->n);
+    t.data = q->data = ft_test_mixed(q->idt, q->n, 1000 * q->ci + 10 * (uint64_t)a + (uint64_t)q->codec);
+    q->fs = 0;
+    q->f = ut_encode(cc, (ft_codec_id)q->codec, 0, c->G, c->gdim, q->chunk, &t, &q->fs);
+    CHECK(q->f != NULL);
+    return 1;
+}
+
+/* "q4 case 3 bf16->f32 chunk 4096" */
+static inline void ut_qframe_what(const ut_qframe *q, ft_dtype odt, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s case %zu %s->%s chunk %u", ft_codec_name((ft_codec_id)q->codec), q->ci,
+             ft_dtype_name(q->idt), ft_dtype_name(odt), q->chunk);
+}
+
 static inline int ut_same_bits(const void *a, const void *b, size_t n, const char *what)
 {
     if (!memcmp(a, b, n)) return 1;

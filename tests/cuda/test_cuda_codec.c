@@ -55,34 +55,16 @@ static int gpu_vs_cpu(const uint8_t *f, size_t fs, ft_dtype odt, int pinned, con
 
 TEST(gpu_quant_frames_bit_exact)
 {
-    static const ft_dtype idts[] = {FT_F32, FT_F16, FT_BF16}, odts[] = {FT_F32, FT_BF16, FT_F16};
-    static const uint32_t chunks[] = {4096, FT_DEFAULT_CHUNK_SIZE};
     int n_ok = 0, n_all = 0;
-    for (int codec = FT_CODEC_Q8; codec <= FT_CODEC_Q4; codec++)
-        for (size_t ci = 0; ci < UT_NQCASES; ci++)
-            for (int a = 0; a < 3; a++)
-                for (int ch = 0; ch < 2; ch++) {
-                    const ut_qcase *q = &ut_qcases[ci];
-                    ft_tensor t;
-                    uint64_t n;
-                    CHECK_OK(ft_tensor_init(&t, idts[a], q->ndim, q->shape, NULL));
-                    ft_tensor_numel(&t, &n);
-                    t.data = ft_test_mixed(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
-                    size_t fs = 0;
-                    uint8_t *f = ut_encode(cc(), (ft_codec_id)codec, 0, q->G, q->gdim, chunks[ch], &t, &fs);
-                    CHECK(f != NULL);
-                    for (int o = 0; f && o < 3; o++) {
-                        char what[96];
-                        snprintf(what, sizeof what, "%s case %zu %s->%s chunk %u", ft_codec_name((ft_codec_id)codec),
-                                 ci, ft_dtype_name(idts[a]), ft_dtype_name(odts[o]), chunks[ch]);
-                        int ok = gpu_vs_cpu(f, fs, odts[o], (o + ch) & 1, what);
-                        CHECK_MSG(ok, "%s", what);
-                        n_ok += ok;
-                        n_all++;
-                    }
-                    ft_free_aligned(f);
-                    ft_free_aligned(t.data);
-                }
+    for (ut_qframe q = {0}; ut_qframe_next(cc(), &q);)
+        for (int o = 0; q.f && o < 3; o++) {
+            char what[96];
+            ut_qframe_what(&q, ut_qf_odts[o], what, sizeof what);
+            int ok = gpu_vs_cpu(q.f, q.fs, ut_qf_odts[o], (o + q.ch) & 1, what);
+            CHECK_MSG(ok, "%s", what);
+            n_ok += ok;
+            n_all++;
+        }
     printf("  %d / %d q8/q4 frames decoded on the GPU bit-identical to ft_decode\n", n_ok, n_all);
 }
 

@@ -51,66 +51,54 @@ TEST(hm_convert_bit_exact)
  * ft_decode byte for byte. */
 TEST(hm_quant_frames_bit_exact)
 {
-    static const ft_dtype idts[] = {FT_F32, FT_F16, FT_BF16}, odts[] = {FT_F32, FT_BF16, FT_F16};
-    static const uint32_t chunks[] = {4096, FT_DEFAULT_CHUNK_SIZE};
     int ncase = 0, nfast = 0;
-    for (int codec = FT_CODEC_Q8; codec <= FT_CODEC_Q4; codec++)
-        for (size_t ci = 0; ci < UT_NQCASES; ci++)
-            for (int a = 0; a < 3; a++)
-                for (int ch = 0; ch < 2; ch++) {
-                    const ut_qcase *q = &ut_qcases[ci];
-                    ft_tensor t;
-                    uint64_t n;
-                    CHECK_OK(ft_tensor_init(&t, idts[a], q->ndim, q->shape, NULL));
-                    ft_tensor_numel(&t, &n);
-                    t.data = ft_test_mixed(idts[a], n, 1000 * ci + 10 * (uint64_t)a + (uint64_t)codec);
-                    size_t fs = 0;
-                    uint8_t *f = ut_encode(cc(), (ft_codec_id)codec, 0, q->G, q->gdim, chunks[ch], &t, &fs);
-                    CHECK(f != NULL);
-                    ft_frame_info fi;
-                    ftk_qgeom g;
-                    if (f && ft_frame_parse(f, fs, &fi) == FT_OK && ft_cuda_prep_quant(f, &fi, 0, &g) == FT_OK) {
-                        uint64_t *table = calloc(fi.n_chunks + 1, sizeof *table);
-                        km_q_table(&g, table);
-                        for (uint32_t c = 0; c < fi.n_chunks; c++) {
-                            ft_chunk_info info;
-                            CHECK_OK(ft_frame_chunk(f, fs, &fi, c, &info));
-                            CHECK_MSG(table[c] == info.enc_offset, "case %zu chunk %u: table %llu vs %llu", ci, c,
-                                      (unsigned long long)table[c], (unsigned long long)info.enc_offset);
-                        }
-                        for (int o = 0; o < 3; o++) {
-                            size_t ob = (size_t)ft_dtype_nbytes(odts[o], n);
-                            uint8_t *want = ft_malloc_aligned(ob + 64, 64), *got = ft_malloc_aligned(ob + 64, 64);
-                            ft_tensor d = {.dtype = odts[o], .data = want};
-                            CHECK_OK(ft_decode(cc(), f, fs, &d, ob + 64));
-                            for (uint64_t e = 0; e < n; e++) km_store(odts[o], got, e, km_q_dequant(&g, f, table, e));
-                            char what[96];
-                            snprintf(what, sizeof what, "%s case %zu %s->%s chunk %u", ft_codec_name((ft_codec_id)codec),
-                                     ci, ft_dtype_name(idts[a]), ft_dtype_name(odts[o]), chunks[ch]);
-                            CHECK(ut_same_bits(got, want, ob, what));
-                            if (km_q_fast8_ok(&g)) {   /* the kernel's 8-at-a-time path, same bits */
-                                memset(got, 0xAB, ob);
-                                for (uint32_t t8 = 0; t8 < n / 8; t8++) {
-                                    float v[8];
-                                    km_q_dequant8(&g, f, t8, v);
-                                    for (int j = 0; j < 8; j++) km_store(odts[o], got, 8 * (uint64_t)t8 + (uint64_t)j, v[j]);
-                                }
-                                char what8[112];
-                                snprintf(what8, sizeof what8, "%s (8 at a time)", what);
-                                CHECK(ut_same_bits(got, want, ob, what8));
-                                nfast++;
-                            }
-                            ft_free_aligned(want);
-                            ft_free_aligned(got);
-                            ncase++;
-                        }
-                        free(table);
-                    } else {
-                        CHECK_MSG(0, "case %zu: parse/prep failed: %s", ci, ft_last_error());
-                    }
-                    ft_free_aligned(f);
-                    ft_free_aligned(t.data);
+    for (ut_qframe q = {0}; ut_qframe_next(cc(), &q);) {
+        if (!q.f) continue;
+        const uint8_t *f = q.f;
+        size_t fs = q.fs;
+        uint64_t n = q.n;
+        ft_frame_info fi;
+        ftk_qgeom g;
+        if (ft_frame_parse(f, fs, &fi) != FT_OK || ft_cuda_prep_quant(f, &fi, 0, &g) != FT_OK) {
+            CHECK_MSG(0, "case %zu: parse/prep failed: %s", q.ci, ft_last_error());
+            continue;
+        }
+        uint64_t *table = calloc(fi.n_chunks + 1, sizeof *table);
+        km_q_table(&g, table);
+        for (uint32_t c = 0; c < fi.n_chunks; c++) {
+            ft_chunk_info info;
+            CHECK_OK(ft_frame_chunk(f, fs, &fi, c, &info));
+            CHECK_MSG(table[c] == info.enc_offset, "case %zu chunk %u: table %llu vs %llu", q.ci, c,
+                      (unsigned long long)table[c], (unsigned long long)info.enc_offset);
+        }
+        for (int o = 0; o < 3; o++) {
+            const ft_dtype odt = ut_qf_odts[o];
+            size_t ob = (size_t)ft_dtype_nbytes(odt, n);
+            uint8_t *want = ft_malloc_aligned(ob + 64, 64), *got = ft_malloc_aligned(ob + 64, 64);
+            ft_tensor d = {.dtype = odt, .data = want};
+            CHECK_OK(ft_decode(cc(), f, fs, &d, ob + 64));
+            for (uint64_t e = 0; e < n; e++) km_store(odt, got, e, km_q_dequant(&g, f, table, e));
+            char what[96];
+            ut_qframe_what(&q, odt, what, sizeof what);
+            CHECK(ut_same_bits(got, want, ob, what));
+            if (km_q_fast8_ok(&g)) {   /* the kernel's 8-at-a-time path, same bits */
+                memset(got, 0xAB, ob);
+                for (uint32_t t8 = 0; t8 < n / 8; t8++) {
+                    float v[8];
+                    km_q_dequant8(&g, f, t8, v);
+                    for (int j = 0; j < 8; j++) km_store(odt, got, 8 * (uint64_t)t8 + (uint64_t)j, v[j]);
                 }
+                char what8[112];
+                snprintf(what8, sizeof what8, "%s (8 at a time)", what);
+                CHECK(ut_same_bits(got, want, ob, what8));
+                nfast++;
+            }
+            ft_free_aligned(want);
+            ft_free_aligned(got);
+            ncase++;
+        }
+        free(table);
+    }
     printf("  %d q8/q4 decodes compared, %d of them also 8 at a time\n", ncase, nfast);
     CHECK(nfast > 0);
 }
