@@ -9,6 +9,7 @@
 #include "engine/moe.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
+#include "engine/gemm_bf16.h"
 #include "flextier/store.h"
 
 #include <math.h>
@@ -765,18 +766,74 @@ static void prod_task(void *arg, size_t i, unsigned worker)
     ft_wk_product(j->y, j->ldy, j->a, j->W, a, e, j->b);
 }
 
+/* t->ws of at least need bytes */
+static ft_status want_ws(ft_trainer *t, size_t need)
+{
+    if (need <= t->ws_cap) return FT_OK;
+    free(t->ws);
+    size_t n = (need + 63) / 64 * 64;
+    t->ws = aligned_alloc(64, n);
+    t->ws_cap = t->ws ? n : 0;
+    if (!t->ws) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a product's workspace");
+    return FT_OK;
+}
+
+/* With bf16 activations (FLEXTIER_BF16_ACTIVATIONS) on bf16 weights, the
+ * products of at least GB_ROWS rows run on the bf16 GEMMs
+ * (engine/gemm_bf16.h: the same operands as the engine's FT_WK_X_B16, x or
+ * dy rounded to bf16, in a GEMM's order of sums) where the CPU has
+ * AVX512_BF16; elsewhere the engine's products. */
+enum { GB_ROWS = 16 };
+
+static int use_gb(const ft_wmat *W, int rows)
+{
+    return W->fmt == FT_WF_BF16 && rows >= GB_ROWS && ft_wk_bf16_activations() && ft_gb_simd();
+}
+
+typedef struct gb_job {
+    int nn;
+    float *c;
+    int ldc;
+    const uint16_t *a;
+    int lda, rows;
+    const ft_wmat *W;
+    int n0, n1, per;
+    const float *b;
+} gb_job;
+
+static void gb_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const gb_job *j = arg;
+    int a = j->n0 + (int)i * j->per, e = a + j->per < j->n1 ? a + j->per : j->n1;
+    if (j->nn) ft_gb_nn(j->c, j->ldc, j->a, j->lda, j->rows, j->W->data, j->W->cols, j->W->rows, a, e, NULL, 1);
+    else ft_gb_nt(j->c, j->ldc, j->a, j->lda, j->rows, j->W->data, j->W->cols, j->W->cols, a, e, j->b, 0);
+}
+
+/* nt: c (ldc) = x W^T (+ b) for outputs [n0, n1); nn: c (ldc) += x W
+ * (x: rows x W->rows, outputs all W->cols) */
+static ft_status gb_prod(ft_trainer *t, int nn, float *c, int ldc, const float *x, int ldx, int rows, const ft_wmat *W,
+                         int n0, int n1, const float *b)
+{
+    const int K = nn ? W->rows : W->cols, lda = ft_gb_lda(K);
+    TRY(want_ws(t, (size_t)rows * (size_t)lda * sizeof(uint16_t)));
+    ft_gb_round(t->ws, lda, x, ldx, rows, K);
+    /* outputs split over the threads in blocks of 64 (the kernel's): each
+     * output's sums are the same whatever the split */
+    size_t n = (size_t)(n1 - n0), per = (n + (size_t)t->nthreads * 4 - 1) / ((size_t)t->nthreads * 4);
+    per = (per + 63) / 64 * 64;
+    gb_job j = {nn, c, ldc, t->ws, lda, rows, W, n0, n1, (int)per, b};
+    ft_pool_run(n > per ? t->pool : NULL, (n + per - 1) / per, gb_task, &j);
+    return FT_OK;
+}
+
 /* y (ldy) = x W^T (+ b) for output rows [o0, o1), on W as stored */
 static ft_status prod(ft_trainer *t, float *y, int ldy, const float *x, int rows, const ft_wmat *W, int o0, int o1,
                       const float *b)
 {
+    if (use_gb(W, rows)) return gb_prod(t, 0, y, ldy, x, W->cols, rows, W, o0, o1, b);
     size_t need = ft_wk_ws_size(W, rows);
-    if (need > t->ws_cap) {
-        free(t->ws);
-        size_t n = (need + 63) / 64 * 64;
-        t->ws = aligned_alloc(64, n);
-        t->ws_cap = t->ws ? n : 0;
-        if (!t->ws) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a product's workspace");
-    }
+    TRY(want_ws(t, need));
     ft_wk_act a;
     TRY(ft_wk_prep(&a, need ? t->ws : NULL, need ? t->ws_cap : 0, W, x, rows));
     /* output rows split over the threads: any split computes the same values */
@@ -885,6 +942,8 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
 static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
                       int o1)
 {
+    if (o0 == 0 && o1 == W->rows && use_gb(W, rows))   /* dx += dy W on W as stored */
+        return gb_prod(t, 1, dx, ldx, dy, ldy, rows, W, 0, W->cols, NULL);
     /* the fast path needs whole, contiguous operands and room in tmp2 */
     if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
         (size_t)W->cols <= t->row_max)
