@@ -785,9 +785,24 @@ static ft_status want_ws(ft_trainer *t, size_t need)
  * AVX512_BF16; elsewhere the engine's products. */
 enum { GB_ROWS = 16 };
 
+static int gb_on = -1;   /* -1: FLEXTIER_TRAIN_GEMM not read yet ("0": off) */
+
+int ft_tr_gemm(void)
+{
+    int v = __atomic_load_n(&gb_on, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FLEXTIER_TRAIN_GEMM");
+        v = !(e && strcmp(e, "0") == 0);
+        __atomic_store_n(&gb_on, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+void ft_tr_set_gemm(int on) { __atomic_store_n(&gb_on, on ? 1 : 0, __ATOMIC_RELAXED); }
+
 static int use_gb(const ft_wmat *W, int rows)
 {
-    return W->fmt == FT_WF_BF16 && rows >= GB_ROWS && ft_wk_bf16_activations() && ft_gb_simd();
+    return W->fmt == FT_WF_BF16 && rows >= GB_ROWS && ft_wk_bf16_activations() && ft_gb_simd() && ft_tr_gemm();
 }
 
 typedef struct gb_job {

@@ -23,6 +23,15 @@ uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch);
 void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk);
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
 
+/* With bf16 activations on (ft_wk_bf16_activations) and AVX512_BF16, the
+ * trainer's products of >= 16 rows on bf16 weights (forward x W^T and the
+ * backward's dy W) run on the bf16 GEMMs (engine/gemm_bf16.h) unless this
+ * is off: default on, FLEXTIER_TRAIN_GEMM=0 turns it off (the engine's
+ * FT_WK_X_B16 products then, W transposed for dy W: the same operands, a
+ * different order of sums); the setter is for tests and benchmarks. */
+int ft_tr_gemm(void);
+void ft_tr_set_gemm(int on);
+
 /* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
  * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
  * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */
