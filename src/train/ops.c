@@ -262,3 +262,90 @@ void ft_tr_transpose16(uint16_t *dst, size_t ldd, const uint16_t *src, size_t ld
 #endif
     ft_tr_transpose16_ref(dst, ldd, src, lds, n, m);
 }
+
+/* ------------------------------------- f32 products of the adapters */
+
+void ft_tr_acc_ref(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+                   int n1)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) {
+            float c = C[(size_t)m * (size_t)ldc + (size_t)n];
+            for (int k = 0; k < K; k++)
+                c = fmaf(P[(size_t)m * (size_t)psm + (size_t)k * (size_t)psk], Q[(size_t)k * (size_t)ldq + (size_t)n], c);
+            C[(size_t)m * (size_t)ldc + (size_t)n] = c;
+        }
+}
+
+#if defined(__x86_64__)
+#define TR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#if defined(__SANITIZE_ADDRESS__)
+#define TR_NO_UNROLL 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TR_NO_UNROLL 1
+#endif
+#endif
+#ifdef TR_NO_UNROLL
+#define TR_UNROLL
+#else
+#define TR_UNROLL _Pragma("GCC unroll 32")
+#endif
+
+/* MR rows of C x 64 columns (masks m): 24 accumulators loaded from C, one
+ * FMA per (k, row, vector) in k order, stored back */
+TR_AVX512 static inline __attribute__((always_inline)) void acc_blk(float *C, int ldc, const float *P, int psm, int psk,
+                                                                     int K, const float *Q, int ldq, const int MR,
+                                                                     const __mmask16 *m)
+{
+    __m512 acc[6][4];
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < 4; v++)
+        acc[r][v] = _mm512_maskz_loadu_ps(m[v], C + (size_t)r * (size_t)ldc + 16 * v);
+    for (int k = 0; k < K; k++) {
+        __m512 q[4];
+        TR_UNROLL for (int v = 0; v < 4; v++) q[v] = _mm512_maskz_loadu_ps(m[v], Q + (size_t)k * (size_t)ldq + 16 * v);
+        TR_UNROLL for (int r = 0; r < MR; r++) {
+            __m512 p = _mm512_set1_ps(P[(size_t)r * (size_t)psm + (size_t)k * (size_t)psk]);
+            TR_UNROLL for (int v = 0; v < 4; v++) acc[r][v] = _mm512_fmadd_ps(p, q[v], acc[r][v]);
+        }
+    }
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < 4; v++)
+        _mm512_mask_storeu_ps(C + (size_t)r * (size_t)ldc + 16 * v, m[v], acc[r][v]);
+}
+
+TR_AVX512 static void acc_avx512(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q,
+                                 int ldq, int n0, int n1)
+{
+    for (int nb = n0; nb < n1; nb += 64) {
+        __mmask16 m[4];
+        for (int v = 0; v < 4; v++) {
+            int c = n1 - nb - 16 * v;
+            m[v] = c >= 16 ? (__mmask16)0xffff : c <= 0 ? 0 : (__mmask16)((1u << c) - 1);
+        }
+        for (int r = 0; r < M; r += 6) {
+            float *cc = C + (size_t)r * (size_t)ldc + (size_t)nb;
+            const float *pp = P + (size_t)r * (size_t)psm, *qq = Q + (size_t)nb;
+            switch (M - r < 6 ? M - r : 6) {
+            case 6: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 6, m); break;
+            case 5: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 5, m); break;
+            case 4: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 4, m); break;
+            case 3: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 3, m); break;
+            case 2: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 2, m); break;
+            default: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 1, m); break;
+            }
+        }
+    }
+}
+#endif
+
+void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+               int n1)
+{
+#if defined(__x86_64__)
+    if (ft_simd_enabled() && ft_cpu()->avx512f && ft_cpu()->avx512bw && ft_cpu()->avx512vl) {
+        acc_avx512(C, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
+        return;
+    }
+#endif
+    ft_tr_acc_ref(C, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
+}

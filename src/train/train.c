@@ -95,6 +95,7 @@ struct ft_trainer {
     float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
     size_t wt_cap;           /* bytes */
     float *row;              /* WT_B rows of scratch per worker (row_len floats) */
+    float *tls;              /* s * tl of a LoRA backward (rows x rank)        */
     size_t row_len, row_max; /* row_max: the widest row                         */
     float *dmk, *dxd;        /* lora_dropout: R x wide factors, masked input */
     int dropping;            /* inside a training micro-batch with dropout  */
@@ -506,7 +507,7 @@ static void free_ws(ft_trainer *t)
                    &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->lall, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
                    &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd, &t->mtg, &t->mtd, &t->meu,
-                   &t->meb, &t->mebt, &t->megb, &t->medt};
+                   &t->meb, &t->mebt, &t->megb, &t->medt, &t->tls};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -612,6 +613,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->P = fz((size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T);
     for (int i = 0; i < NT; i++) t->tl[i] = fz(r * (size_t)t->p.rank);
     t->dt = fz(r * (size_t)t->p.rank);
+    t->tls = fz(r * (size_t)t->p.rank);
     t->dx = fz(r * H); t->dx2 = fz(r * H); t->dh = fz(r * H); t->dq = fz(r * qw); t->dk = fz(r * kw);
     t->dv = fz(r * kw); t->datt = fz(r * qw); t->dgt = fz(r * I); t->dup = fz(r * I); t->dmm = fz(r * I);
     t->cosT = fz((size_t)T * half); t->sinT = fz((size_t)T * half);
@@ -654,7 +656,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
         }
     }
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
-             t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
+             t->tmp && t->P && t->dt && t->tls && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
              t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw && t->pin && t->hp && t->dhp &&
              (c->rope_local_theta == 0 || (t->lcosT && t->lsinT));
@@ -1035,37 +1037,58 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
  * dy (n x out), B out x rk: dt = s dy B (n x rk; B^T into bt as a matrix
  * of its own) and gbt = s tl^T dy (rk x out: dB transposed, summed along
  * out). */
+typedef struct acc_job {
+    float *C;
+    int ldc;
+    const float *P;
+    int psm, psk, M, K;
+    const float *Q;
+    int ldq, N, per;
+} acc_job;
+
+static void acc_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const acc_job *j = arg;
+    int a = (int)i * j->per, e = a + j->per < j->N ? a + j->per : j->N;
+    ft_tr_acc(j->C, j->ldc, j->P, j->psm, j->psk, j->M, j->K, j->Q, j->ldq, a, e);
+}
+
+/* ft_tr_acc over columns [0, N), split over the threads in blocks of 64 */
+static void acc_par(ft_trainer *t, float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q,
+                    int ldq, int N)
+{
+    size_t per = ((size_t)N + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    per = (per + 63) / 64 * 64;
+    acc_job j = {C, ldc, P, psm, psk, M, K, Q, ldq, N, (int)per};
+    size_t nt = ((size_t)N + per - 1) / per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, acc_task, &j);
+}
+
 static ft_status lora_bwd_dt(ft_trainer *t, const float *B, const float *tl, const float *dy, int n, int out,
                              float *dt, float *bt, float *gbt)
 {
     const int rk = t->p.rank;
     const float s = t->scale;
-    const ft_kernels *kk = ft_k_get();
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
     ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
     TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
     for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
+    /* gbt[j] += (s tl[r][j]) dy[r] for r in order (an axpy per r) */
     memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < rk; j++)
-            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
-                     dy + (size_t)r * (size_t)out, out);
+    for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) t->tls[k] = s * tl[k];
+    acc_par(t, gbt, out, t->tls, 1, rk, rk, n, dy, out, out);
     return FT_OK;
 }
 
-/* dA += dt^T x, dx += dt A (A rk x in), row by row */
-static void lora_bwd_ax(float *gA, float *dx, const float *A, const float *x, const float *dt, int n, int rk, int in)
+/* dA += dt^T x, dx += dt A (A rk x in): per output the axpys' order (r
+ * for dA, j for dx) */
+static void lora_bwd_ax(ft_trainer *t, float *gA, float *dx, const float *A, const float *x, const float *dt, int n,
+                        int rk, int in)
 {
-    const ft_kernels *kk = ft_k_get();
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
-        float *dxr = dx + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
-        }
-    }
+    acc_par(t, gA, in, dt, 1, rk, rk, n, x, in, in);
+    acc_par(t, dx, in, dt, rk, 1, n, rk, A, in, in);
 }
 
 /* dx += W^T dy + A^T dt, and the adapter's gradients (x, tl[i] from the forward) */
@@ -1083,7 +1106,7 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
     if (!t->dropping) {
-        lora_bwd_ax(gA, dx, A, x, dt, R, rk, in);
+        lora_bwd_ax(t, gA, dx, A, x, dt, R, rk, in);
         return FT_OK;
     }
     /* with dropout x is the masked input and dx gets the mask times dt A
@@ -1263,7 +1286,7 @@ static ft_status exp_lora_bwd(ft_trainer *t, const lmod *md, int e, const float 
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++)
             gB[(size_t)o * (size_t)E * (size_t)rk + (size_t)j * (size_t)E + (size_t)e] += gb[(size_t)j * (size_t)out + (size_t)o];
-    lora_bwd_ax(gA, dx, A, x, dt, n, rk, in);
+    lora_bwd_ax(t, gA, dx, A, x, dt, n, rk, in);
     return FT_OK;
 }
 

@@ -32,6 +32,17 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
 int ft_tr_gemm(void);
 void ft_tr_set_gemm(int on);
 
+/* C[m*ldc + n] = fma chain over k < K, in k order, from C's value:
+ * c = fma(P[m*psm + k*psk], Q[k*ldq + n], c), for m < M, n0 <= n < n1
+ * (the adapters' products: dA += dt^T x, dx += dt A, dB^T += (s tl)^T dy;
+ * the same values as an axpy per k, each output one fixed sequence
+ * whatever the column split). AVX-512: 6 rows x 64 columns of
+ * accumulators; the _ref twin elsewhere (FLEXTIER_NO_SIMD too). */
+void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+               int n1);
+void ft_tr_acc_ref(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+                   int n1);
+
 /* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
  * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
  * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */

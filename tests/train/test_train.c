@@ -256,6 +256,41 @@ TEST(transpose16_matches_ref)
         }
 }
 
+/* the adapters' f32 products (ft_tr_acc): SIMD against the _ref twin
+ * bit for bit (both one fma chain per output in k order), odd sizes and
+ * column ranges, both P layouts, and against per-k axpys */
+TEST(tr_acc_matches_ref)
+{
+    static const int sz[][5] = {{1, 1, 1, 0, 1}, {16, 37, 130, 3, 130}, {7, 16, 64, 0, 64}, {13, 5, 200, 64, 199}};
+    for (size_t c = 0; c < sizeof sz / sizeof sz[0]; c++)
+        for (int lay = 0; lay < 2; lay++) {
+            const int M = sz[c][0], K = sz[c][1], N = sz[c][2], n0 = sz[c][3], n1 = sz[c][4], ldc = N + 3, ldq = N + 1;
+            const int psm = lay ? 1 : K, psk = lay ? M : 1;
+            float *P = malloc(sizeof(float) * (size_t)M * K), *Q = malloc(sizeof(float) * (size_t)K * ldq);
+            float *c0 = malloc(sizeof(float) * (size_t)M * ldc), *c1 = malloc(sizeof(float) * (size_t)M * ldc);
+            float *c2 = malloc(sizeof(float) * (size_t)M * ldc);
+            REQUIRE(P && Q && c0 && c1 && c2);
+            fill(P, (size_t)M * K, 1.0f);
+            fill(Q, (size_t)K * ldq, 1.0f);
+            fill(c0, (size_t)M * ldc, 1.0f);
+            memcpy(c1, c0, sizeof(float) * (size_t)M * ldc);
+            memcpy(c2, c0, sizeof(float) * (size_t)M * ldc);
+            ft_tr_acc_ref(c0, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
+            ft_tr_acc(c1, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
+            CHECK_MSG(memcmp(c0, c1, sizeof(float) * (size_t)M * ldc) == 0, "case %zu layout %d", c, lay);
+            /* the axpys it replaces (fma per element on this machine's kernel, n0 = 0 cases) */
+            if (n0 == 0 && n1 == N) {
+                const ft_kernels *kk = ft_k_get();
+                for (int m = 0; m < M; m++)
+                    for (int k = 0; k < K; k++)
+                        kk->axpy(c2 + (size_t)m * ldc, P[(size_t)m * psm + (size_t)k * psk], Q + (size_t)k * ldq, N);
+                float d = ft_max_abs_diff(c1, c2, (size_t)M * ldc);
+                CHECK_MSG(d < 1e-5f, "case %zu layout %d: vs axpys %g", c, lay, (double)d);
+            }
+            free(P), free(Q), free(c0), free(c1), free(c2);
+        }
+}
+
 TEST(matT_stored_formats)
 {
     static const int fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_Q8, FT_WF_Q4};
