@@ -6,6 +6,7 @@
 #include "engine/kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -156,6 +157,8 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const ft_kernels *kk = ft_k_get();
+    /* dP_j of a row, kept between the two passes (without it: computed twice) */
+    float *dp = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
     for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
@@ -167,14 +170,16 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
             /* dP_j = dot(do_i, v_j); dv_j += P_j do_i */
             float rs = 0.0f;
             for (int j = j0; j <= i; j++) {
-                rs += p[j] * KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+                float d = KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+                if (dp) dp[j] = d;
+                rs += p[j] * d;
             }
             for (int j = j0; j <= i; j++) {
                 const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dvj = dv + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dkj = dk + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                float ds = p[j] * (KDOT(doi, vj, hd) - rs) * scale;
+                float ds = p[j] * ((dp ? dp[j] : KDOT(doi, vj, hd)) - rs) * scale;
                 if (cap != 0.0f) {   /* d(cap tanh(x / cap)) / dx = 1 - tanh^2 */
                     float th = tanhf(KDOT(qi, kj, hd) * scale / cap);
                     ds *= 1.0f - th * th;
@@ -185,6 +190,7 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
             }
         }
     }
+    free(dp);
 }
 
 void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps)
@@ -337,6 +343,77 @@ TR_AVX512 static void acc_avx512(float *C, int ldc, const float *P, int psm, int
     }
 }
 #endif
+
+void ft_tr_dots_ref(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K)
+{
+    for (int m = m0; m < m1; m++)
+        for (int n = 0; n < N; n++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s = fmaf(P[(size_t)m * (size_t)ldp + (size_t)k], Q[(size_t)n * (size_t)ldq + (size_t)k], s);
+            C[(size_t)m * (size_t)ldc + (size_t)n] = s;
+        }
+}
+
+#if defined(__x86_64__)
+/* MR rows of P x NQ rows of Q: MR x NQ vector sums along k (16 lanes,
+ * the last vector masked), each reduced once */
+TR_AVX512 static inline __attribute__((always_inline)) void dots_blk(float *C, int ldc, const float *P, int ldp,
+                                                                      const float *Q, int ldq, int K, const int MR,
+                                                                      const int NQ)
+{
+    __m512 acc[6][4];
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < NQ; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        __m512 q[4];
+        TR_UNROLL for (int v = 0; v < NQ; v++) q[v] = _mm512_maskz_loadu_ps(m, Q + (size_t)v * (size_t)ldq + (size_t)k);
+        TR_UNROLL for (int r = 0; r < MR; r++) {
+            __m512 p = _mm512_maskz_loadu_ps(m, P + (size_t)r * (size_t)ldp + (size_t)k);
+            TR_UNROLL for (int v = 0; v < NQ; v++) acc[r][v] = _mm512_fmadd_ps(p, q[v], acc[r][v]);
+        }
+    }
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < NQ; v++)
+        C[(size_t)r * (size_t)ldc + (size_t)v] = _mm512_reduce_add_ps(acc[r][v]);
+}
+
+#define DOTS_NQ(MR)                                                                                \
+    switch (NQ) {                                                                                  \
+    case 4: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 4); break;                                  \
+    case 3: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 3); break;                                  \
+    case 2: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 2); break;                                  \
+    default: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 1); break;                                 \
+    }
+
+TR_AVX512 static void dots_avx512(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq,
+                                  int N, int K)
+{
+    for (int n = 0; n < N; n += 4) {
+        const int NQ = N - n < 4 ? N - n : 4;
+        for (int r = m0; r < m1; r += 6) {
+            float *cc = C + (size_t)r * (size_t)ldc + (size_t)n;
+            const float *pp = P + (size_t)r * (size_t)ldp, *qq = Q + (size_t)n * (size_t)ldq;
+            if (m1 - r >= 6) { DOTS_NQ(6) }
+            else for (int i = 0; i < m1 - r; i++) {
+                cc = C + (size_t)(r + i) * (size_t)ldc + (size_t)n;
+                pp = P + (size_t)(r + i) * (size_t)ldp;
+                DOTS_NQ(1)
+            }
+        }
+    }
+}
+#undef DOTS_NQ
+#endif
+
+void ft_tr_dots(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K)
+{
+#if defined(__x86_64__)
+    if (ft_simd_enabled() && ft_cpu()->avx512f && ft_cpu()->avx512bw && ft_cpu()->avx512vl) {
+        dots_avx512(C, ldc, P, ldp, m0, m1, Q, ldq, N, K);
+        return;
+    }
+#endif
+    ft_tr_dots_ref(C, ldc, P, ldp, m0, m1, Q, ldq, N, K);
+}
 
 void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
                int n1)

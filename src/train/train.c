@@ -1014,6 +1014,9 @@ static const float *dropped_input(ft_trainer *t, int l, int i, const float *x, i
     return t->dxd;
 }
 
+static void lora_fwd_prods(ft_trainer *t, const float *A, const float *B, const float *x, int n, int in, int out,
+                           float *tl, float *bt, float *u);
+
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
 static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, float *y)
 {
@@ -1022,12 +1025,10 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     TRY(prod(t, y, W->rows, x, R, W, 0, W->rows, wvec(lw, tbias[i])));
     const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
     if (!md->on) return FT_OK;
-    const int rk = t->p.rank, in = md->in, out = md->out;
-    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    const int in = md->in, out = md->out;
     if (t->dropping) x = dropped_input(t, l, i, x, R, in);
-    TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
     float *u = t->tmp2;
-    TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
+    lora_fwd_prods(t, t->w + md->a, t->w + md->b, x, R, in, out, t->tl[i], t->bt, u);
     for (size_t k = 0; k < (size_t)R * (size_t)out; k++) y[k] += u[k] * t->scale;
     return FT_OK;
 }
@@ -1065,6 +1066,47 @@ static void acc_par(ft_trainer *t, float *C, int ldc, const float *P, int psm, i
     ft_pool_run(nt > 1 ? t->pool : NULL, nt, acc_task, &j);
 }
 
+typedef struct dots_job {
+    float *C;
+    int ldc;
+    const float *P;
+    int ldp, M;
+    const float *Q;
+    int ldq, N, K, per;
+} dots_job;
+
+static void dots_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const dots_job *j = arg;
+    int a = (int)i * j->per, e = a + j->per < j->M ? a + j->per : j->M;
+    ft_tr_dots(j->C, j->ldc, j->P, j->ldp, a, e, j->Q, j->ldq, j->N, j->K);
+}
+
+/* ft_tr_dots over rows [0, M), split over the threads in blocks of 6 */
+static void dots_par(ft_trainer *t, float *C, int ldc, const float *P, int ldp, int M, const float *Q, int ldq, int N,
+                     int K)
+{
+    size_t per = ((size_t)M + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    per = (per + 5) / 6 * 6;
+    dots_job j = {C, ldc, P, ldp, M, Q, ldq, N, K, (int)per};
+    size_t nt = ((size_t)M + per - 1) / per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, dots_task, &j);
+}
+
+/* a LoRA's two forward products on n rows: tl = x A^T (A rk x in), then
+ * u = tl B^T (B out x rk; B^T into bt, rk x out) */
+static void lora_fwd_prods(ft_trainer *t, const float *A, const float *B, const float *x, int n, int in, int out,
+                           float *tl, float *bt, float *u)
+{
+    const int rk = t->p.rank;
+    dots_par(t, tl, rk, x, in, n, A, in, rk, in);
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
+    memset(u, 0, (size_t)n * (size_t)out * sizeof(float));
+    acc_par(t, u, out, tl, rk, 1, n, rk, bt, out, out);
+}
+
 static ft_status lora_bwd_dt(ft_trainer *t, const float *B, const float *tl, const float *dy, int n, int out,
                              float *dt, float *bt, float *gbt)
 {
@@ -1072,8 +1114,7 @@ static ft_status lora_bwd_dt(ft_trainer *t, const float *B, const float *tl, con
     const float s = t->scale;
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
-    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
-    TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
+    dots_par(t, dt, rk, dy, out, n, bt, out, rk, out);
     for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
     /* gbt[j] += (s tl[r][j]) dy[r] for r in order (an axpy per r) */
     memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
@@ -1181,27 +1222,107 @@ static const float *nweights(ft_trainer *t, const float *w, int n)
     return t->nw;
 }
 
+/* per-row and element-wise work split over the threads: every row or
+ * element is computed as alone, so the split changes no value */
+typedef struct ew_job {
+    ft_trainer *t;
+    int kind;   /* EW_* */
+    float *o0, *o1;
+    const float *i0, *i1, *i2, *w, *b;
+    size_t n, per;
+} ew_job;
+
+enum { EW_NORM_FWD, EW_NORM_BWD, EW_SILU_BWD, EW_GELU_BWD, EW_GATE };
+
+static void ffn_gate(const ft_model_config *c, float *m, const float *g, const float *u, size_t n);
+
+static void ew_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const ew_job *j = arg;
+    ft_trainer *t = j->t;
+    const size_t a = i * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    const int H = t->cfg.hidden;
+    const ft_kernels *k = ft_k_get();
+    switch (j->kind) {
+    case EW_NORM_FWD:
+        for (size_t r = a; r < e; r++) {
+            const size_t o = r * (size_t)H;
+            if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(j->o0 + o, j->i0 + o, j->w, H, t->cfg.norm_eps);
+            else k->layernorm(j->o0 + o, j->i0 + o, j->w, j->b, H, t->cfg.norm_eps);
+        }
+        break;
+    case EW_NORM_BWD:
+        for (size_t r = a; r < e; r++) {
+            const size_t o = r * (size_t)H;
+            if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(j->o0 + o, j->i0 + o, j->w, j->i1 + o, H, t->cfg.norm_eps);
+            else ft_tr_layernorm_bwd(j->o0 + o, j->i0 + o, j->w, j->i1 + o, H, t->cfg.norm_eps);
+        }
+        break;
+    case EW_SILU_BWD: ft_tr_silu_mul_bwd(j->o0 + a, j->o1 + a, j->i0 + a, j->i1 + a, j->i2 + a, (int)(e - a)); break;
+    case EW_GELU_BWD: ft_tr_gelu_mul_bwd(j->o0 + a, j->o1 + a, j->i0 + a, j->i1 + a, j->i2 + a, (int)(e - a)); break;
+    default: ffn_gate(&t->cfg, j->o0 + a, j->i0 + a, j->i1 + a, e - a); break;
+    }
+}
+
+/* n rows or elements, in pieces of at least `min` */
+static void ew_run(ft_trainer *t, ew_job *j, size_t min)
+{
+    j->t = t;
+    size_t per = (j->n + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    j->per = per < min ? min : per;
+    size_t nt = (j->n + j->per - 1) / j->per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, ew_task, j);
+}
+
 static void norm_fwd(ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
 {
-    const ft_kernels *k = ft_k_get();
-    const int H = t->cfg.hidden;
-    w = nweights(t, w, H);
-    for (int r = 0; r < R; r++) {
-        const size_t o = (size_t)r * (size_t)H;
-        if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(out + o, in + o, w, H, t->cfg.norm_eps);
-        else k->layernorm(out + o, in + o, w, b, H, t->cfg.norm_eps);
-    }
+    ew_job j = {0};
+    j.kind = EW_NORM_FWD;
+    j.o0 = out;
+    j.i0 = in;
+    j.w = nweights(t, w, t->cfg.hidden);
+    j.b = b;
+    j.n = (size_t)R;
+    ew_run(t, &j, 4);
 }
 
 static void norm_bwd(ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
 {
-    const int H = t->cfg.hidden;
-    w = nweights(t, w, H);
-    for (int r = 0; r < R; r++) {
-        const size_t o = (size_t)r * (size_t)H;
-        if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
-        else ft_tr_layernorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
-    }
+    ew_job j = {0};
+    j.kind = EW_NORM_BWD;
+    j.o0 = dx;
+    j.i0 = x;
+    j.i1 = dy;
+    j.w = nweights(t, w, t->cfg.hidden);
+    j.n = (size_t)R;
+    ew_run(t, &j, 4);
+}
+
+/* the gated FFN's backward (SwiGLU or GeGLU) over n elements */
+static void gate_bwd(ft_trainer *t, float *dg, float *du, const float *g, const float *u, const float *dy, size_t n)
+{
+    ew_job j = {0};
+    j.kind = t->cfg.act == FT_ACT_GELU_TANH ? EW_GELU_BWD : EW_SILU_BWD;
+    j.o0 = dg;
+    j.o1 = du;
+    j.i0 = g;
+    j.i1 = u;
+    j.i2 = dy;
+    j.n = n;
+    ew_run(t, &j, 4096);
+}
+
+/* m = act(g) * u over n elements */
+static void gate_fwd(ft_trainer *t, float *m, const float *g, const float *u, size_t n)
+{
+    ew_job j = {0};
+    j.kind = EW_GATE;
+    j.o0 = m;
+    j.i0 = g;
+    j.i1 = u;
+    j.n = n;
+    ew_run(t, &j, 4096);
 }
 
 static const float *gvec(const ft_trainer *t, int slot)
@@ -1263,11 +1384,9 @@ static void exp_gather_b(ft_trainer *t, const lmod *md, int e)
 static ft_status exp_lora_fwd(ft_trainer *t, const lmod *md, int e, const float *x, int n, float *tl)
 {
     const int rk = t->p.rank, in = md->in, out = md->fused_out ? md->fused_out : md->out;
-    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a + (size_t)e * (size_t)rk * (size_t)in, 0, 0, NULL};
-    TRY(prod(t, tl, rk, x, n, &A, 0, rk, NULL));
     exp_gather_b(t, md, e);
-    ft_wmat B = {FT_WF_F32, out, rk, t->meb, 0, 0, NULL};
-    return prod(t, t->meu, out, tl, n, &B, 0, out, NULL);
+    lora_fwd_prods(t, t->w + md->a + (size_t)e * (size_t)rk * (size_t)in, t->meb, x, n, in, out, tl, t->mebt, t->meu);
+    return FT_OK;
 }
 
 /* the backward of expert e's LoRA md on its n rows: x its input, tl the
@@ -1595,7 +1714,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T, int save)
     } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
-        ffn_gate(c, t->mm, t->gt, t->up, ni);
+        gate_fwd(t, t->mm, t->gt, t->up, ni);
     } else {   /* OPT: relu(fc1) */
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
         for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
@@ -1642,8 +1761,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     } else {
     TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
-        if (c->act == FT_ACT_GELU_TANH) ft_tr_gelu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
-        else ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        gate_bwd(t, t->dgt, t->dup, t->gt, t->up, t->dmm, RI);
         TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
     } else {
         for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;

@@ -43,6 +43,14 @@ void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K
 void ft_tr_acc_ref(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
                    int n1);
 
+/* C[m*ldc + n] = sum_k P[m*ldp + k] Q[n*ldq + k] for m0 <= m < m1, n < N
+ * (the adapters' narrow products: x A^T and dy B with N = rank): AVX-512
+ * sums 16 lanes along k (6 rows x 4 outputs at a time) and reduces each
+ * once; the _ref twin one fma chain (they agree within f32 reassociation;
+ * each output the same sequence for any row range). */
+void ft_tr_dots(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K);
+void ft_tr_dots_ref(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K);
+
 /* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
  * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
  * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */

@@ -291,6 +291,36 @@ TEST(tr_acc_matches_ref)
         }
 }
 
+/* the adapters' narrow products (ft_tr_dots): SIMD against the _ref
+ * within f32 reassociation, K not a multiple of 16, rows split anywhere
+ * giving the same bits */
+TEST(tr_dots_matches_ref)
+{
+    static const int sz[][3] = {{1, 1, 1}, {13, 16, 2048}, {7, 5, 37}, {20, 3, 100}};
+    for (size_t c = 0; c < sizeof sz / sizeof sz[0]; c++) {
+        const int M = sz[c][0], N = sz[c][1], K = sz[c][2], ldp = K + 2, ldq = K + 1, ldc = N + 3;
+        float *P = malloc(sizeof(float) * (size_t)M * ldp), *Q = malloc(sizeof(float) * (size_t)N * ldq);
+        float *c0 = calloc((size_t)M * ldc, sizeof(float)), *c1 = calloc((size_t)M * ldc, sizeof(float)),
+              *c2 = calloc((size_t)M * ldc, sizeof(float));
+        REQUIRE(P && Q && c0 && c1 && c2);
+        fill(P, (size_t)M * ldp, 1.0f);
+        fill(Q, (size_t)N * ldq, 1.0f);
+        ft_tr_dots_ref(c0, ldc, P, ldp, 0, M, Q, ldq, N, K);
+        ft_tr_dots(c1, ldc, P, ldp, 0, M, Q, ldq, N, K);
+        ft_tr_dots(c2, ldc, P, ldp, 0, M / 3, Q, ldq, N, K);
+        ft_tr_dots(c2, ldc, P, ldp, M / 3, M, Q, ldq, N, K);
+        CHECK_MSG(memcmp(c1, c2, sizeof(float) * (size_t)M * ldc) == 0, "case %zu: a row split changed bits", c);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double sa = 0.0;
+                for (int k = 0; k < K; k++) sa += fabs((double)P[(size_t)m * ldp + k] * Q[(size_t)n * ldq + k]);
+                double d = fabs((double)c0[(size_t)m * ldc + n] - c1[(size_t)m * ldc + n]);
+                CHECK_MSG(d <= 2.0 * (K + 16) * ldexp(1.0, -24) * sa, "case %zu (%d, %d): %g", c, m, n, d);
+            }
+        free(P), free(Q), free(c0), free(c1), free(c2);
+    }
+}
+
 TEST(matT_stored_formats)
 {
     static const int fmts[] = {FT_WF_F32, FT_WF_BF16, FT_WF_Q8, FT_WF_Q4};
