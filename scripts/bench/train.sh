@@ -12,6 +12,8 @@
 #                  --activations-codec raw): no recompute, no encoding
 #   ft-bf16-bfx    ft-bf16 with FLEXTIER_BF16_ACTIVATIONS=1: products of >= 25 rows round
 #                  their activations to bf16 (vdpbf16ps on AVX512_BF16; what autocast does)
+#   ft-bf16-saved-bfx  ft-bf16-saved with FLEXTIER_BF16_ACTIVATIONS=1: the products of
+#                  >= 16 rows on the bf16 GEMMs (vdpbf16ps on AVX512_BF16; x and dy in bf16)
 #   ft-q8          base weights q8 in memory
 #   ft-q4          base weights q4 in memory
 #   ft-q4-disk     q4 streamed from the disk tier (--policy w=0,0,100 --disk-dir)
@@ -39,7 +41,7 @@ FT=$root/build/flextier
 MODEL=""; LAYERS=22; STEPS=3; SEQ=128; BATCH=1; RANK=16; THREADS=2; RUNS=1; OUT=""
 ROWS="ft-bf16 ft-q4 ft-q4-disk pt-f32 pt-bf16-amp"
 PY=${PEFT_PYTHON:-python3}
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
 LIMIT=1G
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -65,7 +67,7 @@ for v in "$LAYERS" "$STEPS" "$SEQ" "$BATCH" "$RANK" "$THREADS" "$RUNS"; do
 done
 [ "$STEPS" -ge 2 ] || { echo "train.sh: --steps must be at least 2 (tok/s is measured after the first)" >&2; exit 2; }
 for r in $ROWS; do
-    case "$r" in ft-bf16|ft-bf16-act|ft-bf16-saved|ft-bf16-bfx|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
+    case "$r" in ft-bf16|ft-bf16-act|ft-bf16-saved|ft-bf16-saved-bfx|ft-bf16-bfx|ft-q8|ft-q4|ft-q4-disk|ft-q4-disk-lim|pt-f32|pt-bf16-amp) ;;
     *) echo "train.sh: unknown row $r" >&2; exit 2 ;; esac
 done
 peers_need /usr/bin/time "apt-get install time" "$FT" "build flextier (cmake --build build)"
@@ -113,6 +115,8 @@ one() {   # one row once: appends to results.tsv
         > "$log" 2>&1 || rc=$? ;;
     ft-bf16-saved) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype bf16 --activations mem \
         --activations-codec raw > "$log" 2>&1 || rc=$? ;;
+    ft-bf16-saved-bfx) FLEXTIER_BF16_ACTIVATIONS=1 /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" \
+        --weights-dtype bf16 --activations mem --activations-codec raw > "$log" 2>&1 || rc=$? ;;
     ft-bf16-bfx) FLEXTIER_BF16_ACTIVATIONS=1 /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" \
         --weights-dtype bf16 > "$log" 2>&1 || rc=$? ;;
     ft-q8) /usr/bin/time -f 'RSS %M' "$FT" finetune "${common[@]}" --weights-dtype q8 > "$log" 2>&1 || rc=$? ;;

@@ -6,6 +6,7 @@
 #include "engine/kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -156,6 +157,8 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
 {
     const int qw = nh * hd, kw = nkv * hd, rep = nh / nkv;
     const ft_kernels *kk = ft_k_get();
+    /* dP_j of a row, kept between the two passes (without it: computed twice) */
+    float *dp = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
     for (int h = g0 * rep; h < g1 * rep; h++) {
         int g = h / rep;
         for (int i = 0; i < T; i++) {
@@ -167,14 +170,16 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
             /* dP_j = dot(do_i, v_j); dv_j += P_j do_i */
             float rs = 0.0f;
             for (int j = j0; j <= i; j++) {
-                rs += p[j] * KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+                float d = KDOT(doi, v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd, hd);
+                if (dp) dp[j] = d;
+                rs += p[j] * d;
             }
             for (int j = j0; j <= i; j++) {
                 const float *vj = v + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 const float *kj = k + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dvj = dv + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
                 float *dkj = dk + (size_t)j * (size_t)kw + (size_t)g * (size_t)hd;
-                float ds = p[j] * (KDOT(doi, vj, hd) - rs) * scale;
+                float ds = p[j] * ((dp ? dp[j] : KDOT(doi, vj, hd)) - rs) * scale;
                 if (cap != 0.0f) {   /* d(cap tanh(x / cap)) / dx = 1 - tanh^2 */
                     float th = tanhf(KDOT(qi, kj, hd) * scale / cap);
                     ds *= 1.0f - th * th;
@@ -185,6 +190,7 @@ void ft_tr_attn_bwd_g(float *dq, float *dk, float *dv, const float *dout, const 
             }
         }
     }
+    free(dp);
 }
 
 void ft_tr_layernorm_bwd(float *dx, const float *x, const float *w, const float *dy, int n, float eps)
@@ -261,4 +267,162 @@ void ft_tr_transpose16(uint16_t *dst, size_t ldd, const uint16_t *src, size_t ld
     }
 #endif
     ft_tr_transpose16_ref(dst, ldd, src, lds, n, m);
+}
+
+/* ------------------------------------- f32 products of the adapters */
+
+void ft_tr_acc_ref(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+                   int n1)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) {
+            float c = C[(size_t)m * (size_t)ldc + (size_t)n];
+            for (int k = 0; k < K; k++)
+                c = fmaf(P[(size_t)m * (size_t)psm + (size_t)k * (size_t)psk], Q[(size_t)k * (size_t)ldq + (size_t)n], c);
+            C[(size_t)m * (size_t)ldc + (size_t)n] = c;
+        }
+}
+
+#if defined(__x86_64__)
+#define TR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#if defined(__SANITIZE_ADDRESS__)
+#define TR_NO_UNROLL 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TR_NO_UNROLL 1
+#endif
+#endif
+#ifdef TR_NO_UNROLL
+#define TR_UNROLL
+#else
+#define TR_UNROLL _Pragma("GCC unroll 32")
+#endif
+
+/* MR rows of C x 64 columns (masks m): 24 accumulators loaded from C, one
+ * FMA per (k, row, vector) in k order, stored back */
+TR_AVX512 static inline __attribute__((always_inline)) void acc_blk(float *C, int ldc, const float *P, int psm, int psk,
+                                                                     int K, const float *Q, int ldq, const int MR,
+                                                                     const __mmask16 *m)
+{
+    __m512 acc[6][4];
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < 4; v++)
+        acc[r][v] = _mm512_maskz_loadu_ps(m[v], C + (size_t)r * (size_t)ldc + 16 * v);
+    for (int k = 0; k < K; k++) {
+        __m512 q[4];
+        TR_UNROLL for (int v = 0; v < 4; v++) q[v] = _mm512_maskz_loadu_ps(m[v], Q + (size_t)k * (size_t)ldq + 16 * v);
+        TR_UNROLL for (int r = 0; r < MR; r++) {
+            __m512 p = _mm512_set1_ps(P[(size_t)r * (size_t)psm + (size_t)k * (size_t)psk]);
+            TR_UNROLL for (int v = 0; v < 4; v++) acc[r][v] = _mm512_fmadd_ps(p, q[v], acc[r][v]);
+        }
+    }
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < 4; v++)
+        _mm512_mask_storeu_ps(C + (size_t)r * (size_t)ldc + 16 * v, m[v], acc[r][v]);
+}
+
+TR_AVX512 static void acc_avx512(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q,
+                                 int ldq, int n0, int n1)
+{
+    for (int nb = n0; nb < n1; nb += 64) {
+        __mmask16 m[4];
+        for (int v = 0; v < 4; v++) {
+            int c = n1 - nb - 16 * v;
+            m[v] = c >= 16 ? (__mmask16)0xffff : c <= 0 ? 0 : (__mmask16)((1u << c) - 1);
+        }
+        for (int r = 0; r < M; r += 6) {
+            float *cc = C + (size_t)r * (size_t)ldc + (size_t)nb;
+            const float *pp = P + (size_t)r * (size_t)psm, *qq = Q + (size_t)nb;
+            switch (M - r < 6 ? M - r : 6) {
+            case 6: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 6, m); break;
+            case 5: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 5, m); break;
+            case 4: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 4, m); break;
+            case 3: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 3, m); break;
+            case 2: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 2, m); break;
+            default: acc_blk(cc, ldc, pp, psm, psk, K, qq, ldq, 1, m); break;
+            }
+        }
+    }
+}
+#endif
+
+void ft_tr_dots_ref(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K)
+{
+    for (int m = m0; m < m1; m++)
+        for (int n = 0; n < N; n++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s = fmaf(P[(size_t)m * (size_t)ldp + (size_t)k], Q[(size_t)n * (size_t)ldq + (size_t)k], s);
+            C[(size_t)m * (size_t)ldc + (size_t)n] = s;
+        }
+}
+
+#if defined(__x86_64__)
+/* MR rows of P x NQ rows of Q: MR x NQ vector sums along k (16 lanes,
+ * the last vector masked), each reduced once */
+TR_AVX512 static inline __attribute__((always_inline)) void dots_blk(float *C, int ldc, const float *P, int ldp,
+                                                                      const float *Q, int ldq, int K, const int MR,
+                                                                      const int NQ)
+{
+    __m512 acc[6][4];
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < NQ; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        __m512 q[4];
+        TR_UNROLL for (int v = 0; v < NQ; v++) q[v] = _mm512_maskz_loadu_ps(m, Q + (size_t)v * (size_t)ldq + (size_t)k);
+        TR_UNROLL for (int r = 0; r < MR; r++) {
+            __m512 p = _mm512_maskz_loadu_ps(m, P + (size_t)r * (size_t)ldp + (size_t)k);
+            TR_UNROLL for (int v = 0; v < NQ; v++) acc[r][v] = _mm512_fmadd_ps(p, q[v], acc[r][v]);
+        }
+    }
+    TR_UNROLL for (int r = 0; r < MR; r++) TR_UNROLL for (int v = 0; v < NQ; v++)
+        C[(size_t)r * (size_t)ldc + (size_t)v] = _mm512_reduce_add_ps(acc[r][v]);
+}
+
+#define DOTS_NQ(MR)                                                                                \
+    switch (NQ) {                                                                                  \
+    case 4: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 4); break;                                  \
+    case 3: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 3); break;                                  \
+    case 2: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 2); break;                                  \
+    default: dots_blk(cc, ldc, pp, ldp, qq, ldq, K, MR, 1); break;                                 \
+    }
+
+TR_AVX512 static void dots_avx512(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq,
+                                  int N, int K)
+{
+    for (int n = 0; n < N; n += 4) {
+        const int NQ = N - n < 4 ? N - n : 4;
+        for (int r = m0; r < m1; r += 6) {
+            float *cc = C + (size_t)r * (size_t)ldc + (size_t)n;
+            const float *pp = P + (size_t)r * (size_t)ldp, *qq = Q + (size_t)n * (size_t)ldq;
+            if (m1 - r >= 6) { DOTS_NQ(6) }
+            else for (int i = 0; i < m1 - r; i++) {
+                cc = C + (size_t)(r + i) * (size_t)ldc + (size_t)n;
+                pp = P + (size_t)(r + i) * (size_t)ldp;
+                DOTS_NQ(1)
+            }
+        }
+    }
+}
+#undef DOTS_NQ
+#endif
+
+void ft_tr_dots(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K)
+{
+#if defined(__x86_64__)
+    if (ft_simd_enabled() && ft_cpu()->avx512f && ft_cpu()->avx512bw && ft_cpu()->avx512vl) {
+        dots_avx512(C, ldc, P, ldp, m0, m1, Q, ldq, N, K);
+        return;
+    }
+#endif
+    ft_tr_dots_ref(C, ldc, P, ldp, m0, m1, Q, ldq, N, K);
+}
+
+void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+               int n1)
+{
+#if defined(__x86_64__)
+    if (ft_simd_enabled() && ft_cpu()->avx512f && ft_cpu()->avx512bw && ft_cpu()->avx512vl) {
+        acc_avx512(C, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
+        return;
+    }
+#endif
+    ft_tr_acc_ref(C, ldc, P, psm, psk, M, K, Q, ldq, n0, n1);
 }

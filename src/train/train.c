@@ -9,6 +9,7 @@
 #include "engine/moe.h"
 #include "engine/kernels.h"
 #include "engine/wkernels.h"
+#include "engine/gemm_bf16.h"
 #include "flextier/store.h"
 
 #include <math.h>
@@ -94,6 +95,7 @@ struct ft_trainer {
     float *bt, *gbt;         /* rank x widest output: B^T, dB^T            */
     size_t wt_cap;           /* bytes */
     float *row;              /* WT_B rows of scratch per worker (row_len floats) */
+    float *tls;              /* s * tl of a LoRA backward (rows x rank)        */
     size_t row_len, row_max; /* row_max: the widest row                         */
     float *dmk, *dxd;        /* lora_dropout: R x wide factors, masked input */
     int dropping;            /* inside a training micro-batch with dropout  */
@@ -505,7 +507,7 @@ static void free_ws(ft_trainer *t)
                    &t->dmm, &t->cosT, &t->sinT, &t->lchunk, &t->ltgt, &t->lall, &t->row, &t->tmp2, &t->bt, &t->gbt, &t->qr, &t->kr, &t->ao, &t->fo, &t->dsw, &t->lcosT, &t->lsinT, &t->nw, &t->pin, &t->hp, &t->dhp,
                    &t->mprob, &t->mwt, &t->mgwt, &t->mx, &t->mg, &t->mu, &t->mmx, &t->my, &t->mdy, &t->mdm,
                    &t->mdg, &t->mdu, &t->mdx, &t->mdw, &t->mdl, &t->dmk, &t->dxd, &t->mtg, &t->mtd, &t->meu,
-                   &t->meb, &t->mebt, &t->megb, &t->medt};
+                   &t->meb, &t->mebt, &t->megb, &t->medt, &t->tls};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
         *f[i] = NULL;
@@ -611,6 +613,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
     t->P = fz((size_t)nb * (size_t)c->n_heads * (size_t)T * (size_t)T);
     for (int i = 0; i < NT; i++) t->tl[i] = fz(r * (size_t)t->p.rank);
     t->dt = fz(r * (size_t)t->p.rank);
+    t->tls = fz(r * (size_t)t->p.rank);
     t->dx = fz(r * H); t->dx2 = fz(r * H); t->dh = fz(r * H); t->dq = fz(r * qw); t->dk = fz(r * kw);
     t->dv = fz(r * kw); t->datt = fz(r * qw); t->dgt = fz(r * I); t->dup = fz(r * I); t->dmm = fz(r * I);
     t->cosT = fz((size_t)T * half); t->sinT = fz((size_t)T * half);
@@ -653,7 +656,7 @@ static ft_status ensure(ft_trainer *t, int nb, int T)
         }
     }
     int ok = t->xs && t->h1 && t->q && t->k && t->v && t->att && t->x2 && t->h2 && t->gt && t->up && t->mm &&
-             t->tmp && t->P && t->dt && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
+             t->tmp && t->P && t->dt && t->tls && t->dx && t->dx2 && t->dh && t->dq && t->dk && t->dv && t->datt && t->dgt &&
              t->dup && t->dmm && t->tmp2 && t->bt && t->gbt && t->cosT && t->sinT && t->lchunk && t->ltgt && t->lmax && t->lsum && t->row &&
              t->qr && t->kr && t->ao && t->fo && t->dsw && t->nw && t->pin && t->hp && t->dhp &&
              (c->rope_local_theta == 0 || (t->lcosT && t->lsinT));
@@ -765,18 +768,89 @@ static void prod_task(void *arg, size_t i, unsigned worker)
     ft_wk_product(j->y, j->ldy, j->a, j->W, a, e, j->b);
 }
 
+/* t->ws of at least need bytes */
+static ft_status want_ws(ft_trainer *t, size_t need)
+{
+    if (need <= t->ws_cap) return FT_OK;
+    free(t->ws);
+    size_t n = (need + 63) / 64 * 64;
+    t->ws = aligned_alloc(64, n);
+    t->ws_cap = t->ws ? n : 0;
+    if (!t->ws) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a product's workspace");
+    return FT_OK;
+}
+
+/* With bf16 activations (FLEXTIER_BF16_ACTIVATIONS) on bf16 weights, the
+ * products of at least GB_ROWS rows run on the bf16 GEMMs
+ * (engine/gemm_bf16.h: the same operands as the engine's FT_WK_X_B16, x or
+ * dy rounded to bf16, in a GEMM's order of sums) where the CPU has
+ * AVX512_BF16; elsewhere the engine's products. */
+enum { GB_ROWS = 16 };
+
+static int gb_on = -1;   /* -1: FLEXTIER_TRAIN_GEMM not read yet ("0": off) */
+
+int ft_tr_gemm(void)
+{
+    int v = __atomic_load_n(&gb_on, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("FLEXTIER_TRAIN_GEMM");
+        v = !(e && strcmp(e, "0") == 0);
+        __atomic_store_n(&gb_on, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+void ft_tr_set_gemm(int on) { __atomic_store_n(&gb_on, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+static int use_gb(const ft_wmat *W, int rows)
+{
+    return W->fmt == FT_WF_BF16 && rows >= GB_ROWS && ft_wk_bf16_activations() && ft_gb_simd() && ft_tr_gemm();
+}
+
+typedef struct gb_job {
+    int nn;
+    float *c;
+    int ldc;
+    const uint16_t *a;
+    int lda, rows;
+    const ft_wmat *W;
+    int n0, n1, per;
+    const float *b;
+} gb_job;
+
+static void gb_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const gb_job *j = arg;
+    int a = j->n0 + (int)i * j->per, e = a + j->per < j->n1 ? a + j->per : j->n1;
+    if (j->nn) ft_gb_nn(j->c, j->ldc, j->a, j->lda, j->rows, j->W->data, j->W->cols, j->W->rows, a, e, NULL, 1);
+    else ft_gb_nt(j->c, j->ldc, j->a, j->lda, j->rows, j->W->data, j->W->cols, j->W->cols, a, e, j->b, 0);
+}
+
+/* nt: c (ldc) = x W^T (+ b) for outputs [n0, n1); nn: c (ldc) += x W
+ * (x: rows x W->rows, outputs all W->cols) */
+static ft_status gb_prod(ft_trainer *t, int nn, float *c, int ldc, const float *x, int ldx, int rows, const ft_wmat *W,
+                         int n0, int n1, const float *b)
+{
+    const int K = nn ? W->rows : W->cols, lda = ft_gb_lda(K);
+    TRY(want_ws(t, (size_t)rows * (size_t)lda * sizeof(uint16_t)));
+    ft_gb_round(t->ws, lda, x, ldx, rows, K);
+    /* outputs split over the threads in blocks of 64 (the kernel's): each
+     * output's sums are the same whatever the split */
+    size_t n = (size_t)(n1 - n0), per = (n + (size_t)t->nthreads * 4 - 1) / ((size_t)t->nthreads * 4);
+    per = (per + 63) / 64 * 64;
+    gb_job j = {nn, c, ldc, t->ws, lda, rows, W, n0, n1, (int)per, b};
+    ft_pool_run(n > per ? t->pool : NULL, (n + per - 1) / per, gb_task, &j);
+    return FT_OK;
+}
+
 /* y (ldy) = x W^T (+ b) for output rows [o0, o1), on W as stored */
 static ft_status prod(ft_trainer *t, float *y, int ldy, const float *x, int rows, const ft_wmat *W, int o0, int o1,
                       const float *b)
 {
+    if (use_gb(W, rows)) return gb_prod(t, 0, y, ldy, x, W->cols, rows, W, o0, o1, b);
     size_t need = ft_wk_ws_size(W, rows);
-    if (need > t->ws_cap) {
-        free(t->ws);
-        size_t n = (need + 63) / 64 * 64;
-        t->ws = aligned_alloc(64, n);
-        t->ws_cap = t->ws ? n : 0;
-        if (!t->ws) return ft_set_error(FT_ERR_NOMEM, "train: out of memory for a product's workspace");
-    }
+    TRY(want_ws(t, need));
     ft_wk_act a;
     TRY(ft_wk_prep(&a, need ? t->ws : NULL, need ? t->ws_cap : 0, W, x, rows));
     /* output rows split over the threads: any split computes the same values */
@@ -885,6 +959,8 @@ ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, cons
 static ft_status matT(ft_trainer *t, float *dx, int ldx, const float *dy, int ldy, int rows, const ft_wmat *W, int o0,
                       int o1)
 {
+    if (o0 == 0 && o1 == W->rows && use_gb(W, rows))   /* dx += dy W on W as stored */
+        return gb_prod(t, 1, dx, ldx, dy, ldy, rows, W, 0, W->cols, NULL);
     /* the fast path needs whole, contiguous operands and room in tmp2 */
     if (o0 == 0 && o1 == W->rows && ldx == W->cols && ldy == W->rows && rows <= t->cap_rows &&
         (size_t)W->cols <= t->row_max)
@@ -938,6 +1014,9 @@ static const float *dropped_input(ft_trainer *t, int l, int i, const float *x, i
     return t->dxd;
 }
 
+static void lora_fwd_prods(ft_trainer *t, const float *A, const float *B, const float *x, int n, int in, int out,
+                           float *tl, float *bt, float *u);
+
 /* y = W x (+ b) + s B (A x) for layer l's module i; saves A x in tl[i] */
 static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, float *y)
 {
@@ -946,12 +1025,10 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
     TRY(prod(t, y, W->rows, x, R, W, 0, W->rows, wvec(lw, tbias[i])));
     const lmod *md = &t->mods[(size_t)l * NT + (size_t)i];
     if (!md->on) return FT_OK;
-    const int rk = t->p.rank, in = md->in, out = md->out;
-    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a, 0, 0, NULL}, B = {FT_WF_F32, out, rk, t->w + md->b, 0, 0, NULL};
+    const int in = md->in, out = md->out;
     if (t->dropping) x = dropped_input(t, l, i, x, R, in);
-    TRY(prod(t, t->tl[i], rk, x, R, &A, 0, rk, NULL));
     float *u = t->tmp2;
-    TRY(prod(t, u, out, t->tl[i], R, &B, 0, out, NULL));
+    lora_fwd_prods(t, t->w + md->a, t->w + md->b, x, R, in, out, t->tl[i], t->bt, u);
     for (size_t k = 0; k < (size_t)R * (size_t)out; k++) y[k] += u[k] * t->scale;
     return FT_OK;
 }
@@ -961,37 +1038,98 @@ static ft_status lin_fwd(ft_trainer *t, int l, int i, const float *x, int R, flo
  * dy (n x out), B out x rk: dt = s dy B (n x rk; B^T into bt as a matrix
  * of its own) and gbt = s tl^T dy (rk x out: dB transposed, summed along
  * out). */
+typedef struct acc_job {
+    float *C;
+    int ldc;
+    const float *P;
+    int psm, psk, M, K;
+    const float *Q;
+    int ldq, N, per;
+} acc_job;
+
+static void acc_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const acc_job *j = arg;
+    int a = (int)i * j->per, e = a + j->per < j->N ? a + j->per : j->N;
+    ft_tr_acc(j->C, j->ldc, j->P, j->psm, j->psk, j->M, j->K, j->Q, j->ldq, a, e);
+}
+
+/* ft_tr_acc over columns [0, N), split over the threads in blocks of 64 */
+static void acc_par(ft_trainer *t, float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q,
+                    int ldq, int N)
+{
+    size_t per = ((size_t)N + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    per = (per + 63) / 64 * 64;
+    acc_job j = {C, ldc, P, psm, psk, M, K, Q, ldq, N, (int)per};
+    size_t nt = ((size_t)N + per - 1) / per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, acc_task, &j);
+}
+
+typedef struct dots_job {
+    float *C;
+    int ldc;
+    const float *P;
+    int ldp, M;
+    const float *Q;
+    int ldq, N, K, per;
+} dots_job;
+
+static void dots_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const dots_job *j = arg;
+    int a = (int)i * j->per, e = a + j->per < j->M ? a + j->per : j->M;
+    ft_tr_dots(j->C, j->ldc, j->P, j->ldp, a, e, j->Q, j->ldq, j->N, j->K);
+}
+
+/* ft_tr_dots over rows [0, M), split over the threads in blocks of 6 */
+static void dots_par(ft_trainer *t, float *C, int ldc, const float *P, int ldp, int M, const float *Q, int ldq, int N,
+                     int K)
+{
+    size_t per = ((size_t)M + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    per = (per + 5) / 6 * 6;
+    dots_job j = {C, ldc, P, ldp, M, Q, ldq, N, K, (int)per};
+    size_t nt = ((size_t)M + per - 1) / per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, dots_task, &j);
+}
+
+/* a LoRA's two forward products on n rows: tl = x A^T (A rk x in), then
+ * u = tl B^T (B out x rk; B^T into bt, rk x out) */
+static void lora_fwd_prods(ft_trainer *t, const float *A, const float *B, const float *x, int n, int in, int out,
+                           float *tl, float *bt, float *u)
+{
+    const int rk = t->p.rank;
+    dots_par(t, tl, rk, x, in, n, A, in, rk, in);
+    for (int o = 0; o < out; o++)
+        for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
+    memset(u, 0, (size_t)n * (size_t)out * sizeof(float));
+    acc_par(t, u, out, tl, rk, 1, n, rk, bt, out, out);
+}
+
 static ft_status lora_bwd_dt(ft_trainer *t, const float *B, const float *tl, const float *dy, int n, int out,
                              float *dt, float *bt, float *gbt)
 {
     const int rk = t->p.rank;
     const float s = t->scale;
-    const ft_kernels *kk = ft_k_get();
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) bt[(size_t)j * (size_t)out + (size_t)o] = B[(size_t)o * (size_t)rk + (size_t)j];
-    ft_wmat BT = {FT_WF_F32, rk, out, bt, 0, 0, NULL};
-    TRY(prod(t, dt, rk, dy, n, &BT, 0, rk, NULL));
+    dots_par(t, dt, rk, dy, out, n, bt, out, rk, out);
     for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) dt[k] *= s;
+    /* gbt[j] += (s tl[r][j]) dy[r] for r in order (an axpy per r) */
     memset(gbt, 0, (size_t)rk * (size_t)out * sizeof(float));
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < rk; j++)
-            kk->axpy(gbt + (size_t)j * (size_t)out, s * tl[(size_t)r * (size_t)rk + (size_t)j],
-                     dy + (size_t)r * (size_t)out, out);
+    for (size_t k = 0; k < (size_t)n * (size_t)rk; k++) t->tls[k] = s * tl[k];
+    acc_par(t, gbt, out, t->tls, 1, rk, rk, n, dy, out, out);
     return FT_OK;
 }
 
-/* dA += dt^T x, dx += dt A (A rk x in), row by row */
-static void lora_bwd_ax(float *gA, float *dx, const float *A, const float *x, const float *dt, int n, int rk, int in)
+/* dA += dt^T x, dx += dt A (A rk x in): per output the axpys' order (r
+ * for dA, j for dx) */
+static void lora_bwd_ax(ft_trainer *t, float *gA, float *dx, const float *A, const float *x, const float *dt, int n,
+                        int rk, int in)
 {
-    const ft_kernels *kk = ft_k_get();
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * (size_t)in, *dtr = dt + (size_t)r * (size_t)rk;
-        float *dxr = dx + (size_t)r * (size_t)in;
-        for (int j = 0; j < rk; j++) {
-            kk->axpy(gA + (size_t)j * (size_t)in, dtr[j], xr, in);
-            kk->axpy(dxr, dtr[j], A + (size_t)j * (size_t)in, in);
-        }
-    }
+    acc_par(t, gA, in, dt, 1, rk, rk, n, x, in, in);
+    acc_par(t, dx, in, dt, rk, 1, n, rk, A, in, in);
 }
 
 /* dx += W^T dy + A^T dt, and the adapter's gradients (x, tl[i] from the forward) */
@@ -1009,7 +1147,7 @@ static ft_status lin_bwd(ft_trainer *t, int l, int i, const float *x, const floa
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++) gB[(size_t)o * (size_t)rk + (size_t)j] += gbt[(size_t)j * (size_t)out + (size_t)o];
     if (!t->dropping) {
-        lora_bwd_ax(gA, dx, A, x, dt, R, rk, in);
+        lora_bwd_ax(t, gA, dx, A, x, dt, R, rk, in);
         return FT_OK;
     }
     /* with dropout x is the masked input and dx gets the mask times dt A
@@ -1084,27 +1222,107 @@ static const float *nweights(ft_trainer *t, const float *w, int n)
     return t->nw;
 }
 
+/* per-row and element-wise work split over the threads: every row or
+ * element is computed as alone, so the split changes no value */
+typedef struct ew_job {
+    ft_trainer *t;
+    int kind;   /* EW_* */
+    float *o0, *o1;
+    const float *i0, *i1, *i2, *w, *b;
+    size_t n, per;
+} ew_job;
+
+enum { EW_NORM_FWD, EW_NORM_BWD, EW_SILU_BWD, EW_GELU_BWD, EW_GATE };
+
+static void ffn_gate(const ft_model_config *c, float *m, const float *g, const float *u, size_t n);
+
+static void ew_task(void *arg, size_t i, unsigned worker)
+{
+    (void)worker;
+    const ew_job *j = arg;
+    ft_trainer *t = j->t;
+    const size_t a = i * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    const int H = t->cfg.hidden;
+    const ft_kernels *k = ft_k_get();
+    switch (j->kind) {
+    case EW_NORM_FWD:
+        for (size_t r = a; r < e; r++) {
+            const size_t o = r * (size_t)H;
+            if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(j->o0 + o, j->i0 + o, j->w, H, t->cfg.norm_eps);
+            else k->layernorm(j->o0 + o, j->i0 + o, j->w, j->b, H, t->cfg.norm_eps);
+        }
+        break;
+    case EW_NORM_BWD:
+        for (size_t r = a; r < e; r++) {
+            const size_t o = r * (size_t)H;
+            if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(j->o0 + o, j->i0 + o, j->w, j->i1 + o, H, t->cfg.norm_eps);
+            else ft_tr_layernorm_bwd(j->o0 + o, j->i0 + o, j->w, j->i1 + o, H, t->cfg.norm_eps);
+        }
+        break;
+    case EW_SILU_BWD: ft_tr_silu_mul_bwd(j->o0 + a, j->o1 + a, j->i0 + a, j->i1 + a, j->i2 + a, (int)(e - a)); break;
+    case EW_GELU_BWD: ft_tr_gelu_mul_bwd(j->o0 + a, j->o1 + a, j->i0 + a, j->i1 + a, j->i2 + a, (int)(e - a)); break;
+    default: ffn_gate(&t->cfg, j->o0 + a, j->i0 + a, j->i1 + a, e - a); break;
+    }
+}
+
+/* n rows or elements, in pieces of at least `min` */
+static void ew_run(ft_trainer *t, ew_job *j, size_t min)
+{
+    j->t = t;
+    size_t per = (j->n + (size_t)t->nthreads * 2 - 1) / ((size_t)t->nthreads * 2);
+    j->per = per < min ? min : per;
+    size_t nt = (j->n + j->per - 1) / j->per;
+    ft_pool_run(nt > 1 ? t->pool : NULL, nt, ew_task, j);
+}
+
 static void norm_fwd(ft_trainer *t, float *out, const float *in, int R, const float *w, const float *b)
 {
-    const ft_kernels *k = ft_k_get();
-    const int H = t->cfg.hidden;
-    w = nweights(t, w, H);
-    for (int r = 0; r < R; r++) {
-        const size_t o = (size_t)r * (size_t)H;
-        if (t->blk.norm == FT_NORM_RMS) k->rmsnorm(out + o, in + o, w, H, t->cfg.norm_eps);
-        else k->layernorm(out + o, in + o, w, b, H, t->cfg.norm_eps);
-    }
+    ew_job j = {0};
+    j.kind = EW_NORM_FWD;
+    j.o0 = out;
+    j.i0 = in;
+    j.w = nweights(t, w, t->cfg.hidden);
+    j.b = b;
+    j.n = (size_t)R;
+    ew_run(t, &j, 4);
 }
 
 static void norm_bwd(ft_trainer *t, float *dx, const float *x, int R, const float *w, const float *dy)
 {
-    const int H = t->cfg.hidden;
-    w = nweights(t, w, H);
-    for (int r = 0; r < R; r++) {
-        const size_t o = (size_t)r * (size_t)H;
-        if (t->blk.norm == FT_NORM_RMS) ft_tr_rmsnorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
-        else ft_tr_layernorm_bwd(dx + o, x + o, w, dy + o, H, t->cfg.norm_eps);
-    }
+    ew_job j = {0};
+    j.kind = EW_NORM_BWD;
+    j.o0 = dx;
+    j.i0 = x;
+    j.i1 = dy;
+    j.w = nweights(t, w, t->cfg.hidden);
+    j.n = (size_t)R;
+    ew_run(t, &j, 4);
+}
+
+/* the gated FFN's backward (SwiGLU or GeGLU) over n elements */
+static void gate_bwd(ft_trainer *t, float *dg, float *du, const float *g, const float *u, const float *dy, size_t n)
+{
+    ew_job j = {0};
+    j.kind = t->cfg.act == FT_ACT_GELU_TANH ? EW_GELU_BWD : EW_SILU_BWD;
+    j.o0 = dg;
+    j.o1 = du;
+    j.i0 = g;
+    j.i1 = u;
+    j.i2 = dy;
+    j.n = n;
+    ew_run(t, &j, 4096);
+}
+
+/* m = act(g) * u over n elements */
+static void gate_fwd(ft_trainer *t, float *m, const float *g, const float *u, size_t n)
+{
+    ew_job j = {0};
+    j.kind = EW_GATE;
+    j.o0 = m;
+    j.i0 = g;
+    j.i1 = u;
+    j.n = n;
+    ew_run(t, &j, 4096);
 }
 
 static const float *gvec(const ft_trainer *t, int slot)
@@ -1166,11 +1384,9 @@ static void exp_gather_b(ft_trainer *t, const lmod *md, int e)
 static ft_status exp_lora_fwd(ft_trainer *t, const lmod *md, int e, const float *x, int n, float *tl)
 {
     const int rk = t->p.rank, in = md->in, out = md->fused_out ? md->fused_out : md->out;
-    ft_wmat A = {FT_WF_F32, rk, in, t->w + md->a + (size_t)e * (size_t)rk * (size_t)in, 0, 0, NULL};
-    TRY(prod(t, tl, rk, x, n, &A, 0, rk, NULL));
     exp_gather_b(t, md, e);
-    ft_wmat B = {FT_WF_F32, out, rk, t->meb, 0, 0, NULL};
-    return prod(t, t->meu, out, tl, n, &B, 0, out, NULL);
+    lora_fwd_prods(t, t->w + md->a + (size_t)e * (size_t)rk * (size_t)in, t->meb, x, n, in, out, tl, t->mebt, t->meu);
+    return FT_OK;
 }
 
 /* the backward of expert e's LoRA md on its n rows: x its input, tl the
@@ -1189,7 +1405,7 @@ static ft_status exp_lora_bwd(ft_trainer *t, const lmod *md, int e, const float 
     for (int o = 0; o < out; o++)
         for (int j = 0; j < rk; j++)
             gB[(size_t)o * (size_t)E * (size_t)rk + (size_t)j * (size_t)E + (size_t)e] += gb[(size_t)j * (size_t)out + (size_t)o];
-    lora_bwd_ax(gA, dx, A, x, dt, n, rk, in);
+    lora_bwd_ax(t, gA, dx, A, x, dt, n, rk, in);
     return FT_OK;
 }
 
@@ -1498,7 +1714,7 @@ static ft_status layer_fwd(ft_trainer *t, int l, int nb, int T, int save)
     } else if (t->blk.ffn == FT_FFN_SWIGLU) {
         TRY(lin_fwd(t, l, TG, t->h2, R, t->gt));
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
-        ffn_gate(c, t->mm, t->gt, t->up, ni);
+        gate_fwd(t, t->mm, t->gt, t->up, ni);
     } else {   /* OPT: relu(fc1) */
         TRY(lin_fwd(t, l, TU, t->h2, R, t->up));
         for (size_t i = 0; i < ni; i++) t->mm[i] = t->up[i] > 0.0f ? t->up[i] : 0.0f;
@@ -1545,8 +1761,7 @@ static ft_status layer_bwd(ft_trainer *t, int l, int nb, int T)
     } else {
     TRY(lin_bwd(t, l, TD, t->mm, dyo, R, t->dmm));
     if (t->blk.ffn == FT_FFN_SWIGLU) {
-        if (c->act == FT_ACT_GELU_TANH) ft_tr_gelu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
-        else ft_tr_silu_mul_bwd(t->dgt, t->dup, t->gt, t->up, t->dmm, (int)RI);
+        gate_bwd(t, t->dgt, t->dup, t->gt, t->up, t->dmm, RI);
         TRY(lin_bwd(t, l, TG, t->h2, t->dgt, R, t->dh));
     } else {
         for (size_t i = 0; i < RI; i++) t->dup[i] = t->up[i] > 0.0f ? t->dmm[i] : 0.0f;

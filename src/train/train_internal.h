@@ -23,6 +23,34 @@ uint64_t ft_tr_dropout_key(uint64_t seed, int step, int micro_batch);
 void ft_tr_dropout_mask(uint64_t key, int layer, int module, float p, int rows, int cols, float *mk);
 ft_status ft_tr_matT_fast(ft_trainer *t, float *dx, const float *dy, int R, const ft_wmat *W);
 
+/* With bf16 activations on (ft_wk_bf16_activations) and AVX512_BF16, the
+ * trainer's products of >= 16 rows on bf16 weights (forward x W^T and the
+ * backward's dy W) run on the bf16 GEMMs (engine/gemm_bf16.h) unless this
+ * is off: default on, FLEXTIER_TRAIN_GEMM=0 turns it off (the engine's
+ * FT_WK_X_B16 products then, W transposed for dy W: the same operands, a
+ * different order of sums); the setter is for tests and benchmarks. */
+int ft_tr_gemm(void);
+void ft_tr_set_gemm(int on);
+
+/* C[m*ldc + n] = fma chain over k < K, in k order, from C's value:
+ * c = fma(P[m*psm + k*psk], Q[k*ldq + n], c), for m < M, n0 <= n < n1
+ * (the adapters' products: dA += dt^T x, dx += dt A, dB^T += (s tl)^T dy;
+ * the same values as an axpy per k, each output one fixed sequence
+ * whatever the column split). AVX-512: 6 rows x 64 columns of
+ * accumulators; the _ref twin elsewhere (FLEXTIER_NO_SIMD too). */
+void ft_tr_acc(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+               int n1);
+void ft_tr_acc_ref(float *C, int ldc, const float *P, int psm, int psk, int M, int K, const float *Q, int ldq, int n0,
+                   int n1);
+
+/* C[m*ldc + n] = sum_k P[m*ldp + k] Q[n*ldq + k] for m0 <= m < m1, n < N
+ * (the adapters' narrow products: x A^T and dy B with N = rank): AVX-512
+ * sums 16 lanes along k (6 rows x 4 outputs at a time) and reduces each
+ * once; the _ref twin one fma chain (they agree within f32 reassociation;
+ * each output the same sequence for any row range). */
+void ft_tr_dots(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K);
+void ft_tr_dots_ref(float *C, int ldc, const float *P, int ldp, int m0, int m1, const float *Q, int ldq, int N, int K);
+
 /* dst[c*ldd + o] = src[o*lds + c] for o < n, c < m (16-bit values: bf16
  * or f16 kept as stored); n = m = 16 uses AVX2 where the CPU has it, the
  * scalar _ref twin otherwise (FLEXTIER_NO_SIMD too). */
