@@ -551,7 +551,9 @@ AVX2 static void xt_tile_avx2(float *tmp, const float *xt, int ldx, const float 
  * broadcast per weight row, fused into the FMAs. With pf, two lines of
  * the next panel's source are prefetched per column, so that the next
  * panel's DRAM reads overlap this tile's arithmetic (decode: otherwise
- * the two take turns). */
+ * the two take turns); into L2: in L1 the 64 KiB of x the tile streams
+ * evicted them before the panel was widened (Zen 4, 32 x 2048 x 2048
+ * bf16: 91 -> 93 GFLOP/s; the tile itself runs at the FMA peak). */
 AVX512 static INL void xt_tile_512_i(float *tmp, const float *xt, int ldx, const float *pan, int nk,
                                      const wk_pf *pf, const int usepf, const int add)
 {
@@ -559,7 +561,7 @@ AVX512 static INL void xt_tile_512_i(float *tmp, const float *xt, int ldx, const
 #define PF_STEP                                                                                    \
     if (usepf) {                                                                                   \
         for (int t = 0; t < 2 && pl < pf->lines; t++) {                                            \
-            _mm_prefetch(pf->base + (size_t)pj * pf->stride + (size_t)pl * 64, _MM_HINT_T0);        \
+            _mm_prefetch(pf->base + (size_t)pj * pf->stride + (size_t)pl * 64, _MM_HINT_T1);        \
             if (++pj == pf->rows) { pj = 0; pl++; }                                                \
         }                                                                                          \
     }
