@@ -7,7 +7,8 @@
   peers_report.py ft-bytes MODEL_DIR FORMAT
       the same two numbers for FlexTier computing on FORMAT (f32 bf16 q8 q4)
       from config.json: matrices at 4, 2, 68/64 or 36/64 bytes per value
-      (q8/q4: FlexGen groups of 64 with fp16 min and step), 1-D tensors f32.
+      (q8/q4: FlexGen groups of 64 with fp16 min and step; the embeddings
+      and the LM head stay bf16, 2 bytes), 1-D tensors f32.
   peers_report.py llama-bench FILE.json           -> tok/s (avg_ts)
   peers_report.py batched FILE.jsonl BATCH        -> aggregate decode tok/s
   peers_report.py ft-json FILE.json KEY           -> a number from bench run --json
@@ -85,10 +86,12 @@ def ft_bytes(model_dir, fmt):
         glob_vec = 2 * h
     else:
         die(f"{model_dir}: model_type {arch} not handled")
-    mats = L * layer_mat + head
+    # q8/q4 quantize the layers' matrices only: the embeddings and the LM
+    # head stay bf16 (ft_tensor_format), and a decode step reads the head whole
+    hb = 2.0 if fmt in ("q8", "q4") else bpp
     vecs = L * layer_vec + glob_vec
-    per_tok = mats * bpp + vecs * 4 + h * bpp           # + one embedding row
-    total = per_tok - h * bpp + (0 if tied else V * h * bpp) + extra_all * bpp
+    per_tok = L * layer_mat * bpp + head * hb + vecs * 4 + h * hb   # + one embedding row
+    total = per_tok - h * hb + (0 if tied else V * h * hb) + extra_all * bpp
     print(int(total), int(per_tok))
 
 

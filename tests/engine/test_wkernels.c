@@ -369,6 +369,49 @@ TEST(wk_bf16_batch_invariant)
     ft_wk_set_bf16_activations(was);
 }
 
+/* bf16/f16 weights with x transposed (the default from 25 rows, exact f32
+ * activations): a 32-row product (decode: one block of rows, the 12 x 32
+ * tile's running sum carried across the 512-column blocks) gives each row
+ * the same bits as the same row in a 64-row product (prefill: columns
+ * outer, y accumulated per block), in every table; several column blocks
+ * and a partial last one, a bias, an output split. */
+TEST(wk_xt_decode_prefill_same_bits)
+{
+    static const int shapes[][2] = {{37, 2048 + 45}, {24, 512}, {13, 1100}};
+    for (int f = 0; f < 2; f++)
+        for (int s = 0; s < 3; s++) {
+            tmat t;
+            tmat_make(&t, f ? FT_WF_F16 : FT_WF_BF16, shapes[s][0], shapes[s][1], 0, 0);
+            int cols = t.W.cols, nout = t.W.rows;
+            float *x = malloc((size_t)64 * cols * sizeof(float)), *b = malloc((size_t)nout * sizeof(float));
+            fill_x(x, 64, cols, 0);
+            for (int o = 0; o < nout; o++) b[o] = frand();
+            size_t wsz = ft_wk_ws_size(&t.W, 64);
+            void *ws = ft_malloc_aligned(wsz, 64);
+            float *y32 = malloc((size_t)32 * nout * sizeof(float)), *y64 = malloc((size_t)64 * nout * sizeof(float));
+            for (int ti = 0; ft_wk_list(ti); ti++) {
+                const ft_wk_table *T = ft_wk_list(ti);
+                ft_wk_act a;
+                CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, 64));
+                CHECK(a.mode == FT_WK_X_T && a.nblk == 2);
+                T->product(y64, nout, &a, &t.W, 0, nout, b);
+                CHECK_OK(ft_wk_prep(&a, ws, wsz, &t.W, x, 32));
+                CHECK(a.mode == FT_WK_X_T && a.nblk == 1);
+                int split = nout / 3;
+                T->product(y32, nout, &a, &t.W, 0, split, b);
+                T->product(y32, nout, &a, &t.W, split, nout, b);
+                CHECK_MSG(!memcmp(y32, y64, (size_t)32 * nout * sizeof(float)), "%s %s %dx%d: 32 rows differ from the same rows of 64",
+                          T->name, f ? "f16" : "bf16", nout, cols);
+            }
+            ft_free_aligned(ws);
+            free(x);
+            free(b);
+            free(y32);
+            free(y64);
+            tmat_free(&t);
+        }
+}
+
 /* q8 / q4: groups 64, 128, 32, 96 (partial 64-units), 2, 34, odd 7 and
  * 21 (scalar fallback for q4), several rows_per_chunk (a partial last
  * chunk), nonzero o0. */

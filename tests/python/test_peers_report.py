@@ -45,8 +45,11 @@ def test_ft_bytes_llama(tmp_path):
     total, per_tok = map(int, run("ft-bytes", tmp_path, "bf16")[1].split())
     assert per_tok == mats * 2 + vecs * 4 + 64 * 2
     assert total == per_tok - 64 * 2 + 100 * 64 * 2
+    # q4: the layers' matrices at 36/64 bytes, the LM head and the embedding row bf16
+    layers = mats - 100 * 64
     total4, per_tok4 = map(int, run("ft-bytes", tmp_path, "q4")[1].split())
-    assert per_tok4 == int(mats * 36 / 64 + vecs * 4 + 64 * 36 / 64)
+    assert per_tok4 == int(layers * 36 / 64 + 100 * 64 * 2 + vecs * 4 + 64 * 2)
+    assert total4 == int(layers * 36 / 64 + 100 * 64 * 2 + vecs * 4 + 100 * 64 * 2)
 
 
 def write_tsv(path, rows):
