@@ -199,6 +199,21 @@ typedef struct ft_cost_inputs {
                                       from the checkpoint file in chunks,
                                       past the page cache (ft_calibrate
                                       under a budget; 0: bw[DISK] is used) */
+    /* Per-request costs of the KV cache's small transfers (seconds), which
+     * a bandwidth measured on whole layers does not show (issue 20: the
+     * KV cache on a loopback node ran 2-3x slower than its bytes at the
+     * link's rate). remote_req_s: one chunk read or put of a memory node
+     * (kv_chunk_tokens tokens of K and V, read 32 at once as the
+     * offloader reads a layer's chunks) beyond its bytes at bw[REMOTE];
+     * measured with the link at every plan. disk_read_req_s: one read of
+     * a sequence's rows from the disk tier's cache file (cold under a
+     * budget), disk_write_req_s: one write of a step's new row (synced to
+     * the disk under a budget, as the offloader writes it); measured and
+     * cached with the disk's bandwidth. Per layer and decode step the
+     * model adds, per off-device sequence, its chunk reads (node) or two
+     * reads and two writes (K and V, disk). 0: none. */
+    double remote_req_s, disk_read_req_s, disk_write_req_s;
+    uint32_t kv_chunk_tokens;      /* a memory node's KV chunk (0: 64)    */
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -214,6 +229,9 @@ typedef struct ft_cost_estimate {
     /* mixtures of experts: the cache hit rate assumed and the expert
      * bytes (as computed on) fetched per layer per decode step */
     double expert_hit, expert_fetch_bytes, expert_cache_mem;
+    /* of t_link: the KV cache's per-request costs per layer and decode
+     * step (ft_cost_inputs.remote_req_s, disk_*_req_s) */
+    double t_kv_req[FT_TIER_COUNT];
 } ft_cost_estimate;
 
 /* What calibration measured on the CPU, taken under another load: every

@@ -3,6 +3,7 @@
  * zero-weight copies of the model (FlexGen fits its constants from real
  * runs the same way), what making a fetched frame usable costs per weight
  * codec, and the read bandwidth of the disk tier and of a memory node. */
+#define _GNU_SOURCE   /* sync_file_range, as the KV cache's disk tier writes */
 #include "flextier/offload.h"
 #include "flextier/model.h"
 #include "flextier/store.h"
@@ -629,8 +630,23 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
  * plan with a memory node and one with a disk share the latter), keyed by
  * the disk directory's device (its nearest existing ancestor's: the store
  * makes the directory) and whether reads pass the page cache. */
-#define CALIB_DISK_MAGIC 0x314b534944544654ull   /* "FTDISK1" */
-typedef struct calib_disk_rec { uint64_t magic, key; double bw; uint64_t sum; } calib_disk_rec;
+#define CALIB_DISK_MAGIC 0x334b534944544654ull   /* "FTDISK3" */
+#define DISK_HIST 5
+typedef struct calib_disk_rec {
+    uint64_t magic, key;
+    /* the last n (<= DISK_HIST) measurements, oldest first: bandwidth, the
+     * KV cache's read and write per request */
+    uint64_t n;
+    double bw[DISK_HIST], rd[DISK_HIST], wr[DISK_HIST];
+    uint64_t sum;
+} calib_disk_rec;
+
+static double median_of(const double *v, uint64_t n)
+{
+    double t[DISK_HIST];
+    memcpy(t, v, (size_t)n * sizeof *t);
+    return median(t, (size_t)n);
+}
 
 static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in)
 {
@@ -651,8 +667,9 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
         }
     }
     char b[256];
-    snprintf(b, sizeof b, "disk6|%s|%llu|%d|%llu", ft_version_string(), dev, cp->drop_cache,
-             (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56));
+    snprintf(b, sizeof b, "disk7|%s|%llu|%d|%llu|%llu", ft_version_string(), dev, cp->drop_cache,
+             (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56),
+             (unsigned long long)in->kv_bytes_per_token);
     return ft_xxh3(b, strlen(b));
 }
 
@@ -668,13 +685,32 @@ static int record_load(const char *path, void *rec, size_t size)
     return n == size && !extra;
 }
 
-static int disk_load(const char *path, uint64_t key, double *bw)
+/* A valid record's history into *r (0: none, or not valid). */
+static int disk_load_rec(const char *path, uint64_t key, calib_disk_rec *r)
+{
+    if (!record_load(path, r, sizeof *r) || r->magic != CALIB_DISK_MAGIC || r->key != key ||
+        r->sum != ft_xxh3(r, offsetof(calib_disk_rec, sum)) || r->n < 1 || r->n > DISK_HIST)
+        return 0;
+    for (uint64_t i = 0; i < r->n; i++)
+        if (!isfinite(r->bw[i]) || r->bw[i] <= 0 || r->bw[i] > 1e15 || !isfinite(r->rd[i]) || r->rd[i] < 0 ||
+            r->rd[i] > 10 || !isfinite(r->wr[i]) || r->wr[i] < 0 || r->wr[i] > 10)
+            return 0;
+    return 1;
+}
+
+/* What the plan uses: the median of the history of each. */
+static void disk_use(const calib_disk_rec *r, double *bw, double *rd, double *wr)
+{
+    *bw = median_of(r->bw, r->n);
+    *rd = median_of(r->rd, r->n);
+    *wr = median_of(r->wr, r->n);
+}
+
+static int disk_load(const char *path, uint64_t key, double *bw, double *rd, double *wr)
 {
     calib_disk_rec r;
-    if (!record_load(path, &r, sizeof r) || r.magic != CALIB_DISK_MAGIC || r.key != key ||
-        r.sum != ft_xxh3(&r, offsetof(calib_disk_rec, sum)) || !isfinite(r.bw) || r.bw <= 0 || r.bw > 1e15)
-        return 0;
-    *bw = r.bw;
+    if (!disk_load_rec(path, key, &r)) return 0;
+    disk_use(&r, bw, rd, wr);
     return 1;
 }
 
@@ -692,13 +728,27 @@ static void record_save(const char *dir, const char *path, const void *rec, size
     if (!ok || rename(tmp, path)) remove(tmp);
 }
 
-static void disk_save(const char *dir, const char *path, uint64_t key, double bw)
+/* A new measurement joins the history (the oldest leaves past
+ * DISK_HIST); *bw, *rd, *wr become the history's medians. */
+static void disk_save(const char *dir, const char *path, uint64_t key, double *bw, double *rd, double *wr)
 {
     calib_disk_rec r;
-    memset(&r, 0, sizeof r);
-    r.magic = CALIB_DISK_MAGIC;
-    r.key = key;
-    r.bw = bw;
+    if (!disk_load_rec(path, key, &r)) {
+        memset(&r, 0, sizeof r);
+        r.magic = CALIB_DISK_MAGIC;
+        r.key = key;
+    }
+    if (r.n == DISK_HIST) {
+        memmove(r.bw, r.bw + 1, (DISK_HIST - 1) * sizeof *r.bw);
+        memmove(r.rd, r.rd + 1, (DISK_HIST - 1) * sizeof *r.rd);
+        memmove(r.wr, r.wr + 1, (DISK_HIST - 1) * sizeof *r.wr);
+        r.n--;
+    }
+    r.bw[r.n] = *bw;
+    r.rd[r.n] = *rd;
+    r.wr[r.n] = *wr;
+    r.n++;
+    disk_use(&r, bw, rd, wr);
     r.sum = ft_xxh3(&r, offsetof(calib_disk_rec, sum));
     record_save(dir, path, &r, sizeof r);
 }
@@ -892,6 +942,127 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw) ? 0 : bw;
 }
 
+/* The KV cache's requests on a memory node: what one request costs
+ * beyond its bytes (which are charged at the link's rate). 32 small
+ * frames (4 KiB) put, then read all at once as the offloader reads a
+ * layer's chunks (queue depth 16, kvcache.c's); 5 timed rounds after one
+ * unmeasured, by the wall clock (on a loopback node the node's process
+ * works too); the median round's time per request. Subtracting a chunk's
+ * bytes at the layer probe's rate from a chunk-sized round instead gave 0
+ * whenever the two probes' noise crossed. 0 when it cannot be measured. */
+static double measure_remote_req(const char *uri, uint64_t memory, const ft_cost_inputs *in, double bw)
+{
+    enum { NMAX = 32 };
+    (void)in;
+    const size_t cb = 4096;
+    int n = NMAX;
+    while (memory && n > 4 && (uint64_t)n * cb > memory / 8) n /= 2;
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    sp.codec_threads = 1;
+    sp.queue_depth = 16;
+    if (ft_store_open(uri, &sp, &s)) return 0;
+    uint8_t *buf = ft_malloc_aligned((size_t)n * cb, 64);
+    char key[NMAX][48];
+    int written = 0;
+    double tm[5], req = 0;
+    ft_status st = buf ? FT_OK : FT_ERR_NOMEM;
+    ft_codec_params cp;
+    ft_codec_default_params(&cp);
+    cp.codec = FT_CODEC_RAW;
+    for (int i = 0; !st && i < n; i++) {
+        snprintf(key[i], sizeof key[i], "flextier-plan-kvprobe-%d", i);
+        memset(buf + (size_t)i * cb, 3 + i, cb);
+        int64_t shape[1] = {(int64_t)cb};
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, buf + (size_t)i * cb);
+        if (!(st = ft_write_tensor(s, key[i], &t, &cp))) written = i + 1;
+    }
+    for (int r = -1; !st && r < 5; r++) {
+        ft_request *rq[NMAX] = {0};
+        ft_tensor d[NMAX];
+        double t0 = ft_now();
+        for (int i = 0; !st && i < n; i++) {
+            memset(&d[i], 0, sizeof d[i]);
+            d[i].dtype = FT_U8;
+            d[i].data = buf + (size_t)i * cb;
+            st = ft_read_tensor_async(s, key[i], &d[i], cb, &rq[i]);
+        }
+        for (int i = 0; i < n; i++) {
+            if (rq[i]) {
+                ft_status w = ft_request_wait(rq[i], -1);
+                if (!st) st = w;
+            }
+            ft_request_free(rq[i]);
+        }
+        if (r >= 0) tm[r] = ft_now() - t0;
+    }
+    if (!st) {
+        req = median(tm, 5) / n - (bw > 0 ? (double)cb / bw : 0);   /* its bytes: ~1 us */
+        if (!(req > 0) || !isfinite(req)) req = 0;
+    }
+    for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
+    ft_free_aligned(buf);
+    ft_store_close(s);
+    return req;
+}
+
+/* The KV cache's requests on the disk tier, as kvcache.c makes them in a
+ * file of the disk directory: a write of one row (K or V, f32) at its own
+ * offset, synced to the disk and dropped from the page cache under a
+ * budget (drop), and a read of one row (cold under a budget: the page
+ * dropped first); the medians of 24 of each after one unmeasured, by the
+ * wall clock. Measured on this VM: 0.2-0.7 ms per synced write, 0.1-1.3
+ * ms per cold read, a few us through the page cache. 1: measured. */
+static int measure_disk_req(const char *uri, int drop, const ft_cost_inputs *in, double *rd, double *wr)
+{
+    enum { N = 24, STRIDE = 64 << 10 };
+    *rd = *wr = 0;
+    const char *d = strncmp(uri, "file:", 5) ? uri : uri + 5;
+    char path[4200];
+    mkdirs(d);
+    snprintf(path, sizeof path, "%s/.flextier-kv-probe-%ld", d, (long)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return 0;
+    size_t row = in->kv_bytes_per_token ? (size_t)(in->kv_bytes_per_token / 2) : 2048;
+    if (row < 64) row = 64;
+    if (row > STRIDE) row = STRIDE;
+    uint8_t *b = malloc(row);
+    double tw[N], tr[N];
+    int ok = b != NULL && ftruncate(fd, (off_t)(N + 1) * STRIDE) == 0;
+    if (b) memset(b, 5, row);
+    for (int i = -1; ok && i < N; i++) {   /* i = -1: warm-up */
+        off_t off = (off_t)(i + 1) * STRIDE;
+        double t0 = ft_now();
+        ok = pwrite(fd, b, row, off) == (ssize_t)row;
+        if (drop) {
+            (void)sync_file_range(fd, off, (off_t)row,
+                                  SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+            (void)posix_fadvise(fd, off, (off_t)row, POSIX_FADV_DONTNEED);
+        }
+        if (i >= 0) tw[i] = ft_now() - t0;
+    }
+    if (ok && drop) {
+        (void)fdatasync(fd);
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    for (int i = -1; ok && i < N; i++) {
+        off_t off = (off_t)(i + 1) * STRIDE;
+        double t0 = ft_now();
+        ok = pread(fd, b, row, off) == (ssize_t)row;
+        if (drop) (void)posix_fadvise(fd, off, (off_t)row, POSIX_FADV_DONTNEED);
+        if (i >= 0) tr[i] = ft_now() - t0;
+    }
+    close(fd);
+    unlink(path);
+    free(b);
+    if (!ok) return 0;
+    *wr = median(tw, N);
+    *rd = median(tr, N);
+    return 1;
+}
+
 ft_status ft_cost_inputs_load(const char *dir, int weights, ft_cost_inputs *in)
 {
     ft_load_params lp;
@@ -1026,12 +1197,22 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         int cache_disk = !(dc && !strcmp(dc, "measure"));
         if (use_cache && cache_disk) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
-            if (!cp->recalibrate) dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK]);
+            if (!cp->recalibrate)
+                dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s);
         }
         if (!dcached) {
             ft_status dst = ft_calibrate_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in, &in->bw[FT_TIER_DISK]);
             if (dst) return dst;
-            if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0) disk_save(cdir, dpath, dk, in->bw[FT_TIER_DISK]);
+            /* the KV cache's small reads and (synced) writes */
+            if (!measure_disk_req(base->disk_uri, cp->drop_cache, in, &in->disk_read_req_s, &in->disk_write_req_s))
+                FT_LOG(FT_LOG_WARN, "plan: could not time the KV cache's requests on %s", base->disk_uri);
+            FT_LOG(FT_LOG_INFO, "plan: disk %.3f GB/s, KV cache row read %.0f us, write %.0f us",
+                   in->bw[FT_TIER_DISK] / 1e9, 1e6 * in->disk_read_req_s, 1e6 * in->disk_write_req_s);
+            /* the disk is shared: one probe of a second varied 2.3x with
+             * other tenants' I/O, and so did --recalibrate's plans; the
+             * plan uses the median of this disk's last 5 probes */
+            if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0)
+                disk_save(cdir, dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s);
         }
         if (cache_disk) in->calibration_cached = in->calibration_cached && dcached;
     }
@@ -1051,6 +1232,12 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (in->bw[FT_TIER_REMOTE] <= 0 && !in->agent_cores) in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
         if (in->bw[FT_TIER_REMOTE] <= 0)
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
+        /* the KV cache's chunk requests (a codec agent serves weights) */
+        if (!in->agent_cores) {
+            in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in, in->bw[FT_TIER_REMOTE]);
+            FT_LOG(FT_LOG_INFO, "plan: memory node %.3f GB/s, %.0f us per KV cache chunk request",
+                   in->bw[FT_TIER_REMOTE] / 1e9, 1e6 * in->remote_req_s);
+        }
     }
     /* the CPU terms at the share of a core a thread gets now */
     in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);

@@ -177,6 +177,20 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         double bytes = (t == FT_TIER_HOST ? 0 : S[t]) + B * (s_avg + 1.0) * kv * c[t] / rc;
         link[t] = bytes > 0 ? (bw > 0 ? bytes / bw : INFINITY) : 0;
     }
+    /* The KV cache's requests, per layer and decode step, beyond their
+     * bytes: a memory node serves each off-device sequence's full chunks
+     * one request each (the filling chunk's rows stay in host memory) and
+     * takes one put per chunk filled; the disk tier's cache file is read
+     * (K and V rows) and the step's new row written (K and V) per
+     * sequence, synced to the disk under a budget. Measured: a 0.2-0.7 ms
+     * synced write made the disk rows of a batch of 16 2.3x slower than
+     * their bytes; 32 chunk reads of a loopback node 1 ms each under load. */
+    double chunk = in->kv_chunk_tokens ? in->kv_chunk_tokens : 64;
+    double kvreq[FT_TIER_COUNT] = {0};
+    kvreq[FT_TIER_REMOTE] = B * c[FT_TIER_REMOTE] * (floor(s_avg / chunk) + 1.0 / chunk) * in->remote_req_s;
+    kvreq[FT_TIER_DISK] = B * c[FT_TIER_DISK] * 2.0 * (in->disk_read_req_s + in->disk_write_req_s);
+    for (int t = FT_TIER_DISK; t < FT_TIER_COUNT; t++)
+        if (kvreq[t] > 0 && isfinite(kvreq[t])) link[t] += kvreq[t];
     /* Host and disk "links" are the CPU copying bytes, in the same I/O
      * workers that then decode them: those add up. A network link moves
      * data beside the CPU. */
@@ -225,6 +239,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     out->t_compute = t_comp;
     out->t_decode = t_dec;
     memcpy(out->t_link, link, sizeof link);
+    memcpy(out->t_kv_req, kvreq, sizeof kvreq);
     /* a streamed LM head: read once per step after the layers (its next
      * chunk read ahead while one is computed: the read is the cost) */
     /* read from the checkpoint file: its measured rate (head_bw), else the
