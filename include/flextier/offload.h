@@ -214,6 +214,12 @@ typedef struct ft_cost_inputs {
      * reads and two writes (K and V, disk). 0: none. */
     double remote_req_s, disk_read_req_s, disk_write_req_s;
     uint32_t kv_chunk_tokens;      /* a memory node's KV chunk (0: 64)    */
+    /* The disk tier read past the page cache (disk_direct) is still read
+     * through it: the kernel copies each page to the slot and drops it, on
+     * the reading threads' cores. CPU seconds per byte read, measured with
+     * the disk's bandwidth (the process's CPU time of the probe's reads)
+     * and rescaled like the engine's times (0: bytes / bw[HOST], a copy). */
+    double disk_cpu_per_byte;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -235,8 +241,8 @@ typedef struct ft_cost_estimate {
 } ft_cost_estimate;
 
 /* What calibration measured on the CPU, taken under another load: every
- * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
- * and the flop/s) made k times slower (k = the calibration's cpu_share /
+ * CPU term (the engine's times, the codecs' speeds, the memory bandwidth,
+ * the flop/s and the disk reads' CPU per byte) made k times slower (k = the calibration's cpu_share /
  * the plan's). The links (the disk tier, memory nodes) are not: read
  * past the page cache the disk is a device; through it, and a memory
  * node's link, are measured at every plan, under its load. k <= 0,

@@ -536,6 +536,7 @@ void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
     in->flops /= k;
     in->mem_bw /= k;
     in->bw[FT_TIER_HOST] /= k;
+    in->disk_cpu_per_byte *= k;
 }
 
 
@@ -630,14 +631,14 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
  * plan with a memory node and one with a disk share the latter), keyed by
  * the disk directory's device (its nearest existing ancestor's: the store
  * makes the directory) and whether reads pass the page cache. */
-#define CALIB_DISK_MAGIC 0x334b534944544654ull   /* "FTDISK3" */
+#define CALIB_DISK_MAGIC 0x344b534944544654ull   /* "FTDISK4" */
 #define DISK_HIST 5
 typedef struct calib_disk_rec {
     uint64_t magic, key;
     /* the last n (<= DISK_HIST) measurements, oldest first: bandwidth, the
-     * KV cache's read and write per request */
+     * KV cache's read and write per request, the reads' CPU per byte */
     uint64_t n;
-    double bw[DISK_HIST], rd[DISK_HIST], wr[DISK_HIST];
+    double bw[DISK_HIST], rd[DISK_HIST], wr[DISK_HIST], cpb[DISK_HIST];
     uint64_t sum;
 } calib_disk_rec;
 
@@ -667,9 +668,11 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
         }
     }
     char b[256];
-    snprintf(b, sizeof b, "disk7|%s|%llu|%d|%llu|%llu", ft_version_string(), dev, cp->drop_cache,
+    /* the probe's frame sizes (q8/q4 ones read a quarter of the bytes per
+     * request: another rate) are part of the key */
+    snprintf(b, sizeof b, "disk8|%s|%llu|%d|%llu|%llu|%d", ft_version_string(), dev, cp->drop_cache,
              (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56),
-             (unsigned long long)in->kv_bytes_per_token);
+             (unsigned long long)in->kv_bytes_per_token, (int)in->probe_codec);
     return ft_xxh3(b, strlen(b));
 }
 
@@ -693,24 +696,26 @@ static int disk_load_rec(const char *path, uint64_t key, calib_disk_rec *r)
         return 0;
     for (uint64_t i = 0; i < r->n; i++)
         if (!isfinite(r->bw[i]) || r->bw[i] <= 0 || r->bw[i] > 1e15 || !isfinite(r->rd[i]) || r->rd[i] < 0 ||
-            r->rd[i] > 10 || !isfinite(r->wr[i]) || r->wr[i] < 0 || r->wr[i] > 10)
+            r->rd[i] > 10 || !isfinite(r->wr[i]) || r->wr[i] < 0 || r->wr[i] > 10 || !isfinite(r->cpb[i]) ||
+            r->cpb[i] < 0 || r->cpb[i] > 1e-3)
             return 0;
     return 1;
 }
 
 /* What the plan uses: the median of the history of each. */
-static void disk_use(const calib_disk_rec *r, double *bw, double *rd, double *wr)
+static void disk_use(const calib_disk_rec *r, double *bw, double *rd, double *wr, double *cpb)
 {
     *bw = median_of(r->bw, r->n);
     *rd = median_of(r->rd, r->n);
     *wr = median_of(r->wr, r->n);
+    *cpb = median_of(r->cpb, r->n);
 }
 
-static int disk_load(const char *path, uint64_t key, double *bw, double *rd, double *wr)
+static int disk_load(const char *path, uint64_t key, double *bw, double *rd, double *wr, double *cpb)
 {
     calib_disk_rec r;
     if (!disk_load_rec(path, key, &r)) return 0;
-    disk_use(&r, bw, rd, wr);
+    disk_use(&r, bw, rd, wr, cpb);
     return 1;
 }
 
@@ -730,7 +735,8 @@ static void record_save(const char *dir, const char *path, const void *rec, size
 
 /* A new measurement joins the history (the oldest leaves past
  * DISK_HIST); *bw, *rd, *wr become the history's medians. */
-static void disk_save(const char *dir, const char *path, uint64_t key, double *bw, double *rd, double *wr)
+static void disk_save(const char *dir, const char *path, uint64_t key, double *bw, double *rd, double *wr,
+                      double *cpb)
 {
     calib_disk_rec r;
     if (!disk_load_rec(path, key, &r)) {
@@ -742,13 +748,15 @@ static void disk_save(const char *dir, const char *path, uint64_t key, double *b
         memmove(r.bw, r.bw + 1, (DISK_HIST - 1) * sizeof *r.bw);
         memmove(r.rd, r.rd + 1, (DISK_HIST - 1) * sizeof *r.rd);
         memmove(r.wr, r.wr + 1, (DISK_HIST - 1) * sizeof *r.wr);
+        memmove(r.cpb, r.cpb + 1, (DISK_HIST - 1) * sizeof *r.cpb);
         r.n--;
     }
     r.bw[r.n] = *bw;
     r.rd[r.n] = *rd;
     r.wr[r.n] = *wr;
+    r.cpb[r.n] = *cpb;
     r.n++;
-    disk_use(&r, bw, rd, wr);
+    disk_use(&r, bw, rd, wr, cpb);
     r.sum = ft_xxh3(&r, offsetof(calib_disk_rec, sum));
     record_save(dir, path, &r, sizeof r);
 }
@@ -849,7 +857,7 @@ static double proc_cpu_now(void)
 }
 
 static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in, int cpu_time,
-                          double *out_bw)
+                          double *out_bw, double *out_cpb)
 {
     enum { N = FT_COST_MAX_TENSORS };
     size_t sz[N], off[N], cap[N], total = 0;
@@ -885,7 +893,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     ft_status st = ft_store_open(uri, &sp, &s);
     if (st) return ft_set_error(st, "plan: cannot open the tier %s (disk or memory node) to measure it: %s", uri, ft_last_error());
     uint8_t *buf = ft_malloc_aligned(total, 64);
-    double tm[5];
+    double tm[5], tc[5];
     char key[N][48];
     int written = 0;
     uint64_t bytes = 0;
@@ -904,7 +912,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     for (int r = -1; !st && r < 5; r++) {
         ft_request *req[N] = {0};
         size_t got[N];
-        double t0 = cpu_time ? proc_cpu_now() : ft_now();
+        double t0 = cpu_time ? proc_cpu_now() : ft_now(), c0 = proc_cpu_now();
         for (int i = 0; !st && i < n; i++)
             st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
         for (int i = 0; i < n; i++) {
@@ -915,11 +923,17 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
             ft_request_free(req[i]);
         }
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
-        if (r >= 0) tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
+        if (r >= 0) {
+            tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
+            tc[r] = proc_cpu_now() - c0;
+        }
     }
     if (!st) {
         double t = median(tm, 5);
         *out_bw = t > 0 ? (double)bytes / t : 1e15;
+        /* the CPU the reads cost this process (the store's threads: the
+         * kernel's copy out of the page cache and its page work) */
+        if (out_cpb) *out_cpb = bytes ? median(tc, 5) / (double)bytes : 0;
     }
     for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
     ft_free_aligned(buf);
@@ -930,7 +944,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
 ft_status ft_calibrate_disk_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in,
                                double *out_bw)
 {
-    return layer_bw(uri, drop_cache, memory, in, 0, out_bw);
+    return layer_bw(uri, drop_cache, memory, in, 0, out_bw, NULL);
 }
 
 /* a memory node's rate as layer_bw measures it; 0 when it could not (the
@@ -939,7 +953,7 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
                                int cpu_time)
 {
     double bw = 0;
-    return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw) ? 0 : bw;
+    return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw, NULL) ? 0 : bw;
 }
 
 /* The KV cache's requests on a memory node: what one request costs
@@ -1198,21 +1212,25 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (use_cache && cache_disk) {
             snprintf(dpath, sizeof dpath, "%s/disk-%016llx.bin", cdir, (unsigned long long)dk);
             if (!cp->recalibrate)
-                dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s);
+                dcached = disk_load(dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s,
+                                    &in->disk_cpu_per_byte);
         }
         if (!dcached) {
-            ft_status dst = ft_calibrate_disk_bw(base->disk_uri, cp->drop_cache, cp->memory, in, &in->bw[FT_TIER_DISK]);
+            ft_status dst = layer_bw(base->disk_uri, cp->drop_cache, cp->memory, in, 0, &in->bw[FT_TIER_DISK],
+                                     &in->disk_cpu_per_byte);
             if (dst) return dst;
             /* the KV cache's small reads and (synced) writes */
             if (!measure_disk_req(base->disk_uri, cp->drop_cache, in, &in->disk_read_req_s, &in->disk_write_req_s))
                 FT_LOG(FT_LOG_WARN, "plan: could not time the KV cache's requests on %s", base->disk_uri);
-            FT_LOG(FT_LOG_INFO, "plan: disk %.3f GB/s, KV cache row read %.0f us, write %.0f us",
-                   in->bw[FT_TIER_DISK] / 1e9, 1e6 * in->disk_read_req_s, 1e6 * in->disk_write_req_s);
+            FT_LOG(FT_LOG_INFO, "plan: disk %.3f GB/s (%.2f CPU-ns per byte), KV cache row read %.0f us, write %.0f us",
+                   in->bw[FT_TIER_DISK] / 1e9, 1e9 * in->disk_cpu_per_byte, 1e6 * in->disk_read_req_s,
+                   1e6 * in->disk_write_req_s);
             /* the disk is shared: one probe of a second varied 2.3x with
              * other tenants' I/O, and so did --recalibrate's plans; the
              * plan uses the median of this disk's last 5 probes */
             if (use_cache && cache_disk && in->bw[FT_TIER_DISK] > 0)
-                disk_save(cdir, dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s);
+                disk_save(cdir, dpath, dk, &in->bw[FT_TIER_DISK], &in->disk_read_req_s, &in->disk_write_req_s,
+                          &in->disk_cpu_per_byte);
         }
         if (cache_disk) in->calibration_cached = in->calibration_cached && dcached;
     }

@@ -895,7 +895,7 @@ TEST(calibration_cache)
     for (int k = 0; k < 6; k++) CHECK_OK(ft_calibrate(dir, &cp, &c));
     cp.recalibrate = 0;
     {
-        /* the record: magic, key, n, bw[5], rd[5], wr[5], sum */
+        /* the record: magic, key, n, bw[5], rd[5], wr[5], cpb[5], sum */
         snprintf(cmd, sizeof cmd, "ls %s/disk-*.bin", cdir);
         FILE *ls = popen(cmd, "r");
         REQUIRE(ls);
@@ -903,7 +903,7 @@ TEST(calibration_cache)
         CHECK(fgets(path, sizeof path, ls) != NULL);
         pclose(ls);
         path[strcspn(path, "\n")] = '\0';
-        uint64_t rec[4 + 15];
+        uint64_t rec[4 + 20];
         FILE *rf = fopen(path, "rb");
         REQUIRE(rf);
         CHECK(fread(rec, 1, sizeof rec, rf) == sizeof rec);

@@ -513,6 +513,50 @@ TEST(cost_model_kv_cache_requests)
     CHECK(b.t_kv_req[FT_TIER_DISK] == 0 && b.t_kv_req[FT_TIER_REMOTE] == 0);
 }
 
+/* The disk tier read past the page cache (a budget) is read through it:
+ * the kernel's copy to the slot is CPU work of the reading threads, which
+ * the model adds to the I/O work on the cores at the probe's measured CPU
+ * per byte (rescaled with the CPU share), a memory copy without one; a
+ * disk read through the page cache is a copy already (link[DISK]). */
+TEST(cost_model_disk_reads_cost_cpu)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.cores = 1;
+    in.compute_threads = 1;
+    in.decode_threads = 1;
+    in.bw[FT_TIER_DISK] = 1e12;   /* the device is not the bottleneck */
+    in.disk_direct = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,0,100,0", &p));
+    strcpy(p.disk_uri, "file:/tmp/x");
+    in.bw[FT_TIER_HOST] = 0;   /* no copy rate, no CPU figure: nothing added */
+    ft_cost_estimate a, b, c;
+    ft_cost_predict(&in, &p, &a);
+    in.disk_cpu_per_byte = 0.5e-9;
+    ft_cost_predict(&in, &p, &b);
+    double W = (double)in.layer_params * 2;   /* bf16 */
+    /* one core: compute, verification and the copy one after the other */
+    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - W * 0.5e-9) < 1e-9 * b.t_layer_decode);
+    /* under twice the load the CPU per byte doubles */
+    ft_cost_inputs h = in;
+    ft_cost_rescale_cpu(&h, 2.0);
+    CHECK(fabs(h.disk_cpu_per_byte - 1e-9) < 1e-21);
+    /* without the CPU figure: a copy at bw[HOST] */
+    in.disk_cpu_per_byte = 0;
+    in.bw[FT_TIER_HOST] = 4e9;
+    ft_cost_predict(&in, &p, &c);
+    CHECK(fabs(c.t_layer_decode - a.t_layer_decode - W / 4e9) < 1e-9 * c.t_layer_decode);
+    /* through the page cache the disk "link" is the copy: not added twice */
+    in.disk_direct = 0;
+    in.disk_cpu_per_byte = 0.5e-9;
+    ft_cost_predict(&in, &p, &b);
+    in.disk_cpu_per_byte = 0;
+    ft_cost_predict(&in, &p, &c);
+    CHECK(b.t_layer_decode == c.t_layer_decode);
+}
+
 /* A streamed LM head (issue 20) costs its bytes at the checkpoint's
  * measured read rate; without one, the disk tier's; the memory bandwidth
  * only when neither was measured. */
