@@ -994,10 +994,9 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
  * works too); the median round's time per request. Subtracting a chunk's
  * bytes at the layer probe's rate from a chunk-sized round instead gave 0
  * whenever the two probes' noise crossed. 0 when it cannot be measured. */
-static double measure_remote_req(const char *uri, uint64_t memory, const ft_cost_inputs *in, double bw)
+static double measure_remote_req(const char *uri, uint64_t memory, double bw)
 {
     enum { NMAX = 32 };
-    (void)in;
     const size_t cb = 4096;
     int n = NMAX;
     while (memory && n > 4 && (uint64_t)n * cb > memory / 8) n /= 2;
@@ -1016,7 +1015,7 @@ static double measure_remote_req(const char *uri, uint64_t memory, const ft_cost
     ft_codec_default_params(&cp);
     cp.codec = FT_CODEC_RAW;
     for (int i = 0; !st && i < n; i++) {
-        snprintf(key[i], sizeof key[i], "flextier-plan-kvprobe-%d", i);
+        snprintf(key[i], sizeof key[i], "flextier-plan-kvprobe-%ld-%d", (long)getpid(), i);
         memset(buf + (size_t)i * cb, 3 + i, cb);
         int64_t shape[1] = {(int64_t)cb};
         ft_tensor t;
@@ -1282,7 +1281,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
         /* the KV cache's chunk requests (a codec agent serves weights) */
         if (!in->agent_cores) {
-            in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in, in->bw[FT_TIER_REMOTE]);
+            in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in->bw[FT_TIER_REMOTE]);
             FT_LOG(FT_LOG_INFO, "plan: memory node %.3f GB/s, %.0f us per KV cache chunk request",
                    in->bw[FT_TIER_REMOTE] / 1e9, 1e6 * in->remote_req_s);
         }
