@@ -986,36 +986,24 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw, NULL) ? 0 : bw;
 }
 
-/* The KV cache's requests on a memory node: what one request costs
- * beyond its bytes (which are charged at the link's rate). 32 small
- * frames (4 KiB) put, then read all at once as the offloader reads a
- * layer's chunks (queue depth 16, kvcache.c's); 5 timed rounds after one
- * unmeasured, by the wall clock (on a loopback node the node's process
- * works too); the median round's time per request. Subtracting a chunk's
- * bytes at the layer probe's rate from a chunk-sized round instead gave 0
- * whenever the two probes' noise crossed. 0 when it cannot be measured. */
-static double measure_remote_req(const char *uri, uint64_t memory, double bw)
+/* n frames of cb bytes put on the node at uri, then read all at once as
+ * the offloader reads a layer's chunks (queue depth 16, kvcache.c's): the
+ * median of 5 rounds after one unmeasured, by the wall clock, per frame.
+ * 0 when it cannot be measured. */
+static double time_node_frames(ft_store *s, size_t cb, int n)
 {
     enum { NMAX = 32 };
-    const size_t cb = 4096;
-    int n = NMAX;
-    while (memory && n > 4 && (uint64_t)n * cb > memory / 8) n /= 2;
-    ft_store *s = NULL;
-    ft_store_params sp;
-    ft_store_default_params(&sp);
-    sp.codec_threads = 1;
-    sp.queue_depth = 16;
-    if (ft_store_open(uri, &sp, &s)) return 0;
+    if (n > NMAX) n = NMAX;
     uint8_t *buf = ft_malloc_aligned((size_t)n * cb, 64);
-    char key[NMAX][48];
+    char key[NMAX][64];
     int written = 0;
-    double tm[5], req = 0;
+    double tm[5], per = 0;
     ft_status st = buf ? FT_OK : FT_ERR_NOMEM;
     ft_codec_params cp;
     ft_codec_default_params(&cp);
     cp.codec = FT_CODEC_RAW;
     for (int i = 0; !st && i < n; i++) {
-        snprintf(key[i], sizeof key[i], "flextier-plan-kvprobe-%ld-%d", (long)getpid(), i);
+        snprintf(key[i], sizeof key[i], "flextier-plan-kvprobe-%ld-%zu-%d", (long)getpid(), cb, i);
         memset(buf + (size_t)i * cb, 3 + i, cb);
         int64_t shape[1] = {(int64_t)cb};
         ft_tensor t;
@@ -1041,14 +1029,40 @@ static double measure_remote_req(const char *uri, uint64_t memory, double bw)
         }
         if (r >= 0) tm[r] = ft_now() - t0;
     }
-    if (!st) {
-        req = median(tm, 5) / n - (bw > 0 ? (double)cb / bw : 0);   /* its bytes: ~1 us */
-        if (!(req > 0) || !isfinite(req)) req = 0;
-    }
+    if (!st) per = median(tm, 5) / n;
     for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
     ft_free_aligned(buf);
+    return per > 0 && isfinite(per) ? per : 0;
+}
+
+/* The KV cache's requests on a memory node: what one chunk request costs
+ * beyond its bytes at the layer probe's rate bw (which the model charges
+ * them). Timed at two sizes, 32 frames each read at once: 4 KiB (the
+ * request's own cost) and the f32 chunk of kv_chunk_tokens tokens of K
+ * and V (64 x kv_bytes_per_token: 256 KiB for 8 KV heads of 64), whose
+ * rate differs from a layer's large frames (measured on loopback at load
+ * 8: 0.5 ms per 256 KiB chunk in the run, 45 us per 4 KiB request, the
+ * layer at 2.5 GB/s). The cost: the chunk's time beyond its bytes at bw,
+ * at least the small request's. 0 when it cannot be measured. */
+static double measure_remote_req(const char *uri, uint64_t memory, const ft_cost_inputs *in, double bw)
+{
+    size_t chunk = in->kv_chunk_tokens ? in->kv_chunk_tokens : 64;
+    size_t cb = chunk * (size_t)(in->kv_bytes_per_token ? in->kv_bytes_per_token : 4096);
+    if (cb > (4u << 20)) cb = 4u << 20;
+    int n = 32, ns = 32;
+    while (memory && n > 4 && (uint64_t)n * cb > memory / 8) n /= 2;
+    while (memory && ns > 4 && (uint64_t)ns * 4096 > memory / 8) ns /= 2;
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    sp.codec_threads = 1;
+    sp.queue_depth = 16;
+    if (ft_store_open(uri, &sp, &s)) return 0;
+    double small = time_node_frames(s, 4096, ns);
+    double big = time_node_frames(s, cb, n);
     ft_store_close(s);
-    return req;
+    double req = big > 0 ? big - (bw > 0 ? (double)cb / bw : 0) : 0;
+    return req > small ? req : small;
 }
 
 /* The KV cache's requests on the disk tier, as kvcache.c makes them in a
@@ -1281,7 +1295,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
         /* the KV cache's chunk requests (a codec agent serves weights) */
         if (!in->agent_cores) {
-            in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in->bw[FT_TIER_REMOTE]);
+            in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in, in->bw[FT_TIER_REMOTE]);
             FT_LOG(FT_LOG_INFO, "plan: memory node %.3f GB/s, %.0f us per KV cache chunk request",
                    in->bw[FT_TIER_REMOTE] / 1e9, 1e6 * in->remote_req_s);
         }
