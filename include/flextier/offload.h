@@ -199,6 +199,27 @@ typedef struct ft_cost_inputs {
                                       from the checkpoint file in chunks,
                                       past the page cache (ft_calibrate
                                       under a budget; 0: bw[DISK] is used) */
+    /* Per-request costs of the KV cache's small transfers (seconds), which
+     * a bandwidth measured on whole layers does not show (issue 20: the
+     * KV cache on a loopback node ran 2-3x slower than its bytes at the
+     * link's rate). remote_req_s: one chunk read or put of a memory node
+     * (kv_chunk_tokens tokens of K and V, read 32 at once as the
+     * offloader reads a layer's chunks) beyond its bytes at bw[REMOTE];
+     * measured with the link at every plan. disk_read_req_s: one read of
+     * a sequence's rows from the disk tier's cache file (cold under a
+     * budget), disk_write_req_s: one write of a step's new row (synced to
+     * the disk under a budget, as the offloader writes it); measured and
+     * cached with the disk's bandwidth. Per layer and decode step the
+     * model adds, per off-device sequence, its chunk reads (node) or two
+     * reads and two writes (K and V, disk). 0: none. */
+    double remote_req_s, disk_read_req_s, disk_write_req_s;
+    uint32_t kv_chunk_tokens;      /* a memory node's KV chunk (0: 64)    */
+    /* The disk tier read past the page cache (disk_direct) is still read
+     * through it: the kernel copies each page to the slot and drops it, on
+     * the reading threads' cores. CPU seconds per byte read, measured with
+     * the disk's bandwidth (the process's CPU time of the probe's reads)
+     * and rescaled like the engine's times (0: bytes / bw[HOST], a copy). */
+    double disk_cpu_per_byte;
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -214,11 +235,14 @@ typedef struct ft_cost_estimate {
     /* mixtures of experts: the cache hit rate assumed and the expert
      * bytes (as computed on) fetched per layer per decode step */
     double expert_hit, expert_fetch_bytes, expert_cache_mem;
+    /* of t_link: the KV cache's per-request costs per layer and decode
+     * step (ft_cost_inputs.remote_req_s, disk_*_req_s) */
+    double t_kv_req[FT_TIER_COUNT];
 } ft_cost_estimate;
 
 /* What calibration measured on the CPU, taken under another load: every
- * CPU term (the engine's times, the codecs' speeds, the memory bandwidth
- * and the flop/s) made k times slower (k = the calibration's cpu_share /
+ * CPU term (the engine's times, the codecs' speeds, the memory bandwidth,
+ * the flop/s and the disk reads' CPU per byte) made k times slower (k = the calibration's cpu_share /
  * the plan's). The links (the disk tier, memory nodes) are not: read
  * past the page cache the disk is a device; through it, and a memory
  * node's link, are measured at every plan, under its load. k <= 0,

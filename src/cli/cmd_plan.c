@@ -328,6 +328,12 @@ int ft_cmd_plan(int argc, char **argv)
                in.bw[1], in.bw[2], in.bw[3], (unsigned long long)e.mem[0]);
         printf(", \"cpu_share\": %.3f, \"decode_tps_idle\": %.4f, \"load1\": %.2f, \"calibration_cached\": %d",
                in.cpu_share, idle_tps, load1, in.calibration_cached);
+        /* the KV cache's per-request costs measured and what they add per
+         * layer and decode step */
+        printf(", \"kv_request_s\": {\"remote\": %.4g, \"disk_read\": %.4g, \"disk_write\": %.4g}, "
+               "\"t_kv_req_s\": {\"disk\": %.4g, \"remote\": %.4g}",
+               in.remote_req_s, in.disk_read_req_s, in.disk_write_req_s, e.t_kv_req[FT_TIER_DISK],
+               e.t_kv_req[FT_TIER_REMOTE]);
         if (in.n_experts)   /* the expert model's terms (per sparse layer and decode step) */
             printf(", \"t_compute_s\": %.6g, \"t_fixed_s\": %.6g, \"expert_hit\": %.4f, "
                    "\"expert_fetch_bytes_per_layer_step\": %.6g, \"expert_cache_bytes\": %.6g",

@@ -171,16 +171,45 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     /* Links: weights once per block, cache read per step (plus the new
      * token's K/V written back). Remote traffic spreads over the nodes.
      * The host tier's weights are not copied (used or decoded in place). */
-    double link[FT_TIER_COUNT] = {0};
+    double link[FT_TIER_COUNT] = {0}, lbytes[FT_TIER_COUNT] = {0};
     for (int t = FT_TIER_HOST; t < FT_TIER_COUNT; t++) {
         double bw = in->bw[t] * (t == FT_TIER_REMOTE && in->n_remotes > 1 ? in->n_remotes : 1);
         double bytes = (t == FT_TIER_HOST ? 0 : S[t]) + B * (s_avg + 1.0) * kv * c[t] / rc;
+        lbytes[t] = bytes;
         link[t] = bytes > 0 ? (bw > 0 ? bytes / bw : INFINITY) : 0;
     }
+    /* The KV cache's requests, per layer and decode step, beyond their
+     * bytes: a memory node serves each off-device sequence's full chunks
+     * one request each (the filling chunk's rows stay in host memory) and
+     * takes one put per chunk filled; the disk tier's cache file is read
+     * (K and V rows) and the step's new row written (K and V) per
+     * sequence, synced to the disk under a budget. Measured: a 0.2-0.7 ms
+     * synced write made the disk rows of a batch of 16 2.3x slower than
+     * their bytes; 32 chunk reads of a loopback node 1 ms each under load. */
+    double chunk = in->kv_chunk_tokens ? in->kv_chunk_tokens : 64;
+    double kvreq[FT_TIER_COUNT] = {0};
+    kvreq[FT_TIER_REMOTE] = B * c[FT_TIER_REMOTE] * (floor(s_avg / chunk) + 1.0 / chunk) * in->remote_req_s;
+    kvreq[FT_TIER_DISK] = B * c[FT_TIER_DISK] * 2.0 * (in->disk_read_req_s + in->disk_write_req_s);
+    for (int t = FT_TIER_DISK; t < FT_TIER_COUNT; t++)
+        if (kvreq[t] > 0 && isfinite(kvreq[t])) link[t] += kvreq[t];
     /* Host and disk "links" are the CPU copying bytes, in the same I/O
      * workers that then decode them: those add up. A network link moves
      * data beside the CPU. */
     double t_io = t_dec + link[FT_TIER_HOST] + (in->disk_direct ? 0 : link[FT_TIER_DISK]);
+    /* Read past the page cache, the disk's bytes still cross it: the
+     * reads are buffered (the pages dropped after use), so the kernel
+     * copies them to the slot in the reading threads, on the cores: the
+     * CPU per byte the disk probe cost (disk_cpu_per_byte, at the plan's
+     * CPU share), else a memory copy (bw[HOST]). Measured: the small
+     * Llama's disk rows under 160 MiB used 3.0 CPU-s in a 5 s decode with
+     * the disk 30% idle, 1.3-1.4x slower than predicted without it. */
+    double t_dcopy = 0;
+    if (in->disk_direct && lbytes[FT_TIER_DISK] > 0)
+        t_dcopy = in->disk_cpu_per_byte > 0 ? lbytes[FT_TIER_DISK] * in->disk_cpu_per_byte
+                : in->bw[FT_TIER_HOST] > 0 ? lbytes[FT_TIER_DISK] / in->bw[FT_TIER_HOST] : 0;
+    /* core-seconds, on the store's reading threads as decoding is on its
+     * workers (t_io is per worker: t_io x dth are the core-seconds) */
+    t_io += t_dcopy / dth;
     /* Memory nodes on this machine (loopback): the "link" is memory copies
      * by the I/O workers (and the node's process), so it adds up with
      * decoding like the host and disk tiers. Measured: predicting it as a
@@ -225,6 +254,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     out->t_compute = t_comp;
     out->t_decode = t_dec;
     memcpy(out->t_link, link, sizeof link);
+    memcpy(out->t_kv_req, kvreq, sizeof kvreq);
     /* a streamed LM head: read once per step after the layers (its next
      * chunk read ahead while one is computed: the read is the cost) */
     /* read from the checkpoint file: its measured rate (head_bw), else the

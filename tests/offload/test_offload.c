@@ -884,6 +884,41 @@ TEST(calibration_cache)
     double dbw = c.bw[FT_TIER_DISK];
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] == dbw);   /* plans in a row agree */
+    /* the KV cache's requests on the disk tier: timed and cached with it,
+     * the probe's file removed */
+    CHECK(c.disk_write_req_s > 0 && c.disk_read_req_s > 0 && c.disk_write_req_s < 1 && c.disk_read_req_s < 1);
+    snprintf(cmd, sizeof cmd, "test -z \"$(find %s/calib-disk -name '.flextier-kv-probe*')\"", dir);
+    CHECK(system(cmd) == 0);
+    /* --recalibrate measures the disk again and the plan takes the median
+     * of its last 5 probes (a shared disk varies 2x between probes) */
+    cp.recalibrate = 1;
+    for (int k = 0; k < 6; k++) CHECK_OK(ft_calibrate(dir, &cp, &c));
+    cp.recalibrate = 0;
+    {
+        /* the record: magic, key, n, bw[5], rd[5], wr[5], cpb[5], sum */
+        snprintf(cmd, sizeof cmd, "ls %s/disk-*.bin", cdir);
+        FILE *ls = popen(cmd, "r");
+        REQUIRE(ls);
+        char path[600] = "";
+        CHECK(fgets(path, sizeof path, ls) != NULL);
+        pclose(ls);
+        path[strcspn(path, "\n")] = '\0';
+        uint64_t rec[4 + 20];
+        FILE *rf = fopen(path, "rb");
+        REQUIRE(rf);
+        CHECK(fread(rec, 1, sizeof rec, rf) == sizeof rec);
+        fclose(rf);
+        double v[5];
+        memcpy(v, &rec[3], sizeof v);
+        CHECK(rec[2] == 5);
+        /* the median of the five */
+        for (int i = 0; i < 5; i++)
+            for (int j = i + 1; j < 5; j++)
+                if (v[j] < v[i]) { double t = v[i]; v[i] = v[j]; v[j] = t; }
+        CHECK(c.bw[FT_TIER_DISK] == v[2]);
+        CHECK_OK(ft_calibrate(dir, &cp, &c));
+        CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] == v[2]);
+    }
     /* under a budget: the LM head's read rate from the checkpoint, kept */
     cp.drop_cache = 1;
     c.head_bw = 0;

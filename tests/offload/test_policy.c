@@ -458,6 +458,105 @@ TEST(cost_model_handoff_per_streamed_layer)
     CHECK(a.t_layer_decode == b.t_layer_decode);
 }
 
+/* The KV cache's per-request costs (issue 20): per layer and decode step,
+ * each sequence on a memory node costs its full chunks' reads (and a put
+ * per chunk filled) at remote_req_s each, each sequence on the disk tier
+ * two reads and two writes (K and V); on top of their bytes, and nothing
+ * for a cache on the device. */
+TEST(cost_model_kv_cache_requests)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.prompt_len = 256;
+    in.gen_len = 32;   /* 272 tokens on average: 4 full chunks of 64 */
+    in.cores = 2;
+    in.compute_threads = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    p.n_remotes = 1;
+    p.gpu_batch_size = 8;
+    ft_cost_estimate a, b;
+    /* a network node, link bound */
+    CHECK_OK(ft_policy_parse("w=100,0,0,0 c=0,0,0,100", &p));
+    ft_cost_predict(&in, &p, &a);
+    CHECK(a.t_kv_req[FT_TIER_REMOTE] == 0);
+    in.remote_req_s = 1e-3;
+    ft_cost_predict(&in, &p, &b);
+    double want = 8 * (4 + 1.0 / 64) * 1e-3;
+    CHECK(fabs(b.t_kv_req[FT_TIER_REMOTE] - want) < 1e-12);
+    CHECK(fabs(b.t_link[FT_TIER_REMOTE] - a.t_link[FT_TIER_REMOTE] - want) < 1e-12);
+    CHECK(!strcmp(b.bottleneck, "remote"));
+    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - want) < 1e-12);
+    /* half the sequences there: half the requests; 128 chunk tokens: 2 */
+    CHECK_OK(ft_policy_parse("c=50,0,0,50", &p));
+    in.kv_chunk_tokens = 128;
+    ft_cost_predict(&in, &p, &b);
+    CHECK(fabs(b.t_kv_req[FT_TIER_REMOTE] - 4 * (2 + 1.0 / 128) * 1e-3) < 1e-12);
+    in.kv_chunk_tokens = 0;
+    /* the disk tier, read past the page cache: 2 reads + 2 writes each */
+    p.n_remotes = 0;
+    CHECK_OK(ft_policy_parse("w=100,0,0,0 c=0,0,100,0", &p));
+    strcpy(p.disk_uri, "file:/tmp/x");
+    in.disk_direct = 1;
+    ft_cost_predict(&in, &p, &a);
+    in.disk_read_req_s = 1e-4;
+    in.disk_write_req_s = 5e-4;
+    ft_cost_predict(&in, &p, &b);
+    want = 8 * 2 * 6e-4;
+    CHECK(fabs(b.t_kv_req[FT_TIER_DISK] - want) < 1e-12);
+    CHECK(!strcmp(b.bottleneck, "disk"));
+    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - want) < 1e-12);
+    CHECK(b.decode_tps < a.decode_tps);
+    /* the cache on the device: no requests whatever their cost */
+    CHECK_OK(ft_policy_parse("c=100,0,0,0", &p));
+    ft_cost_predict(&in, &p, &b);
+    CHECK(b.t_kv_req[FT_TIER_DISK] == 0 && b.t_kv_req[FT_TIER_REMOTE] == 0);
+}
+
+/* The disk tier read past the page cache (a budget) is read through it:
+ * the kernel's copy to the slot is CPU work of the reading threads, which
+ * the model adds to the I/O work on the cores at the probe's measured CPU
+ * per byte (rescaled with the CPU share), a memory copy without one; a
+ * disk read through the page cache is a copy already (link[DISK]). */
+TEST(cost_model_disk_reads_cost_cpu)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.cores = 1;
+    in.compute_threads = 1;
+    in.decode_threads = 1;
+    in.bw[FT_TIER_DISK] = 1e12;   /* the device is not the bottleneck */
+    in.disk_direct = 1;
+    ft_policy p;
+    ft_policy_default(&p);
+    CHECK_OK(ft_policy_parse("w=0,0,100,0", &p));
+    strcpy(p.disk_uri, "file:/tmp/x");
+    in.bw[FT_TIER_HOST] = 0;   /* no copy rate, no CPU figure: nothing added */
+    ft_cost_estimate a, b, c;
+    ft_cost_predict(&in, &p, &a);
+    in.disk_cpu_per_byte = 0.5e-9;
+    ft_cost_predict(&in, &p, &b);
+    double W = (double)in.layer_params * 2;   /* bf16 */
+    /* one core: compute, verification and the copy one after the other */
+    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - W * 0.5e-9) < 1e-9 * b.t_layer_decode);
+    /* under twice the load the CPU per byte doubles */
+    ft_cost_inputs h = in;
+    ft_cost_rescale_cpu(&h, 2.0);
+    CHECK(fabs(h.disk_cpu_per_byte - 1e-9) < 1e-21);
+    /* without the CPU figure: a copy at bw[HOST] */
+    in.disk_cpu_per_byte = 0;
+    in.bw[FT_TIER_HOST] = 4e9;
+    ft_cost_predict(&in, &p, &c);
+    CHECK(fabs(c.t_layer_decode - a.t_layer_decode - W / 4e9) < 1e-9 * c.t_layer_decode);
+    /* through the page cache the disk "link" is the copy: not added twice */
+    in.disk_direct = 0;
+    in.disk_cpu_per_byte = 0.5e-9;
+    ft_cost_predict(&in, &p, &b);
+    in.disk_cpu_per_byte = 0;
+    ft_cost_predict(&in, &p, &c);
+    CHECK(b.t_layer_decode == c.t_layer_decode);
+}
+
 /* A streamed LM head (issue 20) costs its bytes at the checkpoint's
  * measured read rate; without one, the disk tier's; the memory bandwidth
  * only when neither was measured. */
