@@ -612,7 +612,11 @@ ft_status ft_bp_decode_chunk(ft_worker_ws *ws, const ft_frame_info *fi, const vo
         if (m == BP_CONST) {
             memset(t, sp[k][0], n);
         } else {
-            ft_status st = ft_entropy_decode(ws, fi->entropy, sp[k], sl[k], t, n);
+            /* zstd: the literal-only frames this codec writes have a fast
+             * decoder; anything else it leaves to libzstd */
+            ft_status st = FT_ERR_UNSUPPORTED;
+            if (fi->entropy == FT_CODEC_ZSTD) st = ft_zstd_lit_decode(ws, sp[k], sl[k], t, n);
+            if (st == FT_ERR_UNSUPPORTED) st = ft_entropy_decode(ws, fi->entropy, sp[k], sl[k], t, n);
             if (st) return st;
         }
         P[k] = t;

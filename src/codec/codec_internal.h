@@ -12,6 +12,7 @@ struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 struct libdeflate_compressor;
 struct libdeflate_decompressor;
+typedef struct ft_huf_table ft_huf_table;   /* zstd_lit.c */
 
 #define FT_DEFLATE_LEVELS 13
 
@@ -24,6 +25,7 @@ typedef struct ft_worker_ws {
     struct libdeflate_compressor *dc[FT_DEFLATE_LEVELS];
     struct libdeflate_decompressor *dd;
     void *lz4_state;
+    ft_huf_table *huf;                    /* ft_zstd_lit_decode's table */
     uint8_t *scratch[2];                  /* general-purpose buffers */
     size_t scratch_cap[2];
 } ft_worker_ws;
@@ -63,6 +65,13 @@ FT_API ft_status ft_entropy_decode(ft_worker_ws *ws, ft_codec_id c, const void *
  * see lossless.c. FT_ERR_BUFFER_SMALL if it does not fit in cap. */
 ft_status ft_zstd_literals_encode(ft_worker_ws *ws, const void *src, size_t n,
                                   void *dst, size_t cap, size_t *out);
+
+/* Fast decoder of the zstd frames ft_zstd_literals_encode writes (only
+ * Huffman-literal, raw and RLE blocks): FT_OK when it decoded src into
+ * exactly raw bytes with libzstd's checks; FT_ERR_UNSUPPORTED (no message)
+ * for anything else, valid or not: then ft_entropy_decode (libzstd)
+ * decides. See zstd_lit.c. */
+ft_status ft_zstd_lit_decode(ft_worker_ws *ws, const void *src, size_t n, void *dst, size_t raw);
 
 /* Byte-plane codec (byteplane.c). src holds n elements of fi->dtype. */
 size_t ft_bp_bound(const ft_frame_info *fi, size_t raw_bytes);
