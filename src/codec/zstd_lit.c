@@ -252,7 +252,7 @@ struct ft_huf_table {
 
 static void huf_build(ft_huf_table *h)
 {
-    unsigned tlog = h->tlog, size = 1u << tlog, rank[ZL_MAX_TLOG + 2] = {0};
+    unsigned tlog = h->tlog, rank[ZL_MAX_TLOG + 2] = {0};
     uint8_t sym1[1u << ZL_MAX_TLOG], len1[1u << ZL_MAX_TLOG];
     /* single-symbol table (HUF_readDTableX1): weight-1 symbols first, by symbol */
     for (unsigned s = 0; s < h->nsym; s++) rank[h->w[s]]++;
@@ -272,18 +272,49 @@ static void huf_build(ft_huf_table *h)
         }
         rank[wt] += len;
     }
-    /* multi-symbol entries: decode greedily while whole codes fit */
-    for (unsigned v = 0; v < size; v++) {
-        huf_cell c = {0, 0, 0, len1[v], 0};
-        unsigned pos = 0;
-        while (c.n < 4) {
-            unsigned idx = (v << pos) & (size - 1), l = len1[idx];
-            if (pos + l > tlog) break;
-            c.syms |= (uint32_t)sym1[idx] << (8 * c.n);
-            c.n++;
-            pos += l;
+    /* Multi-symbol entries. Entry v holds its first code (symbol s, length
+     * l) and then what the remaining tlog - l bits decode to, which is the
+     * entry of u = (v << l) mod 2^tlog cut to that budget. u has more
+     * trailing zero bits than v (or is 0), so the entries are built in
+     * order of decreasing trailing zeros, entry 0 (codes of all zeros)
+     * first. cb[v]: the bits taken after 1, 2, 3, 4 symbols, a byte each
+     * (repeating the total past the entry's last symbol). */
+    static const uint32_t ones = 0x01010101u;
+    unsigned size = 1u << tlog, mask = size - 1;
+    /* built in word arrays (whole-word stores and loads), packed at the end */
+    uint32_t cb[1u << ZL_MAX_TLOG], ts[1u << ZL_MAX_TLOG], tn[1u << ZL_MAX_TLOG];
+    {
+        unsigned pos = 0, n = 0;
+        uint32_t syms = 0, cum = 0;
+        while (n < 4 && pos + len1[0] <= tlog) {
+            syms |= (uint32_t)sym1[0] << (8 * n);
+            pos += len1[0];
+            cum |= (uint32_t)pos << (8 * n);
+            n++;
         }
-        c.bits = (uint8_t)pos;
+        for (unsigned k = n; k < 4; k++) cum |= (uint32_t)pos << (8 * k);
+        ts[0] = syms;
+        tn[0] = n;
+        cb[0] = cum;
+    }
+    for (int k = (int)tlog - 1; k >= 0; k--)
+        for (unsigned v = 1u << k; v < size; v += 2u << k) {
+            unsigned l = len1[v], u = (v << l) & mask, budget = tlog - l;
+            uint32_t pc = cb[u];
+            /* symbols of entry u within the budget (cb bytes <= 12: no borrows) */
+            uint32_t over = ((pc | 0x80808080u) - (budget + 1) * ones) & 0x80808080u;
+            /* (branch-free: the data makes these branches unpredictable) */
+            unsigned keep = (unsigned)__builtin_ctzll(over | 1ull << 32) >> 3;   /* bytes ascend */
+            keep = keep < tn[u] ? keep : tn[u];
+            unsigned n = keep + (keep < 4);
+            uint32_t low = (uint32_t)((1ull << (8 * n)) - 1);
+            uint32_t cum = l * ones + (pc << 8), total = (cum >> (8 * (n - 1))) & 0xFF;
+            ts[v] = (sym1[v] | ts[u] << 8) & low;
+            tn[v] = n;
+            cb[v] = (cum & low) | (total * ones & ~low);
+        }
+    for (unsigned v = 0; v < size; v++) {
+        huf_cell c = {ts[v], (uint8_t)tn[v], (uint8_t)(cb[v] >> 24), len1[v], 0};
         h->t[v] = c;
     }
 }
@@ -375,7 +406,8 @@ static inline int hs_can_round(const hstream *h)
     return h->ip && (size_t)(h->ip - h->s) >= (h->used >> 3) && h->oend - h->op >= 20;
 }
 
-static int huf_decode4(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_t *dst, size_t regen)
+static inline __attribute__((always_inline)) int huf_decode4_body(const ft_huf_table *h, const uint8_t *s, size_t n,
+                                                                  uint8_t *dst, size_t regen)
 {
     if (n < 10 || regen < 6) return -1;
     size_t l1 = rd16(s), l2 = rd16(s + 2), l3 = rd16(s + 4);
@@ -410,6 +442,30 @@ static int huf_decode4(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_
     }
     return 0;
 }
+
+/* The loop's variable shifts: with BMI2 (shlx/shrx, any AVX2-era x86)
+ * they need neither the CL register nor flags; dispatched at run time. */
+static int huf_decode4_generic(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_t *dst, size_t regen)
+{
+    return huf_decode4_body(h, s, n, dst, regen);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("bmi2")))
+static int huf_decode4_bmi2(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_t *dst, size_t regen)
+{
+    return huf_decode4_body(h, s, n, dst, regen);
+}
+
+static int huf_decode4(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_t *dst, size_t regen)
+{
+    static int bmi2 = -1;   /* benign race: every thread computes the same */
+    if (bmi2 < 0) bmi2 = __builtin_cpu_supports("bmi2") ? 1 : 0;
+    return bmi2 ? huf_decode4_bmi2(h, s, n, dst, regen) : huf_decode4_generic(h, s, n, dst, regen);
+}
+#else
+#define huf_decode4 huf_decode4_generic
+#endif
 
 static int huf_decode1(const ft_huf_table *h, const uint8_t *s, size_t n, uint8_t *dst, size_t regen)
 {
