@@ -12,6 +12,7 @@ struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 struct libdeflate_compressor;
 struct libdeflate_decompressor;
+typedef struct ft_huf_table ft_huf_table;   /* zstd_lit.c */
 
 #define FT_DEFLATE_LEVELS 13
 
@@ -24,6 +25,7 @@ typedef struct ft_worker_ws {
     struct libdeflate_compressor *dc[FT_DEFLATE_LEVELS];
     struct libdeflate_decompressor *dd;
     void *lz4_state;
+    ft_huf_table *huf;                    /* ft_zstd_lit_decode's table */
     uint8_t *scratch[2];                  /* general-purpose buffers */
     size_t scratch_cap[2];
 } ft_worker_ws;
@@ -64,6 +66,13 @@ FT_API ft_status ft_entropy_decode(ft_worker_ws *ws, ft_codec_id c, const void *
 ft_status ft_zstd_literals_encode(ft_worker_ws *ws, const void *src, size_t n,
                                   void *dst, size_t cap, size_t *out);
 
+/* Fast decoder of the zstd frames ft_zstd_literals_encode writes (only
+ * Huffman-literal, raw and RLE blocks): FT_OK when it decoded src into
+ * exactly raw bytes with libzstd's checks; FT_ERR_UNSUPPORTED (no message)
+ * for anything else, valid or not: then ft_entropy_decode (libzstd)
+ * decides. See zstd_lit.c. */
+ft_status ft_zstd_lit_decode(ft_worker_ws *ws, const void *src, size_t n, void *dst, size_t raw);
+
 /* Byte-plane codec (byteplane.c). src holds n elements of fi->dtype. */
 size_t ft_bp_bound(const ft_frame_info *fi, size_t raw_bytes);
 ft_status ft_bp_encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
@@ -72,6 +81,11 @@ ft_status ft_bp_encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
 ft_status ft_bp_decode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
                              const void *src, size_t n, void *dst,
                              size_t raw_bytes);
+/* The same, also giving XXH3-64 of the raw bytes (computed while they are
+ * in cache; the chunk hash's seed). */
+ft_status ft_bp_decode_chunk_hash(ft_worker_ws *ws, const ft_frame_info *fi,
+                                  const void *src, size_t n, void *dst,
+                                  size_t raw_bytes, uint64_t *raw_hash);
 
 /* Group quantization (quant.c). A chunk is a run of whole slabs (one group
  * index g of one outer index o: elements [o][gG..min((g+1)G,D))[0..inner)),

@@ -154,6 +154,7 @@ void ft_ws_release(ft_worker_ws *ws)
     for (int i = 0; i < FT_DEFLATE_LEVELS; i++) libdeflate_free_compressor(ws->dc[i]);
     libdeflate_free_decompressor(ws->dd);
     ft_free_aligned(ws->lz4_state);
+    ft_free_aligned(ws->huf);
     ft_free_aligned(ws->scratch[0]);
     ft_free_aligned(ws->scratch[1]);
     memset(ws, 0, sizeof *ws);

@@ -8,6 +8,7 @@
 #include "codec/byteplane.h"
 
 #include <math.h>
+#include <zstd.h>
 
 static const ft_dtype float_dts[] = {FT_BF16, FT_F16, FT_F32};
 static const ft_codec_id stages[] = {FT_CODEC_ZSTD, FT_CODEC_LZ4, FT_CODEC_DEFLATE};
@@ -97,7 +98,7 @@ static ft_status roundtrip(ft_codec_ctx *ctx, const ft_codec_params *p, ft_dtype
 /* SIMD split/merge equal the scalar references, all dtypes and tails. */
 TEST(split_merge_simd_vs_ref)
 {
-    static const size_t sizes[] = {0, 1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1000, 10007};
+    static const size_t sizes[] = {0, 1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 191, 1000, 10007};
     uint64_t s = 99;
     for (size_t d = 0; d < 3; d++) {
         ft_dtype dt = float_dts[d];
@@ -389,6 +390,97 @@ TEST(hostile_payloads)
     CHECK(ft_bp_decode_chunk(&ws, &fi, pl, 1 + 2 * n, back, 2 * n) == FT_ERR_CORRUPT);
     free(back);
     free(pl);
+    ft_ws_release(&ws);
+}
+
+/* Bytes drawn from a skewed distribution over `alpha` symbols: symbol k
+ * with weight ~ q^k (q < 1: the shape of an exponent plane), or uniform. */
+static void skewed_bytes(uint8_t *p, size_t n, unsigned alpha, double q, uint8_t base, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned k = 0;
+        if (q <= 0) k = (unsigned)(ft_test_rand(s) % alpha);
+        else
+            while (k + 1 < alpha && (double)(ft_test_rand(s) >> 11) / 9007199254740992.0 > 1 - q) k++;
+        p[i] = (uint8_t)(base + k);
+    }
+}
+
+/* Fast literal-frame decoder (zstd_lit.c) against libzstd: on every frame
+ * ft_zstd_literals_encode writes it must decode (not defer) to the same
+ * bytes; frames with sequences (ordinary zstd levels), wrong sizes, bit
+ * flips and truncations it defers or, where it accepts, libzstd accepts
+ * with the same output. */
+TEST(zstd_lit_vs_libzstd)
+{
+    ft_worker_ws ws;
+    memset(&ws, 0, sizeof ws);
+    static const size_t sizes[] = {64, 100, 1000, 1023, 1024, 4095, 20000, 65536, 131072, 131073,
+                                   200000, 262144, 300001};
+    static const struct { unsigned alpha; double q; uint8_t base; } dists[] = {
+        {2, 0.5, 0}, {3, 0.3, 120}, {12, 0.45, 116}, {40, 0.6, 80}, {128, 0.9, 0}, {200, 0.97, 40},
+        {256, 0.99, 0}, {256, 0, 0}, {16, 0.2, 250 - 15}, {60, 0, 3}};
+    size_t ndist = sizeof dists / sizeof dists[0];
+    uint64_t seed = 5;
+    size_t fast = 0, deferred_ok = 0;
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+        for (size_t k = 0; k < ndist; k++) {
+            size_t n = sizes[z];
+            if (n > 70000 && k % 3) continue;   /* keep it quick */
+            uint8_t *src = malloc(n), *got = malloc(n + 1), *ref = malloc(n + 1);
+            size_t cap = ZSTD_compressBound(n) + 64, fs = 0;
+            uint8_t *f = malloc(cap);
+            skewed_bytes(src, n, dists[k].alpha, dists[k].q, dists[k].base, &seed);
+            /* half the inputs: an exponent plane of synthetic bf16 weights */
+            if (k == 0 && n % 2 == 0) {
+                uint16_t *w = ft_test_weights(FT_BF16, n, 4096, seed);
+                for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(w[i] >> 7);
+                ft_free_aligned(w);
+            }
+            CHECK_OK(ft_zstd_literals_encode(&ws, src, n, f, cap, &fs));
+            CHECK(ZSTD_decompress(ref, n, f, fs) == n && !memcmp(ref, src, n));
+            memset(got, 0xEE, n + 1);
+            ft_status st = ft_zstd_lit_decode(&ws, f, fs, got, n);
+            CHECK_MSG(st == FT_OK, "n=%zu dist %zu: literal frame not decoded (%d)", n, k, (int)st);
+            CHECK_MSG(!memcmp(got, src, n) && got[n] == 0xEE, "n=%zu dist %zu: wrong bytes", n, k);
+            fast += st == FT_OK;
+            /* wrong expected size */
+            CHECK(ft_zstd_lit_decode(&ws, f, fs, got, n - 1) != FT_OK);
+            /* ordinary zstd (sequences) and the fast levels: decoded the
+             * same or left to libzstd */
+            static const int levels[] = {-5, 1, 3};
+            for (int l = 0; l < 3; l++) {
+                size_t r = ZSTD_compress(f, cap, src, n, levels[l]);
+                CHECK(!ZSTD_isError(r));
+                st = ft_zstd_lit_decode(&ws, f, r, got, n);
+                if (st == FT_OK) CHECK_MSG(!memcmp(got, src, n), "n=%zu level %d", n, levels[l]);
+                else { CHECK(st == FT_ERR_UNSUPPORTED); deferred_ok++; }
+            }
+            free(src); free(got); free(ref); free(f);
+        }
+    CHECK(fast > 50 && deferred_ok > 0);
+    /* bit flips and truncations of small literal frames: what the fast
+     * decoder accepts, libzstd accepts with the same bytes */
+    for (size_t k = 0; k < ndist; k += 2) {
+        size_t n = 700 + 300 * k;
+        uint8_t *src = malloc(n), *got = malloc(n), *ref = malloc(n), f[4096];
+        size_t fs = 0;
+        skewed_bytes(src, n, dists[k].alpha, dists[k].q, dists[k].base, &seed);
+        CHECK_OK(ft_zstd_literals_encode(&ws, src, n, f, sizeof f, &fs));
+        size_t accepted = 0, diverged = 0;
+        for (size_t bit = 0; bit < fs * 8; bit++) {
+            f[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            if (ft_zstd_lit_decode(&ws, f, fs, got, n) == FT_OK) {
+                accepted++;
+                size_t r = ZSTD_decompress(ref, n, f, fs);
+                if (ZSTD_isError(r) || r != n || memcmp(ref, got, n)) diverged++;
+            }
+            f[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        }
+        CHECK_MSG(diverged == 0, "dist %zu: %zu of %zu accepted flips differ from libzstd", k, diverged, accepted);
+        for (size_t len = 0; len < fs; len++) CHECK(ft_zstd_lit_decode(&ws, f, len, got, n) != FT_OK);
+        free(src); free(got); free(ref);
+    }
     ft_ws_release(&ws);
 }
 
