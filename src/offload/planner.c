@@ -248,14 +248,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     if (streams && in->handoff_s > 0) {
         double io_side = fmax(t_io, fmax(in->disk_direct ? link[FT_TIER_DISK] : 0, link[FT_TIER_REMOTE]));
         io_side = fmax(io_side, t_agent);
-        /* A memory node on this machine is a process that sleeps between
-         * a layer's requests and is woken by them: its wake-up is one more
-         * on the path, under the same scheduler (measured on loopback at
-         * load 5-6: q4 layers of 6.6 MB took 7.9 ms a fetch with the
-         * client's CPU half idle, where the probe's back-to-back reads
-         * said 2; bf16 layers 13.5 ms for 7.6). */
-        double wakes = in->remote_local && (C[FT_TIER_REMOTE] > 0 || c[FT_TIER_REMOTE] > 0) ? 2.0 : 1.0;
-        T = fmax(T, io_side + wakes * in->handoff_s);
+        T = fmax(T, io_side + in->handoff_s);
     }
     out->t_layer_decode = T;
     out->t_compute = t_comp;

@@ -447,14 +447,6 @@ TEST(cost_model_handoff_per_streamed_layer)
     ft_cost_predict(&in, &p, &b);
     CHECK(!strcmp(a.bottleneck, "remote"));
     CHECK(fabs(b.t_layer_decode - a.t_layer_decode - 0.004) < 1e-12);
-    /* a node on this machine: its process is woken too (two per layer) */
-    in.remote_local = 1;
-    in.handoff_s = 0;
-    ft_cost_predict(&in, &p, &a);
-    in.handoff_s = 0.004;
-    ft_cost_predict(&in, &p, &b);
-    CHECK(fabs(b.t_layer_decode - a.t_layer_decode - 0.008) < 1e-12);
-    in.remote_local = 0;
     /* compute bound with a fast host tier: a hand-off shorter than the
      * slack costs nothing */
     CHECK_OK(ft_policy_parse("w=0,100,0,0", &p));
