@@ -1224,7 +1224,18 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
      * its read rate, cached with the rest */
     if (cp->drop_cache && !(in->head_bw > 0)) {
         in->head_bw = measure_head_bw(dir);
-        if (use_cache && in->head_bw > 0) calib_save(cdir, cpath, key, in);
+        if (use_cache && in->head_bw > 0) {
+            /* a read rate of the checkpoint's disk, as noisy as the disk
+             * tier's: the median of its last 5 measurements (three
+             * --recalibrate plans of the small Llama under 160 MiB, its
+             * head streamed, predicted 4.1-5.5 tok/s on an idle machine) */
+            char hpath[4300];
+            uint64_t hk = key ^ 0x6865616462773031ull;   /* "headbw01" */
+            double z0 = 0, z1 = 0, z2 = 0;
+            snprintf(hpath, sizeof hpath, "%s/head-%016llx.bin", cdir, (unsigned long long)hk);
+            disk_save(cdir, hpath, hk, &in->head_bw, &z0, &z1, &z2);
+            calib_save(cdir, cpath, key, in);
+        }
     }
     /* the frames' sizes set the request sizes: q8/q4 ones when the
      * weights are only those (--compress-weights q4) */
