@@ -423,15 +423,45 @@ static inline __attribute__((always_inline)) int huf_decode4_body(const ft_huf_t
         return -1;
     const huf_cell *t = h->t;
     const unsigned sh = 64 - h->tlog;
+    /* The four streams' hot state in locals (registers: the byte stores
+     * through op may alias anything in memory), run in batches of rounds
+     * that are safe without per-round checks: a round moves a stream's
+     * input back by at most 7 bytes and its output on by at most 20. */
     for (;;) {
-        if (!hs_can_round(&H[0]) || !hs_can_round(&H[1]) || !hs_can_round(&H[2]) || !hs_can_round(&H[3]))
-            break;
-        HS_RELOAD(H[0]); HS_RELOAD(H[1]); HS_RELOAD(H[2]); HS_RELOAD(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
+        size_t R = SIZE_MAX;
+        for (int k = 0; k < 4; k++) {
+            if (!H[k].ip) { R = 0; break; }
+            size_t in = (size_t)(H[k].ip - H[k].s) / 7, o = (size_t)(H[k].oend - H[k].op) / 20;
+            if (in < R) R = in;
+            if (o < R) R = o;
+        }
+        if (R == 0) break;
+        const uint8_t *ip0 = H[0].ip, *ip1 = H[1].ip, *ip2 = H[2].ip, *ip3 = H[3].ip;
+        uint8_t *op0 = H[0].op, *op1 = H[1].op, *op2 = H[2].op, *op3 = H[3].op;
+        unsigned u0 = H[0].used, u1 = H[1].used, u2 = H[2].used, u3 = H[3].used;
+        uint64_t c0, c1, c2, c3;
+#define L_RELOAD(ip, u, c) do { ip -= u >> 3; u &= 7; c = rd64(ip); } while (0)
+#define L_STEP(c, u, op)                                                    \
+        do {                                                                \
+            const huf_cell *e_ = &t[(c << u) >> sh];                        \
+            memcpy(op, &e_->syms, 4);                                       \
+            op += e_->n;                                                    \
+            u += e_->bits;                                                  \
+        } while (0)
+        for (size_t r = 0; r < R; r++) {
+            L_RELOAD(ip0, u0, c0); L_RELOAD(ip1, u1, c1); L_RELOAD(ip2, u2, c2); L_RELOAD(ip3, u3, c3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+        }
+#undef L_STEP
+#undef L_RELOAD
+        H[0].ip = ip0; H[1].ip = ip1; H[2].ip = ip2; H[3].ip = ip3;
+        H[0].op = op0; H[1].op = op1; H[2].op = op2; H[3].op = op3;
+        H[0].used = u0; H[1].used = u1; H[2].used = u2; H[3].used = u3;
+        H[0].c = c0; H[1].c = c1; H[2].c = c2; H[3].c = c3;
     }
     for (int k = 0; k < 4; k++) {
         while (hs_can_round(&H[k])) {
