@@ -138,6 +138,12 @@ static size_t fse_read_ncount(const uint8_t *s, size_t n, short *norm, unsigned 
         }
     }
     if (remaining != 1 || sym == 0) return 0;
+    /* libzstd decodes the weights in a workspace sized for an accuracy log
+     * of 6 and symbols 0..11 (HUF_READ_STATS_WORKSPACE_SIZE_U32) and
+     * refuses counts that need more (FSE_DECOMPRESS_WKSP_SIZE): refuse the
+     * same (found by fuzz_zstd_lit: 13 symbols at log 6) */
+    size_t need = 4 * ((1 + ((size_t)1 << al)) + 1 + (2 * (size_t)sym + ((size_t)1 << al) + 8 + 3) / 4 + 129);
+    if (need > 4 * (size_t)(65 + 1 + 24 + 129)) return 0;
     *nsym = sym;
     *alog = al;
     return (bit + 7) >> 3;
