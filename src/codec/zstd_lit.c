@@ -19,6 +19,13 @@
 
 #include <string.h>
 
+/* The stream reads (rd32/rd64 by memcpy) and the table entries (64-bit
+ * words, symbols stored low byte first) assume a little-endian host, as
+ * every target of the project is. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zstd_lit.c assumes a little-endian host"
+#endif
+
 #define ZL_NO FT_ERR_UNSUPPORTED   /* "not for this decoder": use libzstd */
 #define ZL_BLOCK_MAX (128u * 1024u)
 #define ZL_MAX_TLOG 11
@@ -288,7 +295,11 @@ static void huf_build(ft_huf_table *h)
     static const uint32_t ones = 0x01010101u;
     unsigned size = 1u << tlog, mask = size - 1;
     /* built in word arrays (whole-word stores and loads), packed at the end */
-    uint32_t cb[1u << ZL_MAX_TLOG], ts[1u << ZL_MAX_TLOG], tn[1u << ZL_MAX_TLOG];
+    uint32_t cb[1u << ZL_MAX_TLOG];
+    /* entries are written and read as whole 64-bit words (memcpy: huf_cell's
+     * little-endian layout, syms | n << 32 | bits << 40 | len1 << 48) */
+    _Static_assert(sizeof(huf_cell) == 8, "huf_cell is one 64-bit word");
+    huf_cell *T = h->t;
     {
         unsigned pos = 0, n = 0;
         uint32_t syms = 0, cum = 0;
@@ -299,30 +310,30 @@ static void huf_build(ft_huf_table *h)
             n++;
         }
         for (unsigned k = n; k < 4; k++) cum |= (uint32_t)pos << (8 * k);
-        ts[0] = syms;
-        tn[0] = n;
+        uint64_t e = syms | (uint64_t)n << 32 | (uint64_t)pos << 40 | (uint64_t)len1[0] << 48;
+        memcpy(&T[0], &e, 8);
         cb[0] = cum;
     }
     for (int k = (int)tlog - 1; k >= 0; k--)
         for (unsigned v = 1u << k; v < size; v += 2u << k) {
             unsigned l = len1[v], u = (v << l) & mask, budget = tlog - l;
             uint32_t pc = cb[u];
+            uint64_t pu;
+            memcpy(&pu, &T[u], 8);
+            unsigned nu = (unsigned)(pu >> 32) & 0xFF;
             /* symbols of entry u within the budget (cb bytes <= 12: no borrows) */
             uint32_t over = ((pc | 0x80808080u) - (budget + 1) * ones) & 0x80808080u;
             /* (branch-free: the data makes these branches unpredictable) */
             unsigned keep = (unsigned)__builtin_ctzll(over | 1ull << 32) >> 3;   /* bytes ascend */
-            keep = keep < tn[u] ? keep : tn[u];
+            keep = keep < nu ? keep : nu;
             unsigned n = keep + (keep < 4);
             uint32_t low = (uint32_t)((1ull << (8 * n)) - 1);
             uint32_t cum = l * ones + (pc << 8), total = (cum >> (8 * (n - 1))) & 0xFF;
-            ts[v] = (sym1[v] | ts[u] << 8) & low;
-            tn[v] = n;
+            uint32_t syms = (sym1[v] | (uint32_t)pu << 8) & low;
+            uint64_t e = syms | (uint64_t)n << 32 | (uint64_t)total << 40 | (uint64_t)l << 48;
+            memcpy(&T[v], &e, 8);
             cb[v] = (cum & low) | (total * ones & ~low);
         }
-    for (unsigned v = 0; v < size; v++) {
-        huf_cell c = {ts[v], (uint8_t)tn[v], (uint8_t)(cb[v] >> 24), len1[v], 0};
-        h->t[v] = c;
-    }
 }
 
 /* ------------------------------------------------- Huffman streams */
