@@ -18,14 +18,6 @@
 
 #include <math.h>
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
-#include <xxhash.h>
-#if defined(__x86_64__)
-#include <xxh_x86dispatch.h>
-#define BP_XXH3_UPDATE XXH3_64bits_update_dispatch
-#else
-#define BP_XXH3_UPDATE XXH3_64bits_update
-#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -555,35 +547,8 @@ ft_status ft_bp_encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi, const vo
     return FT_OK;
 }
 
-/* Merge the planes into dst and hash the raw bytes (XXH3-64, the seed of
- * the frame's chunk hash) in one pass: 8 KiB blocks, each hashed right
- * after it is merged, while it is in L1 (the separate pass read 256 KiB
- * back from L2 or memory). Streaming stores to dst were tried: no faster. */
-#define BP_BLOCK_BYTES (8u << 10)
-static void merge_hash(ft_dtype dt, const uint8_t *const *P, size_t n, uint8_t *dst, uint64_t *hash)
-{
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    unsigned np = ft_bp_nplanes(dt);
-    size_t es = ft_dtype_bits(dt) / 8, B = BP_BLOCK_BYTES / es;
-    for (size_t i = 0; i < n; i += B) {
-        size_t m = n - i < B ? n - i : B;
-        const uint8_t *Q[FT_BP_MAX_PLANES];
-        for (unsigned k = 0; k < np; k++) Q[k] = P[k] + i;
-        ft_bp_merge(dt, Q, m, dst + i * es);
-        BP_XXH3_UPDATE(&st, dst + i * es, m * es);
-    }
-    *hash = XXH3_64bits_digest(&st);
-}
-
 ft_status ft_bp_decode_chunk(ft_worker_ws *ws, const ft_frame_info *fi, const void *src,
                              size_t n_in, void *dst, size_t raw_bytes)
-{
-    return ft_bp_decode_chunk_hash(ws, fi, src, n_in, dst, raw_bytes, NULL);
-}
-
-ft_status ft_bp_decode_chunk_hash(ft_worker_ws *ws, const ft_frame_info *fi, const void *src,
-                                  size_t n_in, void *dst, size_t raw_bytes, uint64_t *raw_hash)
 {
     unsigned np = ft_bp_nplanes(fi->dtype);
     if (np == 0)
@@ -636,10 +601,7 @@ ft_status ft_bp_decode_chunk_hash(ft_worker_ws *ws, const ft_frame_info *fi, con
     }
     if (pos != n_in)
         return ft_set_error(FT_ERR_CORRUPT, "byteplane chunk: %zu trailing bytes", n_in - pos);
-    if (n == 0) {
-        if (raw_hash) *raw_hash = ft_xxh3(dst, 0);
-        return FT_OK;
-    }
+    if (n == 0) return FT_OK;
     uint8_t *scratch = NULL;
     if (nscratch && !(scratch = ft_ws_scratch(ws, 0, nscratch * n))) return FT_ERR_NOMEM;
     unsigned used = 0;
@@ -659,7 +621,6 @@ ft_status ft_bp_decode_chunk_hash(ft_worker_ws *ws, const ft_frame_info *fi, con
         }
         P[k] = t;
     }
-    if (raw_hash) merge_hash(fi->dtype, P, n, dst, raw_hash);
-    else ft_bp_merge(fi->dtype, P, n, dst);
+    ft_bp_merge(fi->dtype, P, n, dst);
     return FT_OK;
 }

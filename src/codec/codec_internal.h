@@ -81,11 +81,6 @@ ft_status ft_bp_encode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
 ft_status ft_bp_decode_chunk(ft_worker_ws *ws, const ft_frame_info *fi,
                              const void *src, size_t n, void *dst,
                              size_t raw_bytes);
-/* The same, also giving XXH3-64 of the raw bytes (computed while they are
- * in cache; the chunk hash's seed). */
-ft_status ft_bp_decode_chunk_hash(ft_worker_ws *ws, const ft_frame_info *fi,
-                                  const void *src, size_t n, void *dst,
-                                  size_t raw_bytes, uint64_t *raw_hash);
 
 /* Group quantization (quant.c). A chunk is a run of whole slabs (one group
  * index g of one outer index o: elements [o][gG..min((g+1)G,D))[0..inner)),

@@ -543,14 +543,7 @@ ft_status ft_decode_chunk(ft_codec_ctx *c, const ft_frame_info *fi, const ft_chu
         if (ch->enc_size != raw) return ft_set_error(FT_ERR_CORRUPT, "stored chunk size");
         memcpy(target, payload, raw);
     } else if (fi->codec == FT_CODEC_BYTEPLANE) {
-        /* the raw bytes' hash comes from the merge, while they are in cache */
-        uint64_t hr = 0;
-        if ((st = ft_bp_decode_chunk_hash(ws, fi, payload, ch->enc_size, target, raw, &hr))) return st;
-        if (ft_xxh3_seed(payload, ch->enc_size, hr) != ch->hash)
-            return ft_set_error(FT_ERR_CORRUPT, "chunk at element %llu: checksum mismatch",
-                                (unsigned long long)ch->elem_offset);
-        if (target != out) return ft_convert(out, out_dt, target, fi->dtype, (size_t)ch->elem_count);
-        return FT_OK;
+        st = ft_bp_decode_chunk(ws, fi, payload, ch->enc_size, target, raw);
     } else if (fi->codec == FT_CODEC_RAW) {
         st = ft_set_error(FT_ERR_CORRUPT, "raw chunk not marked stored");
     } else {

@@ -19,6 +19,13 @@
 
 #include <string.h>
 
+/* The stream reads (rd32/rd64 by memcpy) and the table entries (64-bit
+ * words, symbols stored low byte first) assume a little-endian host, as
+ * every target of the project is. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zstd_lit.c assumes a little-endian host"
+#endif
+
 #define ZL_NO FT_ERR_UNSUPPORTED   /* "not for this decoder": use libzstd */
 #define ZL_BLOCK_MAX (128u * 1024u)
 #define ZL_MAX_TLOG 11
@@ -138,6 +145,12 @@ static size_t fse_read_ncount(const uint8_t *s, size_t n, short *norm, unsigned 
         }
     }
     if (remaining != 1 || sym == 0) return 0;
+    /* libzstd decodes the weights in a workspace sized for an accuracy log
+     * of 6 and symbols 0..11 (HUF_READ_STATS_WORKSPACE_SIZE_U32) and
+     * refuses counts that need more (FSE_DECOMPRESS_WKSP_SIZE): refuse the
+     * same (found by fuzz_zstd_lit: 13 symbols at log 6) */
+    size_t need = 4 * ((1 + ((size_t)1 << al)) + 1 + (2 * (size_t)sym + ((size_t)1 << al) + 8 + 3) / 4 + 129);
+    if (need > 4 * (size_t)(65 + 1 + 24 + 129)) return 0;
     *nsym = sym;
     *alog = al;
     return (bit + 7) >> 3;
@@ -282,7 +295,11 @@ static void huf_build(ft_huf_table *h)
     static const uint32_t ones = 0x01010101u;
     unsigned size = 1u << tlog, mask = size - 1;
     /* built in word arrays (whole-word stores and loads), packed at the end */
-    uint32_t cb[1u << ZL_MAX_TLOG], ts[1u << ZL_MAX_TLOG], tn[1u << ZL_MAX_TLOG];
+    uint32_t cb[1u << ZL_MAX_TLOG];
+    /* entries are written and read as whole 64-bit words (memcpy: huf_cell's
+     * little-endian layout, syms | n << 32 | bits << 40 | len1 << 48) */
+    _Static_assert(sizeof(huf_cell) == 8, "huf_cell is one 64-bit word");
+    huf_cell *T = h->t;
     {
         unsigned pos = 0, n = 0;
         uint32_t syms = 0, cum = 0;
@@ -293,30 +310,30 @@ static void huf_build(ft_huf_table *h)
             n++;
         }
         for (unsigned k = n; k < 4; k++) cum |= (uint32_t)pos << (8 * k);
-        ts[0] = syms;
-        tn[0] = n;
+        uint64_t e = syms | (uint64_t)n << 32 | (uint64_t)pos << 40 | (uint64_t)len1[0] << 48;
+        memcpy(&T[0], &e, 8);
         cb[0] = cum;
     }
     for (int k = (int)tlog - 1; k >= 0; k--)
         for (unsigned v = 1u << k; v < size; v += 2u << k) {
             unsigned l = len1[v], u = (v << l) & mask, budget = tlog - l;
             uint32_t pc = cb[u];
+            uint64_t pu;
+            memcpy(&pu, &T[u], 8);
+            unsigned nu = (unsigned)(pu >> 32) & 0xFF;
             /* symbols of entry u within the budget (cb bytes <= 12: no borrows) */
             uint32_t over = ((pc | 0x80808080u) - (budget + 1) * ones) & 0x80808080u;
             /* (branch-free: the data makes these branches unpredictable) */
             unsigned keep = (unsigned)__builtin_ctzll(over | 1ull << 32) >> 3;   /* bytes ascend */
-            keep = keep < tn[u] ? keep : tn[u];
+            keep = keep < nu ? keep : nu;
             unsigned n = keep + (keep < 4);
             uint32_t low = (uint32_t)((1ull << (8 * n)) - 1);
             uint32_t cum = l * ones + (pc << 8), total = (cum >> (8 * (n - 1))) & 0xFF;
-            ts[v] = (sym1[v] | ts[u] << 8) & low;
-            tn[v] = n;
+            uint32_t syms = (sym1[v] | (uint32_t)pu << 8) & low;
+            uint64_t e = syms | (uint64_t)n << 32 | (uint64_t)total << 40 | (uint64_t)l << 48;
+            memcpy(&T[v], &e, 8);
             cb[v] = (cum & low) | (total * ones & ~low);
         }
-    for (unsigned v = 0; v < size; v++) {
-        huf_cell c = {ts[v], (uint8_t)tn[v], (uint8_t)(cb[v] >> 24), len1[v], 0};
-        h->t[v] = c;
-    }
 }
 
 /* ------------------------------------------------- Huffman streams */
@@ -423,15 +440,45 @@ static inline __attribute__((always_inline)) int huf_decode4_body(const ft_huf_t
         return -1;
     const huf_cell *t = h->t;
     const unsigned sh = 64 - h->tlog;
+    /* The four streams' hot state in locals (registers: the byte stores
+     * through op may alias anything in memory), run in batches of rounds
+     * that are safe without per-round checks: a round moves a stream's
+     * input back by at most 7 bytes and its output on by at most 20. */
     for (;;) {
-        if (!hs_can_round(&H[0]) || !hs_can_round(&H[1]) || !hs_can_round(&H[2]) || !hs_can_round(&H[3]))
-            break;
-        HS_RELOAD(H[0]); HS_RELOAD(H[1]); HS_RELOAD(H[2]); HS_RELOAD(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
-        HS_STEP(H[0]); HS_STEP(H[1]); HS_STEP(H[2]); HS_STEP(H[3]);
+        size_t R = SIZE_MAX;
+        for (int k = 0; k < 4; k++) {
+            if (!H[k].ip) { R = 0; break; }
+            size_t in = (size_t)(H[k].ip - H[k].s) / 7, o = (size_t)(H[k].oend - H[k].op) / 20;
+            if (in < R) R = in;
+            if (o < R) R = o;
+        }
+        if (R == 0) break;
+        const uint8_t *ip0 = H[0].ip, *ip1 = H[1].ip, *ip2 = H[2].ip, *ip3 = H[3].ip;
+        uint8_t *op0 = H[0].op, *op1 = H[1].op, *op2 = H[2].op, *op3 = H[3].op;
+        unsigned u0 = H[0].used, u1 = H[1].used, u2 = H[2].used, u3 = H[3].used;
+        uint64_t c0, c1, c2, c3;
+#define L_RELOAD(ip, u, c) do { ip -= u >> 3; u &= 7; c = rd64(ip); } while (0)
+#define L_STEP(c, u, op)                                                    \
+        do {                                                                \
+            const huf_cell *e_ = &t[(c << u) >> sh];                        \
+            memcpy(op, &e_->syms, 4);                                       \
+            op += e_->n;                                                    \
+            u += e_->bits;                                                  \
+        } while (0)
+        for (size_t r = 0; r < R; r++) {
+            L_RELOAD(ip0, u0, c0); L_RELOAD(ip1, u1, c1); L_RELOAD(ip2, u2, c2); L_RELOAD(ip3, u3, c3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+            L_STEP(c0, u0, op0); L_STEP(c1, u1, op1); L_STEP(c2, u2, op2); L_STEP(c3, u3, op3);
+        }
+#undef L_STEP
+#undef L_RELOAD
+        H[0].ip = ip0; H[1].ip = ip1; H[2].ip = ip2; H[3].ip = ip3;
+        H[0].op = op0; H[1].op = op1; H[2].op = op2; H[3].op = op3;
+        H[0].used = u0; H[1].used = u1; H[2].used = u2; H[3].used = u3;
+        H[0].c = c0; H[1].c = c1; H[2].c = c2; H[3].c = c3;
     }
     for (int k = 0; k < 4; k++) {
         while (hs_can_round(&H[k])) {
