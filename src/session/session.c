@@ -10,6 +10,9 @@
 #include "flextier/train.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -452,6 +455,35 @@ static ft_status check_budget_cuda(ft_session *s, int weights)
 
 static void keep_inputs(ft_session *s, const ft_cost_inputs *in, const ft_policy *p);
 
+/* Under a budget: per level of streamed globals (stream_levels), what
+ * the budget leaves the tiers after this process as measured now, the
+ * globals and the scratch (cap[lv]; 0: the fixed part does not fit).
+ * Returns the first level that fits (the most in memory), -1 if none. */
+static int budget_caps(ft_session *s, int weights, int nlv, uint64_t cap[3], ft_status *st)
+{
+    int lv0 = -1;
+    *st = FT_OK;
+    for (int lv = nlv - 1; lv >= 0; lv--) {
+        ft_model *lm = NULL;
+        cap[lv] = 0;
+        s->mem.streamed = stream_levels[lv];
+        if ((*st = count_fixed(s, weights, &lm))) return -1;
+        ft_model_free(lm);
+        uint64_t fixed = fixed_total(&s->mem);
+        /* a margin for what the estimates do not see (allocator
+         * rounding and arenas, thread stacks, pages the cgroup charges
+         * late): 2% of the budget, at least 4 MiB. Without it a budget
+         * equal to the model's size planned every weight into memory
+         * and the context's 3.3 MiB then did not fit beside 311.8 MiB
+         * held (cli_memory). */
+        uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
+        if (fixed >= s->mem.budget) continue;
+        cap[lv] = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
+        lv0 = lv;
+    }
+    return lv0;
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -484,24 +516,8 @@ static ft_status plan(ft_session *s, int weights)
     uint64_t cap[3] = {0, 0, 0};
     int lv0 = 0, nlv = budgeted ? stream_levels_n(s) : 1;
     if (budgeted) {
-        lv0 = -1;
-        for (int lv = nlv - 1; lv >= 0; lv--) {
-            ft_model *lm = NULL;
-            s->mem.streamed = stream_levels[lv];
-            if ((st = count_fixed(s, weights, &lm))) return st;
-            ft_model_free(lm);
-            uint64_t fixed = fixed_total(&s->mem);
-            /* a margin for what the estimates do not see (allocator
-             * rounding and arenas, thread stacks, pages the cgroup charges
-             * late): 2% of the budget, at least 4 MiB. Without it a budget
-             * equal to the model's size planned every weight into memory
-             * and the context's 3.3 MiB then did not fit beside 311.8 MiB
-             * held (cli_memory). */
-            uint64_t slack = s->mem.budget / 50 > (4u << 20) ? s->mem.budget / 50 : (4u << 20);
-            if (fixed >= s->mem.budget) continue;
-            cap[lv] = s->mem.budget - fixed > slack ? s->mem.budget - fixed - slack : 1;
-            lv0 = lv;
-        }
+        lv0 = budget_caps(s, weights, nlv, cap, &st);
+        if (st) return st;
         if (lv0 < 0) {   /* the numbers of the smallest fixed part */
             ft_model *lm = NULL;
             s->mem.streamed = stream_levels[nlv - 1];
@@ -532,6 +548,27 @@ static ft_status plan(ft_session *s, int weights)
     cp.memory = in.proc_cap;
     cp.drop_cache = s->mem.binding;
     if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
+    if (budgeted) {
+        /* Calibration's buffers are freed but glibc keeps them in its
+         * arenas, where they count in this process's RSS (20.8 -> 47 MiB
+         * after a --recalibrate of a small model, which then ran 20 MiB
+         * over a 160 MiB budget): hand them back, and plan with what the
+         * process holds now. */
+#ifdef __GLIBC__
+        malloc_trim(0);
+#endif
+        int lv1 = budget_caps(s, weights, nlv, cap, &st);
+        if (st) return st;
+        if (lv1 < 0) {
+            s->mem.streamed = stream_levels[nlv - 1];
+            ft_model *lm = NULL;
+            if ((st = count_fixed(s, weights, &lm))) return st;
+            ft_model_free(lm);
+            s->mem.need = fixed_total(&s->mem);
+            return no_space(s, "the model's fixed part after calibration", "give a larger --memory");
+        }
+        if (lv1 > lv0) lv0 = lv1;
+    }
     ft_policy best;
     ft_cost_estimate e;
     int chosen = -1;

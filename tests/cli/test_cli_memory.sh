@@ -31,6 +31,12 @@ for pct in 30 60 100; do
     what="$pct% of the model ($(mib "$lim") MiB): $(grep -h '^offload policy' "$work/o$pct.txt.err" | cut -c17-60)"
     [ "$rc" = 0 ] || bad "$what: exit $rc: $(tail -1 "$work/o$pct.txt.err")"
     [ "$PEERS_CG_OOM" = 0 ] && ok "$what: no OOM kill" || bad "$what: $PEERS_CG_OOM OOM kills"
+    # the session's own estimate within the budget, the first run's
+    # calibration included (its freed buffers once stayed in the RSS the
+    # plan is made against: 180 MiB estimated under 160)
+    est=$(sed -n 's/^memory: budget \([0-9.]*\) MiB.*estimated \([0-9.]*\) MiB.*/\1 \2/p' "$work/o$pct.txt.err")
+    [ -n "$est" ] && awk -v e="$est" 'BEGIN { split(e, v, " "); exit !(v[2] + 0 <= v[1] + 0) }' \
+        && ok "$what: estimate <= budget ($est MiB)" || bad "$what: estimate over the budget: ${est:-none} MiB"
     [ "$PEERS_CG_PEAK" -le "$lim" ] && ok "$what: cgroup peak $(mib "$PEERS_CG_PEAK") MiB <= limit" \
         || bad "$what: cgroup peak $(mib "$PEERS_CG_PEAK") MiB > limit"
     cmp -s "$work/ref.txt" "$work/o$pct.txt" && cmp -s "$work/ref.bin" "$work/o$pct.bin" \
