@@ -138,10 +138,46 @@ BF16 static INL void kern(float *C, int ldc, const uint16_t *A, int lda, const u
     }
 }
 
+/* The source lines of a panel, prefetched into L2 while the panel
+ * before it is computed on (the weights come from DRAM; nn reads 128
+ * bytes of each of 256 rows, which the hardware prefetchers do not
+ * follow): rows of `lines` 64-byte lines from base, stride apart. */
+typedef struct {
+    const char *base;
+    size_t stride;
+    int rows, lines;
+} gb_src;
+
+static gb_src gb_src_of(int nn, const uint16_t *W, int ldw, int K, int n1, int nb, int k0)
+{
+    gb_src s = {NULL, (size_t)ldw * 2, 0, 0};
+    if (nb >= n1) return s;
+    const int cnt = n1 - nb < NR ? n1 - nb : NR, kn = K - k0 < FT_GB_KC ? K - k0 : FT_GB_KC;
+    if (nn) {
+        s.base = (const char *)(W + (size_t)k0 * (size_t)ldw + (size_t)nb);
+        s.rows = kn;
+        s.lines = (cnt * 2 + 63) / 64 + 1;
+    } else {
+        s.base = (const char *)(W + (size_t)nb * (size_t)ldw + (size_t)k0);
+        s.rows = cnt;
+        s.lines = (kn * 2 + 63) / 64 + 1;
+    }
+    return s;
+}
+
+static INL void gb_prefetch(const gb_src *s, int a, int b)
+{
+    for (int i = a; i < b; i++) {
+        int r = i / s->lines, l = i % s->lines;
+        _mm_prefetch(s->base + (size_t)r * s->stride + (size_t)l * 64, _MM_HINT_T1);
+    }
+}
+
 BF16 static void gb_run(int nn, float *C, int ldc, const uint16_t *A, int lda, int rows, const uint16_t *W, int ldw,
                         int K, int n0, int n1, const float *bias, int acc)
 {
     uint32_t pan[NP * NR] __attribute__((aligned(64)));
+    const int ntile = (rows + 5) / 6;
     for (int nb = n0; nb < n1; nb += NR) {
         const int cnt = n1 - nb < NR ? n1 - nb : NR;
         __mmask16 m[4];
@@ -164,7 +200,15 @@ BF16 static void gb_run(int nn, float *C, int ldc, const uint16_t *A, int lda, i
             else pack_nt(pan, W, ldw, K, nb, cnt, k0, np);
             const int first = k0 == 0 && !acc;
             const float *bb = bias && k0 + kn == K ? bias + nb : NULL;
+            /* the next panel: the next chunk, else the next block's first */
+            const gb_src nx = k0 + FT_GB_KC < K ? gb_src_of(nn, W, ldw, K, n1, nb, k0 + FT_GB_KC)
+                                                : gb_src_of(nn, W, ldw, K, n1, nb + NR, 0);
+            const int tot = nx.rows * nx.lines, per = (tot + ntile - 1) / ntile;
             for (int r = 0; r < rows; r += 6) {
+                if (nx.base) {
+                    int a = r / 6 * per;
+                    gb_prefetch(&nx, a < tot ? a : tot, a + per < tot ? a + per : tot);
+                }
                 float *cc = C + (size_t)r * (size_t)ldc + (size_t)nb;
                 const uint16_t *aa = A + (size_t)r * (size_t)lda + (size_t)k0;
                 switch (rows - r < 6 ? rows - r : 6) {
