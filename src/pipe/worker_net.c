@@ -92,7 +92,11 @@ static ft_status load_token(const char *file, uint8_t *tok, size_t *len)
 /* ---------------------------------------------------------------- worker */
 
 /* One driver's job, start to end. */
-static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
+/* busy: the door's admission flag, released before this job's last word
+ * to its driver (a driver that reconnects at once on a refusal or after
+ * a run found the worker still busy: test_pipe under load). The next job
+ * runs only once this one has returned (ft_worker_run's loop). */
+static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer, int *busy)
 {
     char text[CTL_MAX + 1];
     size_t n = 0;
@@ -138,6 +142,7 @@ static ft_status worker_job(const ft_worker_params *p, int fd, const char *peer)
          * driver closes it. */
         double dl = ft_now() + 30;
         uint8_t b;
+        __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
         while (ft_now() < dl) {
             struct pollfd pf = {fd, POLLIN, 0};
             if (poll(&pf, 1, 1000) > 0 && recv(fd, &b, 1, MSG_DONTWAIT) <= 0) break;
@@ -149,6 +154,7 @@ fail:
     {
         char why[200];
         snprintf(why, sizeof why, "%s", ft_last_error());
+        __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
         ctl_send(fd, CTL_ERR, why, strlen(why), ft_now() + 2, peer);
         ft_set_error(st, "%s", why);
     }
@@ -197,7 +203,7 @@ ft_status ft_worker_run(const ft_worker_params *p)
             continue;
         }
         __atomic_store_n(&busy, 1, __ATOMIC_RELEASE);
-        ft_status js = worker_job(p, dc.fd, dc.peer);
+        ft_status js = worker_job(p, dc.fd, dc.peer, &busy);
         if (js != FT_OK) FT_LOG(FT_LOG_WARN, "worker: %s: %s", dc.peer, ft_last_error());
         close(dc.fd);
         __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
