@@ -277,6 +277,12 @@ FT_API uint64_t ft_process_rss(void);
  * page cache they read, the executable's and libraries' pages included),
  * when that cgroup itself has a limit; else 0. */
 FT_API uint64_t ft_cgroup_memory_usage(void);
+/* The same less the cgroup's inactive file pages (memory.stat's
+ * inactive_file; v1 total_inactive_file): clean page cache the kernel
+ * reclaims before anything else, as a context about to be built sees it
+ * (the checkpoint's pages read for streamed embeddings or the head
+ * otherwise fill a cgroup at --memory to its limit). 0 as above. */
+FT_API uint64_t ft_cgroup_memory_working_set(void);
 
 /* ---------------------------------------------------------------- timing */
 

@@ -205,3 +205,21 @@ uint64_t ft_cgroup_memory_usage(void)
     if (read_small(path, buf, sizeof buf)) return 0;
     return parse_limit(buf);
 }
+
+uint64_t ft_cgroup_memory_working_set(void)
+{
+    uint64_t use = ft_cgroup_memory_usage();
+    char dir[4096], path[4200], buf[16384];
+    int ver = 0;
+    if (!use || own_cgroup(dir, sizeof dir, &ver)) return use;
+    snprintf(path, sizeof path, "%s/memory.stat", dir);
+    if (read_small(path, buf, sizeof buf)) return use;
+    const char *key = ver == 2 ? "inactive_file " : "total_inactive_file ";
+    size_t kl = strlen(key);
+    for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, key, kl)) continue;
+        unsigned long long v = strtoull(l + kl, NULL, 10);
+        return v < use ? use - (uint64_t)v : 0;
+    }
+    return use;
+}

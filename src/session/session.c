@@ -1004,7 +1004,7 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
     if (s->mem.budget && s->p.device == FT_DEVICE_CPU) {
         /* the process now, plus this context and the KV offloader's share
          * of the cache (what it will hold in memory) */
-        uint64_t kv = 0, scratch = 0, now = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+        uint64_t kv = 0, scratch = 0, now = ft_process_rss(), cgu = ft_cgroup_memory_working_set();
         if (cgu > now) now = cgu;
         if ((st = ft_ctx_estimate(s->m, &cp, &kv, &scratch))) return st;
         uint64_t cache = 0;
