@@ -713,9 +713,12 @@ TEST(replicas_kv_cache_node_killed)
         double maxd;
         size_t bad = count_diff(got, &maxd);
         CHECK_MSG(bad == 0, "%zu logits differ (max %g)", bad, maxd);
-        CHECK(ks.chunks_put > 0 && ks.retries > 0);
-        printf("  KV cache and weights with two replicas, a node killed: logits unchanged (%llu chunk reads "
-               "retried)\n", (unsigned long long)ks.retries);
+        /* chunks were put and read back; whether a read was in flight to
+         * the killed node (a retry) or the node was already marked failed
+         * (reads go to the replica first) is timing */
+        CHECK(ks.chunks_put > 0 && ks.chunks_read > 0);
+        printf("  KV cache and weights with two replicas, a node killed: logits unchanged (%llu chunk reads, "
+               "%llu retried)\n", (unsigned long long)ks.chunks_read, (unsigned long long)ks.retries);
         free(got);
         ft_offload_free(o);
     }
