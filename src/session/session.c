@@ -484,6 +484,20 @@ static int budget_caps(ft_session *s, int weights, int nlv, uint64_t cap[3], ft_
     return lv0;
 }
 
+/* The refusal when no level's fixed part fits the budget (budget_caps
+ * returned -1), with the numbers of the smallest: everything streamed
+ * that can be. */
+static ft_status fixed_part_refused(ft_session *s, int weights, int nlv, const char *what)
+{
+    ft_model *lm = NULL;
+    s->mem.streamed = stream_levels[nlv - 1];
+    ft_status st = count_fixed(s, weights, &lm);
+    if (st) return st;
+    ft_model_free(lm);
+    s->mem.need = fixed_total(&s->mem);
+    return no_space(s, what, "give a larger --memory");
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -518,16 +532,10 @@ static ft_status plan(ft_session *s, int weights)
     if (budgeted) {
         lv0 = budget_caps(s, weights, nlv, cap, &st);
         if (st) return st;
-        if (lv0 < 0) {   /* the numbers of the smallest fixed part */
-            ft_model *lm = NULL;
-            s->mem.streamed = stream_levels[nlv - 1];
-            if ((st = count_fixed(s, weights, &lm))) return st;
-            ft_model_free(lm);
-            s->mem.need = fixed_total(&s->mem);
-            return no_space(s, nlv == 3 ? "the model's fixed part (with the embeddings and LM head read from the "
-                            "checkpoint)" : "the model's fixed part (a trainer's working memory; the embeddings "
-                            "and LM head in memory)", "give a larger --memory");
-        }
+        if (lv0 < 0)
+            return fixed_part_refused(s, weights, nlv, nlv == 3 ? "the model's fixed part (with the embeddings "
+                                      "and LM head read from the checkpoint)" : "the model's fixed part (a "
+                                      "trainer's working memory; the embeddings and LM head in memory)");
         in.proc_cap = cap[lv0];
         if (!s->policy.disk_uri[0] && !s->policy.n_remotes) {
             if ((st = make_tmp_disk(s))) return st;
@@ -559,14 +567,7 @@ static ft_status plan(ft_session *s, int weights)
 #endif
         int lv1 = budget_caps(s, weights, nlv, cap, &st);
         if (st) return st;
-        if (lv1 < 0) {
-            s->mem.streamed = stream_levels[nlv - 1];
-            ft_model *lm = NULL;
-            if ((st = count_fixed(s, weights, &lm))) return st;
-            ft_model_free(lm);
-            s->mem.need = fixed_total(&s->mem);
-            return no_space(s, "the model's fixed part after calibration", "give a larger --memory");
-        }
+        if (lv1 < 0) return fixed_part_refused(s, weights, nlv, "the model's fixed part after calibration");
         if (lv1 > lv0) lv0 = lv1;
     }
     ft_policy best;
