@@ -24,23 +24,11 @@
 #include <time.h>
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
-
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static double med(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof v[0], cmpd);
+    qsort(v, (size_t)n, sizeof v[0], bench_cmpd);
     return v[n / 2];
 }
 
@@ -163,7 +151,7 @@ int main(int argc, char **argv)
             for (unsigned k = 0; k < np; k++) ne += ((modes >> (2 * k)) & 3) == 1;
             const uint8_t *q = pl + 1 + 4 * ne, *P[4];
             unsigned j = 0;
-            c0 = cpu_now(); w0 = ft_now();
+            c0 = bench_process_cpu(); w0 = ft_now();
             for (unsigned k = 0; k < np; k++) {
                 unsigned m = (modes >> (2 * k)) & 3;
                 if (m == 0) { P[k] = q; q += pn; if (r == 0) nplanes_raw++; continue; }
@@ -175,11 +163,11 @@ int main(int argc, char **argv)
                 q += len;
                 if (r == 0) { coded_in += len; coded_out += pn; nplanes_coded++; }
             }
-            acc_c[S_ENTROPY] += cpu_now() - c0; acc_w[S_ENTROPY] += ft_now() - w0;
+            acc_c[S_ENTROPY] += bench_process_cpu() - c0; acc_w[S_ENTROPY] += ft_now() - w0;
             /* the same planes with the fast decoder (zstd stage only) */
             q = pl + 1 + 4 * ne;
             j = 0;
-            c0 = cpu_now(); w0 = ft_now();
+            c0 = bench_process_cpu(); w0 = ft_now();
             for (unsigned k = 0; k < np; k++) {
                 unsigned m = (modes >> (2 * k)) & 3;
                 if (m != 1) { q += m == 0 ? pn : 1; continue; }
@@ -191,31 +179,31 @@ int main(int argc, char **argv)
                 }
                 q += len;
             }
-            acc_c[S_FAST] += cpu_now() - c0; acc_w[S_FAST] += ft_now() - w0;
-            c0 = cpu_now(); w0 = ft_now();
+            acc_c[S_FAST] += bench_process_cpu() - c0; acc_w[S_FAST] += ft_now() - w0;
+            c0 = bench_process_cpu(); w0 = ft_now();
             ft_bp_merge(fi.dtype, P, pn, dst);
-            acc_c[S_MERGE] += cpu_now() - c0; acc_w[S_MERGE] += ft_now() - w0;
-            c0 = cpu_now(); w0 = ft_now();
+            acc_c[S_MERGE] += bench_process_cpu() - c0; acc_w[S_MERGE] += ft_now() - w0;
+            c0 = bench_process_cpu(); w0 = ft_now();
             uint64_t hr = ft_xxh3(dst, raw);
-            acc_c[S_HASH_RAW] += cpu_now() - c0; acc_w[S_HASH_RAW] += ft_now() - w0;
-            c0 = cpu_now(); w0 = ft_now();
+            acc_c[S_HASH_RAW] += bench_process_cpu() - c0; acc_w[S_HASH_RAW] += ft_now() - w0;
+            c0 = bench_process_cpu(); w0 = ft_now();
             uint64_t hp = ft_xxh3_seed(pl, enc, hr);
-            acc_c[S_HASH_PAYLOAD] += cpu_now() - c0; acc_w[S_HASH_PAYLOAD] += ft_now() - w0;
+            acc_c[S_HASH_PAYLOAD] += bench_process_cpu() - c0; acc_w[S_HASH_PAYLOAD] += ft_now() - w0;
             if (hp != h) { fprintf(stderr, "hash mismatch chunk %u\n", i); return 1; }
-            c0 = cpu_now(); w0 = ft_now();
+            c0 = bench_process_cpu(); w0 = ft_now();
             memcpy(scratch, dst, raw < chunk ? raw : chunk);
-            acc_c[S_MEMCPY] += cpu_now() - c0; acc_w[S_MEMCPY] += ft_now() - w0;
+            acc_c[S_MEMCPY] += bench_process_cpu() - c0; acc_w[S_MEMCPY] += ft_now() - w0;
             sink += scratch[0];
             ft_chunk_info ch = {.elem_offset = off, .elem_count = cnt, .raw_offset = off * L.esize,
                                 .raw_size = (uint32_t)raw, .enc_offset = (uint64_t)(pl - frame),
                                 .enc_size = enc, .flags = fl, .hash = h};
-            c0 = cpu_now(); w0 = ft_now();
+            c0 = bench_process_cpu(); w0 = ft_now();
             if (ft_decode_chunk(ctx, &fi, &ch, pl, fi.dtype, dst, raw, 0)) { fprintf(stderr, "chunk: %s\n", ft_last_error()); return 1; }
-            acc_c[S_CHUNK] += cpu_now() - c0; acc_w[S_CHUNK] += ft_now() - w0;
+            acc_c[S_CHUNK] += bench_process_cpu() - c0; acc_w[S_CHUNK] += ft_now() - w0;
         }
-        double c0 = cpu_now(), w0 = ft_now();
+        double c0 = bench_process_cpu(), w0 = ft_now();
         if (ft_decode(ctx, frame, fs, &d, nb)) { fprintf(stderr, "decode: %s\n", ft_last_error()); return 1; }
-        acc_c[S_FRAME] = cpu_now() - c0; acc_w[S_FRAME] = ft_now() - w0;
+        acc_c[S_FRAME] = bench_process_cpu() - c0; acc_w[S_FRAME] = ft_now() - w0;
         if (r >= 0)
             for (int s = 0; s < S_N; s++) { tc[s][r] = acc_c[s]; tw[s][r] = acc_w[s]; }
     }

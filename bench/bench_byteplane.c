@@ -12,21 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* Process CPU seconds: robust to the time-sharing of a loaded machine
- * (a 1-thread context does all its work on one thread). */
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv)
 {
@@ -57,21 +43,21 @@ int main(int argc, char **argv)
     d.data = ft_malloc_aligned(nb + 64, 64);
     double te[101], td[101], ce[101], cd[101];
     for (int r = 0; r < reps; r++) {
-        double c0 = cpu_now(), t0 = ft_now();
+        double c0 = bench_process_cpu(), t0 = ft_now();
         if (ft_encode(ctx, &p, &t, frame, bound, &fs)) { fprintf(stderr, "encode: %s\n", ft_last_error()); return 1; }
-        double t1 = ft_now(), c1 = cpu_now();
+        double t1 = ft_now(), c1 = bench_process_cpu();
         if (ft_decode(ctx, frame, fs, &d, nb)) { fprintf(stderr, "decode: %s\n", ft_last_error()); return 1; }
-        double t2 = ft_now(), c2 = cpu_now();
+        double t2 = ft_now(), c2 = bench_process_cpu();
         ce[r] = c1 - c0;
         cd[r] = c2 - c1;
         te[r] = t1 - t0;
         td[r] = t2 - t1;
     }
     if (memcmp(d.data, t.data, nb)) { fprintf(stderr, "MISMATCH\n"); return 1; }
-    qsort(te, (size_t)reps, sizeof te[0], cmpd);
-    qsort(td, (size_t)reps, sizeof td[0], cmpd);
-    qsort(ce, (size_t)reps, sizeof ce[0], cmpd);
-    qsort(cd, (size_t)reps, sizeof cd[0], cmpd);
+    qsort(te, (size_t)reps, sizeof te[0], bench_cmpd);
+    qsort(td, (size_t)reps, sizeof td[0], bench_cmpd);
+    qsort(ce, (size_t)reps, sizeof ce[0], bench_cmpd);
+    qsort(cd, (size_t)reps, sizeof cd[0], bench_cmpd);
     printf("%-10s %-4s lv %2d chunk %7u %5.1f MB size %6.2f%% ratio %.4fx | wall: enc %.3f dec %.3f GB/s"
            " | cpu-time: enc %.3f dec %.3f GB/s | medians of %d\n",
            cname, dname, level, p.chunk_size, nb / 1e6, 100.0 * fs / nb, (double)nb / fs,

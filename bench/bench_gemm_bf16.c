@@ -16,19 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv)
 {
@@ -60,7 +48,7 @@ int main(int argc, char **argv)
         }
         for (int r = 0; r < runs; r++) {
             const uint16_t *w = W + wn * (size_t)(r % NC);
-            double t0 = cpu_now();
+            double t0 = bench_thread_cpu();
             if (mode == 0) {
                 ft_gb_round(A, lda, x, I, R, I);
                 ft_gb_nt(y, O, A, lda, R, w, I, I, 0, O, NULL, 0);
@@ -73,10 +61,10 @@ int main(int argc, char **argv)
                 if (ft_wk_prep(&a, ws, wsn, &M, x, R) != FT_OK) return 1;
                 ft_wk_product(y, O, &a, &M, 0, O, NULL);
             }
-            t[r] = cpu_now() - t0;
+            t[r] = bench_thread_cpu() - t0;
         }
         free(ws);
-        qsort(t, (size_t)runs, sizeof t[0], cmpd);
+        qsort(t, (size_t)runs, sizeof t[0], bench_cmpd);
         double med = t[runs / 2];
         printf("%-24s rows %d, %d x %d: %.2f ms, %.1f GFLOP/s\n", names[mode], R, O, I, med * 1e3,
                2.0 * R * O * I / med * 1e-9);
