@@ -301,8 +301,16 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     ft_session_memory *m = &s->mem;
     ft_model_global_split(lm, &m->embed, &m->head);
     /* the process as its cgroup sees it when it is in a limited one (the
-     * page cache of the executable and libraries counts there) */
-    uint64_t rss = ft_process_rss(), cgu = ft_cgroup_memory_usage();
+     * page cache of the executable and libraries counts there). Where the
+     * cgroup's limit is the budget (or below it), the kernel reclaims the
+     * inactive page cache before it fails an allocation: the working set
+     * counts (charge less inactive_file). The whole charge counted the
+     * checkpoint and library pages calibration and loading had read: 27
+     * MiB of a 160 MiB budget on the h1024 model, which then planned 70%
+     * of its q4 layers on disk (30 tok/s) where in memory they fit (255).
+     * Under a looser cgroup nothing reclaims them: the whole charge. */
+    uint64_t rss = ft_process_rss(), cgu = ft_cgroup_memory_usage(), lim = ft_cgroup_memory_limit(NULL);
+    if (cgu && lim && lim <= m->budget) cgu = ft_cgroup_memory_working_set();
     m->process = cgu > rss ? cgu : rss;
     m->globals = ft_model_global_bytes(lm);
     m->layers = ft_model_layer_bytes(lm) * (uint64_t)cfg->n_layers;
