@@ -506,6 +506,24 @@ static ft_status fixed_part_refused(ft_session *s, int weights, int nlv, const c
     return no_space(s, what, "give a larger --memory");
 }
 
+/* The calibration both plan() and predict_given() run: the session's
+ * cache, threads and run shape, for `batch` sequences and these codecs. */
+static void calib_params(const ft_session *s, uint32_t batch, unsigned codecs, ft_calibrate_params *cp)
+{
+    const ft_session_params *p = &s->p;
+    ft_calibrate_default_params(cp);
+    cp->base = &s->policy;
+    cp->device_mem = p->device_mem;
+    cp->batch = batch;
+    cp->prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
+    cp->gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
+    cp->threads = p->threads;
+    cp->decode_threads = p->decode_threads;
+    cp->codecs = codecs;
+    cp->recalibrate = p->recalibrate;
+    cp->drop_cache = s->mem.binding;
+}
+
 static ft_status plan(ft_session *s, int weights)
 {
     const ft_session_params *p = &s->p;
@@ -551,18 +569,8 @@ static ft_status plan(ft_session *s, int weights)
         }
     }
     ft_calibrate_params cp;
-    ft_calibrate_default_params(&cp);
-    cp.base = &s->policy;
-    cp.device_mem = p->device_mem;
-    cp.batch = p->max_batch ? p->max_batch : 1;
-    cp.prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
-    cp.gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
-    cp.threads = p->threads;
-    cp.decode_threads = p->decode_threads;
-    cp.codecs = codecs | ccodecs;
-    cp.recalibrate = p->recalibrate;
+    calib_params(s, p->max_batch ? p->max_batch : 1, codecs | ccodecs, &cp);
     cp.memory = in.proc_cap;
-    cp.drop_cache = s->mem.binding;
     if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
     if (budgeted) {
         /* Calibration's buffers are freed but glibc keeps them in its
@@ -676,20 +684,11 @@ static ft_status predict_given(ft_session *s, int weights)
         pol.num_gpu_batches = 1;
     }
     ft_calibrate_params cp;
-    ft_calibrate_default_params(&cp);
-    cp.base = &s->policy;
-    cp.device_mem = p->device_mem;
-    cp.batch = pol.gpu_batch_size * pol.num_gpu_batches;
-    cp.prompt_len = p->plan_prompt_len ? p->plan_prompt_len : 128;
-    cp.gen_len = p->plan_gen_len ? p->plan_gen_len : 32;
-    cp.threads = p->threads;
-    cp.decode_threads = p->decode_threads;
-    cp.codecs = (1u << pol.compress_weights) | (1u << pol.compress_cache);
-    cp.recalibrate = p->recalibrate;
+    calib_params(s, pol.gpu_batch_size * pol.num_gpu_batches,
+                 (1u << pol.compress_weights) | (1u << pol.compress_cache), &cp);
     /* calibration's own buffers within what the budget leaves */
     if (s->mem.budget && s->mem.budget != FT_MEMORY_UNLIMITED)
         cp.memory = s->mem.budget > s->mem.need + (16u << 20) ? s->mem.budget - s->mem.need : 16u << 20;
-    cp.drop_cache = s->mem.binding;
     if ((st = ft_calibrate(s->dir, &cp, &in))) return st;
     in.head_stream_bytes = head_stream_bytes(&s->mem);
     if (in.n_experts && p->expert_cache_bytes && in.expert_bytes[pol.compress_weights])
