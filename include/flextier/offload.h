@@ -94,6 +94,17 @@ typedef struct ft_cost_timing {
     double layer_prefill_s_per_token, fixed_prefill_s_per_token;
 } ft_cost_timing;
 
+/* A fetch measured while compute_threads threads keep the cores busy, as
+ * the run's compute does while the next layer is fetched (the node's
+ * process, the store's workers and the checking pool then wait for a
+ * core): bw_busy, the layer reads' bytes/s; check_free and check_busy,
+ * seconds per byte of checking the frames as they arrive (just written by
+ * another thread or process: slower than decode_bw's warm frames) on
+ * decode_threads threads with the cores free and busy. */
+typedef struct ft_cost_fetch_busy {
+    double bw_busy, check_free, check_busy;
+} ft_cost_fetch_busy;
+
 typedef struct ft_cost_inputs {
     /* model */
     uint32_t n_layers;
@@ -220,6 +231,11 @@ typedef struct ft_cost_inputs {
      * the disk's bandwidth (the process's CPU time of the probe's reads)
      * and rescaled like the engine's times (0: bytes / bw[HOST], a copy). */
     double disk_cpu_per_byte;
+    /* Fetches that need this machine's cores (a memory node on this
+     * machine, remote_local; the disk tier through the page cache, not
+     * disk_direct), per tier (ft_calibrate, by the wall clock at every
+     * plan; zeros: not measured, bw[] and decode_bw[] throughout). */
+    ft_cost_fetch_busy fetch_busy[FT_TIER_COUNT];
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {

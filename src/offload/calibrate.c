@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -986,6 +987,134 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw, NULL) ? 0 : bw;
 }
 
+/* Threads that keep cores busy while a probe runs, as the run's compute
+ * threads do while the I/O thread fetches the next layer: a tight loop
+ * until stopped. */
+typedef struct {
+    pthread_t th[64];
+    unsigned n;
+    _Atomic int stop;
+} busy_set;
+
+static void *busy_main(void *arg)
+{
+    busy_set *b = arg;
+    volatile uint64_t x = 0;
+    while (!atomic_load_explicit(&b->stop, memory_order_relaxed))
+        for (int i = 0; i < 20000; i++) x += (uint64_t)i * 2654435761u;
+    return NULL;
+}
+
+static void busy_start(busy_set *b, unsigned n)
+{
+    atomic_store(&b->stop, 0);
+    b->n = 0;
+    if (n > 64) n = 64;
+    while (b->n < n && pthread_create(&b->th[b->n], NULL, busy_main, b) == 0) b->n++;
+}
+
+static void busy_stop(busy_set *b)
+{
+    atomic_store(&b->stop, 1);
+    for (unsigned i = 0; i < b->n; i++) pthread_join(b->th[i], NULL);
+    b->n = 0;
+}
+
+/* A fetch that needs this machine's cores (a memory node on this
+ * machine, the disk tier through the page cache), timed as the scheduler
+ * fetches a layer: its tensors' frames (the probe codec's sizes, within a
+ * quarter of a memory bound) read at once (queue depth 8, as sched.c
+ * opens its stores), then each frame's checksums verified on a codec
+ * context of `vthreads` threads, as fetch_layer does on its decode
+ * threads; once with the cores free, once while `busy` threads keep cores
+ * busy as the run's compute threads do while the I/O thread fetches the
+ * next layer. The checks read frames just written by another thread or
+ * process, which no warm repeat shows: in the run of a loopback q4 row (2
+ * vCPUs, 1 compute thread) a 6.6 MB layer's reads took 2.2-3.4 ms, as the
+ * probe's, and its checks 1.5 ms where the codec probe's warm frames took
+ * 0.15. By the wall clock, the medians of at least 5 rounds and 0.25 s
+ * each way (at most 15). Zeros when it could not be measured. */
+static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_inputs *in, unsigned busy,
+                               unsigned vthreads, ft_cost_fetch_busy *out)
+{
+    enum { N = FT_COST_MAX_TENSORS, RMIN = 5, RMAX = 15 };
+    size_t sz[N], off[N], cap[N], got[N], total = 0;
+    int n = 0, written = 0;
+    char key[N][64];
+    memset(out, 0, sizeof *out);
+    ft_codec_params cp;
+    ft_codec_default_params(&cp);
+    cp.codec = FT_CODEC_RAW;
+    for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
+        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
+        if (b < (64u << 10)) continue;
+        int64_t shape[1] = {(int64_t)b};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        if (fb <= 63 || (memory && total + fb > memory / 4)) break;
+        off[n] = total;
+        cap[n] = fb;
+        sz[n++] = b;
+        total += fb;
+    }
+    if (!n) return;
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    sp.codec_threads = 1;
+    sp.queue_depth = 8;
+    if (ft_store_open(uri, &sp, &s)) return;
+    ft_codec_ctx *cc = NULL;
+    uint8_t *buf = ft_malloc_aligned(total, 64);
+    double tr[2][RMAX], tv[2][RMAX];
+    int nr[2] = {0, 0};
+    uint64_t bytes = 0;
+    ft_status st = buf && ft_codec_ctx_create(vthreads ? vthreads : 1, &cc) == FT_OK ? FT_OK : FT_ERR_NOMEM;
+    for (int i = 0; !st && i < n; i++) {
+        snprintf(key[i], sizeof key[i], "flextier-plan-fetch-%ld-%d", (long)getpid(), i);
+        memset(buf + off[i], 11 + i, sz[i]);
+        int64_t shape[1] = {(int64_t)sz[i]};
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, buf + off[i]);
+        if (!(st = ft_write_tensor(s, key[i], &t, &cp))) written = i + 1;
+        bytes += sz[i];
+    }
+    for (int phase = 0; phase < 2 && !st; phase++) {   /* 0: the cores free, 1: busy */
+        busy_set bs;
+        if (phase == 1) busy_start(&bs, busy);
+        double start = ft_now();
+        for (int r = -1; !st && r < RMAX; r++) {
+            if (r >= RMIN && ft_now() - start > 0.25) break;
+            ft_request *req[N] = {0};
+            double t0 = ft_now();
+            for (int i = 0; !st && i < n; i++)
+                st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
+            for (int i = 0; i < n; i++) {
+                if (req[i]) {
+                    ft_status w = ft_request_wait(req[i], -1);
+                    if (!st) st = w;
+                }
+                ft_request_free(req[i]);
+            }
+            double t1 = ft_now();
+            for (int i = 0; !st && i < n; i++) st = ft_frame_verify(cc, buf + off[i], got[i], NULL);
+            if (r < 0 || st) continue;
+            tr[phase][nr[phase]] = t1 - t0;
+            tv[phase][nr[phase]++] = ft_now() - t1;
+        }
+        if (phase == 1) busy_stop(&bs);
+    }
+    if (!st && nr[0] && nr[1] && bytes) {
+        double r1 = median(tr[1], (size_t)nr[1]);
+        out->bw_busy = r1 > 0 ? (double)bytes / r1 : 0;
+        out->check_free = median(tv[0], (size_t)nr[0]) / (double)bytes;
+        out->check_busy = median(tv[1], (size_t)nr[1]) / (double)bytes;
+    }
+    for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
+    ft_codec_ctx_free(cc);
+    ft_free_aligned(buf);
+    ft_store_close(s);
+}
+
 /* n frames of cb bytes put on the node at uri, then read all at once as
  * the offloader reads a layer's chunks (queue depth 16, kvcache.c's): the
  * median of 5 rounds after one unmeasured, by the wall clock, per frame.
@@ -1304,12 +1433,28 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (in->bw[FT_TIER_REMOTE] <= 0 && !in->agent_cores) in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
         if (in->bw[FT_TIER_REMOTE] <= 0)
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
+
         /* the KV cache's chunk requests (a codec agent serves weights) */
         if (!in->agent_cores) {
             in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in, in->bw[FT_TIER_REMOTE]);
             FT_LOG(FT_LOG_INFO, "plan: memory node %.3f GB/s, %.0f us per KV cache chunk request",
                    in->bw[FT_TIER_REMOTE] / 1e9, 1e6 * in->remote_req_s);
         }
+    }
+    /* Fetches beside compute on this machine's cores (the disk tier
+     * through the page cache, a memory node on this machine): measured
+     * again with the compute threads busy and their frames checked as
+     * they arrive, by the wall clock at every plan, as the link is */
+    memset(in->fetch_busy, 0, sizeof in->fetch_busy);
+    for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+        const char *uri = t == FT_TIER_DISK ? base->disk_uri : base->n_remotes ? base->remotes[0] : "";
+        if (!uri[0] || (given && given[t] > 0)) continue;
+        if (t == FT_TIER_DISK ? cp->drop_cache : !in->remote_local || in->agent_cores) continue;
+        ft_cost_fetch_busy *fb = &in->fetch_busy[t];
+        measure_fetch_busy(uri, cp->memory, in, in->compute_threads, in->decode_threads, fb);
+        FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads compute; checks of fresh frames %.1f "
+               "ps/byte (cores free), %.1f (busy)", ft_tier_name((ft_tier)t), fb->bw_busy / 1e9, in->compute_threads,
+               1e12 * fb->check_free, 1e12 * fb->check_busy);
     }
     /* the CPU terms at the share of a core a thread gets now */
     in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);

@@ -205,6 +205,55 @@ TEST(cost_model_loopback_node_adds_to_decoding)
     CHECK(local.decode_tps < net.decode_tps);
 }
 
+/* A fetch on this machine's cores while compute runs (issue 20): the
+ * reads at the rate measured with the compute threads busy and the frames'
+ * checks at the rate measured on fresh frames, busy. A loopback node and
+ * the disk tier through the page cache; not a network node, not a disk
+ * read past the page cache. */
+TEST(cost_model_local_fetch_while_computing)
+{
+    for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+        ft_cost_inputs in;
+        inputs(&in);
+        in.bw[t] = 3e9;
+        in.cores = 2;
+        in.compute_threads = 1;
+        in.decode_threads = 2;
+        in.remote_local = t == FT_TIER_REMOTE;
+        ft_policy p;
+        ft_policy_default(&p);
+        p.n_remotes = 1;
+        snprintf(p.disk_uri, sizeof p.disk_uri, "/tmp");
+        CHECK_OK(ft_policy_parse(t == FT_TIER_REMOTE ? "w=0,0,0,100" : "w=0,0,100,0", &p));
+        ft_cost_estimate e0, e1, e2;
+        ft_cost_predict(&in, &p, &e0);
+        double W = (double)in.layer_params * 2;
+        /* measured: the reads 1.5x slower with the cores busy, the checks
+         * of fresh frames 1 ns per byte free, 4 busy */
+        in.fetch_busy[t].bw_busy = 2e9;
+        in.fetch_busy[t].check_free = 1e-9;
+        in.fetch_busy[t].check_busy = 4e-9;
+        ft_cost_predict(&in, &p, &e1);
+        double free_s = W / 3e9 + W * 1e-9, busy_s = W / 2e9 + W * 4e-9;
+        double want = busy_s;
+        CHECK(e1.t_compute < busy_s && want > free_s);
+        CHECK(fabs(e1.t_layer_decode - fmax(want, e0.t_layer_decode)) < 1e-9 * want);
+        CHECK(e1.decode_tps < e0.decode_tps);
+        /* faster busy than free (noise): the free rates */
+        in.fetch_busy[t].bw_busy = 6e9;
+        in.fetch_busy[t].check_busy = 0.5e-9;
+        ft_cost_predict(&in, &p, &e2);
+        CHECK(fabs(e2.t_layer_decode - fmax(free_s, e0.t_layer_decode)) < 1e-9 * free_s);
+        /* not on this machine's cores: the busy rates are not used */
+        if (t == FT_TIER_REMOTE) in.remote_local = 0;
+        else in.disk_direct = 1;
+        ft_cost_predict(&in, &p, &e1);
+        memset(&in.fetch_busy, 0, sizeof in.fetch_busy);
+        ft_cost_predict(&in, &p, &e2);
+        CHECK(e1.t_layer_decode == e2.t_layer_decode);
+    }
+}
+
 /* A codec agent (agent://) decodes the remote byte-plane weights on its
  * own core: the compute core no longer pays for it, the agent's core is a
  * resource of its own beside compute and the link. (q8/q4 and raw frames
