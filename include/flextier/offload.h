@@ -279,6 +279,16 @@ FT_API double ft_cpu_share(unsigned threads);
  * and fixed_decode_s (clamped at 0). */
 FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], const double totalv2[2], double k,
                                ft_cost_timing *t);
+/* As ft_cost_timing_fit, but extrapolated more than 8x past the span
+ * measured (k > 8: a memory bound keeps V2 at 2048 or 4096 for a
+ * vocabulary of 32000) the head's rows cost what a layer's parameters cost
+ * per parameter: span = edim x (V2 - V1) / a layer's parameters (the
+ * head is a matrix of the layers' format read by the same kernels)
+ * instead of the difference of two noisy totals times k (three
+ * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
+ * 7.6, 0 and 0.7 ms). span 0: ft_cost_timing_fit. */
+FT_API void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                                    double span, ft_cost_timing *t);
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */

@@ -487,6 +487,18 @@ void ft_cost_timing_fit(const double layer[2], const double total2[2], const dou
     }
 }
 
+void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                             double span, ft_cost_timing *t)
+{
+    double tv[2] = {totalv2[0], totalv2[1]};
+    if (k > 8 && span > 0)
+        for (int j = 0; j < 2; j++) {
+            double l = layer[j] > 0 ? layer[j] : 0, f1 = total2[j] - 2.0 * l;
+            if (l > 0) tv[j] = f1 + l + l * span;   /* V2 - V1 rows at a layer's cost per parameter */
+        }
+    ft_cost_timing_fit(layer, total2, tv, k, t);
+}
+
 /* Time the engine itself on copies of the model's config (FlexGen fits
  * its cost model from real runs the same way): per-layer and fixed
  * (embedding, head) times of a decode step at batch 1 and `batch`, and
@@ -496,7 +508,8 @@ void ft_cost_timing_fit(const double layer[2], const double total2[2], const dou
  * the fixed part is extrapolated linearly to the model's vocabulary:
  * calibration never holds the model's embeddings. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
-                                ft_wfmt fmt, uint64_t memory, const evict_buf *ev, ft_cost_timing *tmg)
+                                ft_wfmt fmt, uint64_t memory, uint64_t layer_params, const evict_buf *ev,
+                                ft_cost_timing *tmg)
 {
     ft_model_config cfg;
     ft_status st = ft_model_config_load(dir, &cfg);
@@ -517,7 +530,16 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
     in->batch[0] = 1;
     in->batch[1] = batch > 1 ? batch : 2;
     double layer[2] = {b.dec1_layer, b.decb_layer}, tot[2] = {b.dec1, b.decb}, totv[2] = {c2.dec1, c2.decb};
-    ft_cost_timing_fit(layer, tot, totv, k, in);
+    /* Extrapolated more than 8x past the span measured (a memory bound
+     * keeps V2 at 2048 or 4096 for a vocabulary of 32000: k = 30 or 10),
+     * the difference of the two copies' fixed parts, a few hundred us
+     * measured apart, swings the head's cost by its noise times k: three
+     * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
+     * 7.6, 0 and 0.7 ms. The head is a matrix of the layers' format read
+     * by the same kernels: its rows cost what a layer's parameters cost
+     * per parameter (edim per row), at each batch. */
+    double span = layer_params ? (double)edim * (double)(V2 - V1) / (double)layer_params : 0;
+    ft_cost_timing_fit_head(layer, tot, totv, k, span, in);
     double ntok = (double)batch * plen;
     double pl = b.pre_layer > 0 ? b.pre_layer : 0, pf1 = b.pre - 2.0 * pl;
     double pf = V2 > V1 && c2.pre > 0 ? pf1 + k * ((c2.pre - pl) - pf1) : pf1;
@@ -618,7 +640,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib5|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib6|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -1336,7 +1358,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
             if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
             ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
-            st = measure_engine(dir, batch, plen, threads, f, cp->memory, &ev, &in->timing[c]);
+            st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, &ev, &in->timing[c]);
         }
         ft_free_aligned(ev.p);
         if (st) return st;
@@ -1451,14 +1473,45 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (!uri[0] || (given && given[t] > 0)) continue;
         if (t == FT_TIER_DISK ? cp->drop_cache : !in->remote_local || in->agent_cores) continue;
         ft_cost_fetch_busy *fb = &in->fetch_busy[t];
+        /* the disk tier's: cached with the disk's rate, the median of its
+         * last 5 measurements (plans in a row agree; --recalibrate adds
+         * one); a local node's: measured every time, as its link */
+        const char *dc = getenv("FLEXTIER_CALIB_DISK");
+        int keep = t == FT_TIER_DISK && use_cache && !(dc && !strcmp(dc, "measure"));
+        char fpath[4300];
+        uint64_t fk = 0;
+        if (keep) {
+            /* per disk, frame sizes and the threads that compute and check */
+            fk = disk_key(cp, in) ^ 0x6662757379303031ull ^   /* "fbusy001" */
+                 ft_xxh3_seed(&in->compute_threads, sizeof in->compute_threads, in->decode_threads);
+            snprintf(fpath, sizeof fpath, "%s/fbusy-%016llx.bin", cdir, (unsigned long long)fk);
+            double unused = 0;
+            if (!cp->recalibrate && disk_load(fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused))
+                continue;
+        }
         measure_fetch_busy(uri, cp->memory, in, in->compute_threads, in->decode_threads, fb);
+        if (keep && fb->bw_busy > 0) {
+            double unused = 0;
+            disk_save(cdir, fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused);
+        }
         FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads compute; checks of fresh frames %.1f "
                "ps/byte (cores free), %.1f (busy)", ft_tier_name((ft_tier)t), fb->bw_busy / 1e9, in->compute_threads,
                1e12 * fb->check_free, 1e12 * fb->check_busy);
     }
+    {   /* what the plan rests on (FLEXTIER_LOG=info): to find which probe moves between plans */
+        const ft_cost_timing *tr = &in->timing[FT_CODEC_RAW], *tq = &in->timing[FT_CODEC_Q4];
+        FT_LOG(FT_LOG_INFO, "plan: calibrated (CPU time): layer %.3f/%.3f ms (batch %u/%u), fixed %.3f/%.3f ms, "
+               "q4 layer %.3f/%.3f ms, q4 fixed %.3f/%.3f ms, check %.2f GB/s, q4 check %.2f GB/s, bp decode %.2f GB/s, mem %.2f GB/s; "
+               "head %.3f GB/s",
+               1e3 * tr->layer_decode_s[0], 1e3 * tr->layer_decode_s[1], tr->batch[0], tr->batch[1],
+               1e3 * tr->fixed_decode_s[0], 1e3 * tr->fixed_decode_s[1], 1e3 * tq->layer_decode_s[0],
+               1e3 * tq->layer_decode_s[1], 1e3 * tq->fixed_decode_s[0], 1e3 * tq->fixed_decode_s[1], in->decode_bw[FT_CODEC_RAW] / 1e9, in->decode_bw[FT_CODEC_Q4] / 1e9,
+               in->decode_bw[FT_CODEC_BYTEPLANE] / 1e9, in->mem_bw / 1e9, in->head_bw / 1e9);
+    }
     /* the CPU terms at the share of a core a thread gets now */
     in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);
     in->handoff_s = cp->cpu_share > 0 ? 0 : measure_handoff();
+    FT_LOG(FT_LOG_INFO, "plan: a thread's share of a core %.2f, hand-off %.3f ms", in->cpu_share, 1e3 * in->handoff_s);
     ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];

@@ -470,6 +470,37 @@ TEST(cost_timing_fit_from_layer_hooks)
     CHECK(t.layer_decode_s[0] == 0 && fabs(t.fixed_decode_s[0] - 0.025) < 1e-12);
 }
 
+/* Far past the measured span (k > 8) the head's rows cost a layer's time
+ * per parameter, whatever the second copy's noisy total says; within it,
+ * the measured difference as before. */
+TEST(cost_timing_fit_head_far_extrapolation)
+{
+    ft_cost_timing a, b, c;
+    const double layer[2] = {0.002, 0.004}, tot[2] = {0.0050, 0.0100};
+    /* V1 = 1024, V2 = 2048, V = 32000 (a memory bound): k = 30.25; edim
+     * 2048, a layer of 45M parameters: span = 2048 x 1024 / 45M */
+    double k = (32000.0 - 1024) / (2048 - 1024), span = 2048.0 * 1024 / 45e6;
+    const double noisy_lo[2] = {0.0029, 0.0059}, noisy_hi[2] = {0.0035, 0.0069};
+    ft_cost_timing_fit_head(layer, tot, noisy_lo, k, span, &a);
+    ft_cost_timing_fit_head(layer, tot, noisy_hi, k, span, &b);
+    for (int j = 0; j < 2; j++) {
+        double f1 = tot[j] - 2 * layer[j];
+        double want = f1 + k * layer[j] * span;   /* (V - V1) rows at the layer's cost per parameter */
+        CHECK(fabs(a.fixed_decode_s[j] - want) < 1e-12 && fabs(b.fixed_decode_s[j] - want) < 1e-12);
+        CHECK(a.layer_decode_s[j] == layer[j]);
+    }
+    /* the plain fit swings with the noise: 0 (clamped) and 2x the above */
+    ft_cost_timing_fit(layer, tot, noisy_lo, k, &c);
+    CHECK(c.fixed_decode_s[0] == 0);
+    ft_cost_timing_fit(layer, tot, noisy_hi, k, &c);
+    CHECK(c.fixed_decode_s[0] > 1.5 * a.fixed_decode_s[0]);
+    /* within 8x: the measured difference */
+    double k4 = (8192.0 - 1024) / (2048 - 1024);
+    ft_cost_timing_fit_head(layer, tot, noisy_hi, k4, span, &a);
+    ft_cost_timing_fit(layer, tot, noisy_hi, k4, &b);
+    CHECK(a.fixed_decode_s[0] == b.fixed_decode_s[0] && a.fixed_decode_s[1] == b.fixed_decode_s[1]);
+}
+
 /* The hand-off between the I/O and compute threads (issue 20): once per
  * streamed layer where the I/O side is the longer; nothing in memory or
  * where compute hides it. */
