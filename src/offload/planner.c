@@ -229,7 +229,10 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * runs, the node's process, the store's workers and the checking pool
      * wait for a core: the fetch takes the time measured with the compute
      * threads busy (fetch_busy), raw and q8/q4 frames checked as they
-     * arrive, at the rate measured on fresh frames. Measured on 2 vCPUs, 1
+     * arrive, at the rate measured on fresh frames (byte-plane frames are
+     * decoded at decode_bw: scaling that by how much slower the checks
+     * of fresh frames ran with the cores busy predicted the loopback bp
+     * row at 0.51x; the CPU budget above charges decoding). Measured on 2 vCPUs, 1
      * compute thread, load 1.1: a loopback node's q4 layer (6.6 MB) took
      * 6.2 ms a fetch in the run, 2.8 ms with the cores free and warm frames
      * (the model before), 6.8 ms busy; bf16 (23.6 MB) 10.7 ms, 10.7 busy;
@@ -246,7 +249,6 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         double warm = cb / dw / dth, cfree = warm, cbusy = warm;
         if (!bp && fb->check_free > 0) cfree = cb * fb->check_free;
         if (!bp && fb->check_busy > 0) cbusy = cb * fb->check_busy;
-        if (bp && fb->check_free > 0 && fb->check_busy > fb->check_free) cbusy = warm * fb->check_busy / fb->check_free;
         double req = isfinite(kvreq[t]) ? kvreq[t] : 0;
         double free_s = link[t] + cfree;
         double busy_s = (fb->bw_busy > 0 && lbytes[t] > 0 ? lbytes[t] / fb->bw_busy + req : link[t]) + cbusy;
