@@ -100,9 +100,11 @@ typedef struct ft_cost_timing {
  * core): bw_busy, the layer reads' bytes/s; check_free and check_busy,
  * seconds per byte of checking the frames as they arrive (just written by
  * another thread or process: slower than decode_bw's warm frames) on
- * decode_threads threads with the cores free and busy. */
+ * decode_threads threads with the cores free and busy; req_busy, a memory
+ * node's KV cache chunk request beyond its bytes, busy (as remote_req_s
+ * with the cores free; 0: not measured). */
 typedef struct ft_cost_fetch_busy {
-    double bw_busy, check_free, check_busy;
+    double bw_busy, check_free, check_busy, req_busy;
 } ft_cost_fetch_busy;
 
 typedef struct ft_cost_inputs {

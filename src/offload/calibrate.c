@@ -1490,13 +1490,20 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
                 continue;
         }
         measure_fetch_busy(uri, cp->memory, in, in->compute_threads, in->decode_threads, fb);
+        if (t == FT_TIER_REMOTE && in->remote_req_s > 0) {
+            /* the KV cache's chunk requests beside busy cores too */
+            busy_set bs;
+            busy_start(&bs, in->compute_threads);
+            fb->req_busy = measure_remote_req(uri, cp->memory, in, fb->bw_busy > 0 ? fb->bw_busy : in->bw[t]);
+            busy_stop(&bs);
+        }
         if (keep && fb->bw_busy > 0) {
             double unused = 0;
             disk_save(cdir, fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused);
         }
         FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads compute; checks of fresh frames %.1f "
-               "ps/byte (cores free), %.1f (busy)", ft_tier_name((ft_tier)t), fb->bw_busy / 1e9, in->compute_threads,
-               1e12 * fb->check_free, 1e12 * fb->check_busy);
+               "ps/byte (cores free), %.1f (busy); KV cache chunk request %.0f us busy", ft_tier_name((ft_tier)t),
+               fb->bw_busy / 1e9, in->compute_threads, 1e12 * fb->check_free, 1e12 * fb->check_busy, 1e6 * fb->req_busy);
     }
     {   /* what the plan rests on (FLEXTIER_LOG=info): to find which probe moves between plans */
         const ft_cost_timing *tr = &in->timing[FT_CODEC_RAW], *tq = &in->timing[FT_CODEC_Q4];

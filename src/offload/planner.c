@@ -249,9 +249,11 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
         double warm = cb / dw / dth, cfree = warm, cbusy = warm;
         if (!bp && fb->check_free > 0) cfree = cb * fb->check_free;
         if (!bp && fb->check_busy > 0) cbusy = cb * fb->check_busy;
-        double req = isfinite(kvreq[t]) ? kvreq[t] : 0;
+        double req = isfinite(kvreq[t]) ? kvreq[t] : 0, req_b = req;
+        if (t == FT_TIER_REMOTE && fb->req_busy > 0 && in->remote_req_s > 0)
+            req_b = fmax(req, req * fb->req_busy / in->remote_req_s);
         double free_s = link[t] + cfree;
-        double busy_s = (fb->bw_busy > 0 && lbytes[t] > 0 ? lbytes[t] / fb->bw_busy + req : link[t]) + cbusy;
+        double busy_s = (fb->bw_busy > 0 && lbytes[t] > 0 ? lbytes[t] / fb->bw_busy + req_b : link[t]) + cbusy;
         fetch_s[t] = isfinite(busy_s) ? fmax(free_s, busy_s) : free_s;
         busy = fmax(busy, fetch_s[t]);
     }
