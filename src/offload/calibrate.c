@@ -1078,7 +1078,17 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
         sz[n++] = b;
         total += fb;
     }
-    if (!n) return;
+    if (!n) {   /* no layer sizes (or none fit), as layer_bw: 8 frames of 4 MiB */
+        int64_t shape[1] = {4 << 20};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        for (; n < 8 && (!memory || total + fb <= memory / 4); n++) {
+            off[n] = total;
+            sz[n] = 4u << 20;
+            cap[n] = fb;
+            total += fb;
+        }
+        if (!n) return;
+    }
     ft_store *s = NULL;
     ft_store_params sp;
     ft_store_default_params(&sp);
