@@ -1517,6 +1517,14 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
      * again with the compute threads busy and their frames checked as
      * they arrive, by the wall clock at every plan, as the link is */
     memset(in->fetch_busy, 0, sizeof in->fetch_busy);
+    /* as many spinning threads as compute threads, but a core left over:
+     * compute waits for the fetch part of each step, and with every core
+     * spinning the probe starved the node (the h2048 Llama's loopback rows
+     * under 448 MiB at 2 threads on 2 cores ran 1.6-1.8x faster than
+     * predicted, and the plan took byte-plane weights that ran slower
+     * than the raw ones it had chosen before) */
+    unsigned spin = in->compute_threads;
+    if (in->cores > 1 && spin > in->cores - 1) spin = in->cores - 1;
     for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
         const char *uri = t == FT_TIER_DISK ? base->disk_uri : base->n_remotes ? base->remotes[0] : "";
         if (!uri[0] || (given && given[t] > 0)) continue;
@@ -1531,18 +1539,18 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         uint64_t fk = 0;
         if (keep) {
             /* per disk, frame sizes and the threads that compute and check */
-            fk = disk_key(cp, in) ^ 0x6662757379303032ull ^   /* "fbusy002" */
-                 ft_xxh3_seed(&in->compute_threads, sizeof in->compute_threads, in->decode_threads);
+            fk = disk_key(cp, in) ^ 0x6662757379303033ull ^   /* "fbusy003" */
+                 ft_xxh3_seed(&spin, sizeof spin, in->decode_threads);
             snprintf(fpath, sizeof fpath, "%s/fbusy-%016llx.bin", cdir, (unsigned long long)fk);
             double unused = 0;
             if (!cp->recalibrate && disk_load(fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused))
                 continue;
         }
-        measure_fetch_busy(uri, cp->memory, in, in->compute_threads, in->decode_threads, fb);
+        measure_fetch_busy(uri, cp->memory, in, spin, in->decode_threads, fb);
         if (t == FT_TIER_REMOTE && in->remote_req_s > 0) {
             /* the KV cache's chunk requests beside busy cores too */
             busy_set bs;
-            busy_start(&bs, in->compute_threads);
+            busy_start(&bs, spin);
             fb->req_busy = measure_remote_req(uri, cp->memory, in, fb->bw_busy > 0 ? fb->bw_busy : in->bw[t]);
             busy_stop(&bs);
         }
@@ -1550,9 +1558,9 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             double unused = 0;
             disk_save(cdir, fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused);
         }
-        FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads compute; checks of fresh frames %.1f "
+        FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads spin; checks of fresh frames %.1f "
                "ps/byte (cores free), %.1f (busy); KV cache chunk request %.0f us busy", ft_tier_name((ft_tier)t),
-               fb->bw_busy / 1e9, in->compute_threads, 1e12 * fb->check_free, 1e12 * fb->check_busy, 1e6 * fb->req_busy);
+               fb->bw_busy / 1e9, spin, 1e12 * fb->check_free, 1e12 * fb->check_busy, 1e6 * fb->req_busy);
     }
     {   /* what the plan rests on (FLEXTIER_LOG=info): to find which probe moves between plans */
         const ft_cost_timing *tr = &in->timing[FT_CODEC_RAW], *tq = &in->timing[FT_CODEC_Q4];
