@@ -37,7 +37,8 @@ static double median(double *v, size_t n)
  * their load as much as the engine (five plans of one policy under load
  * 11 predicted 14.0-29.5 tok/s); its CPU time is the work, which the plan
  * divides by the share of a core a thread gets when it is made
- * (measure_cpu_share, ft_cost_rescale_cpu). */
+ * (measure_cpu_share, ft_cost_rescale_cpu). The engine's multi-threaded
+ * steps use the process's CPU time over the threads (eng_now). */
 static double cpu_now(void)
 {
     struct timespec t;
