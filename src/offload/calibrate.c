@@ -1076,12 +1076,14 @@ static void busy_stop(busy_set *b)
  * process, which no warm repeat shows: in the run of a loopback q4 row (2
  * vCPUs, 1 compute thread) a 6.6 MB layer's reads took 2.2-3.4 ms, as the
  * probe's, and its checks 1.5 ms where the codec probe's warm frames took
- * 0.15. By the wall clock, the medians of at least 5 rounds and 0.25 s
- * each way (at most 15). Zeros when it could not be measured. */
+ * 0.15. By the wall clock, the medians of at least 9 rounds and 0.4 s
+ * each way (at most 25: with 5 and 0.25 s a q4 layer's busy checks came
+ * at 21-266 ps per byte in plans minutes apart). Zeros when it could not
+ * be measured. */
 static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_inputs *in, unsigned busy,
                                unsigned vthreads, ft_cost_fetch_busy *out)
 {
-    enum { N = FT_COST_MAX_TENSORS, RMIN = 5, RMAX = 15 };
+    enum { N = FT_COST_MAX_TENSORS, RMIN = 9, RMAX = 25 };
     size_t sz[N], off[N], cap[N], got[N], total = 0;
     int n = 0, written = 0;
     char key[N][64];
@@ -1153,7 +1155,7 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
         if (phase == 1) busy_start(&bs, busy);
         double start = ft_now();
         for (int r = -1; !st && r < RMAX; r++) {
-            if (r >= RMIN && ft_now() - start > 0.25) break;
+            if (r >= RMIN && ft_now() - start > 0.4) break;
             ft_request *req[N] = {0};
             if (ev) memset(ev, r & 0xff, evn);
             double t0 = ft_now();
