@@ -232,14 +232,14 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * arrive, at the rate measured on fresh frames (byte-plane frames are
      * decoded at decode_bw: scaling that by how much slower the checks
      * of fresh frames ran with the cores busy predicted the loopback bp
-     * row at 0.51x; the CPU budget above charges decoding). Measured on 2 vCPUs, 1
-     * compute thread, load 1.1: a loopback node's q4 layer (6.6 MB) took
-     * 6.2 ms a fetch in the run, 2.8 ms with the cores free and warm frames
-     * (the model before), 6.8 ms busy; bf16 (23.6 MB) 10.7 ms, 10.7 busy;
-     * the page cache's bf16 layer 3.9 ms, 3.5 busy. That the fetch speeds
-     * up when compute waits for it (the rest of it at the free rate)
-     * predicted the q4 row 1.4x too fast: the other processes' load takes
-     * the core compute leaves. */
+     * row at 0.51x; the CPU budget above charges decoding). Measured on
+     * 2 vCPUs, 1 compute thread, load 1.1: a loopback node's q4 layer
+     * (6.6 MB) took 6.2 ms a fetch in the run, 2.8 ms with the cores free
+     * and warm frames (the model before), 6.8 ms busy; bf16 (23.6 MB)
+     * 10.7 ms, 10.7 busy; the page cache's bf16 layer 3.9 ms, 3.5 busy.
+     * That the fetch speeds up when compute waits for it (the rest of it
+     * at the free rate) predicted the q4 row 1.4x too fast: the other
+     * processes' load takes the core compute leaves. */
     double fetch_s[FT_TIER_COUNT] = {0};
     for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
         int local = t == FT_TIER_REMOTE ? (int)in->remote_local : !in->disk_direct;
