@@ -1568,11 +1568,12 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
     {   /* what the plan rests on (FLEXTIER_LOG=info): to find which probe moves between plans */
         const ft_cost_timing *tr = &in->timing[FT_CODEC_RAW], *tq = &in->timing[FT_CODEC_Q4];
         FT_LOG(FT_LOG_INFO, "plan: calibrated (CPU time): layer %.3f/%.3f ms (batch %u/%u), fixed %.3f/%.3f ms, "
-               "q4 layer %.3f/%.3f ms, q4 fixed %.3f/%.3f ms, check %.2f GB/s, q4 check %.2f GB/s, bp decode %.2f GB/s, mem %.2f GB/s; "
-               "head %.3f GB/s",
+               "q4 layer %.3f/%.3f ms, q4 fixed %.3f/%.3f ms, check %.2f GB/s, q4 check %.2f GB/s, "
+               "bp decode %.2f GB/s, mem %.2f GB/s; head %.3f GB/s",
                1e3 * tr->layer_decode_s[0], 1e3 * tr->layer_decode_s[1], tr->batch[0], tr->batch[1],
                1e3 * tr->fixed_decode_s[0], 1e3 * tr->fixed_decode_s[1], 1e3 * tq->layer_decode_s[0],
-               1e3 * tq->layer_decode_s[1], 1e3 * tq->fixed_decode_s[0], 1e3 * tq->fixed_decode_s[1], in->decode_bw[FT_CODEC_RAW] / 1e9, in->decode_bw[FT_CODEC_Q4] / 1e9,
+               1e3 * tq->layer_decode_s[1], 1e3 * tq->fixed_decode_s[0], 1e3 * tq->fixed_decode_s[1],
+               in->decode_bw[FT_CODEC_RAW] / 1e9, in->decode_bw[FT_CODEC_Q4] / 1e9,
                in->decode_bw[FT_CODEC_BYTEPLANE] / 1e9, in->mem_bw / 1e9, in->head_bw / 1e9);
     }
     /* the CPU terms at the share of a core a thread gets now */
