@@ -94,6 +94,19 @@ typedef struct ft_cost_timing {
     double layer_prefill_s_per_token, fixed_prefill_s_per_token;
 } ft_cost_timing;
 
+/* A fetch measured while compute_threads threads keep the cores busy, as
+ * the run's compute does while the next layer is fetched (the node's
+ * process, the store's workers and the checking pool then wait for a
+ * core): bw_busy, the layer reads' bytes/s; check_free and check_busy,
+ * seconds per byte of checking the frames as they arrive (just written by
+ * another thread or process: slower than decode_bw's warm frames) on
+ * decode_threads threads with the cores free and busy; req_busy, a memory
+ * node's KV cache chunk request beyond its bytes, busy (as remote_req_s
+ * with the cores free; 0: not measured). */
+typedef struct ft_cost_fetch_busy {
+    double bw_busy, check_free, check_busy, req_busy;
+} ft_cost_fetch_busy;
+
 typedef struct ft_cost_inputs {
     /* model */
     uint32_t n_layers;
@@ -220,6 +233,11 @@ typedef struct ft_cost_inputs {
      * the disk's bandwidth (the process's CPU time of the probe's reads)
      * and rescaled like the engine's times (0: bytes / bw[HOST], a copy). */
     double disk_cpu_per_byte;
+    /* Fetches that need this machine's cores (a memory node on this
+     * machine, remote_local; the disk tier through the page cache, not
+     * disk_direct), per tier (ft_calibrate, by the wall clock at every
+     * plan; zeros: not measured, bw[] and decode_bw[] throughout). */
+    ft_cost_fetch_busy fetch_busy[FT_TIER_COUNT];
 } ft_cost_inputs;
 
 typedef struct ft_cost_estimate {
@@ -263,6 +281,16 @@ FT_API double ft_cpu_share(unsigned threads);
  * and fixed_decode_s (clamped at 0). */
 FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], const double totalv2[2], double k,
                                ft_cost_timing *t);
+/* As ft_cost_timing_fit, but extrapolated more than 8x past the span
+ * measured (k > 8: a memory bound keeps V2 at 2048 or 4096 for a
+ * vocabulary of 32000) the head's rows cost what a layer's parameters cost
+ * per parameter: span = edim x (V2 - V1) / a layer's parameters (the
+ * head is a matrix of the layers' format read by the same kernels)
+ * instead of the difference of two noisy totals times k (three
+ * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
+ * 7.6, 0 and 0.7 ms). span 0: ft_cost_timing_fit. */
+FT_API void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                                    double span, ft_cost_timing *t);
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */

@@ -334,6 +334,15 @@ int ft_cmd_plan(int argc, char **argv)
                "\"t_kv_req_s\": {\"disk\": %.4g, \"remote\": %.4g}",
                in.remote_req_s, in.disk_read_req_s, in.disk_write_req_s, e.t_kv_req[FT_TIER_DISK],
                e.t_kv_req[FT_TIER_REMOTE]);
+        /* fetches on this machine's cores, measured with the compute threads busy */
+        printf(", \"fetch_busy\": {");
+        for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+            const ft_cost_fetch_busy *fb = &in.fetch_busy[t];
+            printf("%s\"%s\": {\"bw_busy\": %.4g, \"check_free_s_per_byte\": %.4g, \"check_busy_s_per_byte\": %.4g, "
+                   "\"kv_request_busy_s\": %.4g}", t == FT_TIER_DISK ? "" : ", ", ft_tier_name((ft_tier)t), fb->bw_busy,
+                   fb->check_free, fb->check_busy, fb->req_busy);
+        }
+        printf("}");
         if (in.n_experts)   /* the expert model's terms (per sparse layer and decode step) */
             printf(", \"t_compute_s\": %.6g, \"t_fixed_s\": %.6g, \"expert_hit\": %.4f, "
                    "\"expert_fetch_bytes_per_layer_step\": %.6g, \"expert_cache_bytes\": %.6g",

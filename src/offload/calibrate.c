@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -36,7 +37,8 @@ static double median(double *v, size_t n)
  * their load as much as the engine (five plans of one policy under load
  * 11 predicted 14.0-29.5 tok/s); its CPU time is the work, which the plan
  * divides by the share of a core a thread gets when it is made
- * (measure_cpu_share, ft_cost_rescale_cpu). */
+ * (measure_cpu_share, ft_cost_rescale_cpu). The engine's multi-threaded
+ * steps use the process's CPU time over the threads (eng_now). */
 static double cpu_now(void)
 {
     struct timespec t;
@@ -356,13 +358,25 @@ static uint64_t llc_bytes(void)
  * layer's time is read between two hooks inside one step, not as the
  * difference of two runs of different copies (which the load's noise
  * swamped: five calibrations fitted 7.5-17.8 ms, once 0). */
-typedef struct { double t[2]; } hook_ts;
+typedef struct { double t[2], div; } hook_ts;
+
+/* The engine's clock (see time_engine): the process's CPU time over the
+ * threads computing (div > 1), else the calling thread's. */
+static double eng_now(double div)
+{
+    if (div > 1) {
+        struct timespec t;
+        if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) == 0)
+            return ((double)t.tv_sec + 1e-9 * (double)t.tv_nsec) / div;
+    }
+    return cpu_now();
+}
 
 static ft_status ts_hook(void *user, int layer, ft_layer_weights *w)
 {
     (void)w;
     hook_ts *h = user;
-    if (layer >= 0 && layer < 2) h->t[layer] = cpu_now();
+    if (layer >= 0 && layer < 2) h->t[layer] = eng_now(h->div);
     return FT_OK;
 }
 
@@ -417,7 +431,16 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
     cp.threads = threads;
     cp.kv_dtype = FT_BF16;
     if ((st = ft_ctx_create(m, &cp, &c))) { ft_model_free(m); return st; }
-    hook_ts h = {{0, 0}};
+    /* Several compute threads: the calling thread's CPU time is its share
+     * of the work, which moves with whether the pool's workers got a core
+     * (they take items from one counter): three --recalibrate plans of
+     * the h2048 Llama's q4 layer at 2 threads timed 0.65, 0.95 and 1.29
+     * ms. The process's CPU time over the threads is the work's, however
+     * it was split: 0.55, 0.86 and 0.62 ms, interleaved with those (the
+     * rest moves with the other processes' memory traffic, which a CPU
+     * share does not see). */
+    double div = threads ? (double)threads : (double)ft_default_threads();
+    hook_ts h = {{0, 0}, div};
     ft_ctx_set_layer_hook(c, ts_hook, &h);
     int32_t *toks = calloc((size_t)batch * plen, sizeof *toks);
     int *slots = calloc(batch, sizeof *slots);
@@ -432,9 +455,9 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         nt[j] = plen;
     }
     evict_cache(ev, 1);
-    double t0 = cpu_now();
+    double t0 = eng_now(div);
     if (st == FT_OK) st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-    out->pre = cpu_now() - t0;
+    out->pre = eng_now(div) - t0;
     out->pre_layer = nl >= 2 ? h.t[1] - h.t[0] : 0;
     int n = 0;
     double start = ft_now();
@@ -442,14 +465,14 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         if (r >= MINREPS && ft_now() - start > 0.4) break;
         for (uint32_t j = 0; j < batch; j++) nt[j] = 1;
         evict_cache(ev, r);
-        t0 = cpu_now();
+        t0 = eng_now(div);
         st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-        double a = cpu_now() - t0, la = h.t[1] - h.t[0];
+        double a = eng_now(div) - t0, la = h.t[1] - h.t[0];
         if (st) break;
         evict_cache(ev, r);
-        t0 = cpu_now();
+        t0 = eng_now(div);
         st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
-        double b = cpu_now() - t0, lb1 = h.t[1] - h.t[0];
+        double b = eng_now(div) - t0, lb1 = h.t[1] - h.t[0];
         if (r >= 0 && st == FT_OK) {
             tb[n] = a;
             t1[n] = b;
@@ -486,6 +509,18 @@ void ft_cost_timing_fit(const double layer[2], const double total2[2], const dou
     }
 }
 
+void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
+                             double span, ft_cost_timing *t)
+{
+    double tv[2] = {totalv2[0], totalv2[1]};
+    if (k > 8 && span > 0)
+        for (int j = 0; j < 2; j++) {
+            double l = layer[j] > 0 ? layer[j] : 0, f1 = total2[j] - 2.0 * l;
+            if (l > 0) tv[j] = f1 + l + l * span;   /* V2 - V1 rows at a layer's cost per parameter */
+        }
+    ft_cost_timing_fit(layer, total2, tv, k, t);
+}
+
 /* Time the engine itself on copies of the model's config (FlexGen fits
  * its cost model from real runs the same way): per-layer and fixed
  * (embedding, head) times of a decode step at batch 1 and `batch`, and
@@ -495,7 +530,8 @@ void ft_cost_timing_fit(const double layer[2], const double total2[2], const dou
  * the fixed part is extrapolated linearly to the model's vocabulary:
  * calibration never holds the model's embeddings. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
-                                ft_wfmt fmt, uint64_t memory, const evict_buf *ev, ft_cost_timing *tmg)
+                                ft_wfmt fmt, uint64_t memory, uint64_t layer_params, const evict_buf *ev,
+                                ft_cost_timing *tmg)
 {
     ft_model_config cfg;
     ft_status st = ft_model_config_load(dir, &cfg);
@@ -516,7 +552,16 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
     in->batch[0] = 1;
     in->batch[1] = batch > 1 ? batch : 2;
     double layer[2] = {b.dec1_layer, b.decb_layer}, tot[2] = {b.dec1, b.decb}, totv[2] = {c2.dec1, c2.decb};
-    ft_cost_timing_fit(layer, tot, totv, k, in);
+    /* Extrapolated more than 8x past the span measured (a memory bound
+     * keeps V2 at 2048 or 4096 for a vocabulary of 32000: k = 30 or 10),
+     * the difference of the two copies' fixed parts, a few hundred us
+     * measured apart, swings the head's cost by its noise times k: three
+     * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
+     * 7.6, 0 and 0.7 ms. The head is a matrix of the layers' format read
+     * by the same kernels: its rows cost what a layer's parameters cost
+     * per parameter (edim per row), at each batch. */
+    double span = layer_params ? (double)edim * (double)(V2 - V1) / (double)layer_params : 0;
+    ft_cost_timing_fit_head(layer, tot, totv, k, span, in);
     double ntok = (double)batch * plen;
     double pl = b.pre_layer > 0 ? b.pre_layer : 0, pf1 = b.pre - 2.0 * pl;
     double pf = V2 > V1 && c2.pre > 0 ? pf1 + k * ((c2.pre - pl) - pf1) : pf1;
@@ -617,7 +662,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib5|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib6|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -986,6 +1031,164 @@ static double measure_layer_bw(const char *uri, int drop_cache, uint64_t memory,
     return layer_bw(uri, drop_cache, memory, in, cpu_time, &bw, NULL) ? 0 : bw;
 }
 
+/* Threads that keep cores busy while a probe runs, as the run's compute
+ * threads do while the I/O thread fetches the next layer: a tight loop
+ * until stopped. */
+typedef struct {
+    pthread_t th[64];
+    unsigned n;
+    _Atomic int stop;
+} busy_set;
+
+static void *busy_main(void *arg)
+{
+    busy_set *b = arg;
+    volatile uint64_t x = 0;
+    while (!atomic_load_explicit(&b->stop, memory_order_relaxed))
+        for (int i = 0; i < 20000; i++) x += (uint64_t)i * 2654435761u;
+    return NULL;
+}
+
+static void busy_start(busy_set *b, unsigned n)
+{
+    atomic_store(&b->stop, 0);
+    b->n = 0;
+    if (n > 64) n = 64;
+    while (b->n < n && pthread_create(&b->th[b->n], NULL, busy_main, b) == 0) b->n++;
+}
+
+static void busy_stop(busy_set *b)
+{
+    atomic_store(&b->stop, 1);
+    for (unsigned i = 0; i < b->n; i++) pthread_join(b->th[i], NULL);
+    b->n = 0;
+}
+
+/* A fetch that needs this machine's cores (a memory node on this
+ * machine, the disk tier through the page cache), timed as the scheduler
+ * fetches a layer: its tensors' frames (the probe codec's sizes, within a
+ * quarter of a memory bound) read at once (queue depth 8, as sched.c
+ * opens its stores), then each frame's checksums verified on a codec
+ * context of `vthreads` threads, as fetch_layer does on its decode
+ * threads; once with the cores free, once while `busy` threads keep cores
+ * busy as the run's compute threads do while the I/O thread fetches the
+ * next layer. The checks read frames just written by another thread or
+ * process, which no warm repeat shows: in the run of a loopback q4 row (2
+ * vCPUs, 1 compute thread) a 6.6 MB layer's reads took 2.2-3.4 ms, as the
+ * probe's, and its checks 1.5 ms where the codec probe's warm frames took
+ * 0.15. By the wall clock, the medians of at least 9 rounds and 0.4 s
+ * each way (at most 25: with 5 and 0.25 s a q4 layer's busy checks came
+ * at 21-266 ps per byte in plans minutes apart). Zeros when it could not
+ * be measured. */
+static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_inputs *in, unsigned busy,
+                               unsigned vthreads, ft_cost_fetch_busy *out)
+{
+    enum { N = FT_COST_MAX_TENSORS, RMIN = 9, RMAX = 25 };
+    size_t sz[N], off[N], cap[N], got[N], total = 0;
+    int n = 0, written = 0;
+    char key[N][64];
+    memset(out, 0, sizeof *out);
+    ft_codec_params cp;
+    ft_codec_default_params(&cp);
+    cp.codec = FT_CODEC_RAW;
+    for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
+        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
+        if (b < (64u << 10)) continue;
+        int64_t shape[1] = {(int64_t)b};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        if (fb <= 63 || (memory && total + fb > memory / 4)) break;
+        off[n] = total;
+        cap[n] = fb;
+        sz[n++] = b;
+        total += fb;
+    }
+    if (!n) {   /* no layer sizes (or none fit), as layer_bw: 8 frames of 4 MiB */
+        int64_t shape[1] = {4 << 20};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        for (; n < 8 && (!memory || total + fb <= memory / 4); n++) {
+            off[n] = total;
+            sz[n] = 4u << 20;
+            cap[n] = fb;
+            total += fb;
+        }
+        if (!n) return;
+    }
+    ft_store *s = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    sp.codec_threads = 1;
+    sp.queue_depth = 8;
+    if (ft_store_open(uri, &sp, &s)) return;
+    ft_codec_ctx *cc = NULL;
+    uint8_t *buf = ft_malloc_aligned(total, 64);
+    double tr[2][RMAX], tv[2][RMAX];
+    int nr[2] = {0, 0};
+    uint64_t bytes = 0;
+    ft_status st = buf && ft_codec_ctx_create(vthreads ? vthreads : 1, &cc) == FT_OK ? FT_OK : FT_ERR_NOMEM;
+    for (int i = 0; !st && i < n; i++) {
+        snprintf(key[i], sizeof key[i], "flextier-plan-fetch-%ld-%d", (long)getpid(), i);
+        memset(buf + off[i], 11 + i, sz[i]);
+        int64_t shape[1] = {(int64_t)sz[i]};
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, buf + off[i]);
+        if (!(st = ft_write_tensor(s, key[i], &t, &cp))) written = i + 1;
+        bytes += sz[i];
+    }
+    /* as layer_bw: the run reads every layer once per step from DRAM, so
+     * a model larger than twice the last-level cache gets a buffer of
+     * twice the cache written before each round (without it the page
+     * cache's busy fetch of a 23.6 MB layer read at 19 GB/s, the run's at
+     * 4.9 ms a layer) */
+    uint8_t *ev = NULL;
+    size_t evn = 0;
+    {
+        uint64_t llc = llc_bytes(), lb = 0;
+        for (uint32_t k = 0; k < in->n_tensors; k++) lb += in->tensor_bytes[in->probe_codec][k];
+        if (llc && (uint64_t)in->n_layers * lb > 2 * llc && (!memory || 2 * llc <= memory / 4)) {
+            evn = (size_t)(2 * llc);
+            ev = ft_malloc_aligned(evn, 64);
+            if (!ev) evn = 0;
+        }
+    }
+    for (int phase = 0; phase < 2 && !st; phase++) {   /* 0: the cores free, 1: busy */
+        busy_set bs;
+        if (phase == 1) busy_start(&bs, busy);
+        double start = ft_now();
+        for (int r = -1; !st && r < RMAX; r++) {
+            if (r >= RMIN && ft_now() - start > 0.4) break;
+            ft_request *req[N] = {0};
+            if (ev) memset(ev, r & 0xff, evn);
+            double t0 = ft_now();
+            for (int i = 0; !st && i < n; i++)
+                st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
+            for (int i = 0; i < n; i++) {
+                if (req[i]) {
+                    ft_status w = ft_request_wait(req[i], -1);
+                    if (!st) st = w;
+                }
+                ft_request_free(req[i]);
+            }
+            double t1 = ft_now();
+            for (int i = 0; !st && i < n; i++) st = ft_frame_verify(cc, buf + off[i], got[i], NULL);
+            if (r < 0 || st) continue;
+            tr[phase][nr[phase]] = t1 - t0;
+            tv[phase][nr[phase]++] = ft_now() - t1;
+        }
+        if (phase == 1) busy_stop(&bs);
+    }
+    if (!st && nr[0] && nr[1] && bytes) {
+        double r1 = median(tr[1], (size_t)nr[1]);
+        out->bw_busy = r1 > 0 ? (double)bytes / r1 : 0;
+        out->check_free = median(tv[0], (size_t)nr[0]) / (double)bytes;
+        out->check_busy = median(tv[1], (size_t)nr[1]) / (double)bytes;
+    }
+    for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
+    ft_free_aligned(ev);
+    ft_codec_ctx_free(cc);
+    ft_free_aligned(buf);
+    ft_store_close(s);
+}
+
 /* n frames of cb bytes put on the node at uri, then read all at once as
  * the offloader reads a layer's chunks (queue depth 16, kvcache.c's): the
  * median of 5 rounds after one unmeasured, by the wall clock, per frame.
@@ -1207,7 +1410,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
             if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
             ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
-            st = measure_engine(dir, batch, plen, threads, f, cp->memory, &ev, &in->timing[c]);
+            st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, &ev, &in->timing[c]);
         }
         ft_free_aligned(ev.p);
         if (st) return st;
@@ -1304,6 +1507,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         if (in->bw[FT_TIER_REMOTE] <= 0 && !in->agent_cores) in->bw[FT_TIER_REMOTE] = measure_store_bw(base->remotes[0], 0);
         if (in->bw[FT_TIER_REMOTE] <= 0)
             return ft_set_error(FT_ERR_NET, "cannot measure the link to %s", base->remotes[0]);
+
         /* the KV cache's chunk requests (a codec agent serves weights) */
         if (!in->agent_cores) {
             in->remote_req_s = measure_remote_req(base->remotes[0], cp->memory, in, in->bw[FT_TIER_REMOTE]);
@@ -1311,9 +1515,71 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
                    in->bw[FT_TIER_REMOTE] / 1e9, 1e6 * in->remote_req_s);
         }
     }
+    /* Fetches beside compute on this machine's cores (the disk tier
+     * through the page cache, a memory node on this machine): measured
+     * again with the compute threads busy and their frames checked as
+     * they arrive, by the wall clock at every plan, as the link is */
+    memset(in->fetch_busy, 0, sizeof in->fetch_busy);
+    /* as many spinning threads as compute threads, but a core left over:
+     * compute waits for the fetch part of each step, and with every core
+     * spinning the probe starved the node (the h2048 Llama's loopback rows
+     * under 448 MiB at 2 threads on 2 cores ran 1.6-1.8x faster than
+     * predicted, and the plan took byte-plane weights that ran slower
+     * than the raw ones it had chosen before) */
+    unsigned spin = in->compute_threads;
+    if (in->cores > 1 && spin > in->cores - 1) spin = in->cores - 1;
+    for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+        const char *uri = t == FT_TIER_DISK ? base->disk_uri : base->n_remotes ? base->remotes[0] : "";
+        if (!uri[0] || (given && given[t] > 0)) continue;
+        if (t == FT_TIER_DISK ? cp->drop_cache : !in->remote_local || in->agent_cores) continue;
+        ft_cost_fetch_busy *fb = &in->fetch_busy[t];
+        /* the disk tier's: cached with the disk's rate, the median of its
+         * last 5 measurements (plans in a row agree; --recalibrate adds
+         * one); a local node's: measured every time, as its link */
+        const char *dc = getenv("FLEXTIER_CALIB_DISK");
+        int keep = t == FT_TIER_DISK && use_cache && !(dc && !strcmp(dc, "measure"));
+        char fpath[4300];
+        uint64_t fk = 0;
+        if (keep) {
+            /* per disk, frame sizes and the threads that compute and check */
+            fk = disk_key(cp, in) ^ 0x6662757379303033ull ^   /* "fbusy003" */
+                 ft_xxh3_seed(&spin, sizeof spin, in->decode_threads);
+            snprintf(fpath, sizeof fpath, "%s/fbusy-%016llx.bin", cdir, (unsigned long long)fk);
+            double unused = 0;
+            if (!cp->recalibrate && disk_load(fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused))
+                continue;
+        }
+        measure_fetch_busy(uri, cp->memory, in, spin, in->decode_threads, fb);
+        if (t == FT_TIER_REMOTE && in->remote_req_s > 0) {
+            /* the KV cache's chunk requests beside busy cores too */
+            busy_set bs;
+            busy_start(&bs, spin);
+            fb->req_busy = measure_remote_req(uri, cp->memory, in, fb->bw_busy > 0 ? fb->bw_busy : in->bw[t]);
+            busy_stop(&bs);
+        }
+        if (keep && fb->bw_busy > 0) {
+            double unused = 0;
+            disk_save(cdir, fpath, fk, &fb->bw_busy, &fb->check_free, &fb->check_busy, &unused);
+        }
+        FT_LOG(FT_LOG_INFO, "plan: %s fetched at %.3f GB/s while %u threads spin; checks of fresh frames %.1f "
+               "ps/byte (cores free), %.1f (busy); KV cache chunk request %.0f us busy", ft_tier_name((ft_tier)t),
+               fb->bw_busy / 1e9, spin, 1e12 * fb->check_free, 1e12 * fb->check_busy, 1e6 * fb->req_busy);
+    }
+    {   /* what the plan rests on (FLEXTIER_LOG=info): to find which probe moves between plans */
+        const ft_cost_timing *tr = &in->timing[FT_CODEC_RAW], *tq = &in->timing[FT_CODEC_Q4];
+        FT_LOG(FT_LOG_INFO, "plan: calibrated (CPU time): layer %.3f/%.3f ms (batch %u/%u), fixed %.3f/%.3f ms, "
+               "q4 layer %.3f/%.3f ms, q4 fixed %.3f/%.3f ms, check %.2f GB/s, q4 check %.2f GB/s, "
+               "bp decode %.2f GB/s, mem %.2f GB/s; head %.3f GB/s",
+               1e3 * tr->layer_decode_s[0], 1e3 * tr->layer_decode_s[1], tr->batch[0], tr->batch[1],
+               1e3 * tr->fixed_decode_s[0], 1e3 * tr->fixed_decode_s[1], 1e3 * tq->layer_decode_s[0],
+               1e3 * tq->layer_decode_s[1], 1e3 * tq->fixed_decode_s[0], 1e3 * tq->fixed_decode_s[1],
+               in->decode_bw[FT_CODEC_RAW] / 1e9, in->decode_bw[FT_CODEC_Q4] / 1e9,
+               in->decode_bw[FT_CODEC_BYTEPLANE] / 1e9, in->mem_bw / 1e9, in->head_bw / 1e9);
+    }
     /* the CPU terms at the share of a core a thread gets now */
     in->cpu_share = cp->cpu_share > 0 ? (cp->cpu_share < 1 ? cp->cpu_share : 1.0) : measure_cpu_share(in->compute_threads);
     in->handoff_s = cp->cpu_share > 0 ? 0 : measure_handoff();
+    FT_LOG(FT_LOG_INFO, "plan: a thread's share of a core %.2f, hand-off %.3f ms", in->cpu_share, 1e3 * in->handoff_s);
     ft_cost_rescale_cpu(in, in->cpu_share_calibrated / in->cpu_share);
     if (given && given[FT_TIER_HOST] > 0) in->bw[FT_TIER_HOST] = given[FT_TIER_HOST];
     if (base->disk_uri[0] && given && given[FT_TIER_DISK] > 0) in->bw[FT_TIER_DISK] = given[FT_TIER_DISK];

@@ -222,9 +222,41 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
     double cores = in->cores ? in->cores : 1, cthreads = in->compute_threads ? in->compute_threads : 1;
     if (cthreads > cores) cthreads = cores;
     double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io * dth) / cores);
-    /* A local node's transfers and the checks of what it sends run one
-     * after the other on the client's single UCX worker. */
-    if (in->remote_local) busy = fmax(busy, link[FT_TIER_REMOTE] + (C[FT_TIER_REMOTE] - agent_dec) / dw / dth);
+    /* A fetch on this machine's cores (a local node; the disk tier through
+     * the page cache): its reads, then the checks (or decoding) of its
+     * frames, one after the other on the I/O thread (a local node's
+     * transfers run on the client's single UCX worker). While compute
+     * runs, the node's process, the store's workers and the checking pool
+     * wait for a core: the fetch takes the time measured with the compute
+     * threads busy (fetch_busy), raw and q8/q4 frames checked as they
+     * arrive, at the rate measured on fresh frames (byte-plane frames are
+     * decoded at decode_bw: scaling that by how much slower the checks
+     * of fresh frames ran with the cores busy predicted the loopback bp
+     * row at 0.51x; the CPU budget above charges decoding). Measured on
+     * 2 vCPUs, 1 compute thread, load 1.1: a loopback node's q4 layer
+     * (6.6 MB) took 6.2 ms a fetch in the run, 2.8 ms with the cores free
+     * and warm frames (the model before), 6.8 ms busy; bf16 (23.6 MB)
+     * 10.7 ms, 10.7 busy; the page cache's bf16 layer 3.9 ms, 3.5 busy.
+     * That the fetch speeds up when compute waits for it (the rest of it
+     * at the free rate) predicted the q4 row 1.4x too fast: the other
+     * processes' load takes the core compute leaves. */
+    double fetch_s[FT_TIER_COUNT] = {0};
+    for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+        int local = t == FT_TIER_REMOTE ? (int)in->remote_local : !in->disk_direct;
+        const ft_cost_fetch_busy *fb = &in->fetch_busy[t];
+        double cb = t == FT_TIER_REMOTE ? C[t] - agent_dec : C[t];
+        if (!local || (t == FT_TIER_DISK && !(fb->bw_busy > 0)) || !(lbytes[t] > 0 || cb > 0)) continue;
+        double warm = cb / dw / dth, cfree = warm, cbusy = warm;
+        if (!bp && fb->check_free > 0) cfree = cb * fb->check_free;
+        if (!bp && fb->check_busy > 0) cbusy = cb * fb->check_busy;
+        double req = isfinite(kvreq[t]) ? kvreq[t] : 0, req_b = req;
+        if (t == FT_TIER_REMOTE && fb->req_busy > 0 && in->remote_req_s > 0)
+            req_b = fmax(req, req * fb->req_busy / in->remote_req_s);
+        double free_s = link[t] + cfree;
+        double busy_s = (fb->bw_busy > 0 && lbytes[t] > 0 ? lbytes[t] / fb->bw_busy + req_b : link[t]) + cbusy;
+        fetch_s[t] = isfinite(busy_s) ? fmax(free_s, busy_s) : free_s;
+        busy = fmax(busy, fetch_s[t]);
+    }
     double T = fmax(busy, t_agent);
     out->bottleneck = t_io > t_comp ? (link[FT_TIER_DISK] > t_dec ? "disk" : link[FT_TIER_HOST] > t_dec ? "host" : "decode")
                                     : "compute";
@@ -247,6 +279,7 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
                   c[FT_TIER_DEVICE] < 1.0;
     if (streams && in->handoff_s > 0) {
         double io_side = fmax(t_io, fmax(in->disk_direct ? link[FT_TIER_DISK] : 0, link[FT_TIER_REMOTE]));
+        io_side = fmax(io_side, fmax(fetch_s[FT_TIER_DISK], fetch_s[FT_TIER_REMOTE]));
         io_side = fmax(io_side, t_agent);
         T = fmax(T, io_side + in->handoff_s);
     }

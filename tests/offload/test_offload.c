@@ -885,8 +885,15 @@ TEST(calibration_cache)
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] > 0);
     double dbw = c.bw[FT_TIER_DISK];
+    /* through the page cache (no budget): the fetch timed with the compute
+     * threads busy, its frames checked as they arrive; cached with the
+     * disk */
+    ft_cost_fetch_busy fb = c.fetch_busy[FT_TIER_DISK];
+    CHECK(fb.bw_busy > 0 && fb.check_free > 0 && fb.check_busy > 0 && fb.check_busy < 1e-6);
+    CHECK(c.fetch_busy[FT_TIER_REMOTE].bw_busy == 0);   /* no node */
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.bw[FT_TIER_DISK] == dbw);   /* plans in a row agree */
+    CHECK(!memcmp(&fb, &c.fetch_busy[FT_TIER_DISK], sizeof fb));
     /* the KV cache's requests on the disk tier: timed and cached with it,
      * the probe's file removed */
     CHECK(c.disk_write_req_s > 0 && c.disk_read_req_s > 0 && c.disk_write_req_s < 1 && c.disk_read_req_s < 1);

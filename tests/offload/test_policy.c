@@ -205,6 +205,55 @@ TEST(cost_model_loopback_node_adds_to_decoding)
     CHECK(local.decode_tps < net.decode_tps);
 }
 
+/* A fetch on this machine's cores while compute runs (issue 20): the
+ * reads at the rate measured with the compute threads busy and the frames'
+ * checks at the rate measured on fresh frames, busy. A loopback node and
+ * the disk tier through the page cache; not a network node, not a disk
+ * read past the page cache. */
+TEST(cost_model_local_fetch_while_computing)
+{
+    for (int t = FT_TIER_DISK; t <= FT_TIER_REMOTE; t++) {
+        ft_cost_inputs in;
+        inputs(&in);
+        in.bw[t] = 3e9;
+        in.cores = 2;
+        in.compute_threads = 1;
+        in.decode_threads = 2;
+        in.remote_local = t == FT_TIER_REMOTE;
+        ft_policy p;
+        ft_policy_default(&p);
+        p.n_remotes = 1;
+        snprintf(p.disk_uri, sizeof p.disk_uri, "/tmp");
+        CHECK_OK(ft_policy_parse(t == FT_TIER_REMOTE ? "w=0,0,0,100" : "w=0,0,100,0", &p));
+        ft_cost_estimate e0, e1, e2;
+        ft_cost_predict(&in, &p, &e0);
+        double W = (double)in.layer_params * 2;
+        /* measured: the reads 1.5x slower with the cores busy, the checks
+         * of fresh frames 1 ns per byte free, 4 busy */
+        in.fetch_busy[t].bw_busy = 2e9;
+        in.fetch_busy[t].check_free = 1e-9;
+        in.fetch_busy[t].check_busy = 4e-9;
+        ft_cost_predict(&in, &p, &e1);
+        double free_s = W / 3e9 + W * 1e-9, busy_s = W / 2e9 + W * 4e-9;
+        double want = busy_s;
+        CHECK(e1.t_compute < busy_s && want > free_s);
+        CHECK(fabs(e1.t_layer_decode - fmax(want, e0.t_layer_decode)) < 1e-9 * want);
+        CHECK(e1.decode_tps < e0.decode_tps);
+        /* faster busy than free (noise): the free rates */
+        in.fetch_busy[t].bw_busy = 6e9;
+        in.fetch_busy[t].check_busy = 0.5e-9;
+        ft_cost_predict(&in, &p, &e2);
+        CHECK(fabs(e2.t_layer_decode - fmax(free_s, e0.t_layer_decode)) < 1e-9 * free_s);
+        /* not on this machine's cores: the busy rates are not used */
+        if (t == FT_TIER_REMOTE) in.remote_local = 0;
+        else in.disk_direct = 1;
+        ft_cost_predict(&in, &p, &e1);
+        memset(&in.fetch_busy, 0, sizeof in.fetch_busy);
+        ft_cost_predict(&in, &p, &e2);
+        CHECK(e1.t_layer_decode == e2.t_layer_decode);
+    }
+}
+
 /* A codec agent (agent://) decodes the remote byte-plane weights on its
  * own core: the compute core no longer pays for it, the agent's core is a
  * resource of its own beside compute and the link. (q8/q4 and raw frames
@@ -419,6 +468,37 @@ TEST(cost_timing_fit_from_layer_hooks)
     CHECK(t.fixed_decode_s[0] == 0 && t.fixed_decode_s[1] == 0);
     ft_cost_timing_fit(neg, tot, none, 0, &t);
     CHECK(t.layer_decode_s[0] == 0 && fabs(t.fixed_decode_s[0] - 0.025) < 1e-12);
+}
+
+/* Far past the measured span (k > 8) the head's rows cost a layer's time
+ * per parameter, whatever the second copy's noisy total says; within it,
+ * the measured difference as before. */
+TEST(cost_timing_fit_head_far_extrapolation)
+{
+    ft_cost_timing a, b, c;
+    const double layer[2] = {0.002, 0.004}, tot[2] = {0.0050, 0.0100};
+    /* V1 = 1024, V2 = 2048, V = 32000 (a memory bound): k = 30.25; edim
+     * 2048, a layer of 45M parameters: span = 2048 x 1024 / 45M */
+    double k = (32000.0 - 1024) / (2048 - 1024), span = 2048.0 * 1024 / 45e6;
+    const double noisy_lo[2] = {0.0029, 0.0059}, noisy_hi[2] = {0.0035, 0.0069};
+    ft_cost_timing_fit_head(layer, tot, noisy_lo, k, span, &a);
+    ft_cost_timing_fit_head(layer, tot, noisy_hi, k, span, &b);
+    for (int j = 0; j < 2; j++) {
+        double f1 = tot[j] - 2 * layer[j];
+        double want = f1 + k * layer[j] * span;   /* (V - V1) rows at the layer's cost per parameter */
+        CHECK(fabs(a.fixed_decode_s[j] - want) < 1e-12 && fabs(b.fixed_decode_s[j] - want) < 1e-12);
+        CHECK(a.layer_decode_s[j] == layer[j]);
+    }
+    /* the plain fit swings with the noise: 0 (clamped) and 2x the above */
+    ft_cost_timing_fit(layer, tot, noisy_lo, k, &c);
+    CHECK(c.fixed_decode_s[0] == 0);
+    ft_cost_timing_fit(layer, tot, noisy_hi, k, &c);
+    CHECK(c.fixed_decode_s[0] > 1.5 * a.fixed_decode_s[0]);
+    /* within 8x: the measured difference */
+    double k4 = (8192.0 - 1024) / (2048 - 1024);
+    ft_cost_timing_fit_head(layer, tot, noisy_hi, k4, span, &a);
+    ft_cost_timing_fit(layer, tot, noisy_hi, k4, &b);
+    CHECK(a.fixed_decode_s[0] == b.fixed_decode_s[0] && a.fixed_decode_s[1] == b.fixed_decode_s[1]);
 }
 
 /* The hand-off between the I/O and compute threads (issue 20): once per
