@@ -71,33 +71,33 @@ int ft_calib_flush(const void *p, size_t n)
 #endif
 }
 
-/* One thread's share of a streaming read, timed in its own CPU time:
- * memchr for a byte the buffer does not hold reads every byte at the C
+/* One thread's share of a streaming read: memchr for a byte the buffer does not hold reads every byte at the C
  * library's vector speed (a plain summing loop, not vectorized at -O2,
  * ran at 23 GB/s from the L2: no faster than DRAM). */
-typedef struct { const uint8_t *p; size_t n; double t; uint64_t sum; } rd_arg;
+typedef struct { const uint8_t *p; size_t n; uint64_t sum; } rd_arg;
 
 static void *rd_main(void *arg)
 {
     rd_arg *a = arg;
-    double t0 = cpu_now();
     const void *q = memchr(a->p, 0xab, a->n);
-    a->t = cpu_now() - t0;
     a->sum = q ? 1 : 2;
     return NULL;
 }
 
 /* DRAM read bandwidth on `threads` threads (the weights a decode step
  * streams): a 64 MiB buffer (under a memory bound a quarter of it, at
- * least 8 MiB) flushed from the caches before each read, the median of 5
- * reads after one unmeasured; bytes over the slowest thread's CPU time.
- * Without a cache flush the buffer's size alone keeps it out of the
- * cache where the budget allows. Before (issue 20) this was a memcpy of
- * two 32 MiB buffers under a 160 MiB budget, partly in the 32 MiB L3:
- * 42 GB/s where a read of DRAM gives 25 (one thread) to 33 (two). */
+ * least 8 MiB) flushed from the caches before each read, split among the
+ * threads; the best of 9 reads after one unmeasured, by the wall clock
+ * from the threads' start to the last one's end. Not the threads' CPU
+ * time: under load they take turns, and each alone reads faster (two
+ * threads' CPU times said 34-74 GB/s at load 5). Without a cache flush
+ * the buffer's size alone keeps it out of the cache where the budget
+ * allows. Before (issue 20) this was a memcpy of two 32 MiB buffers
+ * under a 160 MiB budget, partly in the 32 MiB L3: 42 GB/s where a read
+ * of DRAM gives 25 (one thread) to 33 (two). */
 static double measure_mem_bw(uint64_t memory, unsigned threads)
 {
-    enum { MAXT = 64 };
+    enum { MAXT = 64, REPS = 9 };
     size_t n = 64u << 20;
     while (memory && n > (8u << 20) && (uint64_t)n > memory / 4) n /= 2;
     if (threads < 1) threads = 1;
@@ -106,9 +106,9 @@ static double measure_mem_bw(uint64_t memory, unsigned threads)
     if (!a) return 10e9;
     memset(a, 1, n);
     size_t per = n / threads / 64 * 64;
-    double t[5];
+    double best = 0;
     volatile uint64_t sink = 0;
-    for (int r = -1; r < 5; r++) {
+    for (int r = -1; r < REPS; r++) {
         ft_calib_flush(a, n);
         pthread_t th[MAXT];
         rd_arg ra[MAXT];
@@ -116,25 +116,23 @@ static double measure_mem_bw(uint64_t memory, unsigned threads)
         for (unsigned i = 0; i < threads; i++) {
             ra[i].p = a + i * per;
             ra[i].n = per;
-            ra[i].t = 0;
         }
+        double t0 = ft_now();
         for (unsigned i = 1; i < threads; i++)
             if (pthread_create(&th[i], NULL, rd_main, &ra[i]) == 0) started = i;
             else break;
         rd_main(&ra[0]);
-        double worst = ra[0].t;
         sink += ra[0].sum;
         for (unsigned i = 1; i <= started; i++) {
             pthread_join(th[i], NULL);
-            if (ra[i].t > worst) worst = ra[i].t;
             sink += ra[i].sum;
         }
-        if (r >= 0) t[r] = worst > 0 ? (double)(per * (started + 1)) / worst : 0;
+        double t = ft_now() - t0, bw = t > 0 ? (double)(per * (started + 1)) / t : 0;
+        if (r >= 0 && bw > best) best = bw;
     }
     (void)sink;
     ft_free_aligned(a);
-    double bw = median(t, 5);
-    return bw > 0 ? bw : 10e9;
+    return best > 0 ? best : 10e9;
 }
 
 /* Per weight codec, what the scheduler pays to use a fetched frame on
