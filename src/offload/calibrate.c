@@ -9,7 +9,7 @@
 #include "flextier/store.h"
 
 #include <fcntl.h>
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
 #include <emmintrin.h>
 #endif
 #include <stdint.h>
@@ -53,7 +53,7 @@ static double cpu_now(void)
  * this build has no such instruction (nothing done). */
 int ft_calib_flush(const void *p, size_t n)
 {
-#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__)) || defined(__aarch64__)
     if (!p || !n) return 1;
     const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + n;
 #if defined(__aarch64__)
