@@ -292,6 +292,19 @@ FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], co
 FT_API void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
                                     double span, ft_cost_timing *t);
 
+/* A decode step streamed from DRAM reads each weight once: raise each
+ * batch point's layer time to layer_bytes / read_bw and its fixed part to
+ * fixed_bytes (the LM head at the model's vocabulary) / read_bw.
+ * Calibration applies it where the model is larger than the last-level
+ * cache. read_bw <= 0 or non-finite: unchanged. */
+FT_API void ft_cost_timing_floor(ft_cost_timing *t, double layer_bytes, double fixed_bytes, double read_bw);
+
+/* Write [p, p + n) back to memory and drop it from every cache level (the
+ * next read comes from DRAM): what calibration does to its timed copies'
+ * weights between steps. 1 (p NULL or n 0: whether this build can), 0
+ * where it has no cache-flush instruction (nothing done). */
+FT_API int ft_calib_flush(const void *p, size_t n);
+
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */
 FT_API void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estimate *out);

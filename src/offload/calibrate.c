@@ -9,6 +9,10 @@
 #include "flextier/store.h"
 
 #include <fcntl.h>
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
+#include <emmintrin.h>
+#endif
+#include <stdint.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,27 +50,91 @@ static double cpu_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Streaming copy bandwidth (read + write), warm: 64 MiB buffers (well
- * above the last-level cache, small beside a memory budget), the median
- * of 5 copies after one unmeasured. */
-static double measure_mem_bw(uint64_t memory)
+/* Write [p, p + n) back and drop it from every cache level (clflush; on
+ * AArch64 dc civac), then fence: the next read comes from DRAM. 0 where
+ * this build has no such instruction (nothing done). */
+int ft_calib_flush(const void *p, size_t n)
 {
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__)) || defined(__aarch64__)
+    if (!p || !n) return 1;
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + n;
+#if defined(__aarch64__)
+    for (; c < e; c += 64) __asm__ volatile("dc civac, %0" : : "r"(c) : "memory");
+    __asm__ volatile("dsb ish" : : : "memory");
+#else
+    for (; c < e; c += 64) _mm_clflush(c);
+    _mm_mfence();
+#endif
+    return 1;
+#else
+    (void)p;
+    (void)n;
+    return 0;
+#endif
+}
+
+/* One thread's share of a streaming read: memchr for a byte the buffer does not hold reads every byte at the C
+ * library's vector speed (a plain summing loop, not vectorized at -O2,
+ * ran at 23 GB/s from the L2: no faster than DRAM). */
+typedef struct { const uint8_t *p; size_t n; uint64_t sum; } rd_arg;
+
+static void *rd_main(void *arg)
+{
+    rd_arg *a = arg;
+    const void *q = memchr(a->p, 0xab, a->n);
+    a->sum = q ? 1 : 2;
+    return NULL;
+}
+
+/* DRAM read bandwidth on `threads` threads (the weights a decode step
+ * streams): a 64 MiB buffer (under a memory bound a quarter of it, at
+ * least 8 MiB) flushed from the caches before each read, split among the
+ * threads; the best of 9 reads after one unmeasured, by the wall clock
+ * from the threads' start to the last one's end. Not the threads' CPU
+ * time: under load they take turns, and each alone reads faster (two
+ * threads' CPU times said 34-74 GB/s at load 5). Without a cache flush
+ * the buffer's size alone keeps it out of the cache where the budget
+ * allows. Before (issue 20) this was a memcpy of two 32 MiB buffers
+ * under a 160 MiB budget, partly in the 32 MiB L3: 42 GB/s where a read
+ * of DRAM gives 25 (one thread) to 33 (two). */
+static double measure_mem_bw(uint64_t memory, unsigned threads)
+{
+    enum { MAXT = 64, REPS = 9 };
     size_t n = 64u << 20;
-    /* under a memory bound: a quarter of it each, at least 8 MiB */
-    while (memory && n > (8u << 20) && 2 * (uint64_t)n > memory / 2) n /= 2;
-    char *a = ft_malloc_aligned(n, 64), *b = ft_malloc_aligned(n, 64);
-    if (!a || !b) { ft_free_aligned(a); ft_free_aligned(b); return 10e9; }
+    while (memory && n > (8u << 20) && (uint64_t)n > memory / 4) n /= 2;
+    if (threads < 1) threads = 1;
+    if (threads > MAXT) threads = MAXT;
+    uint8_t *a = ft_malloc_aligned(n, 64);
+    if (!a) return 10e9;
     memset(a, 1, n);
-    memset(b, 2, n);
-    memcpy(b, a, n);
-    double t[5];
-    for (int r = 0; r < 5; r++) {
-        double t0 = cpu_now();
-        memcpy(b, a, n);
-        t[r] = cpu_now() - t0;
+    size_t per = n / threads / 64 * 64;
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int r = -1; r < REPS; r++) {
+        ft_calib_flush(a, n);
+        pthread_t th[MAXT];
+        rd_arg ra[MAXT];
+        unsigned started = 0;
+        for (unsigned i = 0; i < threads; i++) {
+            ra[i].p = a + i * per;
+            ra[i].n = per;
+        }
+        double t0 = ft_now();
+        for (unsigned i = 1; i < threads; i++)
+            if (pthread_create(&th[i], NULL, rd_main, &ra[i]) == 0) started = i;
+            else break;
+        rd_main(&ra[0]);
+        sink += ra[0].sum;
+        for (unsigned i = 1; i <= started; i++) {
+            pthread_join(th[i], NULL);
+            sink += ra[i].sum;
+        }
+        double t = ft_now() - t0, bw = t > 0 ? (double)(per * (started + 1)) / t : 0;
+        if (r >= 0 && bw > best) best = bw;
     }
-    ft_free_aligned(a); ft_free_aligned(b);
-    return 2.0 * (double)n / median(t, 5);   /* read + write */
+    (void)sink;
+    ft_free_aligned(a);
+    return best > 0 ? best : 10e9;
 }
 
 /* Per weight codec, what the scheduler pays to use a fetched frame on
@@ -388,24 +456,76 @@ static ft_status ts_hook(void *user, int layer, ft_layer_weights *w)
  * interleaved, after one unmeasured warm-up step of each, at least 9 of
  * each and until 0.4 s were spent (at most 41): the medians of the
  * step's total and (2 layers) of layer 0's time, between the hooks.
- * `evict` (NULL: none): a buffer larger than the last-level cache written
- * before each timed step, so that the weights come from DRAM as they do
- * in the run of a model larger than the cache. */
+ * When the real model's step (its layers and LM head) is larger than the
+ * last-level cache `llc`, the copy's weights are flushed from the caches
+ * before each timed step (flush_model; `ev`, a buffer larger than the
+ * cache, where no flush instruction exists), so that they come from DRAM
+ * as they do in the run. */
 typedef struct {
     double pre, pre_layer;      /* prefill: total, layer 0 (2 layers)      */
     double decb, decb_layer;    /* decode at batch: total, layer 0         */
     double dec1, dec1_layer;    /* at batch 1                              */
+    double layer_bytes;         /* one layer's weights, as computed on     */
+    double head_bytes;          /* the LM head's at the model's vocabulary */
+    int cold;                   /* timed with the weights flushed          */
 } engine_times;
 
 typedef struct { uint8_t *p; size_t n; } evict_buf;
 
-static void evict_cache(const evict_buf *e, int r)
+/* Bytes of chunk c of a q8/q4 matrix: its rows' (min, step) pairs, then
+ * their values (the layout ft_wmat_row_f32 reads). */
+static size_t qchunk_bytes(const ft_wmat *w, int c)
 {
+    size_t cols = (size_t)w->cols, gpr = w->group > 0 ? cols / (size_t)w->group : 0;
+    int nr = w->rows - c * w->rows_per_chunk;
+    if (nr > w->rows_per_chunk) nr = w->rows_per_chunk;
+    if (nr < 0) nr = 0;
+    return (size_t)nr * (4 * gpr + (w->fmt == FT_WF_Q8 ? cols : (cols + 1) / 2));
+}
+
+/* Flush the timed copy's own weights from the caches (its plain tensors
+ * through ft_model_tensor, its q8/q4 matrices chunk by chunk): the next
+ * step reads them from DRAM, as the run of a model larger than the
+ * last-level cache does, without a buffer of the cache's size (which a
+ * memory budget may not leave: under 160 MiB none was written, and the
+ * copies ran from the L3 at 2.1-2.4x the run's speed). 0: no flush
+ * instruction in this build. */
+static int flush_model(ft_model *m)
+{
+    size_t nt = ft_model_tensor_count(m);
+    for (size_t i = 0; i < nt; i++) {
+        ft_tensor v;
+        uint64_t nb = 0;
+        if (ft_model_tensor(m, i, NULL, &v) == FT_OK && v.data && ft_tensor_nbytes(&v, &nb) == FT_OK)
+            if (!ft_calib_flush(v.data, (size_t)nb)) return 0;
+    }
+    ft_clear_error();
+    const ft_model_config *cfg = ft_model_get_config(m);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        ft_layer_weights *w = (ft_layer_weights *)ft_model_layer(m, l);
+        for (int s = 0; w; s++) {
+            ft_wmat *x = ft_layer_weights_mat(w, s);
+            if (!x && s >= FT_LAYER_SLOTS) break;
+            if (!x || (x->fmt != FT_WF_Q8 && x->fmt != FT_WF_Q4) || !x->chunk || x->rows_per_chunk < 1) continue;
+            int nch = (x->rows + x->rows_per_chunk - 1) / x->rows_per_chunk;
+            for (int c = 0; c < nch; c++)
+                if (x->chunk[c] && !ft_calib_flush(x->chunk[c], qchunk_bytes(x, c))) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Before a timed step: the copy's weights out of the caches (cold), or,
+ * without a flush instruction, a buffer larger than the cache written. */
+static void evict_cache(ft_model *m, int cold, const evict_buf *e, int r)
+{
+    if (!cold) return;
+    if (flush_model(m)) return;
     if (e && e->p) memset(e->p, r & 0xff, e->n);
 }
 
 static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uint32_t batch, uint32_t plen,
-                             unsigned threads, ft_wfmt fmt, const evict_buf *ev, engine_times *out)
+                             unsigned threads, ft_wfmt fmt, uint64_t llc, const evict_buf *ev, engine_times *out)
 {
     ft_model_config cfg = *base;
     cfg.n_layers = nl;
@@ -423,6 +543,19 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         if (st) return st;
         m = qm;
     }
+    /* What a decode step of the real model streams: its layers, and its
+     * LM head (or the tied embeddings) at the full vocabulary; larger than
+     * the last-level cache (32 MiB when unknown), the copy is timed cold */
+    {
+        uint64_t emb = 0, head = 0;
+        ft_model_global_split(m, &emb, &head);
+        if (!head) head = emb;
+        out->layer_bytes = (double)ft_model_layer_bytes(m);
+        out->head_bytes = vocab > 0 ? (double)head * (double)base->vocab / (double)vocab : 0;
+        double step = (double)base->n_layers * out->layer_bytes + out->head_bytes;
+        out->cold = step > (double)(llc ? llc : 32u << 20);
+    }
+    int cold = out->cold;
     enum { MINREPS = 9, MAXREPS = 41 };
     ft_ctx_params cp = {0};
     cp.max_batch = (int)batch;
@@ -454,7 +587,7 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         tp[j] = toks + (size_t)j * plen;
         nt[j] = plen;
     }
-    evict_cache(ev, 1);
+    evict_cache(m, cold, ev, 1);
     double t0 = eng_now(div);
     if (st == FT_OK) st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
     out->pre = eng_now(div) - t0;
@@ -464,12 +597,12 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
     for (int r = -1; r < MAXREPS && st == FT_OK; r++) {   /* r = -1: warm-up */
         if (r >= MINREPS && ft_now() - start > 0.4) break;
         for (uint32_t j = 0; j < batch; j++) nt[j] = 1;
-        evict_cache(ev, r);
+        evict_cache(m, cold, ev, r);
         t0 = eng_now(div);
         st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
         double a = eng_now(div) - t0, la = h.t[1] - h.t[0];
         if (st) break;
-        evict_cache(ev, r);
+        evict_cache(m, cold, ev, r);
         t0 = eng_now(div);
         st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
         double b = eng_now(div) - t0, lb1 = h.t[1] - h.t[0];
@@ -530,7 +663,8 @@ void ft_cost_timing_fit_head(const double layer[2], const double total2[2], cons
  * the fixed part is extrapolated linearly to the model's vocabulary:
  * calibration never holds the model's embeddings. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
-                                ft_wfmt fmt, uint64_t memory, uint64_t layer_params, const evict_buf *ev,
+                                ft_wfmt fmt, uint64_t memory, uint64_t layer_params, uint64_t llc, double read_bw,
+                                const evict_buf *ev,
                                 ft_cost_timing *tmg)
 {
     ft_model_config cfg;
@@ -543,9 +677,9 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
     int edim = cfg.hidden > cfg.word_embed_proj_dim ? cfg.hidden : cfg.word_embed_proj_dim;
     while (memory && V2 > 2 * V1 && (uint64_t)V2 * (uint64_t)edim * 16 > memory / 4) V2 /= 2;
     engine_times b, c2;   /* (2 layers, V1), (1 layer, V2) */
-    if ((st = time_engine(&cfg, 2, V1, batch, plen, threads, fmt, ev, &b))) return st;
+    if ((st = time_engine(&cfg, 2, V1, batch, plen, threads, fmt, llc, ev, &b))) return st;
     memset(&c2, 0, sizeof c2);
-    if (V2 > V1 && (st = time_engine(&cfg, 1, V2, batch, plen, threads, fmt, ev, &c2))) return st;
+    if (V2 > V1 && (st = time_engine(&cfg, 1, V2, batch, plen, threads, fmt, llc, ev, &c2))) return st;
     double k = V2 > V1 ? (double)(V - V1) / (double)(V2 - V1) : 0;
     ft_cost_timing *in = tmg;
     memset(in, 0, sizeof *in);
@@ -562,12 +696,29 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
      * per parameter (edim per row), at each batch. */
     double span = layer_params ? (double)edim * (double)(V2 - V1) / (double)layer_params : 0;
     ft_cost_timing_fit_head(layer, tot, totv, k, span, in);
+    /* streamed from DRAM, a step reads every weight once: no faster than
+     * the bytes at the read bandwidth (the extrapolated head, past the
+     * largest vocabulary timed, is the least certain part) */
+    if (b.cold) ft_cost_timing_floor(in, b.layer_bytes, b.head_bytes, read_bw);
     double ntok = (double)batch * plen;
     double pl = b.pre_layer > 0 ? b.pre_layer : 0, pf1 = b.pre - 2.0 * pl;
     double pf = V2 > V1 && c2.pre > 0 ? pf1 + k * ((c2.pre - pl) - pf1) : pf1;
     in->layer_prefill_s_per_token = pl / ntok;
     in->fixed_prefill_s_per_token = pf > 0 ? pf / ntok : 0;
+    FT_LOG(FT_LOG_INFO, "plan: engine (%s%s): layer %.3f/%.3f ms, fixed %.3f/%.3f ms (batch 1/%u)",
+           ft_wfmt_name(fmt), b.cold ? ", weights from DRAM" : ", weights in cache", 1e3 * in->layer_decode_s[0],
+           1e3 * in->layer_decode_s[1], 1e3 * in->fixed_decode_s[0], 1e3 * in->fixed_decode_s[1], in->batch[1]);
     return FT_OK;
+}
+
+void ft_cost_timing_floor(ft_cost_timing *t, double layer_bytes, double fixed_bytes, double read_bw)
+{
+    if (!t || !(read_bw > 0) || !isfinite(read_bw)) return;
+    double lf = layer_bytes > 0 ? layer_bytes / read_bw : 0, ff = fixed_bytes > 0 ? fixed_bytes / read_bw : 0;
+    for (int j = 0; j < 2; j++) {
+        if (t->layer_decode_s[j] < lf) t->layer_decode_s[j] = lf;
+        if (t->fixed_decode_s[j] < ff) t->fixed_decode_s[j] = ff;
+    }
 }
 
 void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
@@ -662,7 +813,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib6|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib7|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -1390,18 +1541,21 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         FT_LOG(FT_LOG_INFO, "plan: calibration of this machine and model shape from %s", cpath);
     } else {
         FT_LOG(FT_LOG_INFO, "plan: measuring memory, the engine and the codecs");
-        in->mem_bw = measure_mem_bw(cp->memory);
+        in->mem_bw = measure_mem_bw(cp->memory, in->compute_threads);
         /* a model larger than the last-level cache is read from DRAM in
-         * the run: the timed copies (two layers) are too, behind a buffer
-         * of twice the cache written before each step */
+         * the run: the timed copies are too, flushed from the caches
+         * before each step (time_engine). Only without a flush
+         * instruction: a buffer of twice the cache written instead, where
+         * the budget leaves room for it */
         evict_buf ev = {NULL, 0};
-        uint64_t lbytes = 0, llc = llc_bytes();
-        for (uint32_t k = 0; k < in->n_tensors; k++) lbytes += in->tensor_bytes[FT_CODEC_RAW][k];
-        if (llc && (uint64_t)in->n_layers * lbytes > 2 * llc && (!cp->memory || 2 * llc <= cp->memory / 4)) {
+        uint64_t llc = llc_bytes();
+        if (!ft_calib_flush(NULL, 0) && llc && (!cp->memory || 2 * llc <= cp->memory / 4)) {
             ev.n = (size_t)(2 * llc);
             ev.p = ft_malloc_aligned(ev.n, 64);
             if (!ev.p) ev.n = 0;
         }
+        FT_LOG(FT_LOG_INFO, "plan: memory read %.1f GB/s on %u threads (DRAM), last-level cache %llu MiB",
+               in->mem_bw / 1e9, in->compute_threads, (unsigned long long)(llc >> 20));
         /* The engine's speed with each compute format the codecs imply:
          * none/bp compute on the weights' format, q8/q4 on their own. */
         unsigned wm = codec_mask | (1u << FT_CODEC_RAW);
@@ -1410,7 +1564,8 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
             if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
             ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
-            st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, &ev, &in->timing[c]);
+            st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, llc, in->mem_bw, &ev,
+                                &in->timing[c]);
         }
         ft_free_aligned(ev.p);
         if (st) return st;
