@@ -35,6 +35,8 @@
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
+/* Streamed frames from this size on are placed for O_DIRECT reads. */
+#define DIO_MIN ((uint64_t)1 << 20)
 
 /* How a tensor of a slot reaches the compute. */
 enum { USE_RESIDENT = 0,   /* device tier                                   */
@@ -677,6 +679,7 @@ static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
+static size_t pad4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
 
 /* Place one remote tensor: every piece of its frame (one, or one per
  * node: piece_span) on `replicas` nodes, each replica written unless that
@@ -1137,9 +1140,15 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                 uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
                 if (w > cap) cap = w;
             }
+            /* frames of 1 MiB and more at 4 KiB with room for their last
+             * block: the disk tier reads them past the page cache
+             * (O_DIRECT) in place; smaller ones (the padding would count)
+             * are read through it (file.c) */
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
-            si->frame_off = o->slot_stride;
-            o->slot_stride += pad64(si->frame_cap);
+            int dio = si->frame_cap >= DIO_MIN;
+            if (dio) si->frame_cap = pad4k(si->frame_cap);
+            si->frame_off = dio ? pad4k(o->slot_stride) : o->slot_stride;
+            o->slot_stride = si->frame_off + pad64(si->frame_cap);
             si->dec_off = o->slot_stride;
             if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad64(si->compute_bytes);
         }
@@ -1154,7 +1163,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 64);
+            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 4096);
             if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
         }
         if ((st = ft_codec_ctx_create(o->p.decode_threads, &o->io_cc))) goto fail;
