@@ -98,11 +98,15 @@ struct ft_offload {
     uint8_t *lpres;                   /* [n_layers][ns]: the tensor exists */
     int n_experts;
     ft_wmat *fexp, *sexp[2], *hexp;   /* experts' views: fixed [n_layers][3E], slot buffers, the hook's */
-    /* fetch_layer's per-slot state (the I/O thread's) */
-    ft_request **f_req;
-    remote_read (*f_rr)[MAX_PIECES];
-    int *f_started;
-    size_t *f_got;
+    /* the reads issued into each slot buffer, per slot (the I/O
+     * thread's): a layer's, from fetch_issue until fetch_complete */
+    ft_request **f_req[2];
+    remote_read (*f_rr[2])[MAX_PIECES];
+    int *f_started[2];
+    size_t *f_got[2];
+    int f_layer[2];                   /* the layer issued, -1 none         */
+    ft_status f_st[2];                /* how issuing it went               */
+    char err_issue[2][256];           /* and its message                   */
     int n_fetched;                    /* slots fetched per layer           */
     /* experts streamed one by one (USE_EXPERT slots) */
     int xmode;
@@ -385,20 +389,17 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
     return r;
 }
 
-/* Make every fetched tensor of a layer present in buffer b: reads from
- * disk and memory nodes all at once (asynchronous, so the link never
- * idles between tensors and nodes move in parallel; a remote frame comes
- * in pieces from every node), then verification or decoding on the I/O
- * codec context. A remote read that fails on a node with replicas
- * elsewhere is issued again there (all such reads at once), and the node
- * is left to the repair thread. */
-static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source, uint64_t *retries)
+/* Start every read of a layer's fetched tensors into buffer b: from disk
+ * and memory nodes all at once (asynchronous, so the link never idles
+ * between tensors and nodes move in parallel; a remote frame comes in
+ * pieces from every node). fetch_complete waits for them. */
+static ft_status fetch_issue(ft_offload *o, int layer, int b)
 {
     const int NS = o->ns;
-    ft_request **req = o->f_req;
-    remote_read (*rr)[MAX_PIECES] = o->f_rr;
-    int *started = o->f_started;
-    size_t *got = o->f_got;
+    ft_request **req = o->f_req[b];
+    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
+    int *started = o->f_started[b];
+    size_t *got = o->f_got[b];
     const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
@@ -423,6 +424,68 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
     }
+    o->f_layer[b] = layer;
+    o->f_st[b] = st;
+    if (st) snprintf(o->err_issue[b], sizeof o->err_issue[b], "%s", ft_last_error());
+    return st;
+}
+
+/* Wait for (and free) every read still issued into buffer b. */
+static void fetch_drain(ft_offload *o, int b)
+{
+    if (o->f_layer[b] < 0) return;
+    for (int s = 0; s < o->ns; s++) {
+        ft_request_free(o->f_req[b][s]);
+        o->f_req[b][s] = NULL;
+        for (int k = 0; k < MAX_PIECES; k++) {
+            ft_request_free(o->f_rr[b][s][k].req);
+            o->f_rr[b][s][k].req = NULL;
+        }
+    }
+    o->f_layer[b] = -1;
+}
+
+/* Have all disk reads into buffer b from slot `from` on arrived? */
+static int reads_done(ft_offload *o, int b, int from)
+{
+    for (int s = from; s < o->ns; s++)
+        if (o->f_req[b][s] && ft_request_test(o->f_req[b][s]) == FT_INPROGRESS) return 0;
+    return 1;
+}
+
+/* Once buffer b's reads are all in: issue the next queued layer's reads
+ * into the other buffer (its tensors were computed: the caller queued it),
+ * so the disk and links stay busy while b's last frames are verified or
+ * decoded. */
+static void issue_ahead(ft_offload *o, int b)
+{
+    pthread_mutex_lock(&o->mu);
+    int layer = o->want_layer, nb = o->want_buf;
+    pthread_mutex_unlock(&o->mu);
+    if (layer < 0 || nb == b || o->f_layer[nb] >= 0) return;
+    (void)fetch_issue(o, layer, nb);
+}
+
+/* Make every fetched tensor of a layer present in buffer b, its reads
+ * issued (fetch_issue): wait for them, then verify or decode each on the
+ * I/O codec context as it arrives. A remote read that fails on a node
+ * with replicas elsewhere is issued again there (all such reads at once),
+ * and the node is left to the repair thread. When every read has arrived,
+ * the next queued layer's reads are issued (issue_ahead) before the last
+ * frames are verified or decoded. */
+static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source,
+                                uint64_t *retries)
+{
+    const int NS = o->ns;
+    ft_request **req = o->f_req[b];
+    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
+    int *started = o->f_started[b];
+    size_t *got = o->f_got[b];
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
+    uint8_t *buf = o->slots[b];
+    ft_status st = o->f_st[b];
+    if (st) ft_set_error(st, "%s", o->err_issue[b]);
+    int ahead = 0;
     /* Remote reads: wait for all; reissue the failed ones on replicas, all
      * at once, until each has succeeded or no replica is left. */
     for (int round = 0;; round++) {
@@ -460,6 +523,11 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                 }
             }
     }
+    /* the remote reads are in: the disk's too (or none)? */
+    if (!st && reads_done(o, b, 0)) {
+        issue_ahead(o, b);
+        ahead = 1;
+    }
     for (int s = 0; s < NS; s++) {
         slot_info *si = &o->slot[s];
         if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
@@ -487,6 +555,10 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             size = si->np == 1 ? rr[s][0].got : (size_t)o->wire[idx];
         } else {
             if (!req[s]) continue;   /* not started: an earlier submit failed */
+            if (!ahead && !st && reads_done(o, b, s)) {
+                issue_ahead(o, b);
+                ahead = 1;
+            }
             ft_status r = ft_request_wait(req[s], -1);
             ft_request_free(req[s]);
             req[s] = NULL;
@@ -518,11 +590,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         source[si->tier] += si->src_bytes;
         wire[si->tier] += size;
     }
-    for (int s = 0; s < NS; s++) {
-        ft_request_free(req[s]);
-        req[s] = NULL;
-        for (int k = 0; k < MAX_PIECES; k++) ft_request_free(rr[s][k].req);
-    }
+    fetch_drain(o, b);
     return st;
 }
 
@@ -542,7 +610,11 @@ static void *io_main(void *arg)
         int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, b, logical, wire, source, &retries);
+        if (o->f_layer[b] != layer) {   /* not issued ahead */
+            fetch_drain(o, b);
+            (void)fetch_issue(o, layer, b);
+        }
+        ft_status st = fetch_complete(o, layer, b, logical, wire, source, &retries);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
@@ -569,6 +641,9 @@ static void *io_main(void *arg)
         pthread_cond_broadcast(&o->cv);
     }
     pthread_mutex_unlock(&o->mu);
+    /* a layer issued ahead that no one will take */
+    fetch_drain(o, 0);
+    fetch_drain(o, 1);
     return NULL;
 }
 
@@ -638,6 +713,13 @@ ft_status ft_offload_fetch(void *arg, int layer, int next, ft_layer_weights *w)
             int nb = o->slot_layer[0] < 0 ? 0 : o->slot_layer[1] < 0 ? 1 : (layer & 1);
             request(o, layer, nb);
         }
+        /* Being fetched: queue the next layer into the other buffer now
+         * (its layer has been computed), so that the I/O thread goes on
+         * to it - and issues its reads once this layer's are in - without
+         * waiting for this thread to wake up. */
+        if (o->busy_layer == layer && next >= 0 && next != layer && o->want_layer < 0 &&
+            o->slot_layer[1 - o->busy_buf] != next)
+            request(o, next, 1 - o->busy_buf);
         pthread_cond_wait(&o->cv, &o->mu);
     }
     /* Prefetch the next layer (the caller's direction of travel: the
@@ -877,6 +959,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->le = p->layer_end ? p->layer_end : o->n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
+    o->f_layer[0] = o->f_layer[1] = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     o->n_remote = (int)p->policy.n_remotes;
@@ -901,10 +984,14 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         size_t NS = (size_t)o->ns, E3 = 3 * (size_t)mc->n_experts;
         o->slot = calloc(NS, sizeof *o->slot);
         o->lpres = calloc((size_t)o->n_layers * NS, 1);
-        o->f_req = calloc(NS, sizeof *o->f_req);
-        o->f_rr = calloc(NS, sizeof *o->f_rr);
-        o->f_started = calloc(NS, sizeof *o->f_started);
-        o->f_got = calloc(NS, sizeof *o->f_got);
+        int fok = 1;
+        for (int k = 0; k < 2; k++) {
+            o->f_req[k] = calloc(NS, sizeof *o->f_req[k]);
+            o->f_rr[k] = calloc(NS, sizeof *o->f_rr[k]);
+            o->f_started[k] = calloc(NS, sizeof *o->f_started[k]);
+            o->f_got[k] = calloc(NS, sizeof *o->f_got[k]);
+            fok = fok && o->f_req[k] && o->f_rr[k] && o->f_started[k] && o->f_got[k];
+        }
         bytes = calloc(NS, sizeof *bytes);
         slot_ids = calloc(NS, sizeof *slot_ids);
         tiers = calloc(NS, sizeof *tiers);
@@ -914,7 +1001,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             o->sexp[1] = calloc(E3, sizeof *o->sexp[1]);
             o->hexp = calloc(E3, sizeof *o->hexp);
         }
-        if (!o->slot || !o->lpres || !o->f_req || !o->f_rr || !o->f_started || !o->f_got || !bytes || !slot_ids ||
+        if (!o->slot || !o->lpres || !fok || !bytes || !slot_ids ||
             !tiers || (E3 && (!o->fexp || !o->sexp[0] || !o->sexp[1] || !o->hexp))) {
             st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
             goto fail;
@@ -1219,10 +1306,12 @@ void ft_offload_free(ft_offload *o)
     free(o->sexp[0]);
     free(o->sexp[1]);
     free(o->hexp);
-    free(o->f_req);
-    free(o->f_rr);
-    free(o->f_started);
-    free(o->f_got);
+    for (int k = 0; k < 2; k++) {
+        free(o->f_req[k]);
+        free(o->f_rr[k]);
+        free(o->f_started[k]);
+        free(o->f_got[k]);
+    }
     free(o->xe);
     free(o->xmap);
     ft_free_aligned(o->xbuf);
@@ -1449,7 +1538,7 @@ static ft_status x_setup(ft_offload *o)
     return ft_codec_ctx_create(o->p.decode_threads, &o->x_cc);
 }
 
-/* Start reading piece q of (layer, s) into buf as fetch_layer does, and,
+/* Start reading piece q of (layer, s) into buf as fetch_issue does, and,
  * with replicas, on the next live replica when the node refuses at once
  * (*retries counts the reissues). */
 static ft_status x_issue_piece(ft_offload *o, int layer, int s, int q, uint8_t *buf, remote_read *rr,
