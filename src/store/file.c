@@ -89,8 +89,8 @@ static ft_status file_put(ft_store_backend *b, const char *key, const void *fram
     return FT_OK;
 }
 
-/* Read up to `want` bytes from offset 0 of fd into p (buffered: any
- * alignment). Stops early at the end of the file. */
+/* Read bytes [from, want) of fd into p + from (buffered: any alignment);
+ * *n the end reached (want, or less at the end of the file). */
 static ft_status pread_buffered(int fd, uint8_t *p, size_t from, size_t want, size_t *n)
 {
     size_t k = from;
