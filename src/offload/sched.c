@@ -498,6 +498,11 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
                 remote_read *q = &rr[s][k];
                 q->retry = 0;
                 if (!q->req) continue;
+                if (st) {   /* failed already: only wait (the first error's message stays) */
+                    ft_request_free(q->req);
+                    q->req = NULL;
+                    continue;
+                }
                 ft_status r = finish_remote(o, si, q);
                 if (r == FT_OK) continue;
                 if (st == FT_OK && round < o->replicas && ft_rset_failed(o->rset, q->node, r)) {
@@ -555,7 +560,12 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
             size = si->np == 1 ? rr[s][0].got : (size_t)o->wire[idx];
         } else {
             if (!req[s]) continue;   /* not started: an earlier submit failed */
-            if (!ahead && !st && reads_done(o, b, s)) {
+            if (st) {   /* failed already: only wait (the first error's message stays) */
+                ft_request_free(req[s]);
+                req[s] = NULL;
+                continue;
+            }
+            if (!ahead && reads_done(o, b, s)) {
                 issue_ahead(o, b);
                 ahead = 1;
             }
