@@ -83,6 +83,13 @@ typedef struct ft_store_params {
                                  under a memory budget the disk tier then
                                  holds no memory (default 0: the kernel
                                  keeps what it likes)                      */
+    int         direct_io;    /* file: read frame files past the page cache
+                                 (O_DIRECT) into 4 KiB-aligned buffers; an
+                                 unaligned buffer or a file system that
+                                 refuses it reads through the page cache.
+                                 1 on, 0 off, -1 (the default) with
+                                 drop_cache. FLEXTIER_DIRECT_IO=0|1 in the
+                                 environment sets the default            */
 } ft_store_params;
 
 FT_API void ft_store_default_params(ft_store_params *p);

@@ -871,9 +871,12 @@ static uint64_t disk_key(const ft_calibrate_params *cp, const ft_cost_inputs *in
     char b[256];
     /* the probe's frame sizes (q8/q4 ones read a quarter of the bytes per
      * request: another rate) are part of the key */
-    snprintf(b, sizeof b, "disk10|%s|%llu|%d|%llu|%llu|%d", ft_version_string(), dev, cp->drop_cache,
+    /* and whether the store reads past the page cache (O_DIRECT) */
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    snprintf(b, sizeof b, "disk11|%s|%llu|%d|%llu|%llu|%d|%d", ft_version_string(), dev, cp->drop_cache,
              (unsigned long long)in->tensor_bytes[FT_CODEC_RAW][0] ^ ((unsigned long long)in->n_tensors << 56),
-             (unsigned long long)in->kv_bytes_per_token, (int)in->probe_codec);
+             (unsigned long long)in->kv_bytes_per_token, (int)in->probe_codec, sp.direct_io);
     return ft_xxh3(b, strlen(b));
 }
 
@@ -1073,7 +1076,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
         int64_t shape[1] = {(int64_t)b};
         size_t fb = ft_encode_bound(&cp, FT_U8, 1, shape);
         if (!fb) return ft_set_error(FT_ERR_INVALID_ARG, "plan: a layer tensor of %zu bytes has no frame size", b);
-        fb = (fb + 63) & ~(size_t)63;
+        fb = (fb + 4095) & ~(size_t)4095;   /* 4 KiB-aligned as sched.c's slots: O_DIRECT under a budget */
         if (memory && total + fb > memory / 4) break;
         off[n] = total;
         cap[n] = fb;
@@ -1082,7 +1085,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     }
     if (!n) {   /* no layer sizes (or none fit): 8 frames of 4 MiB */
         int64_t shape[1] = {4 << 20};
-        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 4095) & ~(size_t)4095;
         for (n = 0; n < 8; n++) { off[n] = total; sz[n] = 4u << 20; cap[n] = fb; total += fb; }
     }
     ft_store *s = NULL;
@@ -1093,7 +1096,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     sp.drop_cache = drop_cache;
     ft_status st = ft_store_open(uri, &sp, &s);
     if (st) return ft_set_error(st, "plan: cannot open the tier %s (disk or memory node) to measure it: %s", uri, ft_last_error());
-    uint8_t *buf = ft_malloc_aligned(total, 64);
+    uint8_t *buf = ft_malloc_aligned(total, 4096);
     enum { RMIN = 5, RMAX = 15 };
     double tm[RMAX], tc[RMAX];
     int nr = 0;

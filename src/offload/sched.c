@@ -35,6 +35,8 @@
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
+/* Streamed frames from this size on are placed for O_DIRECT reads. */
+#define DIO_MIN ((uint64_t)1 << 20)
 
 /* How a tensor of a slot reaches the compute. */
 enum { USE_RESIDENT = 0,   /* device tier                                   */
@@ -96,11 +98,15 @@ struct ft_offload {
     uint8_t *lpres;                   /* [n_layers][ns]: the tensor exists */
     int n_experts;
     ft_wmat *fexp, *sexp[2], *hexp;   /* experts' views: fixed [n_layers][3E], slot buffers, the hook's */
-    /* fetch_layer's per-slot state (the I/O thread's) */
-    ft_request **f_req;
-    remote_read (*f_rr)[MAX_PIECES];
-    int *f_started;
-    size_t *f_got;
+    /* the reads issued into each slot buffer, per slot (the I/O
+     * thread's): a layer's, from fetch_issue until fetch_complete */
+    ft_request **f_req[2];
+    remote_read (*f_rr[2])[MAX_PIECES];
+    int *f_started[2];
+    size_t *f_got[2];
+    int f_layer[2];                   /* the layer issued, -1 none         */
+    ft_status f_st[2];                /* how issuing it went               */
+    char err_issue[2][256];           /* and its message                   */
     int n_fetched;                    /* slots fetched per layer           */
     /* experts streamed one by one (USE_EXPERT slots) */
     int xmode;
@@ -383,20 +389,17 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
     return r;
 }
 
-/* Make every fetched tensor of a layer present in buffer b: reads from
- * disk and memory nodes all at once (asynchronous, so the link never
- * idles between tensors and nodes move in parallel; a remote frame comes
- * in pieces from every node), then verification or decoding on the I/O
- * codec context. A remote read that fails on a node with replicas
- * elsewhere is issued again there (all such reads at once), and the node
- * is left to the repair thread. */
-static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source, uint64_t *retries)
+/* Start every read of a layer's fetched tensors into buffer b: from disk
+ * and memory nodes all at once (asynchronous, so the link never idles
+ * between tensors and nodes move in parallel; a remote frame comes in
+ * pieces from every node). fetch_complete waits for them. */
+static ft_status fetch_issue(ft_offload *o, int layer, int b)
 {
     const int NS = o->ns;
-    ft_request **req = o->f_req;
-    remote_read (*rr)[MAX_PIECES] = o->f_rr;
-    int *started = o->f_started;
-    size_t *got = o->f_got;
+    ft_request **req = o->f_req[b];
+    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
+    int *started = o->f_started[b];
+    size_t *got = o->f_got[b];
     const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
@@ -421,6 +424,68 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
     }
+    o->f_layer[b] = layer;
+    o->f_st[b] = st;
+    if (st) snprintf(o->err_issue[b], sizeof o->err_issue[b], "%s", ft_last_error());
+    return st;
+}
+
+/* Wait for (and free) every read still issued into buffer b. */
+static void fetch_drain(ft_offload *o, int b)
+{
+    if (o->f_layer[b] < 0) return;
+    for (int s = 0; s < o->ns; s++) {
+        ft_request_free(o->f_req[b][s]);
+        o->f_req[b][s] = NULL;
+        for (int k = 0; k < MAX_PIECES; k++) {
+            ft_request_free(o->f_rr[b][s][k].req);
+            o->f_rr[b][s][k].req = NULL;
+        }
+    }
+    o->f_layer[b] = -1;
+}
+
+/* Have all disk reads into buffer b from slot `from` on arrived? */
+static int reads_done(ft_offload *o, int b, int from)
+{
+    for (int s = from; s < o->ns; s++)
+        if (o->f_req[b][s] && ft_request_test(o->f_req[b][s]) == FT_INPROGRESS) return 0;
+    return 1;
+}
+
+/* Once buffer b's reads are all in: issue the next queued layer's reads
+ * into the other buffer (its tensors were computed: the caller queued it),
+ * so the disk and links stay busy while b's last frames are verified or
+ * decoded. */
+static void issue_ahead(ft_offload *o, int b)
+{
+    pthread_mutex_lock(&o->mu);
+    int layer = o->want_layer, nb = o->want_buf;
+    pthread_mutex_unlock(&o->mu);
+    if (layer < 0 || nb == b || o->f_layer[nb] >= 0) return;
+    (void)fetch_issue(o, layer, nb);
+}
+
+/* Make every fetched tensor of a layer present in buffer b, its reads
+ * issued (fetch_issue): wait for them, then verify or decode each on the
+ * I/O codec context as it arrives. A remote read that fails on a node
+ * with replicas elsewhere is issued again there (all such reads at once),
+ * and the node is left to the repair thread. When every read has arrived,
+ * the next queued layer's reads are issued (issue_ahead) before the last
+ * frames are verified or decoded. */
+static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logical, uint64_t *wire, uint64_t *source,
+                                uint64_t *retries)
+{
+    const int NS = o->ns;
+    ft_request **req = o->f_req[b];
+    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
+    int *started = o->f_started[b];
+    size_t *got = o->f_got[b];
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
+    uint8_t *buf = o->slots[b];
+    ft_status st = o->f_st[b];
+    if (st) ft_set_error(st, "%s", o->err_issue[b]);
+    int ahead = 0;
     /* Remote reads: wait for all; reissue the failed ones on replicas, all
      * at once, until each has succeeded or no replica is left. */
     for (int round = 0;; round++) {
@@ -433,6 +498,11 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                 remote_read *q = &rr[s][k];
                 q->retry = 0;
                 if (!q->req) continue;
+                if (st) {   /* failed already: only wait (the first error's message stays) */
+                    ft_request_free(q->req);
+                    q->req = NULL;
+                    continue;
+                }
                 ft_status r = finish_remote(o, si, q);
                 if (r == FT_OK) continue;
                 if (st == FT_OK && round < o->replicas && ft_rset_failed(o->rset, q->node, r)) {
@@ -457,6 +527,11 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
                     st = ft_set_error(r, "layer %d: %s", layer, ft_last_error());
                 }
             }
+    }
+    /* the remote reads are in: the disk's too (or none)? */
+    if (!st && reads_done(o, b, 0)) {
+        issue_ahead(o, b);
+        ahead = 1;
     }
     for (int s = 0; s < NS; s++) {
         slot_info *si = &o->slot[s];
@@ -485,6 +560,15 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
             size = si->np == 1 ? rr[s][0].got : (size_t)o->wire[idx];
         } else {
             if (!req[s]) continue;   /* not started: an earlier submit failed */
+            if (st) {   /* failed already: only wait (the first error's message stays) */
+                ft_request_free(req[s]);
+                req[s] = NULL;
+                continue;
+            }
+            if (!ahead && reads_done(o, b, s)) {
+                issue_ahead(o, b);
+                ahead = 1;
+            }
             ft_status r = ft_request_wait(req[s], -1);
             ft_request_free(req[s]);
             req[s] = NULL;
@@ -516,11 +600,7 @@ static ft_status fetch_layer(ft_offload *o, int layer, int b, uint64_t *logical,
         source[si->tier] += si->src_bytes;
         wire[si->tier] += size;
     }
-    for (int s = 0; s < NS; s++) {
-        ft_request_free(req[s]);
-        req[s] = NULL;
-        for (int k = 0; k < MAX_PIECES; k++) ft_request_free(rr[s][k].req);
-    }
+    fetch_drain(o, b);
     return st;
 }
 
@@ -540,7 +620,11 @@ static void *io_main(void *arg)
         int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        ft_status st = fetch_layer(o, layer, b, logical, wire, source, &retries);
+        if (o->f_layer[b] != layer) {   /* not issued ahead */
+            fetch_drain(o, b);
+            (void)fetch_issue(o, layer, b);
+        }
+        ft_status st = fetch_complete(o, layer, b, logical, wire, source, &retries);
         double dt = ft_now() - t0;
         pthread_mutex_lock(&o->mu);
         for (int t = 0; t < FT_TIER_COUNT; t++) {
@@ -567,6 +651,9 @@ static void *io_main(void *arg)
         pthread_cond_broadcast(&o->cv);
     }
     pthread_mutex_unlock(&o->mu);
+    /* a layer issued ahead that no one will take */
+    fetch_drain(o, 0);
+    fetch_drain(o, 1);
     return NULL;
 }
 
@@ -636,6 +723,13 @@ ft_status ft_offload_fetch(void *arg, int layer, int next, ft_layer_weights *w)
             int nb = o->slot_layer[0] < 0 ? 0 : o->slot_layer[1] < 0 ? 1 : (layer & 1);
             request(o, layer, nb);
         }
+        /* Being fetched: queue the next layer into the other buffer now
+         * (its layer has been computed), so that the I/O thread goes on
+         * to it - and issues its reads once this layer's are in - without
+         * waiting for this thread to wake up. */
+        if (o->busy_layer == layer && next >= 0 && next != layer && o->want_layer < 0 &&
+            o->slot_layer[1 - o->busy_buf] != next)
+            request(o, next, 1 - o->busy_buf);
         pthread_cond_wait(&o->cv, &o->mu);
     }
     /* Prefetch the next layer (the caller's direction of travel: the
@@ -677,6 +771,7 @@ static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
 }
 
 static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
+static size_t pad4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
 
 /* Place one remote tensor: every piece of its frame (one, or one per
  * node: piece_span) on `replicas` nodes, each replica written unless that
@@ -874,6 +969,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->le = p->layer_end ? p->layer_end : o->n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
+    o->f_layer[0] = o->f_layer[1] = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     o->n_remote = (int)p->policy.n_remotes;
@@ -898,10 +994,14 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         size_t NS = (size_t)o->ns, E3 = 3 * (size_t)mc->n_experts;
         o->slot = calloc(NS, sizeof *o->slot);
         o->lpres = calloc((size_t)o->n_layers * NS, 1);
-        o->f_req = calloc(NS, sizeof *o->f_req);
-        o->f_rr = calloc(NS, sizeof *o->f_rr);
-        o->f_started = calloc(NS, sizeof *o->f_started);
-        o->f_got = calloc(NS, sizeof *o->f_got);
+        int fok = 1;
+        for (int k = 0; k < 2; k++) {
+            o->f_req[k] = calloc(NS, sizeof *o->f_req[k]);
+            o->f_rr[k] = calloc(NS, sizeof *o->f_rr[k]);
+            o->f_started[k] = calloc(NS, sizeof *o->f_started[k]);
+            o->f_got[k] = calloc(NS, sizeof *o->f_got[k]);
+            fok = fok && o->f_req[k] && o->f_rr[k] && o->f_started[k] && o->f_got[k];
+        }
         bytes = calloc(NS, sizeof *bytes);
         slot_ids = calloc(NS, sizeof *slot_ids);
         tiers = calloc(NS, sizeof *tiers);
@@ -911,7 +1011,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             o->sexp[1] = calloc(E3, sizeof *o->sexp[1]);
             o->hexp = calloc(E3, sizeof *o->hexp);
         }
-        if (!o->slot || !o->lpres || !o->f_req || !o->f_rr || !o->f_started || !o->f_got || !bytes || !slot_ids ||
+        if (!o->slot || !o->lpres || !fok || !bytes || !slot_ids ||
             !tiers || (E3 && (!o->fexp || !o->sexp[0] || !o->sexp[1] || !o->hexp))) {
             st = ft_set_error(FT_ERR_NOMEM, "offload: tables");
             goto fail;
@@ -1137,9 +1237,15 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
                 uint64_t w = o->wire[(size_t)l * (size_t)o->ns + (size_t)s];
                 if (w > cap) cap = w;
             }
+            /* frames of 1 MiB and more at 4 KiB with room for their last
+             * block: the disk tier reads them past the page cache
+             * (O_DIRECT) in place; smaller ones (the padding would count)
+             * are read through it (file.c) */
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
-            si->frame_off = o->slot_stride;
-            o->slot_stride += pad64(si->frame_cap);
+            int dio = si->frame_cap >= DIO_MIN;
+            if (dio) si->frame_cap = pad4k(si->frame_cap);
+            si->frame_off = dio ? pad4k(o->slot_stride) : o->slot_stride;
+            o->slot_stride = si->frame_off + pad64(si->frame_cap);
             si->dec_off = o->slot_stride;
             if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad64(si->compute_bytes);
         }
@@ -1154,7 +1260,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 64);
+            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 4096);
             if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
         }
         if ((st = ft_codec_ctx_create(o->p.decode_threads, &o->io_cc))) goto fail;
@@ -1210,10 +1316,12 @@ void ft_offload_free(ft_offload *o)
     free(o->sexp[0]);
     free(o->sexp[1]);
     free(o->hexp);
-    free(o->f_req);
-    free(o->f_rr);
-    free(o->f_started);
-    free(o->f_got);
+    for (int k = 0; k < 2; k++) {
+        free(o->f_req[k]);
+        free(o->f_rr[k]);
+        free(o->f_started[k]);
+        free(o->f_got[k]);
+    }
     free(o->xe);
     free(o->xmap);
     ft_free_aligned(o->xbuf);
@@ -1440,7 +1548,7 @@ static ft_status x_setup(ft_offload *o)
     return ft_codec_ctx_create(o->p.decode_threads, &o->x_cc);
 }
 
-/* Start reading piece q of (layer, s) into buf as fetch_layer does, and,
+/* Start reading piece q of (layer, s) into buf as fetch_issue does, and,
  * with replicas, on the next live replica when the node refuses at once
  * (*retries counts the reissues). */
 static ft_status x_issue_piece(ft_offload *o, int layer, int s, int q, uint8_t *buf, remote_read *rr,

@@ -3,6 +3,7 @@
  * old one, so readers see the old or the new frame. Reads validate the
  * frame header and size (and decoding verifies every chunk hash), so a
  * corrupt or truncated file is reported as FT_ERR_CORRUPT, never served. */
+#define _GNU_SOURCE   /* O_DIRECT */
 #include "store_internal.h"
 
 #include <dirent.h>
@@ -17,6 +18,10 @@
 
 #define FILE_SUFFIX ".ftf"
 #define NAME_CAP 240
+/* O_DIRECT: buffer, offset and length alignment (the logical block size
+ * of any common device divides it); the largest single read */
+#define DIO_ALIGN ((size_t)FT_BUF_ALIGN)
+#define DIO_MAX ((size_t)1 << 30)
 
 typedef struct file_backend {
     ft_store_backend base;
@@ -24,6 +29,8 @@ typedef struct file_backend {
     int              dirfd;
     atomic_ulong     seq;
     int              drop_cache;   /* ft_store_params.drop_cache */
+    int              direct;       /* reads with O_DIRECT (ft_store_params.direct_io) */
+    atomic_int       direct_refused;   /* this file system refused it: buffered from now on */
 } file_backend;
 
 /* With drop_cache: the file's pages leave the page cache once read or
@@ -82,13 +89,74 @@ static ft_status file_put(ft_store_backend *b, const char *key, const void *fram
     return FT_OK;
 }
 
+/* Read bytes [from, want) of fd into p + from (buffered: any alignment);
+ * *n the end reached (want, or less at the end of the file). */
+static ft_status pread_buffered(int fd, uint8_t *p, size_t from, size_t want, size_t *n)
+{
+    size_t k = from;
+    while (k < want) {
+        ssize_t r = pread(fd, p + k, want - k, (off_t)k);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return FT_ERR_IO;
+        if (r == 0) break;
+        k += (size_t)r;
+    }
+    *n = k;
+    return FT_OK;
+}
+
+/* The same past the page cache: fd is O_DIRECT, p is DIO_ALIGN-aligned
+ * with room for cap bytes. The whole blocks go straight into p; the last
+ * partial block too when cap has room for the block, else through an
+ * aligned bounce block. EINVAL (the file system refuses this direct read)
+ * is FT_ERR_UNSUPPORTED with *n the bytes read so far (a multiple of
+ * DIO_ALIGN): the caller goes on buffered from there. */
+static ft_status pread_direct(int fd, uint8_t *p, size_t cap, size_t want, size_t *n)
+{
+    const size_t body = want & ~(size_t)(DIO_ALIGN - 1);
+    size_t k = 0;
+    *n = 0;
+    while (k < body) {
+        size_t len = body - k < DIO_MAX ? body - k : DIO_MAX;
+        ssize_t r = pread(fd, p + k, len, (off_t)k);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errno == EINVAL ? FT_ERR_UNSUPPORTED : FT_ERR_IO;
+        if (r == 0) { *n = k; return FT_OK; }   /* the file ended early */
+        k += (size_t)r;
+        *n = k;
+        if (k & (DIO_ALIGN - 1)) return FT_OK;   /* a partial block: its end */
+    }
+    if (want == body) return FT_OK;
+    _Alignas(DIO_ALIGN) uint8_t bounce[DIO_ALIGN];
+    uint8_t *dst = cap - body >= DIO_ALIGN ? p + body : bounce;
+    ssize_t r;
+    do r = pread(fd, dst, DIO_ALIGN, (off_t)body);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) return errno == EINVAL ? FT_ERR_UNSUPPORTED : FT_ERR_IO;
+    size_t t = (size_t)r < want - body ? (size_t)r : want - body;
+    if (dst == bounce) memcpy(p + body, bounce, t);
+    *n = body + t;
+    return FT_OK;
+}
+
+/* Read the frame file of key into out (grown unless fixed): its first
+ * min(size, limit) bytes, *got of them read, *file_size its size. With
+ * direct_io and an aligned buffer past the page cache (nothing is
+ * charged to the cgroup, nothing to drop), else buffered (the pages
+ * dropped after with drop_cache). */
 static ft_status read_file(file_backend *f, const char *key, ft_buf *out,
                            size_t limit, size_t *got, size_t *file_size)
 {
     char name[NAME_CAP];
     ft_status st = name_of(key, name);
     if (st != FT_OK) return st;
-    int fd = openat(f->dirfd, name, O_RDONLY | O_CLOEXEC);
+    int direct = f->direct && !atomic_load(&f->direct_refused);
+    int fd = openat(f->dirfd, name, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0 && direct && errno == EINVAL) {   /* this file system has no O_DIRECT */
+        atomic_store(&f->direct_refused, 1);
+        direct = 0;
+        fd = openat(f->dirfd, name, O_RDONLY | O_CLOEXEC);
+    }
     if (fd < 0) {
         if (errno == ENOENT) return ft_set_error(FT_ERR_NOT_FOUND, "no tensor '%s'", key);
         return ft_set_error(FT_ERR_IO, "%s/%s: %s", f->dir, name, strerror(errno));
@@ -99,16 +167,29 @@ static ft_status read_file(file_backend *f, const char *key, ft_buf *out,
         return ft_set_error(FT_ERR_IO, "%s/%s: %s", f->dir, name, strerror(errno));
     }
     size_t fs = (size_t)sb.st_size, want = fs < limit ? fs : limit;
-    st = ft_buf_reserve(out, want ? want : 1);
+    /* a buffer of ours gets room for the last block too */
+    size_t room = out->fixed ? want : (want + DIO_ALIGN - 1) & ~(size_t)(DIO_ALIGN - 1);
+    st = ft_buf_reserve(out, room ? room : 1);
     size_t n = 0;
-    while (st == FT_OK && n < want) {
-        ssize_t r = pread(fd, out->p + n, want - n, (off_t)n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) st = ft_set_error(FT_ERR_IO, "%s/%s: %s", f->dir, name, strerror(errno));
-        else if (r == 0) break;
-        else n += (size_t)r;
+    if (st == FT_OK && direct && ((uintptr_t)out->p & (DIO_ALIGN - 1)) == 0) {
+        st = pread_direct(fd, out->p, out->cap, want, &n);
+        if (st == FT_ERR_UNSUPPORTED) {   /* refused: the rest buffered */
+            atomic_store(&f->direct_refused, 1);
+            int fl = fcntl(fd, F_GETFL);
+            st = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0 ? FT_OK : FT_ERR_IO;
+            direct = 0;
+            if (st == FT_OK) st = pread_buffered(fd, out->p, n, want, &n);
+        }
+    } else if (st == FT_OK) {
+        if (direct) {   /* not aligned: through the page cache */
+            int fl = fcntl(fd, F_GETFL);
+            st = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0 ? FT_OK : FT_ERR_IO;
+            direct = 0;
+        }
+        if (st == FT_OK) st = pread_buffered(fd, out->p, 0, want, &n);
     }
-    drop_file_cache(f, fd);
+    if (st == FT_ERR_IO) st = ft_set_error(FT_ERR_IO, "%s/%s: %s", f->dir, name, strerror(errno));
+    if (!direct) drop_file_cache(f, fd);
     close(fd);
     if (st != FT_OK) return st;
     *got = n;
@@ -262,7 +343,9 @@ static ft_status file_open(const char *spec, const ft_store_params *p, ft_store_
     f->dir = d;
     f->dirfd = fd;
     f->drop_cache = p && p->drop_cache;
+    f->direct = p && (p->direct_io > 0 || (p->direct_io < 0 && p->drop_cache));
     atomic_init(&f->seq, 0);
+    atomic_init(&f->direct_refused, 0);
     *out = &f->base;
     return FT_OK;
 }

@@ -19,7 +19,7 @@ ft_status ft_buf_reserve(ft_buf *b, size_t n)
         if (cap > SIZE_MAX / 2) return ft_set_error(FT_ERR_NOMEM, "buffer of %zu bytes", n);
         cap *= 2;
     }
-    uint8_t *p = ft_malloc_aligned(cap, 64);
+    uint8_t *p = ft_malloc_aligned(cap, FT_BUF_ALIGN);
     if (!p) return ft_set_error(FT_ERR_NOMEM, "buffer of %zu bytes", cap);
     ft_free_aligned(b->p);
     b->p = p;
@@ -163,6 +163,9 @@ void ft_store_default_params(ft_store_params *p)
     p->timeout_ms = 30000;
     const char *t = getenv("FLEXTIER_TIMEOUT_MS");
     if (t && atoi(t) > 0) p->timeout_ms = atoi(t);
+    p->direct_io = -1;
+    const char *d = getenv("FLEXTIER_DIRECT_IO");
+    if (d && (!strcmp(d, "0") || !strcmp(d, "1"))) p->direct_io = *d - '0';
 }
 
 ft_status ft_store_open(const char *uri, const ft_store_params *params,

@@ -4,7 +4,10 @@
 #define FT_STORE_INTERNAL_H
 #include "flextier/store.h"
 
-/* A growable, reusable buffer (64-byte aligned). */
+/* A growable, reusable buffer. What the store allocates is 4 KiB
+ * aligned, its capacity a multiple of 4 KiB (at least 4 KiB): the file
+ * backend reads into it with O_DIRECT. */
+#define FT_BUF_ALIGN 4096u
 typedef struct ft_buf {
     uint8_t *p;
     size_t   cap;

@@ -316,6 +316,60 @@ TEST(disk_tier_reused_on_second_start)
     CHECK(s2.uploaded_bytes == 0 && s2.reused_bytes == s1.uploaded_bytes);
 }
 
+/* Every frame file of a disk tier: flip a byte near its end (mode 0) or
+ * cut it in half (1). */
+static int damage_frames(const char *d, int mode)
+{
+    char cmd[700];
+    if (mode == 0)
+        snprintf(cmd, sizeof cmd,
+                 "for f in %s/*.ftf; do s=$(stat -c %%s \"$f\"); printf '\\377' | "
+                 "dd of=\"$f\" bs=1 seek=$((s - 3)) conv=notrunc status=none || exit 1; done", d);
+    else
+        snprintf(cmd, sizeof cmd, "for f in %s/*.ftf; do truncate -s $(( $(stat -c %%s \"$f\") / 2 )) \"$f\" || exit 1; done",
+                 d);
+    return system(cmd) == 0;
+}
+
+/* Frames damaged on disk while layers stream (read ahead of the engine:
+ * the next layer's reads are issued before the current one is verified)
+ * are reported for their layer as FT_ERR_CORRUPT, never computed on; the
+ * scheduler then shuts down cleanly with reads in flight or not. */
+TEST(disk_tier_damaged_while_streaming)
+{
+    setup();
+    REQUIRE(g_model);
+    char d[400], full[512];
+    snprintf(d, sizeof d, "%s/disk-damaged", dir);
+    for (int mode = 0; mode < 2; mode++) {
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        p.drop_cache = 1;   /* read past the page cache (O_DIRECT) */
+        snprintf(full, sizeof full, "w=0,0,100,0 disk=file:%s", d);
+        CHECK_OK(ft_policy_parse(full, &p.policy));
+        char cmd[500];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+        CHECK(system(cmd) == 0);
+        ft_offload *o;
+        CHECK_OK(ft_offload_create(g_model, dir, &p, &o));
+        if (!o) return;
+        ft_layer_weights w;
+        CHECK_OK(ft_offload_fetch(o, 0, 1, &w));
+        REQUIRE(damage_frames(d, mode));
+        /* layer 1 may have been read before the damage; layer 2 was asked
+         * for after it */
+        ft_status s1 = ft_offload_fetch(o, 1, 2, &w);
+        CHECK_MSG(s1 == FT_OK || s1 == FT_ERR_CORRUPT, "mode %d layer 1: %s", mode, ft_status_str(s1));
+        ft_status s2 = ft_offload_fetch(o, 2, 3, &w);
+        CHECK_MSG(s2 == FT_ERR_CORRUPT && strstr(ft_last_error(), "layer 2"), "mode %d layer 2: %s (%s)", mode,
+                  ft_status_str(s2), ft_last_error());
+        ft_status s3 = ft_offload_fetch(o, 3, 0, &w);
+        CHECK_MSG(s3 == FT_ERR_CORRUPT && strstr(ft_last_error(), "layer 3"), "mode %d layer 3: %s (%s)", mode,
+                  ft_status_str(s3), ft_last_error());
+        ft_offload_free(o);   /* layer 0 was queued, perhaps issued: drained */
+    }
+}
+
 TEST(device_budget_enforced)
 {
     setup();

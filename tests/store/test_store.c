@@ -5,7 +5,9 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -132,6 +134,242 @@ TEST(file_corrupt_rejected)
     ft_list_free(keys, nk);
     ft_free_aligned(src);
     ft_store_close(s);
+    rm_rf(d);
+}
+
+/* A raw u8 frame whose size is `target` bytes (its header included):
+ * the payload is target minus the header, found by encoding. */
+static void *raw_frame(ft_codec_ctx *cc, size_t target, uint8_t seed, size_t *size)
+{
+    ft_codec_params p;
+    ft_codec_default_params(&p);
+    p.codec = FT_CODEC_RAW;
+    size_t n = target;
+    for (int tries = 0; tries < 4; tries++) {
+        int64_t shape[1] = {(int64_t)n};
+        size_t cap = ft_encode_bound(&p, FT_U8, 1, shape);
+        uint8_t *d = malloc(n), *f = ft_malloc_aligned(cap, 64);
+        if (!d || !f) { free(d); ft_free_aligned(f); return NULL; }
+        for (size_t i = 0; i < n; i++) d[i] = (uint8_t)(i * 131 + seed + (i >> 12));
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, d);
+        size_t fs = 0;
+        ft_status st = ft_encode(cc, &p, &t, f, cap, &fs);
+        free(d);
+        if (st != FT_OK) { ft_free_aligned(f); return NULL; }
+        if (fs == target) { *size = fs; return f; }
+        ft_free_aligned(f);
+        if (fs - n >= target) return NULL;   /* smaller than a header */
+        n = target - (fs - n);
+    }
+    return NULL;
+}
+
+/* Pages of a file in the page cache (mincore of a mapping of it). */
+static size_t cached_pages(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return (size_t)-1;
+    struct stat sb;
+    fstat(fd, &sb);
+    size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps, n = 0;
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    unsigned char *v = malloc(np);
+    if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0)
+        for (size_t i = 0; i < np; i++) n += v[i] & 1;
+    else
+        n = (size_t)-1;
+    if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
+    free(v);
+    close(fd);
+    return n;
+}
+
+static void evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd >= 0) {
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+/* Frames of every size around the 4 KiB block read back exactly through
+ * O_DIRECT (direct_io=1), into the store's buffers and the caller's
+ * (aligned with and without room for the last block, unaligned: buffered),
+ * on dir (a disk, or a tmpfs whichever way it takes O_DIRECT). */
+static void direct_roundtrips(const char *dir)
+{
+    static const size_t sizes[] = {0 /* the smallest frame */, 4095, 4096, 4097, 8192, 3 * 4096 + 1,
+                                   (1u << 20) + 17, (5u << 20) + 4096};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    char uri[300], path[400];
+    snprintf(uri, sizeof uri, "file:%s", dir);
+    ft_store_params p;
+    ft_store_default_params(&p);
+    p.direct_io = 1;
+    ft_store *s = NULL;
+    CHECK_OK(ft_store_open(uri, &p, &s));
+    REQUIRE(s);
+    ft_codec_ctx *cc = NULL;
+    CHECK_OK(ft_codec_ctx_create(1, &cc));
+    void *fr[NS] = {0};
+    size_t fsz[NS] = {0};
+    char key[NS][32];
+    for (int i = 0; i < NS; i++) {
+        size_t want = sizes[i] ? sizes[i] : 1;
+        fr[i] = raw_frame(cc, want, (uint8_t)i, &fsz[i]);
+        if (!fr[i] && !sizes[i]) {   /* the smallest: a 1-byte tensor's frame */
+            ft_codec_params cp;
+            ft_codec_default_params(&cp);
+            cp.codec = FT_CODEC_RAW;
+            int64_t shape[1] = {1};
+            size_t cap = ft_encode_bound(&cp, FT_U8, 1, shape);
+            uint8_t one = 42;
+            ft_tensor t;
+            ft_tensor_init(&t, FT_U8, 1, shape, &one);
+            fr[i] = ft_malloc_aligned(cap, 64);
+            if (fr[i] && ft_encode(cc, &cp, &t, fr[i], cap, &fsz[i])) { ft_free_aligned(fr[i]); fr[i] = NULL; }
+        }
+        REQUIRE(fr[i]);
+        CHECK_MSG(!sizes[i] || fsz[i] == sizes[i], "frame of %zu bytes, wanted %zu", fsz[i], sizes[i]);
+        snprintf(key[i], sizeof key[i], "d%zu", sizes[i]);
+        CHECK_OK(ft_store_put_frame(s, key[i], fr[i], fsz[i]));
+    }
+    size_t big = (6u << 20) + 2 * 4096;
+    uint8_t *buf = ft_malloc_aligned(big + 4096, 4096);
+    REQUIRE(buf);
+    for (int i = 0; i < NS; i++) {
+        size_t n = fsz[i], up = (n + 4095) & ~(size_t)4095;
+        /* the store's buffer */
+        void *got = NULL;
+        size_t gs = 0;
+        CHECK_OK(ft_store_get_frame(s, key[i], &got, &gs));
+        CHECK_MSG(gs == n && got && !memcmp(got, fr[i], n), "%s: get_frame", key[i]);
+        ft_free_aligned(got);
+        /* the caller's: exact room, room for the last block, unaligned */
+        const struct { size_t off, cap; } ways[3] = {{0, n}, {0, up}, {1, n}};
+        for (int w = 0; w < 3; w++) {
+            memset(buf, 0xEE, big + 4096);
+            ft_request *r = NULL;
+            size_t sz = 0;
+            CHECK_OK(ft_read_frame_async(s, key[i], buf + ways[w].off, ways[w].cap, &sz, &r));
+            CHECK_OK(ft_request_wait(r, -1));
+            ft_request_free(r);
+            CHECK_MSG(sz == n && !memcmp(buf + ways[w].off, fr[i], n), "%s: read way %d", key[i], w);
+            /* nothing written past the room given */
+            CHECK_MSG(buf[ways[w].off + ways[w].cap] == 0xEE, "%s: way %d wrote past its room", key[i], w);
+        }
+        /* too small a buffer */
+        if (n > 1) {
+            ft_request *r = NULL;
+            size_t sz = 0;
+            CHECK_OK(ft_read_frame_async(s, key[i], buf, n - 1, &sz, &r));
+            CHECK(ft_request_wait(r, -1) == FT_ERR_BUFFER_SMALL);
+            ft_request_free(r);
+        }
+        /* decoded, and stat */
+        ft_tensor out;
+        CHECK_OK(ft_read_tensor(s, key[i], -1, &out));
+        ft_free_aligned(out.data);
+        ft_tensor_stat ts;
+        CHECK_OK(ft_stat_tensor(s, key[i], &ts));
+        CHECK(ts.stored_bytes == n);
+    }
+    /* truncated at a block boundary, inside a block, and grown: corrupt */
+    int last = NS - 1;
+    snprintf(path, sizeof path, "%s/%s.ftf", dir, key[last]);
+    const off_t cuts[3] = {(off_t)(fsz[last] - 4096), (off_t)(fsz[last] - 1), (off_t)(fsz[last] + 5000)};
+    for (int c = 0; c < 3; c++) {
+        CHECK_OK(ft_store_put_frame(s, key[last], fr[last], fsz[last]));
+        CHECK(truncate(path, cuts[c]) == 0);
+        ft_request *r = NULL;
+        size_t sz = 0;
+        CHECK_OK(ft_read_frame_async(s, key[last], buf, big, &sz, &r));
+        ft_status st = ft_request_wait(r, -1);
+        ft_request_free(r);
+        CHECK_MSG(st == FT_ERR_CORRUPT, "cut %d: %s", c, ft_status_str(st));
+        ft_tensor out = {0};
+        CHECK(ft_read_tensor(s, key[last], -1, &out) == FT_ERR_CORRUPT);
+        ft_tensor_stat ts;
+        CHECK(ft_stat_tensor(s, key[last], &ts) == FT_ERR_CORRUPT);
+    }
+    for (int i = 0; i < NS; i++) ft_free_aligned(fr[i]);
+    ft_free_aligned(buf);
+    ft_codec_ctx_free(cc);
+    ft_store_close(s);
+}
+
+TEST(file_direct_io)
+{
+    const char *d = mkdir_tmp();
+    REQUIRE(d);
+    direct_roundtrips(d);
+    rm_rf(d);
+    /* tmpfs: O_DIRECT refused (older kernels: EINVAL, read buffered) or
+     * taken (6.6 on): the same bytes either way */
+    char shm[64];
+    snprintf(shm, sizeof shm, "/dev/shm/ft_test_store_XXXXXX");
+    if (mkdtemp(shm)) {
+        direct_roundtrips(shm);
+        rm_rf(shm);
+    }
+}
+
+/* O_DIRECT reads leave nothing in the page cache (a cgroup's charge);
+ * buffered ones without drop_cache do (so the check can fail), and with
+ * drop_cache drop it after. On a disk only: a tmpfs file is its pages. */
+TEST(file_direct_io_page_cache)
+{
+    const char *d = mkdir_tmp();
+    REQUIRE(d);
+    struct statfs sf;
+    if (statfs(d, &sf) != 0 || sf.f_type == 0x01021994 /* TMPFS_MAGIC */) {
+        printf("  %s is a tmpfs: skipped\n", d);
+        rm_rf(d);
+        return;
+    }
+    char uri[300], path[400];
+    snprintf(uri, sizeof uri, "file:%s", d);
+    ft_codec_ctx *cc = NULL;
+    CHECK_OK(ft_codec_ctx_create(1, &cc));
+    size_t fs = 0;
+    void *fr = raw_frame(cc, (3u << 20) + 100, 9, &fs);
+    REQUIRE(fr);
+    snprintf(path, sizeof path, "%s/pc.ftf", d);
+    uint8_t *buf = ft_malloc_aligned(4u << 20, 4096);
+    REQUIRE(buf);
+    /* direct_io 1, 0 (cache kept), 0 with drop_cache, default with drop_cache */
+    const struct { int direct, drop; int cached; } cases[4] = {{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {-1, 1, 0}};
+    for (int c = 0; c < 4; c++) {
+        ft_store_params p;
+        ft_store_default_params(&p);
+        p.direct_io = cases[c].direct;
+        p.drop_cache = cases[c].drop;
+        ft_store *s = NULL;
+        CHECK_OK(ft_store_open(uri, &p, &s));
+        REQUIRE(s);
+        CHECK_OK(ft_store_put_frame(s, "pc", fr, fs));
+        evict(path);   /* written and synced: clean pages, dropped */
+        size_t before = cached_pages(path);
+        ft_request *r = NULL;
+        size_t sz = 0;
+        CHECK_OK(ft_read_frame_async(s, "pc", buf, 4u << 20, &sz, &r));
+        CHECK_OK(ft_request_wait(r, -1));
+        ft_request_free(r);
+        CHECK(sz == fs && !memcmp(buf, fr, fs));
+        size_t after = cached_pages(path);
+        if (before == 0) {
+            if (cases[c].cached) CHECK_MSG(after > 0, "case %d: buffered read cached nothing", c);
+            else CHECK_MSG(after == 0, "case %d: %zu pages left in the page cache", c, after);
+        } else {
+            printf("  could not evict %s (%zu pages): case %d not checked\n", path, before, c);
+        }
+        ft_store_close(s);
+    }
+    ft_free_aligned(fr);
+    ft_free_aligned(buf);
+    ft_codec_ctx_free(cc);
     rm_rf(d);
 }
 
