@@ -1060,6 +1060,25 @@ static double proc_cpu_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* One round of a probe: the n frames read at once, as the scheduler
+ * reads a layer's, and waited for. */
+static ft_status read_frames(ft_store *s, char (*key)[64], uint8_t *buf, const size_t *off, const size_t *cap,
+                             size_t *got, int n)
+{
+    ft_request *req[FT_COST_MAX_TENSORS] = {0};
+    ft_status st = FT_OK;
+    if (n > FT_COST_MAX_TENSORS) return ft_set_error(FT_ERR_INVALID_ARG, "plan: %d probe frames", n);
+    for (int i = 0; !st && i < n; i++) st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
+    for (int i = 0; i < n; i++) {
+        if (req[i]) {
+            ft_status w = ft_request_wait(req[i], -1);
+            if (!st) st = w;
+        }
+        ft_request_free(req[i]);
+    }
+    return st;
+}
+
 static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in, int cpu_time,
                           double *out_bw, double *out_cpb)
 {
@@ -1100,7 +1119,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     enum { RMIN = 5, RMAX = 15 };
     double tm[RMAX], tc[RMAX];
     int nr = 0;
-    char key[N][48];
+    char key[N][64];
     int written = 0;
     uint64_t bytes = 0;
     if (!buf) st = ft_set_error(FT_ERR_NOMEM, "plan: no memory for the disk probe (%zu bytes)", total);
@@ -1136,19 +1155,10 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     double start = ft_now();
     for (int r = -1; !st && r < RMAX; r++) {
         if (r >= RMIN && ft_now() - start > 0.4) break;
-        ft_request *req[N] = {0};
         size_t got[N];
         if (ev) memset(ev, r & 0xff, evn);
         double t0 = cpu_time ? proc_cpu_now() : ft_now(), c0 = proc_cpu_now();
-        for (int i = 0; !st && i < n; i++)
-            st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
-        for (int i = 0; i < n; i++) {
-            if (req[i]) {
-                ft_status w = ft_request_wait(req[i], -1);
-                if (!st) st = w;
-            }
-            ft_request_free(req[i]);
-        }
+        st = read_frames(s, key, buf, off, cap, got, n);
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
         if (r >= 0) {
             tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
@@ -1310,18 +1320,9 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
         double start = ft_now();
         for (int r = -1; !st && r < RMAX; r++) {
             if (r >= RMIN && ft_now() - start > 0.4) break;
-            ft_request *req[N] = {0};
             if (ev) memset(ev, r & 0xff, evn);
             double t0 = ft_now();
-            for (int i = 0; !st && i < n; i++)
-                st = ft_read_frame_async(s, key[i], buf + off[i], cap[i], &got[i], &req[i]);
-            for (int i = 0; i < n; i++) {
-                if (req[i]) {
-                    ft_status w = ft_request_wait(req[i], -1);
-                    if (!st) st = w;
-                }
-                ft_request_free(req[i]);
-            }
+            st = read_frames(s, key, buf, off, cap, got, n);
             double t1 = ft_now();
             for (int i = 0; !st && i < n; i++) st = ft_frame_verify(cc, buf + off[i], got[i], NULL);
             if (r < 0 || st) continue;
