@@ -472,6 +472,32 @@ typedef struct {
 
 typedef struct { uint8_t *p; size_t n; } evict_buf;
 
+/* A buffer of twice the last-level cache, written before a timed round
+ * so that what the round reads comes from DRAM: only where the budget
+ * leaves room for it (a quarter of memory; 0: no budget). {NULL, 0}: none. */
+static evict_buf evict_alloc(uint64_t llc, uint64_t memory)
+{
+    evict_buf e = {NULL, 0};
+    if (llc && (!memory || 2 * llc <= memory / 4) && (e.p = ft_malloc_aligned((size_t)(2 * llc), 64)))
+        e.n = (size_t)(2 * llc);
+    return e;
+}
+
+static void evict_write(const evict_buf *e, int r)
+{
+    if (e && e->p) memset(e->p, r & 0xff, e->n);
+}
+
+/* The layer probes' buffer: for a model whose layers exceed twice the
+ * cache (the run reads every layer once per step from DRAM). */
+static evict_buf probe_evict(const ft_cost_inputs *in, uint64_t memory)
+{
+    evict_buf none = {NULL, 0};
+    uint64_t llc = llc_bytes(), lb = 0;
+    for (uint32_t k = 0; k < in->n_tensors; k++) lb += in->tensor_bytes[in->probe_codec][k];
+    return llc && (uint64_t)in->n_layers * lb > 2 * llc ? evict_alloc(llc, memory) : none;
+}
+
 /* Bytes of chunk c of a q8/q4 matrix: its rows' (min, step) pairs, then
  * their values (the layout ft_wmat_row_f32 reads). */
 static size_t qchunk_bytes(const ft_wmat *w, int c)
@@ -521,7 +547,7 @@ static void evict_cache(ft_model *m, int cold, const evict_buf *e, int r)
 {
     if (!cold) return;
     if (flush_model(m)) return;
-    if (e && e->p) memset(e->p, r & 0xff, e->n);
+    evict_write(e, r);
 }
 
 static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uint32_t batch, uint32_t plen,
@@ -1139,24 +1165,15 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
      * disk row then ran at 0.36x the prediction); the run reads every
      * layer once per step from DRAM: a model larger than twice the cache
      * gets a buffer of twice the cache written before each round. */
-    uint8_t *ev = NULL;
-    size_t evn = 0;
-    if (!drop_cache) {
-        uint64_t llc = llc_bytes(), lb = 0;
-        for (uint32_t k = 0; k < in->n_tensors; k++) lb += in->tensor_bytes[in->probe_codec][k];
-        if (llc && (uint64_t)in->n_layers * lb > 2 * llc && (!memory || 2 * llc <= memory / 4)) {
-            evn = (size_t)(2 * llc);
-            ev = ft_malloc_aligned(evn, 64);
-            if (!ev) evn = 0;
-        }
-    }
+    evict_buf ev = {NULL, 0};
+    if (!drop_cache) ev = probe_evict(in, memory);
     /* at least 5 rounds and 0.4 s (at most 15): a loopback node's one
      * layer came at 0.9-3.2 GB/s in plans 10 s apart */
     double start = ft_now();
     for (int r = -1; !st && r < RMAX; r++) {
         if (r >= RMIN && ft_now() - start > 0.4) break;
         size_t got[N];
-        if (ev) memset(ev, r & 0xff, evn);
+        evict_write(&ev, r);
         double t0 = cpu_time ? proc_cpu_now() : ft_now(), c0 = proc_cpu_now();
         st = read_frames(s, key, buf, off, cap, got, n);
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
@@ -1174,7 +1191,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
         if (out_cpb) *out_cpb = bytes ? median(tc, (size_t)nr) / (double)bytes : 0;
     }
     for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
-    ft_free_aligned(ev);
+    ft_free_aligned(ev.p);
     ft_free_aligned(buf);
     ft_store_close(s);
     return st;
@@ -1303,24 +1320,14 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
      * twice the cache written before each round (without it the page
      * cache's busy fetch of a 23.6 MB layer read at 19 GB/s, the run's at
      * 4.9 ms a layer) */
-    uint8_t *ev = NULL;
-    size_t evn = 0;
-    {
-        uint64_t llc = llc_bytes(), lb = 0;
-        for (uint32_t k = 0; k < in->n_tensors; k++) lb += in->tensor_bytes[in->probe_codec][k];
-        if (llc && (uint64_t)in->n_layers * lb > 2 * llc && (!memory || 2 * llc <= memory / 4)) {
-            evn = (size_t)(2 * llc);
-            ev = ft_malloc_aligned(evn, 64);
-            if (!ev) evn = 0;
-        }
-    }
+    evict_buf ev = probe_evict(in, memory);
     for (int phase = 0; phase < 2 && !st; phase++) {   /* 0: the cores free, 1: busy */
         busy_set bs;
         if (phase == 1) busy_start(&bs, busy);
         double start = ft_now();
         for (int r = -1; !st && r < RMAX; r++) {
             if (r >= RMIN && ft_now() - start > 0.4) break;
-            if (ev) memset(ev, r & 0xff, evn);
+            evict_write(&ev, r);
             double t0 = ft_now();
             st = read_frames(s, key, buf, off, cap, got, n);
             double t1 = ft_now();
@@ -1338,7 +1345,7 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
         out->check_busy = median(tv[1], (size_t)nr[1]) / (double)bytes;
     }
     for (int i = 0; i < written; i++) ft_delete_tensor(s, key[i]);
-    ft_free_aligned(ev);
+    ft_free_aligned(ev.p);
     ft_codec_ctx_free(cc);
     ft_free_aligned(buf);
     ft_store_close(s);
@@ -1553,11 +1560,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
          * the budget leaves room for it */
         evict_buf ev = {NULL, 0};
         uint64_t llc = llc_bytes();
-        if (!ft_calib_flush(NULL, 0) && llc && (!cp->memory || 2 * llc <= cp->memory / 4)) {
-            ev.n = (size_t)(2 * llc);
-            ev.p = ft_malloc_aligned(ev.n, 64);
-            if (!ev.p) ev.n = 0;
-        }
+        if (!ft_calib_flush(NULL, 0)) ev = evict_alloc(llc, cp->memory);
         FT_LOG(FT_LOG_INFO, "plan: memory read %.1f GB/s on %u threads (DRAM), last-level cache %llu MiB",
                in->mem_bw / 1e9, in->compute_threads, (unsigned long long)(llc >> 20));
         /* The engine's speed with each compute format the codecs imply:
