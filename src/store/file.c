@@ -139,6 +139,13 @@ static ft_status pread_direct(int fd, uint8_t *p, size_t cap, size_t want, size_
     return FT_OK;
 }
 
+/* fd read through the page cache from now on (O_DIRECT cleared). */
+static ft_status clear_direct(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0 ? FT_OK : FT_ERR_IO;
+}
+
 /* Read the frame file of key into out (grown unless fixed): its first
  * min(size, limit) bytes, *got of them read, *file_size its size. With
  * direct_io and an aligned buffer past the page cache (nothing is
@@ -175,15 +182,13 @@ static ft_status read_file(file_backend *f, const char *key, ft_buf *out,
         st = pread_direct(fd, out->p, out->cap, want, &n);
         if (st == FT_ERR_UNSUPPORTED) {   /* refused: the rest buffered */
             atomic_store(&f->direct_refused, 1);
-            int fl = fcntl(fd, F_GETFL);
-            st = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0 ? FT_OK : FT_ERR_IO;
+            st = clear_direct(fd);
             direct = 0;
             if (st == FT_OK) st = pread_buffered(fd, out->p, n, want, &n);
         }
     } else if (st == FT_OK) {
         if (direct) {   /* not aligned: through the page cache */
-            int fl = fcntl(fd, F_GETFL);
-            st = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0 ? FT_OK : FT_ERR_IO;
+            st = clear_direct(fd);
             direct = 0;
         }
         if (st == FT_OK) st = pread_buffered(fd, out->p, 0, want, &n);
