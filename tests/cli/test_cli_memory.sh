@@ -47,16 +47,21 @@ for pct in 30 60 100; do
 done
 # page cache charged to the cgroup before the run (the checkpoint read in
 # it first: clean pages the kernel reclaims at the limit) leaves the plan
-# as in a fresh cgroup; counting the whole charge as this process put the
-# layers on disk or refused the budget
+# as in a fresh cgroup; counting the whole charge as this process refused
+# the budget (this model) or put the layers on disk (the h1024 q4 model).
+# The two plans are made minutes apart under whatever load the other tests
+# make, and the planner weighs disk against host-tier decoding by measured
+# CPU: the disk share may move by a step or two, not more.
 lim=$((size * 60 / 100))
 rc=0
 peers_cg_run "$lim" "$work/fill.txt" -- bash -c 'cat "$1" > /dev/null && shift && exec "$@"' _ "$work/m/model.safetensors" \
     "$bin" run --model "$work/m" --prompt "Once upon a time" --max-new-tokens 6 --temperature 0 --kv-dtype f32 \
     --policy auto --memory "$lim" || rc=$?
 pol() { sed -n 's/^offload policy: \(w=[^ ]*\).*/\1/p' "$1"; }
-[ "$rc" = 0 ] && [ -n "$(pol "$work/fill.txt.err")" ] && [ "$(pol "$work/fill.txt.err")" = "$(pol "$work/o60.txt.err")" ] \
-    && ok "page cache charged before the run: the plan of a fresh cgroup ($(pol "$work/fill.txt.err"))" \
+dsk() { pol "$1" | cut -d, -f3; }
+[ "$rc" = 0 ] && [ -n "$(pol "$work/fill.txt.err")" ] && [ -n "$(pol "$work/o60.txt.err")" ] \
+    && [ "$(dsk "$work/fill.txt.err")" -le $(( $(dsk "$work/o60.txt.err") + 20 )) ] \
+    && ok "page cache charged before the run: planned as a fresh cgroup ($(pol "$work/fill.txt.err") vs $(pol "$work/o60.txt.err"))" \
     || bad "page cache charged before the run: exit $rc, $(pol "$work/fill.txt.err") vs $(pol "$work/o60.txt.err"): $(tail -1 "$work/fill.txt.err")"
 # the budget holds by itself: a cgroup twice as large, --memory at 60% of
 # the model: the cgroup's peak (the page cache of the checkpoint, the disk
