@@ -284,13 +284,14 @@ FT_API void ft_cost_timing_fit(const double layer[2], const double total2[2], co
 /* As ft_cost_timing_fit, but extrapolated more than 8x past the span
  * measured (k > 8: a memory bound keeps V2 at 2048 or 4096 for a
  * vocabulary of 32000) the head's rows cost what a layer's parameters cost
- * per parameter: span = edim x (V2 - V1) / a layer's parameters (the
- * head is a matrix of the layers' format read by the same kernels)
- * instead of the difference of two noisy totals times k (three
- * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
- * 7.6, 0 and 0.7 ms). span 0: ft_cost_timing_fit. */
-FT_API void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
-                                    double span, ft_cost_timing *t);
+ * per parameter in the head's format: span = edim x (V2 - V1) / a layer's
+ * parameters, times head_layer[j] (a layer's time in the head's format:
+ * bf16 beside q8/q4 layers) or, head_layer NULL, layer[j] (the head in
+ * the layers' format), instead of the difference of two noisy totals
+ * times k (three --recalibrate plans of the 8-layer h2048 Llama under
+ * 448 MiB fitted 7.6, 0 and 0.7 ms). span 0: ft_cost_timing_fit. */
+FT_API void ft_cost_timing_fit_head(const double layer[2], const double head_layer[2], const double total2[2],
+                                    const double totalv2[2], double k, double span, ft_cost_timing *t);
 
 /* A decode step streamed from DRAM reads each weight once: raise each
  * batch point's layer time to layer_bytes / read_bw and its fixed part to
@@ -304,6 +305,19 @@ FT_API void ft_cost_timing_floor(ft_cost_timing *t, double layer_bytes, double f
  * weights between steps. 1 (p NULL or n 0: whether this build can), 0
  * where it has no cache-flush instruction (nothing done). */
 FT_API int ft_calib_flush(const void *p, size_t n);
+
+/* The CPU time of this process's threads, read exactly: what calibration
+ * times multi-threaded steps and probes by. The process clock counts a
+ * thread running on another core only as of that core's last scheduler
+ * tick; this sums each thread's own clock, which is current when read.
+ * ft_calib_clock_init lists the threads that exist then (make it after
+ * the threads to be timed are started; a thread that ends stops counting);
+ * ft_calib_clock_now returns seconds. Where the threads cannot be listed
+ * (no /proc, more than FT_CALIB_CLOCK_MAX) the process clock. */
+#define FT_CALIB_CLOCK_MAX 64
+typedef struct ft_calib_clock { int n; int id[FT_CALIB_CLOCK_MAX]; } ft_calib_clock;
+FT_API void ft_calib_clock_init(ft_calib_clock *c);
+FT_API double ft_calib_clock_now(const ft_calib_clock *c);
 
 /* Predict throughput of a policy (FlexGen's per-layer max of compute and
  * link times, with weights moved once per block and cache per batch). */

@@ -8,6 +8,7 @@
 #include "flextier/model.h"
 #include "flextier/store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
 #include <emmintrin.h>
@@ -42,12 +43,63 @@ static double median(double *v, size_t n)
  * 11 predicted 14.0-29.5 tok/s); its CPU time is the work, which the plan
  * divides by the share of a core a thread gets when it is made
  * (measure_cpu_share, ft_cost_rescale_cpu). The engine's multi-threaded
- * steps use the process's CPU time over the threads (eng_now). */
+ * steps use the process's CPU time over the threads (eng_now), read
+ * exactly (ft_calib_clock). */
 static double cpu_now(void)
 {
     struct timespec t;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t)) return ft_now();
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double proc_cpu_now(void)
+{
+    struct timespec t;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t)) return ft_now();
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The process's CPU time, read exactly over its threads
+ * (ft_calib_clock, offload.h). The process clock (CLOCK_PROCESS_CPUTIME_ID)
+ * counts a thread running on another core only as of that core's last
+ * scheduler tick (or the thread's last sleep): a 1.25 ms layer of the
+ * h1024 Llama's q4 copy at batch 16 on two threads read 0.62, 0.85, 1.08,
+ * 1.24, 0.62 ms of CPU over the threads in successive steps, a sawtooth
+ * of the worker's ticks, whose median was the caller's half alone: the
+ * plan's q4 layers came at 0.78 ms where the run spends 1.3, and the
+ * in-memory q4 rows were predicted 1.4-2x too fast. A thread's own clock
+ * read from another thread is exact (Linux brings a running thread's
+ * runtime up to date when it is read). */
+void ft_calib_clock_init(ft_calib_clock *c)
+{
+    if (!c) return;
+    c->n = 0;
+#if defined(__linux__)
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long tid = strtol(e->d_name, &end, 10);
+        if (*end || tid <= 0 || tid > 0x3fffffff) continue;
+        if (c->n == FT_CALIB_CLOCK_MAX) { c->n = 0; break; }
+        /* the kernel's thread CPU clock id: ~tid << 3 | PERTHREAD (4) | SCHED (2) */
+        unsigned u = (~(unsigned)tid << 3) | 6u;
+        c->id[c->n++] = (int)u;
+    }
+    closedir(d);
+#endif
+}
+
+double ft_calib_clock_now(const ft_calib_clock *c)
+{
+    if (!c || c->n < 1) return proc_cpu_now();
+    double s = 0;
+    for (int i = 0; i < c->n; i++) {
+        struct timespec t;
+        if (clock_gettime((clockid_t)c->id[i], &t) == 0) s += (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    }
+    return s;
 }
 
 /* Write [p, p + n) back and drop it from every cache level (clflush; on
@@ -426,25 +478,21 @@ static uint64_t llc_bytes(void)
  * layer's time is read between two hooks inside one step, not as the
  * difference of two runs of different copies (which the load's noise
  * swamped: five calibrations fitted 7.5-17.8 ms, once 0). */
-typedef struct { double t[2], div; } hook_ts;
+typedef struct { double t[2], div; ft_calib_clock pc; } hook_ts;
 
 /* The engine's clock (see time_engine): the process's CPU time over the
- * threads computing (div > 1), else the calling thread's. */
-static double eng_now(double div)
+ * threads computing (div > 1; read exactly, ft_calib_clock), else the calling
+ * thread's. */
+static double eng_now(const ft_calib_clock *pc, double div)
 {
-    if (div > 1) {
-        struct timespec t;
-        if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) == 0)
-            return ((double)t.tv_sec + 1e-9 * (double)t.tv_nsec) / div;
-    }
-    return cpu_now();
+    return div > 1 ? ft_calib_clock_now(pc) / div : cpu_now();
 }
 
 static ft_status ts_hook(void *user, int layer, ft_layer_weights *w)
 {
     (void)w;
     hook_ts *h = user;
-    if (layer >= 0 && layer < 2) h->t[layer] = eng_now(h->div);
+    if (layer >= 0 && layer < 2) h->t[layer] = eng_now(&h->pc, h->div);
     return FT_OK;
 }
 
@@ -599,7 +647,8 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
      * rest moves with the other processes' memory traffic, which a CPU
      * share does not see). */
     double div = threads ? (double)threads : (double)ft_default_threads();
-    hook_ts h = {{0, 0}, div};
+    hook_ts h = {{0, 0}, div, {0, {0}}};
+    ft_calib_clock_init(&h.pc);   /* the compute pool's threads exist now */
     ft_ctx_set_layer_hook(c, ts_hook, &h);
     int32_t *toks = calloc((size_t)batch * plen, sizeof *toks);
     int *slots = calloc(batch, sizeof *slots);
@@ -614,9 +663,9 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         nt[j] = plen;
     }
     evict_cache(m, cold, ev, 1);
-    double t0 = eng_now(div);
+    double t0 = eng_now(&h.pc, div);
     if (st == FT_OK) st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-    out->pre = eng_now(div) - t0;
+    out->pre = eng_now(&h.pc, div) - t0;
     out->pre_layer = nl >= 2 ? h.t[1] - h.t[0] : 0;
     int n = 0;
     double start = ft_now();
@@ -624,14 +673,14 @@ static ft_status time_engine(const ft_model_config *base, int nl, int vocab, uin
         if (r >= MINREPS && ft_now() - start > 0.4) break;
         for (uint32_t j = 0; j < batch; j++) nt[j] = 1;
         evict_cache(m, cold, ev, r);
-        t0 = eng_now(div);
+        t0 = eng_now(&h.pc, div);
         st = ft_ctx_forward(c, batch, slots, tp, nt, NULL, 0);
-        double a = eng_now(div) - t0, la = h.t[1] - h.t[0];
+        double a = eng_now(&h.pc, div) - t0, la = h.t[1] - h.t[0];
         if (st) break;
         evict_cache(m, cold, ev, r);
-        t0 = eng_now(div);
+        t0 = eng_now(&h.pc, div);
         st = ft_ctx_forward(c, 1, slots, tp, nt, NULL, 0);
-        double b = eng_now(div) - t0, lb1 = h.t[1] - h.t[0];
+        double b = eng_now(&h.pc, div) - t0, lb1 = h.t[1] - h.t[0];
         if (r >= 0 && st == FT_OK) {
             tb[n] = a;
             t1[n] = b;
@@ -668,14 +717,15 @@ void ft_cost_timing_fit(const double layer[2], const double total2[2], const dou
     }
 }
 
-void ft_cost_timing_fit_head(const double layer[2], const double total2[2], const double totalv2[2], double k,
-                             double span, ft_cost_timing *t)
+void ft_cost_timing_fit_head(const double layer[2], const double head_layer[2], const double total2[2],
+                             const double totalv2[2], double k, double span, ft_cost_timing *t)
 {
     double tv[2] = {totalv2[0], totalv2[1]};
     if (k > 8 && span > 0)
         for (int j = 0; j < 2; j++) {
             double l = layer[j] > 0 ? layer[j] : 0, f1 = total2[j] - 2.0 * l;
-            if (l > 0) tv[j] = f1 + l + l * span;   /* V2 - V1 rows at a layer's cost per parameter */
+            double h = head_layer ? (head_layer[j] > 0 ? head_layer[j] : 0) : l;
+            if (h > 0) tv[j] = f1 + l + h * span;   /* V2 - V1 rows at the head format's cost per parameter */
         }
     ft_cost_timing_fit(layer, total2, tv, k, t);
 }
@@ -690,7 +740,7 @@ void ft_cost_timing_fit_head(const double layer[2], const double total2[2], cons
  * calibration never holds the model's embeddings. */
 static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, unsigned threads,
                                 ft_wfmt fmt, uint64_t memory, uint64_t layer_params, uint64_t llc, double read_bw,
-                                const evict_buf *ev,
+                                const evict_buf *ev, const ft_cost_timing *head_fmt,
                                 ft_cost_timing *tmg)
 {
     ft_model_config cfg;
@@ -717,11 +767,14 @@ static ft_status measure_engine(const char *dir, uint32_t batch, uint32_t plen, 
      * the difference of the two copies' fixed parts, a few hundred us
      * measured apart, swings the head's cost by its noise times k: three
      * --recalibrate plans of the 8-layer h2048 Llama under 448 MiB fitted
-     * 7.6, 0 and 0.7 ms. The head is a matrix of the layers' format read
-     * by the same kernels: its rows cost what a layer's parameters cost
-     * per parameter (edim per row), at each batch. */
+     * 7.6, 0 and 0.7 ms. The head is a matrix read by the layers'
+     * kernels: its rows cost what a layer's parameters cost per parameter
+     * (edim per row), at each batch, in the head's format: the layers'
+     * own, or bf16 beside q8/q4 layers (head_fmt: a layer's times in that
+     * format; the q4 layers' cost per parameter put the h1024 Llama's
+     * bf16 head at batch 16 at 2.7 ms where it takes 6-7). */
     double span = layer_params ? (double)edim * (double)(V2 - V1) / (double)layer_params : 0;
-    ft_cost_timing_fit_head(layer, tot, totv, k, span, in);
+    ft_cost_timing_fit_head(layer, head_fmt ? head_fmt->layer_decode_s : NULL, tot, totv, k, span, in);
     /* streamed from DRAM, a step reads every weight once: no faster than
      * the bytes at the read bandwidth (the extrapolated head, past the
      * largest vocabulary timed, is the least certain part) */
@@ -1079,13 +1132,6 @@ static void calib_save(const char *dir, const char *path, uint64_t key, const ft
  * wall clock: reads that are memory copies (the page cache, a memory
  * node on this machine) are CPU work, rescaled by the plan's CPU share
  * like the engine's times. */
-static double proc_cpu_now(void)
-{
-    struct timespec t;
-    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t)) return ft_now();
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* One round of a probe: the n frames read at once, as the scheduler
  * reads a layer's, and waited for. */
 static ft_status read_frames(ft_store *s, char (*key)[64], uint8_t *buf, const size_t *off, const size_t *cap,
@@ -1169,17 +1215,19 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     if (!drop_cache) ev = probe_evict(in, memory);
     /* at least 5 rounds and 0.4 s (at most 15): a loopback node's one
      * layer came at 0.9-3.2 GB/s in plans 10 s apart */
+    ft_calib_clock pc;   /* the store's threads exist now (the probe is written) */
+    ft_calib_clock_init(&pc);
     double start = ft_now();
     for (int r = -1; !st && r < RMAX; r++) {
         if (r >= RMIN && ft_now() - start > 0.4) break;
         size_t got[N];
         evict_write(&ev, r);
-        double t0 = cpu_time ? proc_cpu_now() : ft_now(), c0 = proc_cpu_now();
+        double t0 = cpu_time ? ft_calib_clock_now(&pc) : ft_now(), c0 = ft_calib_clock_now(&pc);
         st = read_frames(s, key, buf, off, cap, got, n);
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
         if (r >= 0) {
-            tm[r] = (cpu_time ? proc_cpu_now() : ft_now()) - t0;
-            tc[r] = proc_cpu_now() - c0;
+            tm[r] = (cpu_time ? ft_calib_clock_now(&pc) : ft_now()) - t0;
+            tc[r] = ft_calib_clock_now(&pc) - c0;
             nr = r + 1;
         }
     }
@@ -1567,12 +1615,25 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
          * none/bp compute on the weights' format, q8/q4 on their own. */
         unsigned wm = codec_mask | (1u << FT_CODEC_RAW);
         ft_status st = FT_OK;
+        ft_cost_timing hb;   /* a bf16 layer's times where the checkpoint is f32/f16 */
+        memset(&hb, 0, sizeof hb);
         for (int c = 0; c < FT_CODEC_COUNT && st == FT_OK; c++) {
             if (!(wm & (1u << c)) || c == FT_CODEC_BYTEPLANE) continue;
             if (c != FT_CODEC_RAW && c != FT_CODEC_Q8 && c != FT_CODEC_Q4) continue;
             ft_wfmt f = c == FT_CODEC_Q8 ? FT_WF_Q8 : c == FT_CODEC_Q4 ? FT_WF_Q4 : in->weights_fmt;
-            st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, llc, in->mem_bw, &ev,
-                                &in->timing[c]);
+            /* q8/q4 layers keep a bf16 LM head (ft_tensor_format): its
+             * cost per parameter is a bf16 layer's (the checkpoint's
+             * format, timed first, or timed here for an f32/f16 one) */
+            const ft_cost_timing *hf = NULL;
+            if (f == FT_WF_Q8 || f == FT_WF_Q4) {
+                if (in->weights_fmt != FT_WF_BF16 && !(hb.layer_decode_s[1] > 0))
+                    st = measure_engine(dir, batch, plen, threads, FT_WF_BF16, cp->memory, in->layer_params, llc,
+                                        in->mem_bw, &ev, NULL, &hb);
+                hf = in->weights_fmt == FT_WF_BF16 ? &in->timing[FT_CODEC_RAW] : &hb;
+            }
+            if (st == FT_OK)
+                st = measure_engine(dir, batch, plen, threads, f, cp->memory, in->layer_params, llc, in->mem_bw,
+                                    &ev, hf, &in->timing[c]);
         }
         ft_free_aligned(ev.p);
         if (st) return st;
