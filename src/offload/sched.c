@@ -35,8 +35,10 @@
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
-/* Streamed frames from this size on are placed for O_DIRECT reads. */
+/* Streamed frames from this size on are placed for O_DIRECT reads
+ * (ft_offload_params.direct_min 0), at this alignment. */
 #define DIO_MIN ((uint64_t)1 << 20)
+#define DIO_ALIGN 4096u
 
 /* How a tensor of a slot reaches the compute. */
 enum { USE_RESIDENT = 0,   /* device tier                                   */
@@ -775,6 +777,9 @@ static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
 /* n rounded up to a multiple of align (a power of two) */
 static size_t pad_to(uint64_t n, uint64_t align) { return (size_t)((n + align - 1) & ~(align - 1)); }
 
+/* The smallest streamed frame placed for O_DIRECT reads. */
+static uint64_t dio_min(const ft_offload *o) { return o->p.direct_min ? o->p.direct_min : DIO_MIN; }
+
 /* Place one remote tensor: every piece of its frame (one, or one per
  * node: piece_span) on `replicas` nodes, each replica written unless that
  * node already holds it (content-addressed keys). */
@@ -1241,9 +1246,9 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
              * (O_DIRECT) in place; smaller ones (the padding would count)
              * are read through it (file.c) */
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
-            int dio = si->frame_cap >= DIO_MIN;
-            if (dio) si->frame_cap = pad_to(si->frame_cap, 4096);
-            si->frame_off = dio ? pad_to(o->slot_stride, 4096) : o->slot_stride;
+            int dio = si->frame_cap && si->frame_cap >= dio_min(o);
+            if (dio) si->frame_cap = pad_to(si->frame_cap, DIO_ALIGN);
+            si->frame_off = dio ? pad_to(o->slot_stride, DIO_ALIGN) : o->slot_stride;
             o->slot_stride = si->frame_off + pad_to(si->frame_cap, 64);
             si->dec_off = o->slot_stride;
             if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad_to(si->compute_bytes, 64);
@@ -1259,7 +1264,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 4096);
+            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, DIO_ALIGN);
             if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
         }
         if ((st = ft_codec_ctx_create(o->p.decode_threads, &o->io_cc))) goto fail;
@@ -1482,7 +1487,16 @@ static ft_status x_setup(ft_offload *o)
         if (si->use == USE_EXPERT && si->codec == FT_CODEC_BYTEPLANE && si->compute_bytes > dec[k])
             dec[k] = si->compute_bytes;
     }
+    /* a matrix's frames of dio_min and more at 4 KiB of an entry (every
+     * entry then at 4 KiB) with room for their last block: the disk tier
+     * reads them past the page cache in place, as a layer's */
+    int dio = 0;
     for (int k = 0; k < 3; k++) {
+        if (cap[k] && cap[k] >= dio_min(o)) {
+            cap[k] = pad_to(cap[k], DIO_ALIGN);
+            stride = pad_to(stride, DIO_ALIGN);
+            dio = 1;
+        }
         off[k] = stride;
         stride += pad_to(cap[k], 64);
         doff[k] = stride;
@@ -1490,6 +1504,7 @@ static ft_status x_setup(ft_offload *o)
         tab[k] = ch;
         ch += nch[k];
     }
+    if (dio) stride = pad_to(stride, DIO_ALIGN);
     for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
         slot_info *si = &o->slot[s];
         int k = (s - FT_LAYER_SLOTS) % 3;
@@ -1525,7 +1540,7 @@ static ft_status x_setup(ft_offload *o)
     for (int l = o->lb; l < o->le; l++) o->xsparse += mc->layer_moe[l] ? 1 : 0;
     o->xe = calloc((size_t)o->xcap, sizeof *o->xe);
     o->xmap = malloc((size_t)o->n_layers * (size_t)E * sizeof *o->xmap);
-    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, 64);
+    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, dio ? DIO_ALIGN : 64);
     o->xchunk_tab = calloc((size_t)o->xcap * (ch ? ch : 1), sizeof *o->xchunk_tab);
     o->xscr = calloc(3 * (size_t)E, sizeof *o->xscr);
     o->xrouter = ft_malloc_aligned((size_t)E * (size_t)mc->hidden * sizeof(float), 64);
