@@ -338,6 +338,13 @@ typedef struct ft_load_params {
      * up to a multiple of 24, the product kernels' split; tests use small
      * ones to cross chunk boundaries). */
     int stream_chunk_rows;
+    /* Read the streamed rows past the page cache (O_DIRECT: nothing is
+     * charged to a memory cgroup, no kernel copy): 1 on, 0 off, -1 (what
+     * ft_load_params_default sets; FLEXTIER_DIRECT_IO=0|1 in the
+     * environment sets it instead) on with stream_drop_cache. A file
+     * system that refuses O_DIRECT is read through the page cache (the
+     * pages dropped with stream_drop_cache), said at debug log level. */
+    int stream_direct_io;
 } ft_load_params;
 
 #define FT_STREAM_EMBED 1u

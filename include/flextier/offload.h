@@ -456,6 +456,13 @@ typedef struct ft_offload_params {
      * checkpoint's pages leave the page cache once read or written (a
      * cgroup charges the page cache to the process). */
     int drop_cache;
+    /* Streamed frames (a layer's tensors in the slot buffers, an expert's
+     * matrices in the expert cache) of at least this many bytes are
+     * placed at 4 KiB with room for their last block, so that the disk
+     * tier reads them past the page cache (O_DIRECT, with the store's
+     * direct_io); smaller ones, where the padding would count, are read
+     * through it (0: 1 MiB). */
+    uint64_t direct_min;
 } ft_offload_params;
 
 enum { FT_EXPERT_LRU = 0, FT_EXPERT_LFU = 1 };

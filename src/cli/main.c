@@ -39,8 +39,9 @@ static void usage(FILE *f)
     fprintf(f, "  %-8s %s\n", "version", "print the version");
     fprintf(f, "\n'flextier <command> --help' describes a command.\n"
                "Environment: FLEXTIER_LOG=error|warn|info|debug|trace, FLEXTIER_THREADS=N,\n"
-               "FLEXTIER_NO_SIMD=1 (scalar kernels only), FLEXTIER_DIRECT_IO=0|1 (the disk tier read\n"
-               "past the page cache with O_DIRECT; default: on under a memory budget).\n");
+               "FLEXTIER_NO_SIMD=1 (scalar kernels only), FLEXTIER_DIRECT_IO=0|1 (the disk tier and\n"
+               "the streamed embeddings / LM head read past the page cache with O_DIRECT; default: on\n"
+               "under a memory budget).\n");
 }
 
 int main(int argc, char **argv)

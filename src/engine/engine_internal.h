@@ -75,9 +75,14 @@ const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slo
  * and read on demand (ft_load_params.stream_globals): rows of the
  * checkpoint's dtype at byte `off` of `fd`, converted to the compute
  * format `fmt` (always plain: ft_tensor_format keeps these bf16 or the
- * requested f32/bf16/f16) exactly as a resident load converts them. */
+ * requested f32/bf16/f16) exactly as a resident load converts them.
+ * With dfd (the file opened O_DIRECT) the rows are read past the page
+ * cache: the 4 KiB blocks that cover them, into a 4 KiB-aligned buffer
+ * with FT_GSTREAM_SLACK bytes of room past the rows. */
 typedef struct ft_gstream {
     int fd;
+    int dfd;               /* O_DIRECT, -1: none (off, or refused at open) */
+    int direct_refused;    /* atomically set: a direct read was refused */
     uint64_t off;
     ft_dtype src;
     ft_wfmt fmt;
@@ -90,11 +95,19 @@ typedef struct ft_gstream {
 /* Rows per chunk of a streamed LM head (a multiple of 96, about 4 MiB of
  * the compute format; the whole matrix when smaller). */
 int ft_gstream_chunk_rows(const ft_gstream *g);
+/* Room past a chunk's rows in the buffers given to ft_gstream_read for a
+ * direct read: the blocks before and after the rows. */
+#define FT_GSTREAM_ALIGN 4096u
+#define FT_GSTREAM_SLACK (2u * FT_GSTREAM_ALIGN)
 /* Read rows [r0, r0 + n) into dst in the compute format; raw: scratch of
- * n rows in the checkpoint dtype (unused when the dtypes agree). */
+ * n rows in the checkpoint dtype (unused when the dtypes agree). With
+ * g->dfd the buffer read into (raw, else dst) is read past the page cache
+ * when FT_GSTREAM_ALIGN-aligned with FT_GSTREAM_SLACK bytes of room past
+ * the n rows; otherwise (or refused) through the page cache. */
 ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw);
 /* Ask the kernel to read rows [r0, r0 + n) ahead (the next chunk while
- * this one is computed). */
+ * this one is computed); nothing for direct reads (the page cache is
+ * not used). */
 void ft_gstream_prefetch(const ft_gstream *g, int r0, int n);
 
 typedef struct ft_model_tensor_entry {

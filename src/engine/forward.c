@@ -190,8 +190,10 @@ static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int r
 }
 
 /* Bytes of one chunk buffer for the streamed globals (a chunk of the
- * head; an embedding row fits in it). For a layout-only model (planning)
- * the chunk is sized from the shapes as ft_gstream_chunk_rows would. */
+ * head; an embedding row fits in it), with room for a direct read's
+ * blocks either side (FT_GSTREAM_SLACK; the buffers are 4 KiB-aligned).
+ * For a layout-only model (planning) the chunk is sized from the shapes
+ * as ft_gstream_chunk_rows would. */
 static size_t gs_buf_bytes(const ft_model *m, int raw)
 {
     size_t z = 0;
@@ -204,7 +206,7 @@ static size_t gs_buf_bytes(const ft_model *m, int raw)
                                                                                  (size_t)gs[i]->cols);
         if (b > z) z = b;
     }
-    return z;
+    return z ? z + FT_GSTREAM_SLACK : 0;
 }
 
 ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
@@ -299,8 +301,8 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
     /* streamed embeddings / LM head: one chunk of rows, twice */
     if (m->gs_emb || m->gs_head) {
         size_t z = gs_buf_bytes(m, 0), zr = gs_buf_bytes(m, 1);
-        c->gs_dst = ft_malloc_aligned(z, 64);
-        c->gs_raw = zr ? ft_malloc_aligned(zr, 64) : NULL;
+        c->gs_dst = ft_malloc_aligned(z, FT_GSTREAM_ALIGN);
+        c->gs_raw = zr ? ft_malloc_aligned(zr, FT_GSTREAM_ALIGN) : NULL;
         c->scratch_bytes += z + zr;
     }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV

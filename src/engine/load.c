@@ -2,6 +2,7 @@
  * (through model.h), every tensor checked for presence and exact shape and
  * stored once in the format it is computed in (f32/bf16/f16, or q8/q4
  * quantized here), the checkpoint's pages dropped behind. */
+#define _GNU_SOURCE   /* O_DIRECT */
 #include "engine_internal.h"
 #include "flextier/model.h"
 
@@ -109,7 +110,9 @@ ft_status ft_model_checkpoint_tensor(const ft_model *m, const ft_checkpoint *ck,
 }
 
 /* A streamed global: its rows stay in the checkpoint file, read with
- * pread (the tied head shares the embedding's). */
+ * pread (the tied head shares the embedding's), past the page cache with
+ * stream_direct_io (a second descriptor, O_DIRECT; none where the file
+ * system refuses it). */
 static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_model_tensor_entry *e, const ft_tensor *t,
                              const ft_load_params *lp, int layout_only, const char *used)
 {
@@ -121,11 +124,19 @@ static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_mode
     if (st) return st;
     ft_gstream *g = calloc(1, sizeof *g);
     if (!g) return ft_set_error(FT_ERR_NOMEM, "load: %s", used);
+    g->dfd = -1;
     g->fd = layout_only ? -1 : open(path, O_RDONLY | O_CLOEXEC);
     if (g->fd < 0 && !layout_only) {
         st = ft_set_error(FT_ERR_IO, "load: %s (streamed %s): %s", path, used, strerror(errno));
         free(g);
         return st;
+    }
+    int direct = lp->stream_direct_io > 0 || (lp->stream_direct_io < 0 && lp->stream_drop_cache);
+    if (direct && !layout_only) {
+        g->dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (g->dfd < 0)
+            FT_LOG(FT_LOG_DEBUG, "load: streamed %s: %s refuses O_DIRECT (%s): read through the page cache", used,
+                   path, strerror(errno));
     }
     g->off = off;
     g->src = t->dtype;

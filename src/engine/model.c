@@ -530,6 +530,7 @@ static void gstream_close(ft_gstream *g)
 {
     if (!g) return;
     if (g->fd >= 0) close(g->fd);
+    if (g->dfd >= 0) close(g->dfd);
     free(g);
 }
 
@@ -624,6 +625,9 @@ void ft_load_params_default(ft_load_params *p)
 {
     memset(p, 0, sizeof *p);
     p->weights = FT_WEIGHTS_AS_STORED;
+    p->stream_direct_io = -1;
+    const char *d = getenv("FLEXTIER_DIRECT_IO");
+    if (d && (!strcmp(d, "0") || !strcmp(d, "1"))) p->stream_direct_io = *d - '0';
 }
 
 /* ------------------------------------------------- public layer layout */

@@ -35,8 +35,10 @@
 /* A remote frame is striped over the memory nodes in pieces of at least
  * this many bytes (smaller tensors go whole to one node). */
 #define PIECE_MIN (64u << 10)
-/* Streamed frames from this size on are placed for O_DIRECT reads. */
+/* Streamed frames from this size on are placed for O_DIRECT reads
+ * (ft_offload_params.direct_min 0), at this alignment. */
 #define DIO_MIN ((uint64_t)1 << 20)
+#define DIO_ALIGN 4096u
 
 /* How a tensor of a slot reaches the compute. */
 enum { USE_RESIDENT = 0,   /* device tier                                   */
@@ -73,16 +75,31 @@ typedef struct {
     int retry;
 } remote_read;
 
+/* The reads of one tensor into a buffer: from disk (req, got bytes) or
+ * the remote tier (pieces rr[0, started)); started 1 for a disk read. */
+typedef struct {
+    ft_request *req;
+    size_t got;
+    int started;
+    remote_read rr[MAX_PIECES];
+} tensor_read;
+
+/* A slot buffer's reads (the I/O thread's): a layer's, from fetch_issue
+ * until fetch_complete. */
+typedef struct {
+    tensor_read *rd;                  /* [ns] */
+    int layer;                        /* the layer issued, -1 none         */
+    ft_status st;                     /* how issuing it went               */
+    char err[256];                    /* and its message                   */
+} fetch_buf;
+
 /* An entry of the expert cache: one expert's streamed matrices. */
 enum { X_FREE = 0, X_LOADING, X_READY };
 typedef struct {
     int layer, e, state, pinned, prefetched;
     uint64_t tick;
     uint32_t freq;
-    ft_request *req[3];
-    remote_read rr[3][MAX_PIECES];
-    int started[3];
-    size_t got[3];
+    tensor_read rd[3];
     ft_wmat view[3];
 } x_entry;
 
@@ -98,15 +115,7 @@ struct ft_offload {
     uint8_t *lpres;                   /* [n_layers][ns]: the tensor exists */
     int n_experts;
     ft_wmat *fexp, *sexp[2], *hexp;   /* experts' views: fixed [n_layers][3E], slot buffers, the hook's */
-    /* the reads issued into each slot buffer, per slot (the I/O
-     * thread's): a layer's, from fetch_issue until fetch_complete */
-    ft_request **f_req[2];
-    remote_read (*f_rr[2])[MAX_PIECES];
-    int *f_started[2];
-    size_t *f_got[2];
-    int f_layer[2];                   /* the layer issued, -1 none         */
-    ft_status f_st[2];                /* how issuing it went               */
-    char err_issue[2][256];           /* and its message                   */
+    fetch_buf fb[2];                  /* the reads issued into each slot buffer */
     int n_fetched;                    /* slots fetched per layer           */
     /* experts streamed one by one (USE_EXPERT slots) */
     int xmode;
@@ -395,61 +404,57 @@ static ft_status finish_remote(ft_offload *o, const slot_info *si, remote_read *
  * pieces from every node). fetch_complete waits for them. */
 static ft_status fetch_issue(ft_offload *o, int layer, int b)
 {
-    const int NS = o->ns;
-    ft_request **req = o->f_req[b];
-    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
-    int *started = o->f_started[b];
-    size_t *got = o->f_got[b];
-    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
+    fetch_buf *fb = &o->fb[b];
+    const uint8_t *lp = o->lpres + (size_t)layer * (size_t)o->ns;
     uint8_t *buf = o->slots[b];
     ft_status st = FT_OK;
-    memset(req, 0, (size_t)NS * sizeof *req);
-    memset(rr, 0, (size_t)NS * sizeof *rr);
-    memset(started, 0, (size_t)NS * sizeof *started);
-    memset(got, 0, (size_t)NS * sizeof *got);
-    for (int s = 0; s < NS && st == FT_OK; s++) {
+    memset(fb->rd, 0, (size_t)o->ns * sizeof *fb->rd);
+    for (int s = 0; s < o->ns && st == FT_OK; s++) {
         slot_info *si = &o->slot[s];
+        tensor_read *rd = &fb->rd[s];
         if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier == FT_TIER_HOST) continue;
         size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         if (si->tier == FT_TIER_REMOTE) {
             for (int k = 0; k < si->np && st == FT_OK; k++) {
-                st = issue_remote(o, layer, s, k, buf, &rr[s][k], -1);
-                if (st == FT_OK) started[s] = k + 1;
+                st = issue_remote(o, layer, s, k, buf, &rd->rr[k], -1);
+                if (st == FT_OK) rd->started = k + 1;
             }
         } else {
-            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &got[s],
-                                     &req[s]);
-            if (st == FT_OK) started[s] = 1;
+            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &rd->got,
+                                     &rd->req);
+            if (st == FT_OK) rd->started = 1;
         }
         if (st) st = ft_set_error(st, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
                                   ft_tier_name(si->tier), ft_last_error());
     }
-    o->f_layer[b] = layer;
-    o->f_st[b] = st;
-    if (st) snprintf(o->err_issue[b], sizeof o->err_issue[b], "%s", ft_last_error());
+    fb->layer = layer;
+    fb->st = st;
+    if (st) snprintf(fb->err, sizeof fb->err, "%s", ft_last_error());
     return st;
 }
 
 /* Wait for (and free) every read still issued into buffer b. */
 static void fetch_drain(ft_offload *o, int b)
 {
-    if (o->f_layer[b] < 0) return;
+    fetch_buf *fb = &o->fb[b];
+    if (fb->layer < 0) return;
     for (int s = 0; s < o->ns; s++) {
-        ft_request_free(o->f_req[b][s]);
-        o->f_req[b][s] = NULL;
+        tensor_read *rd = &fb->rd[s];
+        ft_request_free(rd->req);
+        rd->req = NULL;
         for (int k = 0; k < MAX_PIECES; k++) {
-            ft_request_free(o->f_rr[b][s][k].req);
-            o->f_rr[b][s][k].req = NULL;
+            ft_request_free(rd->rr[k].req);
+            rd->rr[k].req = NULL;
         }
     }
-    o->f_layer[b] = -1;
+    fb->layer = -1;
 }
 
 /* Have all disk reads into buffer b from slot `from` on arrived? */
 static int reads_done(ft_offload *o, int b, int from)
 {
     for (int s = from; s < o->ns; s++)
-        if (o->f_req[b][s] && ft_request_test(o->f_req[b][s]) == FT_INPROGRESS) return 0;
+        if (o->fb[b].rd[s].req && ft_request_test(o->fb[b].rd[s].req) == FT_INPROGRESS) return 0;
     return 1;
 }
 
@@ -462,7 +467,7 @@ static void issue_ahead(ft_offload *o, int b)
     pthread_mutex_lock(&o->mu);
     int layer = o->want_layer, nb = o->want_buf;
     pthread_mutex_unlock(&o->mu);
-    if (layer < 0 || nb == b || o->f_layer[nb] >= 0) return;
+    if (layer < 0 || nb == b || o->fb[nb].layer >= 0) return;
     (void)fetch_issue(o, layer, nb);
 }
 
@@ -477,14 +482,11 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
                                 uint64_t *retries)
 {
     const int NS = o->ns;
-    ft_request **req = o->f_req[b];
-    remote_read (*rr)[MAX_PIECES] = o->f_rr[b];
-    int *started = o->f_started[b];
-    size_t *got = o->f_got[b];
+    fetch_buf *fb = &o->fb[b];
     const uint8_t *lp = o->lpres + (size_t)layer * (size_t)NS;
     uint8_t *buf = o->slots[b];
-    ft_status st = o->f_st[b];
-    if (st) ft_set_error(st, "%s", o->err_issue[b]);
+    ft_status st = fb->st;
+    if (st) ft_set_error(st, "%s", fb->err);
     int ahead = 0;
     /* Remote reads: wait for all; reissue the failed ones on replicas, all
      * at once, until each has succeeded or no replica is left. */
@@ -494,8 +496,9 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
             slot_info *si = &o->slot[s];
             if (!si->present || !lp[s] || si->use != USE_FETCH || si->tier != FT_TIER_REMOTE) continue;
             size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
-            for (int k = 0; k < started[s]; k++) {
-                remote_read *q = &rr[s][k];
+            tensor_read *rd = &fb->rd[s];
+            for (int k = 0; k < rd->started; k++) {
+                remote_read *q = &rd->rr[k];
                 q->retry = 0;
                 if (!q->req) continue;
                 if (st) {   /* failed already: only wait (the first error's message stays) */
@@ -517,8 +520,8 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
         }
         if (!again) break;
         for (int s = 0; s < NS; s++)
-            for (int k = 0; k < started[s]; k++) {
-                remote_read *q = &rr[s][k];
+            for (int k = 0; k < fb->rd[s].started; k++) {
+                remote_read *q = &fb->rd[s].rr[k];
                 if (!q->retry) continue;
                 ft_status r = st ? st : issue_remote(o, layer, s, k, buf, q, q->node);
                 if (r == FT_OK) {
@@ -537,17 +540,18 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
         slot_info *si = &o->slot[s];
         if (!si->present || !lp[s] || si->use != USE_FETCH) continue;
         size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
+        tensor_read *rd = &fb->rd[s];
         const uint8_t *frame;
         size_t size;
         if (si->tier == FT_TIER_HOST) {
             frame = o->host[idx];
             size = (size_t)o->wire[idx];
         } else if (si->tier == FT_TIER_REMOTE) {
-            if (st || started[s] < si->np) continue;
+            if (st || rd->started < si->np) continue;
             if (si->np == 1 && agent_decodes(o, si)) {   /* decoded (and checked) by the agent */
                 uint64_t ne = 0;
                 ft_status r;
-                if (ft_tensor_numel(&rr[s][0].dst, &ne) || ne != si->numel)
+                if (ft_tensor_numel(&rd->rr[0].dst, &ne) || ne != si->numel)
                     st = ft_set_error(FT_ERR_CORRUPT, "layer %d: %s has the wrong shape", layer, o->keys[idx]);
                 else if ((r = bind_view(si, s, &o->slot_w[b], buf + si->dec_off, (size_t)si->compute_bytes,
                                         o->slot_chunks[b] + si->tab_off)))
@@ -557,21 +561,21 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
                 continue;
             }
             frame = buf + si->frame_off;
-            size = si->np == 1 ? rr[s][0].got : (size_t)o->wire[idx];
+            size = si->np == 1 ? rd->rr[0].got : (size_t)o->wire[idx];
         } else {
-            if (!req[s]) continue;   /* not started: an earlier submit failed */
+            if (!rd->req) continue;   /* not started: an earlier submit failed */
             if (st) {   /* failed already: only wait (the first error's message stays) */
-                ft_request_free(req[s]);
-                req[s] = NULL;
+                ft_request_free(rd->req);
+                rd->req = NULL;
                 continue;
             }
             if (!ahead && reads_done(o, b, s)) {
                 issue_ahead(o, b);
                 ahead = 1;
             }
-            ft_status r = ft_request_wait(req[s], -1);
-            ft_request_free(req[s]);
-            req[s] = NULL;
+            ft_status r = ft_request_wait(rd->req, -1);
+            ft_request_free(rd->req);
+            rd->req = NULL;
             if (r) {
                 if (st == FT_OK)
                     st = ft_set_error(r, "layer %d: reading %s from the %s tier: %s", layer, o->keys[idx],
@@ -579,7 +583,7 @@ static ft_status fetch_complete(ft_offload *o, int layer, int b, uint64_t *logic
                 continue;
             }
             frame = buf + si->frame_off;
-            size = got[s];
+            size = rd->got;
         }
         if (st) continue;
         ft_status r;
@@ -620,7 +624,7 @@ static void *io_main(void *arg)
         int degraded = o->rset && ft_rset_up_count(o->rset) < o->n_remote;   /* a node is down already */
         double t0 = ft_now();
         ft_clear_error();
-        if (o->f_layer[b] != layer) {   /* not issued ahead */
+        if (o->fb[b].layer != layer) {   /* not issued ahead */
             fetch_drain(o, b);
             (void)fetch_issue(o, layer, b);
         }
@@ -770,8 +774,11 @@ static void drop_pages(const void *p, size_t n, const ft_checkpoint *ck)
     if (ck) ft_checkpoint_drop_cache(ck);
 }
 
-static size_t pad64(uint64_t n) { return (size_t)((n + 63) & ~(uint64_t)63); }
-static size_t pad4k(uint64_t n) { return (size_t)((n + 4095) & ~(uint64_t)4095); }
+/* n rounded up to a multiple of align (a power of two) */
+static size_t pad_to(uint64_t n, uint64_t align) { return (size_t)((n + align - 1) & ~(align - 1)); }
+
+/* The smallest streamed frame placed for O_DIRECT reads. */
+static uint64_t dio_min(const ft_offload *o) { return o->p.direct_min ? o->p.direct_min : DIO_MIN; }
 
 /* Place one remote tensor: every piece of its frame (one, or one per
  * node: piece_span) on `replicas` nodes, each replica written unless that
@@ -969,7 +976,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
     o->le = p->layer_end ? p->layer_end : o->n_layers;
     o->slot_layer[0] = o->slot_layer[1] = -1;
     o->want_layer = o->busy_layer = o->err_layer = -1;
-    o->f_layer[0] = o->f_layer[1] = -1;
+    o->fb[0].layer = o->fb[1].layer = -1;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     o->n_remote = (int)p->policy.n_remotes;
@@ -996,11 +1003,8 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         o->lpres = calloc((size_t)o->n_layers * NS, 1);
         int fok = 1;
         for (int k = 0; k < 2; k++) {
-            o->f_req[k] = calloc(NS, sizeof *o->f_req[k]);
-            o->f_rr[k] = calloc(NS, sizeof *o->f_rr[k]);
-            o->f_started[k] = calloc(NS, sizeof *o->f_started[k]);
-            o->f_got[k] = calloc(NS, sizeof *o->f_got[k]);
-            fok = fok && o->f_req[k] && o->f_rr[k] && o->f_started[k] && o->f_got[k];
+            o->fb[k].rd = calloc(NS, sizeof *o->fb[k].rd);
+            fok = fok && o->fb[k].rd;
         }
         bytes = calloc(NS, sizeof *bytes);
         slot_ids = calloc(NS, sizeof *slot_ids);
@@ -1112,7 +1116,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         if (!si->present) continue;
         if (si->use == USE_RESIDENT) {
             si->res_off = o->res_stride;
-            o->res_stride += pad64(si->compute_bytes);
+            o->res_stride += pad_to(si->compute_bytes, 64);
         }
         si->tab_off = chunk_per_layer;
         chunk_per_layer += si->n_chunks;
@@ -1242,12 +1246,12 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
              * (O_DIRECT) in place; smaller ones (the padding would count)
              * are read through it (file.c) */
             si->frame_cap = si->tier == FT_TIER_HOST || agent_decodes(o, si) ? 0 : cap;
-            int dio = si->frame_cap >= DIO_MIN;
-            if (dio) si->frame_cap = pad4k(si->frame_cap);
-            si->frame_off = dio ? pad4k(o->slot_stride) : o->slot_stride;
-            o->slot_stride = si->frame_off + pad64(si->frame_cap);
+            int dio = si->frame_cap && si->frame_cap >= dio_min(o);
+            if (dio) si->frame_cap = pad_to(si->frame_cap, DIO_ALIGN);
+            si->frame_off = dio ? pad_to(o->slot_stride, DIO_ALIGN) : o->slot_stride;
+            o->slot_stride = si->frame_off + pad_to(si->frame_cap, 64);
             si->dec_off = o->slot_stride;
-            if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad64(si->compute_bytes);
+            if (si->codec == FT_CODEC_BYTEPLANE) o->slot_stride += pad_to(si->compute_bytes, 64);
         }
         o->st.slot_bytes = 2ull * o->slot_stride;
         if (p->device_budget && o->st.resident_bytes + o->st.slot_bytes > p->device_budget) {
@@ -1260,7 +1264,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
-            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, 4096);
+            o->slots[k] = ft_malloc_aligned(o->slot_stride ? o->slot_stride : 64, DIO_ALIGN);
             if (!o->slots[k]) { st = ft_set_error(FT_ERR_NOMEM, "offload: slot buffers"); goto fail; }
         }
         if ((st = ft_codec_ctx_create(o->p.decode_threads, &o->io_cc))) goto fail;
@@ -1316,12 +1320,7 @@ void ft_offload_free(ft_offload *o)
     free(o->sexp[0]);
     free(o->sexp[1]);
     free(o->hexp);
-    for (int k = 0; k < 2; k++) {
-        free(o->f_req[k]);
-        free(o->f_rr[k]);
-        free(o->f_started[k]);
-        free(o->f_got[k]);
-    }
+    for (int k = 0; k < 2; k++) free(o->fb[k].rd);
     free(o->xe);
     free(o->xmap);
     ft_free_aligned(o->xbuf);
@@ -1488,14 +1487,24 @@ static ft_status x_setup(ft_offload *o)
         if (si->use == USE_EXPERT && si->codec == FT_CODEC_BYTEPLANE && si->compute_bytes > dec[k])
             dec[k] = si->compute_bytes;
     }
+    /* a matrix's frames of dio_min and more at 4 KiB of an entry (every
+     * entry then at 4 KiB) with room for their last block: the disk tier
+     * reads them past the page cache in place, as a layer's */
+    int dio = 0;
     for (int k = 0; k < 3; k++) {
+        if (cap[k] && cap[k] >= dio_min(o)) {
+            cap[k] = pad_to(cap[k], DIO_ALIGN);
+            stride = pad_to(stride, DIO_ALIGN);
+            dio = 1;
+        }
         off[k] = stride;
-        stride += pad64(cap[k]);
+        stride += pad_to(cap[k], 64);
         doff[k] = stride;
-        stride += pad64(dec[k]);
+        stride += pad_to(dec[k], 64);
         tab[k] = ch;
         ch += nch[k];
     }
+    if (dio) stride = pad_to(stride, DIO_ALIGN);
     for (int s = FT_LAYER_SLOTS; s < o->ns; s++) {
         slot_info *si = &o->slot[s];
         int k = (s - FT_LAYER_SLOTS) % 3;
@@ -1531,7 +1540,7 @@ static ft_status x_setup(ft_offload *o)
     for (int l = o->lb; l < o->le; l++) o->xsparse += mc->layer_moe[l] ? 1 : 0;
     o->xe = calloc((size_t)o->xcap, sizeof *o->xe);
     o->xmap = malloc((size_t)o->n_layers * (size_t)E * sizeof *o->xmap);
-    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, 64);
+    o->xbuf = ft_malloc_aligned((size_t)o->xcap * o->xstride, dio ? DIO_ALIGN : 64);
     o->xchunk_tab = calloc((size_t)o->xcap * (ch ? ch : 1), sizeof *o->xchunk_tab);
     o->xscr = calloc(3 * (size_t)E, sizeof *o->xscr);
     o->xrouter = ft_malloc_aligned((size_t)E * (size_t)mc->hidden * sizeof(float), 64);
@@ -1601,18 +1610,19 @@ static ft_status x_issue(ft_offload *o, int id, int layer, int e)
         int s = FT_LAYER_SLOTS + 3 * e + k;
         const slot_info *si = &o->slot[s];
         size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
-        xe->req[k] = NULL;
-        xe->started[k] = 0;
+        tensor_read *rd = &xe->rd[k];
+        rd->req = NULL;
+        rd->started = 0;
         if (si->use != USE_EXPERT || si->tier == FT_TIER_HOST) continue;
         if (si->tier == FT_TIER_REMOTE) {
             for (int q = 0; q < si->np && !st; q++) {
-                st = x_issue_piece(o, layer, s, q, buf, &xe->rr[k][q], &retries);
-                if (!st) xe->started[k] = q + 1;
+                st = x_issue_piece(o, layer, s, q, buf, &rd->rr[q], &retries);
+                if (!st) rd->started = q + 1;
             }
         } else {
-            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &xe->got[k],
-                                     &xe->req[k]);
-            if (!st) xe->started[k] = 1;
+            st = ft_read_frame_async(o->disk, o->keys[idx], buf + si->frame_off, (size_t)si->frame_cap, &rd->got,
+                                     &rd->req);
+            if (!st) rd->started = 1;
         }
         if (st)
             st = ft_set_error(st, "layer %d expert %d: reading %s from the %s tier: %s", layer, e, o->keys[idx],
@@ -1641,6 +1651,7 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
         const slot_info *si = &o->slot[s];
         size_t idx = (size_t)layer * (size_t)o->ns + (size_t)s;
         if (si->use != USE_EXPERT) continue;
+        tensor_read *rd = &xe->rd[k];
         const uint8_t *frame = NULL;
         size_t size = 0;
         ft_status r = FT_OK;
@@ -1649,14 +1660,14 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
             frame = o->host[idx];
             size = (size_t)o->wire[idx];
         } else if (si->tier == FT_TIER_REMOTE) {
-            for (int q = 0; q < xe->started[k]; q++) {
-                ft_status rq = x_finish_piece(o, layer, s, q, buf, &xe->rr[k][q], &retries);
+            for (int q = 0; q < rd->started; q++) {
+                ft_status rq = x_finish_piece(o, layer, s, q, buf, &rd->rr[q], &retries);
                 if (!r) r = rq;
             }
-            if (!r && xe->started[k] < si->np) r = ft_set_error(FT_ERR_IO, "not every piece was requested");
+            if (!r && rd->started < si->np) r = ft_set_error(FT_ERR_IO, "not every piece was requested");
             if (!r && si->np == 1 && agent_decodes(o, si)) {
                 uint64_t ne = 0;
-                if (ft_tensor_numel(&xe->rr[k][0].dst, &ne) || ne != si->numel)
+                if (ft_tensor_numel(&rd->rr[0].dst, &ne) || ne != si->numel)
                     r = ft_set_error(FT_ERR_CORRUPT, "%s has the wrong shape", o->keys[idx]);
                 else r = bind_view(si, s, &o->xtw, buf + si->dec_off, (size_t)si->compute_bytes, tab);
                 if (!r) {
@@ -1668,17 +1679,17 @@ static ft_status x_finish(ft_offload *o, int id, uint64_t *bytes)
                 }
             }
             frame = buf + si->frame_off;
-            size = si->np == 1 ? xe->rr[k][0].got : (size_t)o->wire[idx];
+            size = si->np == 1 ? rd->rr[0].got : (size_t)o->wire[idx];
         } else {
-            if (xe->req[k]) {
-                r = ft_request_wait(xe->req[k], -1);
-                ft_request_free(xe->req[k]);
-                xe->req[k] = NULL;
+            if (rd->req) {
+                r = ft_request_wait(rd->req, -1);
+                ft_request_free(rd->req);
+                rd->req = NULL;
             } else {
                 r = ft_set_error(FT_ERR_IO, "not requested");
             }
             frame = buf + si->frame_off;
-            size = xe->got[k];
+            size = rd->got;
         }
         if (!r && si->tier != FT_TIER_HOST && si->codec != FT_CODEC_BYTEPLANE)
             r = ft_frame_verify(o->x_cc, frame, size, NULL);

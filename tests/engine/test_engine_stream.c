@@ -5,10 +5,24 @@
  * in the lossless formats (as stored, f32, bf16) and with q8 layers
  * (the head stays bf16 there), one and two threads, chunks that do not
  * divide the vocabulary, a prefill of mixed lengths, decode steps and
- * all-row logits. */
+ * all-row logits. Read past the page cache (stream_direct_io): the same
+ * logits, nothing of the head left in the page cache, rows at any file
+ * offset read exactly (the blocks around them). */
+#define _GNU_SOURCE   /* O_DIRECT */
 #include "ft_test.h"
+#include "engine/engine_internal.h"
 #include "flextier/engine.h"
+#include "flextier/model.h"
 #include "support/fixture.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 
 /* Every fixture model directory (sorted), sliding-window ones included. */
@@ -146,3 +160,318 @@ TEST(streamed_refusals)
     ft_model_free(m);
 }
 
+
+/* Pages of [off, off + len) of a file in the page cache (mincore of a
+ * mapping), (size_t)-1 when it cannot be told. */
+static size_t cached_pages(const char *path, uint64_t off, uint64_t len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return (size_t)-1;
+    struct stat sb;
+    size_t n = (size_t)-1;
+    if (fstat(fd, &sb) == 0 && sb.st_size > 0) {
+        size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps;
+        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        unsigned char *v = malloc(np);
+        if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0) {
+            n = 0;
+            for (size_t i = (size_t)(off / ps); i < np && i * ps < off + len; i++) n += v[i] & 1;
+        }
+        if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
+        free(v);
+    }
+    close(fd);
+    return n;
+}
+
+/* The file's pages out of the page cache (written back first: dirty
+ * pages stay). */
+static void evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd >= 0) {
+        (void)fdatasync(fd);
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+/* 1: path is on a tmpfs, 0: not, -1: no such path */
+static int on_tmpfs(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) != 0) return -1;
+    return sf.f_type == 0x01021994 /* TMPFS_MAGIC */;
+}
+
+/* The logits with the streamed globals read past the page cache are the
+ * ones read through it and the resident model's (chunks of 4 MiB and of
+ * 24 rows; with and without dropping the pages; tied and untied heads,
+ * f32 and bf16 checkpoints, a bf16 compute format from f32 rows). */
+TEST(direct_io_identical)
+{
+    static const struct { const char *name; int weights; } cases[] = {
+        {"llama-tiny", FT_WEIGHTS_AS_STORED}, {"llama-tiny-bf16", FT_WEIGHTS_AS_STORED},
+        {"llama-tiny-tied-rope3", FT_WEIGHTS_AS_STORED}, {"qwen2-tiny", FT_WF_BF16}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char dir[600];
+        model_dir(cases[c].name, dir, sizeof dir);
+        ft_load_params lp;
+        ft_load_params_default(&lp);
+        lp.weights = cases[c].weights;
+        ft_model *ref = NULL;
+        ft_status st = ft_model_load(dir, &lp, &ref);
+        CHECK_MSG(st == FT_OK, "%s: %s", cases[c].name, ft_last_error());
+        if (st) continue;
+        size_t n0 = 0, n1 = 0;
+        float *want = run(ref, 2, &n0, &st);
+        CHECK_MSG(st == FT_OK && want, "%s: %s", cases[c].name, ft_last_error());
+        for (int k = 0; want && k < 8; k++) {
+            ft_load_params sp = lp;
+            sp.stream_globals = FT_STREAM_EMBED | FT_STREAM_LM_HEAD;
+            sp.stream_chunk_rows = k & 1 ? 24 : 0;
+            sp.stream_drop_cache = (k >> 1) & 1;
+            sp.stream_direct_io = (k >> 2) & 1;
+            ft_model *m = NULL;
+            st = ft_model_load(dir, &sp, &m);
+            CHECK_MSG(st == FT_OK, "%s: %s", cases[c].name, ft_last_error());
+            if (st) continue;
+            float *got = run(m, 2, &n1, &st);
+            CHECK_MSG(st == FT_OK, "%s: %s", cases[c].name, ft_last_error());
+            CHECK_MSG(got && n1 == n0 && !memcmp(got, want, n0 * sizeof(float)),
+                      "%s: direct %d drop %d chunk %d: logits differ from the resident model's", cases[c].name,
+                      sp.stream_direct_io, sp.stream_drop_cache, sp.stream_chunk_rows);
+            CHECK(ft_model_stream_bytes_read(m) > 0);
+            free(got);
+            ft_model_free(m);
+        }
+        free(want);
+        ft_model_free(ref);
+    }
+}
+
+static int copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = a ? fopen(to, "wb") : NULL;
+    int ok = a && b;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, a)) > 0) ok = fwrite(buf, 1, n, b) == n;
+    if (a) fclose(a);
+    if (b && fclose(b)) ok = 0;
+    return ok;
+}
+
+/* After a step with the head read past the page cache none of the head's
+ * pages are cached; read through it (pages kept) they are, so the check
+ * can fail. On a disk only (a tmpfs file is its pages). */
+TEST(direct_io_page_cache)
+{
+    /* a private copy: no other test reads it meanwhile */
+    char src[600], from[700], dir[] = "/var/tmp/ft_test_stream_XXXXXX", path[700];
+    model_dir("llama-tiny-bf16", src, sizeof src);
+    REQUIRE(mkdtemp(dir));
+    static const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s", src, files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        REQUIRE(copy_file(from, path));
+    }
+    int tmpfs = on_tmpfs(path);
+    REQUIRE(tmpfs >= 0);
+    if (tmpfs) printf("  %s is on a tmpfs: not checked\n", path);
+    /* the head's byte range in the file */
+    ft_checkpoint *ck = NULL;
+    REQUIRE(ft_checkpoint_open(dir, &ck) == FT_OK);
+    ft_tensor t;
+    const char *file = NULL;
+    uint64_t off = 0;
+    REQUIRE(ft_checkpoint_get(ck, "lm_head.weight", &t) == FT_OK);
+    REQUIRE(ft_checkpoint_locate(ck, t.data, &file, &off) == FT_OK);
+    uint64_t len = (uint64_t)t.shape[0] * (uint64_t)t.shape[1] * 2;
+    ft_checkpoint_close(ck);
+    for (int direct = 1; direct >= 0; direct--) {
+        ft_load_params lp;
+        ft_load_params_default(&lp);
+        lp.stream_globals = FT_STREAM_LM_HEAD;
+        lp.stream_direct_io = direct;
+        lp.stream_drop_cache = 0;   /* buffered reads keep their pages */
+        ft_model *m = NULL;
+        REQUIRE(ft_model_load(dir, &lp, &m) == FT_OK);
+        const ft_model_config *cfg = ft_model_get_config(m);
+        ft_ctx_params cp = {0};
+        cp.max_batch = 1; cp.max_seq = 8; cp.threads = 1; cp.kv_dtype = FT_F32;
+        ft_ctx *c = NULL;
+        REQUIRE(ft_ctx_create(m, &cp, &c) == FT_OK);
+        float *logits = calloc((size_t)cfg->vocab, sizeof(float));
+        REQUIRE(logits);
+        evict(path);
+        size_t before = cached_pages(path, off, len);
+        const int32_t *toks[1] = {P0};
+        size_t ntok[1] = {7};
+        int slot = 0;
+        CHECK_OK(ft_ctx_forward(c, 1, &slot, toks, ntok, logits, 0));
+        size_t after = cached_pages(path, off, len);
+        if (!tmpfs && before == 0) {
+            if (direct) CHECK_MSG(after == 0, "direct: %zu pages of the head left in the page cache", after);
+            else CHECK_MSG(after > 0 && after != (size_t)-1, "buffered: the head's pages were not cached (%zu)",
+                           after);
+        } else if (!tmpfs) {
+            printf("  could not evict %s (%zu pages): direct %d not checked\n", path, before, direct);
+        }
+        free(logits);
+        ft_ctx_free(c);
+        ft_model_free(m);
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+/* ft_gstream_read past the page cache: rows of a matrix at offsets in a
+ * file around the 4 KiB block (odd ones too), the matrix ending the file
+ * mid-block, read in every span, equal to the bytes written (as the
+ * compute dtype, and from bf16 through the raw buffer); an unaligned
+ * buffer is read through the page cache (its pages then cached: the
+ * direct reads' are not). */
+TEST(gstream_direct_offsets)
+{
+    char d[] = "/var/tmp/ft_test_gstream_XXXXXX", path[128];
+    REQUIRE(mkdtemp(d));
+    snprintf(path, sizeof path, "%s/m.bin", d);
+    enum { ROWS = 300, COLS = 40 };
+    static const uint64_t offs[] = {0, 1, 4, 2144, 4092, 4095, 4096, 8190};
+    const size_t slack = FT_GSTREAM_SLACK;
+    uint8_t *dst = ft_malloc_aligned((size_t)ROWS * COLS * 4 + slack + 64, FT_GSTREAM_ALIGN);
+    uint8_t *raw = ft_malloc_aligned((size_t)ROWS * COLS * 4 + slack + 64, FT_GSTREAM_ALIGN);
+    float *want = malloc((size_t)ROWS * COLS * 4);
+    REQUIRE(dst && raw && want);
+    int tmpfs = on_tmpfs(d);
+    REQUIRE(tmpfs >= 0);
+    for (int bf = 0; bf <= 1; bf++)
+        for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+            /* the file: offs[oi] bytes of 0x5A, then the matrix */
+            size_t eb = bf ? 2 : 4, mb = (size_t)ROWS * COLS * eb;
+            uint8_t *fb = malloc(offs[oi] + mb);
+            REQUIRE(fb);
+            memset(fb, 0x5A, offs[oi]);
+            for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
+                float v = (float)((int)(i * 2654435761u % 2001) - 1000) / 64.0f;
+                if (bf) {
+                    uint32_t u;
+                    memcpy(&u, &v, 4);
+                    uint16_t h = (uint16_t)(u >> 16);
+                    memcpy(fb + offs[oi] + 2 * i, &h, 2);
+                    u = (uint32_t)h << 16;
+                    memcpy(&want[i], &u, 4);
+                } else {
+                    memcpy(fb + offs[oi] + 4 * i, &v, 4);
+                    want[i] = v;
+                }
+            }
+            FILE *f = fopen(path, "wb");
+            REQUIRE(f);
+            REQUIRE(fwrite(fb, 1, offs[oi] + mb, f) == offs[oi] + mb);
+            fclose(f);
+            free(fb);
+            ft_gstream g = {0};
+            g.fd = open(path, O_RDONLY);
+            g.dfd = open(path, O_RDONLY | O_DIRECT);
+            REQUIRE(g.fd >= 0 && g.dfd >= 0);
+            g.off = offs[oi];
+            g.src = bf ? FT_BF16 : FT_F32;
+            g.fmt = FT_WF_F32;
+            g.rows = ROWS;
+            g.cols = COLS;
+            evict(path);
+            static const int r0s[] = {0, 1, 17, 150, 299};
+            for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
+                const int ns[] = {1, 24, ROWS - r0s[ri]};
+                for (int ni = 0; ni < 3; ni++) {
+                    int r0 = r0s[ri], n = ns[ni];
+                    if (r0 + n > ROWS) continue;
+                    memset(dst, 0xEE, (size_t)n * COLS * 4 + slack);
+                    CHECK_OK(ft_gstream_read(&g, r0, n, dst, raw));
+                    CHECK_MSG(!memcmp(dst, want + (size_t)r0 * COLS, (size_t)n * COLS * 4),
+                              "bf16 %d offset %llu rows [%d, %d): wrong bytes", bf, (unsigned long long)offs[oi],
+                              r0, r0 + n);
+                }
+            }
+            CHECK(!g.direct_refused);
+            size_t pages = cached_pages(path, 0, offs[oi] + mb);
+            if (!tmpfs) CHECK_MSG(pages == 0, "direct reads left %zu pages cached", pages);
+            /* not aligned: buffered, the same bytes */
+            uint8_t *odd = bf ? raw + 64 : dst + 64;
+            float *out = (float *)(void *)(dst + 64);
+            CHECK_OK(ft_gstream_read(&g, 5, 30, out, odd));
+            CHECK(!memcmp(out, want + 5 * COLS, 30 * COLS * 4));
+            pages = cached_pages(path, 0, offs[oi] + mb);
+            if (!tmpfs) CHECK_MSG(pages > 0 && pages != (size_t)-1, "the buffered read cached nothing");
+            CHECK(g.bytes_read > 0);
+            /* past the end */
+            CHECK(ft_gstream_read(&g, ROWS - 1, 2, dst, raw) == FT_ERR_INVALID_ARG);
+            close(g.fd);
+            close(g.dfd);
+        }
+    unlink(path);
+    rmdir(d);
+    ft_free_aligned(dst);
+    ft_free_aligned(raw);
+    free(want);
+}
+
+/* A file system that refuses O_DIRECT (ramfs: EINVAL at open; this
+ * kernel's tmpfs takes it): the streamed globals read through the page
+ * cache, the logits unchanged. Needs the right to mount (root): skipped
+ * without it. */
+TEST(direct_io_refused)
+{
+    char mnt[] = "/tmp/ft_test_ramfs_XXXXXX";
+    REQUIRE(mkdtemp(mnt));
+    if (mount("none", mnt, "ramfs", 0, NULL) != 0) {
+        printf("  cannot mount a ramfs (%s): skipped\n", strerror(errno));
+        rmdir(mnt);
+        return;
+    }
+    char dir[600], from[700], to[700];
+    model_dir("llama-tiny-bf16", dir, sizeof dir);
+    static const char *files[] = {"config.json", "model.safetensors"};
+    int ok = 1;
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s", dir, files[i]);
+        snprintf(to, sizeof to, "%s/%s", mnt, files[i]);
+        ok = ok && copy_file(from, to);
+    }
+    snprintf(to, sizeof to, "%s/model.safetensors", mnt);
+    int probe = open(to, O_RDONLY | O_DIRECT);
+    CHECK_MSG(ok && probe < 0 && errno == EINVAL, "the ramfs copy: copied %d, O_DIRECT open %d", ok, probe);
+    if (probe >= 0) close(probe);
+    float *want = NULL;
+    size_t n0 = 0, n1 = 0;
+    for (int direct = 0; ok && direct <= 1; direct++) {
+        ft_load_params lp;
+        ft_load_params_default(&lp);
+        lp.stream_globals = FT_STREAM_EMBED | FT_STREAM_LM_HEAD;
+        lp.stream_direct_io = direct;
+        lp.stream_drop_cache = 1;
+        ft_model *m = NULL;
+        ft_status st = ft_model_load(mnt, &lp, &m);
+        CHECK_MSG(st == FT_OK, "direct %d: %s", direct, ft_last_error());
+        if (st) break;
+        float *got = run(m, 1, direct ? &n1 : &n0, &st);
+        CHECK_MSG(st == FT_OK && got, "direct %d: %s", direct, ft_last_error());
+        if (!direct) want = got;
+        else CHECK_MSG(got && want && n1 == n0 && !memcmp(got, want, n0 * sizeof(float)), "logits differ");
+        if (direct) free(got);
+        ft_model_free(m);
+    }
+    free(want);
+    for (int i = 0; i < 2; i++) {
+        snprintf(to, sizeof to, "%s/%s", mnt, files[i]);
+        unlink(to);
+    }
+    CHECK(umount2(mnt, MNT_DETACH) == 0);
+    rmdir(mnt);
+}

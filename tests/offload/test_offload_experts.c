@@ -14,9 +14,15 @@
 #include "flextier/offload.h"
 #include "support/server_util.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define STEPS 8
@@ -185,6 +191,131 @@ TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
 /* a shared expert in the dense MLP's slots, placed with its layer */
 TEST(qwen2moe_tiny) { check_model("qwen2moe-tiny"); }
 TEST(qwen2moe_shared) { check_model("qwen2moe-shared"); }
+
+/* Pages of dir's files in the page cache (mincore of a mapping of each);
+ * evict: drop them first (written back: dirty pages stay). -1: unknown. */
+static long dir_cached_pages(const char *dir, int evict)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    long n = 0;
+    struct dirent *de;
+    while (n >= 0 && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        int fd = open(path, O_RDONLY);
+        struct stat sb;
+        if (fd < 0 || fstat(fd, &sb) != 0) { n = -1; if (fd >= 0) close(fd); break; }
+        if (evict) {
+            (void)fdatasync(fd);
+            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        } else if (sb.st_size > 0) {
+            size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps;
+            void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+            unsigned char *v = malloc(np);
+            if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0)
+                for (size_t i = 0; i < np; i++) n += v[i] & 1;
+            else
+                n = -1;
+            if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
+            free(v);
+        }
+        close(fd);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Experts read past the page cache: with direct_io (FLEXTIER_DIRECT_IO=1)
+ * and every frame placed for it (direct_min 1: the fixtures' frames are a
+ * few KiB), the expert cache's entries are 4 KiB-aligned and the disk
+ * tier reads every expert frame with O_DIRECT: none of the tier's pages
+ * is cached after the run (the page cache kept otherwise: drop_cache
+ * off), the logits unchanged. Read buffered (FLEXTIER_DIRECT_IO=0) the
+ * pages stay, so the check can fail. On a disk only. */
+static void check_direct(const char *name, const char *policy)
+{
+    char dir[512], disk[600];
+    ft_fixture_dir("models", name, dir, sizeof dir);
+    snprintf(disk, sizeof disk, "/var/tmp/ft-offload-exd-%d", (int)getpid());
+    ft_fixture f;
+    REQUIRE(ft_fixture_load(dir, &f) && f.np > 0);
+    ft_model *ref_m = NULL;
+    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
+    REQUIRE(ref_m);
+    const ft_model_config *cfg = ft_model_get_config(ref_m);
+    size_t n = (1 + STEPS) * (size_t)f.np * (size_t)cfg->vocab;
+    int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    ft_status st;
+    float *ref = run(ref_m, NULL, &f, feed, &st);
+    CHECK_OK(st);
+    char *env = getenv("FLEXTIER_DIRECT_IO") ? strdup(getenv("FLEXTIER_DIRECT_IO")) : NULL;
+    for (int direct = 1; direct >= 0; direct--) {
+        ft_offload_params p;
+        ft_offload_default_params(&p);
+        char full[800];
+        snprintf(full, sizeof full, "%s disk=file:%s", policy, disk);
+        CHECK_OK(ft_policy_parse(full, &p.policy));
+        p.direct_min = 1;
+        p.drop_cache = 0;
+        ft_load_params lp = {0};
+        lp.external_layers = 1;
+        ft_model *m = NULL;
+        CHECK_OK(ft_model_load(dir, &lp, &m));
+        ft_offload *o = NULL;
+        setenv("FLEXTIER_DIRECT_IO", direct ? "1" : "0", 1);
+        st = ft_offload_create(m, dir, &p, &o);
+        if (env) setenv("FLEXTIER_DIRECT_IO", env, 1);
+        else unsetenv("FLEXTIER_DIRECT_IO");
+        CHECK_MSG(st == FT_OK, "%s %s: %s", name, policy, ft_last_error());
+        if (st == FT_OK) {
+            struct statfs sf;
+            int tmpfs = statfs(disk, &sf) != 0 || sf.f_type == 0x01021994 /* TMPFS_MAGIC */;
+            CHECK(dir_cached_pages(disk, 1) == 0);
+            long before = dir_cached_pages(disk, 0);
+            float *got = run(m, o, &f, feed, &st);
+            CHECK_MSG(st == FT_OK, "%s: %s", name, ft_last_error());
+            size_t diff = 0;
+            for (size_t i = 0; got && i < n; i++) diff += got[i] != ref[i];
+            CHECK_MSG(diff == 0, "%s %s direct %d: %zu logits differ", name, policy, direct, diff);
+            uint64_t misses = 0;
+            for (int l = 0; l < cfg->n_layers; l++) {
+                ft_expert_stats e;
+                CHECK_OK(ft_offload_expert_stats(o, l, &e));
+                misses += e.misses;
+            }
+            CHECK(misses > 0);
+            long after = dir_cached_pages(disk, 0);
+            if (tmpfs || before != 0) {
+                printf("  %s: a tmpfs, or could not evict (%ld pages): not checked\n", disk, before);
+            } else if (direct) {
+                CHECK_MSG(after == 0, "%s %s: %ld pages of the disk tier cached after direct reads", name, policy,
+                          after);
+            } else {
+                CHECK_MSG(after > 0, "%s %s: buffered reads cached nothing (%ld)", name, policy, after);
+            }
+            printf("  %-14s %-12s direct %d: %llu expert misses, %ld tier pages cached after the run\n", name, policy,
+                   direct, (unsigned long long)misses, after);
+            free(got);
+            ft_offload_free(o);
+        }
+        ft_model_free(m);
+    }
+    free(env);
+    free(ref);
+    ft_fixture_free(&f);
+    ft_model_free(ref_m);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", disk);
+}
+
+TEST(experts_direct_io)
+{
+    check_direct("qwen3moe-tiny", "w=0,0,100");
+    check_direct("mixtral-tiny", "w=0,0,100 cw=bp");
+}
 
 /* The device budget sizes the expert cache (no size given), and a budget
  * that cannot hold one layer's experts is refused. */
