@@ -1215,13 +1215,13 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     if (!drop_cache) ev = probe_evict(in, memory);
     /* at least 5 rounds and 0.4 s (at most 15): a loopback node's one
      * layer came at 0.9-3.2 GB/s in plans 10 s apart */
-    ft_calib_clock pc;   /* the store's threads exist now (the probe is written) */
-    ft_calib_clock_init(&pc);
+    ft_calib_clock pc = {0, {0}};
     double start = ft_now();
     for (int r = -1; !st && r < RMAX; r++) {
         if (r >= RMIN && ft_now() - start > 0.4) break;
         size_t got[N];
         evict_write(&ev, r);
+        if (r == 0) ft_calib_clock_init(&pc);   /* the store's workers start with the first read */
         double t0 = cpu_time ? ft_calib_clock_now(&pc) : ft_now(), c0 = ft_calib_clock_now(&pc);
         st = read_frames(s, key, buf, off, cap, got, n);
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());

@@ -334,10 +334,18 @@ static uint64_t fixed_total(const ft_session_memory *m) { return m->process + m-
 static ft_status no_space(const ft_session *s, const char *what, const char *hint)
 {
     const ft_session_memory *m = &s->mem;
+    /* where the cgroup's charge made the process: say what it holds (a
+     * model just copied in a cgroup looser than the budget counts there,
+     * and "this process 600 MiB" sent a user looking for a leak) */
+    char cg[200] = "";
+    uint64_t rss = ft_process_rss();
+    if (m->process > rss + (16u << 20))
+        snprintf(cg, sizeof cg, ", of which %.1f MiB is page cache charged to its cgroup (files read or written in it "
+                 "before: a cgroup whose limit is the budget reclaims it)", mib(m->process - rss));
     return ft_set_error(FT_ERR_NO_SPACE, "memory budget %.1f MiB (%s) cannot hold %s: %.1f MiB = this process "
-                        "%.1f MiB (binary, libraries, tokenizer) + embeddings and LM head in memory %.1f MiB + scratch and "
-                        "activations %.1f MiB + %s %.1f MiB%s%s",
-                        mib(m->budget), m->source, what, mib(m->need), mib(m->process), mib(m->globals),
+                        "%.1f MiB (binary, libraries, tokenizer%s) + embeddings and LM head in memory %.1f MiB + "
+                        "scratch and activations %.1f MiB + %s %.1f MiB%s%s",
+                        mib(m->budget), m->source, what, mib(m->need), mib(m->process), cg, mib(m->globals),
                         mib(m->scratch), s->p.offload == FT_OFFLOAD_NONE ? "weights and KV cache" :
                         "layer weights, slots and KV cache in memory", mib(m->tiers), hint ? "; " : "",
                         hint ? hint : "");
