@@ -10,6 +10,7 @@
  * offset read exactly (the blocks around them). */
 #define _GNU_SOURCE   /* O_DIRECT */
 #include "ft_test.h"
+#include "pagecache.h"
 #include "engine/engine_internal.h"
 #include "flextier/engine.h"
 #include "flextier/model.h"
@@ -161,41 +162,6 @@ TEST(streamed_refusals)
 }
 
 
-/* Pages of [off, off + len) of a file in the page cache (mincore of a
- * mapping), (size_t)-1 when it cannot be told. */
-static size_t cached_pages(const char *path, uint64_t off, uint64_t len)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return (size_t)-1;
-    struct stat sb;
-    size_t n = (size_t)-1;
-    if (fstat(fd, &sb) == 0 && sb.st_size > 0) {
-        size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps;
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        unsigned char *v = malloc(np);
-        if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0) {
-            n = 0;
-            for (size_t i = (size_t)(off / ps); i < np && i * ps < off + len; i++) n += v[i] & 1;
-        }
-        if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
-        free(v);
-    }
-    close(fd);
-    return n;
-}
-
-/* The file's pages out of the page cache (written back first: dirty
- * pages stay). */
-static void evict(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd >= 0) {
-        (void)fdatasync(fd);
-        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-}
-
 /* 1: path is on a tmpfs, 0: not, -1: no such path */
 static int on_tmpfs(const char *path)
 {
@@ -305,19 +271,19 @@ TEST(direct_io_page_cache)
         REQUIRE(ft_ctx_create(m, &cp, &c) == FT_OK);
         float *logits = calloc((size_t)cfg->vocab, sizeof(float));
         REQUIRE(logits);
-        evict(path);
-        size_t before = cached_pages(path, off, len);
+        ft_test_evict(path);
+        long before = ft_test_cached_pages(path, off, len);
         const int32_t *toks[1] = {P0};
         size_t ntok[1] = {7};
         int slot = 0;
         CHECK_OK(ft_ctx_forward(c, 1, &slot, toks, ntok, logits, 0));
-        size_t after = cached_pages(path, off, len);
+        long after = ft_test_cached_pages(path, off, len);
         if (!tmpfs && before == 0) {
-            if (direct) CHECK_MSG(after == 0, "direct: %zu pages of the head left in the page cache", after);
-            else CHECK_MSG(after > 0 && after != (size_t)-1, "buffered: the head's pages were not cached (%zu)",
+            if (direct) CHECK_MSG(after == 0, "direct: %ld pages of the head left in the page cache", after);
+            else CHECK_MSG(after > 0 && after != -1, "buffered: the head's pages were not cached (%ld)",
                            after);
         } else if (!tmpfs) {
-            printf("  could not evict %s (%zu pages): direct %d not checked\n", path, before, direct);
+            printf("  could not evict %s (%ld pages): direct %d not checked\n", path, before, direct);
         }
         free(logits);
         ft_ctx_free(c);
@@ -385,7 +351,7 @@ TEST(gstream_direct_offsets)
             g.fmt = FT_WF_F32;
             g.rows = ROWS;
             g.cols = COLS;
-            evict(path);
+            ft_test_evict(path);
             static const int r0s[] = {0, 1, 17, 150, 299};
             for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
                 const int ns[] = {1, 24, ROWS - r0s[ri]};
@@ -400,15 +366,15 @@ TEST(gstream_direct_offsets)
                 }
             }
             CHECK(!g.direct_refused);
-            size_t pages = cached_pages(path, 0, offs[oi] + mb);
-            if (!tmpfs) CHECK_MSG(pages == 0, "direct reads left %zu pages cached", pages);
+            long pages = ft_test_cached_pages(path, 0, offs[oi] + mb);
+            if (!tmpfs) CHECK_MSG(pages == 0, "direct reads left %ld pages cached", pages);
             /* not aligned: buffered, the same bytes */
             uint8_t *odd = bf ? raw + 64 : dst + 64;
             float *out = (float *)(void *)(dst + 64);
             CHECK_OK(ft_gstream_read(&g, 5, 30, out, odd));
             CHECK(!memcmp(out, want + 5 * COLS, 30 * COLS * 4));
-            pages = cached_pages(path, 0, offs[oi] + mb);
-            if (!tmpfs) CHECK_MSG(pages > 0 && pages != (size_t)-1, "the buffered read cached nothing");
+            pages = ft_test_cached_pages(path, 0, offs[oi] + mb);
+            if (!tmpfs) CHECK_MSG(pages > 0 && pages != -1, "the buffered read cached nothing");
             CHECK(g.bytes_read > 0);
             /* past the end */
             CHECK(ft_gstream_read(&g, ROWS - 1, 2, dst, raw) == FT_ERR_INVALID_ARG);

@@ -557,7 +557,7 @@ static int serve_exit(const char *args, char *err, size_t n)
     if (fd < 0) return -1;
     close(fd);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "timeout -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", ft_test_bin(),
+    snprintf(cmd, sizeof cmd, "timeout -k 10 -s TERM 3 '%s' serve %s 2>'%s' >/dev/null", ft_test_bin(),
              args, path);
     int st = system(cmd);
     FILE *f = fopen(path, "r");

@@ -100,7 +100,7 @@ static int run_for(const char *cmd, const char *args, char *out, size_t n)
     if (fd < 0) return -1;
     close(fd);
     char line[2048];
-    snprintf(line, sizeof line, "timeout -s TERM 3 '%s' %s %s >'%s' 2>&1", ft_test_bin(), cmd, args, path);
+    snprintf(line, sizeof line, "timeout -k 10 -s TERM 3 '%s' %s %s >'%s' 2>&1", ft_test_bin(), cmd, args, path);
     int st = system(line);
     FILE *f = fopen(path, "r");
     size_t got = f ? fread(out, 1, n - 1, f) : 0;

@@ -10,6 +10,7 @@
  * routers spread the choices: hit rates and prefetch accuracy are printed,
  * not bounded. */
 #include "ft_test.h"
+#include "pagecache.h"
 #include "support/fixture.h"
 #include "flextier/offload.h"
 #include "support/server_util.h"
@@ -80,28 +81,44 @@ out:
     return all;
 }
 
+/* The fixture `name` (dir set), its model loaded in memory (*ref_m) and
+ * the reference logits of its prompts (run: feed holds the tokens fed),
+ * *n of them. NULL (said) when any of it failed. */
+static float *reference(const char *name, char *dir, size_t dn, ft_fixture *f, ft_model **ref_m, int32_t *feed,
+                        size_t *n)
+{
+    *ref_m = NULL;
+    ft_fixture_dir("models", name, dir, dn);
+    int ok = ft_fixture_load(dir, f) && f->np > 0;
+    CHECK_MSG(ok, "fixture %s", name);
+    if (!ok) return NULL;
+    CHECK_OK(ft_model_load(dir, NULL, ref_m));
+    if (!*ref_m) return NULL;
+    *n = (1 + STEPS) * (size_t)f->np * (size_t)ft_model_get_config(*ref_m)->vocab;
+    ft_status st;
+    float *ref = run(*ref_m, NULL, f, feed, &st);
+    CHECK_OK(st);
+    if (st != FT_OK) { free(ref); ref = NULL; }
+    return ref;
+}
+
 typedef struct { const char *policy; uint64_t cache; int evict, no_prefetch; } setting;
 
 static void check_model(const char *name)
 {
     char dir[512], disk[600];
-    ft_fixture_dir("models", name, dir, sizeof dir);
     snprintf(disk, sizeof disk, "/tmp/ft-offload-ex-%d", (int)getpid());
     ft_fixture f;
-    int ok = ft_fixture_load(dir, &f) && f.np > 0;
-    REQUIRE(ok);
     ft_model *ref_m = NULL;
-    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
-    REQUIRE(ref_m);
+    int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    size_t n = 0;
+    float *ref = reference(name, dir, sizeof dir, &f, &ref_m, feed, &n);
+    if (!ref) { ft_model_free(ref_m); return; }
     const ft_model_config *cfg = ft_model_get_config(ref_m);
     REQUIRE(cfg->n_experts > 0);
     int sparse = 0;
     for (int l = 0; l < cfg->n_layers; l++) sparse += cfg->layer_moe[l];
-    size_t V = (size_t)cfg->vocab, n = (1 + STEPS) * (size_t)f.np * V;
-    int32_t feed[STEPS * FT_FIXTURE_MAXP];
     ft_status st;
-    float *ref = run(ref_m, NULL, &f, feed, &st);
-    CHECK_OK(st);
     /* every expert on disk (byte-plane: lossless), or half the layer
      * tensors resident (a hot set of experts stays), with caches of one
      * layer's experts (the least) or all of them */
@@ -192,40 +209,6 @@ TEST(qwen3moe_bf16) { check_model("qwen3moe-bf16"); }
 TEST(qwen2moe_tiny) { check_model("qwen2moe-tiny"); }
 TEST(qwen2moe_shared) { check_model("qwen2moe-shared"); }
 
-/* Pages of dir's files in the page cache (mincore of a mapping of each);
- * evict: drop them first (written back: dirty pages stay). -1: unknown. */
-static long dir_cached_pages(const char *dir, int evict)
-{
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    long n = 0;
-    struct dirent *de;
-    while (n >= 0 && (de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        int fd = open(path, O_RDONLY);
-        struct stat sb;
-        if (fd < 0 || fstat(fd, &sb) != 0) { n = -1; if (fd >= 0) close(fd); break; }
-        if (evict) {
-            (void)fdatasync(fd);
-            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        } else if (sb.st_size > 0) {
-            size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps;
-            void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-            unsigned char *v = malloc(np);
-            if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0)
-                for (size_t i = 0; i < np; i++) n += v[i] & 1;
-            else
-                n = -1;
-            if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
-            free(v);
-        }
-        close(fd);
-    }
-    closedir(d);
-    return n;
-}
 
 /* Experts read past the page cache: with direct_io (FLEXTIER_DIRECT_IO=1)
  * and every frame placed for it (direct_min 1: the fixtures' frames are a
@@ -237,19 +220,15 @@ static long dir_cached_pages(const char *dir, int evict)
 static void check_direct(const char *name, const char *policy)
 {
     char dir[512], disk[600];
-    ft_fixture_dir("models", name, dir, sizeof dir);
     snprintf(disk, sizeof disk, "/var/tmp/ft-offload-exd-%d", (int)getpid());
     ft_fixture f;
-    REQUIRE(ft_fixture_load(dir, &f) && f.np > 0);
     ft_model *ref_m = NULL;
-    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
-    REQUIRE(ref_m);
-    const ft_model_config *cfg = ft_model_get_config(ref_m);
-    size_t n = (1 + STEPS) * (size_t)f.np * (size_t)cfg->vocab;
     int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    size_t n = 0;
+    float *ref = reference(name, dir, sizeof dir, &f, &ref_m, feed, &n);
+    if (!ref) { ft_model_free(ref_m); return; }
+    const ft_model_config *cfg = ft_model_get_config(ref_m);
     ft_status st;
-    float *ref = run(ref_m, NULL, &f, feed, &st);
-    CHECK_OK(st);
     char *env = getenv("FLEXTIER_DIRECT_IO") ? strdup(getenv("FLEXTIER_DIRECT_IO")) : NULL;
     for (int direct = 1; direct >= 0; direct--) {
         ft_offload_params p;
@@ -272,8 +251,8 @@ static void check_direct(const char *name, const char *policy)
         if (st == FT_OK) {
             struct statfs sf;
             int tmpfs = statfs(disk, &sf) != 0 || sf.f_type == 0x01021994 /* TMPFS_MAGIC */;
-            CHECK(dir_cached_pages(disk, 1) == 0);
-            long before = dir_cached_pages(disk, 0);
+            CHECK(ft_test_dir_evict(disk) == 0);
+            long before = ft_test_dir_cached_pages(disk);
             float *got = run(m, o, &f, feed, &st);
             CHECK_MSG(st == FT_OK, "%s: %s", name, ft_last_error());
             size_t diff = 0;
@@ -286,7 +265,7 @@ static void check_direct(const char *name, const char *policy)
                 misses += e.misses;
             }
             CHECK(misses > 0);
-            long after = dir_cached_pages(disk, 0);
+            long after = ft_test_dir_cached_pages(disk);
             if (tmpfs || before != 0) {
                 printf("  %s: a tmpfs, or could not evict (%ld pages): not checked\n", disk, before);
             } else if (direct) {
@@ -374,19 +353,14 @@ TEST(budget_sizes_the_cache)
 static void expert_failover(int sig, int at)
 {
     char dir[512];
-    ft_fixture_dir("models", "olmoe-tiny", dir, sizeof dir);
     ft_fixture f;
-    int ok = ft_fixture_load(dir, &f) && f.np > 0;
-    REQUIRE(ok);
     ft_model *ref_m = NULL;
-    CHECK_OK(ft_model_load(dir, NULL, &ref_m));
-    REQUIRE(ref_m);
-    const ft_model_config *cfg = ft_model_get_config(ref_m);
-    size_t n = (1 + STEPS) * (size_t)f.np * (size_t)cfg->vocab;
     int32_t feed[STEPS * FT_FIXTURE_MAXP];
+    size_t n = 0;
+    float *ref = reference("olmoe-tiny", dir, sizeof dir, &f, &ref_m, feed, &n);
+    if (!ref) { ft_model_free(ref_m); return; }
+    const ft_model_config *cfg = ft_model_get_config(ref_m);
     ft_status st;
-    float *ref = run(ref_m, NULL, &f, feed, &st);
-    CHECK_OK(st);
     static const char *const args[] = {"--capacity", "64M", NULL};
     srv_t nd[2];
     int up = srv_start(&nd[0], "127.0.0.1:0", args) == 0;

@@ -1,6 +1,7 @@
 /* mem: and file: stores: round trips with every codec, async, overwrite
  * during read, corrupt files, key escaping, URIs. */
 #include "support/store_checks.h"
+#include "support/pagecache.h"
 #include "store/store_internal.h"
 
 #include <fcntl.h>
@@ -165,35 +166,6 @@ static void *raw_frame(ft_codec_ctx *cc, size_t target, uint8_t seed, size_t *si
     return NULL;
 }
 
-/* Pages of a file in the page cache (mincore of a mapping of it). */
-static size_t cached_pages(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return (size_t)-1;
-    struct stat sb;
-    fstat(fd, &sb);
-    size_t ps = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)sb.st_size + ps - 1) / ps, n = 0;
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    unsigned char *v = malloc(np);
-    if (m != MAP_FAILED && v && mincore(m, (size_t)sb.st_size, v) == 0)
-        for (size_t i = 0; i < np; i++) n += v[i] & 1;
-    else
-        n = (size_t)-1;
-    if (m != MAP_FAILED) munmap(m, (size_t)sb.st_size);
-    free(v);
-    close(fd);
-    return n;
-}
-
-static void evict(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd >= 0) {
-        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-}
-
 /* Frames of every size around the 4 KiB block read back exactly through
  * O_DIRECT (direct_io=1), into the store's buffers and the caller's
  * (aligned with and without room for the last block, unaligned: buffered),
@@ -350,20 +322,20 @@ TEST(file_direct_io_page_cache)
         CHECK_OK(ft_store_open(uri, &p, &s));
         REQUIRE(s);
         CHECK_OK(ft_store_put_frame(s, "pc", fr, fs));
-        evict(path);   /* written and synced: clean pages, dropped */
-        size_t before = cached_pages(path);
+        ft_test_evict(path);   /* written and synced: clean pages, dropped */
+        long before = ft_test_cached_pages(path, 0, UINT64_MAX);
         ft_request *r = NULL;
         size_t sz = 0;
         CHECK_OK(ft_read_frame_async(s, "pc", buf, 4u << 20, &sz, &r));
         CHECK_OK(ft_request_wait(r, -1));
         ft_request_free(r);
         CHECK(sz == fs && !memcmp(buf, fr, fs));
-        size_t after = cached_pages(path);
+        long after = ft_test_cached_pages(path, 0, UINT64_MAX);
         if (before == 0) {
             if (cases[c].cached) CHECK_MSG(after > 0, "case %d: buffered read cached nothing", c);
-            else CHECK_MSG(after == 0, "case %d: %zu pages left in the page cache", c, after);
+            else CHECK_MSG(after == 0, "case %d: %ld pages left in the page cache", c, after);
         } else {
-            printf("  could not evict %s (%zu pages): case %d not checked\n", path, before, c);
+            printf("  could not evict %s (%ld pages): case %d not checked\n", path, before, c);
         }
         ft_store_close(s);
     }
