@@ -685,6 +685,12 @@ typedef struct ft_gen_stats {
                                              decode: over the time it was not
                                              waiting for the offloaded tiers,
                                              the share of a core it got     */
+    double decode_thread_runq_s;          /* the time it waited for a core
+                                             while runnable (Linux
+                                             schedstat), -1 where unknown:
+                                             cpu / (cpu + runq) is its share
+                                             of a core, reads it blocked in
+                                             left out                       */
 } ft_gen_stats;
 
 /* Generate for n prompts as one batch (n <= max_batch; slots 0..n-1 are

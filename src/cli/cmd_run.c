@@ -132,13 +132,18 @@ int ft_bench_run(int argc, char **argv)
     if ((st = ft_session_generate(s, (size_t)batch, pp, pl, &gp, op, no, &gs))) { ft_cli_fail("generate", st); goto done; }
     if (pred_plan > 0 && !gpu && gs.decode_s > 0) {
         /* the share of a core the compute thread got in decode: its CPU
-         * time over the time it was not waiting for the tiers */
+         * time over that plus the time it waited for a core while runnable
+         * (schedstat); else over the time it was not waiting for the tiers,
+         * which counted its own blocking reads (the O_DIRECT embedding rows
+         * of a budget run: a share of 0.25 on a machine at load 2) as load */
         ft_session_stats ps;
         ft_session_get_stats(s, &ps);
         double wait = (ps.has_weights ? ps.weights.wait_s - ps.weights_at_decode.wait_s : 0) +
                       (ps.has_kv ? ps.kv.wait_s - ps.kv_at_decode.wait_s : 0);
         double busy = gs.decode_s - wait;
-        if (busy > 0.05 * gs.decode_s) share_run = fmin(1.0, fmax(0.02, gs.decode_thread_cpu_s / busy));
+        if (gs.decode_thread_runq_s >= 0 && gs.decode_thread_cpu_s > 0)
+            share_run = fmin(1.0, fmax(0.02, gs.decode_thread_cpu_s / (gs.decode_thread_cpu_s + gs.decode_thread_runq_s)));
+        else if (busy > 0.05 * gs.decode_s) share_run = fmin(1.0, fmax(0.02, gs.decode_thread_cpu_s / busy));
         if (share_run > 0 && ft_session_predict_at(s, share_run, &pred_run)) pred_run = 0;
     }
     if (pipe.mode) ft_cli_pipe_end(&pipe);   /* the workers finish; MPI: every stage's peak RSS */

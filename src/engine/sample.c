@@ -3,6 +3,7 @@
 #include "engine_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,6 +21,19 @@ static double thread_cpu_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds the calling thread has waited for a core while runnable (the
+ * second field of /proc/thread-self/schedstat); -1 where it cannot be
+ * read (no schedstats). */
+static double thread_runq_now(void)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return -1;
+    unsigned long long run = 0, wait = 0;
+    int k = fscanf(f, "%llu %llu", &run, &wait);
+    fclose(f);
+    return k == 2 ? 1e-9 * (double)wait : -1;
 }
 
 struct ft_sampler {
@@ -206,7 +220,7 @@ ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *con
     size_t nrows = n;
     t0 = ft_now();
     c0 = cpu_now();
-    double tc0 = thread_cpu_now();
+    double tc0 = thread_cpu_now(), rq0 = thread_runq_now();
     for (;;) {
         size_t nact = 0;
         for (size_t r = 0; r < nrows; r++) {
@@ -244,6 +258,10 @@ ft_status ft_generate_with(const ft_forward_ops *f, size_t n, const int32_t *con
     gs.decode_s = ft_now() - t0;
     gs.decode_cpu_s = cpu_now() - c0;
     gs.decode_thread_cpu_s = thread_cpu_now() - tc0;
+    {
+        double rq1 = rq0 >= 0 ? thread_runq_now() : -1;
+        gs.decode_thread_runq_s = rq1 >= rq0 && rq0 >= 0 ? rq1 - rq0 : -1;
+    }
 finish:
     if (stats) *stats = gs;
 done:

@@ -232,6 +232,7 @@ ft_status ft_pipe_generate(ft_pipe_stage *s, ft_pipe_link *link, size_t n, const
     ft_pipe_gen_stats gs;
     memset(&gs, 0, sizeof gs);
     gs.micro_batches = M;
+    gs.gen.decode_thread_runq_s = -1;   /* not measured across the stages */
     if (st) goto done;
     for (size_t j = 0; j < n; j++) {
         memcpy(d.hist + j * d.hist_cap, prompts[j], prompt_len[j] * sizeof(int32_t));
