@@ -1618,8 +1618,8 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         evict_buf ev = {NULL, 0};
         uint64_t llc = llc_bytes();
         if (!ft_calib_flush(NULL, 0)) ev = evict_alloc(llc, cp->memory);
-        FT_LOG(FT_LOG_INFO, "plan: memory read %.1f GB/s on %u threads (DRAM), last-level cache %llu MiB",
-               in->mem_bw / 1e9, in->compute_threads, (unsigned long long)(llc >> 20));
+        FT_LOG(FT_LOG_INFO, "plan: memory read %.1f GB/s on %u threads (DRAM), last-level cache %llu MiB (calibration room %.0f MiB)",
+               in->mem_bw / 1e9, in->compute_threads, (unsigned long long)(llc >> 20), (double)cp->memory / 1048576.0);
         /* The engine's speed with each compute format the codecs imply:
          * none/bp compute on the weights' format, q8/q4 on their own. */
         unsigned wm = codec_mask | (1u << FT_CODEC_RAW);
