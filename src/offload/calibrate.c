@@ -1151,34 +1151,55 @@ static ft_status read_frames(ft_store *s, char (*key)[64], uint8_t *buf, const s
     return st;
 }
 
+/* A probe's frames as the scheduler reads a layer's: the layer's tensors
+ * at the probe codec's sizes (norms under 64 KiB left out), each in room
+ * of its frame bound rounded up to `align`, while they fit a quarter of a
+ * memory bound; none (no sizes, or none fits): 8 frames of 4 MiB. Their
+ * count, or -1 (error set) for a tensor with no frame size. */
+static int probe_frames(const ft_cost_inputs *in, uint64_t memory, size_t align, size_t *sz, size_t *off,
+                        size_t *cap, size_t *total)
+{
+    ft_codec_params cp;
+    ft_codec_default_params(&cp);
+    cp.codec = FT_CODEC_RAW;
+    int n = 0;
+    *total = 0;
+    for (uint32_t k = 0; k < in->n_tensors && n < FT_COST_MAX_TENSORS; k++) {
+        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
+        if (b < (64u << 10)) continue;   /* norms: noise */
+        int64_t shape[1] = {(int64_t)b};
+        size_t fb = ft_encode_bound(&cp, FT_U8, 1, shape);
+        if (!fb) {
+            ft_set_error(FT_ERR_INVALID_ARG, "plan: a layer tensor of %zu bytes has no frame size", b);
+            return -1;
+        }
+        fb = (fb + align - 1) & ~(align - 1);
+        if (memory && *total + fb > memory / 4) break;
+        off[n] = *total;
+        cap[n] = fb;
+        sz[n++] = b;
+        *total += fb;
+    }
+    if (!n) {
+        int64_t shape[1] = {4 << 20};
+        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + align - 1) & ~(align - 1);
+        for (n = 0; n < 8; n++) { off[n] = *total; sz[n] = 4u << 20; cap[n] = fb; *total += fb; }
+    }
+    return n;
+}
+
 static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, const ft_cost_inputs *in, int cpu_time,
                           double *out_bw, double *out_cpb)
 {
     enum { N = FT_COST_MAX_TENSORS };
     size_t sz[N], off[N], cap[N], total = 0;
-    int n = 0;
     ft_codec_params cp;
     ft_codec_default_params(&cp);
     cp.codec = FT_CODEC_RAW;
     *out_bw = 0;
-    for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
-        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
-        if (b < (64u << 10)) continue;   /* norms: noise */
-        int64_t shape[1] = {(int64_t)b};
-        size_t fb = ft_encode_bound(&cp, FT_U8, 1, shape);
-        if (!fb) return ft_set_error(FT_ERR_INVALID_ARG, "plan: a layer tensor of %zu bytes has no frame size", b);
-        fb = (fb + 4095) & ~(size_t)4095;   /* 4 KiB-aligned as sched.c's slots: O_DIRECT under a budget */
-        if (memory && total + fb > memory / 4) break;
-        off[n] = total;
-        cap[n] = fb;
-        sz[n++] = b;
-        total += fb;
-    }
-    if (!n) {   /* no layer sizes (or none fit): 8 frames of 4 MiB */
-        int64_t shape[1] = {4 << 20};
-        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 4095) & ~(size_t)4095;
-        for (n = 0; n < 8; n++) { off[n] = total; sz[n] = 4u << 20; cap[n] = fb; total += fb; }
-    }
+    /* 4 KiB-aligned as sched.c's slots: O_DIRECT under a budget */
+    int n = probe_frames(in, memory, 4096, sz, off, cap, &total);
+    if (n < 0) return FT_ERR_INVALID_ARG;
     ft_store *s = NULL;
     ft_store_params sp;
     ft_store_default_params(&sp);
@@ -1222,12 +1243,13 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
         size_t got[N];
         evict_write(&ev, r);
         if (r == 0) ft_calib_clock_init(&pc);   /* the store's workers start with the first read */
-        double t0 = cpu_time ? ft_calib_clock_now(&pc) : ft_now(), c0 = ft_calib_clock_now(&pc);
+        double c0 = ft_calib_clock_now(&pc), t0 = cpu_time ? c0 : ft_now();
         st = read_frames(s, key, buf, off, cap, got, n);
+        double c1 = ft_calib_clock_now(&pc), t1 = cpu_time ? c1 : ft_now();
         if (st) st = ft_set_error(st, "plan: cannot read the disk probe from %s: %s", uri, ft_last_error());
         if (r >= 0) {
-            tm[r] = (cpu_time ? ft_calib_clock_now(&pc) : ft_now()) - t0;
-            tc[r] = ft_calib_clock_now(&pc) - c0;
+            tm[r] = t1 - t0;
+            tc[r] = c1 - c0;
             nr = r + 1;
         }
     }
@@ -1314,37 +1336,19 @@ static void measure_fetch_busy(const char *uri, uint64_t memory, const ft_cost_i
 {
     enum { N = FT_COST_MAX_TENSORS, RMIN = 9, RMAX = 25 };
     size_t sz[N], off[N], cap[N], got[N], total = 0;
-    int n = 0, written = 0;
+    int written = 0;
     char key[N][64];
     memset(out, 0, sizeof *out);
     ft_codec_params cp;
     ft_codec_default_params(&cp);
     cp.codec = FT_CODEC_RAW;
-    for (uint32_t k = 0; k < in->n_tensors && n < N; k++) {
-        size_t b = (size_t)in->tensor_bytes[in->probe_codec][k];
-        if (b < (64u << 10)) continue;
-        int64_t shape[1] = {(int64_t)b};
-        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
-        if (fb <= 63 || (memory && total + fb > memory / 4)) break;
-        off[n] = total;
-        cap[n] = fb;
-        sz[n++] = b;
-        total += fb;
-    }
-    if (!n) {   /* no layer sizes (or none fit): as layer_bw, 8 frames of 4 MiB (the
-                 * link was just measured with as many: the probe adds nothing to the
-                 * peak; under 160 MiB a loopback node's rows had no busy fetch, and
-                 * plans minutes apart put the link at 1.8-3.4 GB/s where the run's
-                 * layers came at 2.25) */
-        int64_t shape[1] = {4 << 20};
-        size_t fb = (ft_encode_bound(&cp, FT_U8, 1, shape) + 63) & ~(size_t)63;
-        for (; n < 8; n++) {
-            off[n] = total;
-            sz[n] = 4u << 20;
-            cap[n] = fb;
-            total += fb;
-        }
-    }
+    /* as layer_bw's, 8 frames of 4 MiB where no tensor fits (the link was
+     * just measured with as many: the probe adds nothing to the peak;
+     * under 160 MiB a loopback node's rows had no busy fetch, and plans
+     * minutes apart put the link at 1.8-3.4 GB/s where the run's layers
+     * came at 2.25) */
+    int n = probe_frames(in, memory, 64, sz, off, cap, &total);
+    if (n < 0) return;
     ft_store *s = NULL;
     ft_store_params sp;
     ft_store_default_params(&sp);
