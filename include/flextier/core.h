@@ -219,6 +219,10 @@ FT_API unsigned ft_default_threads(void);
  * the smallest along the cgroup's ancestors); at least 1. Read at each
  * call. */
 FT_API unsigned ft_usable_cpus(void);
+/* FLEXTIER_DIRECT_IO: 1 or 0 where it is set to that, else -1 (the
+ * default: files read past the page cache under a memory budget). The
+ * store's direct_io and the engine's stream_direct_io default to it. */
+FT_API int ft_direct_io_env(void);
 
 /* ------------------------------------------------------------- checksums */
 

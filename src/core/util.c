@@ -119,3 +119,9 @@ int ft_simd_enabled(void)
     pthread_once(&g_cpu_once, cpu_detect);
     return g_simd;
 }
+
+int ft_direct_io_env(void)
+{
+    const char *d = getenv("FLEXTIER_DIRECT_IO");
+    return d && (!strcmp(d, "0") || !strcmp(d, "1")) ? *d - '0' : -1;
+}

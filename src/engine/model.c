@@ -625,9 +625,7 @@ void ft_load_params_default(ft_load_params *p)
 {
     memset(p, 0, sizeof *p);
     p->weights = FT_WEIGHTS_AS_STORED;
-    p->stream_direct_io = -1;
-    const char *d = getenv("FLEXTIER_DIRECT_IO");
-    if (d && (!strcmp(d, "0") || !strcmp(d, "1"))) p->stream_direct_io = *d - '0';
+    p->stream_direct_io = ft_direct_io_env();
 }
 
 /* ------------------------------------------------- public layer layout */

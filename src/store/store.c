@@ -163,9 +163,7 @@ void ft_store_default_params(ft_store_params *p)
     p->timeout_ms = 30000;
     const char *t = getenv("FLEXTIER_TIMEOUT_MS");
     if (t && atoi(t) > 0) p->timeout_ms = atoi(t);
-    p->direct_io = -1;
-    const char *d = getenv("FLEXTIER_DIRECT_IO");
-    if (d && (!strcmp(d, "0") || !strcmp(d, "1"))) p->direct_io = *d - '0';
+    p->direct_io = ft_direct_io_env();
 }
 
 ft_status ft_store_open(const char *uri, const ft_store_params *params,
