@@ -11,6 +11,7 @@
 #include "flextier/chat.h"
 
 #include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@ static int get_num(json_object *o, const char *key, double lo, double hi, int in
         return -1;
     }
     double d = json_object_get_double(v);
-    if (integer && t != json_type_int && d != (double)(long long)d) {
+    if (integer && t != json_type_int && trunc(d) != d) {   /* no cast: out of range it is undefined */
         snprintf(err, nerr, "'%s' must be an integer", key);
         return -1;
     }
