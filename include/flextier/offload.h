@@ -360,8 +360,10 @@ typedef struct ft_calibrate_params {
      * FLEXTIER_CALIB_CACHE=DIR, =0 for none; "": none) and reused, so
      * repeated plans agree; a changed CPU, core count, build, config.json,
      * weight format, batch, prompt length, thread count or codec list is
-     * another key. recalibrate: measure again (and replace it). Memory
-     * nodes' links are measured every time. */
+     * another key. Each key keeps its last 5 calibrations; a plan uses
+     * one made while memory read as fast as a quick read says it does now
+     * (else measures again). recalibrate: measure again. Memory nodes'
+     * links are measured every time. */
     const char *cache_dir;
     int recalibrate;
     int drop_cache;             /* the disk tier is read past the page cache
@@ -374,6 +376,11 @@ typedef struct ft_calibrate_params {
                                    process (0: no bound): the bandwidth
                                    probe's buffers and the timed copies'
                                    vocabulary shrink to fit it            */
+    double mem_bw_now;          /* cached calibrations are checked against
+                                   a quick read of memory (measured again
+                                   where none is within 25% of it): > 0
+                                   gives that read's rate (tests), < 0
+                                   skips the check, 0 measures it         */
 } ft_calibrate_params;
 
 FT_API void ft_calibrate_default_params(ft_calibrate_params *p);

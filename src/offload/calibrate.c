@@ -828,14 +828,21 @@ void ft_cost_rescale_cpu(ft_cost_inputs *in, double k)
  * ~/.cache/flextier/calib), one file per key. The file is only trusted
  * when its size, magic, key and checksum match and every value is a
  * finite non-negative number; anything else is measured again. */
-#define CALIB_MAGIC 0x334249434c544654ull   /* "FTLCIB3" */
-typedef struct calib_rec {
-    uint64_t magic, key;
+#define CALIB_MAGIC 0x344249434c544654ull   /* "FTLCIB4" */
+#define CALIB_HIST 5
+/* One calibration's measurements. */
+typedef struct calib_ent {
     double mem_bw, flops, host_bw, disk_bw;
     double share;                                   /* cpu_share_calibrated */
-    double head_bw;                                 /* 0: not measured      */
     double ratio[FT_CODEC_COUNT], decode_bw[FT_CODEC_COUNT];
     double timing[FT_CODEC_COUNT][2 + 2 + 2 + 2];   /* batch[2], layer[2], fixed[2], prefill[2] */
+} calib_ent;
+/* The last n (<= CALIB_HIST) calibrations of a key, oldest first: a plan
+ * uses one made while memory read as fast as now (calib_pick). */
+typedef struct calib_rec {
+    uint64_t magic, key, n;
+    double head_bw;                                 /* 0: not measured      */
+    calib_ent e[CALIB_HIST];
     uint64_t sum;
 } calib_rec;
 
@@ -892,7 +899,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib8|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib9|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -1044,14 +1051,13 @@ static void disk_save(const char *dir, const char *path, uint64_t key, double *b
     record_save(dir, path, &r, sizeof r);
 }
 
-static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
+static void calib_pack(calib_ent *r, const ft_cost_inputs *in)
 {
     r->mem_bw = in->mem_bw;
     r->flops = in->flops;
     r->host_bw = in->bw[FT_TIER_HOST];
     r->disk_bw = in->bw[FT_TIER_DISK];
     r->share = in->cpu_share_calibrated;
-    r->head_bw = in->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         const ft_cost_timing *t = &in->timing[c];
         r->ratio[c] = in->ratio[c];
@@ -1062,14 +1068,13 @@ static void calib_pack(calib_rec *r, const ft_cost_inputs *in)
     }
 }
 
-static void calib_unpack(const calib_rec *r, ft_cost_inputs *in)
+static void calib_unpack(const calib_ent *r, ft_cost_inputs *in)
 {
     in->mem_bw = r->mem_bw;
     in->flops = r->flops;
     in->bw[FT_TIER_HOST] = r->host_bw;
     in->bw[FT_TIER_DISK] = r->disk_bw;
     in->cpu_share_calibrated = r->share;
-    in->head_bw = r->head_bw;
     for (int c = 0; c < FT_CODEC_COUNT; c++) {
         ft_cost_timing *t = &in->timing[c];
         const double *v = r->timing[c];
@@ -1086,34 +1091,112 @@ static void calib_unpack(const calib_rec *r, ft_cost_inputs *in)
     }
 }
 
+static int calib_ent_valid(const calib_ent *e)
+{
+    const double *d = &e->mem_bw;
+    for (size_t i = 0; i < sizeof *e / sizeof(double); i++)
+        if (!isfinite(d[i]) || d[i] < 0 || d[i] > 1e18) return 0;
+    return e->mem_bw > 0 && e->flops > 0 && e->share > 0 && e->share <= 1;
+}
+
 static int calib_valid(const calib_rec *r, uint64_t key)
 {
     if (r->magic != CALIB_MAGIC || r->key != key) return 0;
     if (r->sum != ft_xxh3(r, offsetof(calib_rec, sum))) return 0;
-    const double *d = &r->mem_bw;
-    size_t nd = (offsetof(calib_rec, sum) - offsetof(calib_rec, mem_bw)) / sizeof(double);
-    for (size_t i = 0; i < nd; i++)
-        if (!isfinite(d[i]) || d[i] < 0 || d[i] > 1e18) return 0;
-    return r->mem_bw > 0 && r->flops > 0 && r->share > 0 && r->share <= 1;
-}
-
-static int calib_load(const char *path, uint64_t key, ft_cost_inputs *in)
-{
-    calib_rec r;
-    if (!record_load(path, &r, sizeof r) || !calib_valid(&r, key)) return 0;
-    calib_unpack(&r, in);
+    if (r->n < 1 || r->n > CALIB_HIST || !isfinite(r->head_bw) || r->head_bw < 0 || r->head_bw > 1e18) return 0;
+    for (uint64_t i = 0; i < r->n; i++)
+        if (!calib_ent_valid(&r->e[i])) return 0;
     return 1;
 }
 
-static void calib_save(const char *dir, const char *path, uint64_t key, const ft_cost_inputs *in)
+/* A valid history into *r (0: none, or not valid). */
+static int calib_load(const char *path, uint64_t key, calib_rec *r)
+{
+    return record_load(path, r, sizeof *r) && calib_valid(r, key);
+}
+
+/* How far apart two rates are, as a factor >= 1. */
+static double spread(double a, double b)
+{
+    return a > b ? a / b : b / a;
+}
+
+/* Within this factor of each other two memory read rates are the same
+ * state of the machine. */
+#define CALIB_SAME_MEM 1.25
+
+/* The calibration a plan uses: of those whose memory read rate is within
+ * CALIB_SAME_MEM of `now` (the rate a quick read measured for this plan;
+ * 0: all of them), the one of median rate; -1 if none is. This VM's host
+ * lends DRAM bandwidth in periods of minutes: five calibrations in a row
+ * read 72.2, 71.1, 70.4, 44.0, 42.6 GB/s and the runs after each went at
+ * 127, 129, 103, 101, 99 tok/s (the h2048 Llama's q4 layers, batch 1),
+ * so a calibration from the other period predicts 1.4x off, and the
+ * median of them all lags a change by three calibrations. Of an even
+ * count's two middle ones, the one nearer `now` (0: the slower). */
+static int calib_pick(const calib_rec *r, double now)
+{
+    unsigned idx[CALIB_HIST], n = 0;
+    for (unsigned i = 0; i < (unsigned)r->n; i++)
+        if (!(now > 0) || spread(r->e[i].mem_bw, now) <= CALIB_SAME_MEM) idx[n++] = i;
+    if (!n) return -1;
+    for (unsigned i = 1; i < n; i++)
+        for (unsigned j = i; j > 0 && r->e[idx[j]].mem_bw < r->e[idx[j - 1]].mem_bw; j--) {
+            unsigned t = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = t;
+        }
+    if (n % 2) return (int)idx[n / 2];
+    unsigned lo = idx[n / 2 - 1], hi = idx[n / 2];
+    if (!(now > 0)) return (int)lo;
+    return (int)(spread(r->e[hi].mem_bw, now) < spread(r->e[lo].mem_bw, now) ? hi : lo);
+}
+
+static void calib_store(const char *dir, const char *path, calib_rec *r)
+{
+    r->sum = ft_xxh3(r, offsetof(calib_rec, sum));
+    record_save(dir, path, r, sizeof *r);
+}
+
+/* A new calibration joins the key's history (the oldest leaves past
+ * CALIB_HIST), which is saved; *in becomes the calibration calib_pick
+ * takes from it (`now`: the memory read rate measured before, 0: none).
+ * The history restarts where the file is missing or not valid, and
+ * without a cache directory (dir NULL) is the new one alone. */
+static void calib_append(const char *dir, const char *path, uint64_t key, double now, ft_cost_inputs *in)
 {
     calib_rec r;
-    memset(&r, 0, sizeof r);
-    r.magic = CALIB_MAGIC;
-    r.key = key;
-    calib_pack(&r, in);
-    r.sum = ft_xxh3(&r, offsetof(calib_rec, sum));
-    record_save(dir, path, &r, sizeof r);
+    if (!dir || !calib_load(path, key, &r)) {
+        memset(&r, 0, sizeof r);
+        r.magic = CALIB_MAGIC;
+        r.key = key;
+    }
+    if (r.n == CALIB_HIST) {
+        memmove(r.e, r.e + 1, (CALIB_HIST - 1) * sizeof *r.e);
+        r.n--;
+    }
+    calib_pack(&r.e[r.n++], in);
+    r.head_bw = in->head_bw;
+    /* the calibrations like this one (or like the quick read that asked
+     * for it); this one alone where the quick read matched none */
+    int k = calib_pick(&r, now > 0 ? now : in->mem_bw);
+    if (k >= 0 && k != (int)r.n - 1) {
+        FT_LOG(FT_LOG_INFO, "plan: memory read %.1f GB/s in this calibration; the plan takes the median of the "
+               "%s like it (%.1f GB/s)", in->mem_bw / 1e9, r.n > 1 ? "last calibrations" : "calibration",
+               r.e[k].mem_bw / 1e9);
+        calib_unpack(&r.e[k], in);
+    }
+    if (dir) calib_store(dir, path, &r);
+}
+
+/* The LM head's read rate measured after the history was saved: kept
+ * with it (for every calibration of the key). */
+static void calib_set_head(const char *dir, const char *path, uint64_t key, double head_bw)
+{
+    calib_rec r;
+    if (!calib_load(path, key, &r)) return;
+    r.head_bw = head_bw;
+    calib_store(dir, path, &r);
 }
 
 /* Read bandwidth of the disk tier as the scheduler reads it: one layer's
@@ -1602,15 +1685,35 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
     char cdir[4096], cpath[4200];
     int cached = 0, use_cache = calib_dir(cp, cdir, sizeof cdir) == 0;
     uint64_t key = 0;
+    double now = 0;   /* the memory read rate measured for this plan */
     if (use_cache) {
         key = calib_key(dir, cp, in, in->compute_threads, in->decode_threads, batch, plen);
         snprintf(cpath, sizeof cpath, "%s/%016llx.bin", cdir, (unsigned long long)key);
-        if (!cp->recalibrate) cached = calib_load(cpath, key, in);
+        calib_rec hist;
+        if (!cp->recalibrate && calib_load(cpath, key, &hist)) {
+            /* still this machine's speed? A quick read of memory (tens of
+             * ms) against the cached calibrations': where none read within
+             * 25% of it (this VM's host reads DRAM at 37-44 GB/s for
+             * minutes, then 66-75), calibrated again */
+            now = cp->mem_bw_now > 0 ? cp->mem_bw_now
+                  : cp->mem_bw_now < 0 ? 0 : measure_mem_bw(cp->memory, in->compute_threads);
+            int k = calib_pick(&hist, now);
+            if (k < 0) {
+                FT_LOG(FT_LOG_INFO, "plan: memory reads at %.1f GB/s now, unlike the %llu cached calibration(s) "
+                       "(the last %.1f GB/s): measuring again", now / 1e9, (unsigned long long)hist.n,
+                       hist.e[hist.n - 1].mem_bw / 1e9);
+            } else {
+                calib_unpack(&hist.e[k], in);
+                in->head_bw = hist.head_bw;
+                cached = 1;
+            }
+        }
     }
     in->calibration_cached = cached;
     in->disk_direct = cp->drop_cache;
     if (cached) {
-        FT_LOG(FT_LOG_INFO, "plan: calibration of this machine and model shape from %s", cpath);
+        FT_LOG(FT_LOG_INFO, "plan: calibration of this machine and model shape from %s (memory read %.1f GB/s "
+               "then, %.1f now)", cpath, in->mem_bw / 1e9, now / 1e9);
     } else {
         FT_LOG(FT_LOG_INFO, "plan: measuring memory, the engine and the codecs");
         in->mem_bw = measure_mem_bw(cp->memory, in->compute_threads);
@@ -1657,7 +1760,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
         in->bw[FT_TIER_HOST] = in->mem_bw / 2;
         measure_codecs(in, codec_mask | (1u << FT_CODEC_RAW));
         in->cpu_share_calibrated = 1.0;   /* CPU time: the work, whatever the load */
-        if (use_cache) calib_save(cdir, cpath, key, in);
+        calib_append(use_cache ? cdir : NULL, cpath, key, now, in);
     }
     /* Under a budget the LM head may be streamed from the checkpoint:
      * its read rate, cached with the rest */
@@ -1673,7 +1776,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
             double z0 = 0, z1 = 0, z2 = 0;
             snprintf(hpath, sizeof hpath, "%s/head-%016llx.bin", cdir, (unsigned long long)hk);
             disk_save(cdir, hpath, hk, &in->head_bw, &z0, &z1, &z2);
-            calib_save(cdir, cpath, key, in);
+            calib_set_head(cdir, cpath, key, in->head_bw);
         }
     }
     /* the frames' sizes set the request sizes: q8/q4 ones when the

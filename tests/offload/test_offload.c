@@ -889,6 +889,9 @@ TEST(calibration_cache)
     b = a;
     CHECK_OK(ft_calibrate(dir, &cp, &a));
     CHECK(!a.calibration_cached);
+    /* the quick memory read at each cached plan reads what the
+     * calibration did (given: under the tests' load it varies) */
+    cp.mem_bw_now = a.mem_bw;
     CHECK_OK(ft_calibrate(dir, &cp, &b));
     CHECK(b.calibration_cached);
     CHECK(a.mem_bw == b.mem_bw && a.flops == b.flops && !memcmp(a.timing, b.timing, sizeof a.timing) &&
@@ -909,6 +912,59 @@ TEST(calibration_cache)
     CHECK(fabs(h.timing[FT_CODEC_RAW].layer_decode_s[1] - 2 * a.timing[FT_CODEC_RAW].layer_decode_s[1]) < 1e-15);
     CHECK(fabs(h.mem_bw - a.mem_bw / 2) <= 1e-6 * a.mem_bw);
     cp.cpu_share = 1.0;
+    /* memory read 2x faster now than when calibrated: measured again
+     * (the first calibration kept); read at the first one's rate again:
+     * of the two like it the nearer, that one, from the cache */
+    {
+        ft_cost_inputs d = b;
+        cp.mem_bw_now = 2 * a.mem_bw;
+        CHECK_OK(ft_calibrate(dir, &cp, &d));
+        CHECK(!d.calibration_cached);
+        cp.mem_bw_now = a.mem_bw;
+        CHECK_OK(ft_calibrate(dir, &cp, &d));
+        CHECK(d.calibration_cached && d.mem_bw == a.mem_bw && !memcmp(d.timing, a.timing, sizeof a.timing));
+        /* a third calibration (a reading 2x slower): like none of them,
+         * the new one; without the check, of three the median by memory
+         * read rate */
+        cp.mem_bw_now = 0.5 * a.mem_bw;
+        CHECK_OK(ft_calibrate(dir, &cp, &d));
+        CHECK(!d.calibration_cached);
+        double m_new = d.mem_bw;
+        cp.mem_bw_now = -1;   /* no check */
+        CHECK_OK(ft_calibrate(dir, &cp, &d));
+        CHECK(d.calibration_cached);
+        double m3 = d.mem_bw;
+        /* the record: magic, key, n, head_bw, then the calibrations;
+         * the one taken has the median memory read rate of the three */
+        snprintf(cmd, sizeof cmd, "ls %s/*.bin | grep -v '/disk-\\|/head-\\|/fbusy-'", cdir);
+        FILE *ls = popen(cmd, "r");
+        REQUIRE(ls);
+        char path[600] = "";
+        CHECK(fgets(path, sizeof path, ls) != NULL);
+        pclose(ls);
+        path[strcspn(path, "\n")] = '\0';
+        FILE *rf = fopen(path, "rb");
+        REQUIRE(rf);
+        uint64_t hdr[4];
+        CHECK(fread(hdr, 1, sizeof hdr, rf) == sizeof hdr);
+        CHECK(hdr[2] == 3);
+        /* each calibration starts with its memory read rate; 4 + 3 *
+         * FT_CODEC_COUNT * ... doubles apart: found by the file's size */
+        CHECK(fseek(rf, 0, SEEK_END) == 0);
+        long fsz = ftell(rf);
+        size_t ent = (size_t)(fsz - 5 * 8) / 5;   /* 4 header words, 5 calibrations, a checksum */
+        double mv[3];
+        for (int i = 0; i < 3; i++) {
+            CHECK(fseek(rf, (long)(32 + (size_t)i * ent), SEEK_SET) == 0);
+            CHECK(fread(&mv[i], 1, sizeof mv[i], rf) == sizeof mv[i]);
+        }
+        fclose(rf);
+        CHECK(mv[0] == a.mem_bw && mv[2] == m_new);
+        int below = 0, above = 0;
+        for (int i = 0; i < 3; i++) below += mv[i] < m3, above += mv[i] > m3;
+        CHECK_MSG(below == 1 && above == 1, "taken %.3g of %.3g %.3g %.3g", m3, mv[0], mv[1], mv[2]);
+        cp.mem_bw_now = a.mem_bw;
+    }
     /* another batch is another key */
     ft_cost_inputs c = b;
     cp.batch = 2;
