@@ -13,6 +13,7 @@
 #include "flextier/store.h"
 #include "net/cma.h"
 #include "net/raw_client.h"
+#include "support/netbytes.h"
 #include "support/server_util.h"
 
 #include <errno.h>
@@ -583,6 +584,96 @@ TEST(cma_node_end_to_end)
     for (int i = 0; i < 8; i++)
         if (kids[i] > 0) { kill(kids[i], SIGKILL); waitpid(kids[i], NULL, 0); }
     close(fd2);
+    CHECK(srv_stop(&srv) == 0);
+}
+
+/* Whole frames on the shared-memory path (the offloader's layer reads,
+ * ft_read_frame_async, and ft_store_get_frame) come by reference: the
+ * node writes them into the caller's memory in ranges, not on the TCP
+ * connection. The same bytes as over TCP; a caller's buffer one byte
+ * short is refused as on TCP. */
+TEST(cma_frames_by_reference)
+{
+    if (!supported()) return;
+    srv_t srv;
+    const char *args[] = {"--capacity", "256M", NULL};
+    int up_ = srv_start(&srv, "127.0.0.1:0", args);
+    REQUIRE(up_ == 0);
+    ft_store *tcp = NULL, *shm = NULL;
+    ft_store_params sp;
+    ft_store_default_params(&sp);
+    setenv("FLEXTIER_TRANSPORT", "tcp", 1);
+    CHECK_OK(ft_store_open(srv.uri, &sp, &tcp));
+    unsetenv("FLEXTIER_TRANSPORT");
+    /* 4 KiB (one range) and 40 MiB + 123 (three ranges, the last short) */
+    const size_t sizes[2] = {4096, (40u << 20) + 123};
+    const char *keys[2] = {"small", "big"};
+    uint8_t *data = malloc(sizes[1]);
+    REQUIRE(data);
+    for (size_t i = 0; i < sizes[1]; i++) data[i] = (uint8_t)(i * 131 + (i >> 13));
+    for (int k = 0; k < 2; k++) {
+        int64_t shape[1] = {(int64_t)sizes[k]};
+        ft_tensor t;
+        ft_tensor_init(&t, FT_U8, 1, shape, data);
+        CHECK_OK(ft_write_tensor(tcp, keys[k], &t, NULL));
+    }
+    void *ref[2] = {NULL, NULL};
+    size_t rsz[2] = {0, 0};
+    uint64_t t0 = ft_test_tcp_received(srv.port);
+    if (t0 == UINT64_MAX) {
+        fprintf(stderr, "  SKIP: the kernel does not count a TCP socket's bytes\n");
+        goto out;
+    }
+    for (int k = 0; k < 2; k++) CHECK_OK(ft_store_get_frame(tcp, keys[k], &ref[k], &rsz[k]));
+    /* the measure works: over TCP the frames crossed the connection */
+    CHECK(ft_test_tcp_received(srv.port) - t0 >= rsz[0] + rsz[1]);
+    REQUIRE(ref[0] && ref[1] && rsz[1] > sizes[1]);
+    setenv("FLEXTIER_TRANSPORT", "cma", 1);
+    CHECK_OK(ft_store_open(srv.uri, &sp, &shm));
+    unsetenv("FLEXTIER_TRANSPORT");
+    REQUIRE(shm);
+    uint64_t c0 = ft_test_tcp_received(srv.port);
+    for (int k = 0; k < 2; k++) {
+        void *f = NULL;
+        size_t n = 0;
+        CHECK_OK(ft_store_get_frame(shm, keys[k], &f, &n));
+        CHECK(n == rsz[k] && f && !memcmp(f, ref[k], n));
+        ft_free_aligned(f);
+        /* into a buffer of exactly the frame's size, and of more */
+        for (size_t extra = 0; extra <= 4096; extra += 4096) {
+            uint8_t *buf = ft_malloc_aligned(rsz[k] + extra, 64);
+            REQUIRE(buf);
+            ft_request *r = NULL;
+            size_t got = 0;
+            CHECK_OK(ft_read_frame_async(shm, keys[k], buf, rsz[k] + extra, &got, &r));
+            CHECK_OK(ft_request_wait(r, 30000));
+            ft_request_free(r);
+            CHECK(got == rsz[k] && !memcmp(buf, ref[k], got));
+            ft_free_aligned(buf);
+        }
+    }
+    uint64_t moved = ft_test_tcp_received(srv.port) - c0;
+    CHECK_MSG(moved < (1u << 20), "%llu bytes of %zu came on the TCP connection", (unsigned long long)moved,
+              3 * (rsz[0] + rsz[1]));
+    /* one byte short: refused, as over TCP */
+    {
+        uint8_t *buf = ft_malloc_aligned(rsz[1], 64);
+        REQUIRE(buf);
+        for (int path = 0; path < 2; path++) {
+            ft_request *r = NULL;
+            size_t got = 0;
+            CHECK_OK(ft_read_frame_async(path ? shm : tcp, "big", buf, rsz[1] - 1, &got, &r));
+            CHECK(ft_request_wait(r, 30000) == FT_ERR_BUFFER_SMALL);
+            ft_request_free(r);
+        }
+        ft_free_aligned(buf);
+    }
+out:
+    ft_free_aligned(ref[0]);
+    ft_free_aligned(ref[1]);
+    free(data);
+    ft_store_close(shm);
+    ft_store_close(tcp);
     CHECK(srv_stop(&srv) == 0);
 }
 
