@@ -221,7 +221,18 @@ void ft_cost_predict(const ft_cost_inputs *in, const ft_policy *p, ft_cost_estim
      * cores. */
     double cores = in->cores ? in->cores : 1, cthreads = in->compute_threads ? in->compute_threads : 1;
     if (cthreads > cores) cthreads = cores;
-    double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io * dth) / cores);
+    /* A node on this machine copies on more than one core: on the
+     * shared-memory path its pool splits each range over the machine's
+     * cores (net/cma.c), on TCP the kernel copies in the node's sender
+     * and in our receiving thread; the link probe's rate (cores free) is
+     * two cores' work, counted here (more where the node's pool has more
+     * cores, but then memory bandwidth bounds the copy, not the cores:
+     * not counted). Measured on 2 vCPUs: the 1.12B Llama's node
+     * rows at batch 1 ran at 0.65-0.80 of the prediction that charged the
+     * link as one core's time (7 GB per step of the ~8 GB model: 1.38
+     * predicted, 1.08 run). */
+    double node_extra = in->remote_local ? link[FT_TIER_REMOTE] * (fmin(cores, 2.0) - 1.0) : 0;
+    double busy = fmax(fmax(t_comp, t_io / cores), (t_comp * cthreads + t_io * dth + node_extra) / cores);
     /* A fetch on this machine's cores (a local node; the disk tier through
      * the page cache): its reads and the checks (or decoding) of its
      * frames, the checks of one layer beside the reads of the next (a

@@ -262,6 +262,41 @@ TEST(cost_model_local_fetch_while_computing)
     }
 }
 
+/* A memory node on this machine copies on two cores (its pool on the
+ * shared-memory path; sender and receiver on TCP): the link probe's time
+ * is two cores' work in the CPU budget the step shares with compute. */
+TEST(cost_model_local_node_copies_on_two_cores)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.cores = 2;
+    in.compute_threads = 2;
+    in.decode_threads = 1;
+    in.remote_local = 1;
+    in.bw[FT_TIER_REMOTE] = 3e9;
+    ft_policy p;
+    ft_policy_default(&p);
+    p.n_remotes = 1;
+    CHECK_OK(ft_policy_parse("w=0,0,0,100", &p));
+    ft_cost_estimate e;
+    ft_cost_predict(&in, &p, &e);
+    REQUIRE(e.t_compute > 0 && e.t_link[FT_TIER_REMOTE] > 0);
+    /* the link as long as compute: the cores' budget binds */
+    in.bw[FT_TIER_REMOTE] *= e.t_link[FT_TIER_REMOTE] / e.t_compute;
+    ft_cost_predict(&in, &p, &e);
+    double tc = e.t_compute, td = e.t_decode, tl = e.t_link[FT_TIER_REMOTE];
+    CHECK(fabs(tl - tc) < 1e-9 * tc);
+    double want = (2 * tc + (td + tl) + tl) / 2;
+    CHECK_MSG(fabs(e.t_layer_decode - want) < 1e-9 * want, "layer %.6g ms, want %.6g", 1e3 * e.t_layer_decode,
+              1e3 * want);
+    /* one core: the node's copies and compute take turns on it as before */
+    in.cores = 1;
+    in.compute_threads = 1;
+    ft_cost_predict(&in, &p, &e);
+    want = e.t_compute + e.t_decode + e.t_link[FT_TIER_REMOTE];
+    CHECK(fabs(e.t_layer_decode - want) < 1e-9 * want);
+}
+
 /* A codec agent (agent://) decodes the remote byte-plane weights on its
  * own core: the compute core no longer pays for it, the agent's core is a
  * resource of its own beside compute and the link. (q8/q4 and raw frames
