@@ -987,123 +987,6 @@ static ft_status cl_put(ft_store_backend *b, const char *key, const void *frame,
     return st;
 }
 
-static void submit_range(ucx_client *c, pend *p, const char *key, uint64_t ver, uint64_t off,
-                         uint64_t len);
-static size_t range_got(const pend *p);
-static ft_status buf_grow_keep(ft_buf *b, size_t n, size_t keep);
-
-/* A whole frame on the shared-memory path: the node writes it into out
- * itself (GETRV), in ranges. The first, as large as out has room for (up
- * to FT_READ_RANGE_CMA), gives the frame's size and version; the rest
- * follow FT_READ_DEPTH in flight. 1 in *tcp where the frame's header is
- * larger than the first range (nothing read: the caller asks by GET).
- * Before, a GET on this path came back on the TCP connection, the node's
- * send and the client's receive each a copy by the kernel: the h2048
- * Llama's layers on a loopback node at 2.1-2.6 GB/s, the node's core
- * half in _copy_from_iter. */
-static ft_status get_byref(ucx_client *c, const char *key, ft_buf *out, size_t *size, int *tcp)
-{
-    *tcp = 0;
-    size_t first_len = out->cap > FT_READ_FIRST_CMA ? out->cap : FT_READ_FIRST_CMA;
-    if (first_len > FT_READ_RANGE_CMA) first_len = FT_READ_RANGE_CMA;
-    if (out->fixed && out->cap < first_len) first_len = out->cap;
-    ft_status st = ft_buf_reserve(out, first_len ? first_len : 1);
-    if (st != FT_OK) return st;
-    pend first;
-    memset(&first, 0, sizeof first);
-    first.fixed = out->p;
-    first.fixed_cap = first_len;
-    pthread_mutex_lock(&c->lock);
-    st = ensure_locked(c);
-    if (st == FT_OK && !c->cma) {   /* the path changed (a reconnect) */
-        pthread_mutex_unlock(&c->lock);
-        *tcp = 1;
-        return FT_OK;
-    }
-    if (st == FT_OK) {
-        submit_range(c, &first, key, 0, 0, first_len);
-        st = wait_locked(c, &first, ft_now() + c->timeout_ms / 1000.0);
-        unlink_locked(c, &first);
-        if (st != FT_OK) st = pend_error(c, &first);
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (st != FT_OK) return st;
-    const uint64_t ver = first.aux;
-    const size_t got = range_got(&first);
-    ft_frame_info fi;
-    st = ft_frame_parse(out->p, got, &fi);
-    if (st == FT_ERR_BUFFER_SMALL && got == first_len) {
-        ft_clear_error();
-        *tcp = 1;
-        return FT_OK;
-    }
-    if (st != FT_OK) return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': %s", c->where, key, ft_last_error());
-    if (fi.frame_size <= got) {
-        if (fi.frame_size != got)
-            return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': frame size mismatch", c->where, key);
-        *size = got;
-        return FT_OK;
-    }
-    if (fi.frame_size > SIZE_MAX) return ft_set_error(FT_ERR_NOMEM, "frame of %llu bytes",
-                                                      (unsigned long long)fi.frame_size);
-    if (out->fixed) st = ft_buf_reserve(out, (size_t)fi.frame_size);
-    else st = buf_grow_keep(out, (size_t)fi.frame_size, got);
-    if (st != FT_OK) return st;
-    pend pr[FT_READ_DEPTH];
-    size_t plen[FT_READ_DEPTH];
-    unsigned head = 0, nfly = 0;
-    uint64_t next_off = got;
-    pthread_mutex_lock(&c->lock);
-    for (;;) {
-        while (st == FT_OK && nfly < FT_READ_DEPTH && next_off < fi.frame_size) {
-            unsigned k = (head + nfly) % FT_READ_DEPTH;
-            uint64_t len = fi.frame_size - next_off;
-            if (len > FT_READ_RANGE_CMA) len = FT_READ_RANGE_CMA;
-            memset(&pr[k], 0, sizeof pr[k]);
-            pr[k].fixed = out->p + next_off;
-            pr[k].fixed_cap = (size_t)len;
-            plen[k] = (size_t)len;
-            submit_range(c, &pr[k], key, ver, next_off, len);
-            next_off += len;
-            nfly++;
-        }
-        if (nfly == 0) break;
-        pend *p = &pr[head];
-        ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
-        unlink_locked(c, p);
-        if (st == FT_OK) {
-            if (w != FT_OK) st = pend_error(c, p);
-            else if (p->aux != ver) st = ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
-            else if (range_got(p) != plen[head])
-                st = ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", range_got(p));
-        }
-        head = (head + 1) % FT_READ_DEPTH;
-        nfly--;
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (st == FT_OK) *size = (size_t)fi.frame_size;
-    return st;
-}
-
-static ft_status cl_get(ft_store_backend *b, const char *key, ft_buf *out, size_t *size)
-{
-    ucx_client *c = (ucx_client *)b;
-    pthread_mutex_lock(&c->lock);
-    int cma = ensure_locked(c) == FT_OK && c->cma;
-    pthread_mutex_unlock(&c->lock);
-    if (cma) {
-        /* a frame replaced while it was read: read again (as cl_read) */
-        ft_status st = FT_ERR_BUSY;
-        int tcp = 0;
-        for (int attempt = 0; attempt < 8 && st == FT_ERR_BUSY && !tcp; attempt++)
-            st = get_byref(c, key, out, size, &tcp);
-        if (!tcp) return st;
-    }
-    size_t n = 0;
-    ft_status st = call(c, FT_OP_GET, key, NULL, 0, out, &n);
-    if (st == FT_OK) *size = n;
-    return st;
-}
 
 static ft_status cl_del(ft_store_backend *b, const char *key)
 {
@@ -1370,6 +1253,140 @@ static ft_status buf_grow_keep(ft_buf *b, size_t n, size_t keep)
     return FT_OK;
 }
 
+/* Ask for frame bytes [off, off + len) into p->fixed and wait for them
+ * (submit_range); lock held. */
+static ft_status range_wait_locked(ucx_client *c, pend *p, const char *key, uint64_t ver, uint64_t off,
+                                   uint64_t len)
+{
+    submit_range(c, p, key, ver, off, len);
+    ft_status st = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
+    unlink_locked(c, p);
+    return st != FT_OK ? pend_error(c, p) : FT_OK;
+}
+
+/* The frame's header from the got bytes of its first range (first_len
+ * asked for) at buf: FT_OK with *fi; FT_ERR_BUFFER_SMALL, no error set,
+ * where the header is larger than the range (read the frame whole);
+ * else the frame is corrupt. */
+static ft_status first_info(const ucx_client *c, const char *key, const uint8_t *buf, size_t got,
+                            size_t first_len, ft_frame_info *fi)
+{
+    ft_status st = ft_frame_parse(buf, got, fi);
+    if (st == FT_ERR_BUFFER_SMALL && got == first_len) {
+        ft_clear_error();
+        return FT_ERR_BUFFER_SMALL;
+    }
+    if (st != FT_OK) return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': %s", c->where, key, ft_last_error());
+    if (fi->frame_size < got)
+        return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': frame size mismatch", c->where, key);
+    return FT_OK;
+}
+
+/* A whole frame on the shared-memory path: the node writes it into out
+ * itself (GETRV), in ranges. The first, as large as out has room for (up
+ * to FT_READ_RANGE_CMA), gives the frame's size and version; the rest
+ * follow FT_READ_DEPTH in flight. 1 in *tcp where the frame's header is
+ * larger than the first range (nothing read: the caller asks by GET).
+ * Before, a GET on this path came back on the TCP connection, the node's
+ * send and the client's receive each a copy by the kernel: the h2048
+ * Llama's layers on a loopback node at 2.1-2.6 GB/s, the node's core
+ * half in _copy_from_iter. */
+static ft_status get_byref(ucx_client *c, const char *key, ft_buf *out, size_t *size, int *tcp)
+{
+    *tcp = 0;
+    size_t first_len = out->cap > FT_READ_FIRST_CMA ? out->cap : FT_READ_FIRST_CMA;
+    if (first_len > FT_READ_RANGE_CMA) first_len = FT_READ_RANGE_CMA;
+    if (out->fixed && out->cap < first_len) first_len = out->cap;
+    ft_status st = ft_buf_reserve(out, first_len ? first_len : 1);
+    if (st != FT_OK) return st;
+    pend first;
+    memset(&first, 0, sizeof first);
+    first.fixed = out->p;
+    first.fixed_cap = first_len;
+    pthread_mutex_lock(&c->lock);
+    st = ensure_locked(c);
+    if (st == FT_OK && !c->cma) {   /* the path changed (a reconnect) */
+        pthread_mutex_unlock(&c->lock);
+        *tcp = 1;
+        return FT_OK;
+    }
+    if (st == FT_OK) st = range_wait_locked(c, &first, key, 0, 0, first_len);
+    pthread_mutex_unlock(&c->lock);
+    if (st != FT_OK) return st;
+    const uint64_t ver = first.aux;
+    const size_t got = range_got(&first);
+    ft_frame_info fi;
+    st = first_info(c, key, out->p, got, first_len, &fi);
+    if (st == FT_ERR_BUFFER_SMALL) {
+        *tcp = 1;
+        return FT_OK;
+    }
+    if (st != FT_OK) return st;
+    if (fi.frame_size == got) {
+        *size = got;
+        return FT_OK;
+    }
+    if (fi.frame_size > SIZE_MAX) return ft_set_error(FT_ERR_NOMEM, "frame of %llu bytes",
+                                                      (unsigned long long)fi.frame_size);
+    if (out->fixed) st = ft_buf_reserve(out, (size_t)fi.frame_size);
+    else st = buf_grow_keep(out, (size_t)fi.frame_size, got);
+    if (st != FT_OK) return st;
+    pend pr[FT_READ_DEPTH];
+    size_t plen[FT_READ_DEPTH];
+    unsigned head = 0, nfly = 0;
+    uint64_t next_off = got;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (st == FT_OK && nfly < FT_READ_DEPTH && next_off < fi.frame_size) {
+            unsigned k = (head + nfly) % FT_READ_DEPTH;
+            uint64_t len = fi.frame_size - next_off;
+            if (len > FT_READ_RANGE_CMA) len = FT_READ_RANGE_CMA;
+            memset(&pr[k], 0, sizeof pr[k]);
+            pr[k].fixed = out->p + next_off;
+            pr[k].fixed_cap = (size_t)len;
+            plen[k] = (size_t)len;
+            submit_range(c, &pr[k], key, ver, next_off, len);
+            next_off += len;
+            nfly++;
+        }
+        if (nfly == 0) break;
+        pend *p = &pr[head];
+        ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
+        unlink_locked(c, p);
+        if (st == FT_OK) {
+            if (w != FT_OK) st = pend_error(c, p);
+            else if (p->aux != ver) st = ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
+            else if (range_got(p) != plen[head])
+                st = ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", range_got(p));
+        }
+        head = (head + 1) % FT_READ_DEPTH;
+        nfly--;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (st == FT_OK) *size = (size_t)fi.frame_size;
+    return st;
+}
+
+static ft_status cl_get(ft_store_backend *b, const char *key, ft_buf *out, size_t *size)
+{
+    ucx_client *c = (ucx_client *)b;
+    pthread_mutex_lock(&c->lock);
+    int cma = ensure_locked(c) == FT_OK && c->cma;
+    pthread_mutex_unlock(&c->lock);
+    if (cma) {
+        /* a frame replaced while it was read: read again (as cl_read) */
+        ft_status st = FT_ERR_BUSY;
+        int tcp = 0;
+        for (int attempt = 0; attempt < 8 && st == FT_ERR_BUSY && !tcp; attempt++)
+            st = get_byref(c, key, out, size, &tcp);
+        if (!tcp) return st;
+    }
+    size_t n = 0;
+    ft_status st = call(c, FT_OP_GET, key, NULL, 0, out, &n);
+    if (st == FT_OK) *size = n;
+    return st;
+}
+
 static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_buf *scratch,
                            ft_tensor *dst, size_t cap, int alloc, int alloc_dtype)
 {
@@ -1388,30 +1405,22 @@ static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_
         }
         first.fixed = scratch->p;
         first.fixed_cap = first_len;
-        submit_range(c, &first, key, 0, 0, first_len);
-        st = wait_locked(c, &first, ft_now() + c->timeout_ms / 1000.0);
-        unlink_locked(c, &first);
-        if (st != FT_OK) st = pend_error(c, &first);
+        st = range_wait_locked(c, &first, key, 0, 0, first_len);
     }
     pthread_mutex_unlock(&c->lock);
     if (st != FT_OK) return st;
     const uint64_t ver = first.aux;
     const size_t got = range_got(&first);
     ft_frame_info fi;
-    st = ft_frame_parse(scratch->p, got, &fi);
-    if (st == FT_ERR_BUFFER_SMALL && got == first_len) {
+    st = first_info(c, key, scratch->p, got, first_len, &fi);
+    if (st == FT_ERR_BUFFER_SMALL) {
         /* a header larger than the first range: fetch the frame whole */
         size_t n = 0;
         st = call(c, FT_OP_GET, key, NULL, 0, scratch, &n);
         return st == FT_OK ? decode_whole(cc, scratch->p, n, dst, cap, alloc, alloc_dtype) : st;
     }
-    if (st != FT_OK) return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': %s", c->where, key,
-                                         ft_last_error());
-    if (fi.frame_size <= got) {
-        if (fi.frame_size != got)
-            return ft_set_error(FT_ERR_CORRUPT, "ucx://%s: '%s': frame size mismatch", c->where, key);
-        return decode_whole(cc, scratch->p, got, dst, cap, alloc, alloc_dtype);
-    }
+    if (st != FT_OK) return st;
+    if (fi.frame_size == got) return decode_whole(cc, scratch->p, got, dst, cap, alloc, alloc_dtype);
 
     /* pipelined: output first */
     int od = alloc ? (alloc_dtype < 0 ? (int)fi.dtype : alloc_dtype) : (int)dst->dtype;
