@@ -1264,6 +1264,20 @@ static ft_status range_wait_locked(ucx_client *c, pend *p, const char *key, uint
     return st != FT_OK ? pend_error(c, p) : FT_OK;
 }
 
+/* Wait for a later range of a read (version ver, want bytes) and, with
+ * check (no error yet: the first one's message is kept), check its
+ * reply; lock held. */
+static ft_status range_done_locked(ucx_client *c, pend *p, uint64_t ver, size_t want, int check)
+{
+    ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
+    unlink_locked(c, p);
+    if (!check) return FT_OK;
+    if (w != FT_OK) return pend_error(c, p);
+    if (p->aux != ver) return ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
+    if (range_got(p) != want) return ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", range_got(p));
+    return FT_OK;
+}
+
 /* The frame's header from the got bytes of its first range (first_len
  * asked for) at buf: FT_OK with *fi; FT_ERR_BUFFER_SMALL, no error set,
  * where the header is larger than the range (read the frame whole);
@@ -1350,15 +1364,8 @@ static ft_status get_byref(ucx_client *c, const char *key, ft_buf *out, size_t *
             nfly++;
         }
         if (nfly == 0) break;
-        pend *p = &pr[head];
-        ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
-        unlink_locked(c, p);
-        if (st == FT_OK) {
-            if (w != FT_OK) st = pend_error(c, p);
-            else if (p->aux != ver) st = ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
-            else if (range_got(p) != plen[head])
-                st = ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", range_got(p));
-        }
+        ft_status w = range_done_locked(c, &pr[head], ver, plen[head], st == FT_OK);
+        if (st == FT_OK) st = w;
         head = (head + 1) % FT_READ_DEPTH;
         nfly--;
     }
@@ -1496,15 +1503,8 @@ static ft_status read_once(ucx_client *c, const char *key, ft_codec_ctx *cc, ft_
         }
         pthread_mutex_lock(&c->lock);
         if (nfly == 0) break;
-        pend *p = &pr[head];
-        ft_status w = wait_locked(c, p, ft_now() + c->timeout_ms / 1000.0);
-        unlink_locked(c, p);
-        if (st == FT_OK) {
-            if (w != FT_OK) st = pend_error(c, p);
-            else if (p->aux != ver) st = ft_set_error(FT_ERR_BUSY, "tensor replaced during read");
-            else if (range_got(p) != plen[head])
-                st = ft_set_error(FT_ERR_PROTOCOL, "range reply of %zu bytes", range_got(p));
-        }
+        ft_status w = range_done_locked(c, &pr[head], ver, plen[head], st == FT_OK);
+        if (st == FT_OK) st = w;
         if (st == FT_OK) done_off += plen[head];
         head = (head + 1) % FT_READ_DEPTH;
         nfly--;
