@@ -5,12 +5,17 @@
  * offsets are not block-aligned, so the blocks covering the rows are read
  * and the rows moved to the buffer's start); else buffered, the pages
  * dropped behind the reads when asked (a memory cgroup charges the page
- * cache to the reader). */
+ * cache to the reader). Direct reads have no kernel read-ahead: a
+ * context's reader thread (ft_gs_reader) reads the head's next chunk
+ * while the pool computes this one. */
 #define _GNU_SOURCE
 #include "engine_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,6 +46,8 @@ static int direct(const ft_gstream *g)
     return g->dfd >= 0 && !__atomic_load_n(&g->direct_refused, __ATOMIC_RELAXED);
 }
 
+int ft_gstream_direct_now(const ft_gstream *g) { return g && direct(g); }
+
 void ft_gstream_prefetch(const ft_gstream *g, int r0, int n)
 {
     if (r0 < 0 || n <= 0 || r0 >= g->rows || direct(g)) return;
@@ -60,7 +67,8 @@ static ft_status read_direct(const ft_gstream *g, uint64_t off, size_t len, uint
     const size_t span = (need + FT_GSTREAM_ALIGN - 1) & ~(size_t)(FT_GSTREAM_ALIGN - 1);
     size_t got = 0;
     while (got < need) {
-        ssize_t k = pread(g->dfd, buf + got, span - got, (off_t)(a0 + got));
+        ssize_t k = g->dpread ? g->dpread(g->dfd, buf + got, span - got, (off_t)(a0 + got))
+                              : pread(g->dfd, buf + got, span - got, (off_t)(a0 + got));
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && errno == EINVAL) return FT_ERR_UNSUPPORTED;
         /* short only at the end of the file: past it, nothing more */
@@ -110,4 +118,107 @@ ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw)
     __atomic_fetch_add(&g->bytes_read, (uint64_t)len, __ATOMIC_RELAXED);
     if (buf != dst) return ft_convert(dst, dd, buf, g->src, (size_t)n * (size_t)g->cols);
     return FT_OK;
+}
+
+/* ------------------------------------------------------ the reader */
+
+struct ft_gs_reader {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int job, done, quit;       /* under mu */
+    int inflight;              /* the owner's: started, not yet waited for */
+    ft_gstream *g;
+    int r0, n;
+    void *dst, *raw;
+    ft_status st;
+    char msg[512];
+};
+
+static void *reader_main(void *arg)
+{
+    ft_gs_reader *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->job && !r->quit) pthread_cond_wait(&r->cv, &r->mu);
+        if (r->quit) break;
+        r->job = 0;
+        pthread_mutex_unlock(&r->mu);
+        ft_status st = ft_gstream_read(r->g, r->r0, r->n, r->dst, r->raw);
+        pthread_mutex_lock(&r->mu);
+        r->st = st;
+        if (st) snprintf(r->msg, sizeof r->msg, "%s", ft_last_error());
+        r->done = 1;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+ft_status ft_gs_reader_create(ft_gs_reader **out)
+{
+    ft_gs_reader *r = calloc(1, sizeof *r);
+    if (!r) return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader");
+    if (pthread_mutex_init(&r->mu, NULL)) {
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader mutex");
+    }
+    if (pthread_cond_init(&r->cv, NULL)) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader condition");
+    }
+    int e = pthread_create(&r->th, NULL, reader_main, r);
+    if (e) {
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader thread: %s", strerror(e));
+    }
+    *out = r;
+    return FT_OK;
+}
+
+void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int r0, int n, void *dst, void *raw)
+{
+    pthread_mutex_lock(&r->mu);
+    r->g = g;
+    r->r0 = r0;
+    r->n = n;
+    r->dst = dst;
+    r->raw = raw;
+    r->st = FT_OK;
+    r->done = 0;
+    r->job = 1;
+    r->inflight = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int ft_gs_reader_busy(const ft_gs_reader *r) { return r && r->inflight; }
+
+ft_status ft_gs_reader_wait(ft_gs_reader *r, int report)
+{
+    if (!r || !r->inflight) return FT_OK;
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+    ft_status st = r->st;
+    r->inflight = 0;
+    pthread_mutex_unlock(&r->mu);
+    if (st && report) ft_set_error(st, "%s", r->msg);
+    return st;
+}
+
+void ft_gs_reader_free(ft_gs_reader *r)
+{
+    if (!r) return;
+    (void)ft_gs_reader_wait(r, 0);
+    pthread_mutex_lock(&r->mu);
+    r->quit = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->th, NULL);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
 }
