@@ -504,7 +504,7 @@ TEST(direct_io_refused_at_read)
         {"llama-tiny-bf16", FT_STREAM_LM_HEAD, 0, 20, 1},
         {"llama-tiny-bf16", FT_STREAM_EMBED | FT_STREAM_LM_HEAD, 1, 0, 0},
         {"llama-tiny-tied-rope3", FT_STREAM_EMBED, 1, 12, 1},
-        {"llama-tiny-tied-rope3", FT_STREAM_EMBED, 1, 0, -1},
+        {"llama-tiny-tied-rope3", FT_STREAM_EMBED, 1, 0, -1},     /* a row and chunk 0 at once */
         {"llama-tiny", FT_STREAM_LM_HEAD, 0, 3, 1},   /* f32 rows: read straight into the compute buffer */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -528,9 +528,13 @@ TEST(direct_io_refused_at_read)
         CHECK_MSG(got && want && n1 == n0 && !memcmp(got, want, n0 * sizeof(float)),
                   "%s refused after %d direct reads: logits differ from the page-cache reads'", cases[i].name,
                   cases[i].after);
-        CHECK_MSG(fault.failed == 1 && fault.calls == cases[i].after + 1,
-                  "%s: %d direct reads tried, %d refused (want %d, 1): a refused direct read is tried again",
-                  cases[i].name, fault.calls, fault.failed, cases[i].after + 1);
+        /* one refusal, no direct read after it; where the two threads
+         * read at once (tied, refused at once) both may be refused
+         * before either sets the flag */
+        int most = cases[i].reader < 0 ? 2 : 1;
+        CHECK_MSG(fault.failed >= 1 && fault.failed <= most && fault.calls == cases[i].after + fault.failed,
+                  "%s: %d direct reads tried, %d refused (want %d + the refused, at most %d): a refused direct "
+                  "read is tried again", cases[i].name, fault.calls, fault.failed, cases[i].after, most);
         CHECK(__atomic_load_n(&g->direct_refused, __ATOMIC_RELAXED) == 1);
         if (md->gs_head != g) CHECK(!md->gs_head->direct_refused);
         CHECK_MSG(ft_model_stream_bytes_read(md) == want_bytes, "%s: %llu bytes counted, the page-cache reads %llu",
