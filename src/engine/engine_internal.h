@@ -120,19 +120,23 @@ void ft_gstream_prefetch(const ft_gstream *g, int r0, int n);
 /* Whether reads of g go past the page cache now (dfd, not refused). */
 int ft_gstream_direct_now(const ft_gstream *g);
 
-/* A context's reader thread: one ft_gstream_read at a time, run while
- * the caller computes (the next chunk of a head read past the page
- * cache, which has no kernel read-ahead). start: hand it a read (none
- * in flight); wait: until it is done, its status returned and, with
- * report, its error message set on the caller's thread (else dropped:
- * the caller has its own error); nothing in flight: FT_OK. free waits
- * for a read in flight. */
+/* A context's reader thread (a head read past the page cache, which has
+ * no kernel read-ahead): start hands it the chunks of g (R rows each) to
+ * read in order on its own, chunk k into buffer (k + 1) & 1 (buffer 0
+ * stays the caller's until released: the embeddings use it), each as
+ * soon as its buffer is free, so a read follows the previous one with
+ * no hand-over. get waits for chunk k and gives its buffer (held by the
+ * caller until released); an error of a read comes back from get with
+ * its message (no read after it). stop: no read in flight after it (a
+ * job not read to the end dropped). free stops and joins. */
 typedef struct ft_gs_reader ft_gs_reader;
 ft_status ft_gs_reader_create(ft_gs_reader **out);
 void ft_gs_reader_free(ft_gs_reader *r);
-void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int r0, int n, void *dst, void *raw);
-int ft_gs_reader_busy(const ft_gs_reader *r);
-ft_status ft_gs_reader_wait(ft_gs_reader *r, int report);
+void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int R, void *dst0, void *raw0, void *dst1, void *raw1);
+int ft_gs_reader_active(const ft_gs_reader *r);
+ft_status ft_gs_reader_get(ft_gs_reader *r, int k, int *b);
+void ft_gs_reader_release(ft_gs_reader *r, int b);
+void ft_gs_reader_stop(ft_gs_reader *r);
 
 typedef struct ft_model_tensor_entry {
     char name[128];        /* the checkpoint's name, or for a slice an

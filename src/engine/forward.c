@@ -375,7 +375,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
 void ft_ctx_free(ft_ctx *c)
 {
     if (!c) return;
-    ft_gs_reader_free(c->gs_rd);   /* waits for a read in flight */
+    ft_gs_reader_free(c->gs_rd);   /* stops a read in flight */
     ft_pool_free(c->pool);
     ft_free_aligned(c->kv);
     free(c->kv_off); free(c->kv_rows); free(c->win);
@@ -978,12 +978,12 @@ static void head_chunk(ft_ctx *c, float *y, int V, const ft_wk_act *a, ft_wmat *
     ft_pool_run(nt > 1 ? c->pool : NULL, nt, head_task, &j);
 }
 
-/* The first chunk of the head, read by the reader thread into the second
- * buffer (the first may hold an embedding row meanwhile). */
-static void head_read_first(ft_ctx *c, ft_gstream *g)
+/* The head's chunks handed to the reader thread: chunk 0 (into the
+ * second buffer; the first may hold an embedding row meanwhile) read
+ * while the layers compute, the others as buffers are released. */
+static void head_read_start(ft_ctx *c, ft_gstream *g)
 {
-    int R = ft_gstream_chunk_rows(g);
-    ft_gs_reader_start(c->gs_rd, g, 0, R < g->rows ? R : g->rows, c->gs_dst2, c->gs_raw2);
+    ft_gs_reader_start(c->gs_rd, g, ft_gstream_chunk_rows(g), c->gs_dst, c->gs_raw, c->gs_dst2, c->gs_raw2);
 }
 
 static ft_status head_streamed(ft_ctx *c, float *y, const float *x, int rows)
@@ -991,27 +991,32 @@ static ft_status head_streamed(ft_ctx *c, float *y, const float *x, int rows)
     ft_gstream *g = c->m->gs_head;
     int V = g->rows, R = ft_gstream_chunk_rows(g);
     /* past the page cache: the reader reads chunk i + 1 into one buffer
-     * while the pool computes chunk i from the other (chunk 0 was asked
-     * for before the layers); a refusal on the way falls back to a
+     * while the pool computes chunk i from the other (chunk 0 was handed
+     * over before the layers); a refusal on the way falls back to a
      * buffered read on the reader, the calls after read as below */
-    int ahead = c->gs_rd && (ft_gs_reader_busy(c->gs_rd) || ft_gstream_direct_now(g));
+    int ahead = c->gs_rd && (ft_gs_reader_active(c->gs_rd) || ft_gstream_direct_now(g));
     ft_wmat W = {.fmt = g->fmt, .rows = R, .cols = g->cols, .data = c->gs_dst};
     ft_wk_act a;
     ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, &W, x, rows);
     if (st) {
-        (void)ft_gs_reader_wait(c->gs_rd, 0);
+        ft_gs_reader_stop(c->gs_rd);
         return st;
     }
     if (ahead) {
-        void *dst[2] = {c->gs_dst, c->gs_dst2}, *raw[2] = {c->gs_raw, c->gs_raw2};
-        if (!ft_gs_reader_busy(c->gs_rd)) head_read_first(c, g);
-        for (int r0 = 0, b = 1; r0 < V; r0 += R, b ^= 1) {
-            int n = V - r0 < R ? V - r0 : R, r1 = r0 + R;
-            if ((st = ft_gs_reader_wait(c->gs_rd, 1))) return st;
-            if (r1 < V) ft_gs_reader_start(c->gs_rd, g, r1, V - r1 < R ? V - r1 : R, dst[b ^ 1], raw[b ^ 1]);
+        void *dst[2] = {c->gs_dst, c->gs_dst2};
+        if (!ft_gs_reader_active(c->gs_rd)) head_read_start(c, g);
+        ft_gs_reader_release(c->gs_rd, 0);   /* the embeddings are done with it */
+        for (int r0 = 0, k = 0; r0 < V; r0 += R, k++) {
+            int n = V - r0 < R ? V - r0 : R, b = 0;
+            if ((st = ft_gs_reader_get(c->gs_rd, k, &b))) {
+                ft_gs_reader_stop(c->gs_rd);
+                return st;
+            }
             W.data = dst[b];
             head_chunk(c, y, V, &a, &W, r0, n);
+            ft_gs_reader_release(c->gs_rd, b);
         }
+        ft_gs_reader_stop(c->gs_rd);
         return FT_OK;
     }
     for (int r0 = 0; r0 < V; r0 += R) {
@@ -1352,14 +1357,14 @@ ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int
      * by the reader past the page cache, else by the kernel (head_streamed
      * reads ahead the others) */
     if (want && m->gs_head) {
-        if (c->gs_rd && ft_gstream_direct_now(m->gs_head) && !ft_gs_reader_busy(c->gs_rd))
-            head_read_first(c, m->gs_head);
+        if (c->gs_rd && ft_gstream_direct_now(m->gs_head) && !ft_gs_reader_active(c->gs_rd))
+            head_read_start(c, m->gs_head);
         else
             ft_gstream_prefetch(m->gs_head, 0, ft_gstream_chunk_rows(m->gs_head));
     }
     ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
     /* the head not reached (an error before it): its read dropped */
-    (void)ft_gs_reader_wait(c->gs_rd, 0);
+    ft_gs_reader_stop(c->gs_rd);
     c->step = NULL;
     if (st) return fail_reset(c, st);
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];

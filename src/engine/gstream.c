@@ -125,31 +125,50 @@ ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw)
 struct ft_gs_reader {
     pthread_t th;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int job, done, quit;       /* under mu */
-    int inflight;              /* the owner's: started, not yet waited for */
+    pthread_cond_t cv;         /* the reader waits: a job, a free buffer, quit */
+    pthread_cond_t done;       /* the owner waits: a chunk ready, reads stopped */
+    int quit, active, stop, failed, reading;
     ft_gstream *g;
-    int r0, n;
-    void *dst, *raw;
+    int R, nchunks, next;      /* chunk k: rows [k R, ..), buffer (k + 1) & 1 */
+    void *dst[2], *raw[2];
+    int state[2];              /* GS_FREE, GS_HELD (the owner's), GS_READY */
+    int chunk[2];              /* the chunk a READY buffer holds */
     ft_status st;
     char msg[512];
 };
+enum { GS_FREE, GS_HELD, GS_READY };
 
 static void *reader_main(void *arg)
 {
     ft_gs_reader *r = arg;
     pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (!r->job && !r->quit) pthread_cond_wait(&r->cv, &r->mu);
         if (r->quit) break;
-        r->job = 0;
+        int k = r->next, b = (k + 1) & 1;
+        if (!(r->active && !r->stop && !r->failed && k < r->nchunks && r->state[b] == GS_FREE)) {
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        r->next++;
+        r->reading = 1;
+        r->state[b] = GS_HELD;
+        ft_gstream *g = r->g;
+        int r0 = k * r->R, n = g->rows - r0 < r->R ? g->rows - r0 : r->R;
+        void *dst = r->dst[b], *raw = r->raw[b];
         pthread_mutex_unlock(&r->mu);
-        ft_status st = ft_gstream_read(r->g, r->r0, r->n, r->dst, r->raw);
+        ft_status st = ft_gstream_read(g, r0, n, dst, raw);
         pthread_mutex_lock(&r->mu);
-        r->st = st;
-        if (st) snprintf(r->msg, sizeof r->msg, "%s", ft_last_error());
-        r->done = 1;
-        pthread_cond_broadcast(&r->cv);
+        r->reading = 0;
+        if (st) {
+            r->failed = 1;
+            r->st = st;
+            snprintf(r->msg, sizeof r->msg, "%s", ft_last_error());
+            r->state[b] = GS_FREE;
+        } else {
+            r->state[b] = GS_READY;
+            r->chunk[b] = k;
+        }
+        pthread_cond_broadcast(&r->done);
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;
@@ -168,8 +187,15 @@ ft_status ft_gs_reader_create(ft_gs_reader **out)
         free(r);
         return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader condition");
     }
+    if (pthread_cond_init(&r->done, NULL)) {
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader condition");
+    }
     int e = pthread_create(&r->th, NULL, reader_main, r);
     if (e) {
+        pthread_cond_destroy(&r->done);
         pthread_cond_destroy(&r->cv);
         pthread_mutex_destroy(&r->mu);
         free(r);
@@ -179,45 +205,68 @@ ft_status ft_gs_reader_create(ft_gs_reader **out)
     return FT_OK;
 }
 
-void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int r0, int n, void *dst, void *raw)
+void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int R, void *dst0, void *raw0, void *dst1, void *raw1)
 {
     pthread_mutex_lock(&r->mu);
     r->g = g;
-    r->r0 = r0;
-    r->n = n;
-    r->dst = dst;
-    r->raw = raw;
+    r->R = R;
+    r->nchunks = (g->rows + R - 1) / R;
+    r->next = 0;
+    r->dst[0] = dst0; r->raw[0] = raw0;
+    r->dst[1] = dst1; r->raw[1] = raw1;
+    r->state[0] = GS_HELD;   /* until released: the embeddings may use it */
+    r->state[1] = GS_FREE;
     r->st = FT_OK;
-    r->done = 0;
-    r->job = 1;
-    r->inflight = 1;
+    r->failed = r->stop = 0;
+    r->active = 1;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
-int ft_gs_reader_busy(const ft_gs_reader *r) { return r && r->inflight; }
+int ft_gs_reader_active(const ft_gs_reader *r) { return r && r->active; }
 
-ft_status ft_gs_reader_wait(ft_gs_reader *r, int report)
+void ft_gs_reader_release(ft_gs_reader *r, int b)
 {
-    if (!r || !r->inflight) return FT_OK;
     pthread_mutex_lock(&r->mu);
-    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
-    ft_status st = r->st;
-    r->inflight = 0;
+    r->state[b] = GS_FREE;
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (st && report) ft_set_error(st, "%s", r->msg);
-    return st;
+}
+
+ft_status ft_gs_reader_get(ft_gs_reader *r, int k, int *b)
+{
+    int bb = (k + 1) & 1;
+    pthread_mutex_lock(&r->mu);
+    while (!r->failed && !(r->state[bb] == GS_READY && r->chunk[bb] == k)) pthread_cond_wait(&r->done, &r->mu);
+    ft_status st = FT_OK;
+    if (r->state[bb] == GS_READY && r->chunk[bb] == k) r->state[bb] = GS_HELD;
+    else st = r->st;
+    pthread_mutex_unlock(&r->mu);
+    if (st) return ft_set_error(st, "%s", r->msg);
+    *b = bb;
+    return FT_OK;
+}
+
+void ft_gs_reader_stop(ft_gs_reader *r)
+{
+    if (!r || !r->active) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    while (r->reading) pthread_cond_wait(&r->done, &r->mu);
+    r->active = 0;
+    pthread_mutex_unlock(&r->mu);
 }
 
 void ft_gs_reader_free(ft_gs_reader *r)
 {
     if (!r) return;
-    (void)ft_gs_reader_wait(r, 0);
+    ft_gs_reader_stop(r);
     pthread_mutex_lock(&r->mu);
     r->quit = 1;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->th, NULL);
+    pthread_cond_destroy(&r->done);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
