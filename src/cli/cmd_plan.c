@@ -223,6 +223,8 @@ int ft_cmd_plan(int argc, char **argv)
             lp.weights = weights;
             lp.external_layers = FT_LOAD_LAYOUT_ONLY;
             lp.stream_globals = levels[lv];
+            lp.stream_drop_cache = 1;   /* a binding budget: a head read past the page cache
+                                           counts its second chunk buffer */
             ft_model *lm = NULL;
             if ((st = ft_model_load(model, &lp, &lm))) return ft_cli_fail(model, st);
             const ft_model_config *cfg = ft_model_get_config(lm);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #define LIM_HALF_HEAD 512   /* head_dim <= 1024 (config.c) */
 
@@ -82,7 +83,14 @@ const float **ft_layer_vec(ft_layer_weights *w, int slot);   /* NULL: matrix slo
 typedef struct ft_gstream {
     int fd;
     int dfd;               /* O_DIRECT, -1: none (off, or refused at open) */
+    int direct;            /* read past the page cache: dfd opened, or (a
+                              layout-only model) it would be; a context
+                              then reads the head's next chunk on its
+                              reader thread into a second buffer */
     int direct_refused;    /* atomically set: a direct read was refused */
+    /* the direct reads' pread (NULL: pread): tests inject a refusal at
+     * read time (EINVAL) here; nothing else sets it */
+    ssize_t (*dpread)(int fd, void *buf, size_t n, off_t off);
     uint64_t off;
     ft_dtype src;
     ft_wfmt fmt;
@@ -107,8 +115,28 @@ int ft_gstream_chunk_rows(const ft_gstream *g);
 ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw);
 /* Ask the kernel to read rows [r0, r0 + n) ahead (the next chunk while
  * this one is computed); nothing for direct reads (the page cache is
- * not used). */
+ * not used: ft_gs_reader reads them ahead instead). */
 void ft_gstream_prefetch(const ft_gstream *g, int r0, int n);
+/* Whether reads of g go past the page cache now (dfd, not refused). */
+int ft_gstream_direct_now(const ft_gstream *g);
+
+/* A context's reader thread (a head read past the page cache, which has
+ * no kernel read-ahead): start hands it the chunks of g (R rows each) to
+ * read in order on its own, chunk k into buffer (k + 1) & 1 (buffer 0
+ * stays the caller's until released: the embeddings use it), each as
+ * soon as its buffer is free, so a read follows the previous one with
+ * no hand-over. get waits for chunk k and gives its buffer (held by the
+ * caller until released); an error of a read comes back from get with
+ * its message (no read after it). stop: no read in flight after it (a
+ * job not read to the end dropped). free stops and joins. */
+typedef struct ft_gs_reader ft_gs_reader;
+ft_status ft_gs_reader_create(ft_gs_reader **out);
+void ft_gs_reader_free(ft_gs_reader *r);
+void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int R, void *dst0, void *raw0, void *dst1, void *raw1);
+int ft_gs_reader_active(const ft_gs_reader *r);
+ft_status ft_gs_reader_get(ft_gs_reader *r, int k, int *b);
+void ft_gs_reader_release(ft_gs_reader *r, int b);
+void ft_gs_reader_stop(ft_gs_reader *r);
 
 typedef struct ft_model_tensor_entry {
     char name[128];        /* the checkpoint's name, or for a slice an

@@ -50,6 +50,9 @@ struct ft_ctx {
     void *wkws;                     /* prepared activations of one product (wkernels) */
     void *gs_dst, *gs_raw;          /* streamed embeddings / LM head: one chunk of rows in
                                        the compute format, and as read (checkpoint dtype) */
+    void *gs_dst2, *gs_raw2;        /* a head read past the page cache: the second chunk,
+                                       filled by gs_rd while the pool computes the first */
+    ft_gs_reader *gs_rd;            /* its reader thread (NULL: none) */
     size_t wkws_size;
     float *kvt;                     /* per worker: a window's K and V rows widened to f32 */
     int *past;                      /* per sequence: cached tokens before the call */
@@ -189,23 +192,39 @@ static size_t ctx_ws_need(const ft_model_config *cfg, int qdim, int kvdim, int r
     return need;
 }
 
+/* Bytes of one chunk of streamed matrix g in the compute format, or
+ * (raw) as read: 0 when they agree (read straight into the compute
+ * buffer). For a layout-only model (planning) the chunk is sized from
+ * the shapes as ft_gstream_chunk_rows would. */
+static size_t gs_chunk_bytes(const ft_gstream *g, int raw)
+{
+    ft_dtype fd = g->fmt == FT_WF_BF16 ? FT_BF16 : g->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
+    if (raw && g->src == fd) return 0;
+    return (size_t)ft_gstream_chunk_rows(g) * (size_t)ft_dtype_nbytes(raw ? g->src : fd, (size_t)g->cols);
+}
+
 /* Bytes of one chunk buffer for the streamed globals (a chunk of the
  * head; an embedding row fits in it), with room for a direct read's
- * blocks either side (FT_GSTREAM_SLACK; the buffers are 4 KiB-aligned).
- * For a layout-only model (planning) the chunk is sized from the shapes
- * as ft_gstream_chunk_rows would. */
+ * blocks either side (FT_GSTREAM_SLACK; the buffers are 4 KiB-aligned). */
 static size_t gs_buf_bytes(const ft_model *m, int raw)
 {
     size_t z = 0;
     const ft_gstream *gs[2] = {m->gs_emb, m->gs_head};
     for (int i = 0; i < 2; i++) {
-        if (!gs[i]) continue;
-        ft_dtype fd = gs[i]->fmt == FT_WF_BF16 ? FT_BF16 : gs[i]->fmt == FT_WF_F16 ? FT_F16 : FT_F32;
-        if (raw && gs[i]->src == fd) continue;   /* read straight into the compute buffer */
-        size_t b = (size_t)ft_gstream_chunk_rows(gs[i]) * (size_t)ft_dtype_nbytes(raw ? gs[i]->src : fd,
-                                                                                 (size_t)gs[i]->cols);
+        size_t b = gs[i] ? gs_chunk_bytes(gs[i], raw) : 0;
         if (b > z) z = b;
     }
+    return z ? z + FT_GSTREAM_SLACK : 0;
+}
+
+/* The second chunk buffer of a head read past the page cache (the
+ * reader fills one while the pool computes the other): a head chunk with
+ * the same slack; 0 for a head read through the page cache (the kernel
+ * reads it ahead) or none. */
+static size_t gs_ahead_bytes(const ft_model *m, int raw)
+{
+    if (!m->gs_head || !m->gs_head->direct) return 0;
+    size_t z = gs_chunk_bytes(m->gs_head, raw);
     return z ? z + FT_GSTREAM_SLACK : 0;
 }
 
@@ -298,12 +317,16 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         c->scratch_bytes += need;
         c->wkws = ft_malloc_aligned(need ? need : 64, 64);
     }
-    /* streamed embeddings / LM head: one chunk of rows, twice */
+    /* streamed embeddings / LM head: one chunk of rows, twice (compute
+     * format, as read); a head read past the page cache a second chunk */
     if (m->gs_emb || m->gs_head) {
         size_t z = gs_buf_bytes(m, 0), zr = gs_buf_bytes(m, 1);
+        size_t z2 = gs_ahead_bytes(m, 0), zr2 = gs_ahead_bytes(m, 1);
         c->gs_dst = ft_malloc_aligned(z, FT_GSTREAM_ALIGN);
         c->gs_raw = zr ? ft_malloc_aligned(zr, FT_GSTREAM_ALIGN) : NULL;
-        c->scratch_bytes += z + zr;
+        c->gs_dst2 = z2 ? ft_malloc_aligned(z2, FT_GSTREAM_ALIGN) : NULL;
+        c->gs_raw2 = zr2 ? ft_malloc_aligned(zr2, FT_GSTREAM_ALIGN) : NULL;
+        c->scratch_bytes += z + zr + z2 + zr2;
     }
     /* a windowed layer over a bf16/f16 cache: the window's rows of one KV
      * head widened to f32 per worker */
@@ -328,7 +351,8 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
             if (c->lrope_cos && c->lrope_sin) ft_rope_tables(&lc, S, c->lrope_cos, c->lrope_sin);
         }
     }
-    if ((kvn && !c->kv) || !c->seq_len || ((m->gs_emb || m->gs_head) && (!c->gs_dst || (!c->gs_raw && gs_buf_bytes(m, 1)))) || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
+    if ((kvn && !c->kv) || !c->seq_len || ((m->gs_emb || m->gs_head) && (!c->gs_dst || (!c->gs_raw && gs_buf_bytes(m, 1)))) ||
+        (!c->gs_dst2 && gs_ahead_bytes(m, 0)) || (!c->gs_raw2 && gs_ahead_bytes(m, 1)) || !c->kk || !c->vv || !c->past || !c->ck || !c->cv || !c->wkws ||
         (c->kv_esize != 4 && (ft_config_min_window(cfg) || cfg->attn_softcap != 0) && !c->kvt) || !c->x || !c->xb ||
         !c->normw || (cfg->rope_local_theta != 0 && (!c->lrope_cos || !c->lrope_sin)) ||
         (cfg->n_experts && (!c->moe_logits || !c->moe_wt || !c->moe_gwt || !c->moe_x || !c->moe_y || !c->moe_in || !c->moe_idx ||
@@ -340,6 +364,10 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
         return ft_set_error(FT_ERR_NOMEM, "ctx: KV cache %.1f MiB + scratch %.1f MiB",
                             (double)kvn * (double)c->kv_esize / 1048576.0, (double)c->scratch_bytes / 1048576.0);
     }
+    if (c->gs_dst2 && (st = ft_gs_reader_create(&c->gs_rd))) {
+        ft_ctx_free(c);
+        return st;
+    }
     *out = c;
     return FT_OK;
 }
@@ -347,6 +375,7 @@ ft_status ft_ctx_create(const ft_model *m, const ft_ctx_params *p, ft_ctx **out)
 void ft_ctx_free(ft_ctx *c)
 {
     if (!c) return;
+    ft_gs_reader_free(c->gs_rd);   /* stops a read in flight */
     ft_pool_free(c->pool);
     ft_free_aligned(c->kv);
     free(c->kv_off); free(c->kv_rows); free(c->win);
@@ -354,6 +383,7 @@ void ft_ctx_free(ft_ctx *c)
     free(c->kk); free(c->vv); free(c->past); free(c->ck); free(c->cv);
     ft_free_aligned(c->wkws); ft_free_aligned(c->kvt);
     ft_free_aligned(c->gs_dst); ft_free_aligned(c->gs_raw);
+    ft_free_aligned(c->gs_dst2); ft_free_aligned(c->gs_raw2);
     ft_free_aligned(c->rope_cos); ft_free_aligned(c->rope_sin);
     ft_free_aligned(c->lrope_cos); ft_free_aligned(c->lrope_sin); ft_free_aligned(c->normw);
     ft_free_aligned(c->moe_logits); ft_free_aligned(c->moe_wt); ft_free_aligned(c->moe_gwt);
@@ -470,7 +500,7 @@ ft_status ft_ctx_estimate(const ft_model *m, const ft_ctx_params *p, uint64_t *k
     }
     uint64_t scratch = f * sizeof(float);
     scratch += ctx_ws_need(cfg, (int)qdim, (int)kvdim, (int)R);
-    scratch += (uint64_t)gs_buf_bytes(m, 0) + gs_buf_bytes(m, 1);
+    scratch += (uint64_t)gs_buf_bytes(m, 0) + gs_buf_bytes(m, 1) + gs_ahead_bytes(m, 0) + gs_ahead_bytes(m, 1);
     if (kv_bytes) *kv_bytes = kvn * esz;
     if (scratch_bytes) *scratch_bytes = scratch;
     return FT_OK;
@@ -918,10 +948,11 @@ static ft_status cpu_embed(void *b, ft_gbuf out, int rows)
 }
 
 /* The streamed LM head: chunk by chunk of vocabulary rows, each read from
- * the file (the next one read ahead by the kernel while this one is
- * computed), its logits written in place into the [rows][vocab] output by
- * the same product kernels as the resident matrix (each output is the
- * same dot product: bit-identical logits). */
+ * the file (the next one read ahead while this one is computed: by the
+ * kernel through the page cache, by the context's reader thread into the
+ * other chunk buffer past it), its logits written in place into the
+ * [rows][vocab] output by the same product kernels as the resident
+ * matrix (each output is the same dot product: bit-identical logits). */
 typedef struct { float *y; int ldy; const ft_wk_act *a; const ft_wmat *W; int chunk; } head_job;
 
 static void head_task(void *arg, size_t i, unsigned worker)
@@ -933,27 +964,66 @@ static void head_task(void *arg, size_t i, unsigned worker)
     ft_wk_product(j->y, j->ldy, j->a, j->W, o0, o1, NULL);
 }
 
+/* Rows [r0, r0 + n) of the head's logits from the chunk in W.data. */
+static void head_chunk(ft_ctx *c, float *y, int V, const ft_wk_act *a, ft_wmat *W, int r0, int n)
+{
+    W->rows = n;
+    /* the resident product's split of the outputs, in multiples of 24
+     * from the chunk's start (R is a multiple of 96) */
+    int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
+    int chunk = (n + tasks - 1) / tasks;
+    chunk = (chunk + 23) / 24 * 24;
+    head_job j = {y + r0, V, a, W, chunk};
+    size_t nt = (size_t)((n + chunk - 1) / chunk);
+    ft_pool_run(nt > 1 ? c->pool : NULL, nt, head_task, &j);
+}
+
+/* The head's chunks handed to the reader thread: chunk 0 (into the
+ * second buffer; the first may hold an embedding row meanwhile) read
+ * while the layers compute, the others as buffers are released. */
+static void head_read_start(ft_ctx *c, ft_gstream *g)
+{
+    ft_gs_reader_start(c->gs_rd, g, ft_gstream_chunk_rows(g), c->gs_dst, c->gs_raw, c->gs_dst2, c->gs_raw2);
+}
+
 static ft_status head_streamed(ft_ctx *c, float *y, const float *x, int rows)
 {
     ft_gstream *g = c->m->gs_head;
     int V = g->rows, R = ft_gstream_chunk_rows(g);
+    /* past the page cache: the reader reads chunk i + 1 into one buffer
+     * while the pool computes chunk i from the other (chunk 0 was handed
+     * over before the layers); a refusal on the way falls back to a
+     * buffered read on the reader, the calls after read as below */
+    int ahead = c->gs_rd && (ft_gs_reader_active(c->gs_rd) || ft_gstream_direct_now(g));
     ft_wmat W = {.fmt = g->fmt, .rows = R, .cols = g->cols, .data = c->gs_dst};
     ft_wk_act a;
     ft_status st = ft_wk_prep(&a, c->wkws, c->wkws_size, &W, x, rows);
-    if (st) return st;
+    if (st) {
+        ft_gs_reader_stop(c->gs_rd);
+        return st;
+    }
+    if (ahead) {
+        void *dst[2] = {c->gs_dst, c->gs_dst2};
+        if (!ft_gs_reader_active(c->gs_rd)) head_read_start(c, g);
+        ft_gs_reader_release(c->gs_rd, 0);   /* the embeddings are done with it */
+        for (int r0 = 0, k = 0; r0 < V; r0 += R, k++) {
+            int n = V - r0 < R ? V - r0 : R, b = 0;
+            if ((st = ft_gs_reader_get(c->gs_rd, k, &b))) {
+                ft_gs_reader_stop(c->gs_rd);
+                return st;
+            }
+            W.data = dst[b];
+            head_chunk(c, y, V, &a, &W, r0, n);
+            ft_gs_reader_release(c->gs_rd, b);
+        }
+        ft_gs_reader_stop(c->gs_rd);
+        return FT_OK;
+    }
     for (int r0 = 0; r0 < V; r0 += R) {
         int n = V - r0 < R ? V - r0 : R;
         if ((st = ft_gstream_read(g, r0, n, c->gs_dst, c->gs_raw))) return st;
         ft_gstream_prefetch(g, r0 + R, R);
-        W.rows = n;
-        /* the resident product's split of the outputs, in multiples of 24
-         * from the chunk's start (R is a multiple of 96) */
-        int tasks = c->threads == 1 ? 1 : (int)c->threads * 4;
-        int chunk = (n + tasks - 1) / tasks;
-        chunk = (chunk + 23) / 24 * 24;
-        head_job j = {y + r0, V, &a, &W, chunk};
-        size_t nt = (size_t)((n + chunk - 1) / chunk);
-        ft_pool_run(nt > 1 ? c->pool : NULL, nt, head_task, &j);
+        head_chunk(c, y, V, &a, &W, r0, n);
     }
     return FT_OK;
 }
@@ -1283,10 +1353,18 @@ ft_status ft_ctx_forward_layers(ft_ctx *c, size_t n, const int *slots, const int
     c->ring_dirty = 0;
     int nsel = 0, failed = -1;
     int want = l1 == L && logits && !hidden_out ? (all_rows ? 2 : 1) : 0;
-    /* a streamed LM head: its first chunk read by the kernel while the
-     * layers compute (head_streamed reads ahead the others) */
-    if (want && m->gs_head) ft_gstream_prefetch(m->gs_head, 0, ft_gstream_chunk_rows(m->gs_head));
+    /* a streamed LM head: its first chunk read while the layers compute,
+     * by the reader past the page cache, else by the kernel (head_streamed
+     * reads ahead the others) */
+    if (want && m->gs_head) {
+        if (c->gs_rd && ft_gstream_direct_now(m->gs_head) && !ft_gs_reader_active(c->gs_rd))
+            head_read_start(c, m->gs_head);
+        else
+            ft_gstream_prefetch(m->gs_head, 0, ft_gstream_chunk_rows(m->gs_head));
+    }
     ft_status st = ft_graph_forward_layers(&cpu_ops, c, m, (int)rows, (int)n, l0, l1, want, &nsel, &failed);
+    /* the head not reached (an error before it): its read dropped */
+    ft_gs_reader_stop(c->gs_rd);
     c->step = NULL;
     if (st) return fail_reset(c, st);
     for (size_t j = 0; j < n; j++) c->seq_len[slots[j]] += (int)ntok[j];

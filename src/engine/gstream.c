@@ -5,12 +5,17 @@
  * offsets are not block-aligned, so the blocks covering the rows are read
  * and the rows moved to the buffer's start); else buffered, the pages
  * dropped behind the reads when asked (a memory cgroup charges the page
- * cache to the reader). */
+ * cache to the reader). Direct reads have no kernel read-ahead: a
+ * context's reader thread (ft_gs_reader) reads the head's next chunk
+ * while the pool computes this one. */
 #define _GNU_SOURCE
 #include "engine_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,6 +46,8 @@ static int direct(const ft_gstream *g)
     return g->dfd >= 0 && !__atomic_load_n(&g->direct_refused, __ATOMIC_RELAXED);
 }
 
+int ft_gstream_direct_now(const ft_gstream *g) { return g && direct(g); }
+
 void ft_gstream_prefetch(const ft_gstream *g, int r0, int n)
 {
     if (r0 < 0 || n <= 0 || r0 >= g->rows || direct(g)) return;
@@ -60,7 +67,8 @@ static ft_status read_direct(const ft_gstream *g, uint64_t off, size_t len, uint
     const size_t span = (need + FT_GSTREAM_ALIGN - 1) & ~(size_t)(FT_GSTREAM_ALIGN - 1);
     size_t got = 0;
     while (got < need) {
-        ssize_t k = pread(g->dfd, buf + got, span - got, (off_t)(a0 + got));
+        ssize_t k = g->dpread ? g->dpread(g->dfd, buf + got, span - got, (off_t)(a0 + got))
+                              : pread(g->dfd, buf + got, span - got, (off_t)(a0 + got));
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && errno == EINVAL) return FT_ERR_UNSUPPORTED;
         /* short only at the end of the file: past it, nothing more */
@@ -110,4 +118,156 @@ ft_status ft_gstream_read(ft_gstream *g, int r0, int n, void *dst, void *raw)
     __atomic_fetch_add(&g->bytes_read, (uint64_t)len, __ATOMIC_RELAXED);
     if (buf != dst) return ft_convert(dst, dd, buf, g->src, (size_t)n * (size_t)g->cols);
     return FT_OK;
+}
+
+/* ------------------------------------------------------ the reader */
+
+struct ft_gs_reader {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* the reader waits: a job, a free buffer, quit */
+    pthread_cond_t done;       /* the owner waits: a chunk ready, reads stopped */
+    int quit, active, stop, failed, reading;
+    ft_gstream *g;
+    int R, nchunks, next;      /* chunk k: rows [k R, ..), buffer (k + 1) & 1 */
+    void *dst[2], *raw[2];
+    int state[2];              /* GS_FREE, GS_HELD (the owner's), GS_READY */
+    int chunk[2];              /* the chunk a READY buffer holds */
+    ft_status st;
+    char msg[512];
+};
+enum { GS_FREE, GS_HELD, GS_READY };
+
+static void *reader_main(void *arg)
+{
+    ft_gs_reader *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->quit) break;
+        int k = r->next, b = (k + 1) & 1;
+        if (!(r->active && !r->stop && !r->failed && k < r->nchunks && r->state[b] == GS_FREE)) {
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        r->next++;
+        r->reading = 1;
+        r->state[b] = GS_HELD;
+        ft_gstream *g = r->g;
+        int r0 = k * r->R, n = g->rows - r0 < r->R ? g->rows - r0 : r->R;
+        void *dst = r->dst[b], *raw = r->raw[b];
+        pthread_mutex_unlock(&r->mu);
+        ft_status st = ft_gstream_read(g, r0, n, dst, raw);
+        pthread_mutex_lock(&r->mu);
+        r->reading = 0;
+        if (st) {
+            r->failed = 1;
+            r->st = st;
+            snprintf(r->msg, sizeof r->msg, "%s", ft_last_error());
+            r->state[b] = GS_FREE;
+        } else {
+            r->state[b] = GS_READY;
+            r->chunk[b] = k;
+        }
+        pthread_cond_broadcast(&r->done);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+ft_status ft_gs_reader_create(ft_gs_reader **out)
+{
+    ft_gs_reader *r = calloc(1, sizeof *r);
+    if (!r) return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader");
+    if (pthread_mutex_init(&r->mu, NULL)) {
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader mutex");
+    }
+    if (pthread_cond_init(&r->cv, NULL)) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader condition");
+    }
+    if (pthread_cond_init(&r->done, NULL)) {
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader condition");
+    }
+    int e = pthread_create(&r->th, NULL, reader_main, r);
+    if (e) {
+        pthread_cond_destroy(&r->done);
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return ft_set_error(FT_ERR_NOMEM, "streamed matrix: reader thread: %s", strerror(e));
+    }
+    *out = r;
+    return FT_OK;
+}
+
+void ft_gs_reader_start(ft_gs_reader *r, ft_gstream *g, int R, void *dst0, void *raw0, void *dst1, void *raw1)
+{
+    pthread_mutex_lock(&r->mu);
+    r->g = g;
+    r->R = R;
+    r->nchunks = (g->rows + R - 1) / R;
+    r->next = 0;
+    r->dst[0] = dst0; r->raw[0] = raw0;
+    r->dst[1] = dst1; r->raw[1] = raw1;
+    r->state[0] = GS_HELD;   /* until released: the embeddings may use it */
+    r->state[1] = GS_FREE;
+    r->st = FT_OK;
+    r->failed = r->stop = 0;
+    r->active = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int ft_gs_reader_active(const ft_gs_reader *r) { return r && r->active; }
+
+void ft_gs_reader_release(ft_gs_reader *r, int b)
+{
+    pthread_mutex_lock(&r->mu);
+    r->state[b] = GS_FREE;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+ft_status ft_gs_reader_get(ft_gs_reader *r, int k, int *b)
+{
+    int bb = (k + 1) & 1;
+    pthread_mutex_lock(&r->mu);
+    while (!r->failed && !(r->state[bb] == GS_READY && r->chunk[bb] == k)) pthread_cond_wait(&r->done, &r->mu);
+    ft_status st = FT_OK;
+    if (r->state[bb] == GS_READY && r->chunk[bb] == k) r->state[bb] = GS_HELD;
+    else st = r->st;
+    pthread_mutex_unlock(&r->mu);
+    if (st) return ft_set_error(st, "%s", r->msg);
+    *b = bb;
+    return FT_OK;
+}
+
+void ft_gs_reader_stop(ft_gs_reader *r)
+{
+    if (!r || !r->active) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    while (r->reading) pthread_cond_wait(&r->done, &r->mu);
+    r->active = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void ft_gs_reader_free(ft_gs_reader *r)
+{
+    if (!r) return;
+    ft_gs_reader_stop(r);
+    pthread_mutex_lock(&r->mu);
+    r->quit = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->th, NULL);
+    pthread_cond_destroy(&r->done);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
 }

@@ -138,6 +138,9 @@ static ft_status open_stream(ft_model *m, const ft_checkpoint *ck, const ft_mode
             FT_LOG(FT_LOG_DEBUG, "load: streamed %s: %s refuses O_DIRECT (%s): read through the page cache", used,
                    path, strerror(errno));
     }
+    /* a layout-only model counts the reader's second chunk buffer the
+     * load would have (unless the file system then refuses O_DIRECT) */
+    g->direct = direct && (layout_only || g->dfd >= 0);
     g->off = off;
     g->src = t->dtype;
     g->fmt = e->fmt;

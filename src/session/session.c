@@ -293,6 +293,8 @@ static ft_status count_fixed(ft_session *s, int weights, ft_model **layout)
     lp.weights = weights;
     lp.external_layers = FT_LOAD_LAYOUT_ONLY;
     lp.stream_globals = s->mem.streamed;
+    lp.stream_drop_cache = s->mem.binding;   /* as the load: a head read past the page cache
+                                                counts its second chunk buffer */
     if (s->p.strict) lp.config_flags = FT_CONFIG_STRICT;
     ft_model *lm = NULL;
     ft_status st = ft_model_load(s->dir, &lp, &lm);

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -440,4 +441,207 @@ TEST(direct_io_refused)
     }
     CHECK(umount2(mnt, MNT_DETACH) == 0);
     rmdir(mnt);
+}
+
+/* A fault at read time, on the descriptor O_DIRECT opened fine: the
+ * direct reads' pread (ft_gstream.dpread) passes the first `after`
+ * calls to pread, then fails with `err` (EINVAL: the file system refuses
+ * this direct read; anything else: a read error). It notes whether the
+ * failing call ran off the test's thread (the context's reader). */
+static struct {
+    int after, err, calls, failed, off_main;
+    pthread_t main;
+} fault;
+
+static ssize_t fault_pread(int fd, void *buf, size_t n, off_t off)
+{
+    int k = __atomic_fetch_add(&fault.calls, 1, __ATOMIC_SEQ_CST);
+    if (k < fault.after) return pread(fd, buf, n, off);
+    __atomic_fetch_add(&fault.failed, 1, __ATOMIC_SEQ_CST);
+    if (!pthread_equal(pthread_self(), fault.main)) __atomic_store_n(&fault.off_main, 1, __ATOMIC_SEQ_CST);
+    errno = fault.err;
+    return -1;
+}
+
+static void fault_arm(int after, int err)
+{
+    fault.after = after;
+    fault.err = err;
+    fault.calls = fault.failed = fault.off_main = 0;
+    fault.main = pthread_self();
+}
+
+static ft_model *load_streamed(const char *dir, unsigned stream, int direct, int chunk)
+{
+    ft_load_params lp;
+    ft_load_params_default(&lp);
+    lp.stream_globals = stream;
+    lp.stream_direct_io = direct;
+    lp.stream_drop_cache = 1;
+    lp.stream_chunk_rows = chunk;
+    ft_model *m = NULL;
+    ft_status st = ft_model_load(dir, &lp, &m);
+    CHECK_MSG(st == FT_OK, "%s: %s", dir, ft_last_error());
+    return st ? NULL : m;
+}
+
+/* O_DIRECT refused at read time (the open took it): that read and all
+ * after it go through the page cache, direct_refused is set, no direct
+ * read is tried again, each byte counted once, the logits those of the
+ * page-cache reads. The refusal comes on the reader thread's first chunk
+ * of the head (read while the layers compute), on one of its later
+ * chunks (read while the pool computes the one before) in a prefill and
+ * in a decode step, and on an embedding row read on the caller's thread
+ * (untied: the head's reads stay direct; tied: the head is that matrix). */
+TEST(direct_io_refused_at_read)
+{
+    /* llama-tiny-bf16: 320 rows, chunks of 24: 14 direct reads per step
+     * (prefill: calls 0-13); tied, both streamed: 10 rows of the prefill
+     * on this thread and its chunk 0 on the reader, then chunks 1, 2.. */
+    static const struct { const char *name; unsigned stream; int emb, after, reader; } cases[] = {
+        {"llama-tiny-bf16", FT_STREAM_LM_HEAD, 0, 0, 1},
+        {"llama-tiny-bf16", FT_STREAM_LM_HEAD, 0, 5, 1},
+        {"llama-tiny-bf16", FT_STREAM_LM_HEAD, 0, 20, 1},
+        {"llama-tiny-bf16", FT_STREAM_EMBED | FT_STREAM_LM_HEAD, 1, 0, 0},
+        {"llama-tiny-tied-rope3", FT_STREAM_EMBED, 1, 12, 1},
+        {"llama-tiny-tied-rope3", FT_STREAM_EMBED, 1, 0, -1},     /* a row and chunk 0 at once */
+        {"llama-tiny", FT_STREAM_LM_HEAD, 0, 3, 1},   /* f32 rows: read straight into the compute buffer */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[600];
+        model_dir(cases[i].name, dir, sizeof dir);
+        ft_model *mb = load_streamed(dir, cases[i].stream, 0, 24);
+        ft_model *md = load_streamed(dir, cases[i].stream, 1, 24);
+        if (!mb || !md) { ft_model_free(mb); ft_model_free(md); continue; }
+        ft_gstream *g = cases[i].emb ? md->gs_emb : md->gs_head;
+        /* the fixtures are on a file system that takes O_DIRECT */
+        REQUIRE(g && g->dfd >= 0 && g->direct && md->gs_head->direct);
+        size_t n0 = 0, n1 = 0;
+        ft_status st;
+        float *want = run(mb, 2, &n0, &st);
+        CHECK_MSG(st == FT_OK && want, "%s buffered: %s", cases[i].name, ft_last_error());
+        uint64_t want_bytes = ft_model_stream_bytes_read(mb);
+        fault_arm(cases[i].after, EINVAL);
+        g->dpread = fault_pread;
+        float *got = run(md, 2, &n1, &st);
+        CHECK_MSG(st == FT_OK && got, "%s refused after %d: %s", cases[i].name, cases[i].after, ft_last_error());
+        CHECK_MSG(got && want && n1 == n0 && !memcmp(got, want, n0 * sizeof(float)),
+                  "%s refused after %d direct reads: logits differ from the page-cache reads'", cases[i].name,
+                  cases[i].after);
+        /* one refusal, no direct read after it; where the two threads
+         * read at once (tied, refused at once) both may be refused
+         * before either sets the flag */
+        int most = cases[i].reader < 0 ? 2 : 1;
+        CHECK_MSG(fault.failed >= 1 && fault.failed <= most && fault.calls == cases[i].after + fault.failed,
+                  "%s: %d direct reads tried, %d refused (want %d + the refused, at most %d): a refused direct "
+                  "read is tried again", cases[i].name, fault.calls, fault.failed, cases[i].after, most);
+        CHECK(__atomic_load_n(&g->direct_refused, __ATOMIC_RELAXED) == 1);
+        if (md->gs_head != g) CHECK(!md->gs_head->direct_refused);
+        CHECK_MSG(ft_model_stream_bytes_read(md) == want_bytes, "%s: %llu bytes counted, the page-cache reads %llu",
+                  cases[i].name, (unsigned long long)ft_model_stream_bytes_read(md),
+                  (unsigned long long)want_bytes);
+        if (cases[i].reader >= 0)
+            CHECK_MSG(fault.off_main == cases[i].reader, "%s after %d: the refusal came %s the reader thread",
+                      cases[i].name, cases[i].after, fault.off_main ? "on" : "off");
+        free(got);
+        free(want);
+        ft_model_free(md);
+        ft_model_free(mb);
+    }
+}
+
+/* A read error (not a refusal) on the reader thread comes back from the
+ * forward call with its message, whichever chunk it hits (the first one,
+ * read while the layers compute, or a later one); nothing hangs or leaks
+ * (ASan), and the context computes again once the reads work. */
+TEST(direct_io_reader_error)
+{
+    char dir[600];
+    model_dir("llama-tiny-bf16", dir, sizeof dir);
+    ft_model *m = load_streamed(dir, FT_STREAM_LM_HEAD, 1, 24);
+    ft_model *ref = load_streamed(dir, 0, 0, 0);
+    REQUIRE(m && ref && m->gs_head->dfd >= 0);
+    const int V = ft_model_get_config(m)->vocab;
+    ft_ctx_params cp = {0};
+    cp.max_batch = 1; cp.max_seq = 16; cp.threads = 2; cp.kv_dtype = FT_F32;
+    float *logits = calloc((size_t)V, sizeof(float)), *want = calloc((size_t)V, sizeof(float));
+    REQUIRE(logits && want);
+    const int32_t *toks[1] = {P0};
+    size_t ntok[1] = {7};
+    int slot = 0;
+    ft_ctx *rc = NULL;
+    REQUIRE(ft_ctx_create(ref, &cp, &rc) == FT_OK);
+    CHECK_OK(ft_ctx_forward(rc, 1, &slot, toks, ntok, want, 0));
+    ft_ctx_free(rc);
+    static const int afters[] = {0, 1, 7, 13};   /* 14 chunks of 24 of 320 rows */
+    for (size_t k = 0; k < sizeof afters / sizeof afters[0]; k++) {
+        ft_ctx *c = NULL;
+        REQUIRE(ft_ctx_create(m, &cp, &c) == FT_OK);
+        fault_arm(afters[k], EIO);
+        m->gs_head->dpread = fault_pread;
+        ft_clear_error();
+        ft_status st = ft_ctx_forward(c, 1, &slot, toks, ntok, logits, 0);
+        CHECK_MSG(st == FT_ERR_IO, "read error after %d chunks: status %d", afters[k], st);
+        CHECK_MSG(strstr(ft_last_error(), "streamed matrix: direct read") &&
+                  strstr(ft_last_error(), strerror(EIO)), "after %d: the message is \"%s\"", afters[k],
+                  ft_last_error());
+        CHECK(fault.off_main && fault.failed == 1 && !m->gs_head->direct_refused);
+        /* the reads work again: the same context computes the logits */
+        m->gs_head->dpread = NULL;
+        ft_ctx_reset(c, 0);
+        CHECK_OK(ft_ctx_forward(c, 1, &slot, toks, ntok, logits, 0));
+        CHECK(!memcmp(logits, want, (size_t)V * sizeof(float)));
+        /* an error, then the context freed with nothing more called */
+        fault_arm(afters[k], EIO);
+        m->gs_head->dpread = fault_pread;
+        ft_ctx_reset(c, 0);
+        CHECK(ft_ctx_forward(c, 1, &slot, toks, ntok, logits, 0) == FT_ERR_IO);
+        ft_ctx_free(c);
+        m->gs_head->dpread = NULL;
+    }
+    free(logits);
+    free(want);
+    ft_model_free(ref);
+    ft_model_free(m);
+}
+
+/* A head read past the page cache has a second chunk buffer: counted in
+ * the context's scratch, by ft_ctx_estimate as by ft_ctx_create, and by
+ * the estimate from a layout-only model (what a memory budget is checked
+ * against before loading); a head read through the page cache has none. */
+TEST(direct_io_second_buffer_counted)
+{
+    char dir[600];
+    model_dir("llama-tiny-bf16", dir, sizeof dir);
+    ft_ctx_params cp = {0};
+    cp.max_batch = 2; cp.max_seq = 24; cp.threads = 2; cp.kv_dtype = FT_F32;
+    uint64_t scratch[2] = {0, 0};
+    for (int direct = 0; direct <= 1; direct++) {
+        ft_model *m = load_streamed(dir, FT_STREAM_LM_HEAD, direct, 0);
+        REQUIRE(m);
+        ft_ctx *c = NULL;
+        REQUIRE(ft_ctx_create(m, &cp, &c) == FT_OK);
+        uint64_t kv = 0, est = 0, lest = 0;
+        CHECK_OK(ft_ctx_estimate(m, &cp, &kv, &est));
+        scratch[direct] = ft_ctx_scratch_bytes(c);
+        CHECK_MSG(est == scratch[direct], "direct %d: estimate %llu, allocated %llu", direct,
+                  (unsigned long long)est, (unsigned long long)scratch[direct]);
+        ft_ctx_free(c);
+        ft_model_free(m);
+        ft_load_params lp;
+        ft_load_params_default(&lp);
+        lp.stream_globals = FT_STREAM_LM_HEAD;
+        lp.stream_direct_io = direct;
+        lp.external_layers = FT_LOAD_LAYOUT_ONLY;
+        ft_model *lm = NULL;
+        REQUIRE(ft_model_load(dir, &lp, &lm) == FT_OK);
+        CHECK_OK(ft_ctx_estimate(lm, &cp, &kv, &lest));
+        CHECK_MSG(lest == est, "direct %d: layout-only estimate %llu, loaded %llu", direct,
+                  (unsigned long long)lest, (unsigned long long)est);
+        ft_model_free(lm);
+    }
+    /* the head is 320 rows of 64 bf16 (one chunk): the second chunk
+     * buffer is 320 x 64 x 2 bytes + the slack */
+    CHECK_MSG(scratch[1] == scratch[0] + 320 * 64 * 2 + FT_GSTREAM_SLACK, "scratch %llu direct, %llu buffered",
+              (unsigned long long)scratch[1], (unsigned long long)scratch[0]);
 }
