@@ -184,7 +184,7 @@ static ft_status open_store(const char *uri, const ft_offload_params *p, int fai
     ft_store_default_params(&sp);
     sp.token_file = p->token_file;
     sp.codec_threads = 1;
-    sp.queue_depth = 8;     /* a layer's tensors are read at once */
+    sp.queue_depth = FT_SCHED_READERS;   /* a layer's tensors are read at once */
     sp.drop_cache = p->drop_cache;
     /* with replicas a node whose link went silent is given up on after
      * failover_ms without a byte moving (then a replica serves) */

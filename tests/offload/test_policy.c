@@ -262,6 +262,50 @@ TEST(cost_model_local_fetch_while_computing)
     }
 }
 
+/* The disk tier through the page cache: the kernel's copies run on the
+ * store's reading threads, then the checks on the I/O workers, and the
+ * cores are shared fairly with the compute thread (it does not keep its
+ * core while they run). 2 cores, 1 compute thread, 4 readers, 2 workers. */
+TEST(cost_model_page_cache_copies_share_the_cores)
+{
+    ft_cost_inputs in;
+    inputs(&in);
+    in.cores = 2;
+    in.compute_threads = 1;
+    in.decode_threads = 2;
+    in.n_tensors = 4;   /* a layer of 4 tensors, bf16 */
+    for (int k = 0; k < 4; k++) in.tensor_bytes[FT_CODEC_RAW][k] = in.layer_params / 2;
+    in.bw[FT_TIER_DISK] = 1e12;   /* the reads' wall time: negligible */
+    ft_policy p;
+    ft_policy_default(&p);
+    strcpy(p.disk_uri, "file:/tmp/x");
+    CHECK_OK(ft_policy_parse("w=0,0,100,0", &p));
+    ft_cost_estimate e0, e;
+    ft_cost_predict(&in, &p, &e0);
+    double C = e0.t_compute, W = (double)in.layer_params * 2;
+    REQUIRE(C > 0);
+    /* the checks: a fifth of the compute's time per worker */
+    in.decode_bw[FT_CODEC_RAW] = W / (0.4 * C);
+    double K = W / in.decode_bw[FT_CODEC_RAW] / 2;
+    ft_cost_predict(&in, &p, &e0);
+    CHECK(fabs(e0.t_layer_decode - C) < 1e-9 * C);   /* the bound before: compute keeps its core */
+    /* the copies: half the compute's time in CPU seconds */
+    in.disk_cpu_per_byte = 0.5 * C / W;
+    ft_cost_predict(&in, &p, &e);
+    /* 5 threads: a share of 2/5 until the copies are done (4 threads of
+     * C/8 each), then 3 (2/3) until the checks are, then compute alone */
+    double t1 = (C / 8) / 0.4, p1 = t1 * 0.4, t2 = K / (2.0 / 3), p2 = K;
+    REQUIRE(C > p1 + p2);
+    double want = t1 + t2 + (C - p1 - p2);
+    CHECK_MSG(fabs(e.t_layer_decode - want) < 1e-9 * want, "layer %.6g ms, want %.6g", 1e3 * e.t_layer_decode,
+              1e3 * want);
+    CHECK(e.t_layer_decode > e0.t_layer_decode);
+    /* read past the page cache: the disk works beside the cores, not this */
+    in.disk_direct = 1;
+    ft_cost_predict(&in, &p, &e);
+    CHECK(e.t_layer_decode < want);
+}
+
 /* A memory node on this machine copies on two cores (its pool on the
  * shared-memory path; sender and receiver on TCP): the link probe's time
  * is two cores' work in the CPU budget the step shares with compute. */
@@ -665,9 +709,14 @@ static void *spinner(void *a)
         double t = thread_cpu() - t0;
         if (t >= 1.5e-3 || n >= (1ull << 40)) {
             s->iters = n;
-            t0 = thread_cpu();
-            spin_work(n);
-            s->work_s = thread_cpu() - t0;
+            /* the least of 3: one slow measurement (another process on
+             * this core) made every round look undercounted */
+            s->work_s = INFINITY;
+            for (int k = 0; k < 3; k++) {
+                t0 = thread_cpu();
+                spin_work(n);
+                s->work_s = fmin(s->work_s, thread_cpu() - t0);
+            }
             break;
         }
         n = t > 1e-4 ? (uint64_t)((double)n * 1.6e-3 / t) : n * 8;
@@ -703,7 +752,10 @@ TEST(calib_clock_counts_woken_threads)
     s.work_s = 0;
     pthread_t th;
     CHECK(pthread_create(&th, NULL, spinner, &s) == 0);
-    while (atomic_load(&s.phase) != 0) {}   /* the work is sized */
+    while (atomic_load(&s.phase) != 0) {   /* the work is sized (not beside a spinning caller) */
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
     ft_calib_clock c;
     ft_calib_clock_init(&c);   /* the thread exists */
     int ok = 0;
@@ -861,13 +913,16 @@ TEST(cost_model_disk_reads_cost_cpu)
     in.bw[FT_TIER_HOST] = 4e9;
     ft_cost_predict(&in, &p, &c);
     CHECK(fabs(c.t_layer_decode - a.t_layer_decode - W / 4e9) < 1e-9 * c.t_layer_decode);
-    /* through the page cache the disk "link" is the copy: not added twice */
+    /* through the page cache the disk "link" is the copy: counted once,
+     * by its CPU time where measured (one core: in turn with compute) */
     in.disk_direct = 0;
     in.disk_cpu_per_byte = 0.5e-9;
     ft_cost_predict(&in, &p, &b);
     in.disk_cpu_per_byte = 0;
     ft_cost_predict(&in, &p, &c);
-    CHECK(b.t_layer_decode == c.t_layer_decode);
+    double link = W / in.bw[FT_TIER_DISK];
+    CHECK_MSG(fabs(b.t_layer_decode - (c.t_layer_decode - link + W * 0.5e-9)) < 1e-9 * b.t_layer_decode,
+              "%.9g %.9g %.9g %.9g", b.t_layer_decode, c.t_layer_decode, link, W * 0.5e-9);
 }
 
 /* A streamed LM head (issue 20) costs its bytes at the checkpoint's
