@@ -27,7 +27,7 @@ struct ft_pool {
     _Atomic uint64_t generation;/* bumped (under mu) for every job      */
     _Atomic int stop;
     _Atomic unsigned active;    /* workers still in the current job     */
-    double spin_s;              /* spin this long before sleeping       */
+    _Atomic uint64_t spin_ns;   /* spin this long before sleeping       */
     /* current job */
     ft_pool_fn fn;
     void *arg;
@@ -51,6 +51,11 @@ static double mono_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double spin_of(ft_pool *p)
+{
+    return (double)atomic_load_explicit(&p->spin_ns, memory_order_relaxed) * 1e-9;
 }
 
 /* Spin until *v != old (ret 1) or spin_s elapses (ret 0). */
@@ -86,7 +91,7 @@ static void *worker_main(void *a)
     ft_pool *p = wa.pool;
     uint64_t seen = 0;
     for (;;) {
-        if (!spin_change_u64(&p->generation, seen, &p->stop, p->spin_s)) {
+        if (!spin_change_u64(&p->generation, seen, &p->stop, spin_of(p))) {
             pthread_mutex_lock(&p->mu);
             while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen)
                 pthread_cond_wait(&p->start_cv, &p->mu);
@@ -122,12 +127,13 @@ ft_status ft_pool_create(unsigned nthreads, ft_pool **out)
     ft_pool *p = calloc(1, sizeof *p);
     if (!p) return FT_ERR_NOMEM;
     p->nthreads = nthreads;
-    p->spin_s = 100e-6;
+    long us = 100;
     const char *sp = getenv("FLEXTIER_SPIN_US");
     if (sp && *sp) {
-        long us = strtol(sp, NULL, 10);
-        p->spin_s = us >= 0 && us <= 1000000 ? (double)us * 1e-6 : p->spin_s;
+        long v = strtol(sp, NULL, 10);
+        if (v >= 0 && v <= 1000000) us = v;
     }
+    atomic_init(&p->spin_ns, (uint64_t)us * 1000u);
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
@@ -169,6 +175,11 @@ void ft_pool_free(ft_pool *p)
 
 unsigned ft_pool_size(const ft_pool *p) { return p ? p->nthreads : 1; }
 
+void ft_pool_set_spin_us(ft_pool *p, unsigned us)
+{
+    if (p && us <= 1000000) atomic_store_explicit(&p->spin_ns, (uint64_t)us * 1000u, memory_order_relaxed);
+}
+
 void ft_pool_run(ft_pool *p, size_t n, ft_pool_fn fn, void *arg)
 {
     if (n == 0) return;
@@ -190,11 +201,12 @@ void ft_pool_run(ft_pool *p, size_t n, ft_pool_fn fn, void *arg)
     if (atomic_load_explicit(&p->active, memory_order_acquire)) {
         /* spin a while for the workers, then sleep until the last signals */
         double end = 0;
-        for (unsigned k = 0; p->spin_s > 0 && atomic_load_explicit(&p->active, memory_order_acquire); k++) {
+        double spin_s = spin_of(p);
+        for (unsigned k = 0; spin_s > 0 && atomic_load_explicit(&p->active, memory_order_acquire); k++) {
             cpu_relax();
             if ((k & 63) == 63) {
                 double t = mono_now();
-                if (!end) end = t + p->spin_s;
+                if (!end) end = t + spin_s;
                 else if (t > end) break;
             }
         }
