@@ -156,7 +156,11 @@ sl_serve() {
     local h=$1 port=$2 ft=${FT:-flextier}; shift 2
     local log=${SL_LOG_DIR:-/tmp}/ftsl$SL_ID-serve-$h.log
     # ip netns exec execs the command: $! is the node itself (kill -9 hits
-    # it, not a subshell around it)
+    # it, not a subshell around it). The log emptied first: the child opens
+    # it after this shell goes on, and a node of the same host's earlier
+    # "listening on" read as this one's start (a client then met a refused
+    # connection, seen once under make test's load)
+    : > "$log"
     ip netns exec "$(sl_ns "$h")" "$ft" serve --listen "$(sl_ip "$h"):$port" "$@" > "$log" 2>&1 &
     local pid=$! i
     for i in $(seq 100); do
