@@ -142,6 +142,9 @@ typedef struct ft_codec_ctx ft_codec_ctx;
 FT_API ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out);
 FT_API void      ft_codec_ctx_free(ft_codec_ctx *ctx);
 FT_API unsigned  ft_codec_ctx_threads(const ft_codec_ctx *ctx);
+/* How long the context's threads spin for the next job before they sleep
+ * (ft_pool_set_spin_us; 0: sleep at once). */
+FT_API void      ft_codec_ctx_set_spin_us(ft_codec_ctx *ctx, unsigned us);
 
 /* Worst-case frame size for a tensor of this dtype/shape with these
  * params; 0 if the params or shape are invalid. */

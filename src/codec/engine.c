@@ -133,6 +133,11 @@ void ft_codec_ctx_free(ft_codec_ctx *c)
 
 unsigned ft_codec_ctx_threads(const ft_codec_ctx *c) { return c ? c->nthreads : 0; }
 
+void ft_codec_ctx_set_spin_us(ft_codec_ctx *c, unsigned us)
+{
+    if (c) ft_pool_set_spin_us(c->pool, us);
+}
+
 static ft_status ctx_reserve(ft_codec_ctx *c, uint32_t n)
 {
     if (n <= c->cap_chunks) return FT_OK;
