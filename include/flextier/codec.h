@@ -143,7 +143,7 @@ FT_API ft_status ft_codec_ctx_create(unsigned nthreads, ft_codec_ctx **out);
 FT_API void      ft_codec_ctx_free(ft_codec_ctx *ctx);
 FT_API unsigned  ft_codec_ctx_threads(const ft_codec_ctx *ctx);
 /* How long the context's threads spin for the next job before they sleep
- * (ft_pool_set_spin_us; 0: sleep at once). */
+ * (ft_pool_set_spin_us; 0: sleep at once; FLEXTIER_SPIN_US wins). */
 FT_API void      ft_codec_ctx_set_spin_us(ft_codec_ctx *ctx, unsigned us);
 
 /* Worst-case frame size for a tensor of this dtype/shape with these

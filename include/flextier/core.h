@@ -205,9 +205,10 @@ FT_API ft_status ft_pool_create(unsigned nthreads, ft_pool **out);
 FT_API void      ft_pool_free(ft_pool *pool);
 FT_API unsigned  ft_pool_size(const ft_pool *pool);
 /* How long workers (and the caller) spin for the next job before they
- * sleep, in microseconds (0: sleep at once); the default, 100 or
- * FLEXTIER_SPIN_US, suits jobs microseconds apart (a decode step's
- * products). Call between runs. */
+ * sleep, in microseconds (0: sleep at once); the default, 100, suits jobs
+ * microseconds apart (a decode step's products). FLEXTIER_SPIN_US, when
+ * set, decides for every pool: this call then changes nothing. Call
+ * between runs. */
 FT_API void      ft_pool_set_spin_us(ft_pool *pool, unsigned us);
 /* Parallel for: calls fn(arg, i, worker) for i in [0, n), worker in
  * [0, size). Blocks until all are done. Not reentrant: one ft_pool_run at

@@ -28,6 +28,7 @@ struct ft_pool {
     _Atomic int stop;
     _Atomic unsigned active;    /* workers still in the current job     */
     _Atomic uint64_t spin_ns;   /* spin this long before sleeping       */
+    int spin_pinned;            /* FLEXTIER_SPIN_US gave it: kept       */
     /* current job */
     ft_pool_fn fn;
     void *arg;
@@ -131,7 +132,10 @@ ft_status ft_pool_create(unsigned nthreads, ft_pool **out)
     const char *sp = getenv("FLEXTIER_SPIN_US");
     if (sp && *sp) {
         long v = strtol(sp, NULL, 10);
-        if (v >= 0 && v <= 1000000) us = v;
+        if (v >= 0 && v <= 1000000) {
+            us = v;
+            p->spin_pinned = 1;
+        }
     }
     atomic_init(&p->spin_ns, (uint64_t)us * 1000u);
     pthread_mutex_init(&p->mu, NULL);
@@ -177,7 +181,8 @@ unsigned ft_pool_size(const ft_pool *p) { return p ? p->nthreads : 1; }
 
 void ft_pool_set_spin_us(ft_pool *p, unsigned us)
 {
-    if (p && us <= 1000000) atomic_store_explicit(&p->spin_ns, (uint64_t)us * 1000u, memory_order_relaxed);
+    if (p && !p->spin_pinned && us <= 1000000)
+        atomic_store_explicit(&p->spin_ns, (uint64_t)us * 1000u, memory_order_relaxed);
 }
 
 void ft_pool_run(ft_pool *p, size_t n, ft_pool_fn fn, void *arg)

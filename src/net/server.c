@@ -1841,7 +1841,7 @@ ft_status ft_node_run(const ft_node_params *params)
      * the planner's link probe read 6.6-13.3 GB/s then, 10.2-12.8 now. */
     if (ft_default_threads() > 1 && ft_pool_create(ft_default_threads(), &S->copiers) != FT_OK)
         S->copiers = NULL;
-    if (S->copiers && !getenv("FLEXTIER_SPIN_US")) ft_pool_set_spin_us(S->copiers, 0);
+    ft_pool_set_spin_us(S->copiers, 0);
     if (ft_cma_door_open(&S->cma_door) != FT_OK) {
         FT_LOG(FT_LOG_INFO, "serve: no shared-memory path: %s", ft_last_error());
         S->cma_door = NULL;

@@ -1271,7 +1271,7 @@ ft_status ft_offload_create(ft_model *m, const char *model_dir, const ft_offload
         /* The I/O workers check or decode a frame as it arrives, one every
          * fraction of a millisecond to milliseconds: spinning for the next
          * one takes the cores compute runs on (FLEXTIER_SPIN_US overrides). */
-        if (!getenv("FLEXTIER_SPIN_US")) ft_codec_ctx_set_spin_us(o->io_cc, 0);
+        ft_codec_ctx_set_spin_us(o->io_cc, 0);
         if (pthread_create(&o->io, NULL, io_main, o)) { st = ft_set_error(FT_ERR_NOMEM, "offload: I/O thread"); goto fail; }
         o->io_started = 1;
     }

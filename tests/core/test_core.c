@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdatomic.h>
-#include <time.h>
 
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -171,44 +170,48 @@ TEST(thread_pool)
     ft_pool_free(NULL);
 }
 
-static double proc_cpu_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void nap_ms(long ms)
-{
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&t, &t) != 0) {}
-}
-
 /* ft_pool_set_spin_us: after a job the worker spins that long for the
  * next one (its CPU time grows while the caller sleeps), 0: it sleeps at
  * once (a memory node's copiers: a spinning worker takes a core from the
- * client beside it). */
+ * client beside it). FLEXTIER_SPIN_US, when set, wins over the call. */
 TEST(pool_spin_setting)
 {
+    const char *env = getenv("FLEXTIER_SPIN_US");
+    char saved[32] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    unsetenv("FLEXTIER_SPIN_US");
     ft_pool *p;
     CHECK_OK(ft_pool_create(2, &p));
     atomic_ullong sum = 0;
     ft_pool_set_spin_us(p, 400000);
     ft_pool_run(p, 100, pool_fn, &sum);
-    double c0 = proc_cpu_s();
-    nap_ms(100);
-    double spun = proc_cpu_s() - c0;
+    double c0 = ft_test_cpu_s();
+    ft_test_nap_ms(100);
+    double spun = ft_test_cpu_s() - c0;
     ft_pool_set_spin_us(p, 0);
     ft_pool_run(p, 100, pool_fn, &sum);   /* the worker's wait after this job: no spin */
-    nap_ms(20);
-    c0 = proc_cpu_s();
-    nap_ms(100);
-    double slept = proc_cpu_s() - c0;
+    ft_test_nap_ms(20);
+    c0 = ft_test_cpu_s();
+    ft_test_nap_ms(100);
+    double slept = ft_test_cpu_s() - c0;
     CHECK(sum == 2 * 5050ull);
     CHECK_MSG(spun > 0.02, "spinning 400 ms: %.1f ms of CPU in 100", 1e3 * spun);
     CHECK_MSG(slept < 0.01, "no spin: %.1f ms of CPU in 100", 1e3 * slept);
     ft_pool_set_spin_us(NULL, 0);
     ft_pool_free(p);
+    /* FLEXTIER_SPIN_US=0: asking for 400 ms of spin changes nothing */
+    setenv("FLEXTIER_SPIN_US", "0", 1);
+    CHECK_OK(ft_pool_create(2, &p));
+    ft_pool_set_spin_us(p, 400000);
+    ft_pool_run(p, 100, pool_fn, &sum);
+    ft_test_nap_ms(20);
+    c0 = ft_test_cpu_s();
+    ft_test_nap_ms(100);
+    double pinned = ft_test_cpu_s() - c0;
+    CHECK_MSG(pinned < 0.01, "FLEXTIER_SPIN_US=0: %.1f ms of CPU in 100", 1e3 * pinned);
+    ft_pool_free(p);
+    if (env) setenv("FLEXTIER_SPIN_US", saved, 1);
+    else unsetenv("FLEXTIER_SPIN_US");
 }
 
 TEST(aligned_allocation)

@@ -39,6 +39,21 @@ static int ft_ntests, ft_cur_failed, ft_checks;
 #include "flextier/core.h"
 static inline uint64_t ft_test_rand(uint64_t *s) { return ft_rand_u64(s); }
 
+/* The process's CPU time (all threads), seconds; a sleep of ms
+ * milliseconds (resumed after a signal). */
+#include <time.h>
+static inline double ft_test_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static inline void ft_test_nap_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0) {}
+}
+
 /* Arguments: NAME runs the tests whose name contains NAME; -NAME skips
  * them (the aarch64 build under qemu skips a few exhaustive,
  * architecture-independent ones: tests/codec/CMakeLists.txt). */
