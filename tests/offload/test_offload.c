@@ -858,6 +858,19 @@ TEST(planner_memory_matches_scheduler)
  * model shape reads what the first measured (identical inputs, so plans
  * agree); recalibrate measures again; a damaged file is measured again
  * and replaced, never trusted. */
+/* The first line a shell command prints, without its newline ("" and 0:
+ * none); the calibration tests find their record files so. */
+static int first_line(const char *cmd, char *out, size_t n)
+{
+    out[0] = '\0';
+    FILE *f = popen(cmd, "r");
+    if (!f) return 0;
+    int ok = fgets(out, (int)n, f) != NULL;
+    pclose(f);
+    out[strcspn(out, "\n")] = '\0';
+    return ok;
+}
+
 TEST(calibration_cache)
 {
     setup();
@@ -937,12 +950,8 @@ TEST(calibration_cache)
         /* the record: magic, key, n, head_bw, then the calibrations;
          * the one taken has the median memory read rate of the three */
         snprintf(cmd, sizeof cmd, "ls %s/*.bin | grep -v '/disk-\\|/head-\\|/fbusy-'", cdir);
-        FILE *ls = popen(cmd, "r");
-        REQUIRE(ls);
-        char path[600] = "";
-        CHECK(fgets(path, sizeof path, ls) != NULL);
-        pclose(ls);
-        path[strcspn(path, "\n")] = '\0';
+        char path[600];
+        CHECK(first_line(cmd, path, sizeof path));
         FILE *rf = fopen(path, "rb");
         REQUIRE(rf);
         uint64_t hdr[4];
@@ -1017,12 +1026,8 @@ TEST(calibration_cache)
     {
         /* the record: magic, key, n, bw[5], rd[5], wr[5], cpb[5], sum */
         snprintf(cmd, sizeof cmd, "ls %s/disk-*.bin", cdir);
-        FILE *ls = popen(cmd, "r");
-        REQUIRE(ls);
-        char path[600] = "";
-        CHECK(fgets(path, sizeof path, ls) != NULL);
-        pclose(ls);
-        path[strcspn(path, "\n")] = '\0';
+        char path[600];
+        CHECK(first_line(cmd, path, sizeof path));
         uint64_t rec[4 + 20];
         FILE *rf = fopen(path, "rb");
         REQUIRE(rf);
