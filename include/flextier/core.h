@@ -293,6 +293,11 @@ FT_API uint64_t ft_cgroup_memory_usage(void);
  * (the checkpoint's pages read for streamed embeddings or the head
  * otherwise fill a cgroup at --memory to its limit). 0 as above. */
 FT_API uint64_t ft_cgroup_memory_working_set(void);
+/* The same less all its clean file pages (active_file + inactive_file,
+ * plus back file_dirty + file_writeback; v1 total_*): what the kernel
+ * cannot reclaim to make room in a cgroup whose limit is reached, as a
+ * context about to be built under such a limit sees it. 0 as above. */
+FT_API uint64_t ft_cgroup_memory_unreclaimable(void);
 
 /* ---------------------------------------------------------------- timing */
 

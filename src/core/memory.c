@@ -206,20 +206,52 @@ uint64_t ft_cgroup_memory_usage(void)
     return parse_limit(buf);
 }
 
-uint64_t ft_cgroup_memory_working_set(void)
+/* The sum of memory.stat's lines named in keys (v2 names; v1 prefixes
+ * "total_" and names the dirty and writeback lines without "file_"), or -1
+ * where the file cannot be read. */
+static int64_t cgroup_stat_sum(const char *const *keys, size_t nkeys)
 {
-    uint64_t use = ft_cgroup_memory_usage();
     char dir[4096], path[4200], buf[16384];
     int ver = 0;
-    if (!use || own_cgroup(dir, sizeof dir, &ver)) return use;
+    if (own_cgroup(dir, sizeof dir, &ver)) return -1;
     snprintf(path, sizeof path, "%s/memory.stat", dir);
-    if (read_small(path, buf, sizeof buf)) return use;
-    const char *key = ver == 2 ? "inactive_file " : "total_inactive_file ";
-    size_t kl = strlen(key);
-    for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        if (strncmp(l, key, kl)) continue;
-        unsigned long long v = strtoull(l + kl, NULL, 10);
-        return v < use ? use - (uint64_t)v : 0;
+    if (read_small(path, buf, sizeof buf)) return -1;
+    uint64_t sum = 0;
+    for (size_t k = 0; k < nkeys; k++) {
+        char key[64];
+        const char *name = keys[k];
+        if (ver == 1 && !strncmp(name, "file_", 5)) name += 5;
+        snprintf(key, sizeof key, "%s%s ", ver == 1 ? "total_" : "", name);
+        size_t kl = strlen(key);
+        for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+            if (!strncmp(l, key, kl)) {
+                sum += strtoull(l + kl, NULL, 10);
+                break;
+            }
     }
-    return use;
+    return (int64_t)sum;
+}
+
+/* usage less the sum of the stat lines in minus, plus those in plus */
+static uint64_t cgroup_usage_adjusted(const char *const *minus, size_t nm, const char *const *plus, size_t np)
+{
+    uint64_t use = ft_cgroup_memory_usage();
+    if (!use) return 0;
+    int64_t m = cgroup_stat_sum(minus, nm), p = np ? cgroup_stat_sum(plus, np) : 0;
+    if (m < 0 || p < 0) return use;
+    uint64_t v = (uint64_t)m < use ? use - (uint64_t)m : 0;
+    return v + (uint64_t)p;
+}
+
+uint64_t ft_cgroup_memory_working_set(void)
+{
+    static const char *const minus[] = {"inactive_file"};
+    return cgroup_usage_adjusted(minus, 1, NULL, 0);
+}
+
+uint64_t ft_cgroup_memory_unreclaimable(void)
+{
+    static const char *const minus[] = {"active_file", "inactive_file"};
+    static const char *const plus[] = {"file_dirty", "file_writeback"};
+    return cgroup_usage_adjusted(minus, 2, plus, 2);
 }
