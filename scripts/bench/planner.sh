@@ -26,7 +26,10 @@
 #   scripts/bench/planner.sh [--flextier PATH] [--sections "offload memlimit stability"]
 #                            [--models "small h2048l8 llama1b"] [--batches "1 16"]
 #                            [--rows "disk disk-q4 node node-q4"] [--limits "768M"] [--gen N] [--threads N]
-#                            [--out DIR] [--calib-cache DIR]
+#                            [--runs N] [--out DIR] [--calib-cache DIR]
+# --runs N runs every generation row N times (default 1) and reports the
+# medians, the measured range beside them (this VM's disk and cores swing
+# 1.5-2x from minute to minute: a single run is one sample of that).
 # The calibration cache is a private directory (--calib-cache; default
 # under --out or a temporary one), measured fresh at the start of each
 # section (--recalibrate on the first run of each shape): predictions then
@@ -40,8 +43,8 @@ PEERS_PROG=planner.sh
 
 FT=$root/build/flextier
 SECTIONS="offload memlimit stability"; MODELS="small h2048l8 llama1b"; BATCHES="1 16"
-ROWS="disk disk-q4 node node-q4"; GEN=16; THREADS=2; OUT=""; CALIB=""; LIMITS_OPT=""
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+ROWS="disk disk-q4 node node-q4"; GEN=16; THREADS=2; OUT=""; CALIB=""; LIMITS_OPT=""; RUNS=1
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --flextier) FT=$2; shift 2 ;;
@@ -52,13 +55,14 @@ while [ $# -gt 0 ]; do
     --limits) LIMITS_OPT=$2; shift 2 ;;
     --gen) GEN=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --calib-cache) CALIB=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "planner.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-for v in "$GEN" "$THREADS" $BATCHES; do
+for v in "$GEN" "$THREADS" "$RUNS" $BATCHES; do
     [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "planner.sh: '$v' is not a positive integer" >&2; exit 2; }
 done
 [ "$GEN" -ge 4 ] || { echo "planner.sh: --gen must be at least 4" >&2; exit 2; }
@@ -101,42 +105,60 @@ start_node() {   # a memory node on loopback (another process, outside any cgrou
 }
 
 # One generation row: NAME POLICY-TEXT LIMIT(0: none) -- command... (a bench
-# run --json). Prints | name | policy | predicted | measured | ratio | load |.
+# run --json), run $RUNS times (a --recalibrate in it on the first run
+# only: the others plan from the calibration cache, as a user's next run
+# does). Prints | name | policy | predicted | measured | ratio | load |:
+# medians over the runs, the measured range beside them.
 row() {
     local name=$1 ptext=$2 lim=$3; shift 4
-    local log="$work/logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_')" rc=0 l0 l1 peak=""
+    local log="$work/logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_')" rc=0 l0 l1 peak="" k pk=0 a
+    local outs=()
     echo "$*" > "$log.cmd"
     l0=$(load1)
-    if [ "$lim" != 0 ] && [ "$ROOT" = 1 ]; then
-        peers_cg_run "$lim" "$log.out" -- "$@" || rc=$?
-        peak=" (peak $((PEERS_CG_PEAK >> 20)) MiB)"
-        [ "${PEERS_CG_OOM:-0}" -gt 0 ] && rc=137
-    else
-        "$@" > "$log.out" 2> "$log.out.err" || rc=$?
-    fi
+    for k in $(seq "$RUNS"); do
+        local cmd=() o="$log.out"
+        [ "$RUNS" -gt 1 ] && o="$log.$k.out"
+        for a in "$@"; do [ "$k" -gt 1 ] && [ "$a" = --recalibrate ] && continue; cmd+=("$a"); done
+        if [ "$lim" != 0 ] && [ "$ROOT" = 1 ]; then
+            peers_cg_run "$lim" "$o" -- "${cmd[@]}" || rc=$?
+            [ "$PEERS_CG_PEAK" -gt "$pk" ] && pk=$PEERS_CG_PEAK
+            [ "${PEERS_CG_OOM:-0}" -gt 0 ] && rc=137
+        else
+            "${cmd[@]}" > "$o" 2> "$o.err" || rc=$?
+        fi
+        outs+=("$o")
+        if [ "$rc" != 0 ]; then
+            emit "| $name | $ptext | failed (exit $rc): $(grep -v '^\s*$' "$o.err" | tail -1 | tr '|' ' ' | cut -c1-120) | | | | | $l0-$(load1) |"
+            return 0
+        fi
+    done
+    [ "$lim" != 0 ] && [ "$ROOT" = 1 ] && peak=" (peak $((pk >> 20)) MiB)"
     l1=$(load1)
-    if [ "$rc" != 0 ]; then
-        emit "| $name | $ptext | failed (exit $rc): $(grep -v '^\s*$' "$log.out.err" | tail -1 | tr '|' ' ' | cut -c1-120) | | | | | $l0-$l1 |"
-        return 0
-    fi
-    python3 - "$log.out" "$name" "$ptext" "$l0" "$l1" "$peak" <<'PY' | tee -a "$table"
-import json, re, sys
-d = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
-o = d.get("offload", {})
-pol = o.get("policy", sys.argv[3])
-pr, me = o.get("predicted_tok_s", 0.0), d.get("decode_tok_s", 0.0)
-prr, sh = d.get("predicted_run_tok_s", 0.0), d.get("cpu_share_run", 0.0)
+    python3 - "$name" "$ptext" "$l0" "$l1" "$peak" "${outs[@]}" <<'PY' | tee -a "$table"
+import json, re, statistics, sys
+runs = [[json.loads(l) for l in open(f) if l.startswith("{")][-1] for f in sys.argv[6:]]
+med = lambda v: statistics.median(v) if v else 0.0
+o = runs[-1].get("offload", {})
+pol = o.get("policy", sys.argv[2])
+pr = med([d.get("offload", {}).get("predicted_tok_s", 0.0) for d in runs])
+me_v = [d.get("decode_tok_s", 0.0) for d in runs]
+me = med(me_v)
+prr = med([d.get("predicted_run_tok_s", 0.0) for d in runs])
+sh = med([d.get("cpu_share_run", 0.0) for d in runs])
 ratio = "%.2f" % (pr / me) if pr > 0 and me > 0 else "-"
 rr = "%.2f" % (prr / me) if prr > 0 and me > 0 else "-"
-print("| %s | `%s` | %.2f | %.2f | %s | %.2f (%.2f) | **%s** | %s-%s%s |" % (sys.argv[2],
-      re.sub(r" (a=\S+|gbs=\d+|ngb=\d+)", "", pol), pr, me, ratio, prr, sh, rr, sys.argv[4],
-      sys.argv[5], sys.argv[6]))
+rng = " (%.2f-%.2f)" % (min(me_v), max(me_v)) if len(me_v) > 1 else ""
+print("| %s | `%s` | %.2f | %.2f%s | %s | %.2f (%.2f) | **%s** | %s-%s%s |" % (sys.argv[1],
+      re.sub(r" (a=\S+|gbs=\d+|ngb=\d+)", "", pol), pr, me, rng, ratio, prr, sh, rr, sys.argv[3],
+      sys.argv[4], sys.argv[5]))
 PY
 }
 
 header() {
     emit ""
-    emit "| row | policy | predicted when planned | measured tok/s | ratio | predicted at the run's CPU share (share) | ratio | 1-min load (before-after) |"
+    local m="measured tok/s"
+    [ "$RUNS" -gt 1 ] && m="measured tok/s (median of $RUNS runs; range)"
+    emit "| row | policy | predicted when planned | $m | ratio | predicted at the run's CPU share (share) | ratio | 1-min load (before-after) |"
     emit "|---|---|---|---|---|---|---|---|"
 }
 
