@@ -9,7 +9,6 @@
 #include "flextier/store.h"
 
 #include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
 #if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
 #include <emmintrin.h>
@@ -386,44 +385,12 @@ static double measure_handoff(void)
     return h;
 }
 
-/* One pass of the head probe: span bytes at off in CHUNK pieces, one
- * after another as the engine's reader takes them. Direct (dfd >= 0): the
- * aligned blocks covering each piece, as gstream.c's read_direct; -2 where
- * the file system refuses O_DIRECT (EINVAL). Buffered: pread, the next
- * piece asked for with WILLNEED, each dropped after use. Seconds, or -1. */
-static double head_pass(int fd, int dfd, uint64_t off, size_t span, uint8_t *buf, size_t chunk)
-{
-    if (dfd < 0) (void)posix_fadvise(fd, (off_t)off, (off_t)span, POSIX_FADV_DONTNEED);
-    double t0 = ft_now();
-    for (size_t done = 0; done < span;) {
-        size_t n = span - done < chunk ? span - done : chunk;
-        uint64_t at = off + done;
-        if (dfd >= 0) {
-            uint64_t a0 = at & ~(uint64_t)4095;
-            size_t need = (size_t)(at - a0) + n, len = (need + 4095) & ~(size_t)4095;
-            ssize_t got = pread(dfd, buf, len, (off_t)a0);
-            if (got < 0 && errno == EINVAL) return -2;
-            if (got < (ssize_t)need) return -1;
-        } else {
-            if (done + n < span) (void)posix_fadvise(fd, (off_t)(at + n), (off_t)chunk, POSIX_FADV_WILLNEED);
-            ssize_t got = pread(fd, buf, n, (off_t)at);
-            if (got <= 0) return -1;
-            (void)posix_fadvise(fd, (off_t)at, (off_t)got, POSIX_FADV_DONTNEED);
-            n = (size_t)got;
-        }
-        done += n;
-    }
-    return ft_now() - t0;
-}
-
 /* How fast a streamed LM head comes from the checkpoint file, read as
- * the engine reads it under a budget (src/engine/gstream.c): 4 MiB chunks
- * one after another, past the page cache (O_DIRECT) unless
- * FLEXTIER_DIRECT_IO=0 or the file system refuses it, else through it
- * with read-ahead and each chunk dropped; the head is the largest tensor
- * named lm_head, else embed_tokens / wte (a tied head). Up to 32 MiB per
- * pass, the median of the passes of 0.4 s. 0: no such tensor, or it failed. (It read
- * through the page cache while the engine read past it.) */
+ * the engine reads it (src/engine/gstream.c): 4 MiB chunks with pread, the
+ * next one asked for with WILLNEED, each dropped from the page cache after
+ * use; the head (the largest tensor named lm_head, else embed_tokens /
+ * wte: a tied head) dropped first, so the reads are cold. Up to 32 MiB per
+ * pass, the median of 3 passes. 0: no such tensor, or it failed. */
 static double measure_head_bw(const char *dir)
 {
     ft_checkpoint *ck = NULL;
@@ -446,36 +413,35 @@ static double measure_head_bw(const char *dir)
     const char *path = NULL;
     uint64_t off = 0;
     ft_tensor t;
-    int fd = -1, dfd = -1;
-    uint8_t *buf = NULL;
+    int fd = -1;
+    char *buf = NULL;
     enum { CHUNK = 4 << 20 };
     if (!best || ft_checkpoint_get(ck, best, &t) || ft_checkpoint_locate(ck, t.data, &path, &off)) goto done;
     fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (ft_direct_io_env() != 0) dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-    buf = ft_malloc_aligned(CHUNK + 8192, 4096);
+    buf = malloc(CHUNK);
     if (fd < 0 || !buf) goto done;
     size_t span = bsz < (32u << 20) ? bsz : (32u << 20);
-    /* passes for at least 0.4 s (at least 3, at most 64): this VM's disk
-     * read at 1.7-3.1 GB/s from one 0.1 s to the next, 2.1-2.8 over 0.5 s,
-     * and 3 passes of 32 MiB (50 ms) gave the head 1.25-2.38 GB/s in eight
-     * calibrations in a row */
-    enum { PMIN = 3, PMAX = 64 };
-    double tm[PMAX], start = ft_now();
-    int np = 0;
-    while (np < PMAX && (np < PMIN || ft_now() - start < 0.4)) {
-        double tp = head_pass(fd, dfd, off, span, buf, CHUNK);
-        if (tp == -2) {   /* no O_DIRECT here: the engine reads through the page cache */
-            close(dfd);
-            dfd = -1;
-            continue;
+    double tm[3];
+    int ok = 1;
+    for (int r = 0; r < 3 && ok; r++) {
+        (void)posix_fadvise(fd, (off_t)off, (off_t)span, POSIX_FADV_DONTNEED);
+        double t0 = ft_now();
+        for (size_t done = 0; done < span && ok;) {
+            size_t n = span - done < CHUNK ? span - done : CHUNK;
+            if (done + n < span)
+                (void)posix_fadvise(fd, (off_t)(off + done + n), (off_t)CHUNK, POSIX_FADV_WILLNEED);
+            ssize_t got = pread(fd, buf, n, (off_t)(off + done));
+            if (got <= 0) ok = 0;
+            else {
+                (void)posix_fadvise(fd, (off_t)(off + done), (off_t)got, POSIX_FADV_DONTNEED);
+                done += (size_t)got;
+            }
         }
-        if (tp < 0) goto done;
-        tm[np++] = tp;
+        tm[r] = ft_now() - t0;
     }
-    bw = (double)span / median(tm, (size_t)np);
+    if (ok) bw = (double)span / median(tm, 3);
 done:
-    ft_free_aligned(buf);
-    if (dfd >= 0) close(dfd);
+    free(buf);
     if (fd >= 0) close(fd);
     ft_checkpoint_close(ck);
     return bw;
@@ -933,7 +899,7 @@ static uint64_t calib_key(const char *dir, const ft_calibrate_params *cp, const 
         fclose(f);
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(b, sizeof b, "calib10|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
+    snprintf(b, sizeof b, "calib9|%s|%ld|%d|%s|%d|%u|%u|%u|%u|%x", cpu, ncpu, ft_simd_enabled(),
              ft_version_string(), (int)in->weights_fmt, threads, dthreads, batch, plen, cp->codecs);
     uint64_t h = ft_xxh3(b, strlen(b));
     char cfgp[4096];
@@ -1326,7 +1292,7 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
     ft_status st = ft_store_open(uri, &sp, &s);
     if (st) return ft_set_error(st, "plan: cannot open the tier %s (disk or memory node) to measure it: %s", uri, ft_last_error());
     uint8_t *buf = ft_malloc_aligned(total, 4096);
-    enum { RMIN = 5, RMAX = 64 };
+    enum { RMIN = 5, RMAX = 15 };
     double tm[RMAX], tc[RMAX];
     int nr = 0;
     char key[N][64];
@@ -1351,10 +1317,8 @@ static ft_status layer_bw(const char *uri, int drop_cache, uint64_t memory, cons
      * gets a buffer of twice the cache written before each round. */
     evict_buf ev = {NULL, 0};
     if (!drop_cache) ev = probe_evict(in, memory);
-    /* at least 5 rounds and 0.4 s (at most 64): a loopback node's one
-     * layer came at 0.9-3.2 GB/s in plans 10 s apart; at most 15 rounds
-     * read the h1024 model's 11.5 MB layer from this VM's disk in 0.1 s,
-     * at 1.1-2.2 GB/s in eight calibrations in a row (1.6-2.2 with 64) */
+    /* at least 5 rounds and 0.4 s (at most 15): a loopback node's one
+     * layer came at 0.9-3.2 GB/s in plans 10 s apart */
     ft_calib_clock pc = {0, {0}};
     double start = ft_now();
     for (int r = -1; !st && r < RMAX; r++) {
@@ -1808,7 +1772,7 @@ ft_status ft_calibrate(const char *dir, const ft_calibrate_params *cp, ft_cost_i
              * --recalibrate plans of the small Llama under 160 MiB, its
              * head streamed, predicted 4.1-5.5 tok/s on an idle machine) */
             char hpath[4300];
-            uint64_t hk = key ^ 0x6865616462773032ull;   /* "headbw02": read past the page cache */
+            uint64_t hk = key ^ 0x6865616462773031ull;   /* "headbw01" */
             double z0 = 0, z1 = 0, z2 = 0;
             snprintf(hpath, sizeof hpath, "%s/head-%016llx.bin", cdir, (unsigned long long)hk);
             disk_save(cdir, hpath, hk, &in->head_bw, &z0, &z1, &z2);

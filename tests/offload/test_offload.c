@@ -1053,19 +1053,6 @@ TEST(calibration_cache)
     c.head_bw = 0;
     CHECK_OK(ft_calibrate(dir, &cp, &c));
     CHECK(c.calibration_cached && c.head_bw == hbw);
-    /* read as the engine reads it: past the page cache by default (where
-     * the file system allows), through it with FLEXTIER_DIRECT_IO=0 */
-    const char *dio = getenv("FLEXTIER_DIRECT_IO");
-    char dio_was[8] = "";
-    if (dio) snprintf(dio_was, sizeof dio_was, "%s", dio);
-    setenv("FLEXTIER_DIRECT_IO", "0", 1);
-    cp.recalibrate = 1;
-    c.head_bw = 0;
-    CHECK_OK(ft_calibrate(dir, &cp, &c));
-    CHECK(!c.calibration_cached && c.head_bw > 0);
-    if (dio) setenv("FLEXTIER_DIRECT_IO", dio_was, 1);
-    else unsetenv("FLEXTIER_DIRECT_IO");
-    cp.recalibrate = 0;
     cp.drop_cache = 0;
     cp.base = &base;
     /* a truncated file too */
