@@ -1125,21 +1125,32 @@ static double spread(double a, double b)
  * state of the machine. */
 #define CALIB_SAME_MEM 1.25
 
-/* The calibration a plan uses: of those whose memory read rate is within
- * CALIB_SAME_MEM of `now` (the rate a quick read measured for this plan;
- * 0: all of them), the one of median rate; -1 if none is. This VM's host
- * lends DRAM bandwidth in periods of minutes: five calibrations in a row
- * read 72.2, 71.1, 70.4, 44.0, 42.6 GB/s and the runs after each went at
- * 127, 129, 103, 101, 99 tok/s (the h2048 Llama's q4 layers, batch 1),
+/* The calibration a plan uses: the one whose memory read rate is nearest
+ * `now` (the rate a quick read measured for this plan) is the anchor;
+ * -1 if even it is not within CALIB_SAME_MEM of `now`. Of those within
+ * CALIB_SAME_MEM of the anchor (all of them when `now` is 0), the one of
+ * median rate; of an even count's two middle ones, the one nearer `now`
+ * (0: the slower). This VM's
+ * host lends DRAM bandwidth in periods of minutes: five calibrations in a
+ * row read 72.2, 71.1, 70.4, 44.0, 42.6 GB/s and the runs after each went
+ * at 127, 129, 103, 101, 99 tok/s (the h2048 Llama's q4 layers, batch 1),
  * so a calibration from the other period predicts 1.4x off, and the
- * median of them all lags a change by three calibrations. Of an even
- * count's two middle ones, the one nearer `now` (0: the slower). */
+ * median of them all lags a change by three calibrations. The set was
+ * once those within CALIB_SAME_MEM of `now` itself: with calibrations at
+ * 31.8, 36.1, 36.3, 38.0 and 38.6 GB/s, quick reads of 30-40 took three
+ * different ones, and three cached plans in a row spread 19% (10.8-12.9
+ * tok/s); around the anchor all five are one state, and the plan keeps
+ * 36.3. */
 static int calib_pick(const calib_rec *r, double now)
 {
     unsigned idx[CALIB_HIST], n = 0;
+    if (r->n < 1) return -1;
+    int k = 0;   /* the anchor */
+    for (int i = 1; i < (int)r->n; i++)
+        if (now > 0 && spread(r->e[i].mem_bw, now) < spread(r->e[k].mem_bw, now)) k = i;
+    if (now > 0 && spread(r->e[k].mem_bw, now) > CALIB_SAME_MEM) return -1;
     for (unsigned i = 0; i < (unsigned)r->n; i++)
-        if (!(now > 0) || spread(r->e[i].mem_bw, now) <= CALIB_SAME_MEM) idx[n++] = i;
-    if (!n) return -1;
+        if (!(now > 0) || spread(r->e[i].mem_bw, r->e[k].mem_bw) <= CALIB_SAME_MEM) idx[n++] = i;
     for (unsigned i = 1; i < n; i++)
         for (unsigned j = i; j > 0 && r->e[idx[j]].mem_bw < r->e[idx[j - 1]].mem_bw; j--) {
             unsigned t = idx[j];
