@@ -886,20 +886,28 @@ static int write_llama_cfg(void)
     return fclose(f) == 0;
 }
 
+/* The calibration tests' parameters: the default policy (base), the cache
+ * in dir/sub (cdir), one thread, a thread's whole core (not measured: the
+ * inputs compare exactly). */
+static void calib_test_params(const char *sub, ft_policy *base, char *cdir, size_t n, ft_calibrate_params *cp)
+{
+    snprintf(cdir, n, "%s/%s", dir, sub);
+    ft_policy_default(base);
+    ft_calibrate_default_params(cp);
+    cp->base = base;
+    cp->cache_dir = cdir;
+    cp->threads = 1;
+    cp->cpu_share = 1.0;
+}
+
 TEST(calibration_cache)
 {
     setup();
     REQUIRE(g_model);
     char cdir[300], cmd[700];
-    snprintf(cdir, sizeof cdir, "%s/calib", dir);
     ft_policy base;
-    ft_policy_default(&base);
     ft_calibrate_params cp;
-    ft_calibrate_default_params(&cp);
-    cp.base = &base;
-    cp.cache_dir = cdir;
-    cp.threads = 1;
-    cp.cpu_share = 1.0;   /* not measured: the inputs compare exactly */
+    calib_test_params("calib", &base, cdir, sizeof cdir, &cp);
     REQUIRE(write_llama_cfg());
     ft_cost_inputs a, b;
     memset(&a, 0, sizeof a);
@@ -1083,15 +1091,9 @@ TEST(calibration_pick_keeps_one_state)
     REQUIRE(g_model);
     REQUIRE(write_llama_cfg());
     char cdir[300], cmd[700], path[600];
-    snprintf(cdir, sizeof cdir, "%s/calib-pick", dir);
     ft_policy base;
-    ft_policy_default(&base);
     ft_calibrate_params cp;
-    ft_calibrate_default_params(&cp);
-    cp.base = &base;
-    cp.cache_dir = cdir;
-    cp.threads = 1;
-    cp.cpu_share = 1.0;
+    calib_test_params("calib-pick", &base, cdir, sizeof cdir, &cp);
     cp.recalibrate = 1;
     ft_cost_inputs c;
     memset(&c, 0, sizeof c);
