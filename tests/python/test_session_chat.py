@@ -102,9 +102,16 @@ def test_ctrl_c_stops_generation(s):
             os.kill(os.getpid(), signal.SIGINT)
         return False
 
+    # Python's own Ctrl-C handler, whatever this process inherited: a
+    # shell that starts a job in the background (`make test &`) ignores
+    # SIGINT for it, Python then keeps it ignored, and the signal was lost
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.time()
-    with pytest.raises(KeyboardInterrupt):
-        s.generate("In the beginning", 900, temperature=0, ignore_eos=True, on_text=on_text)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.generate("In the beginning", 900, temperature=0, ignore_eos=True, on_text=on_text)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert time.time() - t0 < 5
     assert 5 <= len(seen) < 50
     assert s.generate("And God said", 4, temperature=0)   # usable again
