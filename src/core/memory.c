@@ -206,41 +206,34 @@ uint64_t ft_cgroup_memory_usage(void)
     return parse_limit(buf);
 }
 
-/* The sum of memory.stat's lines named in keys (v2 names; v1 prefixes
- * "total_" and names the dirty and writeback lines without "file_"), or -1
- * where the file cannot be read. */
-static int64_t cgroup_stat_sum(const char *const *keys, size_t nkeys)
+/* memory.stat's line `name` in buf (v2 names; v1 prefixes "total_" and
+ * names the dirty and writeback lines without "file_"); 0 where absent. */
+static uint64_t stat_line(const char *buf, int ver, const char *name)
 {
-    char dir[4096], path[4200], buf[16384];
-    int ver = 0;
-    if (own_cgroup(dir, sizeof dir, &ver)) return -1;
-    snprintf(path, sizeof path, "%s/memory.stat", dir);
-    if (read_small(path, buf, sizeof buf)) return -1;
-    uint64_t sum = 0;
-    for (size_t k = 0; k < nkeys; k++) {
-        char key[64];
-        const char *name = keys[k];
-        if (ver == 1 && !strncmp(name, "file_", 5)) name += 5;
-        snprintf(key, sizeof key, "%s%s ", ver == 1 ? "total_" : "", name);
-        size_t kl = strlen(key);
-        for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-            if (!strncmp(l, key, kl)) {
-                sum += strtoull(l + kl, NULL, 10);
-                break;
-            }
-    }
-    return (int64_t)sum;
+    char key[64];
+    if (ver == 1 && !strncmp(name, "file_", 5)) name += 5;
+    snprintf(key, sizeof key, "%s%s ", ver == 1 ? "total_" : "", name);
+    size_t kl = strlen(key);
+    for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, key, kl)) return strtoull(l + kl, NULL, 10);
+    return 0;
 }
 
-/* usage less the sum of the stat lines in minus, plus those in plus */
+/* The cgroup's usage less the memory.stat lines in minus, plus those in
+ * plus (one read of the file); the usage where it cannot be read, 0 as
+ * ft_cgroup_memory_usage. */
 static uint64_t cgroup_usage_adjusted(const char *const *minus, size_t nm, const char *const *plus, size_t np)
 {
     uint64_t use = ft_cgroup_memory_usage();
-    if (!use) return 0;
-    int64_t m = cgroup_stat_sum(minus, nm), p = np ? cgroup_stat_sum(plus, np) : 0;
-    if (m < 0 || p < 0) return use;
-    uint64_t v = (uint64_t)m < use ? use - (uint64_t)m : 0;
-    return v + (uint64_t)p;
+    char dir[4096], path[4200], buf[16384];
+    int ver = 0;
+    if (!use || own_cgroup(dir, sizeof dir, &ver)) return use;
+    snprintf(path, sizeof path, "%s/memory.stat", dir);
+    if (read_small(path, buf, sizeof buf)) return use;
+    uint64_t m = 0, p = 0;
+    for (size_t k = 0; k < nm; k++) m += stat_line(buf, ver, minus[k]);
+    for (size_t k = 0; k < np; k++) p += stat_line(buf, ver, plus[k]);
+    return (m < use ? use - m : 0) + p;
 }
 
 uint64_t ft_cgroup_memory_working_set(void)

@@ -1033,12 +1033,13 @@ static ft_status ensure_ctx(ft_session *s, size_t batch, size_t seq, size_t rows
 #ifdef __GLIBC__
         malloc_trim(0);
 #endif
-        uint64_t kv = 0, scratch = 0, now = ft_process_rss(), lim = ft_cgroup_memory_limit(NULL);
-        uint64_t cgu = lim && lim <= s->mem.budget ? ft_cgroup_memory_unreclaimable() : ft_cgroup_memory_working_set();
-        FT_LOG(FT_LOG_DEBUG, "memory: before the context: resident %.1f MiB, cgroup %.1f MiB (%s)", mib(now),
-               mib(cgu), lim && lim <= s->mem.budget ? "less its clean page cache" : "less its inactive page cache");
-        uint64_t rss = now;
-        if (cgu > now) now = cgu;
+        uint64_t lim = ft_cgroup_memory_limit(NULL);
+        int at_limit = lim && lim <= s->mem.budget;
+        uint64_t kv = 0, scratch = 0, rss = ft_process_rss();
+        uint64_t cgu = at_limit ? ft_cgroup_memory_unreclaimable() : ft_cgroup_memory_working_set();
+        uint64_t now = cgu > rss ? cgu : rss;
+        FT_LOG(FT_LOG_DEBUG, "memory: before the context: resident %.1f MiB, cgroup %.1f MiB (%s)", mib(rss),
+               mib(cgu), at_limit ? "less its clean page cache" : "less its inactive page cache");
         if ((st = ft_ctx_estimate(s->m, &cp, &kv, &scratch))) return st;
         uint64_t cache = 0;
         if (cp.external_kv) {
